@@ -1,0 +1,37 @@
+# A fresh clone needs only `make run` and `make test`; both set up the .venv first when needed.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+SHARED ?= ../shared
+STAMP := $(VENV)/.installed
+
+.PHONY: setup run test bench fuzz paper-quick paper clean
+
+setup: $(STAMP)
+
+$(STAMP): setup.cfg pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test,images,plots,sweep]'
+	touch $(STAMP)
+
+run: setup
+	$(PY) -m experiments.run_default --shared $(SHARED)
+
+test: setup
+	$(PY) -m pytest -q
+
+bench: setup
+	$(PY) -m experiments.bench --shared $(SHARED)
+
+fuzz: setup
+	$(PY) -m pytest -q tests/test_fuzz.py --fuzz-examples 20000
+
+paper-quick: setup
+	$(PY) -m experiments.study --grid quick --shared $(SHARED)
+
+paper: setup
+	$(PY) -m experiments.study --grid full --shared $(SHARED)
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,79 @@
+"""The model as plain data: tensors and ops, no behaviour.
+
+Everything outside npusim.tflite_io sees only these classes, never flatbuffers.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass
+class Quantization:
+    """real = scale * (q - zero_point); per-tensor when scale has one element."""
+
+    scale: np.ndarray  # float32, shape [1] or [channels]
+    zero_point: np.ndarray  # int64, same shape as scale
+    axis: int = 0  # quantized_dimension, meaningful when per-channel
+
+    @property
+    def per_channel(self) -> bool:
+        return self.scale.size > 1
+
+
+@dataclass
+class Tensor:
+    name: str
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    quant: Quantization | None = None
+    data: np.ndarray | None = None  # constant (weights, bias, shape operands); None for activations
+
+    @property
+    def is_constant(self) -> bool:
+        return self.data is not None
+
+    @property
+    def scale(self) -> float:
+        return float(self.quant.scale[0]) if self.quant is not None else 1.0
+
+    @property
+    def zero_point(self) -> int:
+        return int(self.quant.zero_point[0]) if self.quant is not None else 0
+
+
+@dataclass
+class Op:
+    kind: str  # builtin operator name as in the TFLite schema, e.g. "CONV_2D"
+    inputs: list[int]  # tensor indices; -1 marks an omitted optional input
+    outputs: list[int]
+    options: dict = field(default_factory=dict)  # builtin options, snake_case keys
+    index: int = 0  # position in the file's operator list
+
+
+@dataclass
+class Graph:
+    tensors: list[Tensor]
+    ops: list[Op]
+    inputs: list[int]
+    outputs: list[int]
+    # The file's own object tree, kept so that writing back changes only what was edited.
+    source: object = None
+
+    def input(self, k: int = 0) -> Tensor:
+        return self.tensors[self.inputs[k]]
+
+    def output(self, k: int = 0) -> Tensor:
+        return self.tensors[self.outputs[k]]
+
+    def producer(self) -> dict[int, Op]:
+        return {t: op for op in self.ops for t in op.outputs}
+
+    def consumers(self) -> dict[int, list[Op]]:
+        users: dict[int, list[Op]] = {}
+        for op in self.ops:
+            for t in op.inputs:
+                if t >= 0:
+                    users.setdefault(t, []).append(op)
+        return users

@@ -1,0 +1,70 @@
+"""ADD: int8 elementwise addition with TFLite broadcasting (TFLM reference_integer_ops/add.h).
+
+Both inputs are brought to a common scale with 20 bits of headroom (left_shift = 20), added in
+int32, then requantized to the output scale: three MultiplyByQuantizedMultiplier calls per element.
+"""
+from __future__ import annotations
+
+import numba as nb
+import numpy as np
+
+from ..quant import SINGLE, activation_range, multiply_by_quantized_multiplier, multiply_by_quantized_multiplier_single, quantize_multiplier
+from .base import Kernel
+
+LEFT_SHIFT = 20
+
+
+@nb.njit(cache=True, inline="always")
+def _mbqm(x, m, shift, profile):
+    if profile == SINGLE:
+        return multiply_by_quantized_multiplier_single(x, m, shift)
+    return multiply_by_quantized_multiplier(x, m, shift)
+
+
+@nb.njit(cache=True, parallel=True)
+def add_int8(a, b, z1, z2, m1, s1, m2, s2, mo, so, zo, lo, hi, profile, out):
+    """a, b, out: same shape (already broadcast)."""
+    fa, fb, fo = a.reshape(-1), b.reshape(-1), out.reshape(-1)
+    for i in nb.prange(fo.size):
+        x1 = _mbqm((np.int64(fa[i]) - z1) << LEFT_SHIFT, m1, s1, profile)
+        x2 = _mbqm((np.int64(fb[i]) - z2) << LEFT_SHIFT, m2, s2, profile)
+        v = _mbqm(x1 + x2, mo, so, profile) + zo
+        fo[i] = lo if v < lo else (hi if v > hi else v)
+    return out
+
+
+class Add(Kernel):
+    kind = "ADD"
+
+    def __init__(self, op, graph, profile):
+        super().__init__(op, graph, profile)
+        a, b, y = self.inputs[0], self.inputs[1], self.outputs[0]
+        self.require_int8(a, b, y)
+        for t in (a, b, y):
+            if t.quant.per_channel:
+                raise self.error(f"tensor {t.name!r} is quantized per channel, expected per-tensor")
+        try:
+            np.broadcast_shapes(a.shape, b.shape)
+        except ValueError:
+            raise self.error(f"input shapes {list(a.shape)} and {list(b.shape)} do not broadcast") from None
+        s1, s2, so = (np.float64(t.quant.scale[0]) for t in (a, b, y))
+        twice_max = 2.0 * max(s1, s2)
+        self.params = (
+            a.zero_point, b.zero_point,
+            *quantize_multiplier(s1 / twice_max), *quantize_multiplier(s2 / twice_max),
+            *quantize_multiplier(twice_max / ((1 << LEFT_SHIFT) * so)),
+            y.zero_point, *activation_range(op.options.get("fused_activation_function", "NONE"), float(so), y.zero_point),
+        )
+        self.out_shape = tuple(y.shape[1:])
+
+    def macs(self) -> int:
+        return int(np.prod(self.out_shape))
+
+    def __call__(self, a, b):
+        a_is_batched = len(a.shape) == len(self.inputs[0].shape) and self.inputs[0].data is None
+        b_is_batched = len(b.shape) == len(self.inputs[1].shape) and self.inputs[1].data is None
+        n = a.shape[0] if a_is_batched else b.shape[0]
+        shape = (n,) + self.out_shape
+        a, b = (np.ascontiguousarray(np.broadcast_to(t, shape)) for t in (a, b))
+        out = np.empty(shape, dtype=np.int8)
+        return add_int8(a, b, *(np.int64(p) for p in self.params), np.int64(self.profile), out)

@@ -1,0 +1,91 @@
+"""DEPTHWISE_CONV_2D: per-channel int8 depthwise convolution with depth multiplier
+(TFLM reference_integer_ops/depthwise_conv.h). Output channel c_out = c_in * multiplier + m,
+weights [1, kh, kw, C * multiplier] (or [G, 1, kh, kw, C * multiplier] for grouped weights, see conv.py).
+A direct integer loop: there is no reduction long enough for a GEMM to pay.
+"""
+from __future__ import annotations
+
+import numba as nb
+import numpy as np
+
+from ..quant import requantize_one
+from .base import Kernel
+from .padding import compute_padding
+from .requant import OutputStage
+
+
+@nb.njit(cache=True, parallel=True)
+def depthwise_conv(x, w, bias, groups, multiplier, stride_h, stride_w, dil_h, dil_w, pad_top, pad_left,
+                   in_zp, m, shift, real_scale, out_zp, lo, hi, profile, out):
+    n_batch, in_h, in_w, in_c = x.shape
+    _, out_h, out_w, out_c = out.shape
+    kh, kw = w.shape[2], w.shape[3]
+    per_group = n_batch // groups
+    acc = np.empty((n_batch * out_h, out_c), dtype=np.int64)
+    for row in nb.prange(n_batch * out_h):
+        n = row // out_h
+        oy = row - n * out_h
+        g = n // per_group
+        for ox in range(out_w):
+            for oc in range(out_c):
+                acc[row, oc] = bias[g, oc]
+            for ky in range(kh):
+                iy = oy * stride_h - pad_top + ky * dil_h
+                if iy < 0 or iy >= in_h:
+                    continue
+                for kx in range(kw):
+                    ix = ox * stride_w - pad_left + kx * dil_w
+                    if ix < 0 or ix >= in_w:
+                        continue
+                    for ic in range(in_c):
+                        xv = np.int64(x[n, iy, ix, ic]) - in_zp
+                        for mi in range(multiplier):
+                            oc = ic * multiplier + mi
+                            acc[row, oc] += xv * w[g, 0, ky, kx, oc]
+            for oc in range(out_c):
+                v = requantize_one(acc[row, oc], m[oc], shift[oc], real_scale[oc], profile) + out_zp
+                if v < lo:
+                    v = lo
+                elif v > hi:
+                    v = hi
+                out[n, oy, ox, oc] = v
+    return out
+
+
+class DepthwiseConv2D(Kernel):
+    kind = "DEPTHWISE_CONV_2D"
+
+    def __init__(self, op, graph, profile):
+        super().__init__(op, graph, profile)
+        x, w, y = self.inputs[0], self.inputs[1], self.outputs[0]
+        self.require_int8(x, w, y)
+        if len(x.shape) != 4 or len(w.shape) != 4 or len(y.shape) != 4 or w.shape[0] != 1:
+            raise self.error(f"expected 4-D input and output and a [1, kh, kw, C] filter, got {list(x.shape)}, {list(w.shape)}, {list(y.shape)}")
+        o = self.options = op.options
+        _, self.kh, self.kw, self.out_channels = w.shape
+        in_c = x.shape[3]
+        if self.out_channels % in_c:
+            raise self.error(f"filter channels {self.out_channels} are not a multiple of input channels {in_c}")
+        self.multiplier = self.out_channels // in_c
+        self.out_h, self.pad_top = compute_padding(x.shape[1], self.kh, o.get("stride_h", 1), o.get("dilation_h_factor", 1), o.get("padding"))
+        self.out_w, self.pad_left = compute_padding(x.shape[2], self.kw, o.get("stride_w", 1), o.get("dilation_w_factor", 1), o.get("padding"))
+        if (self.out_h, self.out_w, self.out_channels) != tuple(y.shape[1:]):
+            raise self.error(f"output shape {list(y.shape)} does not match the computed [N, {self.out_h}, {self.out_w}, {self.out_channels}]")
+        self.stage = OutputStage.prepare(x, w, y, self.out_channels, o.get("fused_activation_function", "NONE"))
+
+    def macs(self) -> int:
+        return self.out_h * self.out_w * self.out_channels * self.kh * self.kw
+
+    def __call__(self, x, w, b=None):
+        o = self.options
+        wg = w if w.ndim == 5 else w[None]
+        groups = wg.shape[0]
+        bias = np.zeros((groups, self.out_channels), dtype=np.int64) if b is None else np.ascontiguousarray(
+            np.broadcast_to(b.reshape(-1, self.out_channels), (groups, self.out_channels)), dtype=np.int64)
+        out = np.empty((x.shape[0], self.out_h, self.out_w, self.out_channels), dtype=np.int8)
+        s = self.stage
+        depthwise_conv(np.ascontiguousarray(x), np.ascontiguousarray(wg), bias, groups, self.multiplier,
+                       o.get("stride_h", 1), o.get("stride_w", 1), o.get("dilation_h_factor", 1), o.get("dilation_w_factor", 1),
+                       self.pad_top, self.pad_left, np.int64(self.inputs[0].zero_point), s.multiplier, s.shift,
+                       s.real_scale, s.zero_point, s.lo, s.hi, self.profile, out)
+        return out

@@ -1,0 +1,48 @@
+"""FULLY_CONNECTED: int8 matrix-vector product (TFLM reference_integer_ops/fully_connected.h).
+
+The input is flattened to [N, K] per image; per-tensor or per-channel weight scales. Weights may
+carry a leading group axis [G, O, K] (bias [G, O]) as in conv.py.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .base import Kernel
+from .gemm import accumulator_offset, int_matmul, requantize_products
+from .requant import OutputStage
+
+
+class FullyConnected(Kernel):
+    kind = "FULLY_CONNECTED"
+
+    def __init__(self, op, graph, profile):
+        super().__init__(op, graph, profile)
+        x, w, y = self.inputs[0], self.inputs[1], self.outputs[0]
+        self.require_int8(x, w, y)
+        if len(w.shape) != 2:
+            raise self.error(f"expected a 2-D weight matrix, got shape {list(w.shape)}")
+        if op.options.get("weights_format", 0) != 0:
+            raise self.error("shuffled weights format is not supported, expected DEFAULT")
+        self.out_channels, self.depth = w.shape
+        per_image = int(np.prod(x.shape[1:])) if len(x.shape) > 1 else 1
+        if int(np.prod(x.shape)) % self.depth:
+            raise self.error(f"input of {int(np.prod(x.shape))} elements does not flatten into rows of {self.depth}")
+        # Rows per image: TFLM flattens [1, ..., K] into batches of K; usually 1 row per image.
+        self.rows_per_image = max(per_image // self.depth, 1) if x.shape and x.shape[0] == 1 else int(np.prod(x.shape)) // self.depth
+        self.out_shape = tuple(y.shape[1:])
+        self.stage = OutputStage.prepare(x, w, y, self.out_channels, op.options.get("fused_activation_function", "NONE"))
+
+    def macs(self) -> int:
+        return self.rows_per_image * self.out_channels * self.depth
+
+    def __call__(self, x, w, b=None):
+        wg = w if w.ndim == 3 else w[None]
+        groups = wg.shape[0]
+        n = x.shape[0]
+        cols = x.reshape(groups, -1, self.depth).astype(np.float32)
+        products = int_matmul(cols, wg)
+        offset = accumulator_offset(wg, b, self.inputs[0].zero_point)
+        s = self.stage
+        out = np.empty(products.shape, dtype=np.int8)
+        requantize_products(products, offset, s.multiplier, s.shift, s.real_scale, s.zero_point, s.lo, s.hi, self.profile, out)
+        return out.reshape((n,) + self.out_shape)

@@ -1,0 +1,58 @@
+"""Exact int8 x int8 -> int32 matrix products on a float32 BLAS, and the fused requantization.
+
+Why float32 is exact here: an int8 x int8 product is at most 128 * 128 = 2^14 in magnitude and
+float32 holds every integer below 2^24, so any partial sum of at most 2^10 products is exact in
+whatever order the BLAS adds them. Longer reductions are split into chunks of 1024 whose exact
+results are added in float64. The input zero point is folded out of the product
+(sum w*(x - zp) = sum w*x - zp * sum w), so padding taps, filled with zp, contribute exactly zero,
+as TFLM's kernels skip them.
+"""
+from __future__ import annotations
+
+import numba as nb
+import numpy as np
+
+from ..quant import requantize_one
+
+CHUNK = 1024
+
+
+def int_matmul(cols: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """cols [G, R, K] float32 (integer valued), weights [G, O, K] int8 -> exact sum over K, [G, R, O].
+
+    Returns float32 when K <= CHUNK, else float64; both hold the exact integer result.
+    """
+    k = cols.shape[-1]
+    wt = weights.astype(np.float32).transpose(0, 2, 1)  # [G, K, O]
+    if k <= CHUNK:
+        return np.matmul(cols, wt)
+    total = np.zeros(cols.shape[:2] + (weights.shape[1],), dtype=np.float64)
+    for k0 in range(0, k, CHUNK):
+        total += np.matmul(cols[:, :, k0:k0 + CHUNK], wt[:, k0:k0 + CHUNK])
+    return total
+
+
+def accumulator_offset(weights: np.ndarray, bias: np.ndarray | None, input_zero_point: int) -> np.ndarray:
+    """Per group and channel: bias - zp * sum(w), the part of the accumulator that does not depend on x."""
+    g, o = weights.shape[0], weights.shape[1]
+    wsum = weights.reshape(g, o, -1).astype(np.int64).sum(axis=2)
+    b = np.zeros((g, o), dtype=np.int64) if bias is None else np.broadcast_to(bias.astype(np.int64).reshape(-1, o), (g, o))
+    return b - np.int64(input_zero_point) * wsum
+
+
+@nb.njit(cache=True, parallel=True)
+def requantize_products(products, offset, m, shift, real_scale, zero_point, lo, hi, profile, out):
+    """out[g, r, c] = clamp(requantize(products[g, r, c] + offset[g, c]) + zero_point)."""
+    groups, rows, channels = products.shape
+    for gr in nb.prange(groups * rows):
+        g = gr // rows
+        r = gr - g * rows
+        for c in range(channels):
+            acc = np.int64(products[g, r, c]) + offset[g, c]
+            v = requantize_one(acc, m[c], shift[c], real_scale[c], profile) + zero_point
+            if v < lo:
+                v = lo
+            elif v > hi:
+                v = hi
+            out[g, r, c] = v
+    return out

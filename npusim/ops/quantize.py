@@ -1,0 +1,54 @@
+"""QUANTIZE (float32 or uint8 -> int8) and DEQUANTIZE (int8 -> float32) at the graph edges
+(TFLM micro/kernels/quantize_common.cc, dequantize_common.cc)."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import NpusimError
+from ..quant import mbqm_array, quantize_multiplier
+from .base import Kernel
+
+
+class Quantize(Kernel):
+    kind = "QUANTIZE"
+
+    def __init__(self, op, graph, profile):
+        super().__init__(op, graph, profile)
+        x, y = self.inputs[0], self.outputs[0]
+        if y.dtype != np.int8 or y.quant is None:
+            raise self.error(f"output {y.name!r} has type {y.dtype.name}, expected int8 with quantization")
+        if x.dtype == np.uint8 or x.dtype == np.int8:
+            if x.quant is None:
+                raise self.error(f"input {x.name!r} has no quantization parameters")
+            self.requant = quantize_multiplier(np.float64(x.quant.scale[0]) / np.float64(y.quant.scale[0]))
+        elif x.dtype == np.float32:
+            self.requant = None
+        else:
+            raise self.error(f"input {x.name!r} has type {x.dtype.name}, expected float32, uint8 or int8")
+
+    def __call__(self, x):
+        y = self.outputs[0]
+        if self.requant is None:
+            if not np.all(np.isfinite(x)):
+                raise NpusimError(f"op {self.op.index} (QUANTIZE): input {self.inputs[0].name!r} holds NaN or infinite values")
+            # AffineQuantize: TfLiteRound(val / scale) + zero_point, the division in double.
+            r = x.astype(np.float64) / np.float64(y.quant.scale[0])
+            q = np.sign(r) * np.floor(np.abs(r) + 0.5) + y.zero_point
+        else:
+            q = mbqm_array(x.astype(np.int64) - self.inputs[0].zero_point, *self.requant) + y.zero_point
+        return np.clip(q, -128, 127).astype(np.int8)
+
+
+class Dequantize(Kernel):
+    kind = "DEQUANTIZE"
+
+    def __init__(self, op, graph, profile):
+        super().__init__(op, graph, profile)
+        x = self.inputs[0]
+        if x.dtype not in (np.int8, np.uint8, np.int16) or x.quant is None:
+            raise self.error(f"input {x.name!r} has type {x.dtype.name}, expected quantized int8")
+
+    def __call__(self, x):
+        t = self.inputs[0]
+        # Dequantize: static_cast<float>(scale * (val - zero_point)), scale held as double.
+        return (np.float64(t.quant.scale[0]) * (x.astype(np.int64) - t.zero_point)).astype(np.float32)

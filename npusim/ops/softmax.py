@@ -1,0 +1,226 @@
+"""SOFTMAX, int8 in -> int8 out (scale 1/256, zero point -128), over the last axis.
+
+Prepare follows TFLM micro/kernels/softmax_common.cc (CalculateSoftmaxParams); Eval follows
+reference_ops::Softmax<int8_t, int8_t> (kernels/internal/reference/softmax.h) with gemmlowp's
+fixed-point exp_on_negative_values and one_over_one_plus_x_for_x_in_0_1 (fixedpoint/fixedpoint.h).
+
+Everything after the row maximum is a pure function of d = max - x in [0, 255], so prepare tabulates
+exp(-d) once (in Q0.31 and in the Q12.19 accumulation format); eval only sums table entries, takes
+the reciprocal and rescales. This is bit-identical to evaluating exp per element as TFLM does.
+"""
+from __future__ import annotations
+
+import math
+
+import numba as nb
+import numpy as np
+
+from ..quant import INT32_MAX, INT32_MIN, quantize_multiplier, rounding_divide_by_pot, saturating_rounding_doubling_high_mul
+from .base import Kernel
+
+# Q5.26 input to exp (TFLM's kScaledDiffIntegerBits), Q12.19 sum (kAccumulationIntegerBits).
+SCALED_DIFF_INTEGER_BITS = 5
+ACCUMULATION_INTEGER_BITS = 12
+
+
+@nb.njit(cache=True, inline="always")
+def _wrap32(x):
+    """gemmlowp's Add/Sub on int32 are plain (wrapping) integer arithmetic."""
+    return np.int64(np.int32(np.int64(x) & np.int64(0xFFFFFFFF)))
+
+
+@nb.njit(cache=True, inline="always")
+def _fx_mul(a, b):
+    """FixedPoint operator*: SaturatingRoundingDoublingHighMul on the raw int32 values."""
+    return np.int64(saturating_rounding_doubling_high_mul(np.int64(a), np.int64(b)))
+
+
+@nb.njit(cache=True, inline="always")
+def _saturating_shift_left(x, exponent):
+    """gemmlowp SaturatingRoundingMultiplyByPOT<exponent > 0> on int32."""
+    threshold = (np.int64(1) << (31 - exponent)) - 1
+    if x > threshold:
+        return np.int64(INT32_MAX)
+    if x < -threshold:
+        return np.int64(INT32_MIN)
+    return x << exponent
+
+
+@nb.njit(cache=True)
+def _exp_on_interval_between_negative_one_quarter_and_0_excl(a):
+    """exp(a) for a in [-1/4, 0), Q0.31 in and out: Taylor expansion around -1/8."""
+    constant_term = np.int64(1895147668)  # exp(-1/8)
+    constant_1_over_3 = np.int64(715827883)
+    x = _wrap32(a + (np.int64(1) << 28))  # a + 1/8
+    x2 = _fx_mul(x, x)
+    x3 = _fx_mul(x2, x)
+    x4 = _fx_mul(x2, x2)
+    x4_over_4 = rounding_divide_by_pot(x4, 2)
+    inner = _wrap32(_fx_mul(_wrap32(x4_over_4 + x3), constant_1_over_3) + x2)
+    x4_over_24_plus_x3_over_6_plus_x2_over_2 = rounding_divide_by_pot(inner, 1)
+    return _wrap32(constant_term + _fx_mul(constant_term, _wrap32(x + x4_over_24_plus_x3_over_6_plus_x2_over_2)))
+
+
+@nb.njit(cache=True)
+def exp_on_negative_values_q5_26(a):
+    """gemmlowp exp_on_negative_values for FixedPoint<int32, 5> input; returns Q0.31 raw."""
+    fractional_bits = 31 - SCALED_DIFF_INTEGER_BITS
+    one_quarter = np.int64(1) << (fractional_bits - 2)
+    mask = one_quarter - 1
+    a_mod_quarter_minus_one_quarter = _wrap32((a & mask) - one_quarter)
+    # Rescale<0> from Q5.26 to Q0.31: saturating left shift by 5.
+    result = _exp_on_interval_between_negative_one_quarter_and_0_excl(
+        _saturating_shift_left(a_mod_quarter_minus_one_quarter, SCALED_DIFF_INTEGER_BITS))
+    remainder = _wrap32(a_mod_quarter_minus_one_quarter - a)
+    # Barrel shifter: exp(-2^k) for k = -2 .. 4 (all below kIntegerBits = 5).
+    multipliers = (1672461947, 1302514674, 790015084, 290630308, 39332535, 720401, 242)
+    for i in range(7):
+        exponent = i - 2
+        shift_amount = fractional_bits + exponent
+        if remainder & (np.int64(1) << shift_amount):
+            result = _fx_mul(result, np.int64(multipliers[i]))
+    # kIntegerBits == 5: no clamp below -32 (that branch only exists for kIntegerBits > 5).
+    if a == 0:
+        result = np.int64(INT32_MAX)  # FixedPoint<int32, 0>::One()
+    return result
+
+
+@nb.njit(cache=True)
+def one_over_one_plus_x_for_x_in_0_1(a):
+    """gemmlowp Newton-Raphson 1/(1+x) for x in [0, 1), Q0.31 raw in and out."""
+    s = np.int64(a) + np.int64(INT32_MAX)  # RoundingHalfSum(a, One())
+    half_denominator = (s + 1) // 2 if s >= 0 else -((-(s - 1)) // 2)
+    constant_48_over_17 = np.int64(1515870810)  # Q2.29
+    constant_neg_32_over_17 = np.int64(-1010580540)
+    one_q2 = np.int64(1) << 29
+    x = _wrap32(constant_48_over_17 + _fx_mul(half_denominator, constant_neg_32_over_17))
+    for _ in range(3):
+        half_denominator_times_x = _fx_mul(half_denominator, x)
+        one_minus_half_denominator_times_x = _wrap32(one_q2 - half_denominator_times_x)
+        x = _wrap32(x + _saturating_shift_left(_fx_mul(x, one_minus_half_denominator_times_x), 2))
+    return _saturating_shift_left(x, 1)  # Rescale<0>(ExactMulByPot<-1>(x))
+
+
+@nb.njit(cache=True)
+def build_exp_tables(input_multiplier, input_left_shift, diff_min):
+    """exp(beta * s * -d) for d = max - x in [0, 255]: (Q0.31, Q12.19, usable) per d."""
+    exp_q0 = np.zeros(256, dtype=np.int64)
+    exp_q12 = np.zeros(256, dtype=np.int64)
+    usable = np.zeros(256, dtype=np.bool_)
+    for d in range(256):
+        input_diff = -d
+        if input_diff < diff_min:
+            continue
+        # MultiplyByQuantizedMultiplierGreaterThanOne: x * 2^left_shift stays in int32 because
+        # diff_min was chosen (CalculateInputRadius) so that it cannot overflow.
+        rescaled = saturating_rounding_doubling_high_mul(
+            _wrap32(np.int64(input_diff) << input_left_shift), np.int64(input_multiplier))
+        e = exp_on_negative_values_q5_26(np.int64(rescaled))
+        exp_q0[d] = e
+        exp_q12[d] = rounding_divide_by_pot(e, ACCUMULATION_INTEGER_BITS)  # Rescale<12>
+        usable[d] = True
+    return exp_q0, exp_q12, usable
+
+
+@nb.njit(cache=True, parallel=True)
+def softmax_rows(x, exp_q0, exp_q12, usable, out, bad):
+    """x, out: [rows, depth] int8. reference_ops::Softmax, int8 output (zero point -128).
+
+    bad[r] is set where TFLM's TFLITE_CHECK(0 <= exponent <= 31) would abort: only when more than
+    about 4096 classes sit near the row maximum, so that the Q12.19 sum wraps.
+    """
+    rows, depth = x.shape
+    for r in nb.prange(rows):
+        max_in_row = np.int64(-128)
+        for c in range(depth):
+            if x[r, c] > max_in_row:
+                max_in_row = np.int64(x[r, c])
+        sum_of_exps = np.int64(0)  # Q12.19, each term at most 2^19: wraps (as in C++) only past 4096 terms
+        for c in range(depth):
+            d = max_in_row - x[r, c]
+            if usable[d]:
+                sum_of_exps = _wrap32(sum_of_exps + exp_q12[d])
+        # GetReciprocal(sum, kAccumulationIntegerBits): normalise to [1, 2), Newton-Raphson 1/(1+x).
+        u = np.uint32(sum_of_exps & 0xFFFFFFFF)
+        headroom_plus_one = 0
+        while headroom_plus_one < 32 and (np.int64(u) << headroom_plus_one) & np.int64(0x80000000) == 0:
+            headroom_plus_one += 1
+        num_bits_over_unit = ACCUMULATION_INTEGER_BITS - headroom_plus_one
+        shifted_sum_minus_one = _wrap32((np.int64(u) << headroom_plus_one) - (np.int64(1) << 31))
+        shifted_scale = one_over_one_plus_x_for_x_in_0_1(shifted_sum_minus_one)
+        exponent = num_bits_over_unit + 31 - 8
+        if exponent < 0 or exponent > 31:
+            bad[r] = True
+            continue
+        for c in range(depth):
+            d = max_in_row - x[r, c]
+            if usable[d]:
+                unsat = rounding_divide_by_pot(_fx_mul(shifted_scale, exp_q0[d]), exponent)
+                v = unsat - 128
+                if v > 127:
+                    v = 127
+                elif v < -128:
+                    v = -128
+                out[r, c] = v
+            else:
+                out[r, c] = -128
+    return out
+
+
+def preprocess_softmax_scaling(beta: float, input_scale: float, input_integer_bits: int) -> tuple[int, int]:
+    """PreprocessSoftmaxScaling (quantization_util.cc, double-rounding build)."""
+    real = min(float(beta) * float(input_scale) * float(1 << (31 - input_integer_bits)), float((1 << 31) - 1))
+    return quantize_multiplier(real)
+
+
+def calculate_input_radius(input_integer_bits: int, input_left_shift: int, total_signed_bits: int = 31) -> int:
+    """CalculateInputRadius: the largest |x - max| whose rescaled value still fits in int32."""
+    max_input_rescaled = (1.0 * ((1 << input_integer_bits) - 1) * float(1 << (total_signed_bits - input_integer_bits))
+                          / float(1 << input_left_shift))
+    return int(math.floor(max_input_rescaled))
+
+
+class Softmax(Kernel):
+    kind = "SOFTMAX"
+
+    def __init__(self, op, graph, profile):
+        super().__init__(op, graph, profile)
+        if len(self.inputs) != 1 or self.inputs[0] is None or len(self.outputs) != 1:
+            raise self.error(f"expected 1 input and 1 output, got {len(self.inputs)} and {len(self.outputs)}")
+        inp, out = self.inputs[0], self.outputs[0]
+        self.require_int8(inp, out)
+        if len(inp.shape) < 1:
+            raise self.error(f"input {inp.name!r} is a scalar, expected at least one dimension")
+        # TFLM: TF_LITE_ENSURE_EQ(zero_point, -128) and TF_LITE_ENSURE(scale == 1.f / 256), exact float32.
+        if out.zero_point != -128 or np.float32(out.scale) != np.float32(1.0 / 256):
+            raise self.error(f"output {out.name!r} has scale {out.scale:g} and zero point {out.zero_point}, "
+                             "expected scale 1/256 and zero point -128 (TFLM int8 softmax)")
+        beta = float(np.float32(op.options.get("beta", 1.0)))  # TfLiteSoftmaxParams.beta is a float
+        input_scale = float(np.float32(inp.scale))
+        real = beta * input_scale * float(1 << (31 - SCALED_DIFF_INTEGER_BITS))
+        if not real > 1.0:
+            # QuantizeMultiplierGreaterThanOne CHECK-fails in TFLM for these.
+            raise self.error(f"beta {beta:g} * input scale {input_scale:g} is too small (beta*scale*2^26 must exceed 1)")
+        self.input_multiplier, self.input_left_shift = preprocess_softmax_scaling(beta, input_scale, SCALED_DIFF_INTEGER_BITS)
+        self.diff_min = -calculate_input_radius(SCALED_DIFF_INTEGER_BITS, self.input_left_shift)
+        self.exp_q0, self.exp_q12, self.usable = build_exp_tables(
+            np.int64(self.input_multiplier), np.int64(self.input_left_shift), np.int64(self.diff_min))
+        self.depth = int(inp.shape[-1])
+
+    def macs(self) -> int:
+        return int(np.prod(self.inputs[0].shape[1:], dtype=np.int64)) if len(self.inputs[0].shape) > 1 else self.depth
+
+    def __call__(self, x):
+        x = np.asarray(x)
+        if x.dtype != np.int8:
+            raise self.error(f"input array has type {x.dtype}, expected int8")
+        if x.ndim < 1 or x.shape[-1] != self.depth:
+            raise self.error(f"input array has shape {list(x.shape)}, expected last dimension {self.depth}")
+        rows = np.ascontiguousarray(x.reshape(-1, self.depth))
+        out = np.empty(rows.shape, dtype=np.int8)
+        bad = np.zeros(rows.shape[0], dtype=np.bool_)
+        softmax_rows(rows, self.exp_q0, self.exp_q12, self.usable, out, bad)
+        if bad.any():
+            raise self.error(f"the Q12.19 sum of exponentials overflowed int32 ({self.depth} classes near the maximum); "
+                             "TFLM aborts on this input (TFLITE_CHECK on the output exponent)")
+        return out.reshape(x.shape)

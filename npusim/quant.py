@@ -1,0 +1,150 @@
+"""Fixed-point requantization, the one place where rounding is decided.
+
+Semantics follow TFLM (tensorflow/lite/kernels/internal/common.h and quantization_util.cc);
+the other profiles are the roundings other real runtimes use (see docs in README).
+"""
+from __future__ import annotations
+
+import math
+
+import numba as nb
+import numpy as np
+
+from .errors import NpusimError
+
+# Rounding profiles. Integers so that Numba kernels can branch on them.
+TFLM, SINGLE, XNNPACK = 0, 1, 2
+PROFILES = {"tflm": TFLM, "single": SINGLE, "xnnpack": XNNPACK}
+
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+
+
+def profile_id(name: str) -> int:
+    if name not in PROFILES:
+        raise NpusimError(f"--profile: unknown rounding profile {name!r}, expected one of {', '.join(PROFILES)}")
+    return PROFILES[name]
+
+
+def quantize_multiplier(real: float) -> tuple[int, int]:
+    """QuantizeMultiplier: real ~= M * 2^(shift - 31), M in [2^30, 2^31)."""
+    if real == 0.0:
+        return 0, 0
+    q, shift = math.frexp(real)
+    m = int(math.floor(abs(q) * 2.0**31 + 0.5)) * (1 if q >= 0 else -1)  # TfLiteRound: half away from zero
+    if m == 2**31:
+        m //= 2
+        shift += 1
+    if shift < -31:
+        m, shift = 0, 0
+    return m, shift
+
+
+def quantize_multipliers(reals) -> tuple[np.ndarray, np.ndarray]:
+    pairs = [quantize_multiplier(float(r)) for r in np.asarray(reals, dtype=np.float64).ravel()]
+    return (np.array([p[0] for p in pairs], dtype=np.int64), np.array([p[1] for p in pairs], dtype=np.int64))
+
+
+def round_half_away(x: float) -> int:
+    return int(math.floor(abs(x) + 0.5)) * (1 if x >= 0 else -1)
+
+
+def activation_range(activation: str, scale: float, zero_point: int) -> tuple[int, int]:
+    """CalculateActivationRangeQuantized for int8 outputs."""
+    lo, hi = -128, 127
+    if activation == "RELU":
+        lo = max(lo, zero_point)
+    elif activation == "RELU6":
+        lo = max(lo, zero_point)
+        hi = min(hi, zero_point + round_half_away(6.0 / scale))
+    elif activation == "RELU_N1_TO_1":
+        lo = max(lo, zero_point + round_half_away(-1.0 / scale))
+        hi = min(hi, zero_point + round_half_away(1.0 / scale))
+    elif activation != "NONE":
+        raise NpusimError(f"fused activation {activation} is not supported, expected NONE, RELU, RELU6 or RELU_N1_TO_1")
+    return lo, hi
+
+
+@nb.njit(cache=True, inline="always")
+def saturating_rounding_doubling_high_mul(a, b):
+    if a == INT32_MIN and b == INT32_MIN:
+        return INT32_MAX
+    ab = np.int64(a) * np.int64(b)
+    nudge = np.int64(1 << 30) if ab >= 0 else np.int64(1 - (1 << 30))
+    # C++ integer division truncates toward zero; emulate it on int64.
+    num = ab + nudge
+    q = abs(num) >> 31
+    return q if num >= 0 else -q
+
+
+@nb.njit(cache=True, inline="always")
+def rounding_divide_by_pot(x, exponent):
+    mask = (np.int64(1) << exponent) - 1
+    remainder = x & mask
+    threshold = (mask >> 1) + (1 if x < 0 else 0)
+    return (x >> exponent) + (1 if remainder > threshold else 0)
+
+
+@nb.njit(cache=True, inline="always")
+def multiply_by_quantized_multiplier(x, m, shift):
+    """TFLM double rounding: high-mul then rounding right shift (ties away from zero)."""
+    left = shift if shift > 0 else 0
+    right = -shift if shift < 0 else 0
+    a = np.int64(x) << left
+    # TFLM keeps the shifted value in int32; it does not saturate here (callers keep it in range).
+    a = np.int64(np.int32(a))
+    return rounding_divide_by_pot(saturating_rounding_doubling_high_mul(a, m), right)
+
+
+@nb.njit(cache=True, inline="always")
+def multiply_by_quantized_multiplier_single(x, m, shift):
+    """TFLITE_SINGLE_ROUNDING / CMSIS-NN: one rounding, ties toward +inf."""
+    total = 31 - shift
+    return (np.int64(x) * np.int64(m) + (np.int64(1) << (total - 1))) >> total
+
+
+@nb.njit(cache=True, inline="always")
+def requantize_one(acc, m, shift, real_scale, profile):
+    if profile == TFLM:
+        return multiply_by_quantized_multiplier(acc, m, shift)
+    if profile == SINGLE:
+        return multiply_by_quantized_multiplier_single(acc, m, shift)
+    # XNNPACK fp32 requantization: float32 product, round half to even.
+    return np.int64(np.rint(np.float32(acc) * real_scale))
+
+
+@nb.njit(cache=True, parallel=True)
+def requantize_channels(acc, m, shift, real_scale, zero_point, lo, hi, profile, out):
+    """acc [rows, C] int32 -> out [rows, C] int8, per-channel multiplier (arrays of length C)."""
+    rows, channels = acc.shape
+    for r in nb.prange(rows):
+        for c in range(channels):
+            v = requantize_one(acc[r, c], m[c], shift[c], real_scale[c], profile) + zero_point
+            if v < lo:
+                v = lo
+            elif v > hi:
+                v = hi
+            out[r, c] = v
+    return out
+
+
+def requantize(acc: np.ndarray, m, shift, real_scale, zero_point: int, lo: int, hi: int, profile: int) -> np.ndarray:
+    """Requantize an int32 accumulator whose last axis is the channel axis."""
+    flat = np.ascontiguousarray(acc.reshape(-1, acc.shape[-1]), dtype=np.int32)
+    out = np.empty(flat.shape, dtype=np.int8)
+    channels = flat.shape[1]
+    m = np.broadcast_to(np.asarray(m, dtype=np.int64), (channels,)).copy()
+    shift = np.broadcast_to(np.asarray(shift, dtype=np.int64), (channels,)).copy()
+    real_scale = np.broadcast_to(np.asarray(real_scale, dtype=np.float32), (channels,)).copy()
+    requantize_channels(flat, m, shift, real_scale, np.int64(zero_point), np.int64(lo), np.int64(hi), np.int64(profile), out)
+    return out.reshape(acc.shape)
+
+
+@nb.njit(cache=True)
+def mbqm_array(x, m, shift):
+    """MultiplyByQuantizedMultiplier (TFLM) elementwise over an int64 array, one multiplier."""
+    out = np.empty(x.shape, dtype=np.int64)
+    xf = x.ravel()
+    of = out.ravel()
+    for i in range(xf.size):
+        of[i] = multiply_by_quantized_multiplier(xf[i], m, shift)
+    return out

@@ -1,0 +1,191 @@
+"""Reading and writing .tflite flatbuffers: the only module that knows the file format.
+
+The schema is the one ai-edge-litert ships (schema_py_generated, with the object API), so the
+reader follows the format as LiteRT maintains it rather than a private copy.
+"""
+from __future__ import annotations
+
+import copy
+import re
+from pathlib import Path
+
+import flatbuffers
+import numpy as np
+from ai_edge_litert import schema_py_generated as schema
+
+from .errors import NpusimError
+from .graph import Graph, Op, Quantization, Tensor
+
+# Refuse any single tensor larger than this before allocating it (hostile files declare absurd shapes).
+MAX_TENSOR_BYTES = 1 << 30
+
+_OP_NAMES = {v: k for k, v in vars(schema.BuiltinOperator).items() if not k.startswith("_")}
+_TYPE_NAMES = {v: k for k, v in vars(schema.TensorType).items() if not k.startswith("_")}
+_DTYPES = {
+    schema.TensorType.FLOAT32: np.float32,
+    schema.TensorType.INT32: np.int32,
+    schema.TensorType.UINT8: np.uint8,
+    schema.TensorType.INT64: np.int64,
+    schema.TensorType.INT8: np.int8,
+    schema.TensorType.INT16: np.int16,
+    schema.TensorType.BOOL: np.bool_,
+}
+_PADDINGS = {v: k for k, v in vars(schema.Padding).items() if not k.startswith("_")}
+_ACTIVATIONS = {v: k for k, v in vars(schema.ActivationFunctionType).items() if not k.startswith("_")}
+
+
+def _snake(name: str) -> str:
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
+
+
+def _options(op_t) -> dict:
+    """Builtin options as a plain dict with snake_case keys and enum names for padding/activation."""
+    if op_t.builtinOptions is None:
+        return {}
+    out = {}
+    for key, value in vars(op_t.builtinOptions).items():
+        key = _snake(key)
+        if key == "padding":
+            value = _PADDINGS.get(value, value)
+        elif key == "fused_activation_function":
+            value = _ACTIVATIONS.get(value, value)
+        elif isinstance(value, np.ndarray):
+            value = value.tolist()
+        out[key] = value
+    return out
+
+
+def _quantization(t) -> Quantization | None:
+    q = t.quantization
+    if q is None or q.scale is None or len(q.scale) == 0:
+        return None
+    scale = np.asarray(q.scale, dtype=np.float32).ravel()
+    zp = np.asarray(q.zeroPoint if q.zeroPoint is not None else np.zeros(scale.size), dtype=np.int64).ravel()
+    if zp.size == 1 and scale.size > 1:
+        zp = np.zeros(scale.size, dtype=np.int64) + zp[0]
+    if zp.size != scale.size:
+        raise NpusimError(f"tensor {t.name!r}: {scale.size} scales but {zp.size} zero points, expected one zero point per scale")
+    if not np.all(np.isfinite(scale)) or np.any(scale < 0):
+        raise NpusimError(f"tensor {t.name!r}: quantization scale is negative or not finite")
+    return Quantization(scale=scale, zero_point=zp, axis=int(q.quantizedDimension))
+
+
+def _name(t) -> str:
+    n = t.name
+    return n.decode("utf-8", "replace") if isinstance(n, (bytes, bytearray)) else str(n or "")
+
+
+def load_model(source) -> Graph:
+    """Read a .tflite file (path or bytes) into a Graph. Every defect ends in NpusimError."""
+    if isinstance(source, (str, Path)):
+        try:
+            data = Path(source).read_bytes()
+        except OSError as e:
+            raise NpusimError(f"{source}: cannot read model file ({e.strerror})") from None
+        where = str(source)
+    else:
+        data, where = bytes(source), "model"
+    if len(data) < 8 or data[4:8] != b"TFL3":
+        raise NpusimError(f"{where}: not a TFLite flatbuffer (missing 'TFL3' identifier)")
+    try:
+        model = schema.ModelT.InitFromPackedBuf(bytearray(data), 0)
+    except NpusimError:
+        raise
+    except Exception as e:  # flatbuffers raises whatever the damaged offsets lead to
+        raise NpusimError(f"{where}: malformed flatbuffer ({type(e).__name__})") from None
+    try:
+        return _to_graph(model, where)
+    except NpusimError:
+        raise
+    except Exception as e:
+        raise NpusimError(f"{where}: malformed model ({type(e).__name__}: {e})") from None
+
+
+def _to_graph(model, where: str) -> Graph:
+    if not model.subgraphs:
+        raise NpusimError(f"{where}: model has no subgraph")
+    sg = model.subgraphs[0]
+    buffers = model.buffers or []
+    tensors = []
+    for i, t in enumerate(sg.tensors or []):
+        name = _name(t) or f"tensor_{i}"
+        if t.type not in _DTYPES:
+            raise NpusimError(f"tensor {i} ({name!r}): type {_TYPE_NAMES.get(t.type, t.type)} is not supported")
+        dtype = np.dtype(_DTYPES[t.type])
+        shape = tuple(int(d) for d in (t.shape if t.shape is not None else []))
+        if any(d < 0 for d in shape):
+            sig = shape
+            shape = tuple(1 if d < 0 else d for d in sig)  # dynamic batch: the simulator supplies N itself
+        size = int(np.prod(shape, dtype=np.float64)) * dtype.itemsize
+        if size > MAX_TENSOR_BYTES:
+            raise NpusimError(f"tensor {i} ({name!r}): shape {list(shape)} needs {size} bytes, more than the limit of {MAX_TENSOR_BYTES}")
+        data = None
+        if t.buffer < 0 or t.buffer >= max(len(buffers), 1) and t.buffer != 0:
+            raise NpusimError(f"tensor {i} ({name!r}): buffer index {t.buffer} out of range (model has {len(buffers)} buffers)")
+        if t.buffer > 0 and t.buffer < len(buffers) and buffers[t.buffer].data is not None and len(buffers[t.buffer].data) > 0:
+            raw = np.asarray(buffers[t.buffer].data, dtype=np.uint8)
+            if raw.size != size:
+                raise NpusimError(f"tensor {i} ({name!r}): buffer holds {raw.size} bytes, expected {size} for shape {list(shape)} {dtype.name}")
+            data = raw.view(dtype).reshape(shape).copy()
+        tensors.append(Tensor(name=name, shape=shape, dtype=dtype, quant=_quantization(t), data=data))
+    n = len(tensors)
+
+    def check_indices(indices, what):
+        out = [int(k) for k in (indices if indices is not None else [])]
+        for k in out:
+            if k < -1 or k >= n:
+                raise NpusimError(f"{what}: tensor index {k} out of range (subgraph has {n} tensors)")
+        return out
+
+    codes = model.operatorCodes or []
+    ops = []
+    for j, op_t in enumerate(sg.operators or []):
+        if op_t.opcodeIndex < 0 or op_t.opcodeIndex >= len(codes):
+            raise NpusimError(f"op {j}: opcode index {op_t.opcodeIndex} out of range ({len(codes)} operator codes)")
+        code = codes[op_t.opcodeIndex]
+        builtin = max(int(code.builtinCode), int(code.deprecatedBuiltinCode))
+        kind = _OP_NAMES.get(builtin, f"BUILTIN_{builtin}")
+        if kind == "CUSTOM":
+            cc = code.customCode
+            kind = "CUSTOM:" + (cc.decode() if isinstance(cc, bytes) else str(cc))
+        ops.append(Op(kind=kind, inputs=check_indices(op_t.inputs, f"op {j} ({kind}) inputs"),
+                      outputs=check_indices(op_t.outputs, f"op {j} ({kind}) outputs"),
+                      options=_options(op_t), index=j))
+    inputs = check_indices(sg.inputs, "subgraph inputs")
+    outputs = check_indices(sg.outputs, "subgraph outputs")
+    if not inputs or not outputs:
+        raise NpusimError(f"{where}: subgraph declares no inputs or no outputs")
+    return Graph(tensors=tensors, ops=ops, inputs=inputs, outputs=outputs, source=model)
+
+
+def write_model(graph: Graph) -> bytes:
+    """Serialize the graph, with its current constant data, back into .tflite bytes.
+
+    The file's own object tree is reused, so quantization parameters, options, metadata and
+    everything the simulator does not model are written back untouched.
+    """
+    if graph.source is None:
+        raise NpusimError("graph has no source model to write back")
+    model = copy.deepcopy(graph.source)  # the graph stays reusable and writable again
+    sg = model.subgraphs[0]
+    users: dict[int, int] = {}
+    for t in sg.tensors:
+        users[t.buffer] = users.get(t.buffer, 0) + 1
+    for t_obj, tensor in zip(sg.tensors, graph.tensors):
+        if tensor.data is None:
+            continue
+        raw = np.frombuffer(np.ascontiguousarray(tensor.data, dtype=tensor.dtype).tobytes(), dtype=np.uint8)
+        old = model.buffers[t_obj.buffer].data
+        if old is not None and np.array_equal(np.asarray(old, dtype=np.uint8), raw):
+            continue
+        if users[t_obj.buffer] > 1:  # a shared buffer: give this tensor its own copy
+            users[t_obj.buffer] -= 1
+            model.buffers.append(schema.BufferT())
+            t_obj.buffer = len(model.buffers) - 1
+            users[t_obj.buffer] = 1
+        model.buffers[t_obj.buffer].data = raw.copy()
+        model.buffers[t_obj.buffer].offset = 0
+        model.buffers[t_obj.buffer].size = 0
+    builder = flatbuffers.Builder(1024)
+    builder.Finish(model.Pack(builder), file_identifier=b"TFL3")
+    return bytes(builder.Output())
