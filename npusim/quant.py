@@ -51,14 +51,19 @@ def round_half_away(x: float) -> int:
 def activation_range(activation: str, scale: float, zero_point: int) -> tuple[int, int]:
     """CalculateActivationRangeQuantized for int8 outputs."""
     lo, hi = -128, 127
+    # TFLM divides in float32 (f / scale with both float); in double a quotient can land on the
+    # other side of .5 and move the RELU6 bound by one.
+    def quantize(f: float) -> int:
+        return zero_point + round_half_away(float(np.float32(f) / np.float32(scale)))
+
     if activation == "RELU":
         lo = max(lo, zero_point)
     elif activation == "RELU6":
         lo = max(lo, zero_point)
-        hi = min(hi, zero_point + round_half_away(6.0 / scale))
+        hi = min(hi, quantize(6.0))
     elif activation == "RELU_N1_TO_1":
-        lo = max(lo, zero_point + round_half_away(-1.0 / scale))
-        hi = min(hi, zero_point + round_half_away(1.0 / scale))
+        lo = max(lo, quantize(-1.0))
+        hi = min(hi, quantize(1.0))
     elif activation != "NONE":
         raise NpusimError(f"fused activation {activation} is not supported, expected NONE, RELU, RELU6 or RELU_N1_TO_1")
     return lo, hi

@@ -172,6 +172,7 @@ def write_model(graph: Graph) -> bytes:
     for t in sg.tensors:
         users[t.buffer] = users.get(t.buffer, 0) + 1
     for t_obj, tensor in zip(sg.tensors, graph.tensors):
+        _sync_metadata(t_obj, tensor)
         if tensor.data is None:
             continue
         raw = np.frombuffer(np.ascontiguousarray(tensor.data, dtype=tensor.dtype).tobytes(), dtype=np.uint8)
@@ -189,3 +190,22 @@ def write_model(graph: Graph) -> bytes:
     builder = flatbuffers.Builder(1024)
     builder.Finish(model.Pack(builder), file_identifier=b"TFL3")
     return bytes(builder.Output())
+
+
+def _sync_metadata(t_obj, tensor: Tensor):
+    """Carry shape and quantization edits (a replaced classifier head) into the file's tensor."""
+    shape = np.asarray(t_obj.shape if t_obj.shape is not None else [], dtype=np.int64)
+    if tuple(shape.tolist()) != tuple(tensor.shape) and not np.any(shape < 0):
+        t_obj.shape = np.asarray(tensor.shape, dtype=np.int32)
+        t_obj.shapeSignature = None
+    if tensor.quant is None:
+        return
+    q = t_obj.quantization
+    if q is None or q.scale is None or not np.array_equal(np.asarray(q.scale, dtype=np.float32), tensor.quant.scale) \
+            or not np.array_equal(np.asarray(q.zeroPoint if q.zeroPoint is not None else [], dtype=np.int64), tensor.quant.zero_point):
+        q = q or schema.QuantizationParametersT()
+        q.scale = tensor.quant.scale.astype(np.float32).tolist()
+        q.zeroPoint = tensor.quant.zero_point.astype(np.int64).tolist()
+        q.quantizedDimension = tensor.quant.axis
+        q.min = q.max = None
+        t_obj.quantization = q

@@ -3,18 +3,12 @@ from .add import Add
 from .conv import Conv2D
 from .depthwise import DepthwiseConv2D
 from .fully_connected import FullyConnected
-try:
-    from .mean import Mean
-except ImportError:  # TEMP
-    Mean = None
+from .mean import Mean
 from .movement import Concatenation, Pad, Reshape, Transpose
-try:
-    from .pool import AveragePool2D, MaxPool2D
-except ImportError:  # TEMP
-    AveragePool2D = MaxPool2D = None
+from .pool import AveragePool2D, MaxPool2D
 from .quantize import Dequantize, Quantize
 from .softmax import Softmax
 
-KERNELS = {k.kind: k for k in filter(None, (Add, AveragePool2D, Concatenation, Conv2D, DepthwiseConv2D, Dequantize, FullyConnected,
-                               MaxPool2D, Mean, Pad, Quantize, Reshape, Softmax, Transpose))}
+KERNELS = {k.kind: k for k in (Add, AveragePool2D, Concatenation, Conv2D, DepthwiseConv2D, Dequantize, FullyConnected,
+                               MaxPool2D, Mean, Pad, Quantize, Reshape, Softmax, Transpose)}
 KERNELS["PADV2"] = Pad

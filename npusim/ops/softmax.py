@@ -126,8 +126,8 @@ def build_exp_tables(input_multiplier, input_left_shift, diff_min):
 def softmax_rows(x, exp_q0, exp_q12, usable, out, bad):
     """x, out: [rows, depth] int8. reference_ops::Softmax, int8 output (zero point -128).
 
-    bad[r] is set where TFLM's TFLITE_CHECK(0 <= exponent <= 31) would abort: only when more than
-    about 4096 classes sit near the row maximum, so that the Q12.19 sum wraps.
+    bad[r] is set where TFLM's TFLITE_CHECK(0 <= exponent <= 31) aborts: exponent = 35 - clz(sum),
+    so any row whose sum of exponentials reaches 512.0 (e.g. more than 512 equal maxima) aborts TFLM.
     """
     rows, depth = x.shape
     for r in nb.prange(rows):
@@ -135,7 +135,7 @@ def softmax_rows(x, exp_q0, exp_q12, usable, out, bad):
         for c in range(depth):
             if x[r, c] > max_in_row:
                 max_in_row = np.int64(x[r, c])
-        sum_of_exps = np.int64(0)  # Q12.19, each term at most 2^19: wraps (as in C++) only past 4096 terms
+        sum_of_exps = np.int64(0)  # Q12.19, each term at most 2^19; wraps as in C++ past 4096 terms
         for c in range(depth):
             d = max_in_row - x[r, c]
             if usable[d]:
@@ -221,6 +221,6 @@ class Softmax(Kernel):
         bad = np.zeros(rows.shape[0], dtype=np.bool_)
         softmax_rows(rows, self.exp_q0, self.exp_q12, self.usable, out, bad)
         if bad.any():
-            raise self.error(f"the Q12.19 sum of exponentials overflowed int32 ({self.depth} classes near the maximum); "
-                             "TFLM aborts on this input (TFLITE_CHECK on the output exponent)")
+            raise self.error(f"sum of exponentials reached 512 ({int(bad.sum())} of {bad.size} rows, {self.depth} classes): "
+                             "TFLM aborts on such input (TFLITE_CHECK on the output exponent in reference softmax)")
         return out.reshape(x.shape)

@@ -1,0 +1,105 @@
+"""MEAN (int8) over the axes given by the constant second input.
+
+reference_ops::QuantizedMeanOrSum (kernels/internal/reference/reduce.h), as TFLM's
+micro/kernels/reduce_common.cc runs it for int8: (M, e) = QuantizeMultiplier(s_in / s_out), 1/n folded
+into the multiplier (sh = min(floor(log2 n), 32, 31 + e), M' = (M << sh) / n, e' = e - sh), then
+y = clamp(MultiplyByQuantizedMultiplier(int32(sum - zp_in * n), M', e') + zp_out, -128, 127).
+
+Older reduce_common.cc sources take reference_ops::Mean (raw sum / n, C++ truncating division) when
+input and output share scale and zero point. The oracle TFLM (PyPI tflite-micro 0.dev20261023) no
+longer does: with equal quantization it rounds exactly as above (checked on one-op models), so there
+is one path here. The output layout follows the input's dims with the reduced axes dropped (or kept
+as 1 with keep_dims), whatever the declared output shape.
+"""
+from __future__ import annotations
+
+import numba as nb
+import numpy as np
+
+from ..quant import multiply_by_quantized_multiplier, quantize_multiplier
+from .base import Kernel
+
+
+@nb.njit(cache=True, parallel=True)
+def mean_requantize(sums, input_offset, multiplier, shift, output_zero_point, out):
+    """MultiplyByQuantizedMultiplier(int32(sum - zp_in * n), M', e') + zp_out, clamped to int8."""
+    flat = sums.ravel()
+    of = out.ravel()
+    for i in nb.prange(flat.size):
+        shifted = np.int64(np.int32(flat[i] - input_offset))  # static_cast<int32_t> in TFLM
+        v = multiply_by_quantized_multiplier(shifted, multiplier, shift) + output_zero_point
+        if v < -128:
+            v = -128
+        elif v > 127:
+            v = 127
+        of[i] = v
+    return out
+
+
+class Mean(Kernel):
+    kind = "MEAN"
+
+    def __init__(self, op, graph, profile):
+        super().__init__(op, graph, profile)
+        if len(self.inputs) != 2 or self.inputs[0] is None or self.inputs[1] is None or len(self.outputs) != 1:
+            raise self.error(f"expected 2 inputs (data, axes) and 1 output, got {len(self.inputs)} and {len(self.outputs)}")
+        inp, axes_t, out = self.inputs[0], self.inputs[1], self.outputs[0]
+        self.require_int8(inp, out)
+        if axes_t.data is None:
+            raise self.error(f"axes tensor {axes_t.name!r} is not a constant, expected constant int32 axes")
+        if axes_t.dtype != np.int32:
+            raise self.error(f"axes tensor {axes_t.name!r} has type {np.dtype(axes_t.dtype).name}, expected int32")
+        rank = len(inp.shape)
+        if rank < 2:
+            raise self.error(f"input {inp.name!r} has shape {list(inp.shape)}, expected a batch axis and at least one more")
+        # ResolveAxis: negative axes count from the end, duplicates are dropped.
+        axes: list[int] = []
+        for a in np.asarray(axes_t.data).ravel().tolist():
+            r = a + rank if a < 0 else a
+            if not 0 <= r < rank:
+                raise self.error(f"axis {a} is out of range for input of rank {rank}")
+            if r not in axes:
+                axes.append(r)
+        if 0 in axes:
+            raise self.error("reduces the batch axis 0, which the simulator keeps per image; expected axes among 1.."
+                             f"{rank - 1}")
+        if not axes:
+            raise self.error("no axis to reduce")
+        self.axes = tuple(sorted(axes))
+        self.keep_dims = bool(op.options.get("keep_dims", False))
+        self.in_shape = tuple(int(d) for d in inp.shape)
+        self.count = int(np.prod([self.in_shape[a] for a in self.axes], dtype=np.int64))
+        if self.count == 0:
+            raise self.error("reduces over an empty axis")
+        if self.keep_dims:
+            kept = [1 if i in self.axes else d for i, d in enumerate(self.in_shape)]
+        else:
+            kept = [d for i, d in enumerate(self.in_shape) if i not in self.axes]
+        self.out_image_shape = tuple(kept[1:])  # per image, batch axis dropped
+        declared = tuple(int(d) for d in out.shape)
+        if int(np.prod(declared, dtype=np.int64)) != int(np.prod(kept, dtype=np.int64)):
+            raise self.error(f"output {out.name!r} has shape {list(declared)}, expected {kept} (or as many elements)")
+
+        self.input_zero_point = inp.zero_point
+        self.output_zero_point = out.zero_point
+        m, e = quantize_multiplier(float(np.float32(inp.scale)) / float(np.float32(out.scale)))
+        n = self.count
+        # 63 - CountLeadingZeros(uint64 n) = floor(log2 n); QuantizeMultiplier keeps e >= -31, so sh >= 0.
+        sh = min(n.bit_length() - 1, 32, 31 + e)
+        self.multiplier = (m << sh) // n  # int64 division of non-negative values
+        self.shift = e - sh
+
+    def macs(self) -> int:
+        return int(np.prod(self.in_shape[1:], dtype=np.int64))
+
+    def __call__(self, x, axes=None):
+        x = np.asarray(x)
+        if x.dtype != np.int8:
+            raise self.error(f"input array has type {x.dtype}, expected int8")
+        if x.shape[1:] != self.in_shape[1:]:
+            raise self.error(f"input array has shape {list(x.shape)}, expected [N, {', '.join(map(str, self.in_shape[1:]))}]")
+        sums = np.ascontiguousarray(x.sum(axis=self.axes, dtype=np.int64))
+        out = np.empty(sums.shape, dtype=np.int8)
+        mean_requantize(sums, np.int64(self.input_zero_point) * np.int64(self.count), np.int64(self.multiplier),
+                        np.int64(self.shift), np.int64(self.output_zero_point), out)
+        return out.reshape((x.shape[0],) + self.out_image_shape)

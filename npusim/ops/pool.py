@@ -1,0 +1,150 @@
+"""AVERAGE_POOL_2D and MAX_POOL_2D on int8 NHWC.
+
+Prepare follows TFLM micro/kernels/pooling_common.cc (padding from ComputePaddingHeightWidth,
+input and output quantization must match, activation range from the output quantization);
+Eval follows reference_integer_ops::AveragePool / MaxPool (kernels/internal/reference/integer_ops/
+pooling.h): only taps inside the image count, padding contributes nothing.
+"""
+from __future__ import annotations
+
+import numba as nb
+import numpy as np
+
+from ..errors import NpusimError
+from ..quant import activation_range
+from .base import Kernel
+from .padding import compute_padding
+
+
+@nb.njit(cache=True, parallel=True)
+def average_pool(x, kh, kw, sh, sw, pad_h, pad_w, lo, hi, out):
+    """x [N, H, W, C] int8 -> out [N, OH, OW, C] int8."""
+    n, in_h, in_w, depth = x.shape
+    _, out_h, out_w, _ = out.shape
+    acc = np.zeros((n * out_h, depth), dtype=np.int32)
+    for row in nb.prange(n * out_h):
+        b = row // out_h
+        oy = row % out_h
+        y0 = oy * sh - pad_h
+        fy0 = max(0, -y0)
+        fy1 = min(kh, in_h - y0)
+        for ox in range(out_w):
+            x0 = ox * sw - pad_w
+            fx0 = max(0, -x0)
+            fx1 = min(kw, in_w - x0)
+            count = (fy1 - fy0) * (fx1 - fx0)
+            for c in range(depth):
+                acc[row, c] = 0
+            for fy in range(fy0, fy1):
+                for fx in range(fx0, fx1):
+                    for c in range(depth):
+                        acc[row, c] += x[b, y0 + fy, x0 + fx, c]
+            half = count // 2
+            for c in range(depth):
+                a = acc[row, c]
+                # C++ integer division truncates: round half away from zero.
+                if a > 0:
+                    v = (a + half) // count
+                else:
+                    v = -((half - a) // count)
+                if v < lo:
+                    v = lo
+                elif v > hi:
+                    v = hi
+                out[b, oy, ox, c] = v
+    return out
+
+
+@nb.njit(cache=True, parallel=True)
+def max_pool(x, kh, kw, sh, sw, pad_h, pad_w, lo, hi, out):
+    """x [N, H, W, C] int8 -> out [N, OH, OW, C] int8."""
+    n, in_h, in_w, depth = x.shape
+    _, out_h, out_w, _ = out.shape
+    best = np.empty((n * out_h, depth), dtype=np.int8)
+    for row in nb.prange(n * out_h):
+        b = row // out_h
+        oy = row % out_h
+        y0 = oy * sh - pad_h
+        fy0 = max(0, -y0)
+        fy1 = min(kh, in_h - y0)
+        for ox in range(out_w):
+            x0 = ox * sw - pad_w
+            fx0 = max(0, -x0)
+            fx1 = min(kw, in_w - x0)
+            for c in range(depth):
+                best[row, c] = -128
+            for fy in range(fy0, fy1):
+                for fx in range(fx0, fx1):
+                    for c in range(depth):
+                        v = x[b, y0 + fy, x0 + fx, c]
+                        if v > best[row, c]:
+                            best[row, c] = v
+            for c in range(depth):
+                v = np.int32(best[row, c])
+                if v < lo:
+                    v = lo
+                elif v > hi:
+                    v = hi
+                out[b, oy, ox, c] = v
+    return out
+
+
+class _Pool2D(Kernel):
+    _eval = None
+
+    def __init__(self, op, graph, profile):
+        super().__init__(op, graph, profile)
+        if len(self.inputs) != 1 or self.inputs[0] is None or len(self.outputs) != 1:
+            raise self.error(f"expected 1 input and 1 output, got {len(self.inputs)} and {len(self.outputs)}")
+        inp, out = self.inputs[0], self.outputs[0]
+        self.require_int8(inp, out)
+        if len(inp.shape) != 4:
+            raise self.error(f"input {inp.name!r} has shape {list(inp.shape)}, expected 4-D NHWC")
+        # TFLM PoolingPrepare: |s_in - s_out| <= 1e-6 and equal zero points; pooling never rescales.
+        if abs(float(inp.scale) - float(out.scale)) > 1e-6 or inp.zero_point != out.zero_point:
+            raise self.error(f"input {inp.name!r} (scale {inp.scale:g}, zero point {inp.zero_point}) and output "
+                             f"{out.name!r} (scale {out.scale:g}, zero point {out.zero_point}) must share quantization")
+        o = op.options
+        try:
+            self.kh, self.kw = int(o["filter_height"]), int(o["filter_width"])
+            self.sh, self.sw = int(o["stride_h"]), int(o["stride_w"])
+            padding = o["padding"]
+        except KeyError as e:
+            raise self.error(f"missing option {e.args[0]!r}") from None
+        act = o.get("fused_activation_function", "NONE")
+        _, in_h, in_w, depth = (int(d) for d in inp.shape)
+        try:
+            self.out_h, self.pad_h = compute_padding(in_h, self.kh, self.sh, 1, padding)
+            self.out_w, self.pad_w = compute_padding(in_w, self.kw, self.sw, 1, padding)
+            self.act_min, self.act_max = activation_range(act, float(out.scale), out.zero_point)
+        except NpusimError as e:  # from the shared helpers: say which op
+            raise self.error(str(e)) from None
+        self.depth = depth
+        self.in_hw = (in_h, in_w)
+        expected = (self.out_h, self.out_w, depth)
+        if tuple(int(d) for d in out.shape[1:]) != expected:
+            raise self.error(f"output {out.name!r} has shape {list(out.shape)}, expected [N, {self.out_h}, {self.out_w}, {depth}]")
+
+    def macs(self) -> int:
+        return self.out_h * self.out_w * self.depth * self.kh * self.kw
+
+    def __call__(self, x):
+        x = np.asarray(x)
+        if x.dtype != np.int8:
+            raise self.error(f"input array has type {x.dtype}, expected int8")
+        if x.ndim != 4 or x.shape[1:] != (*self.in_hw, self.depth):
+            raise self.error(f"input array has shape {list(x.shape)}, expected [N, {self.in_hw[0]}, {self.in_hw[1]}, {self.depth}]")
+        out = np.empty((x.shape[0], self.out_h, self.out_w, self.depth), dtype=np.int8)
+        self._eval(np.ascontiguousarray(x), self.kh, self.kw, self.sh, self.sw, self.pad_h, self.pad_w,
+                         np.int32(self.act_min), np.int32(self.act_max), out)
+        return out
+
+
+class AveragePool2D(_Pool2D):
+    kind = "AVERAGE_POOL_2D"
+    _eval = staticmethod(average_pool)
+
+
+class MaxPool2D(_Pool2D):
+    kind = "MAX_POOL_2D"
+    _eval = staticmethod(max_pool)

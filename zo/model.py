@@ -1,0 +1,199 @@
+"""The deployed int8 model as the trainer sees it: a frozen prefix, a trainable suffix, the logits.
+
+Only weight and bias values of the trainable layers ever change; every scale, zero point and
+multiplier of the deployed graph stays as compiled (the NPU program has them baked in).
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import numpy as np
+
+from npusim import Interpreter, NpusimError
+from npusim.graph import Graph, Quantization
+
+from .errors import ZoError
+
+MAC_OPS = ("CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED")
+WEIGHT_BOUND = 127  # int8 weights are symmetric: [-127, 127]
+BIAS_BOUND = 2**31 - 1
+# A bias LSB is in_scale * w_scale: one weight LSB times one input LSB. Perturbing a bias by one LSB
+# moves the accumulator by 1 where a weight step moves it by |x - zp| ~ 10^2 per tap, so biases are
+# perturbed and updated in units of BIAS_UNIT LSB (one weight step on a half-range input).
+BIAS_UNIT = 128
+
+
+@dataclass
+class Parameter:
+    """One trainable tensor: its int values live in the graph, its master copy in the trainer."""
+
+    name: str
+    tensor: int  # tensor index in the graph
+    op_index: int
+    unit: int  # integer step of one perturbation unit (1 for weights, BIAS_UNIT for biases)
+    bound: int
+
+    @property
+    def is_bias(self) -> bool:
+        return self.unit != 1
+
+
+def replace_head(graph: Graph, num_classes: int) -> Graph:
+    """A copy of graph whose final FULLY_CONNECTED has num_classes outputs.
+
+    New head: zero weights and zero bias (every class starts equally likely, loss ln C, and ZO need
+    not undo a random init); weight scale per channel = the median of the old head's weight scales
+    (the new classes get the old head's resolution); the logits keep the old output scale and zero
+    point, so the downstream SOFTMAX/DEQUANTIZE stay as deployed.
+    """
+    g = copy.deepcopy(graph)
+    fc = [op for op in g.ops if op.kind == "FULLY_CONNECTED"]
+    if not fc:
+        raise ZoError("cannot replace the classifier head: the model has no FULLY_CONNECTED layer")
+    head = fc[-1]
+    w = g.tensors[head.inputs[1]]
+    old = w.shape[0]
+    w_scale = np.float32(np.median(w.quant.scale))
+    w.shape = (num_classes, w.shape[1])
+    w.data = np.zeros(w.shape, dtype=np.int8)
+    w.quant = Quantization(scale=np.full(num_classes if w.quant.per_channel else 1, w_scale, dtype=np.float32),
+                           zero_point=np.zeros(num_classes if w.quant.per_channel else 1, dtype=np.int64), axis=0)
+    if len(head.inputs) > 2 and head.inputs[2] >= 0:
+        b = g.tensors[head.inputs[2]]
+        in_scale = np.float64(g.tensors[head.inputs[0]].quant.scale[0])
+        b.shape = (num_classes,)
+        b.data = np.zeros(num_classes, dtype=np.int32)
+        b.quant = Quantization(scale=(in_scale * w.quant.scale.astype(np.float64)).astype(np.float32),
+                               zero_point=np.zeros(w.quant.scale.size, dtype=np.int64), axis=0)
+    # Every activation downstream of the head with a class axis of the old size follows.
+    frontier = {head.outputs[0]}
+    for op in g.ops[g.ops.index(head):]:
+        if op is head or any(t in frontier for t in op.inputs):
+            for t in op.outputs:
+                tensor = g.tensors[t]
+                if tensor.shape and tensor.shape[-1] == old:
+                    tensor.shape = tensor.shape[:-1] + (num_classes,)
+                frontier.add(t)
+    return g
+
+
+class TrainableModel:
+    """A prepared model split at its first trainable layer, with the logits as the training output."""
+
+    def __init__(self, graph: Graph, trainable: str = "last:2", profile: str = "tflm", num_classes: int | None = None):
+        try:
+            self.interp = Interpreter(graph, profile=profile)
+            out_classes = self.interp.graph.output().shape[-1]
+            if num_classes is not None and num_classes != out_classes:
+                self.interp = Interpreter(replace_head(graph, num_classes), profile=profile)
+        except NpusimError as e:
+            raise ZoError(str(e)) from None
+        self.graph = self.interp.graph
+        self.num_classes = self.graph.output().shape[-1]
+        self.params = self._select(trainable)
+        kernels = self.interp.kernels
+        trainable_ops = {p.op_index for p in self.params}
+        start = min(i for i, k in enumerate(kernels) if k.op.index in trainable_ops)
+        self.logits_tensor, end = self._logits(kernels)
+        if end < start:
+            raise ZoError("the trainable layers lie after the logits; nothing to train")
+        self.prefix = kernels[:start]
+        self.suffix = kernels[start:end + 1]  # up to the op that produces the logits
+        self.tail = kernels[end + 1:]  # SOFTMAX/DEQUANTIZE: only for int8 predictions
+        produced = {t for k in self.suffix for t in k.op.outputs}
+        self.boundary = sorted({t for k in self.suffix for t in k.op.inputs
+                                if t >= 0 and t not in produced and not self.graph.tensors[t].is_constant})
+        logits = self.graph.tensors[self.logits_tensor]
+        self.logits_scale = np.float64(logits.scale)
+        self.logits_zero_point = logits.zero_point
+
+    # -- the trainable set -------------------------------------------------------------------
+    def _select(self, spec: str) -> list[Parameter]:
+        mac = [k.op for k in self.interp.kernels if k.op.kind in MAC_OPS]
+        if not mac:
+            raise ZoError("the model has no CONV_2D, DEPTHWISE_CONV_2D or FULLY_CONNECTED layer to train")
+        tensors = self.graph.tensors
+        if spec == "biases":
+            chosen, with_weights = mac, False
+        elif spec.startswith("last:"):
+            try:
+                k = int(spec[5:])
+            except ValueError:
+                raise ZoError(f"--trainable {spec!r}: expected last:K with an integer K") from None
+            if not 1 <= k <= len(mac):
+                raise ZoError(f"--trainable {spec!r}: K must be between 1 and {len(mac)} (the model's trainable layers)")
+            chosen, with_weights = mac[-k:], True
+        else:
+            names = [n.strip() for n in spec.split(",") if n.strip()]
+            by_name = {}
+            for op in mac:
+                by_name[tensors[op.inputs[1]].name] = op
+                by_name[tensors[op.outputs[0]].name] = op
+            missing = [n for n in names if n not in by_name]
+            if missing or not names:
+                sample = ", ".join(tensors[op.inputs[1]].name for op in mac[-3:])
+                raise ZoError(f"--trainable: no trainable layer named {missing[0] if missing else spec!r} "
+                              f"(expected last:K, biases, or weight/output tensor names such as {sample})")
+            chosen, with_weights = sorted({id(by_name[n]): by_name[n] for n in names}.values(), key=lambda o: o.index), True
+        params = []
+        for op in chosen:
+            if with_weights:
+                params.append(Parameter(tensors[op.inputs[1]].name, op.inputs[1], op.index, 1, WEIGHT_BOUND))
+            if len(op.inputs) > 2 and op.inputs[2] >= 0:
+                params.append(Parameter(tensors[op.inputs[2]].name, op.inputs[2], op.index, BIAS_UNIT, BIAS_BOUND))
+        if not params:
+            raise ZoError(f"--trainable {spec!r}: the chosen layers have no bias to train")
+        return params
+
+    def _logits(self, kernels) -> tuple[int, int]:
+        """The logits tensor (the input of the final SOFTMAX, else the int8 output) and its producer."""
+        producer = {t: i for i, k in enumerate(kernels) for t in k.op.outputs}
+        t = self.graph.outputs[0]
+        while producer.get(t) is not None and kernels[producer[t]].kind in ("DEQUANTIZE", "SOFTMAX", "RESHAPE"):
+            k = kernels[producer[t]]
+            t = k.op.inputs[0]
+            if k.kind == "SOFTMAX":
+                break
+        if self.graph.tensors[t].dtype != np.int8 or t not in producer:
+            raise ZoError("cannot find int8 logits (expected the model to end in SOFTMAX, or in an int8 output)")
+        return t, producer[t]
+
+    @property
+    def size(self) -> int:
+        return sum(self.graph.tensors[p.tensor].data.size for p in self.params)
+
+    def values(self) -> list[np.ndarray]:
+        return [self.graph.tensors[p.tensor].data for p in self.params]
+
+    def set_values(self, values: list[np.ndarray]):
+        for p, v in zip(self.params, values):
+            t = self.graph.tensors[p.tensor]
+            t.data = np.clip(v, -p.bound, p.bound).astype(t.dtype).reshape(t.shape)
+
+    # -- forward passes ------------------------------------------------------------------------
+    def boundary_activations(self, x: np.ndarray, chunk: int = 256) -> dict:
+        """The frozen prefix's outputs that the suffix reads, for a whole set of inputs (computed once)."""
+        parts = []
+        for i in range(0, len(x), chunk):
+            values = {self.graph.inputs[0]: self.interp.check_input(x[i:i + chunk])}
+            self.interp.evaluate(values, self.prefix)
+            parts.append({t: values[t] for t in self.boundary})
+        return {t: np.concatenate([p[t] for p in parts]) for t in self.boundary}
+
+    def logits(self, boundary: dict, overrides: dict | None = None) -> np.ndarray:
+        """Dequantized logits [N, C] from boundary activations (overrides may hold grouped weights)."""
+        values = dict(boundary)
+        self.interp.evaluate(values, self.suffix, overrides)
+        q = values[self.logits_tensor].reshape(-1, self.num_classes)
+        return self.logits_scale * (q.astype(np.float64) - self.logits_zero_point)
+
+    def predict(self, boundary: dict, chunk: int = 512) -> np.ndarray:
+        """Predicted classes from the int8 (or dequantized) model output, as the device reports them."""
+        preds = []
+        n = len(next(iter(boundary.values())))
+        for i in range(0, n, chunk):
+            values = {t: v[i:i + chunk] for t, v in boundary.items()}
+            self.interp.evaluate(values, self.suffix + self.tail)
+            preds.append(np.argmax(values[self.graph.outputs[0]].reshape(len(values[self.boundary[0]]), -1), axis=1))
+        return np.concatenate(preds)

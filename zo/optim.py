@@ -1,0 +1,71 @@
+"""Optimizers on the master copy (float64, in integer steps of each tensor's own unit).
+
+The gradient estimate they receive is in loss per integer step, so the learning rate of SGD is in
+steps per unit gradient, and Adam's is (about) the largest step in integer units per update.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+
+def learning_rate(base: float, schedule: str, progress: float) -> float:
+    """progress in [0, 1]: the fraction of the forward-pass budget spent."""
+    if schedule == "constant":
+        return base
+    if schedule == "cosine":
+        return base * 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0)))
+    if schedule == "linear":
+        return base * max(1.0 - progress, 0.0)
+    raise ValueError(f"unknown learning-rate schedule {schedule!r}")
+
+
+SCHEDULES = ("constant", "cosine", "linear")
+
+
+class SGD:
+    """SGD with (heavy-ball) momentum."""
+
+    def __init__(self, size: int, momentum: float = 0.9):
+        self.momentum = momentum
+        self.velocity = np.zeros(size)
+
+    def step(self, grad: np.ndarray, lr: float) -> np.ndarray:
+        self.velocity = self.momentum * self.velocity + grad
+        return -lr * self.velocity
+
+    def state(self) -> dict:
+        return {"velocity": self.velocity}
+
+    def load(self, state: dict):
+        self.velocity = np.array(state["velocity"], dtype=np.float64)
+
+
+class Adam:
+    """ZO-Adam: Adam's moment estimates on the ZO gradient estimate."""
+
+    def __init__(self, size: int, beta1: float = 0.9, beta2: float = 0.999, eps: float = 1e-8):
+        self.beta1, self.beta2, self.eps = beta1, beta2, eps
+        self.m = np.zeros(size)
+        self.v = np.zeros(size)
+        self.t = 0
+
+    def step(self, grad: np.ndarray, lr: float) -> np.ndarray:
+        self.t += 1
+        self.m = self.beta1 * self.m + (1 - self.beta1) * grad
+        self.v = self.beta2 * self.v + (1 - self.beta2) * grad * grad
+        m_hat = self.m / (1 - self.beta1 ** self.t)
+        v_hat = self.v / (1 - self.beta2 ** self.t)
+        return -lr * m_hat / (np.sqrt(v_hat) + self.eps)
+
+    def state(self) -> dict:
+        return {"m": self.m, "v": self.v, "t": np.array(self.t)}
+
+    def load(self, state: dict):
+        self.m = np.array(state["m"], dtype=np.float64)
+        self.v = np.array(state["v"], dtype=np.float64)
+        self.t = int(state["t"])
+
+
+OPTIMIZERS = {"sgd": SGD, "adam": Adam}

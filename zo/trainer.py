@@ -1,0 +1,376 @@
+"""Zeroth-order training of a deployed int8 model, every forward pass on npusim.
+
+One step: q integer directions u_i from (seed, step, i); the loss at w + eps*u_i and w - eps*u_i on
+the same mini-batch (2q forward passes, run as one batched call of the trainable suffix with
+stacked perturbed weights, on the frozen prefix's cached activations); d_i = (L+ - L-) / (2 eps);
+g = (1/q) sum d_i u_i / E[u^2]; the optimizer moves a float64 master copy (in integer steps of each
+tensor's unit) and the int8 weights / int32 biases are written back with fixed scales.
+"""
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from npusim import NpusimError, load_model, write_model
+
+from .data import Dataset, load_dataset, quantize_images, resize_images, subset
+from .errors import ZoError
+from .loss import group_losses
+from .model import TrainableModel
+from .optim import OPTIMIZERS, SCHEDULES, learning_rate
+from .perturbation import KINDS, direction, second_moment
+from .schedulers import Progress, Scheduler, parse_scheduler
+
+DEFAULT_LR = {"sgd": 2.0, "adam": 0.05}
+METRIC_FIELDS = ["step", "q", "forward_passes", "train_loss", "test_accuracy", "wall_seconds", "macs", "lr"]
+# Probe images per suffix call: bounds the simulator's memory when 2q * batch is large.
+MAX_IMAGES_PER_CALL = 2048
+
+
+@dataclass
+class TrainConfig:
+    model: str
+    data: str
+    trainable: str = "last:2"
+    q: str = "qscheduler"
+    optimizer: str = "sgd"
+    lr: float | None = None
+    lr_schedule: str = "constant"
+    momentum: float = 0.9
+    eps: int = 1
+    direction: str = "rademacher"
+    rounding: str = "nearest"
+    batch: int = 32
+    budget: int = 20000
+    seed: int = 0
+    eval_every: int | None = None  # forward passes between evaluations (default: budget / 20)
+    checkpoint_every: int = 100  # steps
+    profile: str = "tflm"
+    train_size: int | None = None
+    test_size: int | None = None
+    image_size: int | None = None  # resize the data to this side (default: the model's input)
+    extra: dict = field(default_factory=dict)
+
+    def validate(self):
+        if self.optimizer not in OPTIMIZERS:
+            raise ZoError(f"--optimizer {self.optimizer!r}: expected one of {', '.join(OPTIMIZERS)}")
+        if self.lr_schedule not in SCHEDULES:
+            raise ZoError(f"--lr-schedule {self.lr_schedule!r}: expected one of {', '.join(SCHEDULES)}")
+        if self.direction not in KINDS:
+            raise ZoError(f"--direction {self.direction!r}: expected one of {', '.join(KINDS)}")
+        if self.rounding not in ("nearest", "stochastic"):
+            raise ZoError(f"--rounding {self.rounding!r}: expected nearest or stochastic")
+        if self.eps < 1:
+            raise ZoError(f"--eps {self.eps}: expected a positive number of int8 steps")
+        if self.batch < 1:
+            raise ZoError(f"--batch {self.batch}: expected at least 1")
+        if self.lr is not None and not (self.lr > 0 and np.isfinite(self.lr)):
+            raise ZoError(f"--lr {self.lr}: expected a positive finite learning rate")
+        try:
+            parse_scheduler(self.q)
+        except ValueError as e:
+            raise ZoError(str(e)) from None
+
+    @property
+    def learning_rate(self) -> float:
+        return self.lr if self.lr is not None else DEFAULT_LR[self.optimizer]
+
+
+def file_sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def prepare_inputs(x: np.ndarray, model: TrainableModel) -> np.ndarray:
+    t = model.graph.input()
+    x = resize_images(x, (t.shape[1], t.shape[2]))
+    return quantize_images(x, t.dtype, t.scale, t.zero_point)
+
+
+class Trainer:
+    def __init__(self, config: TrainConfig, out_dir: str | Path, dataset: Dataset | None = None, scheduler: Scheduler | None = None):
+        config.validate()
+        self.config = config
+        self.out = Path(out_dir)
+        try:
+            graph = load_model(config.model)
+        except NpusimError as e:
+            raise ZoError(str(e)) from None
+        data = dataset if dataset is not None else load_dataset(config.data)
+        if config.train_size or config.test_size:
+            data = subset(data, config.train_size, config.test_size, seed=config.seed)
+        self.data = data
+        self.model = TrainableModel(graph, config.trainable, config.profile, num_classes=data.num_classes)
+        self.scheduler = scheduler or parse_scheduler(config.q)
+        if config.budget < 2 * self.scheduler.next_q(Progress(0, 0, config.budget)):
+            raise ZoError(f"--budget {config.budget}: below one step ({2 * self.scheduler.next_q(Progress(0, 0, config.budget))} forward passes)")
+        # The frozen prefix never changes: its outputs are computed once for the whole data set.
+        self.train_cache = self.model.boundary_activations(prepare_inputs(data.x_train, self.model))
+        self.test_cache = self.model.boundary_activations(prepare_inputs(data.x_test, self.model))
+        self.units = np.concatenate([np.full(v.size, p.unit, dtype=np.float64) for p, v in zip(self.model.params, self.model.values())])
+        self.master = np.concatenate([v.astype(np.float64).ravel() for v in self.model.values()]) / self.units
+        self.optimizer = OPTIMIZERS[config.optimizer](self.master.size, **({"momentum": config.momentum} if config.optimizer == "sgd" else {}))
+        self.u_moment = second_moment(config.direction)
+        self.step = 0
+        self.forward_passes = 0
+        self.wall_offset = 0.0
+        self.metric_rows = 0
+        self.macs_per_pass = self.model.interp.macs() * config.batch
+        self.eval_every = config.eval_every or max(config.budget // 20, 1)
+        self.next_eval = 0
+        self._perm_epoch, self._perm = -1, None
+
+    # -- data ---------------------------------------------------------------------------------
+    def batch_indices(self, step: int) -> np.ndarray:
+        """Mini-batch of a step: a function of (seed, step) only, so resumed runs see the same batches."""
+        n = len(self.data.y_train)
+        b = min(self.config.batch, n)
+        per_epoch = n // b
+        epoch, k = divmod(step, per_epoch)
+        if epoch != self._perm_epoch:
+            self._perm = np.random.Generator(np.random.PCG64([self.config.seed, epoch, 0xDA7A])).permutation(n)
+            self._perm_epoch = epoch
+        return self._perm[k * b:(k + 1) * b]
+
+    # -- the estimator ----------------------------------------------------------------------------
+    def split(self, flat: np.ndarray) -> list[np.ndarray]:
+        out, i = [], 0
+        for v in self.model.values():
+            out.append(flat[i:i + v.size].reshape(v.shape))
+            i += v.size
+        return out
+
+    def probe_losses(self, q: int, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Losses L(w + eps u_i) and L(w - eps u_i), i < q, on one mini-batch, in batched suffix calls."""
+        cfg = self.config
+        boundary = {t: v[indices] for t, v in self.train_cache.items()}
+        labels = self.data.y_train[indices]
+        ints = np.concatenate([v.astype(np.int64).ravel() for v in self.model.values()])
+        steps = (cfg.eps * self.units).astype(np.int64)
+        per_call = max(MAX_IMAGES_PER_CALL // (2 * len(indices)), 1)
+        losses = np.empty(2 * q)
+        for i0 in range(0, q, per_call):
+            i1 = min(i0 + per_call, q)
+            stacked = np.empty((2 * (i1 - i0), ints.size), dtype=np.int64)
+            for i in range(i0, i1):
+                delta = steps * direction(cfg.seed, self.step, i, ints.size, cfg.direction)
+                stacked[2 * (i - i0)] = ints + delta
+                stacked[2 * (i - i0) + 1] = ints - delta
+            overrides = self.grouped_overrides(stacked)
+            groups = stacked.shape[0]
+            tiled = {t: np.concatenate([v] * groups) for t, v in boundary.items()}
+            logits = self.model.logits(tiled, overrides)
+            losses[2 * i0:2 * i1] = group_losses(logits, labels, groups)
+        return losses[0::2], losses[1::2]
+
+    def grouped_overrides(self, stacked: np.ndarray) -> dict:
+        """Per trainable tensor a [G, ...] array; an op with a trainable bias but frozen weights gets
+        its weights broadcast over the groups, since a grouped kernel takes grouped weights."""
+        g = stacked.shape[0]
+        overrides, i = {}, 0
+        tensors = self.model.graph.tensors
+        for p, v in zip(self.model.params, self.model.values()):
+            block = stacked[:, i:i + v.size]
+            i += v.size
+            overrides[p.tensor] = np.clip(block, -p.bound, p.bound).astype(v.dtype).reshape((g,) + v.shape)
+        for k in self.model.suffix:
+            if k.kind in ("CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED") and k.op.inputs[1] not in overrides \
+                    and any(t in overrides for t in k.op.inputs):
+                w = tensors[k.op.inputs[1]].data
+                overrides[k.op.inputs[1]] = np.broadcast_to(w, (g,) + w.shape)
+        return overrides
+
+    def gradient(self, q: int, derivatives: np.ndarray) -> np.ndarray:
+        """g = (1/q) sum_i d_i u_i / E[u^2], regenerating each u_i from its seed (never stored)."""
+        g = np.zeros(self.master.size)
+        for i in range(q):
+            g += derivatives[i] * direction(self.config.seed, self.step, i, g.size, self.config.direction)
+        return g / (q * self.u_moment)
+
+    def write_back(self):
+        """Master copy -> deployed integers, scales untouched. Nearest rounding is the default: the
+        master copy keeps sub-step updates, so they accumulate instead of rounding to zero."""
+        scaled = self.master * self.units
+        if self.config.rounding == "stochastic":
+            rng = np.random.Generator(np.random.PCG64([self.config.seed, self.step, 0x5EED]))
+            ints = np.floor(scaled + rng.random(scaled.size))
+        else:
+            ints = np.rint(scaled)
+        self.model.set_values(self.split(ints))
+
+    def train_step(self, q: int) -> float:
+        cfg = self.config
+        indices = self.batch_indices(self.step)
+        loss_plus, loss_minus = self.probe_losses(q, indices)
+        derivatives = (loss_plus - loss_minus) / (2.0 * cfg.eps)
+        grad = self.gradient(q, derivatives)
+        lr = learning_rate(cfg.learning_rate, cfg.lr_schedule, self.forward_passes / cfg.budget)
+        self.master += self.optimizer.step(grad, lr)
+        # Parameters stay inside what int8 / int32 can hold; the master copy must not drift beyond.
+        bounds = np.concatenate([np.full(v.size, p.bound / p.unit) for p, v in zip(self.model.params, self.model.values())])
+        np.clip(self.master, -bounds, bounds, out=self.master)
+        self.write_back()
+        self.forward_passes += 2 * q
+        self.step += 1
+        self.scheduler.observe(Progress(self.step, self.forward_passes, cfg.budget), q, loss_plus, loss_minus)
+        self.last_lr = lr
+        return float(np.mean((loss_plus + loss_minus) / 2))
+
+    # -- evaluation ------------------------------------------------------------------------------
+    def test_accuracy(self) -> float:
+        return float(np.mean(self.model.predict(self.test_cache) == self.data.y_test))
+
+    # -- the loop ---------------------------------------------------------------------------------
+    def run(self, on_step=None) -> dict:
+        """Train until the budget is spent; checkpoint on the way and on interrupt."""
+        cfg = self.config
+        self.out.mkdir(parents=True, exist_ok=True)
+        (self.out / "checkpoints").mkdir(exist_ok=True)
+        self.write_config()
+        start = time.perf_counter() - self.wall_offset
+        self.wall = lambda: time.perf_counter() - start
+        self.last_lr = learning_rate(cfg.learning_rate, cfg.lr_schedule, self.forward_passes / cfg.budget)
+        metrics = open(self.out / "metrics.csv", "a", newline="")
+        self.metrics = csv.DictWriter(metrics, fieldnames=METRIC_FIELDS)
+        if self.metric_rows == 0:
+            self.metrics.writeheader()
+        try:
+            if self.forward_passes >= self.next_eval:
+                self.log_eval()
+            while True:
+                q = self.scheduler.next_q(Progress(self.step, self.forward_passes, cfg.budget))
+                if self.forward_passes + 2 * q > cfg.budget:
+                    break
+                loss = self.train_step(q)
+                self.log({"step": self.step, "q": q, "forward_passes": self.forward_passes, "train_loss": f"{loss:.6f}"})
+                if self.forward_passes >= self.next_eval:
+                    self.log_eval()
+                if on_step:
+                    on_step(self, q, loss)
+                if self.step % cfg.checkpoint_every == 0:
+                    metrics.flush()
+                    self.save_checkpoint()
+            if self.forward_passes != self.last_eval_passes:
+                self.log_eval()
+        except KeyboardInterrupt:
+            metrics.flush()
+            self.save_checkpoint()
+            metrics.close()
+            raise
+        metrics.flush()
+        self.save_checkpoint()
+        metrics.close()
+        self.export(self.out / "model.tflite")
+        return {"steps": self.step, "forward_passes": self.forward_passes, "test_accuracy": self.final_accuracy}
+
+    def log(self, row: dict):
+        row.setdefault("wall_seconds", f"{self.wall():.3f}")
+        row.setdefault("macs", self.forward_passes * self.macs_per_pass)
+        row.setdefault("lr", f"{self.last_lr:.6g}")
+        self.metrics.writerow(row)
+        self.metric_rows += 1
+
+    def log_eval(self):
+        acc = self.test_accuracy()
+        q = self.scheduler.next_q(Progress(self.step, self.forward_passes, self.config.budget))
+        self.log({"step": self.step, "q": q, "forward_passes": self.forward_passes, "test_accuracy": f"{acc:.6f}"})
+        self.final_accuracy = acc
+        self.last_eval_passes = self.forward_passes
+        while self.next_eval <= self.forward_passes:
+            self.next_eval += self.eval_every
+
+    def export(self, path: Path):
+        tmp = path.with_suffix(".tmp")
+        tmp.write_bytes(write_model(self.model.graph))
+        os.replace(tmp, path)
+
+    # -- checkpoints ---------------------------------------------------------------------------
+    def fingerprint(self) -> dict:
+        return {"model_sha256": file_sha256(self.config.model),
+                "data_sha256": file_sha256(self.config.data) if Path(self.config.data).is_file() else self.config.data,
+                "train_size": len(self.data.y_train), "test_size": len(self.data.y_test)}
+
+    def write_config(self):
+        config = asdict(self.config)
+        config["fingerprint"] = self.fingerprint()
+        config["scheduler"] = self.scheduler.describe()
+        path = self.out / "config.json"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(config, indent=2))
+        os.replace(tmp, path)
+
+    def save_checkpoint(self):
+        """Write then rename: a crash mid-write (or a full disk) leaves the previous checkpoint intact."""
+        meta = {"step": self.step, "forward_passes": self.forward_passes, "wall": self.wall(),
+                "metric_rows": self.metric_rows, "next_eval": self.next_eval,
+                "last_eval_passes": self.last_eval_passes, "final_accuracy": self.final_accuracy,
+                "scheduler": self.scheduler.state(), "fingerprint": self.fingerprint(),
+                "params": [p.name for p in self.model.params], "config": asdict(self.config)}
+        arrays = {f"opt_{k}": np.asarray(v) for k, v in self.optimizer.state().items()}
+        ints = np.concatenate([v.astype(np.int64).ravel() for v in self.model.values()])
+        path = self.out / "checkpoints" / "last.npz"
+        tmp = self.out / "checkpoints" / "last.tmp.npz"
+        try:
+            with open(tmp, "wb") as f:
+                np.savez(f, master=self.master, ints=ints, meta=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8), **arrays)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except OSError as e:
+            tmp.unlink(missing_ok=True)
+            raise ZoError(f"cannot write checkpoint {path}: {e.strerror}; the previous checkpoint is kept") from None
+
+    def load_checkpoint(self, directory: Path):
+        path = Path(directory) / "checkpoints" / "last.npz"
+        if not path.exists():
+            raise ZoError(f"--resume {directory}: no checkpoint at {path}")
+        try:
+            with np.load(path, allow_pickle=False) as z:
+                meta = json.loads(bytes(z["meta"]).decode())
+                master, ints = z["master"], z["ints"]
+                opt = {k[4:]: z[k] for k in z.files if k.startswith("opt_")}
+            step, passes = int(meta["step"]), int(meta["forward_passes"])
+        except Exception as e:  # a damaged or foreign file: any decoding failure
+            raise ZoError(f"--resume {directory}: checkpoint {path} is damaged or not a zo checkpoint ({type(e).__name__})") from None
+        mine = self.fingerprint()
+        for key, value in meta["fingerprint"].items():
+            if mine.get(key) != value:
+                raise ZoError(f"--resume {directory}: checkpoint was made with a different {key.replace('_', ' ')} ({value} != {mine.get(key)})")
+        if meta["params"] != [p.name for p in self.model.params]:
+            raise ZoError(f"--resume {directory}: checkpoint trains other layers than --trainable {self.config.trainable!r}")
+        for key in ("q", "optimizer", "lr", "lr_schedule", "momentum", "eps", "direction", "rounding", "batch", "seed", "profile"):
+            if meta["config"].get(key) != getattr(self.config, key):
+                raise ZoError(f"--resume {directory}: --{key.replace('_', '-')} differs from the checkpoint's ({meta['config'].get(key)!r})")
+        if master.shape != self.master.shape or ints.shape != self.master.shape:
+            raise ZoError(f"--resume {directory}: checkpoint holds {master.size} parameters, expected {self.master.size}")
+        self.master = master.astype(np.float64)
+        self.model.set_values(self.split(ints))
+        self.optimizer.load(opt)
+        self.scheduler.load(meta["scheduler"])
+        self.step, self.forward_passes = step, passes
+        self.wall_offset = float(meta["wall"])
+        self.metric_rows = int(meta["metric_rows"])
+        self.next_eval = int(meta["next_eval"])
+        self.last_eval_passes = meta["last_eval_passes"]
+        self.final_accuracy = meta["final_accuracy"]
+        truncate_csv(self.out / "metrics.csv", self.metric_rows)
+
+
+def truncate_csv(path: Path, rows: int):
+    """Keep the header and the first `rows` data rows: rows written after the checkpoint are redone."""
+    if not path.exists():
+        return
+    lines = path.read_text().splitlines(keepends=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(lines[:rows + 1]))
+    os.replace(tmp, path)
