@@ -89,14 +89,29 @@ def shape_text(shape) -> str:
 @main.command()
 @click.argument("model", type=click.Path(dir_okay=False))
 @click.option("--target", type=click.Choice(["generic", "stm32n6"]), default="generic", show_default=True)
+@click.option("--npu-efficiency", type=float, default=None,
+              help="stm32n6: fraction of the NPU's 300 GMAC/s peak sustained on convolutions [default: npusim.npu.NPU_EFFICIENCY].")
+@click.option("--m55-macs-per-cycle", type=float, default=None,
+              help="stm32n6: int8 MACs per cycle of software epochs on the Cortex-M55 [default: npusim.npu.M55_MACS_PER_CYCLE].")
 @friendly_errors
-def inspect(model, target):
-    """One row per op: shapes, MACs and parameters, then the totals."""
+def inspect(model, target, npu_efficiency, m55_macs_per_cycle):
+    """One row per op: shapes, MACs and parameters, then the totals.
+
+    With --target stm32n6: the NPU/M55 placement, epochs, weight and arena memory and an estimated
+    latency (cost model and its assumptions: npusim/npu.py)."""
     interp = Interpreter(load_model(model))
     if target == "stm32n6":
-        from .npu import report
-        click.echo(report(interp))
+        from .npu import CostModel, report
+        cost = CostModel()
+        if npu_efficiency is not None:
+            cost.npu_efficiency = npu_efficiency
+        if m55_macs_per_cycle is not None:
+            cost.m55_macs_per_cycle = m55_macs_per_cycle
+        cost.__post_init__()  # validate the overrides
+        click.echo(report(interp, cost, title=Path(model).name))
         return
+    if npu_efficiency is not None or m55_macs_per_cycle is not None:
+        raise NpusimError("--npu-efficiency and --m55-macs-per-cycle apply only with --target stm32n6")
     g = interp.graph
     rows = [("#", "op", "inputs", "outputs", "MACs", "params")]
     total_macs = total_params = 0
@@ -112,6 +127,64 @@ def inspect(model, target):
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
         click.echo("  ".join(c.rjust(w) if i in (0, 4, 5) else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))).rstrip())
+
+
+@main.group()
+def golden():
+    """Golden vectors: record a model's outputs and intermediates once, check them in CI."""
+
+
+@golden.command("record")
+@click.argument("model", type=click.Path(dir_okay=False))
+@click.option("--input", "input_path", required=True, type=click.Path(dir_okay=False), help="N inputs stacked on axis 0 (.npy).")
+@click.option("-o", "--output", "output_path", required=True, type=click.Path(dir_okay=False), help="Golden file to write (.npz).")
+@PROFILE
+@click.option("--store-limit", type=int, default=None, metavar="BYTES",
+              help="Store an intermediate tensor's values (whole batch) up to this size; larger ones keep only their hash. [default: 1 MiB]")
+@friendly_errors
+def golden_record(model, input_path, output_path, profile, store_limit):
+    """Run MODEL on --input and write inputs, outputs, per-tensor hashes and small intermediates."""
+    from .golden import DEFAULT_STORE_LIMIT, record
+    x = load_array(input_path, "--input")
+    meta = record(model, x, output_path, profile=profile, store_limit=DEFAULT_STORE_LIMIT if store_limit is None else store_limit)
+    stored = sum(1 for e in meta["tensors"] if e["stored"])
+    click.echo(f"recorded {len(meta['tensors'])} tensors ({stored} with values, {len(meta['tensors']) - stored} hash only) "
+               f"of {meta['model_name']}, profile {profile}, batch {meta['batch']} -> {output_path}")
+
+
+@golden.command("check")
+@click.argument("model", type=click.Path(dir_okay=False))
+@click.argument("golden_file", metavar="GOLDEN", type=click.Path(dir_okay=False))
+@friendly_errors
+def golden_check(model, golden_file):
+    """Re-run MODEL on the golden input. Exit 0: all match; 1: mismatch (first diverging op printed);
+    2: another model, or a damaged or foreign golden file."""
+    from .golden import check
+    result = check(model, golden_file)
+    click.echo(result.message())
+    if not result.ok:
+        sys.exit(1)
+
+
+@main.command()
+@click.argument("model", type=click.Path(dir_okay=False))
+@click.option("--input", "input_path", required=True, type=click.Path(dir_okay=False), help="N inputs stacked on axis 0 (.npy).")
+@click.option("--a", "--profile", "a", type=click.Choice(["tflm", "xnnpack", "single"]), default="tflm", show_default=True,
+              help="Profile of run A (the simulator's profile when comparing against --reference).")
+@click.option("--b", "b", type=click.Choice(["tflm", "xnnpack", "single"]), default=None, help="Profile of run B.")
+@click.option("--reference", type=click.Path(file_okay=False), default=None,
+              help="Directory of reference tensors, one .npy each: <index>_<name>.npy as --dump writes, or <name>.npy.")
+@friendly_errors
+def compare(model, input_path, a, b, reference):
+    """Per-op differences between two profiles (--a, --b) or against --reference DIR, and the first op
+    where they part. A report: exit 0 whenever it runs, 2 on bad input."""
+    from .compare import compare_profiles, compare_reference, format_comparison
+    if (b is None) == (reference is None):
+        raise NpusimError("give exactly one of --b PROFILE or --reference DIR")
+    graph = load_model(model)
+    x = load_array(input_path, "--input")
+    result = compare_profiles(graph, x, a, b) if reference is None else compare_reference(graph, x, reference, a)
+    click.echo(format_comparison(result))
 
 
 if __name__ == "__main__":

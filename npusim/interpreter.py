@@ -14,6 +14,9 @@ from .ops import KERNELS
 from .quant import profile_id
 from .tflite_io import load_model
 
+# Layers whose weights may carry a leading group axis (many weight versions in one call).
+GROUPED_KINDS = ("CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED")
+
 
 def execution_order(graph: Graph) -> list:
     """The ops in file order, checked to be a valid schedule: every input is a constant, a graph input
@@ -65,11 +68,16 @@ class Interpreter:
         return np.ascontiguousarray(x)
 
     # -- evaluation -----------------------------------------------------------------------------
-    def evaluate(self, values: dict, kernels=None, overrides: dict | None = None) -> dict:
+    def evaluate(self, values: dict, kernels=None, overrides: dict | None = None, shared_batch: int | None = None) -> dict:
         """Run kernels (default: all) on a dict {tensor index: array}, adding their outputs to it.
 
-        overrides maps constant tensor indices to replacement arrays (same dtype; grouped weights may
-        carry a leading group axis, see ops/conv.py)."""
+        overrides maps constant tensor indices to replacement arrays. Weights of CONV_2D,
+        DEPTHWISE_CONV_2D and FULLY_CONNECTED may carry a leading group axis G (see ops/conv.py):
+        many weight versions in one call. With shared_batch=B, an activation of batch B is shared by
+        all groups (computed once) and one of batch G*B holds one slice per group; an op meeting both
+        sees the shared one repeated, and a grouped layer reading a shared input runs all groups as
+        one wide GEMM.
+        """
         tensors = self.graph.tensors
         for kernel in self.kernels if kernels is None else kernels:
             args = []
@@ -82,12 +90,27 @@ class Interpreter:
                     args.append(values[t])
                 else:
                     args.append(tensors[t].data)
-            result = kernel(*args)
+            if shared_batch is None:
+                result = kernel(*args)
+            else:
+                result = self._call_grouped(kernel, args, shared_batch)
             if len(kernel.op.outputs) == 1:
                 values[kernel.op.outputs[0]] = result
             else:
                 values.update(zip(kernel.op.outputs, result))
         return values
+
+    def _call_grouped(self, kernel, args, shared_batch):
+        tensors = self.graph.tensors
+        acts = [i for i, t in enumerate(kernel.op.inputs) if t >= 0 and not tensors[t].is_constant]
+        if kernel.kind in GROUPED_KINDS and args[1].ndim == len(tensors[kernel.op.inputs[1]].shape) + 1:
+            return kernel(*args, shared=args[0].shape[0] == shared_batch)
+        largest = max(args[i].shape[0] for i in acts)
+        if largest != shared_batch:
+            for i in acts:
+                if args[i].shape[0] == shared_batch:
+                    args[i] = np.concatenate([args[i]] * (largest // shared_batch))
+        return kernel(*args)
 
     def run_all(self, x: np.ndarray, overrides: dict | None = None) -> dict:
         """Every activation tensor's value for the batch x, keyed by tensor index."""

@@ -182,9 +182,12 @@ class TrainableModel:
         return {t: np.concatenate([p[t] for p in parts]) for t in self.boundary}
 
     def logits(self, boundary: dict, overrides: dict | None = None) -> np.ndarray:
-        """Dequantized logits [N, C] from boundary activations (overrides may hold grouped weights)."""
+        """Dequantized logits [N, C] from boundary activations of a batch B. With grouped weights
+        (G versions) in overrides, the result is [G*B, C], group-major; the frozen part of the suffix
+        runs once on B."""
         values = dict(boundary)
-        self.interp.evaluate(values, self.suffix, overrides)
+        batch = len(next(iter(boundary.values())))
+        self.interp.evaluate(values, self.suffix, overrides, shared_batch=batch if overrides else None)
         q = values[self.logits_tensor].reshape(-1, self.num_classes)
         return self.logits_scale * (q.astype(np.float64) - self.logits_zero_point)
 

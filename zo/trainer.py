@@ -168,8 +168,7 @@ class Trainer:
                 stacked[2 * (i - i0) + 1] = ints - delta
             overrides = self.grouped_overrides(stacked)
             groups = stacked.shape[0]
-            tiled = {t: np.concatenate([v] * groups) for t, v in boundary.items()}
-            logits = self.model.logits(tiled, overrides)
+            logits = self.model.logits(boundary, overrides)
             losses[2 * i0:2 * i1] = group_losses(logits, labels, groups)
         return losses[0::2], losses[1::2]
 

@@ -11,7 +11,7 @@ import numba as nb
 import numpy as np
 
 from .base import Kernel
-from .gemm import accumulator_offset, int_matmul, requantize_products
+from .gemm import accumulator_offset, grouped_products, requantize_products
 from .padding import compute_padding
 from .requant import OutputStage
 
@@ -61,24 +61,22 @@ class Conv2D(Kernel):
     def macs(self) -> int:
         return self.out_h * self.out_w * self.out_channels * self.kh * self.kw * self.inputs[0].shape[3]
 
-    def __call__(self, x, w, b=None):
+    def __call__(self, x, w, b=None, shared=False):
+        """shared=True: x is one batch seen by every weight group (output: G times the batch)."""
         o = self.options
-        grouped = w.ndim == 5
-        wg = w if grouped else w[None]
+        wg = w if w.ndim == 5 else w[None]
         groups = wg.shape[0]
-        n = x.shape[0]
         k = self.kh * self.kw * x.shape[3]
         if (self.kh, self.kw, o.get("stride_h", 1), o.get("stride_w", 1)) == (1, 1, 1, 1) and self.pad_top == 0 and self.pad_left == 0:
-            cols = x.astype(np.float32).reshape(groups, -1, k)
+            cols = x.reshape(-1, k).astype(np.float32)
         else:
-            cols = np.empty((n * self.out_h * self.out_w, k), dtype=np.float32)
+            cols = np.empty((x.shape[0] * self.out_h * self.out_w, k), dtype=np.float32)
             im2col(x, self.kh, self.kw, o.get("stride_h", 1), o.get("stride_w", 1), o.get("dilation_h_factor", 1),
                    o.get("dilation_w_factor", 1), self.pad_top, self.pad_left, self.out_h, self.out_w,
                    np.float32(self.inputs[0].zero_point), cols)
-            cols = cols.reshape(groups, -1, k)
-        products = int_matmul(cols, wg.reshape(groups, self.out_channels, k))
+        products = grouped_products(cols, wg.reshape(groups, self.out_channels, k), shared)
         offset = accumulator_offset(wg, b, self.inputs[0].zero_point)
         s = self.stage
         out = np.empty(products.shape, dtype=np.int8)
         requantize_products(products, offset, s.multiplier, s.shift, s.real_scale, s.zero_point, s.lo, s.hi, self.profile, out)
-        return out.reshape(n, self.out_h, self.out_w, self.out_channels)
+        return out.reshape(-1, self.out_h, self.out_w, self.out_channels)

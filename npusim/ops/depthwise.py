@@ -76,10 +76,12 @@ class DepthwiseConv2D(Kernel):
     def macs(self) -> int:
         return self.out_h * self.out_w * self.out_channels * self.kh * self.kw
 
-    def __call__(self, x, w, b=None):
+    def __call__(self, x, w, b=None, shared=False):
         o = self.options
         wg = w if w.ndim == 5 else w[None]
         groups = wg.shape[0]
+        if shared:  # no reduction to share: give each group its own copy of the batch
+            x = np.concatenate([x] * groups)
         bias = np.zeros((groups, self.out_channels), dtype=np.int64) if b is None else np.ascontiguousarray(
             np.broadcast_to(b.reshape(-1, self.out_channels), (groups, self.out_channels)), dtype=np.int64)
         out = np.empty((x.shape[0], self.out_h, self.out_w, self.out_channels), dtype=np.int8)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from .base import Kernel
-from .gemm import accumulator_offset, int_matmul, requantize_products
+from .gemm import accumulator_offset, grouped_products, requantize_products
 from .requant import OutputStage
 
 
@@ -35,14 +35,12 @@ class FullyConnected(Kernel):
     def macs(self) -> int:
         return self.rows_per_image * self.out_channels * self.depth
 
-    def __call__(self, x, w, b=None):
+    def __call__(self, x, w, b=None, shared=False):
+        """shared=True: x is one batch seen by every weight group (output: G times the batch)."""
         wg = w if w.ndim == 3 else w[None]
-        groups = wg.shape[0]
-        n = x.shape[0]
-        cols = x.reshape(groups, -1, self.depth).astype(np.float32)
-        products = int_matmul(cols, wg)
+        products = grouped_products(x.reshape(-1, self.depth).astype(np.float32), wg, shared)
         offset = accumulator_offset(wg, b, self.inputs[0].zero_point)
         s = self.stage
         out = np.empty(products.shape, dtype=np.int8)
         requantize_products(products, offset, s.multiplier, s.shift, s.real_scale, s.zero_point, s.lo, s.hi, self.profile, out)
-        return out.reshape((n,) + self.out_shape)
+        return out.reshape((-1,) + self.out_shape)

@@ -23,7 +23,8 @@ def int_matmul(cols: np.ndarray, weights: np.ndarray) -> np.ndarray:
     Returns float32 when K <= CHUNK, else float64; both hold the exact integer result.
     """
     k = cols.shape[-1]
-    wt = weights.astype(np.float32).transpose(0, 2, 1)  # [G, K, O]
+    # Contiguous [G, K, O]: a stack of transposed views makes numpy's matmul leave the BLAS path.
+    wt = np.ascontiguousarray(weights.astype(np.float32).transpose(0, 2, 1))
     if k <= CHUNK:
         return np.matmul(cols, wt)
     total = np.zeros(cols.shape[:2] + (weights.shape[1],), dtype=np.float64)
@@ -40,9 +41,7 @@ def accumulator_offset(weights: np.ndarray, bias: np.ndarray | None, input_zero_
     return b - np.int64(input_zero_point) * wsum
 
 
-@nb.njit(cache=True, parallel=True)
-def requantize_products(products, offset, m, shift, real_scale, zero_point, lo, hi, profile, out):
-    """out[g, r, c] = clamp(requantize(products[g, r, c] + offset[g, c]) + zero_point)."""
+def _requantize_products(products, offset, m, shift, real_scale, zero_point, lo, hi, profile, out):
     groups, rows, channels = products.shape
     for gr in nb.prange(groups * rows):
         g = gr // rows
@@ -56,3 +55,29 @@ def requantize_products(products, offset, m, shift, real_scale, zero_point, lo, 
                 v = hi
             out[g, r, c] = v
     return out
+
+
+# Threads pay off only on large outputs; a ZO probe of a small head is thousands of tiny calls.
+_requantize_parallel = nb.njit(cache=True, parallel=True)(_requantize_products)
+_requantize_serial = nb.njit(cache=True)(_requantize_products)
+PARALLEL_MIN_SIZE = 1 << 15
+
+
+def requantize_products(products, offset, m, shift, real_scale, zero_point, lo, hi, profile, out):
+    """out[g, r, c] = clamp(requantize(products[g, r, c] + offset[g, c]) + zero_point)."""
+    kernel = _requantize_parallel if products.size >= PARALLEL_MIN_SIZE else _requantize_serial
+    return kernel(products, offset, m, shift, real_scale, np.int64(zero_point), np.int64(lo), np.int64(hi), np.int64(profile), out)
+
+
+def grouped_products(cols: np.ndarray, weights: np.ndarray, shared: bool) -> np.ndarray:
+    """Exact products of cols [R, K] with weights [G, O, K] as [G, R', O].
+
+    shared=False: the rows are G equal slices, slice g meets weights g (R' = R / G).
+    shared=True: every group sees all rows (R' = R); the G weight sets are stacked into one wide
+    GEMM [R, K] x [K, G*O], which a BLAS runs far better than G narrow ones.
+    """
+    g, o, k = weights.shape
+    if shared:
+        products = int_matmul(cols[None], weights.reshape(1, g * o, k))[0]
+        return products.reshape(-1, g, o).transpose(1, 0, 2)
+    return int_matmul(cols.reshape(g, -1, k), weights)

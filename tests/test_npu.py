@@ -1,0 +1,262 @@
+"""The STM32N6 Neural-ART view: placement, epochs, MACs, memory plan and latency estimate, through
+`npusim inspect --target stm32n6` and the importable API (plan_device, zo_step_report)."""
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from npusim import Interpreter, NpusimError, Quantization, Tensor
+from npusim import npu
+from npusim.cli import main
+from npusim.npu import (M55, NPU, Buffer, CostModel, activation_lifetimes, format_zo_step_report, greedy_first_fit,
+                        placement, plan_arena, plan_device, zo_step_report)
+
+SHARED = Path(os.environ.get("NPU_SHARED", Path(__file__).resolve().parents[1].parent / "shared"))
+RESNET = SHARED / "models" / "resnet8_cifar10_int8.tflite"
+MOBILENET = SHARED / "models" / "mobilenet_v2_0.35_128_flowers_int8.tflite"
+
+# Ops that must fall back to the Cortex-M55 on each real model.
+EXPECTED_M55 = {RESNET.name: {"SOFTMAX"}, MOBILENET.name: {"QUANTIZE", "SOFTMAX", "DEQUANTIZE"}}
+EXPECTED_EPOCHS = {RESNET.name: [NPU, M55], MOBILENET.name: [M55, NPU, M55]}
+
+
+def need(path: Path) -> str:
+    if not path.exists():
+        pytest.skip(f"SHARED DATA MISSING: {path} not found (set NPU_SHARED to the shared directory)")
+    return str(path)
+
+
+def cli(*args):
+    return CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False)
+
+
+@pytest.fixture(scope="module", params=[RESNET, MOBILENET], ids=["resnet8", "mobilenetv2"])
+def model(request):
+    path = need(request.param)
+    return path, Interpreter(path)
+
+
+class NoEval:
+    """A kernel stand-in that exposes the plan but refuses to compute."""
+
+    def __init__(self, kernel):
+        self._kernel = kernel
+
+    def __getattr__(self, name):
+        return getattr(self._kernel, name)
+
+    def __call__(self, *args):
+        raise AssertionError("the device model must not run kernels")
+
+
+# -- inspect --target stm32n6 ----------------------------------------------------------------
+
+
+def test_inspect_stm32n6_cli(model):
+    path, interp = model
+    result = cli("inspect", path, "--target", "stm32n6")
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    name = Path(path).name
+    m55 = EXPECTED_M55[name]
+    n_ops = len(interp.kernels)
+    assert f"ops: {n_ops - len(m55)} on NPU, {len(m55)} on M55 ({', '.join(sorted(m55))})" in out
+    total = sum(k.macs() for k in interp.kernels)
+    assert f"MACs: {total:,} per image" in out
+    dev = plan_device(interp)
+    assert f"activation arena: peak {dev.arena.peak_bytes:,} B" in out
+    assert f"naive sum {dev.arena.naive_bytes:,} B" in out
+    assert f"weight memory: {dev.weight_bytes:,} B" in out
+    assert re.search(r"estimated latency: \d+\.\d+ ms per image", out)
+    # one row per op with its unit
+    for k in interp.kernels:
+        assert re.search(rf"^\s*{k.op.index}\s+{k.op.kind}\s+(NPU|M55)\s", out, re.M)
+
+
+def test_placement_epochs_and_macs(model):
+    path, interp = model
+    dev = plan_device(interp)
+    name = Path(path).name
+    assert {o.kind for o in dev.m55_ops} == EXPECTED_M55[name]
+    assert all(o.reason for o in dev.m55_ops) and not any(o.reason for o in dev.npu_ops)
+    assert [e.unit for e in dev.epochs] == EXPECTED_EPOCHS[name]
+    # epochs are maximal runs of one unit, covering every op once in execution order
+    assert [o for e in dev.epochs for o in e.ops] == dev.ops
+    assert all(a.unit != b.unit for a, b in zip(dev.epochs, dev.epochs[1:]))
+    assert dev.total_macs == sum(k.macs() for k in interp.kernels) == interp.macs()
+    assert sum(e.macs for e in dev.epochs) == dev.total_macs
+    assert sum(o.macs for o in dev.npu_ops) > 0.99 * dev.total_macs
+    # weights: every constant tensor the ops read, once
+    consts = {t for k in interp.kernels for t in k.op.inputs if t >= 0 and interp.graph.tensors[t].is_constant}
+    assert dev.weight_bytes == sum(interp.graph.tensors[t].data.nbytes for t in consts)
+    assert sum(e.weight_bytes for e in dev.epochs) == dev.weight_bytes
+    d = dev.to_dict()
+    assert d["total_macs"] == dev.total_macs and len(d["ops"]) == len(interp.kernels)
+
+
+def test_arena_plan_is_valid_and_bounded(model):
+    _, interp = model
+    for batch in (1, 3):
+        plan = plan_arena(interp, batch)
+        sizes = [b.size for b in plan.buffers]
+        assert plan.largest_tensor_bytes == max(sizes)
+        assert plan.largest_tensor_bytes < plan.peak_bytes <= plan.naive_bytes
+        assert plan.max_live_bytes <= plan.peak_bytes
+        # no two tensors alive at the same time share memory
+        for i, a in enumerate(plan.buffers):
+            for b in plan.buffers[i + 1:]:
+                if a.first <= b.last and b.first <= a.last:
+                    assert a.offset + a.size <= b.offset or b.offset + b.size <= a.offset, (a, b)
+    one, three = plan_arena(interp, 1), plan_arena(interp, 3)
+    assert three.peak_bytes <= 3 * one.peak_bytes + 16 * len(one.buffers)
+    # every activation tensor of the plan is in it, with its producer and last reader
+    life = activation_lifetimes(interp)
+    assert set(life) == {b.tensor for b in one.buffers}
+    assert set(interp.graph.inputs) <= set(life)
+
+
+def test_model_comes_from_the_plan_not_from_kernels(model):
+    _, interp = model
+    before = plan_device(interp).to_dict()
+
+    class Blind:
+        graph = interp.graph
+        kernels = [NoEval(k) for k in interp.kernels]
+
+    after = plan_device(Blind()).to_dict()
+    assert after == before
+
+
+def test_latency_scales_and_follows_the_cost_model(model, monkeypatch):
+    _, interp = model
+    dev = plan_device(interp)
+    t1 = dev.latency_s(1)
+    assert 1e-5 < t1 < 1.0
+    assert dev.latency_s(4) == pytest.approx(4 * t1)
+    assert dev.latency_s(1) == pytest.approx(dev.unit_seconds(NPU) + dev.unit_seconds(M55))
+    assert dev.latency_s(1, first=len(dev.ops) - 1) < t1
+    slow = plan_device(interp, CostModel(npu_efficiency=dev.cost.npu_efficiency / 2))
+    assert slow.unit_seconds(NPU) > dev.unit_seconds(NPU)
+    assert slow.unit_seconds(M55) == pytest.approx(dev.unit_seconds(M55))
+    # module constants are the defaults of every later estimate
+    monkeypatch.setattr(npu, "EPOCH_OVERHEAD_S", 1e-3)
+    assert plan_device(interp).latency_s(1) == pytest.approx(t1 + len(dev.epochs) * (1e-3 - dev.cost.epoch_overhead_s))
+    # CONV-type ops cost MACs / (peak * efficiency)
+    conv = next(o for o in dev.ops if o.kind == "CONV_2D")
+    assert conv.seconds == pytest.approx(conv.macs / (300e9 * dev.cost.npu_efficiency))
+
+
+def test_cli_cost_options(model):
+    path, _ = model
+    base = cli("inspect", path, "--target", "stm32n6").stdout
+    fast = cli("inspect", path, "--target", "stm32n6", "--npu-efficiency", "1.0", "--m55-macs-per-cycle", "8").stdout
+    ms = lambda out: float(re.search(r"estimated latency: ([\d.]+) ms", out).group(1))
+    assert ms(fast) < ms(base)
+    assert "x 1 efficiency" in fast and "x 8 MAC/cycle" in fast
+    for bad in (["--npu-efficiency", "0"], ["--npu-efficiency", "1.5"], ["--m55-macs-per-cycle", "-1"]):
+        r = cli("inspect", path, "--target", "stm32n6", *bad)
+        assert r.exit_code == 2 and r.stderr.startswith("error: ") and "Traceback" not in r.output
+    r = cli("inspect", path, "--npu-efficiency", "0.5")
+    assert r.exit_code == 2 and "stm32n6" in r.stderr
+
+
+# -- placement rules and the planner on small cases ------------------------------------------------
+
+
+def _t(shape, dtype=np.int8, data=None, name="t"):
+    q = Quantization(np.array([0.1], np.float32), np.array([0])) if np.dtype(dtype) == np.int8 else None
+    return Tensor(name=name, shape=tuple(shape), dtype=np.dtype(dtype), quant=q, data=data)
+
+
+def _kernel(kind, inputs, outputs, **options):
+    return SimpleNamespace(op=SimpleNamespace(kind=kind, options=options, inputs=[], outputs=[], index=0),
+                           inputs=inputs, outputs=outputs, macs=lambda: 0)
+
+
+def test_placement_rules():
+    x, y = _t((1, 8, 8, 4)), _t((1, 8, 8, 4))
+    assert placement(_kernel("CONV_2D", [x, _t((4, 1, 1, 4), data=np.zeros((4, 1, 1, 4), np.int8))], [y],
+                             fused_activation_function="RELU6"))[0] == NPU
+    assert placement(_kernel("CONV_2D", [x], [y], fused_activation_function="TANH"))[0] == M55
+    assert placement(_kernel("ADD", [_t((1, 8, 8, 4), np.float32), x], [y]))[0] == M55
+    assert placement(_kernel("SOFTMAX", [x], [y]))[0] == M55
+    assert placement(_kernel("QUANTIZE", [_t((1, 8, 8, 4), np.uint8)], [y]))[0] == M55
+    assert placement(_kernel("DEQUANTIZE", [x], [_t((1, 8, 8, 4), np.float32)]))[0] == M55
+    assert placement(_kernel("CUSTOM:foo", [x], [y]))[0] == M55
+    axes = lambda a: _t((len(a),), np.int32, data=np.array(a, np.int32))
+    assert placement(_kernel("MEAN", [x, axes([1, 2])], [_t((1, 4))]))[0] == NPU
+    assert placement(_kernel("MEAN", [x, axes([-3, -2])], [_t((1, 4))]))[0] == NPU
+    assert placement(_kernel("MEAN", [x, axes([3])], [_t((1, 8, 8))]))[0] == M55
+    assert placement(_kernel("TRANSPOSE", [_t((1, 2, 3, 4, 5)), axes([0, 1, 2, 4, 3])], [_t((1, 2, 3, 5, 4))]))[0] == M55
+    assert placement(_kernel("RESHAPE", [x, axes([1, 256])], [_t((1, 256))]))[0] == NPU
+
+
+def test_greedy_first_fit_reuses_memory_of_dead_tensors():
+    bufs = [Buffer(0, 100, 0, 1), Buffer(1, 50, 1, 2), Buffer(2, 100, 2, 3), Buffer(3, 30, 3, 3)]
+    peak = greedy_first_fit(bufs)
+    off = {b.tensor: b.offset for b in bufs}
+    assert off[0] == 0 and off[2] == 0  # same memory, disjoint lifetimes
+    assert off[1] == 100 and off[3] == 100  # 3 fits where 1 was, after 1 died
+    assert peak == 150
+
+
+def test_cost_model_validation():
+    with pytest.raises(NpusimError):
+        CostModel(npu_efficiency=0)
+    with pytest.raises(NpusimError):
+        CostModel(m55_macs_per_cycle=0)
+    c = CostModel()
+    assert c.npu_peak_macs_per_s == pytest.approx(300e9)
+    assert "300 GMAC/s" in c.describe()
+
+
+# -- ZO step against back-propagation ----------------------------------------------------------------
+
+
+def test_zo_step_report_resnet_head():
+    interp = Interpreter(need(RESNET))
+    fc = next(k for k in interp.kernels if k.op.kind == "FULLY_CONNECTED")
+    trainable = [t for t in fc.op.inputs[1:] if t >= 0]
+    r = zo_step_report(interp, trainable, q=4, batch=8)
+    params = sum(interp.graph.tensors[t].data.size for t in trainable)
+    assert r["trainable_params"] == params == 650
+    assert r["forward_passes"] == 2 * 4 and r["image_passes"] == 2 * 4 * 8
+    assert r["zo_seconds"] == pytest.approx(64 * plan_device(interp).latency_s(1))
+    assert r["zo_seconds_suffix_cached"] < r["zo_seconds"]
+    assert r["suffix_cache_bytes"] == 8 * 64  # the FC's 64-wide int8 input, for 8 images
+    zo, bp = r["zo_memory"], r["bp_memory"]
+    assert zo["master_bytes"] == 4 * params and zo["seed_bytes"] == 4 * 12
+    assert zo["arena_bytes"] == plan_arena(interp, 1).peak_bytes  # one image at a time
+    held = zo_step_report(interp, trainable, q=4, batch=8, resident_images=8)
+    assert held["zo_memory"]["arena_bytes"] == plan_arena(interp, 8).peak_bytes
+    assert held["zo_seconds"] == r["zo_seconds"]
+    assert bp["optimizer_bytes"] == 2 * 4 * params and bp["gradient_bytes"] == 4 * params
+    assert zo["total_bytes"] == zo["arena_bytes"] + zo["weight_bytes"] + zo["seed_bytes"] + zo["master_bytes"]
+    assert bp["total_bytes"] > zo["total_bytes"]
+    text = format_zo_step_report(r)
+    assert "ZO step on STM32N6: q=4, batch=8" in text and "back-propagation" in text
+
+
+def test_zo_step_report_whole_network_stores_more_activations():
+    interp = Interpreter(need(RESNET))
+    weights = sorted({t for k in interp.kernels for t in k.op.inputs[1:] if t >= 0 and interp.graph.tensors[t].is_constant
+                      and k.op.kind in ("CONV_2D", "FULLY_CONNECTED")})
+    head = [t for t in interp.kernels[-2].op.inputs[1:] if t >= 0]
+    full, small = zo_step_report(interp, weights, q=2, batch=4), zo_step_report(interp, head, q=2, batch=4)
+    assert full["bp_memory"]["stored_activation_bytes"] > small["bp_memory"]["stored_activation_bytes"]
+    assert full["suffix_first_op"] == 0 and full["zo_seconds_suffix_cached"] == pytest.approx(full["batch"] * full["forward_s"] * (1 + 2 * full["q"]))
+    assert full["bp_memory"]["total_bytes"] > full["zo_memory"]["total_bytes"]
+
+
+def test_zo_step_report_rejects_activations():
+    interp = Interpreter(need(RESNET))
+    with pytest.raises(NpusimError):
+        zo_step_report(interp, [interp.graph.inputs[0]], q=1, batch=1)
+    with pytest.raises(NpusimError):
+        zo_step_report(interp, [7], q=0, batch=1)
