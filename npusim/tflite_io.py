@@ -92,7 +92,8 @@ def load_model(source) -> Graph:
     except NpusimError:
         raise
     except Exception as e:  # flatbuffers raises whatever the damaged offsets lead to
-        raise NpusimError(f"{where}: malformed flatbuffer ({type(e).__name__})") from None
+        detail = str(e).splitlines()[0][:120] if str(e) else type(e).__name__
+        raise NpusimError(f"{where}: malformed flatbuffer, file truncated or damaged ({detail})") from None
     try:
         return _to_graph(model, where)
     except NpusimError:

@@ -81,12 +81,13 @@ def replace_head(graph: Graph, num_classes: int) -> Graph:
 class TrainableModel:
     """A prepared model split at its first trainable layer, with the logits as the training output."""
 
-    def __init__(self, graph: Graph, trainable: str = "last:2", profile: str = "tflm", num_classes: int | None = None):
+    def __init__(self, graph: Graph, trainable: str = "last:2", profile: str = "tflm", num_classes: int | None = None,
+                 new_head: bool = False):
         try:
             self.interp = Interpreter(graph, profile=profile)
             out_classes = self.interp.graph.output().shape[-1]
-            if num_classes is not None and num_classes != out_classes:
-                self.interp = Interpreter(replace_head(graph, num_classes), profile=profile)
+            if new_head or (num_classes is not None and num_classes != out_classes):
+                self.interp = Interpreter(replace_head(graph, num_classes or out_classes), profile=profile)
         except NpusimError as e:
             raise ZoError(str(e)) from None
         self.graph = self.interp.graph

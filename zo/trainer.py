@@ -13,7 +13,7 @@ import hashlib
 import json
 import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -55,8 +55,7 @@ class TrainConfig:
     profile: str = "tflm"
     train_size: int | None = None
     test_size: int | None = None
-    image_size: int | None = None  # resize the data to this side (default: the model's input)
-    extra: dict = field(default_factory=dict)
+    new_head: bool = False  # start from a zero head even when the number of classes is unchanged
 
     def validate(self):
         if self.optimizer not in OPTIMIZERS:
@@ -98,7 +97,9 @@ def prepare_inputs(x: np.ndarray, model: TrainableModel) -> np.ndarray:
 
 
 class Trainer:
-    def __init__(self, config: TrainConfig, out_dir: str | Path, dataset: Dataset | None = None, scheduler: Scheduler | None = None):
+    def __init__(self, config: TrainConfig, out_dir: str | Path, dataset: Dataset | None = None,
+                 scheduler: Scheduler | None = None, caches: tuple[dict, dict] | None = None):
+        """dataset and caches (the prefix activations of train and test) let a sweep share them across runs."""
         config.validate()
         self.config = config
         self.out = Path(out_dir)
@@ -110,13 +111,15 @@ class Trainer:
         if config.train_size or config.test_size:
             data = subset(data, config.train_size, config.test_size, seed=config.seed)
         self.data = data
-        self.model = TrainableModel(graph, config.trainable, config.profile, num_classes=data.num_classes)
+        self.model = TrainableModel(graph, config.trainable, config.profile, num_classes=data.num_classes, new_head=config.new_head)
         self.scheduler = scheduler or parse_scheduler(config.q)
-        if config.budget < 2 * self.scheduler.next_q(Progress(0, 0, config.budget)):
-            raise ZoError(f"--budget {config.budget}: below one step ({2 * self.scheduler.next_q(Progress(0, 0, config.budget))} forward passes)")
+        first_step = 2 * self.scheduler.next_q(Progress(0, 0, config.budget))
+        if config.budget < first_step:
+            raise ZoError(f"--budget {config.budget}: below one step ({first_step} forward passes)")
         # The frozen prefix never changes: its outputs are computed once for the whole data set.
-        self.train_cache = self.model.boundary_activations(prepare_inputs(data.x_train, self.model))
-        self.test_cache = self.model.boundary_activations(prepare_inputs(data.x_test, self.model))
+        self.train_cache, self.test_cache = caches or (
+            self.model.boundary_activations(prepare_inputs(data.x_train, self.model)),
+            self.model.boundary_activations(prepare_inputs(data.x_test, self.model)))
         self.units = np.concatenate([np.full(v.size, p.unit, dtype=np.float64) for p, v in zip(self.model.params, self.model.values())])
         self.master = np.concatenate([v.astype(np.float64).ravel() for v in self.model.values()]) / self.units
         self.optimizer = OPTIMIZERS[config.optimizer](self.master.size, **({"momentum": config.momentum} if config.optimizer == "sgd" else {}))
@@ -347,7 +350,7 @@ class Trainer:
                 raise ZoError(f"--resume {directory}: checkpoint was made with a different {key.replace('_', ' ')} ({value} != {mine.get(key)})")
         if meta["params"] != [p.name for p in self.model.params]:
             raise ZoError(f"--resume {directory}: checkpoint trains other layers than --trainable {self.config.trainable!r}")
-        for key in ("q", "optimizer", "lr", "lr_schedule", "momentum", "eps", "direction", "rounding", "batch", "seed", "profile"):
+        for key in ("q", "optimizer", "lr", "lr_schedule", "momentum", "eps", "direction", "rounding", "batch", "seed", "profile", "new_head"):
             if meta["config"].get(key) != getattr(self.config, key):
                 raise ZoError(f"--resume {directory}: --{key.replace('_', '-')} differs from the checkpoint's ({meta['config'].get(key)!r})")
         if master.shape != self.master.shape or ints.shape != self.master.shape:

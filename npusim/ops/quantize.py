@@ -31,8 +31,9 @@ class Quantize(Kernel):
         if self.requant is None:
             if not np.all(np.isfinite(x)):
                 raise NpusimError(f"op {self.op.index} (QUANTIZE): input {self.inputs[0].name!r} holds NaN or infinite values")
-            # AffineQuantize: TfLiteRound(val / scale) + zero_point, the division in double.
-            r = x.astype(np.float64) / np.float64(y.quant.scale[0])
+            # AffineQuantize: TfLiteRound(val / scale) + zero_point with a float32 division: in
+            # double, 3.85f / 0.1f lands just below 38.5 and would round the other way.
+            r = (x.astype(np.float32) / np.float32(y.quant.scale[0])).astype(np.float64)
             q = np.sign(r) * np.floor(np.abs(r) + 0.5) + y.zero_point
         else:
             q = mbqm_array(x.astype(np.int64) - self.inputs[0].zero_point, *self.requant) + y.zero_point

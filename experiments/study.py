@@ -1,0 +1,243 @@
+"""The study: adaptive q (QScheduler) against every fixed q, on two models and two data sets.
+
+    python -m experiments.study --grid full|quick|ci [--executor local|ray] [--address ADDR] [--workers N]
+
+Every run is one zo training run with its own directory under --runs; a run whose directory holds
+result.json is finished and is not redone, so an interrupted sweep resumes where it stopped. The
+report (CSV, Markdown, PNG) is then generated from the run directories into --results.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_SHARED = ROOT.parent / "shared"
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One (model, data set) pair with the settings shared by every scheduler in it."""
+
+    name: str
+    model: str  # file name under shared/models
+    data: str  # file name under shared/data
+    trainable: str
+    optimizer: str
+    lr: float
+    eps: int
+    budget: int  # forward passes per run, the same for every scheduler of the cell
+    batch: int = 32
+    train_size: int | None = None
+    test_size: int | None = None
+
+
+@dataclass(frozen=True)
+class Grid:
+    cells: tuple[Cell, ...]
+    schedulers: tuple[str, ...]
+    seeds: tuple[int, ...]
+    evals: int = 20  # test evaluations per run
+
+
+# Settings chosen once per cell from pilot runs at q = 4 (README, "The study"): a fresh zero head on
+# the frozen features, ZO-Adam, eps one int8 step. They are shared by all schedulers of the cell.
+CELLS = {
+    "resnet8-eurosat": Cell("resnet8-eurosat", "resnet8_cifar10_int8.tflite", "eurosat32_subset.npz",
+                            trainable="last:1", optimizer="adam", lr=0.3, eps=1, budget=60000),
+    "resnet8-cifar10": Cell("resnet8-cifar10", "resnet8_cifar10_int8.tflite", "cifar10_subset.npz",
+                            trainable="last:1", optimizer="adam", lr=0.3, eps=1, budget=60000),
+    "mobilenetv2-eurosat": Cell("mobilenetv2-eurosat", "mobilenet_v2_0.35_128_flowers_int8.tflite", "eurosat64_subset.npz",
+                                trainable="last:1", optimizer="adam", lr=0.3, eps=1, budget=60000),
+    "mobilenetv2-cifar10": Cell("mobilenetv2-cifar10", "mobilenet_v2_0.35_128_flowers_int8.tflite", "cifar10_subset.npz",
+                                trainable="last:1", optimizer="adam", lr=0.3, eps=1, budget=60000),
+}
+FIXED = tuple(f"fixed:{q}" for q in (1, 2, 4, 8, 16, 32))
+ADAPTIVE = ("qscheduler", "linear:32", "power:32")
+
+GRIDS = {
+    "full": Grid(tuple(CELLS.values()), FIXED + ADAPTIVE, (0, 1, 2)),
+    "quick": Grid((replace(CELLS["resnet8-eurosat"], budget=12000), replace(CELLS["mobilenetv2-eurosat"], budget=12000)),
+                  ("fixed:1", "fixed:4", "fixed:16", "qscheduler"), (0,)),
+    # A few seconds a run: CI checks the sweep machinery (local pool, Ray, resume) on it.
+    "ci": Grid((replace(CELLS["resnet8-eurosat"], budget=400, train_size=500, test_size=200),),
+               ("fixed:2", "qscheduler"), (0,), evals=4),
+}
+
+
+@dataclass(frozen=True)
+class Run:
+    cell: Cell
+    scheduler: str
+    seed: int
+    evals: int
+
+    @property
+    def key(self) -> str:
+        return f"{self.cell.name}/{self.scheduler.replace(':', '-')}/seed{self.seed}"
+
+
+def runs_of(grid: Grid) -> list[Run]:
+    return [Run(c, s, seed, grid.evals) for c in grid.cells for s in grid.schedulers for seed in grid.seeds]
+
+
+# -- one run, in a worker -------------------------------------------------------------------------------
+_CACHES: dict = {}
+
+
+def prefix_caches(cell: Cell, shared: Path, cache_dir: Path):
+    """Dataset and frozen-prefix activations of a cell: computed once per machine, then read from disk."""
+    from npusim import load_model
+    from zo.data import load_dataset, subset
+    from zo.model import TrainableModel
+    from zo.trainer import prepare_inputs
+
+    key = hashlib.sha256(json.dumps([cell.model, cell.data, cell.trainable, cell.train_size, cell.test_size]).encode()).hexdigest()[:16]
+    if key in _CACHES:
+        return _CACHES[key]
+    data = load_dataset(shared / "data" / cell.data)
+    if cell.train_size or cell.test_size:
+        data = subset(data, cell.train_size, cell.test_size, seed=0)
+    path = cache_dir / f"{key}.npz"
+    if path.exists():
+        with np.load(path) as z:
+            train = {int(k[6:]): z[k] for k in z.files if k.startswith("train_")}
+            test = {int(k[5:]): z[k] for k in z.files if k.startswith("test_")}
+    else:
+        model = TrainableModel(load_model(shared / "models" / cell.model), cell.trainable, num_classes=data.num_classes, new_head=True)
+        train = model.boundary_activations(prepare_inputs(data.x_train, model))
+        test = model.boundary_activations(prepare_inputs(data.x_test, model))
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        tmp = cache_dir / f"{key}.{os.getpid()}.tmp.npz"
+        np.savez(tmp, **{f"train_{t}": v for t, v in train.items()}, **{f"test_{t}": v for t, v in test.items()})
+        os.replace(tmp, path)
+    _CACHES[key] = (data, (train, test))
+    return _CACHES[key]
+
+
+def execute(run: Run, shared: str, runs_dir: str, cache_dir: str) -> dict:
+    """Train one run (or return its stored result). Deterministic: same run, same result anywhere."""
+    from zo.schedulers import parse_scheduler
+    from zo.trainer import TrainConfig, Trainer
+
+    out = Path(runs_dir) / run.key
+    done = out / "result.json"
+    if done.exists():
+        return json.loads(done.read_text())
+    shared = Path(shared)
+    data, caches = prefix_caches(run.cell, shared, Path(cache_dir))
+    c = run.cell
+    config = TrainConfig(model=str(shared / "models" / c.model), data=str(shared / "data" / c.data), trainable=c.trainable,
+                         q=run.scheduler, optimizer=c.optimizer, lr=c.lr, eps=c.eps, batch=c.batch, budget=c.budget,
+                         seed=run.seed, eval_every=c.budget // run.evals, checkpoint_every=10**9, new_head=True,
+                         train_size=c.train_size, test_size=c.test_size)
+    if out.exists():  # an interrupted run: start it again from scratch
+        for f in sorted(out.rglob("*"), reverse=True):
+            f.unlink() if f.is_file() else f.rmdir()
+    start = time.perf_counter()
+    trainer = Trainer(config, out, dataset=data, scheduler=parse_scheduler(run.scheduler), caches=caches)
+    summary = trainer.run()
+    result = {"key": run.key, "cell": c.name, "scheduler": run.scheduler, "seed": run.seed,
+              "test_accuracy": summary["test_accuracy"], "steps": summary["steps"],
+              "forward_passes": summary["forward_passes"], "wall_seconds": time.perf_counter() - start,
+              "q_changes": getattr(trainer.scheduler, "changes", [])}
+    tmp = out / "result.tmp"
+    tmp.write_text(json.dumps(result, indent=1))
+    os.replace(tmp, done)
+    return result
+
+
+def _worker_init():
+    # Two workers on two cores: each keeps to one thread so they do not fight over the cores.
+    import numba
+
+    numba.set_num_threads(1)
+
+
+def sweep(runs: list[Run], shared: Path, runs_dir: Path, cache_dir: Path, executor: str, workers: int, address: str | None):
+    todo = [r for r in runs if not (runs_dir / r.key / "result.json").exists()]
+    print(f"{len(runs)} runs, {len(runs) - len(todo)} already done, {len(todo)} to do ({executor})", flush=True)
+    if not todo:
+        return
+    args = (str(shared), str(runs_dir), str(cache_dir))
+    # Runs that share a cell's prefix cache go first one per cell, so the cache is built once.
+    if executor == "ray":
+        import ray
+
+        ray.init(address=address, ignore_reinit_error=True, include_dashboard=False, log_to_driver=False,
+                 **({} if address else {"num_cpus": workers}))
+        remote = ray.remote(num_cpus=1)(_ray_execute)
+        pending = [remote.remote(r, *args) for r in todo]
+        for i, result in enumerate(_ray_results(ray, pending), 1):
+            report_progress(i, len(todo), result)
+        ray.shutdown()
+        return
+    if workers <= 1:
+        for i, r in enumerate(todo, 1):
+            report_progress(i, len(todo), execute(r, *args))
+        return
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+    import multiprocessing as mp
+
+    for r in {r.cell.name: r for r in todo}.values():  # build each cell's cache before fanning out
+        prefix_caches(r.cell, shared, cache_dir)
+    with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"), initializer=_worker_init) as pool:
+        futures = [pool.submit(execute, r, *args) for r in todo]
+        for i, f in enumerate(as_completed(futures), 1):
+            report_progress(i, len(todo), f.result())
+
+
+def _ray_execute(run, shared, runs_dir, cache_dir):
+    _worker_init()
+    return execute(run, shared, runs_dir, cache_dir)
+
+
+def _ray_results(ray, pending):
+    while pending:
+        done, pending = ray.wait(pending, num_returns=1)
+        yield ray.get(done[0])
+
+
+def report_progress(i: int, n: int, result: dict):
+    print(f"[{i}/{n}] {result['key']}: test accuracy {result['test_accuracy']:.4f} "
+          f"({result['steps']} steps, {result['wall_seconds']:.0f} s)", flush=True)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--grid", choices=sorted(GRIDS), default="quick")
+    p.add_argument("--shared", type=Path, default=DEFAULT_SHARED)
+    p.add_argument("--runs", type=Path, default=None, help="run directories (default experiments/runs/<grid>)")
+    p.add_argument("--results", type=Path, default=None, help="report directory (default experiments/results/<grid>)")
+    p.add_argument("--executor", choices=["local", "ray"], default="local")
+    p.add_argument("--address", default=None, help="Ray cluster address (default: start a local Ray instance)")
+    p.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    p.add_argument("--no-baseline", action="store_true", help="skip the back-propagation upper bound")
+    a = p.parse_args(argv)
+    if not (a.shared / "models").is_dir():
+        sys.exit(f"error: --shared {a.shared}: no models/ folder there, expected the shared data directory")
+    grid = GRIDS[a.grid]
+    runs_dir = a.runs or ROOT / "experiments" / "runs" / a.grid
+    results = a.results or ROOT / "experiments" / "results" / a.grid
+    start = time.perf_counter()
+    try:
+        sweep(runs_of(grid), a.shared, runs_dir, runs_dir / "_cache", a.executor, a.workers, a.address)
+    except KeyboardInterrupt:
+        sys.exit("interrupted: finished runs are kept; run the same command again to resume")
+    from .report import write_report
+
+    write_report(grid, runs_dir, results, a.shared, baseline=not a.no_baseline,
+                 command=" ".join(["python -m experiments.study"] + (argv if argv is not None else sys.argv[1:])),
+                 sweep_seconds=time.perf_counter() - start)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,60 @@
+"""Smoke tests of experiments/bench.py: it runs end to end and writes its table (no wall-time checks)."""
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("tflite_micro", reason="tflite-micro (the TFLM oracle) is not installed")
+
+try:
+    from experiments import bench  # noqa: E402
+except ImportError:  # plain `pytest` (not `python -m pytest`) does not put the repository on sys.path
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from experiments import bench  # noqa: E402
+
+SHARED = Path(os.environ.get("NPU_SHARED", Path(__file__).resolve().parents[1].parent / "shared"))
+
+
+def _read_table(out: Path) -> list[str]:
+    assert out.exists(), "the bench did not write its report"
+    text = out.read_text()
+    assert "# npusim speed benchmark" in text
+    assert "| workload | batch |" in text
+    assert "Peak RSS" in text
+    return [line for line in text.splitlines() if line.startswith("| ") and not line.startswith("| workload")]
+
+
+def test_conv_quick_batch1(tmp_path, capsys):
+    out = tmp_path / "bench.md"
+    # The conv model is built inside the bench: the shared folder is not needed here.
+    assert bench.main(["--shared", str(tmp_path), "--quick", "--only", "conv", "--conv-batches", "1",
+                       "--out", str(out)]) == 0
+    rows = _read_table(out)
+    assert len(rows) == 1 and rows[0].startswith("| conv | 1 |")
+    # Exactness is a property, not a timing: npusim equals TFLM and (xnnpack profile) LiteRT.
+    assert rows[0].count("yes (1 img)") == 2, rows[0]
+    assert "| conv | 1 |" in capsys.readouterr().out  # the table is printed too
+
+
+def test_models_quick_small_batch(tmp_path):
+    if not (SHARED / "models" / bench.MODELS["resnet8"]).exists():
+        msg = f"shared models not found under {SHARED} (set NPU_SHARED): bench on the shared models NOT tested"
+        warnings.warn(msg)
+        pytest.skip(msg)
+    out = tmp_path / "bench.md"
+    assert bench.main(["--shared", str(SHARED), "--quick", "--only", "models", "--model-batches", "2",
+                       "--out", str(out)]) == 0
+    rows = _read_table(out)
+    assert [r.split("|")[1].strip() for r in rows] == list(bench.MODELS)
+    for r in rows:
+        assert "| yes (2 img) |" in r, r  # npusim (tflm) == TFLM on the timed images
+
+
+def test_bad_batches_rejected(tmp_path):
+    with pytest.raises(SystemExit):
+        bench.main(["--only", "conv", "--conv-batches", "0", "--out", str(tmp_path / "x.md")])

@@ -1,0 +1,218 @@
+"""The other rounding profiles, and the oracles themselves.
+
+- profile "xnnpack" against LiteRT's default interpreter (OpResolverType.AUTO, which hands int8
+  CONV_2D / DEPTHWISE_CONV_2D / FULLY_CONNECTED to XNNPACK), bit for bit.
+- profile "single": no runtime with single rounding is installed here, so it is checked against a
+  small independent numpy reference (reference_conv2d below) that applies the documented
+  single-rounding formula to exact accumulators. The same reference with double rounding must
+  equal TFLM, which is what makes it trustworthy; single and double rounding may then differ by at
+  most 1 LSB.
+- the test-model builder: TFLM and LiteRT BUILTIN_REF agree on every op but FULLY_CONNECTED.
+"""
+import math
+import os
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import cases as C
+import oracle as O
+
+SCALE = float(os.environ.get("NPUSIM_TEST_SCALE", "1"))
+
+# Tie-rich scales make the profiles disagree often, so a wrong profile cannot pass by luck.
+LITERT_MODES = ["typical", "typical", "near_one", "pow2", "pow2_small", "pow2_small", "pow2_small"]
+
+
+def examples(n: int) -> int:
+    return max(1, int(n * SCALE))
+
+
+def check_xnnpack(case: C.Case):
+    assert O.litert_delegated(case.model), f"LiteRT did not delegate to XNNPACK: {case.desc}"
+    expected = O.run_litert(case.model, case.xs, "AUTO")
+    got = O.run_npusim(case.model, case.xs, "xnnpack")
+    O.assert_same(expected, got, f"profile xnnpack vs LiteRT AUTO: {case.desc}")
+
+
+@settings(max_examples=examples(80))
+@given(p=C.conv_params(no_bias=False, mult_modes=LITERT_MODES), seed=C.seeds)
+def test_conv2d_xnnpack(p, seed):
+    check_xnnpack(C.make_conv(p, seed))
+
+
+@settings(max_examples=examples(10))
+@given(p=C.conv_params(no_bias=False, max_hw=6, max_ch=64, mult_modes=LITERT_MODES), seed=C.seeds)
+def test_conv2d_deep_xnnpack(p, seed):
+    check_xnnpack(C.make_conv(p, seed))
+
+
+@settings(max_examples=examples(80))
+@given(p=C.conv_params(depthwise=True, mult_modes=LITERT_MODES), seed=C.seeds)
+def test_depthwise_conv2d_xnnpack(p, seed):
+    check_xnnpack(C.make_depthwise(p, seed))
+
+
+@settings(max_examples=examples(60))
+@given(p=C.fc_params(mult_modes=LITERT_MODES), seed=C.seeds)
+def test_fully_connected_xnnpack(p, seed):
+    check_xnnpack(C.make_fc(p, seed))
+
+
+@settings(max_examples=examples(15))
+@given(p=C.fc_params(max_k=3000, mult_modes=LITERT_MODES), seed=C.seeds)
+def test_fully_connected_long_xnnpack(p, seed):
+    """|acc| beyond 2^24: XNNPACK's float32(acc) is itself rounded there."""
+    check_xnnpack(C.make_fc(p, seed))
+
+
+# ----------------------------------------------------------------------------------------------
+# Single rounding, against an independent reference
+# ----------------------------------------------------------------------------------------------
+
+def quantize_multiplier(r: float):
+    """QuantizeMultiplier as documented (docs/int8-numerics.md), independent of npusim.quant."""
+    if r == 0.0:
+        return 0, 0
+    q, e = math.frexp(r)
+    m = int(math.floor(q * 2.0**31 + 0.5))
+    if m == 2**31:
+        m, e = 2**30, e + 1
+    if e < -31:
+        m, e = 0, 0
+    return m, e
+
+
+def mbqm_double(x: np.ndarray, m: int, e: int) -> np.ndarray:
+    """TFLM's default MultiplyByQuantizedMultiplier (two roundings), on int64 arrays (exact)."""
+    a = x.astype(np.int64) << max(e, 0)
+    ab = a * np.int64(m)
+    nudge = np.where(ab >= 0, np.int64(1 << 30), np.int64(1 - (1 << 30)))
+    num = ab + nudge
+    h = np.where(num >= 0, num >> 31, -((-num) >> 31))  # C division: truncate toward zero
+    s = max(-e, 0)
+    mask = np.int64((1 << s) - 1)
+    threshold = (mask >> 1) + (h < 0)
+    return (h >> s) + ((h & mask) > threshold)
+
+
+def mbqm_single(x: np.ndarray, m: int, e: int) -> np.ndarray:
+    """TFLITE_SINGLE_ROUNDING: (x*M + 2^(30-e)) >> (31-e), ties toward +inf."""
+    total = 31 - e
+    return (x.astype(np.int64) * np.int64(m) + (np.int64(1) << (total - 1))) >> total
+
+
+def reference_conv2d(model: bytes, x: np.ndarray, single: bool) -> np.ndarray:
+    """CONV_2D from the model's own tensors, exact int64 accumulators, then requantization."""
+    from ai_edge_litert import schema_py_generated as schema
+
+    m = schema.ModelT.InitFromPackedBuf(model, 0)
+    sg = m.subgraphs[0]
+    op = sg.operators[0]
+    t_in, t_w, t_out = (sg.tensors[i] for i in (op.inputs[0], op.inputs[1], op.outputs[0]))
+    w = np.frombuffer(bytes(m.buffers[t_w.buffer].data), np.int8).reshape(t_w.shape).astype(np.int64)
+    if op.inputs[2] >= 0:
+        t_b = sg.tensors[op.inputs[2]]
+        bias = np.frombuffer(bytes(m.buffers[t_b.buffer].data), np.int32).astype(np.int64)
+    else:
+        bias = np.zeros(w.shape[0], np.int64)
+    opt = op.builtinOptions
+    in_zp, out_zp = t_in.quantization.zeroPoint[0], t_out.quantization.zeroPoint[0]
+    s_in, s_out = np.float32(t_in.quantization.scale[0]), np.float32(t_out.quantization.scale[0])
+    w_scales = np.asarray(t_w.quantization.scale, np.float32)
+    cout, kh, kw, cin = w.shape
+    n, h, wd, _ = x.shape
+    sh, sw, dh, dw = opt.strideH, opt.strideW, opt.dilationHFactor, opt.dilationWFactor
+    same = opt.padding == schema.Padding.SAME
+    oh = O.conv_out_size(h, kh, sh, dh, "SAME" if same else "VALID")
+    ow = O.conv_out_size(wd, kw, sw, dw, "SAME" if same else "VALID")
+    pt = max((oh - 1) * sh + (kh - 1) * dh + 1 - h, 0) // 2 if same else 0
+    pl = max((ow - 1) * sw + (kw - 1) * dw + 1 - wd, 0) // 2 if same else 0
+    # pad with the zero point (padding taps then contribute nothing)
+    rows = max((oh - 1) * sh + (kh - 1) * dh + 1, pt + h)
+    cols = max((ow - 1) * sw + (kw - 1) * dw + 1, pl + wd)
+    big = np.full((n, rows, cols, cin), in_zp, np.int64)
+    big[:, pt:pt + h, pl:pl + wd, :] = x
+    acc = np.zeros((n, oh, ow, cout), np.int64) + bias
+    for i in range(kh):
+        for j in range(kw):
+            patch = big[:, i * dh:i * dh + (oh - 1) * sh + 1:sh, j * dw:j * dw + (ow - 1) * sw + 1:sw, :] - in_zp
+            acc += np.einsum("nhwc,oc->nhwo", patch, w[:, i, j, :])
+    out = np.empty_like(acc)
+    act = {0: "NONE", 1: "RELU", 3: "RELU6"}[opt.fusedActivationFunction]
+    lo, hi = -128, 127
+    if act in ("RELU", "RELU6"):
+        lo = max(lo, out_zp)
+    if act == "RELU6":
+        r6 = 6.0 / float(s_out)
+        hi = min(hi, out_zp + int(math.floor(abs(r6) + 0.5)))
+    for c in range(cout):
+        ws = w_scales[c] if w_scales.size > 1 else w_scales[0]
+        mult, e = quantize_multiplier(float(s_in) * float(ws) / float(s_out))
+        f = mbqm_single if single else mbqm_double
+        out[..., c] = f(acc[..., c], mult, e)
+    return np.clip(out + out_zp, lo, hi).astype(np.int8)
+
+
+SINGLE_MODES = ["typical", "typical", "near_one", "tiny", "pow2", "pow2_small", "pow2_small"]
+
+
+@settings(max_examples=examples(60))
+@given(p=C.conv_params(mult_modes=SINGLE_MODES), seed=C.seeds)
+def test_conv2d_single_rounding(p, seed):
+    case = C.make_conv(p, seed)
+    tflm = O.run_tflm(case.model, case.xs)
+    ref_double = reference_conv2d(case.model, case.xs, single=False)
+    O.assert_same(tflm, ref_double, f"the numpy reference (double rounding) vs TFLM: {case.desc}")
+    ref_single = reference_conv2d(case.model, case.xs, single=True)
+    got = O.run_npusim(case.model, case.xs, "single")
+    O.assert_same(ref_single, got, f"profile single vs the numpy single-rounding reference: {case.desc}")
+    diff = np.abs(got.astype(np.int32) - tflm.astype(np.int32))
+    assert diff.max(initial=0) <= 1, f"single vs tflm differ by {diff.max()}: {case.desc}"
+
+
+def test_single_rounding_differs_on_ties():
+    """A tie-rich conv (multiplier 2^-k, small operands) on which single rounding and TFLM's double
+    rounding must disagree somewhere, by exactly 1: the profiles are really different."""
+    p = dict(n=2, kh=1, kw=1, stride=(1, 1), dilation=(1, 1), padding="VALID", hw=(8, 8), cin=4, cout=4,
+             activation="NONE", per_channel=False, in_scale=0.5, in_zp=0, out_zp=0, mult_mode="pow2_small",
+             x_mode="narrow", w_mode="narrow", bias_mode="small")
+    case = C.make_conv(p, 7)
+    tflm = O.run_tflm(case.model, case.xs)
+    single = O.run_npusim(case.model, case.xs, "single")
+    O.assert_same(reference_conv2d(case.model, case.xs, single=True), single, case.desc)
+    d = single.astype(np.int32) - tflm.astype(np.int32)
+    assert np.abs(d).max() == 1, "single and double rounding should disagree on some ties, by 1"
+
+
+# ----------------------------------------------------------------------------------------------
+# The oracles agree with each other (checks the builder, independent of npusim)
+# ----------------------------------------------------------------------------------------------
+
+BUILDER_CASES = {
+    "conv": (C.conv_params(no_bias=False), C.make_conv),
+    "depthwise": (C.conv_params(depthwise=True), C.make_depthwise),
+    "add": (C.add_params(), C.make_add),
+    "avgpool": (C.pool_params(), lambda p, s: C.make_pool("AVERAGE_POOL_2D", p, s)),
+    "maxpool": (C.pool_params(), lambda p, s: C.make_pool("MAX_POOL_2D", p, s)),
+    "mean": (C.mean_params(), C.make_mean),
+    "softmax": (C.softmax_params(), C.make_softmax),
+    "reshape": (C.reshape_params(), C.make_reshape),
+    "pad": (C.pad_params(), C.make_pad),
+    "transpose": (C.transpose_params(), C.make_transpose),
+    "concat": (C.concat_params(), C.make_concat),
+    "quantize": (C.quantize_params(), C.make_quantize),
+    "dequantize": (C.dequantize_params(), C.make_dequantize),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(BUILDER_CASES))
+@settings(max_examples=examples(8))
+@given(data=st.data(), seed=C.seeds)
+def test_builder_tflm_matches_litert_reference(kind, data, seed):
+    strategy, make = BUILDER_CASES[kind]
+    case = make(data.draw(strategy), seed)
+    O.assert_same(O.run_tflm(case.model, case.xs), O.run_litert(case.model, case.xs, "REF"),
+                  f"TFLM vs LiteRT BUILTIN_REF: {case.desc}")

@@ -1,0 +1,280 @@
+"""zo: the estimator, the batched probes, determinism, checkpoints, export and the CLI contract."""
+from __future__ import annotations
+
+import csv
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tflite_micro.python.tflite_micro import runtime
+
+import npusim
+from oracle import run_tflm
+from zo.model import TrainableModel
+from zo.perturbation import direction, second_moment
+from zo.trainer import TrainConfig, Trainer
+from zo_fixtures import color_dataset, tiny_classifier
+
+SHARED = Path(os.environ.get("NPU_SHARED", Path(__file__).resolve().parents[1].parent / "shared"))
+RESNET = SHARED / "models" / "resnet8_cifar10_int8.tflite"
+MOBILENET = SHARED / "models" / "mobilenet_v2_0.35_128_flowers_int8.tflite"
+ZO = [sys.executable, "-m", "zo.cli"]
+
+
+def need_shared():
+    if not RESNET.exists():
+        pytest.skip(f"SHARED DATA MISSING: {SHARED} not found (set NPU_SHARED); real-model test skipped")
+
+
+@pytest.fixture
+def tiny(tmp_path):
+    model = tmp_path / "tiny.tflite"
+    model.write_bytes(tiny_classifier())
+    data = tmp_path / "colors.npz"
+    np.savez(data, **color_dataset())
+    return model, data
+
+
+def config(model, data, **kw):
+    base = dict(model=str(model), data=str(data), trainable="last:1", q="fixed:4", lr=0.5, batch=16, budget=400,
+                checkpoint_every=10, eval_every=80)
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+# -- batched probes --------------------------------------------------------------------------------
+def perturbed_overrides(m, groups, rng):
+    overrides = {}
+    for p in m.params:
+        v = m.graph.tensors[p.tensor].data
+        step = rng.integers(-3, 4, (groups,) + v.shape) * p.unit
+        overrides[p.tensor] = np.clip(v[None].astype(np.int64) + step, -p.bound, p.bound).astype(v.dtype)
+    for k in m.suffix:  # a grouped kernel takes grouped weights even when only its bias trains
+        if k.kind in ("CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED") and k.op.inputs[1] not in overrides \
+                and any(t in overrides for t in k.op.inputs):
+            w = m.graph.tensors[k.op.inputs[1]].data
+            overrides[k.op.inputs[1]] = np.broadcast_to(w, (groups,) + w.shape)
+    return overrides
+
+
+@pytest.mark.parametrize("trainable", ["last:4", "last:1", "biases"])
+def test_grouped_probes_equal_separate_runs(trainable):
+    """All G perturbed versions in one call give exactly what G separate full-model runs give."""
+    need_shared()
+    m = TrainableModel(npusim.load_model(RESNET), trainable)
+    rng = np.random.default_rng(0)
+    x = rng.integers(-128, 128, (5, 32, 32, 3)).astype(np.int8)
+    overrides = perturbed_overrides(m, 3, rng)
+    grouped = m.logits(m.boundary_activations(x), overrides)
+    for g in range(3):
+        single = {t: (a[g] if a.ndim > len(m.graph.tensors[t].shape) else a) for t, a in overrides.items()}
+        values = m.interp.run_all(x, single)
+        ref = m.logits_scale * (values[m.logits_tensor].astype(np.float64) - m.logits_zero_point)
+        assert np.array_equal(grouped[g * 5:(g + 1) * 5], ref.reshape(5, -1))
+
+
+# -- the estimator ---------------------------------------------------------------------------------
+EPS = 8
+
+
+@pytest.mark.parametrize("kind", ["rademacher", "gaussian"])
+def test_estimator_points_along_true_gradient(tiny, tmp_path, kind):
+    """The mean of many ZO estimates matches the gradient of the int8 loss.
+
+    True gradient: central differences along each coordinate, with the same eps, on the same batch.
+    Tolerance from the estimator's own variance: the squared error of the mean of n estimates is
+    about trace(Cov)/n (measured from the estimates themselves); we allow 3x. eps is 8 steps so that
+    the int8 staircase of the logits is small against the perturbation (at eps 2 the rounding of the
+    logits biases both sides and the error is 5x the variance).
+    """
+    model, data = tiny
+    t = Trainer(config(model, data, direction=kind, eps=EPS, trainable="last:1"), tmp_path / "run")
+    idx = t.batch_indices(0)
+    d = t.master.size
+    base = np.concatenate([v.astype(np.int64).ravel() for v in t.model.values()])
+
+    def loss_at(ints):
+        overrides = t.grouped_overrides(ints[None])
+        logits = t.model.logits({k: v[idx] for k, v in t.train_cache.items()}, overrides)
+        from zo.loss import group_losses
+        return group_losses(logits, t.data.y_train[idx], 1)[0]
+
+    steps = (t.config.eps * t.units).astype(np.int64)
+    true = np.empty(d)
+    for j in range(d):
+        e = np.zeros(d, np.int64)
+        e[j] = steps[j]
+        true[j] = (loss_at(base + e) - loss_at(base - e)) / (2 * t.config.eps)
+    q, n_steps = 8, 300
+    estimates = np.empty((n_steps, d))
+    for s in range(n_steps):
+        t.step = s  # fresh directions, same weights and batch
+        lp, lm = t.probe_losses(q, idx)
+        estimates[s] = t.gradient(q, (lp - lm) / (2 * t.config.eps))
+    mean = estimates.mean(axis=0)
+    # The estimator's own variance: the squared error of the mean is about trace(Cov) / n_steps.
+    mean_sq_error = estimates.var(axis=0, ddof=1).sum() / n_steps
+    error = np.sum((mean - true) ** 2)
+    assert error < 3 * mean_sq_error
+    assert mean @ true > 0.9 * np.linalg.norm(mean) * np.linalg.norm(true)
+
+
+def test_directions_are_regenerated_from_seeds():
+    a = direction(3, 7, 1, 1000)
+    assert np.array_equal(a, direction(3, 7, 1, 1000))
+    assert not np.array_equal(a, direction(3, 7, 2, 1000))
+    assert set(np.unique(a)) == {-1, 1}
+    g = direction(3, 7, 1, 200000, "gaussian").astype(np.float64)
+    assert abs(np.mean(g * g) - second_moment("gaussian")) < 0.02
+
+
+# -- training, determinism, checkpoints ------------------------------------------------------------
+def read_metrics(run: Path) -> list[dict]:
+    with open(run / "metrics.csv") as f:
+        return [{k: v for k, v in row.items() if k != "wall_seconds"} for row in csv.DictReader(f)]
+
+
+def test_training_learns_and_same_seed_same_result(tiny, tmp_path):
+    model, data = tiny
+    results = []
+    for name in ("a", "b"):
+        t = Trainer(config(model, data, budget=1200, q="qscheduler"), tmp_path / name)
+        before = t.test_accuracy()
+        results.append(t.run())
+    assert results[1]["test_accuracy"] > max(before + 0.2, 0.6)
+    assert (tmp_path / "a" / "model.tflite").read_bytes() == (tmp_path / "b" / "model.tflite").read_bytes()
+    assert read_metrics(tmp_path / "a") == read_metrics(tmp_path / "b")
+
+
+def test_export_runs_in_tflm_with_original_quantization(tiny, tmp_path):
+    model, data = tiny
+    t = Trainer(config(model, data, trainable="last:2"), tmp_path / "run")
+    t.run()
+    exported = (tmp_path / "run" / "model.tflite").read_bytes()
+    original, trained = npusim.load_model(model), npusim.load_model(exported)
+    changed = 0
+    for a, b in zip(original.tensors, trained.tensors):
+        assert a.shape == b.shape
+        if a.quant is not None:
+            assert np.array_equal(a.quant.scale, b.quant.scale) and np.array_equal(a.quant.zero_point, b.quant.zero_point)
+        if a.data is not None:
+            changed += not np.array_equal(a.data, b.data)
+            if b.dtype == np.int8:
+                assert b.data.min() >= -127
+    assert changed > 0
+    x = t.model.interp.check_input((color_dataset()["x_test"][:16].astype(np.int16) - 128).astype(np.int8))
+    assert np.array_equal(run_tflm(exported, x), npusim.Interpreter(exported).run(x))
+
+
+def test_head_replacement_for_new_classes_runs_in_tflm(tmp_path):
+    """MobileNetV2's 5-class flower head becomes a 10-class head; the file still runs in TFLM."""
+    need_shared()
+    g = npusim.load_model(MOBILENET)
+    m = TrainableModel(g, "last:1", num_classes=10)
+    assert m.num_classes == 10 and m.graph.output().shape == (1, 10)
+    m.set_values([np.random.default_rng(0).integers(-127, 128, v.shape) for v in m.values()])
+    data = npusim.write_model(m.graph)
+    x = np.random.default_rng(1).integers(0, 256, (2, 128, 128, 3)).astype(np.uint8)
+    ti = runtime.Interpreter.from_bytes(data, arena_size=8_000_000)
+    for i in range(2):
+        ti.set_input(x[i:i + 1], 0)
+        ti.invoke()
+        assert np.array_equal(ti.get_output(0)[0], npusim.Interpreter(data).run(x[i:i + 1])[0])
+    reread = npusim.load_model(data)
+    for a, b in zip(g.tensors, reread.tensors):  # every tensor outside the head keeps its quantization
+        if a.quant is not None and a.shape == b.shape:
+            assert np.array_equal(a.quant.scale, b.quant.scale)
+
+
+def run_cli(args, **kw):
+    return subprocess.run(ZO + args, capture_output=True, text=True, timeout=300, **kw)
+
+
+def cli_args(model, data, out, *extra):
+    return ["train", "--model", str(model), "--data", str(data), "--trainable", "last:1", "--q", "fixed:2",
+            "--lr", "0.5", "--batch", "16", "--budget", "600", "--checkpoint-every", "5", "--eval-every", "100",
+            "--out", str(out), "--quiet", *extra]
+
+
+def test_sigkill_and_resume_ends_with_identical_weights(tiny, tmp_path):
+    model, data = tiny
+    reference = tmp_path / "reference"
+    assert run_cli(cli_args(model, data, reference)).returncode == 0
+    run = tmp_path / "killed"
+    proc = subprocess.Popen(ZO + cli_args(model, data, run), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    ckpt = run / "checkpoints" / "last.npz"
+    deadline = time.time() + 120
+    while not ckpt.exists() and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    resumed = run_cli(cli_args(model, data, run, "--resume", str(run)))
+    assert resumed.returncode == 0, resumed.stderr
+    assert (run / "model.tflite").read_bytes() == (reference / "model.tflite").read_bytes()
+    assert read_metrics(run) == read_metrics(reference)
+
+
+def test_ctrl_c_writes_a_checkpoint(tiny, tmp_path):
+    model, data = tiny
+    run = tmp_path / "run"
+    args = cli_args(model, data, run)
+    args[args.index("--budget") + 1] = "1000000"
+    args[args.index("--checkpoint-every") + 1] = "100000"
+    proc = subprocess.Popen(ZO + args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and not (run / "metrics.csv").exists():
+        time.sleep(0.05)
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130
+    assert "checkpoint" in err and "Traceback" not in err
+    assert (run / "checkpoints" / "last.npz").exists()
+
+
+# -- bad input through the CLI --------------------------------------------------------------------------
+@pytest.mark.parametrize("problem, message", [
+    ("shape", "x_train"),
+    ("labels", "label"),
+    ("empty", "empty"),
+    ("name", "no trainable layer named"),
+    ("budget", "below one step"),
+    ("q", "--q"),
+    ("resume-other-data", "different"),
+])
+def test_bad_input_exits_2_with_one_line(tiny, tmp_path, problem, message):
+    model, data = tiny
+    d = dict(np.load(data))
+    args = cli_args(model, data, tmp_path / "run")
+    if problem == "shape":
+        d["x_train"] = d["x_train"][..., :2]
+    elif problem == "labels":
+        d["y_train"] = d["y_train"] + 10
+    elif problem == "empty":
+        d["x_train"], d["y_train"] = d["x_train"][:0], d["y_train"][:0]
+    elif problem == "name":
+        args[args.index("--trainable") + 1] = "no/such/layer"
+    elif problem == "budget":
+        args[args.index("--budget") + 1] = "3"
+    elif problem == "q":
+        args[args.index("--q") + 1] = "fixed:0"
+    elif problem == "resume-other-data":
+        assert run_cli(args).returncode == 0
+        other = dict(d)
+        other["x_train"] = 255 - d["x_train"]
+        np.savez(tmp_path / "other.npz", **other)
+        args[args.index("--data") + 1] = str(tmp_path / "other.npz")
+        args += ["--resume", str(tmp_path / "run")]
+    if problem in ("shape", "labels", "empty"):
+        np.savez(tmp_path / "bad.npz", **d)
+        args[args.index("--data") + 1] = str(tmp_path / "bad.npz")
+    r = run_cli(args)
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert message in r.stderr and "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1

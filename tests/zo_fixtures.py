@@ -1,0 +1,58 @@
+"""Small models and data sets for the zo tests: fast enough to train in seconds, real .tflite files."""
+from __future__ import annotations
+
+import numpy as np
+from ai_edge_litert import schema_py_generated as schema
+
+from oracle import ModelBuilder, bias_scale
+
+
+def tiny_classifier(classes: int = 4, side: int = 4, hidden: int = 8, seed: int = 0) -> bytes:
+    """int8 [1, side, side, 3] (scale 1, zp -128, like the shared ResNet-8) -> CONV_2D 1x1 + RELU
+    -> AVERAGE_POOL_2D (global) -> RESHAPE -> FULLY_CONNECTED -> SOFTMAX."""
+    rng = np.random.default_rng(seed)
+    b = ModelBuilder("zo test classifier")
+    x = b.add_tensor((1, side, side, 3), np.int8, 1.0, -128, name="input")
+    w1_scale = np.full(hidden, 0.001, np.float32)
+    w1 = b.add_const(rng.integers(-127, 128, (hidden, 1, 1, 3)).astype(np.int8), scale=w1_scale, zero_point=np.zeros(hidden, np.int64), name="conv/weights")
+    b1 = b.add_const(np.zeros(hidden, np.int32), scale=bias_scale(1.0, w1_scale), zero_point=np.zeros(hidden, np.int64), name="conv/bias")
+    h = b.add_tensor((1, side, side, hidden), np.int8, 0.2, -128, name="conv/out")
+    opt = schema.Conv2DOptionsT()
+    opt.padding, opt.strideH, opt.strideW = schema.Padding.VALID, 1, 1
+    opt.fusedActivationFunction = schema.ActivationFunctionType.RELU
+    b.add_op("CONV_2D", [x, w1, b1], [h], opt)
+    pooled = b.add_tensor((1, 1, 1, hidden), np.int8, 0.2, -128, name="pool/out")
+    popt = schema.Pool2DOptionsT()
+    popt.padding, popt.strideH, popt.strideW, popt.filterHeight, popt.filterWidth = schema.Padding.VALID, 1, 1, side, side
+    b.add_op("AVERAGE_POOL_2D", [h], [pooled], popt)
+    shape = b.add_const(np.array([1, hidden], np.int32), name="flatten/shape")
+    flat = b.add_tensor((1, hidden), np.int8, 0.2, -128, name="flatten/out")
+    ropt = schema.ReshapeOptionsT()
+    ropt.newShape = [1, hidden]
+    b.add_op("RESHAPE", [pooled, shape], [flat], ropt)
+    w2_scale = np.full(classes, 0.001, np.float32)
+    w2 = b.add_const(rng.integers(-20, 21, (classes, hidden)).astype(np.int8), scale=w2_scale, zero_point=np.zeros(classes, np.int64), name="head/weights")
+    b2 = b.add_const(np.zeros(classes, np.int32), scale=bias_scale(0.2, w2_scale), zero_point=np.zeros(classes, np.int64), name="head/bias")
+    logits = b.add_tensor((1, classes), np.int8, 0.05, 0, name="head/logits")
+    b.add_op("FULLY_CONNECTED", [flat, w2, b2], [logits], schema.FullyConnectedOptionsT())
+    probs = b.add_tensor((1, classes), np.int8, 1 / 256, -128, name="probs")
+    sopt = schema.SoftmaxOptionsT()
+    sopt.beta = 1.0
+    b.add_op("SOFTMAX", [logits], [probs], sopt)
+    return b.build([x], [probs])
+
+
+def color_dataset(classes: int = 4, side: int = 4, n_train: int = 400, n_test: int = 200, seed: int = 0) -> dict:
+    """Images whose class is their dominant colour mix: learnable by the tiny classifier's head."""
+    rng = np.random.default_rng(seed)
+    centers = rng.integers(30, 226, (classes, 3))
+
+    def make(n):
+        y = np.arange(n) % classes
+        x = centers[y][:, None, None, :] + rng.normal(0, 25, (n, side, side, 3))
+        return np.clip(x, 0, 255).astype(np.uint8), y.astype(np.int64)
+
+    x_train, y_train = make(n_train)
+    x_test, y_test = make(n_test)
+    return dict(x_train=x_train, y_train=y_train, x_test=x_test, y_test=y_test,
+                class_names=np.array([f"c{i}" for i in range(classes)]))
