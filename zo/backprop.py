@@ -21,6 +21,8 @@ import time
 
 import numpy as np
 
+from npusim.quant import activation_range
+
 from .errors import ZoError
 from .loss import cross_entropy
 from .model import TrainableModel
@@ -80,13 +82,18 @@ def _unbroadcast(grad, shape):
 
 
 class FloatOp:
+    # Whether the int8 op clamps its output (to the int8 range, narrowed by a fused activation):
+    # every op that computes new values; data movement (RESHAPE, PAD, CONCATENATION) cannot leave it.
+    clamps = True
+
     def __init__(self, kernel, graph):
         self.kernel = kernel
         self.op = kernel.op
         self.clamp = None  # real (lo, hi) applied to the output, with its gradient mask
-
-    def clamp_from_ints(self, lo: int, hi: int):
-        self.clamp = _real_range(self.kernel.outputs[0], lo, hi)
+        out = kernel.outputs[0]
+        if self.clamps and out.dtype == np.int8 and out.quant is not None:
+            lo, hi = activation_range(self.op.options.get("fused_activation_function", "NONE"), float(out.scale), out.zero_point)
+            self.clamp = _real_range(out, lo, hi)
 
     def forward(self, args):
         raise NotImplementedError
@@ -103,7 +110,6 @@ class Conv2D(FloatOp):
         o = kernel.options
         self.sh, self.sw = o.get("stride_h", 1), o.get("stride_w", 1)
         self.dh, self.dw = o.get("dilation_h_factor", 1), o.get("dilation_w_factor", 1)
-        self.clamp_from_ints(kernel.stage.lo, kernel.stage.hi)
         self.pointwise = (kernel.kh, kernel.kw, self.sh, self.sw, kernel.pad_top, kernel.pad_left) == (1, 1, 1, 1, 0, 0)
 
     def columns(self, x):
@@ -159,7 +165,6 @@ class DepthwiseConv2D(FloatOp):
         o = kernel.options
         self.sh, self.sw = o.get("stride_h", 1), o.get("stride_w", 1)
         self.dh, self.dw = o.get("dilation_h_factor", 1), o.get("dilation_w_factor", 1)
-        self.clamp_from_ints(kernel.stage.lo, kernel.stage.hi)
 
     def forward(self, args):
         x, w, b = args[0], args[1], args[2] if len(args) > 2 else None
@@ -198,10 +203,6 @@ class DepthwiseConv2D(FloatOp):
 
 
 class FullyConnected(FloatOp):
-    def __init__(self, kernel, graph):
-        super().__init__(kernel, graph)
-        self.clamp_from_ints(kernel.stage.lo, kernel.stage.hi)
-
     def forward(self, args):
         x, w, b = args[0], args[1], args[2] if len(args) > 2 else None
         x2 = x.reshape(-1, self.kernel.depth)
@@ -224,10 +225,6 @@ class FullyConnected(FloatOp):
 
 
 class Add(FloatOp):
-    def __init__(self, kernel, graph):
-        super().__init__(kernel, graph)
-        self.clamp_from_ints(*kernel.params[-2:])  # activation_range(...) closes the prepared params
-
     def forward(self, args):
         a, b = args
         return a + b, (a.shape, b.shape)
@@ -241,7 +238,6 @@ class AveragePool2D(FloatOp):
 
     def __init__(self, kernel, graph):
         super().__init__(kernel, graph)
-        self.clamp_from_ints(kernel.act_min, kernel.act_max)
         k = kernel
         ones = np.ones((1,) + k.in_hw + (1,))
         self.count = self._window_sum(ones)[0]
@@ -276,10 +272,6 @@ class AveragePool2D(FloatOp):
 class MaxPool2D(FloatOp):
     """Padding is -inf (taps outside the image never win); the gradient goes to the first maximum."""
 
-    def __init__(self, kernel, graph):
-        super().__init__(kernel, graph)
-        self.clamp_from_ints(kernel.act_min, kernel.act_max)
-
     def forward(self, args):
         x = args[0]
         k = self.kernel
@@ -301,10 +293,6 @@ class MaxPool2D(FloatOp):
 
 
 class Mean(FloatOp):
-    def __init__(self, kernel, graph):
-        super().__init__(kernel, graph)
-        self.clamp = _real_range(kernel.outputs[0])
-
     def forward(self, args):
         x = args[0]
         k = self.kernel
@@ -320,6 +308,8 @@ class Mean(FloatOp):
 
 
 class Reshape(FloatOp):
+    clamps = False
+
     def forward(self, args):
         x = args[0]
         return x.reshape((x.shape[0],) + self.kernel.per_image), x.shape
@@ -329,6 +319,8 @@ class Reshape(FloatOp):
 
 
 class Pad(FloatOp):
+    clamps = False
+
     def __init__(self, kernel, graph):
         super().__init__(kernel, graph)
         out = kernel.outputs[0]
@@ -347,6 +339,8 @@ class Pad(FloatOp):
 
 
 class Concatenation(FloatOp):
+    clamps = False
+
     def forward(self, args):
         k = self.kernel
         n = max(x.shape[0] for x, t in zip(args, k.inputs) if t.data is None)
@@ -457,7 +451,7 @@ class FloatSuffix:
         for t, q in boundary.items():
             tensor = self.model.graph.tensors[t]
             q = q if index is None else q[index]
-            out[t] = ((q.astype(np.float32) - np.float32(tensor.zero_point)) * np.float32(tensor.scale)).astype(self.dtype)
+            out[t] = (q.astype(self.dtype) - self.dtype.type(tensor.zero_point)) * self.dtype.type(tensor.scale)
         return out
 
     # -- forward and backward -------------------------------------------------------------------

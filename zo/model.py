@@ -81,7 +81,7 @@ def replace_head(graph: Graph, num_classes: int) -> Graph:
 class TrainableModel:
     """A prepared model split at its first trainable layer, with the logits as the training output."""
 
-    def __init__(self, graph: Graph, trainable: str = "last:2", profile: str = "tflm", num_classes: int | None = None,
+    def __init__(self, graph: Graph, trainable: str = "last:1", profile: str = "tflm", num_classes: int | None = None,
                  new_head: bool = False):
         try:
             self.interp = Interpreter(graph, profile=profile)

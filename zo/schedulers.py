@@ -86,7 +86,7 @@ class PowerLaw(Scheduler):
 
     def next_q(self, progress):
         e = min(1 + math.floor(progress.fraction * self.epochs), self.epochs)
-        return min(max(math.floor(self.a * e ** self.b), 1), self.q_max)
+        return min(max(math.floor(self.a * e ** self.b + 1e-9), 1), self.q_max)  # 1e-9: e^b may land a hair below an integer
 
     def describe(self):
         return f"power:{self.q_max}"
@@ -107,7 +107,7 @@ class QScheduler(Scheduler):
 
     name = "qscheduler"
 
-    def __init__(self, q_init: int = 1, q_max: int = 64, window: int = 50, z: float = 2.0,
+    def __init__(self, q_init: int = 1, q_max: int = 64, window: int = 200, z: float = 2.0,
                  shrink_z: float | None = None, q_min: int = 1):
         self.q, self.q_max, self.q_min = q_init, q_max, q_min
         self.window, self.z, self.shrink_z = window, z, shrink_z

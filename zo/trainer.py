@@ -28,7 +28,7 @@ from .optim import OPTIMIZERS, SCHEDULES, learning_rate
 from .perturbation import KINDS, direction, second_moment
 from .schedulers import Progress, Scheduler, parse_scheduler
 
-DEFAULT_LR = {"sgd": 2.0, "adam": 0.05}
+DEFAULT_LR = {"sgd": 0.5, "adam": 0.1}
 METRIC_FIELDS = ["step", "q", "forward_passes", "train_loss", "test_accuracy", "wall_seconds", "macs", "lr"]
 # Probe images per suffix call: bounds the simulator's memory when 2q * batch is large.
 MAX_IMAGES_PER_CALL = 2048
@@ -38,9 +38,9 @@ MAX_IMAGES_PER_CALL = 2048
 class TrainConfig:
     model: str
     data: str
-    trainable: str = "last:2"
+    trainable: str = "last:1"
     q: str = "qscheduler"
-    optimizer: str = "sgd"
+    optimizer: str = "adam"
     lr: float | None = None
     lr_schedule: str = "constant"
     momentum: float = 0.9

@@ -1,0 +1,75 @@
+"""The q schedulers: formulas, QScheduler's plateau test, budget awareness and resumable state."""
+import json
+import math
+
+import numpy as np
+import pytest
+
+from zo.schedulers import FixedQ, LinearRamp, PowerLaw, Progress, QScheduler, parse_scheduler
+
+
+def test_fixed_linear_power_formulas():
+    assert FixedQ(8).next_q(Progress(5, 100, 1000)) == 8
+    ramp = LinearRamp(q_max=32)
+    assert [ramp.next_q(Progress(0, p, 1000)) for p in (0, 250, 500, 999, 1000)] == [1, 8, 16, 31, 32]
+    power = PowerLaw(q_max=32, a=0.5, epochs=10)
+    b = math.log(32 / 0.5) / math.log(10)
+    for e in range(1, 11):
+        passes = (e - 1) * 100
+        assert power.next_q(Progress(0, passes, 1000)) == min(max(math.floor(0.5 * e ** b + 1e-9), 1), 32)
+    assert power.next_q(Progress(0, 999, 1000)) == 32
+
+
+def feed(s: QScheduler, losses, budget=10**9):
+    passes = 0
+    for step, loss in enumerate(losses, 1):
+        q = s.next_q(Progress(step - 1, passes, budget))
+        passes += 2 * q
+        s.observe(Progress(step, passes, budget), q, np.array([loss]), np.array([loss]))
+    return passes
+
+
+def test_qscheduler_holds_q_while_the_noisy_loss_still_falls():
+    rng = np.random.default_rng(0)
+    s = QScheduler(q_init=2, window=200)
+    # 0.1 per window against a step-to-step noise of 0.1 (the loss noise of a batch of 32 on EuroSAT)
+    feed(s, 2.0 - 0.0005 * np.arange(2000) + rng.normal(0, 0.1, 2000))
+    assert s.q == 2 and s.changes == []
+
+
+def test_qscheduler_doubles_q_on_a_plateau_up_to_q_max():
+    rng = np.random.default_rng(1)
+    s = QScheduler(q_init=1, q_max=8, window=200)
+    feed(s, 1.5 + rng.normal(0, 0.1, 1000))
+    assert s.q == 8
+    assert [q for _, q in s.changes] == [2, 4, 8]
+
+
+def test_qscheduler_keeps_budget_for_a_window_at_the_new_q():
+    s = QScheduler(q_init=4, window=10)
+    # Flat loss, but only 100 forward passes left after the window: a doubled q (8) cannot run 10 steps.
+    feed(s, np.full(10, 1.0) + np.linspace(0, 1e-9, 10), budget=10 * 8 + 100)
+    assert s.q == 4
+
+
+def test_qscheduler_state_round_trips_through_json():
+    rng = np.random.default_rng(2)
+    a = QScheduler(window=20)
+    feed(a, 1 + rng.normal(0, 0.1, 130))
+    b = QScheduler(window=20)
+    b.load(json.loads(json.dumps(a.state())))
+    tail = 1 + rng.normal(0, 0.1, 100)
+    feed(a, tail)
+    feed(b, tail)
+    assert a.state() == b.state()
+
+
+@pytest.mark.parametrize("spec, cls", [("fixed:4", FixedQ), ("qscheduler", QScheduler), ("linear:16", LinearRamp), ("power", PowerLaw)])
+def test_parse(spec, cls):
+    assert isinstance(parse_scheduler(spec), cls)
+
+
+@pytest.mark.parametrize("spec", ["fixed", "fixed:0", "fixed:x", "adaptive", "linear:-2"])
+def test_parse_rejects(spec):
+    with pytest.raises(ValueError, match="--q"):
+        parse_scheduler(spec)
