@@ -1,4 +1,11 @@
 """npusim: a bit-exact INT8 simulator of a Neural-ART-style NPU, with TFLite Micro's integer numerics."""
+import os
+
+# Numba's OpenMP layer spin-waits between parallel regions, and so do OpenBLAS's threads between
+# GEMMs: on a 2-core machine the two pools then steal each other's cores (measured: several times
+# slower). The workqueue layer sleeps instead. An explicit NUMBA_THREADING_LAYER still wins.
+os.environ.setdefault("NUMBA_THREADING_LAYER", "workqueue")
+
 from .errors import NpusimError
 from .graph import Graph, Op, Quantization, Tensor
 from .interpreter import Interpreter

@@ -17,20 +17,29 @@ from ..quant import requantize_one
 CHUNK = 1024
 
 
-def int_matmul(cols: np.ndarray, weights: np.ndarray) -> np.ndarray:
-    """cols [G, R, K] float32 (integer valued), weights [G, O, K] int8 -> exact sum over K, [G, R, O].
+def exact_matmul(cols: np.ndarray, wt: np.ndarray) -> np.ndarray:
+    """cols [..., R, K] float32 (integer valued) @ wt [..., K, O] float32 (int8 valued), exactly.
 
     Returns float32 when K <= CHUNK, else float64; both hold the exact integer result.
     """
     k = cols.shape[-1]
-    # Contiguous [G, K, O]: a stack of transposed views makes numpy's matmul leave the BLAS path.
-    wt = np.ascontiguousarray(weights.astype(np.float32).transpose(0, 2, 1))
     if k <= CHUNK:
         return np.matmul(cols, wt)
-    total = np.zeros(cols.shape[:2] + (weights.shape[1],), dtype=np.float64)
+    total = np.zeros(cols.shape[:-1] + (wt.shape[-1],), dtype=np.float64)
     for k0 in range(0, k, CHUNK):
-        total += np.matmul(cols[:, :, k0:k0 + CHUNK], wt[:, k0:k0 + CHUNK])
+        total += np.matmul(cols[..., k0:k0 + CHUNK], wt[..., k0:k0 + CHUNK, :])
     return total
+
+
+def transposed_weights(weights: np.ndarray) -> np.ndarray:
+    """[G, O, K] int8 -> contiguous [G, K, O] float32 (a stack of transposed views would make
+    numpy's matmul leave the BLAS path)."""
+    return np.ascontiguousarray(weights.astype(np.float32).transpose(0, 2, 1))
+
+
+def int_matmul(cols: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """cols [G, R, K] float32 (integer valued), weights [G, O, K] int8 -> exact sum over K, [G, R, O]."""
+    return exact_matmul(cols, transposed_weights(weights))
 
 
 def accumulator_offset(weights: np.ndarray, bias: np.ndarray | None, input_zero_point: int) -> np.ndarray:
