@@ -93,50 +93,53 @@ class PowerLaw(Scheduler):
 
 
 class QScheduler(Scheduler):
-    """Adaptive q: start small, double q when the training loss stops improving *significantly*.
+    """Adaptive q: start small, double q once the loss has *confidently* stopped improving.
 
-    Every `window` steps it fits a line to the per-step probe loss (the mean of the step's L+ and L-,
-    free: those passes are run anyway) over the last `window` steps and takes the t-statistic of the
-    slope. A slope that is not significantly negative (t > -z) means the current q has reached the
-    noise floor of its gradient estimate: q doubles (up to q_max). The test compares the progress
-    with the loss's own step-to-step noise, so a noisy but improving loss does not escalate q (the
-    failure of a fixed relative-improvement threshold). q never grows beyond what leaves the budget
-    room for one more window at the new q, so the last forward passes are not spent on a q that
-    cannot pay off. With shrink_z set, q halves again while progress is very significant (t < -shrink_z).
+    Every `window` steps it fits a line to the per-step training loss (the mean of each probe pair's
+    L+ and L-, free: those passes are run anyway) over the last `window` steps. The improvement over
+    the window is -slope * window; its upper confidence bound adds z standard errors of the slope.
+    When even that bound is below `threshold` times the current loss, the current q has reached the
+    noise floor of its gradient estimate (a plateau): q doubles, up to q_max, and the window
+    restarts. Using the upper bound is what keeps noise from escalating q: a noisy window widens the
+    bound and holds q, where a point estimate below a fixed threshold (the naive rule) fires on noise.
+    q only grows when the budget left still pays for one full window at the new q. With shrink set,
+    q halves while even the lower confidence bound of the improvement exceeds shrink * loss.
     """
 
     name = "qscheduler"
 
-    def __init__(self, q_init: int = 1, q_max: int = 64, window: int = 200, z: float = 2.0,
-                 shrink_z: float | None = None, q_min: int = 1):
+    def __init__(self, q_init: int = 1, q_max: int = 64, window: int = 400, z: float = 2.0, threshold: float = 0.04,
+                 shrink: float | None = None, q_min: int = 1):
         self.q, self.q_max, self.q_min = q_init, q_max, q_min
-        self.window, self.z, self.shrink_z = window, z, shrink_z
+        self.window, self.z, self.threshold, self.shrink = window, z, threshold, shrink
         self.losses: list[float] = []
         self.changes: list[tuple[int, int]] = []  # (step, new q), for plots and logs
 
     def next_q(self, progress):
         return self.q
 
-    def slope_t(self) -> float:
+    def improvement_bounds(self) -> tuple[float, float, float]:
+        """(lower, upper) confidence bounds of the loss improvement over the window, and the mean loss."""
         y = np.asarray(self.losses[-self.window:], dtype=np.float64)
         x = np.arange(y.size, dtype=np.float64)
         x -= x.mean()
-        slope = float((x * (y - y.mean())).sum() / (x * x).sum())
+        sxx = float((x * x).sum())
+        slope = float((x * (y - y.mean())).sum() / sxx)
         resid = y - y.mean() - slope * x
-        se = math.sqrt(max(float((resid * resid).sum()) / (y.size - 2), 1e-300) / float((x * x).sum()))
-        return slope / se
+        se = math.sqrt(float((resid * resid).sum()) / (y.size - 2) / sxx)
+        return (-slope - self.z * se) * y.size, (-slope + self.z * se) * y.size, float(y.mean())
 
     def observe(self, progress, q, loss_plus, loss_minus):
         self.losses.append(float(np.mean((np.asarray(loss_plus) + np.asarray(loss_minus)) / 2)))
         if len(self.losses) < self.window:
             return
-        t = self.slope_t()
+        lower, upper, level = self.improvement_bounds()
         self.losses = []
         remaining = progress.budget - progress.forward_passes
-        if t > -self.z and self.q < self.q_max and 2 * (2 * self.q) * self.window <= remaining:
+        if upper < self.threshold * level and self.q < self.q_max and 2 * (2 * self.q) * self.window <= remaining:
             self.q = min(2 * self.q, self.q_max)
             self.changes.append((progress.step, self.q))
-        elif self.shrink_z is not None and t < -self.shrink_z and self.q > self.q_min:
+        elif self.shrink is not None and lower > self.shrink * level and self.q > self.q_min:
             self.q = max(self.q // 2, self.q_min)
             self.changes.append((progress.step, self.q))
 
