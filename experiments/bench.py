@@ -569,11 +569,46 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shared", type=Path, default=Path("../shared"), help="the shared folder (models/, data/)")
     p.add_argument("--quick", action="store_true", help="few repetitions: a smoke test, not a measurement")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="Markdown report (default experiments/results/bench.md)")
-    p.add_argument("--only", choices=("all", "conv", "models"), default="all", help="which workloads to run")
+    p.add_argument("--only", choices=("all", "conv", "models", "zo"), default="all", help="which workloads to run")
     p.add_argument("--conv-batches", type=parse_batches, default=[1, 16], help="default 1,16")
     p.add_argument("--model-batches", type=parse_batches, default=[64, 256], help="default 64,256")
     p.add_argument("--no-breakdown", action="store_true", help="skip the per-stage / per-op breakdown")
     return p
+
+
+def bench_zo_step(shared: Path, reps: int, q: int = 16, batch: int = 32) -> list[str]:
+    """Simulator wall time of one ZO step over the time of its 2q forward passes run plainly (full
+    model, batch by batch), both on npusim: what the prefix cache and the batched probes save."""
+    import npusim
+    from zo.data import load_dataset, subset
+    from zo.trainer import TrainConfig, Trainer, prepare_inputs
+
+    model = shared / "models" / MODELS["resnet8"]
+    data_path = shared / "data" / "eurosat32_subset.npz"
+    data = subset(load_dataset(data_path), 1024, 200)
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as out:
+        cfg = TrainConfig(model=str(model), data=str(data_path), trainable="last:4", q=f"fixed:{q}", batch=batch,
+                          budget=10**9, checkpoint_every=10**9)
+        trainer = Trainer(cfg, out, dataset=data)
+        trainer.train_step(q)  # warm-up: compiles or loads the kernels
+        step_times = timings(lambda: trainer.train_step(q), reps, warmup=0)
+    interp = npusim.Interpreter(model)
+    x = prepare_inputs(data.x_train[:batch], trainer.model)
+    forward = median_time(lambda: interp.run(x), reps)
+    step = float(np.median(step_times))
+    ratio = step / (2 * q * forward)
+    names = ", ".join(p.name.split("/")[-1][:40] for p in trainer.model.params)
+    return ["## ZO step against plain forward passes", "",
+            "| workload | batch | q | ZO step ms | one forward pass of the batch ms | 2q forward passes ms | ratio (target < 0.5) |",
+            "|---|---|---|---|---|---|---|",
+            f"| ResNet-8 last:4 (last residual block + classifier) | {batch} | {q} | {fmt_ms(step)} | {fmt_ms(forward)} | "
+            f"{fmt_ms(2 * q * forward)} | {ratio:.3f} {'(met)' if ratio < 0.5 else '(MISSED)'} |", "",
+            f"Trainable tensors: {names}. The step includes gathering the batch, the 2q perturbed passes of the "
+            "trainable suffix on the cached prefix activations (one batched call), the host loss, regenerating the "
+            "directions, the Adam update and the int8 write-back. Median of "
+            f"{len(step_times)} steps; forward: median of `Interpreter.run` on the batch.", ""]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -644,6 +679,11 @@ def main(argv: list[str] | None = None) -> int:
                               for k, c, t, t1 in ops]
                 breakdown += [f"| total | {sum(c for _, c, _, _ in ops)} | {fmt_ms(total)} | | {fmt_ms(total1)} | |", ""]
 
+    zo_lines: list[str] = []
+    if args.only in ("all", "zo"):
+        log("ZO step: ResNet-8, last residual block + classifier (last:4), batch 32, q = 16")
+        zo_lines = bench_zo_step(args.shared, reps=3 if q else 10)
+
     rss = peak_rss_mb()
     tflm_imgs = sorted({(r.workload, r.tflm_images) for r in rows})
     lines = [
@@ -676,6 +716,8 @@ def main(argv: list[str] | None = None) -> int:
     ]
     if rows:
         lines += ["## Floors and targets", "", *targets(rows), ""]
+    if zo_lines:
+        lines += zo_lines
     if breakdown:
         lines += ["## Where npusim's time goes", "", *breakdown]
     lines.append(f"Peak RSS of the bench process: {rss:.0f} MB (resource.getrusage ru_maxrss).")

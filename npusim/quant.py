@@ -117,33 +117,6 @@ def requantize_one(acc, m, shift, real_scale, profile):
     return np.int64(np.rint(np.float32(acc) * real_scale))
 
 
-@nb.njit(cache=True, parallel=True)
-def requantize_channels(acc, m, shift, real_scale, zero_point, lo, hi, profile, out):
-    """acc [rows, C] int32 -> out [rows, C] int8, per-channel multiplier (arrays of length C)."""
-    rows, channels = acc.shape
-    for r in nb.prange(rows):
-        for c in range(channels):
-            v = requantize_one(acc[r, c], m[c], shift[c], real_scale[c], profile) + zero_point
-            if v < lo:
-                v = lo
-            elif v > hi:
-                v = hi
-            out[r, c] = v
-    return out
-
-
-def requantize(acc: np.ndarray, m, shift, real_scale, zero_point: int, lo: int, hi: int, profile: int) -> np.ndarray:
-    """Requantize an int32 accumulator whose last axis is the channel axis."""
-    flat = np.ascontiguousarray(acc.reshape(-1, acc.shape[-1]), dtype=np.int32)
-    out = np.empty(flat.shape, dtype=np.int8)
-    channels = flat.shape[1]
-    m = np.broadcast_to(np.asarray(m, dtype=np.int64), (channels,)).copy()
-    shift = np.broadcast_to(np.asarray(shift, dtype=np.int64), (channels,)).copy()
-    real_scale = np.broadcast_to(np.asarray(real_scale, dtype=np.float32), (channels,)).copy()
-    requantize_channels(flat, m, shift, real_scale, np.int64(zero_point), np.int64(lo), np.int64(hi), np.int64(profile), out)
-    return out.reshape(acc.shape)
-
-
 @nb.njit(cache=True)
 def mbqm_array(x, m, shift):
     """MultiplyByQuantizedMultiplier (TFLM) elementwise over an int64 array, one multiplier."""

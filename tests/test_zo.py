@@ -41,7 +41,7 @@ def tiny(tmp_path):
 
 
 def config(model, data, **kw):
-    base = dict(model=str(model), data=str(data), trainable="last:1", q="fixed:4", lr=0.5, batch=16, budget=400,
+    base = dict(model=str(model), data=str(data), trainable="last:1", q="fixed:4", lr=1.0, batch=16, budget=400,
                 checkpoint_every=10, eval_every=80)
     base.update(kw)
     return TrainConfig(**base)
@@ -197,7 +197,7 @@ def run_cli(args, **kw):
 
 def cli_args(model, data, out, *extra):
     return ["train", "--model", str(model), "--data", str(data), "--trainable", "last:1", "--q", "fixed:2",
-            "--lr", "0.5", "--batch", "16", "--budget", "600", "--checkpoint-every", "5", "--eval-every", "100",
+            "--lr", "1.0", "--batch", "16", "--budget", "600", "--checkpoint-every", "5", "--eval-every", "100",
             "--out", str(out), "--quiet", *extra]
 
 

@@ -107,9 +107,11 @@ class Trainer:
             graph = load_model(config.model)
         except NpusimError as e:
             raise ZoError(str(e)) from None
-        data = dataset if dataset is not None else load_dataset(config.data)
-        if config.train_size or config.test_size:
-            data = subset(data, config.train_size, config.test_size, seed=config.seed)
+        if dataset is None:
+            dataset = load_dataset(config.data)
+            if config.train_size or config.test_size:
+                dataset = subset(dataset, config.train_size, config.test_size, seed=0)
+        data = dataset
         self.data = data
         self.model = TrainableModel(graph, config.trainable, config.profile, num_classes=data.num_classes, new_head=config.new_head)
         self.scheduler = scheduler or parse_scheduler(config.q)

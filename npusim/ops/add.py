@@ -8,6 +8,7 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
+from ..jit import parallel_kernel
 from ..quant import SINGLE, activation_range, multiply_by_quantized_multiplier, multiply_by_quantized_multiplier_single, quantize_multiplier
 from .base import Kernel
 
@@ -21,7 +22,7 @@ def _mbqm(x, m, shift, profile):
     return multiply_by_quantized_multiplier(x, m, shift)
 
 
-@nb.njit(cache=True, parallel=True)
+@parallel_kernel
 def add_int8(a, b, z1, z2, m1, s1, m2, s2, mo, so, zo, lo, hi, profile, out):
     """a, b, out: same shape (already broadcast)."""
     fa, fb, fo = a.reshape(-1), b.reshape(-1), out.reshape(-1)
@@ -35,6 +36,7 @@ def add_int8(a, b, z1, z2, m1, s1, m2, s2, mo, so, zo, lo, hi, profile, out):
 
 class Add(Kernel):
     kind = "ADD"
+    required_inputs, max_inputs = 2, 2
 
     def __init__(self, op, graph, profile):
         super().__init__(op, graph, profile)
@@ -44,9 +46,14 @@ class Add(Kernel):
             if t.quant.per_channel:
                 raise self.error(f"tensor {t.name!r} is quantized per channel, expected per-tensor")
         try:
-            np.broadcast_shapes(a.shape, b.shape)
+            shape = np.broadcast_shapes(a.shape, b.shape)
         except ValueError:
             raise self.error(f"input shapes {list(a.shape)} and {list(b.shape)} do not broadcast") from None
+        if tuple(shape) != tuple(y.shape):
+            raise self.error(f"output shape {list(y.shape)} is not the broadcast shape {list(shape)} of the inputs")
+        for t in (a, b):  # an activation's axis 0 is the batch: it must line up with the output's
+            if t.data is None and len(t.shape) != len(y.shape):
+                raise self.error(f"input {t.name!r} has rank {len(t.shape)}, expected the output's rank {len(y.shape)}")
         s1, s2, so = (np.float64(t.quant.scale[0]) for t in (a, b, y))
         twice_max = 2.0 * max(s1, s2)
         self.params = (
@@ -60,9 +67,14 @@ class Add(Kernel):
     def macs(self) -> int:
         return int(np.prod(self.out_shape))
 
+    def workspace_bytes(self) -> int:
+        return int(np.prod(self.out_shape))  # each operand broadcast to the output shape
+
     def __call__(self, a, b):
         a_is_batched = len(a.shape) == len(self.inputs[0].shape) and self.inputs[0].data is None
         b_is_batched = len(b.shape) == len(self.inputs[1].shape) and self.inputs[1].data is None
+        if a_is_batched and b_is_batched and a.shape[0] != b.shape[0]:
+            raise self.error(f"inputs carry batches of {a.shape[0]} and {b.shape[0]}, expected the same")
         n = a.shape[0] if a_is_batched else b.shape[0]
         shape = (n,) + self.out_shape
         a, b = (np.ascontiguousarray(np.broadcast_to(t, shape)) for t in (a, b))

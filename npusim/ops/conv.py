@@ -10,6 +10,7 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
+from ..jit import parallel_kernel
 from .base import Kernel
 from .gemm import accumulator_offset, exact_matmul, grouped_products, requantize_products, transposed_weights
 from .padding import compute_padding
@@ -18,7 +19,7 @@ from .requant import OutputStage
 TILE_BYTES = 4 << 20  # im2col slice size: a few MB stays in the last-level cache
 
 
-@nb.njit(cache=True, parallel=True)
+@parallel_kernel
 def im2col(x, kh, kw, stride_h, stride_w, dil_h, dil_w, pad_top, pad_left, out_h, out_w, fill, cols):
     """cols[(n*out_h + oy)*out_w + ox, (ky*kw + kx)*C + c] = x[n, iy, ix, c], or fill outside the image."""
     n_batch, in_h, in_w, channels = x.shape
@@ -43,17 +44,21 @@ def im2col(x, kh, kw, stride_h, stride_w, dil_h, dil_w, pad_top, pad_left, out_h
 
 class Conv2D(Kernel):
     kind = "CONV_2D"
+    required_inputs, max_inputs = 2, 3
 
     def __init__(self, op, graph, profile):
         super().__init__(op, graph, profile)
         x, w, y = self.inputs[0], self.inputs[1], self.outputs[0]
         self.require_int8(x, w, y)
+        self.require_constant(w, "filter")
         if len(x.shape) != 4 or len(w.shape) != 4 or len(y.shape) != 4:
             raise self.error(f"expected 4-D input, filter and output, got {list(x.shape)}, {list(w.shape)}, {list(y.shape)}")
         o = self.options = op.options
         self.out_channels, self.kh, self.kw, in_c = w.shape
         if in_c != x.shape[3]:
             raise self.error(f"filter depth {in_c} does not match input channels {x.shape[3]} (grouped conv is not supported)")
+        self.require_bias(self.inputs[2] if len(self.inputs) > 2 else None, self.out_channels)
+        self.in_image_shape = tuple(x.shape[1:])
         self.out_h, self.pad_top = compute_padding(x.shape[1], self.kh, o.get("stride_h", 1), o.get("dilation_h_factor", 1), o.get("padding"))
         self.out_w, self.pad_left = compute_padding(x.shape[2], self.kw, o.get("stride_w", 1), o.get("dilation_w_factor", 1), o.get("padding"))
         if (self.out_h, self.out_w, self.out_channels) != tuple(y.shape[1:]):

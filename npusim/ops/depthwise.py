@@ -8,13 +8,14 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
+from ..jit import parallel_kernel
 from ..quant import requantize_one
 from .base import Kernel
 from .padding import compute_padding
 from .requant import OutputStage
 
 
-@nb.njit(cache=True, parallel=True)
+@parallel_kernel
 def depthwise_conv(x, w, bias, groups, multiplier, stride_h, stride_w, dil_h, dil_w, pad_top, pad_left,
                    in_zp, m, shift, real_scale, out_zp, lo, hi, profile, out):
     n_batch, in_h, in_w, in_c = x.shape
@@ -54,11 +55,13 @@ def depthwise_conv(x, w, bias, groups, multiplier, stride_h, stride_w, dil_h, di
 
 class DepthwiseConv2D(Kernel):
     kind = "DEPTHWISE_CONV_2D"
+    required_inputs, max_inputs = 2, 3
 
     def __init__(self, op, graph, profile):
         super().__init__(op, graph, profile)
         x, w, y = self.inputs[0], self.inputs[1], self.outputs[0]
         self.require_int8(x, w, y)
+        self.require_constant(w, "filter")
         if len(x.shape) != 4 or len(w.shape) != 4 or len(y.shape) != 4 or w.shape[0] != 1:
             raise self.error(f"expected 4-D input and output and a [1, kh, kw, C] filter, got {list(x.shape)}, {list(w.shape)}, {list(y.shape)}")
         o = self.options = op.options
@@ -67,6 +70,8 @@ class DepthwiseConv2D(Kernel):
         if self.out_channels % in_c:
             raise self.error(f"filter channels {self.out_channels} are not a multiple of input channels {in_c}")
         self.multiplier = self.out_channels // in_c
+        self.require_bias(self.inputs[2] if len(self.inputs) > 2 else None, self.out_channels)
+        self.in_image_shape = tuple(x.shape[1:])
         self.out_h, self.pad_top = compute_padding(x.shape[1], self.kh, o.get("stride_h", 1), o.get("dilation_h_factor", 1), o.get("padding"))
         self.out_w, self.pad_left = compute_padding(x.shape[2], self.kw, o.get("stride_w", 1), o.get("dilation_w_factor", 1), o.get("padding"))
         if (self.out_h, self.out_w, self.out_channels) != tuple(y.shape[1:]):
@@ -76,7 +81,12 @@ class DepthwiseConv2D(Kernel):
     def macs(self) -> int:
         return self.out_h * self.out_w * self.out_channels * self.kh * self.kw
 
+    def workspace_bytes(self) -> int:
+        return self.out_h * self.out_channels * 8  # the kernel's int64 accumulator rows
+
     def __call__(self, x, w, b=None, shared=False):
+        if x.shape[1:] != self.in_image_shape:  # the Numba loop indexes by the planned shape, unchecked
+            raise self.error(f"input array has shape {list(x.shape)}, expected [N, {', '.join(map(str, self.in_image_shape))}]")
         o = self.options
         wg = w if w.ndim == 5 else w[None]
         groups = wg.shape[0]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
+from ..jit import parallel_kernel
 from ..quant import requantize_one
 
 CHUNK = 1024
@@ -50,6 +51,7 @@ def accumulator_offset(weights: np.ndarray, bias: np.ndarray | None, input_zero_
     return b - np.int64(input_zero_point) * wsum
 
 
+@parallel_kernel
 def _requantize_products(products, offset, m, shift, real_scale, zero_point, lo, hi, profile, out):
     groups, rows, channels = products.shape
     for gr in nb.prange(groups * rows):
@@ -66,16 +68,10 @@ def _requantize_products(products, offset, m, shift, real_scale, zero_point, lo,
     return out
 
 
-# Threads pay off only on large outputs; a ZO probe of a small head is thousands of tiny calls.
-_requantize_parallel = nb.njit(cache=True, parallel=True)(_requantize_products)
-_requantize_serial = nb.njit(cache=True)(_requantize_products)
-PARALLEL_MIN_SIZE = 1 << 15
-
-
 def requantize_products(products, offset, m, shift, real_scale, zero_point, lo, hi, profile, out):
     """out[g, r, c] = clamp(requantize(products[g, r, c] + offset[g, c]) + zero_point)."""
-    kernel = _requantize_parallel if products.size >= PARALLEL_MIN_SIZE else _requantize_serial
-    return kernel(products, offset, m, shift, real_scale, np.int64(zero_point), np.int64(lo), np.int64(hi), np.int64(profile), out)
+    return _requantize_products(products, offset, m, shift, real_scale, np.int64(zero_point), np.int64(lo), np.int64(hi),
+                                np.int64(profile), out)
 
 
 def grouped_products(cols: np.ndarray, weights: np.ndarray, shared: bool) -> np.ndarray:

@@ -16,11 +16,12 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
+from ..jit import parallel_kernel
 from ..quant import multiply_by_quantized_multiplier, quantize_multiplier
 from .base import Kernel
 
 
-@nb.njit(cache=True, parallel=True)
+@parallel_kernel
 def mean_requantize(sums, input_offset, multiplier, shift, output_zero_point, out):
     """MultiplyByQuantizedMultiplier(int32(sum - zp_in * n), M', e') + zp_out, clamped to int8."""
     flat = sums.ravel()

@@ -10,13 +10,14 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
+from ..jit import parallel_kernel
 from ..errors import NpusimError
 from ..quant import activation_range
 from .base import Kernel
 from .padding import compute_padding
 
 
-@nb.njit(cache=True, parallel=True)
+@parallel_kernel
 def average_pool(x, kh, kw, sh, sw, pad_h, pad_w, lo, hi, out):
     """x [N, H, W, C] int8 -> out [N, OH, OW, C] int8."""
     n, in_h, in_w, depth = x.shape
@@ -55,7 +56,7 @@ def average_pool(x, kh, kw, sh, sw, pad_h, pad_w, lo, hi, out):
     return out
 
 
-@nb.njit(cache=True, parallel=True)
+@parallel_kernel
 def max_pool(x, kh, kw, sh, sw, pad_h, pad_w, lo, hi, out):
     """x [N, H, W, C] int8 -> out [N, OH, OW, C] int8."""
     n, in_h, in_w, depth = x.shape

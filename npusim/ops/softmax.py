@@ -15,6 +15,7 @@ import math
 import numba as nb
 import numpy as np
 
+from ..jit import parallel_kernel
 from ..quant import INT32_MAX, INT32_MIN, quantize_multiplier, rounding_divide_by_pot, saturating_rounding_doubling_high_mul
 from .base import Kernel
 
@@ -122,7 +123,7 @@ def build_exp_tables(input_multiplier, input_left_shift, diff_min):
     return exp_q0, exp_q12, usable
 
 
-@nb.njit(cache=True, parallel=True)
+@parallel_kernel
 def softmax_rows(x, exp_q0, exp_q12, usable, out, bad):
     """x, out: [rows, depth] int8. reference_ops::Softmax, int8 output (zero point -128).
 
