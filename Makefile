@@ -31,7 +31,7 @@ paper-quick: setup
 	$(PY) -m experiments.study --grid quick --shared $(SHARED)
 
 paper: setup
-	$(PY) -m experiments.study --grid full --shared $(SHARED)
+	$(PY) -m experiments.study --grid full --shared $(SHARED) --readme
 
 clean:
 	rm -rf $(VENV) build *.egg-info

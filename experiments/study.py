@@ -217,6 +217,11 @@ def report_progress(i: int, n: int, result: dict):
           f"({result['steps']} steps, {result['wall_seconds']:.0f} s)", flush=True)
 
 
+def sweep_seconds(runs_dir: Path) -> float | None:
+    clock = runs_dir / "_cache" / "sweep_seconds"
+    return float(clock.read_text()) if clock.exists() else None
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--grid", choices=sorted(GRIDS), default="quick")
@@ -227,6 +232,7 @@ def main(argv=None):
     p.add_argument("--address", default=None, help="Ray cluster address (default: start a local Ray instance)")
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     p.add_argument("--no-baseline", action="store_true", help="skip the back-propagation upper bound")
+    p.add_argument("--readme", action="store_true", help="also put the table into README.md (full grid)")
     a = p.parse_args(argv)
     if not (a.shared / "models").is_dir():
         sys.exit(f"error: --shared {a.shared}: no models/ folder there, expected the shared data directory")
@@ -238,11 +244,18 @@ def main(argv=None):
         sweep(runs_of(grid), a.shared, runs_dir, runs_dir / "_cache", a.executor, a.workers, a.address)
     except KeyboardInterrupt:
         sys.exit("interrupted: finished runs are kept; run the same command again to resume")
-    from .report import write_report
+    finally:  # the sweep's wall time, summed over the invocations that resumed it
+        clock = runs_dir / "_cache" / "sweep_seconds"
+        clock.parent.mkdir(parents=True, exist_ok=True)
+        total = float(clock.read_text()) if clock.exists() else 0.0
+        clock.write_text(str(total + time.perf_counter() - start))
+    from .report import update_readme, write_report
 
     write_report(grid, runs_dir, results, a.shared, baseline=not a.no_baseline,
                  command=" ".join(["python -m experiments.study"] + (argv if argv is not None else sys.argv[1:])),
-                 sweep_seconds=time.perf_counter() - start)
+                 sweep_seconds=sweep_seconds(runs_dir))
+    if a.readme:
+        update_readme(ROOT / "README.md", results / "table.md")
 
 
 if __name__ == "__main__":
