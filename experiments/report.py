@@ -71,7 +71,7 @@ def backprop_bounds(grid, shared: Path, cache_dir: Path) -> dict:
         data, (train, test) = prefix_caches(cell, shared, cache_dir)
         model = TrainableModel(load_model(shared / "models" / cell.model), cell.trainable, num_classes=data.num_classes, new_head=True)
         result = backprop_baseline(model, train, data.y_train, test, data.y_test, seed=0)
-        out[cell.name] = {k: float(v) for k, v in result.items() if np.isscalar(v)}
+        out[cell.name] = {k: float(v) for k, v in result.items() if isinstance(v, (int, float, np.number)) and not isinstance(v, bool)}
         cache_dir.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(out[cell.name]))
     return out
