@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import tflite_io
 from .errors import NpusimError
 from .graph import Graph
 from .ops import KERNELS
@@ -36,6 +37,28 @@ def execution_order(graph: Graph) -> list:
     return list(graph.ops)
 
 
+def check_activations(graph: Graph):
+    """What every kernel relies on: axis 0 of an activation is the batch, so it has one, and no axis
+    is empty; graph inputs are fed and graph outputs computed, so neither is a constant; an op that
+    reads only constants would compute a batch of one whatever the batch (converters fold them)."""
+    for which, indices in (("input", graph.inputs), ("output", graph.outputs)):
+        for t in indices:
+            if graph.tensors[t].is_constant:
+                raise NpusimError(f"graph {which} tensor {t} ({graph.tensors[t].name!r}) is a constant, expected an activation")
+    active = set(graph.inputs)
+    for op in graph.ops:
+        ins = [t for t in op.inputs if t >= 0 and not graph.tensors[t].is_constant]
+        if not ins:
+            raise NpusimError(f"op {op.index} ({op.kind}): reads only constants, expected at least one activation input")
+        active.update(ins)
+        active.update(op.outputs)
+    for t in sorted(active):
+        tensor = graph.tensors[t]
+        if not tensor.shape or 0 in tensor.shape:
+            raise NpusimError(f"tensor {t} ({tensor.name!r}): activation of shape {list(tensor.shape)}, "
+                              "expected a batch axis and no empty axis")
+
+
 class Interpreter:
     """A prepared model. `run(x)` evaluates a batch: x has the model input's shape with N on axis 0."""
 
@@ -44,25 +67,51 @@ class Interpreter:
         self.profile = profile
         pid = profile_id(profile)
         self.kernels = []
-        for op in execution_order(self.graph):
+        ops = execution_order(self.graph)
+        for op in ops:
             if op.kind not in KERNELS:
                 raise NpusimError(f"op {op.index} ({op.kind}): operator is not supported")
-            if not op.outputs:
-                raise NpusimError(f"op {op.index} ({op.kind}): operator has no output")
-            self.kernels.append(KERNELS[op.kind](op, self.graph, pid))
+        check_activations(self.graph)
+        for op in ops:
+            try:
+                self.kernels.append(KERNELS[op.kind](op, self.graph, pid))
+            except NpusimError as e:  # helpers shared by ops (padding, multipliers) do not know the op
+                if str(e).startswith(f"op {op.index} "):
+                    raise
+                raise NpusimError(f"op {op.index} ({op.kind}): {e}") from None
+        tensors = self.graph.tensors
+        self._activation_bytes = [(int(np.prod(tensors[t].shape[1:], dtype=np.float64)) * tensors[t].dtype.itemsize,
+                                   f"tensor {tensors[t].name!r}")
+                                  for t in sorted(set(self.graph.inputs) | {t for k in self.kernels for t in k.op.outputs})]
+        need, what = self.largest_allocation(1)
+        if need > tflite_io.MAX_TENSOR_BYTES:
+            raise NpusimError(f"{what} needs {need} bytes for one image, more than the limit of {tflite_io.MAX_TENSOR_BYTES}")
+
+    def largest_allocation(self, n: int) -> tuple[int, str]:
+        """The largest array a run on a batch of n allocates, an activation or a kernel's workspace,
+        and what it is. check_input refuses a batch that would take more than the allocation limit."""
+        sizes = [(n * size, what) for size, what in self._activation_bytes]
+        sizes += [(k.workspace_bytes(n), f"the workspace of op {k.op.index} ({k.kind})") for k in self.kernels]
+        return max(sizes)
 
     # -- inputs -------------------------------------------------------------------------------
     def check_input(self, x: np.ndarray, k: int = 0) -> np.ndarray:
         t = self.graph.input(k)
         if not isinstance(x, np.ndarray):
             raise NpusimError(f"input {k}: expected a numpy array, got {type(x).__name__}")
+        if x.dtype != t.dtype and x.dtype.newbyteorder("=") == t.dtype:
+            x = x.astype(t.dtype)  # the same type stored in the other byte order (an .npy from another machine)
         if x.dtype != t.dtype:
             raise NpusimError(f"input {k} ({t.name!r}): dtype {x.dtype.name}, expected {t.dtype.name}")
-        if x.ndim != len(t.shape) or tuple(x.shape[1:]) != tuple(t.shape[1:]):
+        if x.ndim != len(t.shape) or x.ndim == 0 or tuple(x.shape[1:]) != tuple(t.shape[1:]):
             expected = ["N"] + list(t.shape[1:])
             raise NpusimError(f"input {k} ({t.name!r}): shape {list(x.shape)}, expected {expected}".replace("'N'", "N"))
         if x.shape[0] == 0:
             raise NpusimError(f"input {k} ({t.name!r}): empty batch, expected at least one input")
+        need, what = self.largest_allocation(x.shape[0])
+        if need > tflite_io.MAX_TENSOR_BYTES:
+            raise NpusimError(f"input {k} ({t.name!r}): a batch of {x.shape[0]} needs {need} bytes for {what}, "
+                              f"more than the limit of {tflite_io.MAX_TENSOR_BYTES}; run smaller batches")
         if x.dtype.kind == "f" and not np.all(np.isfinite(x)):
             raise NpusimError(f"input {k} ({t.name!r}): holds NaN or infinite values")
         return np.ascontiguousarray(x)
@@ -88,16 +137,23 @@ class Interpreter:
                     args.append(overrides[t])
                 elif t in values:
                     args.append(values[t])
-                else:
+                elif tensors[t].data is not None:
                     args.append(tensors[t].data)
+                else:
+                    raise NpusimError(f"op {kernel.op.index} ({kernel.kind}): no value for tensor {t} ({tensors[t].name!r}); "
+                                      "expected every graph input to be given")
             if shared_batch is None:
                 result = kernel(*args)
             else:
                 result = self._call_grouped(kernel, args, shared_batch)
-            if len(kernel.op.outputs) == 1:
-                values[kernel.op.outputs[0]] = result
-            else:
-                values.update(zip(kernel.op.outputs, result))
+            out = tensors[kernel.op.outputs[0]]
+            # Cheap, and the kernels after this one index by the planned shape: a file whose declared
+            # shapes lie stops here with a message instead of corrupting memory further on.
+            if result.dtype != out.dtype or result.ndim != len(out.shape) or result.shape[1:] != out.shape[1:]:
+                declared = ", ".join(["N", *map(str, out.shape[1:])])
+                raise NpusimError(f"op {kernel.op.index} ({kernel.kind}): computed {result.dtype.name} {list(result.shape)}, "
+                                  f"the model declares {np.dtype(out.dtype).name} [{declared}] for {out.name!r}")
+            values[kernel.op.outputs[0]] = result
         return values
 
     def _call_grouped(self, kernel, args, shared_batch):
@@ -114,6 +170,8 @@ class Interpreter:
 
     def run_all(self, x: np.ndarray, overrides: dict | None = None) -> dict:
         """Every activation tensor's value for the batch x, keyed by tensor index."""
+        if len(self.graph.inputs) != 1:
+            raise NpusimError(f"model has {len(self.graph.inputs)} inputs, run feeds one; give them all to evaluate()")
         values = {self.graph.inputs[0]: self.check_input(x)}
         return self.evaluate(values, overrides=overrides)
 

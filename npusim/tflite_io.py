@@ -17,7 +17,14 @@ from .errors import NpusimError
 from .graph import Graph, Op, Quantization, Tensor
 
 # Refuse any single tensor larger than this before allocating it (hostile files declare absurd shapes).
+# The same limit bounds the constant data of a whole model and, in the interpreter, every activation
+# and kernel workspace at the batch size of a run.
 MAX_TENSOR_BYTES = 1 << 30
+# More axes than any TFLite kernel takes (TFLM's reference kernels stop at 5 or 6).
+MAX_RANK = 8
+# Tables in one file (tensors, operators, buffers, quantization and options tables, ...). A large
+# vision model has a few thousand; the cap bounds the time spent on a hostile file to seconds.
+MAX_TABLES = 100_000
 
 _OP_NAMES = {v: k for k, v in vars(schema.BuiltinOperator).items() if not k.startswith("_")}
 _TYPE_NAMES = {v: k for k, v in vars(schema.TensorType).items() if not k.startswith("_")}
@@ -55,7 +62,7 @@ def _options(op_t) -> dict:
     return out
 
 
-def _quantization(t) -> Quantization | None:
+def _quantization(t, dtype: np.dtype) -> Quantization | None:
     q = t.quantization
     if q is None or q.scale is None or len(q.scale) == 0:
         return None
@@ -64,15 +71,109 @@ def _quantization(t) -> Quantization | None:
     if zp.size == 1 and scale.size > 1:
         zp = np.zeros(scale.size, dtype=np.int64) + zp[0]
     if zp.size != scale.size:
-        raise NpusimError(f"tensor {t.name!r}: {scale.size} scales but {zp.size} zero points, expected one zero point per scale")
+        raise NpusimError(f"tensor {_name(t)!r}: {scale.size} scales but {zp.size} zero points, expected one zero point per scale")
     if not np.all(np.isfinite(scale)) or np.any(scale < 0):
-        raise NpusimError(f"tensor {t.name!r}: quantization scale is negative or not finite")
+        raise NpusimError(f"tensor {_name(t)!r}: quantization scale is negative or not finite")
+    if dtype.kind in "iu" and dtype.itemsize <= 2:
+        info = np.iinfo(dtype)
+        if np.any(zp < info.min) or np.any(zp > info.max):
+            raise NpusimError(f"tensor {_name(t)!r}: zero point {int(zp[(zp < info.min) | (zp > info.max)][0])} is outside the range of {dtype.name}")
     return Quantization(scale=scale, zero_point=zp, axis=int(q.quantizedDimension))
 
 
 def _name(t) -> str:
     n = t.name
     return n.decode("utf-8", "replace") if isinstance(n, (bytes, bytearray)) else str(n or "")
+
+
+# Union fields of the schema and the enum that names each member's table.
+_UNIONS = {"builtinOptions": schema.BuiltinOptions, "builtinOptions2": schema.BuiltinOptions2,
+           "details": schema.QuantizationDetails, "arraySegments": schema.SparseIndexVector,
+           "arrayIndices": schema.SparseIndexVector}
+_UNION_TABLES = {enum: {code: getattr(schema, name) for name, code in vars(enum).items()
+                        if not name.startswith("_") and isinstance(getattr(schema, name, None), type)}
+                 for enum in set(_UNIONS.values())}
+_FIELDS: dict = {}
+
+
+def _fields(reader: type) -> list[tuple[str, str]]:
+    """(accessor, kind) of every field of a schema table, from the object API class that unpacks it:
+    'numbers' (a scalar vector, unpacked as a view), 'tables' (a vector of tables), 'union', or
+    'value' (a scalar, a string or a table)."""
+    if reader not in _FIELDS:
+        fields = []
+        for attr in vars(getattr(schema, reader.__name__ + "T")()):
+            name = attr[0].upper() + attr[1:]
+            if hasattr(reader, name + "AsNumpy"):
+                fields.append((name, "numbers"))
+            elif hasattr(reader, name + "Length"):
+                fields.append((name, "tables"))
+            elif attr in _UNIONS:
+                fields.append((name, "union"))
+            else:
+                fields.append((name, "value"))
+        _FIELDS[reader] = fields
+    return _FIELDS[reader]
+
+
+def check_structure(data: bytearray, where: str):
+    """Walk every table, vector and string that unpacking the file will visit, within a budget.
+
+    The Python flatbuffers package has no verifier, and unpacking follows offsets blindly: a file whose
+    offsets point many times at the same table (a vector of 3000 references to one subgraph that
+    holds 3000 references to one tensor) makes a 24 KB file unpack into 9 million objects. A file
+    written by a converter is a tree, so everything reachable fits in the file once; the walk stops
+    at twice the file size (plus slack for shared strings), or at MAX_TABLES tables, before anything
+    is expanded. Offsets and lengths that lead outside the file raise from the accessors.
+    """
+    budget = 2 * len(data) + (1 << 16)
+    tables = 0
+
+    def spend(nbytes: int):
+        nonlocal budget
+        budget -= nbytes
+        if budget < 0:
+            raise NpusimError(f"{where}: malformed flatbuffer: its offsets reach the same data over and over "
+                              f"(more than twice the file's {len(data)} bytes), refusing to unpack it")
+
+    def walk(table):
+        nonlocal tables
+        tables += 1
+        if tables > MAX_TABLES:
+            raise NpusimError(f"{where}: model has more than {MAX_TABLES} flatbuffer tables, refusing to unpack it")
+        spend(4)
+        for name, kind in _fields(type(table)):
+            if kind == "numbers":
+                values = getattr(table, name + "AsNumpy")()  # a view; raises past the end of the file
+                if isinstance(values, np.ndarray):
+                    spend(4 + values.nbytes)
+            elif kind == "tables":
+                n = getattr(table, name + "Length")()
+                if 4 * n > len(data):
+                    raise NpusimError(f"{where}: malformed flatbuffer: vector of {n} tables is longer than the file")
+                spend(4 + 4 * n)
+                get = getattr(table, name)
+                for i in range(n):
+                    item = get(i)
+                    if isinstance(item, bytes):  # a vector of strings (none in today's schema)
+                        spend(len(item))
+                    else:
+                        walk(item)
+            elif kind == "union":
+                member = getattr(table, name)()
+                reader = _UNION_TABLES[_UNIONS[name[0].lower() + name[1:]]].get(getattr(table, name + "Type")())
+                if member is not None and reader is not None:
+                    obj = reader()
+                    obj.Init(member.Bytes, member.Pos)
+                    walk(obj)
+            else:
+                value = getattr(table, name)()
+                if isinstance(value, bytes):
+                    spend(4 + len(value))
+                elif hasattr(value, "_tab"):
+                    walk(value)
+
+    walk(schema.Model.GetRootAs(data, 0))
 
 
 def load_model(source) -> Graph:
@@ -88,7 +189,9 @@ def load_model(source) -> Graph:
     if len(data) < 8 or data[4:8] != b"TFL3":
         raise NpusimError(f"{where}: not a TFLite flatbuffer (missing 'TFL3' identifier)")
     try:
-        model = schema.ModelT.InitFromPackedBuf(bytearray(data), 0)
+        buf = bytearray(data)
+        check_structure(buf, where)
+        model = schema.ModelT.InitFromPackedBuf(buf, 0)
     except NpusimError:
         raise
     except Exception as e:  # flatbuffers raises whatever the damaged offsets lead to
@@ -108,33 +211,46 @@ def _to_graph(model, where: str) -> Graph:
     sg = model.subgraphs[0]
     buffers = model.buffers or []
     tensors = []
+    constant_bytes = 0
     for i, t in enumerate(sg.tensors or []):
         name = _name(t) or f"tensor_{i}"
         if t.type not in _DTYPES:
             raise NpusimError(f"tensor {i} ({name!r}): type {_TYPE_NAMES.get(t.type, t.type)} is not supported")
         dtype = np.dtype(_DTYPES[t.type])
         shape = tuple(int(d) for d in (t.shape if t.shape is not None else []))
-        if any(d < 0 for d in shape):
-            sig = shape
-            shape = tuple(1 if d < 0 else d for d in sig)  # dynamic batch: the simulator supplies N itself
+        if len(shape) > MAX_RANK:
+            raise NpusimError(f"tensor {i} ({name!r}): {len(shape)} dimensions, at most {MAX_RANK} are supported")
+        if any(d < 0 for d in shape[1:]):
+            raise NpusimError(f"tensor {i} ({name!r}): shape {list(shape)} has a negative dimension")
+        if shape and shape[0] < 0:
+            shape = (1,) + shape[1:]  # dynamic batch: the simulator supplies N itself
         size = int(np.prod(shape, dtype=np.float64)) * dtype.itemsize
         if size > MAX_TENSOR_BYTES:
             raise NpusimError(f"tensor {i} ({name!r}): shape {list(shape)} needs {size} bytes, more than the limit of {MAX_TENSOR_BYTES}")
         data = None
         if t.buffer < 0 or t.buffer >= max(len(buffers), 1) and t.buffer != 0:
             raise NpusimError(f"tensor {i} ({name!r}): buffer index {t.buffer} out of range (model has {len(buffers)} buffers)")
-        if t.buffer > 0 and t.buffer < len(buffers) and buffers[t.buffer].data is not None and len(buffers[t.buffer].data) > 0:
-            raw = np.asarray(buffers[t.buffer].data, dtype=np.uint8)
+        buf = buffers[t.buffer] if t.buffer < len(buffers) else None
+        if buf is not None and buf.offset > 1:
+            raise NpusimError(f"tensor {i} ({name!r}): buffer {t.buffer} keeps its data outside the flatbuffer "
+                              "(offset/size, the >2 GB format), which is not supported")
+        if t.buffer > 0 and buf is not None and buf.data is not None and len(buf.data) > 0:
+            raw = np.asarray(buf.data, dtype=np.uint8)
             if raw.size != size:
                 raise NpusimError(f"tensor {i} ({name!r}): buffer holds {raw.size} bytes, expected {size} for shape {list(shape)} {dtype.name}")
+            # Tensors may share a buffer and each gets its own copy: bound the sum, not just each one.
+            constant_bytes += size
+            if constant_bytes > MAX_TENSOR_BYTES:
+                raise NpusimError(f"{where}: constant data exceeds the limit of {MAX_TENSOR_BYTES} bytes at tensor {i} ({name!r})")
             data = raw.view(dtype).reshape(shape).copy()
-        tensors.append(Tensor(name=name, shape=shape, dtype=dtype, quant=_quantization(t), data=data))
+        tensors.append(Tensor(name=name, shape=shape, dtype=dtype, quant=_quantization(t, dtype), data=data))
     n = len(tensors)
 
-    def check_indices(indices, what):
+    def check_indices(indices, what, optional=False):
+        """Tensor indices in range; -1 (an omitted input) only where the schema allows it."""
         out = [int(k) for k in (indices if indices is not None else [])]
         for k in out:
-            if k < -1 or k >= n:
+            if k < (-1 if optional else 0) or k >= n:
                 raise NpusimError(f"{what}: tensor index {k} out of range (subgraph has {n} tensors)")
         return out
 
@@ -148,8 +264,8 @@ def _to_graph(model, where: str) -> Graph:
         kind = _OP_NAMES.get(builtin, f"BUILTIN_{builtin}")
         if kind == "CUSTOM":
             cc = code.customCode
-            kind = "CUSTOM:" + (cc.decode() if isinstance(cc, bytes) else str(cc))
-        ops.append(Op(kind=kind, inputs=check_indices(op_t.inputs, f"op {j} ({kind}) inputs"),
+            kind = "CUSTOM:" + (cc.decode("utf-8", "replace") if isinstance(cc, bytes) else str(cc))
+        ops.append(Op(kind=kind, inputs=check_indices(op_t.inputs, f"op {j} ({kind}) inputs", optional=True),
                       outputs=check_indices(op_t.outputs, f"op {j} ({kind}) outputs"),
                       options=_options(op_t), index=j))
     inputs = check_indices(sg.inputs, "subgraph inputs")

@@ -3,6 +3,7 @@
 HYPOTHESIS_PROFILE=npusim (default): derandomized, no example database written into the repo, so
 `make test` is reproducible. HYPOTHESIS_PROFILE=random: fresh random examples on every run.
 NPUSIM_TEST_SCALE=k multiplies the number of examples of the op tests (e.g. 10 for a deeper run).
+--fuzz-examples N sets the number of hostile-model cases of tests/test_fuzz.py (`make fuzz`: 20000).
 """
 import os
 import sys
@@ -16,3 +17,9 @@ _common = dict(database=None, deadline=None, print_blob=True,
 settings.register_profile("npusim", derandomize=True, **_common)
 settings.register_profile("random", **_common)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "npusim"))
+
+
+def pytest_addoption(parser):
+    # tests/test_fuzz.py: hostile-model cases in total (CI default; `make fuzz` runs 20000).
+    parser.addoption("--fuzz-examples", type=int, default=3000, metavar="N",
+                     help="number of fuzz cases of tests/test_fuzz.py (default 3000)")

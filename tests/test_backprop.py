@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -18,6 +19,8 @@ from npusim import load_model
 from npusim.graph import Graph, Op, Quantization, Tensor
 from zo.backprop import FloatSuffix, backprop_baseline
 from zo.data import load_dataset
+from zo.errors import ZoError
+from zo.loss import cross_entropy
 from zo.model import TrainableModel
 from zo.trainer import prepare_inputs
 
@@ -34,6 +37,24 @@ def need(*paths: Path):
         pytest.skip(f"SHARED DATA MISSING: {', '.join(missing)} (set NPU_SHARED to the folder holding models/ and data/)")
 
 
+@pytest.fixture(autouse=True, scope="module")
+def one_blas_thread():
+    """As backprop_baseline does: small GEMMs on shared cores run faster on one BLAS thread."""
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:
+        yield
+        return
+    with threadpool_limits(1, user_api="blas"):
+        yield
+
+
+@pytest.fixture(scope="module")
+def eurosat32():
+    need(RESNET8, EUROSAT32)
+    return load_dataset(EUROSAT32)
+
+
 # ----------------------------------------------------------------------------------------------
 # A generated model with every supported op
 
@@ -48,9 +69,7 @@ class GraphBuilder:
 
     def tensor(self, shape, dtype=np.int8, scale=ACT_SCALE, zero_point=0, data=None, axis=0):
         scale = np.atleast_1d(np.asarray(scale, dtype=np.float32))
-        quant = Quantization(scale, np.full(scale.size, zero_point, dtype=np.int64), axis) if scale.size and dtype != np.int32 or data is None else None
-        if dtype == np.int32 and data is not None and scale.size:
-            quant = Quantization(scale, np.zeros(scale.size, dtype=np.int64), axis)
+        quant = Quantization(scale, np.full(scale.size, zero_point, dtype=np.int64), axis) if scale.size else None
         self.tensors.append(Tensor(f"t{len(self.tensors)}", tuple(shape), np.dtype(dtype), quant, data))
         return len(self.tensors) - 1
 
@@ -143,15 +162,19 @@ def check_gradient(net: FloatSuffix, inputs: dict, labels: np.ndarray, per_tenso
     """Central differences on a few random entries of each trainable tensor against backward."""
     rng = np.random.default_rng(seed)
     _, grads = net.loss_and_gradient(inputs, labels)
+
+    def loss():
+        return float(cross_entropy(net.forward(inputs), labels).mean())
+
     for t, value in net.params.items():
         scale = np.max(np.abs(grads[t])) + 1e-12
         for flat in rng.choice(value.size, size=min(per_tensor, value.size), replace=False):
             i = np.unravel_index(flat, value.shape)
             saved = value[i]
             value[i] = saved + h
-            up, _ = net.loss_and_gradient(inputs, labels)
+            up = loss()
             value[i] = saved - h
-            down, _ = net.loss_and_gradient(inputs, labels)
+            down = loss()
             value[i] = saved
             numeric = (up - down) / (2 * h)
             assert abs(numeric - grads[t][i]) <= 1e-5 * scale + 1e-6 * abs(numeric), \
@@ -169,9 +192,8 @@ def test_gradient_matches_finite_differences_on_generated_model():
     check_gradient(net, net.dequantize(boundary), labels, per_tensor=12, seed=3)
 
 
-def test_gradient_matches_finite_differences_on_resnet8_last_block():
-    need(RESNET8, EUROSAT32)
-    ds = load_dataset(EUROSAT32)
+def test_gradient_matches_finite_differences_on_resnet8_last_block(eurosat32):
+    ds = eurosat32
     model = TrainableModel(load_model(str(RESNET8)), "last:4", num_classes=ds.num_classes)
     cache = model.boundary_activations(prepare_inputs(ds.x_train[:4], model))
     net = FloatSuffix(model, np.float64)
@@ -194,14 +216,13 @@ def assert_close_to_int8(model: TrainableModel, cache: dict, max_mean_lsb: float
 
 def test_forward_matches_int8_on_generated_model():
     model = generated_trainable()
-    assert_close_to_int8(model, random_boundary(model, 64, seed=5), max_mean_lsb=3.0)
+    assert_close_to_int8(model, random_boundary(model, 64, seed=5), max_mean_lsb=1.0)
 
 
-def test_forward_matches_int8_on_resnet8_last_blocks():
-    need(RESNET8, EUROSAT32)
-    ds = load_dataset(EUROSAT32)
+def test_forward_matches_int8_on_resnet8_last_blocks(eurosat32):
+    ds = eurosat32
     model = TrainableModel(load_model(str(RESNET8)), "last:7", num_classes=ds.num_classes)  # two residual blocks
-    assert_close_to_int8(model, model.boundary_activations(prepare_inputs(ds.x_test[:256], model)), max_mean_lsb=3.0)
+    assert_close_to_int8(model, model.boundary_activations(prepare_inputs(ds.x_test[:128], model)), max_mean_lsb=3.0)
 
 
 def test_forward_matches_int8_on_mobilenet_v2_last_blocks():
@@ -211,7 +232,7 @@ def test_forward_matches_int8_on_mobilenet_v2_last_blocks():
     # last:6 reaches back across a residual ADD and a depthwise conv, from two boundary tensors.
     model = TrainableModel(load_model(str(MOBILENET)), "last:6")
     assert len(model.boundary) == 2
-    assert_close_to_int8(model, model.boundary_activations(prepare_inputs(ds.x_test[:48], model)), max_mean_lsb=2.0)
+    assert_close_to_int8(model, model.boundary_activations(prepare_inputs(ds.x_test[:32], model)), max_mean_lsb=1.0)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -225,16 +246,47 @@ def test_int_values_round_trip_the_deployed_values():
         assert mine.dtype == deployed.dtype and np.array_equal(mine, deployed)
 
 
+def teacher_labels(model: TrainableModel, boundaries: list[dict], seed: int) -> list[np.ndarray]:
+    """Labels from a teacher: the same suffix with its trainable tensors moved by ~30 steps, logits
+    centred per class (so that every class occurs). The student can learn them exactly."""
+    teacher = FloatSuffix(model, np.float64)
+    rng = np.random.default_rng(seed)
+    for p in model.params:
+        v = teacher.params[p.tensor]
+        v += rng.normal(0, 30, v.shape) * p.unit * np.broadcast_to(teacher.steps[p.tensor], v.shape)
+    logits = [teacher.forward(teacher.dequantize(b)) for b in boundaries]
+    center = np.median(logits[0], axis=0)
+    return [(z - center).argmax(axis=1) for z in logits]
+
+
 def test_training_lowers_the_loss_and_leaves_the_model_unchanged():
-    need(RESNET8, EUROSAT32)
-    ds = load_dataset(EUROSAT32)
-    model = TrainableModel(load_model(str(RESNET8)), "last:1", num_classes=ds.num_classes)
-    train = model.boundary_activations(prepare_inputs(ds.x_train[::10], model))
-    test = model.boundary_activations(prepare_inputs(ds.x_test[::4], model))
+    model = generated_trainable()
+    train, test = random_boundary(model, 512, seed=11), random_boundary(model, 256, seed=12)
+    y_train, y_test = teacher_labels(model, [train, test], seed=13)
+    assert np.bincount(y_train, minlength=5).min() > 30
     before = [v.copy() for v in model.values()]
-    r = backprop_baseline(model, train, ds.y_train[::10], test, ds.y_test[::4], epochs=4, lr=3e-3)
+    r = backprop_baseline(model, train, y_train, test, y_test, epochs=5)
     losses = [row["train_loss"] for row in r["history"]]
-    assert losses[-1] < 0.8 * losses[0], losses
-    assert r["float_test_accuracy"] > r["float_test_accuracy_initial"] + 0.15, r
+    assert losses[-1] < 0.7 * losses[0], losses
+    assert r["float_test_accuracy"] > r["float_test_accuracy_initial"] + 0.3, r
+    # Written back with the scales fixed, the trained values keep (almost) all of the float gain.
     assert abs(r["int8_test_accuracy"] - r["float_test_accuracy"]) < 0.05, r
-    assert all(np.array_equal(a, b) for a, b in zip(before, model.values()))
+    assert all(np.array_equal(a, b) for a, b in zip(before, model.values())), "backprop_baseline changed the model"
+
+
+def test_takes_model_caches_and_labels_from_a_trainer():
+    """The experiments pass a Trainer: its model, train_cache, test_cache and data labels are the
+    defaults. (A stand-in with the Trainer's attributes: a real Trainer would run the int8 prefix
+    on its data set first, which costs more than this whole file.)"""
+    model = generated_trainable()
+    train, test = random_boundary(model, 96, seed=21), random_boundary(model, 48, seed=22)
+    y_train, y_test = teacher_labels(model, [train, test], seed=23)
+    trainer = SimpleNamespace(model=model, train_cache=train, test_cache=test,
+                              data=SimpleNamespace(y_train=y_train, y_test=y_test))
+    direct = backprop_baseline(model, train, y_train, test, y_test, epochs=2)
+    via_trainer = backprop_baseline(trainer, epochs=2)
+    for key in ("float_test_accuracy", "int8_test_accuracy", "int8_test_accuracy_initial", "train_loss", "parameters"):
+        assert via_trainer[key] == direct[key], key
+    assert via_trainer["int8_test_accuracy_initial"] == float(np.mean(model.predict(test) == y_test))
+    with pytest.raises(ZoError, match="required"):
+        backprop_baseline(model, train, y_train)

@@ -18,6 +18,7 @@ model with the deployed scales fixed, as the ZO trainer does, and measures both.
 from __future__ import annotations
 
 import time
+from contextlib import nullcontext
 
 import numpy as np
 
@@ -29,8 +30,13 @@ from .model import TrainableModel
 from .optim import OPTIMIZERS, SCHEDULES, learning_rate
 
 INT8_MIN, INT8_MAX = -128, 127
+try:  # optional: caps the BLAS threads of the training loop
+    from threadpoolctl import threadpool_limits
+except ImportError:  # pragma: no cover - then the BLAS keeps its own thread count
+    threadpool_limits = None
+
 # lr by coordinate units (see backprop_baseline) and optimizer.
-DEFAULT_LR = {"steps": {"adam": 0.1, "sgd": 0.01}, "real": {"adam": 1e-3, "sgd": 1e-2}}
+DEFAULT_LR = {"steps": {"adam": 1.0, "sgd": 10.0}, "real": {"adam": 1e-3, "sgd": 1e-2}}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -86,7 +92,7 @@ class FloatOp:
     # every op that computes new values; data movement (RESHAPE, PAD, CONCATENATION) cannot leave it.
     clamps = True
 
-    def __init__(self, kernel, graph):
+    def __init__(self, kernel):
         self.kernel = kernel
         self.op = kernel.op
         self.clamp = None  # real (lo, hi) applied to the output, with its gradient mask
@@ -105,8 +111,8 @@ class FloatOp:
 class Conv2D(FloatOp):
     """im2col + GEMM; the backward scatters the column gradient back tap by tap (col2im)."""
 
-    def __init__(self, kernel, graph):
-        super().__init__(kernel, graph)
+    def __init__(self, kernel):
+        super().__init__(kernel)
         o = kernel.options
         self.sh, self.sw = o.get("stride_h", 1), o.get("stride_w", 1)
         self.dh, self.dw = o.get("dilation_h_factor", 1), o.get("dilation_w_factor", 1)
@@ -160,8 +166,8 @@ class DepthwiseConv2D(FloatOp):
     """Output channel ic * multiplier + m reads input channel ic: the input is repeated along the
     channel axis, then each tap is an elementwise multiply-add."""
 
-    def __init__(self, kernel, graph):
-        super().__init__(kernel, graph)
+    def __init__(self, kernel):
+        super().__init__(kernel)
         o = kernel.options
         self.sh, self.sw = o.get("stride_h", 1), o.get("stride_w", 1)
         self.dh, self.dw = o.get("dilation_h_factor", 1), o.get("dilation_w_factor", 1)
@@ -236,8 +242,8 @@ class Add(FloatOp):
 class AveragePool2D(FloatOp):
     """Only taps inside the image count (TFLite's reference pooling): divide by the in-image count."""
 
-    def __init__(self, kernel, graph):
-        super().__init__(kernel, graph)
+    def __init__(self, kernel):
+        super().__init__(kernel)
         k = kernel
         ones = np.ones((1,) + k.in_hw + (1,))
         self.count = self._window_sum(ones)[0]
@@ -321,8 +327,8 @@ class Reshape(FloatOp):
 class Pad(FloatOp):
     clamps = False
 
-    def __init__(self, kernel, graph):
-        super().__init__(kernel, graph)
+    def __init__(self, kernel):
+        super().__init__(kernel)
         out = kernel.outputs[0]
         # The int8 pad value (the zero point, or PADV2's constant) as a real number.
         self.value = float(out.scale) * (int(kernel.value) - out.zero_point) if out.dtype == np.int8 and out.quant else float(kernel.value)
@@ -381,7 +387,7 @@ class FloatSuffix:
             if k.kind not in FLOAT_OPS:
                 raise ZoError(f"op {k.op.index} ({k.kind}): no float implementation for the back-propagation baseline "
                               f"(supported: {', '.join(sorted(FLOAT_OPS))})")
-            self.ops.append(FLOAT_OPS[k.kind](k, graph))
+            self.ops.append(FLOAT_OPS[k.kind](k))
         # Real value of one integer step of each constant: the weight scale (per channel along the
         # quantized axis) and in_scale * w_scale for a MAC op's bias (one accumulator LSB).
         self.steps: dict[int, np.ndarray] = {}
@@ -405,6 +411,7 @@ class FloatSuffix:
         if missing:
             raise ZoError(f"trainable tensors {missing} are not read by the suffix as weights or biases")
         self.params = {t: self.constants[t].copy() for t in self.trainable}
+        # Real range each trainable tensor can take when written back: [-127, 127] or int32 steps.
         self.bounds = {p.tensor: p.bound * self.steps[p.tensor] for p in model.params}
         # Activations that depend on a trainable tensor: the only ones the backward pass visits.
         self.needs_grad: set[int] = set()
@@ -527,11 +534,6 @@ class FloatSuffix:
                                for i in range(0, n, chunk)])
 
     # -- parameters -----------------------------------------------------------------------------
-    def project(self):
-        """Keep each trainable tensor inside what its int8 weights / int32 bias can represent."""
-        for t, v in self.params.items():
-            np.clip(v, -self.bounds[t], self.bounds[t], out=v)
-
     def int_values(self, params: dict | None = None) -> list[np.ndarray]:
         """The trainable tensors as deployed integers with the scales fixed, in model.params order:
         round to nearest, weights clamped to [-127, 127], biases to int32."""
@@ -562,7 +564,7 @@ def backprop_baseline(trainer_or_model, train_cache: dict | None = None, y_train
                       test_cache: dict | None = None, y_test: np.ndarray | None = None, *, epochs: int = 10,
                       lr: float | None = None, batch: int = 32, seed: int = 0, optimizer: str = "adam",
                       units: str = "steps", lr_schedule: str = "cosine", project: bool = True,
-                      eval_every_epoch: bool = True) -> dict:
+                      eval_every_epoch: bool = True, blas_threads: int | None = 1) -> dict:
     """Train the trainable layers in float by back-propagation; report float and int8 accuracy.
 
     trainer_or_model: a zo Trainer (its model, caches and labels are the defaults) or a
@@ -573,10 +575,15 @@ def backprop_baseline(trainer_or_model, train_cache: dict | None = None, y_train
     units: what the optimizer's coordinates are. "steps" (default): each tensor in the ZO trainer's
     integer units (one weight LSB, BIAS_UNIT bias LSB, scales as deployed), so lr means the same as
     the ZO trainer's (Adam: about the largest change per update, in steps) and one lr fits layers
-    whose weight scales differ by 50x; default lr 0.1 (adam) or 0.01 (sgd). "real": real units, the
+    whose weight scales differ by 50x (ResNet-8's last block and head); default lr 1.0 (adam, best
+    of 0.1, 0.3, 1.0 on each of the three runs in the report) or 10 (sgd with momentum, whose
+    step is lr times a gradient per step: 30 was best and 100 diverged on ResNet-8's head). "real": real units, the
     textbook float setting; default lr 1e-3. lr_schedule ("constant", "cosine", "linear") runs over
     all steps. project keeps each tensor inside its int8 / int32 range after every step, so the
-    float model stays deployable with the fixed scales.
+    float model stays deployable with the fixed scales. blas_threads caps the BLAS threads while
+    training (needs threadpoolctl; None leaves them): the GEMMs of a batch of 32 are small, and on
+    2 shared cores a second OpenBLAS thread made a ResNet-8 last:4 step 1.2x slower (load ~3), and
+    float64 checks on a loaded machine (load ~7) 5x slower.
 
     Returns float_test_accuracy; int8_test_accuracy (the trained float values written back with the
     deployed scales fixed: round to nearest, weights clamped to [-127, 127], biases to int32; run on
@@ -605,8 +612,14 @@ def backprop_baseline(trainer_or_model, train_cache: dict | None = None, y_train
     lr = DEFAULT_LR[units][optimizer] if lr is None else lr
     if epochs < 0 or batch < 1 or not (lr > 0 and np.isfinite(lr)):
         raise ZoError(f"backprop_baseline: epochs {epochs}, batch {batch}, lr {lr}: expected epochs >= 0, batch >= 1, lr > 0")
-    y_train = np.asarray(y_train, dtype=np.int64)
-    y_test = np.asarray(y_test, dtype=np.int64)
+    limit = threadpool_limits(blas_threads, user_api="blas") if blas_threads and threadpool_limits else nullcontext()
+    with limit:
+        return _train(model, train_cache, np.asarray(y_train, dtype=np.int64), test_cache, np.asarray(y_test, dtype=np.int64),
+                      epochs, lr, batch, seed, optimizer, units, lr_schedule, project, eval_every_epoch)
+
+
+def _train(model, train_cache, y_train, test_cache, y_test, epochs, lr, batch, seed, optimizer, units, lr_schedule,
+           project, eval_every_epoch) -> dict:
     start, cpu_start = time.perf_counter(), time.process_time()
 
     net = FloatSuffix(model, np.float32)

@@ -9,8 +9,9 @@ import numba as nb
 import numpy as np
 
 from ..jit import parallel_kernel
-from ..quant import SINGLE, activation_range, multiply_by_quantized_multiplier, multiply_by_quantized_multiplier_single, quantize_multiplier
+from ..quant import SINGLE, multiply_by_quantized_multiplier, multiply_by_quantized_multiplier_single
 from .base import Kernel
+from .requant import output_range, requantization_multiplier
 
 LEFT_SHIFT = 20
 
@@ -58,17 +59,17 @@ class Add(Kernel):
         twice_max = 2.0 * max(s1, s2)
         self.params = (
             a.zero_point, b.zero_point,
-            *quantize_multiplier(s1 / twice_max), *quantize_multiplier(s2 / twice_max),
-            *quantize_multiplier(twice_max / ((1 << LEFT_SHIFT) * so)),
-            y.zero_point, *activation_range(op.options.get("fused_activation_function", "NONE"), float(so), y.zero_point),
+            *requantization_multiplier(s1 / twice_max), *requantization_multiplier(s2 / twice_max),
+            *requantization_multiplier(twice_max / ((1 << LEFT_SHIFT) * so)),
+            y.zero_point, *output_range(op.options.get("fused_activation_function", "NONE"), y),
         )
         self.out_shape = tuple(y.shape[1:])
 
     def macs(self) -> int:
         return int(np.prod(self.out_shape))
 
-    def workspace_bytes(self) -> int:
-        return int(np.prod(self.out_shape))  # each operand broadcast to the output shape
+    def workspace_bytes(self, n: int) -> int:
+        return n * int(np.prod(self.out_shape))  # each operand broadcast to the output shape
 
     def __call__(self, a, b):
         a_is_batched = len(a.shape) == len(self.inputs[0].shape) and self.inputs[0].data is None

@@ -16,11 +16,27 @@ class Kernel:
     """
 
     kind = ""
+    # The first `required_inputs` inputs must be present (not -1); at most `max_inputs` (None: any
+    # number). Every op here has exactly one output.
+    required_inputs = 1
+    max_inputs: int | None = 1
 
     def __init__(self, op: Op, graph: Graph, profile: int):
         self.op = op
         self.graph = graph
         self.profile = profile
+        n = len(op.inputs)
+        if n < self.required_inputs or (self.max_inputs is not None and n > self.max_inputs) or len(op.outputs) != 1:
+            if self.max_inputs is None:
+                expected = f"at least {self.required_inputs}"
+            elif self.max_inputs == self.required_inputs:
+                expected = str(self.required_inputs)
+            else:
+                expected = f"{self.required_inputs} to {self.max_inputs}"
+            raise self.error(f"{n} inputs and {len(op.outputs)} outputs, expected {expected} inputs and 1 output")
+        for k in range(self.required_inputs):
+            if op.inputs[k] < 0:
+                raise self.error(f"input {k} is omitted (-1) but required")
         self.inputs: list[Tensor | None] = [graph.tensors[i] if i >= 0 else None for i in op.inputs]
         self.outputs: list[Tensor] = [graph.tensors[i] for i in op.outputs]
 
@@ -33,9 +49,28 @@ class Kernel:
                 raise self.error(f"tensor {t.name!r} has type {np.dtype(t.dtype).name}, expected int8")
             if t.quant is None:
                 raise self.error(f"tensor {t.name!r} has no quantization parameters, expected int8 with scale and zero point")
+            if t.data is None and not np.all(t.quant.scale > 0):
+                raise self.error(f"tensor {t.name!r} has scale {t.quant.scale[0]:g}, expected a positive scale")
+
+    def require_constant(self, t: Tensor, what: str):
+        if t.data is None:
+            raise self.error(f"{what} {t.name!r} is not a constant, expected constant data in the model")
+
+    def require_bias(self, b: Tensor | None, channels: int):
+        """An optional int32/int64 constant bias with one value per output channel."""
+        if b is None:
+            return
+        self.require_constant(b, "bias")
+        if b.dtype not in (np.int32, np.int64) or b.data.size != channels:
+            raise self.error(f"bias {b.name!r} is {np.dtype(b.dtype).name} {list(b.shape)}, expected int32 [{channels}]")
 
     def macs(self) -> int:
         """Multiply-accumulates per image (for inspect and the cost model)."""
+        return 0
+
+    def workspace_bytes(self, n: int) -> int:
+        """Bytes of the largest temporary array that Eval allocates besides its output, for a batch
+        of n (the interpreter refuses a batch whose tensors or workspaces exceed the allocation limit)."""
         return 0
 
     def __call__(self, *inputs: np.ndarray):

@@ -68,6 +68,12 @@ class Conv2D(Kernel):
     def macs(self) -> int:
         return self.out_h * self.out_w * self.out_channels * self.kh * self.kw * self.inputs[0].shape[3]
 
+    def workspace_bytes(self, n: int) -> int:
+        pixels = self.out_h * self.out_w
+        k = self.kh * self.kw * self.inputs[0].shape[3]
+        images = min(n, max(1, TILE_BYTES // (pixels * k * 4)))  # _tiled: one slice of the batch at a time
+        return images * pixels * max(k * 4, self.out_channels * 8)  # float32 im2col rows; exact products
+
     @property
     def pointwise(self) -> bool:
         o = self.options
@@ -88,6 +94,8 @@ class Conv2D(Kernel):
 
     def __call__(self, x, w, b=None, shared=False):
         """shared=True: x is one batch seen by every weight group (output: G times the batch)."""
+        if x.shape[1:] != self.in_image_shape:  # im2col indexes by the planned shape, unchecked
+            raise self.error(f"input array has shape {list(x.shape)}, expected [N, {', '.join(map(str, self.in_image_shape))}]")
         wg = w if w.ndim == 5 else w[None]
         groups = wg.shape[0]
         k = self.kh * self.kw * x.shape[3]

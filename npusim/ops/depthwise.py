@@ -81,8 +81,8 @@ class DepthwiseConv2D(Kernel):
     def macs(self) -> int:
         return self.out_h * self.out_w * self.out_channels * self.kh * self.kw
 
-    def workspace_bytes(self) -> int:
-        return self.out_h * self.out_channels * 8  # the kernel's int64 accumulator rows
+    def workspace_bytes(self, n: int) -> int:
+        return n * self.out_h * self.out_channels * 8  # the kernel's int64 accumulator rows
 
     def __call__(self, x, w, b=None, shared=False):
         if x.shape[1:] != self.in_image_shape:  # the Numba loop indexes by the planned shape, unchecked

@@ -14,26 +14,40 @@ from .requant import OutputStage
 
 class FullyConnected(Kernel):
     kind = "FULLY_CONNECTED"
+    required_inputs, max_inputs = 2, 3
 
     def __init__(self, op, graph, profile):
         super().__init__(op, graph, profile)
         x, w, y = self.inputs[0], self.inputs[1], self.outputs[0]
         self.require_int8(x, w, y)
+        self.require_constant(w, "weights")
         if len(w.shape) != 2:
             raise self.error(f"expected a 2-D weight matrix, got shape {list(w.shape)}")
         if op.options.get("weights_format", 0) != 0:
             raise self.error("shuffled weights format is not supported, expected DEFAULT")
         self.out_channels, self.depth = w.shape
+        self.require_bias(self.inputs[2] if len(self.inputs) > 2 else None, self.out_channels)
         per_image = int(np.prod(x.shape[1:])) if len(x.shape) > 1 else 1
-        if int(np.prod(x.shape)) % self.depth:
-            raise self.error(f"input of {int(np.prod(x.shape))} elements does not flatten into rows of {self.depth}")
+        if int(np.prod(x.shape)) % self.depth or per_image % self.depth:
+            # A row straddling two images would mix the batch.
+            raise self.error(f"input {list(x.shape)} does not flatten into rows of {self.depth} per image")
         # Rows per image: TFLM flattens [1, ..., K] into batches of K; usually 1 row per image.
         self.rows_per_image = max(per_image // self.depth, 1) if x.shape and x.shape[0] == 1 else int(np.prod(x.shape)) // self.depth
+        rows = int(np.prod(x.shape)) // self.depth
+        # The output holds the rows, and each image's rows fill whole output entries [1:] (several
+        # rows per entry with keep_num_dims, or several entries per image as TFLM's [rows, units]).
+        if rows * self.out_channels != int(np.prod(y.shape)) or \
+                (per_image // self.depth * self.out_channels) % int(np.prod(y.shape[1:])):
+            raise self.error(f"output {list(y.shape)} does not hold {rows} rows of {self.out_channels} units, "
+                             f"{per_image // self.depth} per image")
         self.out_shape = tuple(y.shape[1:])
         self.stage = OutputStage.prepare(x, w, y, self.out_channels, op.options.get("fused_activation_function", "NONE"))
 
     def macs(self) -> int:
         return self.rows_per_image * self.out_channels * self.depth
+
+    def workspace_bytes(self, n: int) -> int:
+        return n * self.rows_per_image * max(self.depth * 4, self.out_channels * 8)  # float32 rows; exact products
 
     def __call__(self, x, w, b=None, shared=False):
         """shared=True: x is one batch seen by every weight group (output: G times the batch)."""

@@ -8,8 +8,9 @@ y = clamp(MultiplyByQuantizedMultiplier(int32(sum - zp_in * n), M', e') + zp_out
 Older reduce_common.cc sources take reference_ops::Mean (raw sum / n, C++ truncating division) when
 input and output share scale and zero point. The oracle TFLM (PyPI tflite-micro 0.dev20261023) no
 longer does: with equal quantization it rounds exactly as above (checked on one-op models), so there
-is one path here. The output layout follows the input's dims with the reduced axes dropped (or kept
-as 1 with keep_dims), whatever the declared output shape.
+is one path here. The output elements follow the input's dims with the reduced axes dropped (or kept
+as 1 with keep_dims); as in TFLM, which never resizes outputs, they take the declared output shape
+(checked to hold as many elements per image).
 """
 from __future__ import annotations
 
@@ -17,8 +18,9 @@ import numba as nb
 import numpy as np
 
 from ..jit import parallel_kernel
-from ..quant import multiply_by_quantized_multiplier, quantize_multiplier
+from ..quant import multiply_by_quantized_multiplier
 from .base import Kernel
+from .requant import requantization_multiplier
 
 
 @parallel_kernel
@@ -39,6 +41,7 @@ def mean_requantize(sums, input_offset, multiplier, shift, output_zero_point, ou
 
 class Mean(Kernel):
     kind = "MEAN"
+    required_inputs, max_inputs = 2, 2
 
     def __init__(self, op, graph, profile):
         super().__init__(op, graph, profile)
@@ -76,14 +79,14 @@ class Mean(Kernel):
             kept = [1 if i in self.axes else d for i, d in enumerate(self.in_shape)]
         else:
             kept = [d for i, d in enumerate(self.in_shape) if i not in self.axes]
-        self.out_image_shape = tuple(kept[1:])  # per image, batch axis dropped
         declared = tuple(int(d) for d in out.shape)
-        if int(np.prod(declared, dtype=np.int64)) != int(np.prod(kept, dtype=np.int64)):
-            raise self.error(f"output {out.name!r} has shape {list(declared)}, expected {kept} (or as many elements)")
+        if not declared or declared[0] != kept[0] or int(np.prod(declared[1:], dtype=np.int64)) != int(np.prod(kept[1:], dtype=np.int64)):
+            raise self.error(f"output {out.name!r} has shape {list(declared)}, expected {kept} (or as many elements per image)")
+        self.out_image_shape = declared[1:]  # per image, batch axis dropped
 
         self.input_zero_point = inp.zero_point
         self.output_zero_point = out.zero_point
-        m, e = quantize_multiplier(float(np.float32(inp.scale)) / float(np.float32(out.scale)))
+        m, e = requantization_multiplier(float(np.float32(inp.scale)) / float(np.float32(out.scale)))
         n = self.count
         # 63 - CountLeadingZeros(uint64 n) = floor(log2 n); QuantizeMultiplier keeps e >= -31, so sh >= 0.
         sh = min(n.bit_length() - 1, 32, 31 + e)
@@ -92,6 +95,9 @@ class Mean(Kernel):
 
     def macs(self) -> int:
         return int(np.prod(self.in_shape[1:], dtype=np.int64))
+
+    def workspace_bytes(self, n: int) -> int:
+        return n * 8 * int(np.prod(self.out_image_shape, dtype=np.int64))  # int64 sums
 
     def __call__(self, x, axes=None):
         x = np.asarray(x)

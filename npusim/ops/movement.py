@@ -10,17 +10,30 @@ import numpy as np
 from .base import Kernel
 
 
+def _same_dtype(kernel: Kernel):
+    """Data movement never converts: every data input has the output's type."""
+    y = kernel.outputs[0]
+    for t in kernel.inputs[: kernel.data_inputs]:
+        if t is None or t.dtype != y.dtype:
+            got = "omitted" if t is None else np.dtype(t.dtype).name
+            raise kernel.error(f"input is {got}, expected the output's type {np.dtype(y.dtype).name}")
+
+
 class Reshape(Kernel):
     kind = "RESHAPE"
+    required_inputs, max_inputs, data_inputs = 1, 2, 1
 
     def __init__(self, op, graph, profile):
         super().__init__(op, graph, profile)
         x, y = self.inputs[0], self.outputs[0]
+        _same_dtype(self)
         if int(np.prod(x.shape)) != int(np.prod(y.shape)):
             raise self.error(f"cannot reshape {list(x.shape)} ({int(np.prod(x.shape))} elements) into {list(y.shape)}")
+        if not x.shape or not y.shape or int(np.prod(x.shape[1:])) != int(np.prod(y.shape[1:])):
+            raise self.error(f"reshaping {list(x.shape)} into {list(y.shape)} moves elements across the batch axis 0")
         if x.quant is not None and y.quant is not None and (x.scale, x.zero_point) != (y.scale, y.zero_point):
             raise self.error("input and output quantization differ, expected a pure reshape")
-        self.per_image = tuple(y.shape[1:]) if y.shape and y.shape[0] == 1 else tuple(y.shape)
+        self.per_image = tuple(y.shape[1:])
 
     def __call__(self, x, shape=None):
         return x.reshape((x.shape[0],) + self.per_image)
@@ -28,20 +41,30 @@ class Reshape(Kernel):
 
 class Pad(Kernel):
     kind = "PAD"
+    required_inputs, max_inputs, data_inputs = 2, 3, 1
 
     def __init__(self, op, graph, profile):
         super().__init__(op, graph, profile)
-        x, paddings = self.inputs[0], self.inputs[1]
-        if paddings is None or paddings.data is None:
-            raise self.error("paddings must be a constant tensor")
+        x, paddings, y = self.inputs[0], self.inputs[1], self.outputs[0]
+        _same_dtype(self)
+        if paddings.data is None or paddings.dtype.kind != "i":
+            raise self.error("paddings must be a constant integer tensor")
+        if paddings.data.size != 2 * len(x.shape):
+            raise self.error(f"paddings {list(paddings.shape)} do not fit an input of rank {len(x.shape)}, expected [{len(x.shape)}, 2]")
         self.paddings = paddings.data.astype(np.int64).reshape(-1, 2)
-        if self.paddings.shape[0] != len(x.shape) or np.any(self.paddings < 0):
-            raise self.error(f"paddings {self.paddings.tolist()} do not fit an input of rank {len(x.shape)}, expected [rank, 2] non-negative")
+        if np.any(self.paddings < 0):
+            raise self.error(f"paddings {self.paddings.tolist()} are negative, expected [rank, 2] non-negative")
         if np.any(self.paddings[0] != 0):
             raise self.error("padding the batch axis is not supported")
+        padded = [int(d + p0 + p1) for d, (p0, p1) in zip(x.shape, self.paddings)]
+        if padded != list(y.shape):
+            raise self.error(f"output shape {list(y.shape)} is not the padded input shape {padded}")
         self.value = self.outputs[0].zero_point if x.dtype == np.int8 else 0
-        if len(op.inputs) > 2 and op.inputs[2] >= 0 and graph.tensors[op.inputs[2]].data is not None:
-            self.value = graph.tensors[op.inputs[2]].data.reshape(-1)[0]
+        if len(op.inputs) > 2 and op.inputs[2] >= 0:
+            v = graph.tensors[op.inputs[2]]
+            if v.data is None or v.data.size != 1 or v.dtype != x.dtype:
+                raise self.error(f"pad value {v.name!r} must be one constant {np.dtype(x.dtype).name}")
+            self.value = v.data.reshape(-1)[0]
 
     def __call__(self, x, paddings=None, value=None):
         return np.pad(x, [tuple(p) for p in self.paddings], constant_values=self.value)
@@ -49,17 +72,22 @@ class Pad(Kernel):
 
 class Transpose(Kernel):
     kind = "TRANSPOSE"
+    required_inputs, max_inputs, data_inputs = 2, 2, 1
 
     def __init__(self, op, graph, profile):
         super().__init__(op, graph, profile)
-        perm = self.inputs[1]
-        if perm is None or perm.data is None:
+        x, perm, y = self.inputs[0], self.inputs[1], self.outputs[0]
+        _same_dtype(self)
+        if perm.data is None:
             raise self.error("permutation must be a constant tensor")
         self.perm = [int(p) for p in perm.data.reshape(-1)]
-        if sorted(self.perm) != list(range(len(self.inputs[0].shape))):
-            raise self.error(f"permutation {self.perm} is not a permutation of the input's {len(self.inputs[0].shape)} axes")
+        if sorted(self.perm) != list(range(len(x.shape))):
+            raise self.error(f"permutation {self.perm} is not a permutation of the input's {len(x.shape)} axes")
         if self.perm[0] != 0:
             raise self.error(f"permutation {self.perm} moves the batch axis, which is not supported")
+        permuted = [x.shape[p] for p in self.perm]
+        if permuted != list(y.shape):
+            raise self.error(f"output shape {list(y.shape)} is not the permuted input shape {permuted}")
 
     def __call__(self, x, perm=None):
         return np.ascontiguousarray(x.transpose(self.perm))
@@ -67,21 +95,34 @@ class Transpose(Kernel):
 
 class Concatenation(Kernel):
     kind = "CONCATENATION"
+    required_inputs, max_inputs, data_inputs = 1, None, None
 
     def __init__(self, op, graph, profile):
         super().__init__(op, graph, profile)
         y = self.outputs[0]
+        _same_dtype(self)
         rank = len(y.shape)
-        self.axis = op.options.get("axis", 0) % max(rank, 1)
+        axis = int(op.options.get("axis", 0))
+        if not -rank <= axis < rank:
+            raise self.error(f"axis {axis} is out of range for rank {rank}")
+        self.axis = axis % rank
         if self.axis == 0:
             raise self.error("concatenation along the batch axis is not supported")
         if op.options.get("fused_activation_function", "NONE") != "NONE":
             raise self.error("fused activation on CONCATENATION is not supported")
         for t in self.inputs:
+            if len(t.shape) != rank or any(a != b for i, (a, b) in enumerate(zip(t.shape, y.shape)) if i != self.axis):
+                raise self.error(f"input {t.name!r} {list(t.shape)} does not match the output {list(y.shape)} outside axis {self.axis}")
             if t.dtype == np.int8 and (t.quant is None or (t.scale, t.zero_point) != (y.scale, y.zero_point)):
                 raise self.error(f"input {t.name!r} has scale/zero point different from the output's, expected them shared")
+        if sum(t.shape[self.axis] for t in self.inputs) != y.shape[self.axis]:
+            raise self.error(f"inputs add up to {sum(t.shape[self.axis] for t in self.inputs)} along axis {self.axis}, "
+                             f"the output has {y.shape[self.axis]}")
 
     def __call__(self, *xs):
-        n = max(x.shape[0] for x, t in zip(xs, self.inputs) if t.data is None)
+        batches = {x.shape[0] for x, t in zip(xs, self.inputs) if t.data is None}
+        if len(batches) != 1:
+            raise self.error(f"inputs carry batches of {sorted(batches)}, expected one batch size")
+        n = batches.pop()
         xs = [np.broadcast_to(x, (n,) + x.shape[1:]) if t.data is not None else x for x, t in zip(xs, self.inputs)]
         return np.concatenate(xs, axis=self.axis)

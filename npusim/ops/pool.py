@@ -12,9 +12,9 @@ import numpy as np
 
 from ..jit import parallel_kernel
 from ..errors import NpusimError
-from ..quant import activation_range
 from .base import Kernel
 from .padding import compute_padding
+from .requant import output_range
 
 
 @parallel_kernel
@@ -92,6 +92,7 @@ def max_pool(x, kh, kw, sh, sw, pad_h, pad_w, lo, hi, out):
 
 class _Pool2D(Kernel):
     _eval = None
+    required_inputs = max_inputs = 1
 
     def __init__(self, op, graph, profile):
         super().__init__(op, graph, profile)
@@ -117,7 +118,7 @@ class _Pool2D(Kernel):
         try:
             self.out_h, self.pad_h = compute_padding(in_h, self.kh, self.sh, 1, padding)
             self.out_w, self.pad_w = compute_padding(in_w, self.kw, self.sw, 1, padding)
-            self.act_min, self.act_max = activation_range(act, float(out.scale), out.zero_point)
+            self.act_min, self.act_max = output_range(act, out)
         except NpusimError as e:  # from the shared helpers: say which op
             raise self.error(str(e)) from None
         self.depth = depth
@@ -128,6 +129,9 @@ class _Pool2D(Kernel):
 
     def macs(self) -> int:
         return self.out_h * self.out_w * self.depth * self.kh * self.kw
+
+    def workspace_bytes(self, n: int) -> int:
+        return n * self.out_h * self.depth * 4  # the kernel's int32 accumulator rows
 
     def __call__(self, x):
         x = np.asarray(x)

@@ -192,6 +192,8 @@ class Softmax(Kernel):
         self.require_int8(inp, out)
         if len(inp.shape) < 1:
             raise self.error(f"input {inp.name!r} is a scalar, expected at least one dimension")
+        if tuple(out.shape) != tuple(inp.shape):
+            raise self.error(f"output {out.name!r} has shape {list(out.shape)}, expected the input's {list(inp.shape)}")
         # TFLM: TF_LITE_ENSURE_EQ(zero_point, -128) and TF_LITE_ENSURE(scale == 1.f / 256), exact float32.
         if out.zero_point != -128 or np.float32(out.scale) != np.float32(1.0 / 256):
             raise self.error(f"output {out.name!r} has scale {out.scale:g} and zero point {out.zero_point}, "
