@@ -4,7 +4,11 @@ import os
 # Numba's OpenMP layer spin-waits between parallel regions, and so do OpenBLAS's threads between
 # GEMMs: on a 2-core machine the two pools then steal each other's cores (measured: several times
 # slower). The workqueue layer sleeps instead. An explicit NUMBA_THREADING_LAYER still wins.
-os.environ.setdefault("NUMBA_THREADING_LAYER", "workqueue")
+if "NUMBA_THREADING_LAYER" not in os.environ:
+    os.environ["NUMBA_THREADING_LAYER"] = "workqueue"
+    import numba  # noqa: E402  (numba may already be imported by the caller: set its config too)
+
+    numba.config.THREADING_LAYER = "workqueue"
 
 from .errors import NpusimError
 from .graph import Graph, Op, Quantization, Tensor
