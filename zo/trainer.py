@@ -335,38 +335,60 @@ class Trainer:
             raise ZoError(f"cannot write checkpoint {path}: {e.strerror}; the previous checkpoint is kept") from None
 
     def load_checkpoint(self, directory: Path):
+        """Restore a run. Everything is read and checked before anything is applied: a damaged,
+        foreign or mismatched checkpoint is a one-line ZoError and leaves the file untouched."""
         path = Path(directory) / "checkpoints" / "last.npz"
         if not path.exists():
             raise ZoError(f"--resume {directory}: no checkpoint at {path}")
+        damaged = f"--resume {directory}: checkpoint {path} is damaged or not a zo checkpoint"
         try:
             with np.load(path, allow_pickle=False) as z:
                 meta = json.loads(bytes(z["meta"]).decode())
                 master, ints = z["master"], z["ints"]
                 opt = {k[4:]: z[k] for k in z.files if k.startswith("opt_")}
-            step, passes = int(meta["step"]), int(meta["forward_passes"])
+            fingerprint, params, config = dict(meta["fingerprint"]), list(meta["params"]), dict(meta["config"])
         except Exception as e:  # a damaged or foreign file: any decoding failure
-            raise ZoError(f"--resume {directory}: checkpoint {path} is damaged or not a zo checkpoint ({type(e).__name__})") from None
+            raise ZoError(f"{damaged} ({type(e).__name__})") from None
         mine = self.fingerprint()
-        for key, value in meta["fingerprint"].items():
-            if mine.get(key) != value:
-                raise ZoError(f"--resume {directory}: checkpoint was made with a different {key.replace('_', ' ')} ({value} != {mine.get(key)})")
-        if meta["params"] != [p.name for p in self.model.params]:
+        for key in mine:
+            if fingerprint.get(key) != mine[key]:
+                raise ZoError(f"--resume {directory}: checkpoint was made with a different {key.replace('_', ' ')} ({fingerprint.get(key)} != {mine[key]})")
+        if params != [p.name for p in self.model.params]:
             raise ZoError(f"--resume {directory}: checkpoint trains other layers than --trainable {self.config.trainable!r}")
         for key in ("q", "optimizer", "lr", "lr_schedule", "momentum", "eps", "direction", "rounding", "batch", "seed", "profile", "new_head"):
-            if meta["config"].get(key) != getattr(self.config, key):
-                raise ZoError(f"--resume {directory}: --{key.replace('_', '-')} differs from the checkpoint's ({meta['config'].get(key)!r})")
+            if config.get(key) != getattr(self.config, key):
+                raise ZoError(f"--resume {directory}: --{key.replace('_', '-')} differs from the checkpoint's ({config.get(key)!r})")
         if master.shape != self.master.shape or ints.shape != self.master.shape:
             raise ZoError(f"--resume {directory}: checkpoint holds {master.size} parameters, expected {self.master.size}")
+        # Dry run on fresh objects: every field must decode into the state of this run's kinds.
+        try:
+            if master.dtype.kind != "f" or ints.dtype.kind not in "iu" or not np.all(np.isfinite(master)):
+                raise ValueError("master copy or integers")
+            optimizer = type(self.optimizer)(self.master.size, **({"momentum": self.config.momentum} if self.config.optimizer == "sgd" else {}))
+            expected = {k: np.shape(v) for k, v in optimizer.state().items()}
+            if set(opt) != set(expected) or any(np.shape(opt[k]) != shape for k, shape in expected.items()):
+                raise ValueError("optimizer state of another shape")
+            optimizer.load(opt)
+            if not all(np.all(np.isfinite(v)) for v in optimizer.state().values()):
+                raise ValueError("optimizer state not finite")
+            scheduler = parse_scheduler(self.config.q)
+            scheduler.load(meta["scheduler"])
+            if set(meta["scheduler"]) != set(scheduler.state()):
+                raise KeyError("scheduler state")
+            counters = {k: int(meta[k]) for k in ("step", "forward_passes", "metric_rows", "next_eval")}
+            wall = float(meta["wall"])
+            last_eval, final_accuracy = int(meta["last_eval_passes"]), float(meta["final_accuracy"])
+            if min(counters.values()) < 0 or not np.isfinite(wall):
+                raise ValueError("counters")
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise ZoError(f"{damaged} ({type(e).__name__}: {e})") from None
         self.master = master.astype(np.float64)
         self.model.set_values(self.split(ints))
-        self.optimizer.load(opt)
+        self.optimizer = optimizer
         self.scheduler.load(meta["scheduler"])
-        self.step, self.forward_passes = step, passes
-        self.wall_offset = float(meta["wall"])
-        self.metric_rows = int(meta["metric_rows"])
-        self.next_eval = int(meta["next_eval"])
-        self.last_eval_passes = meta["last_eval_passes"]
-        self.final_accuracy = meta["final_accuracy"]
+        self.step, self.forward_passes = counters["step"], counters["forward_passes"]
+        self.metric_rows, self.next_eval = counters["metric_rows"], counters["next_eval"]
+        self.wall_offset, self.last_eval_passes, self.final_accuracy = wall, last_eval, final_accuracy
         truncate_csv(self.out / "metrics.csv", self.metric_rows)
 
 

@@ -22,14 +22,17 @@ def depthwise_conv(x, w, bias, groups, multiplier, stride_h, stride_w, dil_h, di
     _, out_h, out_w, out_c = out.shape
     kh, kw = w.shape[2], w.shape[3]
     per_group = n_batch // groups
-    acc = np.empty((n_batch * out_h, out_c), dtype=np.int64)
+    # int32 accumulators, as TFLM's: at most kh*kw taps of 255 * 127, and twice the SIMD lanes of int64.
+    acc = np.empty((n_batch * out_h, out_c), dtype=np.int32)
+    zp = np.int32(in_zp)
     for row in nb.prange(n_batch * out_h):
         n = row // out_h
         oy = row - n * out_h
         g = n // per_group
+        a = acc[row]
         for ox in range(out_w):
             for oc in range(out_c):
-                acc[row, oc] = bias[g, oc]
+                a[oc] = bias[g, oc]
             for ky in range(kh):
                 iy = oy * stride_h - pad_top + ky * dil_h
                 if iy < 0 or iy >= in_h:
@@ -38,13 +41,19 @@ def depthwise_conv(x, w, bias, groups, multiplier, stride_h, stride_w, dil_h, di
                     ix = ox * stride_w - pad_left + kx * dil_w
                     if ix < 0 or ix >= in_w:
                         continue
-                    for ic in range(in_c):
-                        xv = np.int64(x[n, iy, ix, ic]) - in_zp
-                        for mi in range(multiplier):
-                            oc = ic * multiplier + mi
-                            acc[row, oc] += xv * w[g, 0, ky, kx, oc]
+                    xs = x[n, iy, ix]
+                    ws = w[g, 0, ky, kx]
+                    if multiplier == 1:  # the common case: one contiguous, vectorizable channel loop
+                        for c in range(in_c):
+                            a[c] += (np.int32(xs[c]) - zp) * np.int32(ws[c])
+                    else:
+                        for ic in range(in_c):
+                            xv = np.int32(xs[ic]) - zp
+                            for mi in range(multiplier):
+                                oc = ic * multiplier + mi
+                                a[oc] += xv * np.int32(ws[oc])
             for oc in range(out_c):
-                v = requantize_one(acc[row, oc], m[oc], shift[oc], real_scale[oc], profile) + out_zp
+                v = requantize_one(a[oc], m[oc], shift[oc], real_scale[oc], profile) + out_zp
                 if v < lo:
                     v = lo
                 elif v > hi:
