@@ -79,6 +79,8 @@ def train(model, data, trainable, q_spec, optimizer, lr, lr_schedule, momentum, 
                 bar.__exit__(None, None, None)
     except ZoError as e:
         fail(str(e))
+    except OSError as e:  # metrics.csv, config.json or the exported model could not be written
+        fail(f"cannot write {e.filename or out_dir}: {e.strerror or e}; the last checkpoint is kept, continue with --resume")
     except KeyboardInterrupt:
         fail(f"interrupted; checkpoint written to {Path(resume or out_dir) / 'checkpoints'}; continue with --resume", 130)
     click.echo(f"test accuracy {before:.4f} -> {result['test_accuracy']:.4f} after {result['steps']} steps, "
