@@ -278,3 +278,16 @@ def test_bad_input_exits_2_with_one_line(tiny, tmp_path, problem, message):
     assert r.returncode == 2, (r.stdout, r.stderr)
     assert message in r.stderr and "Traceback" not in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_cost_report_and_device_time_column(tiny, tmp_path):
+    model, data = tiny
+    r = run_cli(["cost", "--model", str(model), "--trainable", "last:2", "--q", "4", "--batch", "8"])
+    assert r.returncode == 0, r.stderr
+    assert "memory, ZO" in r.stdout and "back-propagation" in r.stdout and "time per step" in r.stdout
+    assert run_cli(["cost", "--model", str(model), "--trainable", "nope"]).returncode == 2
+    t = Trainer(config(model, data, budget=80), tmp_path / "run")
+    t.run()
+    rows = read_metrics(tmp_path / "run")
+    seconds = [float(r["device_seconds"]) for r in rows]
+    assert seconds == sorted(seconds) and seconds[-1] > 0  # accumulates with the forward passes

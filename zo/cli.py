@@ -87,5 +87,28 @@ def train(model, data, trainable, q_spec, optimizer, lr, lr_schedule, momentum, 
                f"{result['forward_passes']} forward passes; model written to {Path(out_dir) / 'model.tflite'}")
 
 
+@main.command()
+@click.option("--model", required=True, type=click.Path(dir_okay=False), help="Deployed int8 .tflite model.")
+@click.option("--trainable", default="last:1", show_default=True, help="last:K | NAME,... | biases")
+@click.option("--q", "q", type=int, default=8, show_default=True, help="Gradient samples per step.")
+@click.option("--batch", type=int, default=32, show_default=True)
+@click.option("--classes", type=int, default=None, help="Class count of the new task (replaces the head when it differs).")
+def cost(model, trainable, q, batch, classes):
+    """STM32N6 memory and time of one ZO step, next to back-propagation on the same layers."""
+    from npusim import load_model
+    from npusim.errors import NpusimError
+    from npusim.npu import format_zo_step_report, zo_step_report
+
+    from .model import TrainableModel
+
+    if q < 1 or batch < 1:
+        fail(f"--q {q} --batch {batch}: expected both >= 1")
+    try:
+        m = TrainableModel(load_model(model), trainable, num_classes=classes)
+    except (ZoError, NpusimError) as e:
+        fail(str(e))
+    click.echo(format_zo_step_report(zo_step_report(m.interp, [p.tensor for p in m.params], q, batch)))
+
+
 if __name__ == "__main__":
     main()

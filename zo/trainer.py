@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from npusim import NpusimError, load_model, write_model
+from npusim.npu import plan_device
 
 from .data import Dataset, load_dataset, quantize_images, resize_images, subset
 from .errors import ZoError
@@ -29,7 +30,7 @@ from .perturbation import KINDS, direction, second_moment
 from .schedulers import Progress, Scheduler, parse_scheduler
 
 DEFAULT_LR = {"sgd": 0.5, "adam": 0.1}
-METRIC_FIELDS = ["step", "q", "forward_passes", "train_loss", "test_accuracy", "wall_seconds", "macs", "lr"]
+METRIC_FIELDS = ["step", "q", "forward_passes", "train_loss", "test_accuracy", "wall_seconds", "macs", "device_seconds", "lr"]
 # Probe images per suffix call: bounds the simulator's memory when 2q * batch is large.
 MAX_IMAGES_PER_CALL = 2048
 
@@ -130,7 +131,9 @@ class Trainer:
         self.forward_passes = 0
         self.wall_offset = 0.0
         self.metric_rows = 0
+        # What the device pays per forward pass of a mini-batch, kept apart from simulator wall time.
         self.macs_per_pass = self.model.interp.macs() * config.batch
+        self.device_seconds_per_pass = plan_device(self.model.interp).latency_s(batch=config.batch)
         self.eval_every = config.eval_every or max(config.budget // 20, 1)
         self.next_eval = 0
         self._perm_epoch, self._perm = -1, None
@@ -280,6 +283,7 @@ class Trainer:
     def log(self, row: dict):
         row.setdefault("wall_seconds", f"{self.wall():.3f}")
         row.setdefault("macs", self.forward_passes * self.macs_per_pass)
+        row.setdefault("device_seconds", f"{self.forward_passes * self.device_seconds_per_pass:.4f}")
         row.setdefault("lr", f"{self.last_lr:.6g}")
         self.metrics.writerow(row)
         self.metric_rows += 1
