@@ -2,8 +2,9 @@
 
 Equivalent to
     zo train --model SHARED/models/resnet8_cifar10_int8.tflite --data SHARED/data/eurosat32_subset.npz \
-             --q qscheduler --budget 60000 --out runs/default
-(the defaults of `zo train` otherwise); a finished run directory is started afresh.
+             --q qscheduler --new-head --budget 60000 --out runs/default
+(the defaults of `zo train` otherwise: the classifier head, ZO-Adam lr 0.1, batch 32): a fresh
+10-class head on the frozen int8 features, as in the study. A finished run directory is started afresh.
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ def main(argv=None):
         if not path.exists():
             sys.exit(f"error: {path} not found; pass --shared DIR (or SHARED=DIR to make) pointing at the shared data")
     shutil.rmtree(a.out, ignore_errors=True)
-    zo_main(["train", "--model", str(model), "--data", str(data), "--q", "qscheduler", "--budget", str(a.budget),
+    zo_main(["train", "--model", str(model), "--data", str(data), "--q", "qscheduler", "--new-head", "--budget", str(a.budget),
              "--out", str(a.out)], standalone_mode=True)
 
 
