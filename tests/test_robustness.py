@@ -299,7 +299,7 @@ def test_checkpoint_with_wrong_contents_exits_2(run, damage):
     model, data, run = run
     bad = zo_like_checkpoints(checkpoint(run).read_bytes())[damage]
     checkpoint(run).write_bytes(bad)
-    one_line_error(resume(model, data, run), "checkpoint")
+    one_line_error(resume(model, data, run), "damaged or not a zo checkpoint")
     assert checkpoint(run).read_bytes() == bad
 
 
