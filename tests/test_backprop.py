@@ -8,7 +8,6 @@ the real ResNet-8 and MobileNetV2 of /work/shared check the same on real data.
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -23,10 +22,9 @@ from zo.errors import ZoError
 from zo.loss import cross_entropy
 from zo.model import TrainableModel
 from zo.trainer import prepare_inputs
+from shared_paths import MOBILENET, SHARED
 
-SHARED = Path(os.environ.get("NPU_SHARED", Path(__file__).resolve().parents[1].parent / "shared"))
 RESNET8 = SHARED / "models" / "resnet8_cifar10_int8.tflite"
-MOBILENET = SHARED / "models" / "mobilenet_v2_0.35_128_flowers_int8.tflite"
 EUROSAT32 = SHARED / "data" / "eurosat32_subset.npz"
 EUROSAT64 = SHARED / "data" / "eurosat64_subset.npz"
 

@@ -1,11 +1,11 @@
 """Smoke tests of experiments/bench.py: it runs end to end and writes its table (no wall-time checks)."""
 from __future__ import annotations
 
-import os
 import warnings
 from pathlib import Path
 
 import pytest
+from shared_paths import SHARED
 
 pytest.importorskip("tflite_micro", reason="tflite-micro (the TFLM oracle) is not installed")
 
@@ -17,7 +17,6 @@ except ImportError:  # plain `pytest` (not `python -m pytest`) does not put the 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from experiments import bench  # noqa: E402
 
-SHARED = Path(os.environ.get("NPU_SHARED", Path(__file__).resolve().parents[1].parent / "shared"))
 
 
 def _read_table(out: Path) -> list[str]:

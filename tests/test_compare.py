@@ -2,8 +2,6 @@
 directory of the same profile (no mismatch), plain <name>.npy references, and bad input (exit 2)."""
 from __future__ import annotations
 
-import os
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,16 +10,8 @@ from click.testing import CliRunner
 from npusim import Interpreter, load_model
 from npusim.cli import main, tensor_file_name
 from npusim.compare import compare_profiles, compare_reference, sanitize_name
+from shared_paths import MOBILENET, RESNET, need
 
-SHARED = Path(os.environ.get("NPU_SHARED", Path(__file__).resolve().parents[1].parent / "shared"))
-RESNET = SHARED / "models" / "resnet8_cifar10_int8.tflite"
-MOBILENET = SHARED / "models" / "mobilenet_v2_0.35_128_flowers_int8.tflite"
-
-
-def need(path: Path) -> str:
-    if not path.exists():
-        pytest.skip(f"SHARED DATA MISSING: {path} not found (set NPU_SHARED to the shared directory)")
-    return str(path)
 
 
 def cli(*args):

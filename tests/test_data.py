@@ -1,8 +1,6 @@
 """Tests for zo.data on small fixtures built in tmp_path, plus the real shared data when present."""
 from __future__ import annotations
 
-import os
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -10,8 +8,8 @@ from PIL import Image
 
 from zo.data import Dataset, batches, load_dataset, quantize_images, resize_images, subset
 from zo.errors import DataError, ZoError
+from shared_paths import SHARED
 
-SHARED = Path(os.environ.get("NPU_SHARED", Path(__file__).resolve().parents[1].parent / "shared"))
 
 
 # ----------------------------------------------------------------------------------------------

@@ -23,7 +23,6 @@ import collections
 import contextlib
 import copy
 import math
-import os
 import re
 import resource
 import signal
@@ -46,8 +45,8 @@ import oracle as O
 from npusim import Interpreter, NpusimError, load_model, tflite_io
 from npusim.npu import report as npu_report
 from zo_fixtures import tiny_classifier
+from shared_paths import SHARED
 
-SHARED = Path(os.environ.get("NPU_SHARED", Path(__file__).resolve().parents[1].parent / "shared"))
 INT32_MAX = 2**31 - 1
 # In-process campaigns lower npusim's allocation limit (tflite_io.MAX_TENSOR_BYTES) to this, so the
 # refusal paths run on small absurd shapes too; a case's traced peak must stay within a few times it.

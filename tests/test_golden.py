@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import zipfile
 from pathlib import Path
 
@@ -15,16 +14,8 @@ from click.testing import CliRunner
 import npusim
 from npusim.cli import main
 from npusim.golden import load_golden, tensor_hash
+from shared_paths import MOBILENET, RESNET, need
 
-SHARED = Path(os.environ.get("NPU_SHARED", Path(__file__).resolve().parents[1].parent / "shared"))
-RESNET = SHARED / "models" / "resnet8_cifar10_int8.tflite"
-MOBILENET = SHARED / "models" / "mobilenet_v2_0.35_128_flowers_int8.tflite"
-
-
-def need(path: Path) -> str:
-    if not path.exists():
-        pytest.skip(f"SHARED DATA MISSING: {path} not found (set NPU_SHARED to the shared directory)")
-    return str(path)
 
 
 def cli(*args):
@@ -312,7 +303,7 @@ def test_numerics_change_is_reported_at_the_first_op(resnet_golden, tmp_path):
     values = interp.run_all(x)
     diff = values[22] != arrays["tensor_22"]
     assert diff.any()
-    assert f"op 0 (CONV_2D), output tensor 22" in result.stdout
+    assert "op 0 (CONV_2D), output tensor 22" in result.stdout
     assert f"{int(diff.sum()):,} of {diff.size:,} elements differ" in result.stdout
     assert "later tensor(s) also differ" in result.stdout
 

@@ -1,10 +1,8 @@
 """The real shared models end to end against TFLM on real images, and the CLI contract of npusim."""
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,10 +10,8 @@ import pytest
 import npusim
 from oracle import run_tflm
 from zo.data import load_dataset, resize_images
+from shared_paths import MOBILENET, RESNET, SHARED
 
-SHARED = Path(os.environ.get("NPU_SHARED", Path(__file__).resolve().parents[1].parent / "shared"))
-RESNET = SHARED / "models" / "resnet8_cifar10_int8.tflite"
-MOBILENET = SHARED / "models" / "mobilenet_v2_0.35_128_flowers_int8.tflite"
 NPUSIM = [sys.executable, "-m", "npusim.cli"]
 
 pytestmark = pytest.mark.skipif(not RESNET.exists(), reason=f"SHARED DATA MISSING: {SHARED} not found (set NPU_SHARED)")

@@ -2,7 +2,6 @@
 `npusim inspect --target stm32n6` and the importable API (plan_device, zo_step_report)."""
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 from types import SimpleNamespace
@@ -16,20 +15,12 @@ from npusim import npu
 from npusim.cli import main
 from npusim.npu import (M55, NPU, Buffer, CostModel, activation_lifetimes, format_zo_step_report, greedy_first_fit,
                         placement, plan_arena, plan_device, zo_step_report)
+from shared_paths import MOBILENET, RESNET, need
 
-SHARED = Path(os.environ.get("NPU_SHARED", Path(__file__).resolve().parents[1].parent / "shared"))
-RESNET = SHARED / "models" / "resnet8_cifar10_int8.tflite"
-MOBILENET = SHARED / "models" / "mobilenet_v2_0.35_128_flowers_int8.tflite"
 
 # Ops that must fall back to the Cortex-M55 on each real model.
 EXPECTED_M55 = {RESNET.name: {"SOFTMAX"}, MOBILENET.name: {"QUANTIZE", "SOFTMAX", "DEQUANTIZE"}}
 EXPECTED_EPOCHS = {RESNET.name: [NPU, M55], MOBILENET.name: [M55, NPU, M55]}
-
-
-def need(path: Path) -> str:
-    if not path.exists():
-        pytest.skip(f"SHARED DATA MISSING: {path} not found (set NPU_SHARED to the shared directory)")
-    return str(path)
 
 
 def cli(*args):

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import csv
-import os
 import signal
 import subprocess
 import sys
@@ -19,10 +18,8 @@ from zo.model import TrainableModel
 from zo.perturbation import direction, second_moment
 from zo.trainer import TrainConfig, Trainer
 from zo_fixtures import color_dataset, tiny_classifier
+from shared_paths import MOBILENET, RESNET, SHARED
 
-SHARED = Path(os.environ.get("NPU_SHARED", Path(__file__).resolve().parents[1].parent / "shared"))
-RESNET = SHARED / "models" / "resnet8_cifar10_int8.tflite"
-MOBILENET = SHARED / "models" / "mobilenet_v2_0.35_128_flowers_int8.tflite"
 ZO = [sys.executable, "-m", "zo.cli"]
 
 
