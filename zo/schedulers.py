@@ -95,23 +95,27 @@ class PowerLaw(Scheduler):
 class QScheduler(Scheduler):
     """Adaptive q: start small, double q once the loss has *confidently* stopped improving.
 
-    Every `window` steps it fits a line to the per-step training loss (the mean of each probe pair's
-    L+ and L-, free: those passes are run anyway) over the last `window` steps. The improvement over
-    the window is -slope * window; its upper confidence bound adds z standard errors of the slope.
-    When even that bound is below `threshold` times the current loss, the current q has reached the
-    noise floor of its gradient estimate (a plateau): q doubles, up to q_max, and the window
-    restarts. Using the upper bound is what keeps noise from escalating q: a noisy window widens the
-    bound and holds q, where a point estimate below a fixed threshold (the naive rule) fires on noise.
-    q only grows when the budget left still pays for one full window at the new q. With shrink set,
-    q halves while even the lower confidence bound of the improvement exceeds shrink * loss.
+    The per-step training loss (the mean of each probe pair's L+ and L-, free: those passes are run
+    anyway) is collected since the last decision. Every `window` steps a line is fitted to all of it;
+    its slope gives the improvement per window, with a confidence interval of z standard errors.
+    - Upper bound below `threshold` x the current loss: the current q has reached the noise floor
+      of its gradient estimate (a plateau): q doubles, up to q_max, and collection restarts.
+    - Lower bound above it: clear progress; collection restarts to follow the current rate.
+    - Neither: undecided, keep collecting (a sequential test: the interval narrows as the
+      collection grows, up to `max_windows` windows, after which it restarts without a change).
+    Deciding on confidence bounds is what keeps noise from escalating q: a noisy window widens the
+    interval and waits, where a point estimate under a fixed threshold (the naive rule) fires on
+    noise. Letting the collection grow is what lets a low, noisy loss still reach a decision.
+    q only grows when the budget left still pays for one window at the new q. With shrink set, q
+    halves while the lower bound exceeds shrink x the loss.
     """
 
     name = "qscheduler"
 
     def __init__(self, q_init: int = 1, q_max: int = 64, window: int = 400, z: float = 2.0, threshold: float = 0.04,
-                 shrink: float | None = None, q_min: int = 1):
+                 max_windows: int = 10, shrink: float | None = None, q_min: int = 1):
         self.q, self.q_max, self.q_min = q_init, q_max, q_min
-        self.window, self.z, self.threshold, self.shrink = window, z, threshold, shrink
+        self.window, self.z, self.threshold, self.max_windows, self.shrink = window, z, threshold, max_windows, shrink
         self.losses: list[float] = []
         self.changes: list[tuple[int, int]] = []  # (step, new q), for plots and logs
 
@@ -119,29 +123,33 @@ class QScheduler(Scheduler):
         return self.q
 
     def improvement_bounds(self) -> tuple[float, float, float]:
-        """(lower, upper) confidence bounds of the loss improvement over the window, and the mean loss."""
-        y = np.asarray(self.losses[-self.window:], dtype=np.float64)
+        """(lower, upper) confidence bounds of the loss improvement per window, and the current loss
+        (the mean of the last window)."""
+        y = np.asarray(self.losses, dtype=np.float64)
         x = np.arange(y.size, dtype=np.float64)
         x -= x.mean()
         sxx = float((x * x).sum())
         slope = float((x * (y - y.mean())).sum() / sxx)
         resid = y - y.mean() - slope * x
         se = math.sqrt(float((resid * resid).sum()) / (y.size - 2) / sxx)
-        return (-slope - self.z * se) * y.size, (-slope + self.z * se) * y.size, float(y.mean())
+        return (-slope - self.z * se) * self.window, (-slope + self.z * se) * self.window, float(y[-self.window:].mean())
 
     def observe(self, progress, q, loss_plus, loss_minus):
         self.losses.append(float(np.mean((np.asarray(loss_plus) + np.asarray(loss_minus)) / 2)))
-        if len(self.losses) < self.window:
+        if len(self.losses) % self.window:
             return
         lower, upper, level = self.improvement_bounds()
-        self.losses = []
         remaining = progress.budget - progress.forward_passes
-        if upper < self.threshold * level and self.q < self.q_max and 2 * (2 * self.q) * self.window <= remaining:
-            self.q = min(2 * self.q, self.q_max)
-            self.changes.append((progress.step, self.q))
-        elif self.shrink is not None and lower > self.shrink * level and self.q > self.q_min:
-            self.q = max(self.q // 2, self.q_min)
-            self.changes.append((progress.step, self.q))
+        if upper < self.threshold * level:
+            self.losses = []
+            if self.q < self.q_max and 2 * (2 * self.q) * self.window <= remaining:
+                self.q = min(2 * self.q, self.q_max)
+                self.changes.append((progress.step, self.q))
+        elif lower > self.threshold * level or len(self.losses) >= self.max_windows * self.window:
+            self.losses = []
+            if self.shrink is not None and lower > self.shrink * level and self.q > self.q_min:
+                self.q = max(self.q // 2, self.q_min)
+                self.changes.append((progress.step, self.q))
 
     def state(self):
         return {"q": self.q, "losses": self.losses, "changes": self.changes}
