@@ -125,6 +125,7 @@ class Trainer:
             self.model.boundary_activations(prepare_inputs(data.x_test, self.model)))
         self.units = np.concatenate([np.full(v.size, p.unit, dtype=np.float64) for p, v in zip(self.model.params, self.model.values())])
         self.master = np.concatenate([v.astype(np.float64).ravel() for v in self.model.values()]) / self.units
+        self.bounds = np.concatenate([np.full(v.size, p.bound / p.unit) for p, v in zip(self.model.params, self.model.values())])
         self.optimizer = OPTIMIZERS[config.optimizer](self.master.size, **({"momentum": config.momentum} if config.optimizer == "sgd" else {}))
         self.u_moment = second_moment(config.direction)
         self.step = 0
@@ -224,8 +225,7 @@ class Trainer:
         lr = learning_rate(cfg.learning_rate, cfg.lr_schedule, self.forward_passes / cfg.budget)
         self.master += self.optimizer.step(grad, lr)
         # Parameters stay inside what int8 / int32 can hold; the master copy must not drift beyond.
-        bounds = np.concatenate([np.full(v.size, p.bound / p.unit) for p, v in zip(self.model.params, self.model.values())])
-        np.clip(self.master, -bounds, bounds, out=self.master)
+        np.clip(self.master, -self.bounds, self.bounds, out=self.master)
         self.write_back()
         self.forward_passes += 2 * q
         self.step += 1
