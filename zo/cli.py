@@ -82,7 +82,10 @@ def train(model, data, trainable, q_spec, optimizer, lr, lr_schedule, momentum, 
     except OSError as e:  # metrics.csv, config.json or the exported model could not be written
         fail(f"cannot write {e.filename or out_dir}: {e.strerror or e}; the last checkpoint is kept, continue with --resume")
     except KeyboardInterrupt:
-        fail(f"interrupted; checkpoint written to {Path(resume or out_dir) / 'checkpoints'}; continue with --resume", 130)
+        checkpoints = Path(resume or out_dir) / "checkpoints"
+        if (checkpoints / "last.npz").exists():
+            fail(f"interrupted; checkpoint written to {checkpoints}; continue with --resume", 130)
+        fail("interrupted before the first step; nothing to resume", 130)
     click.echo(f"test accuracy {before:.4f} -> {result['test_accuracy']:.4f} after {result['steps']} steps, "
                f"{result['forward_passes']} forward passes; model written to {Path(out_dir) / 'model.tflite'}")
 

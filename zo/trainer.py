@@ -12,6 +12,8 @@ import csv
 import hashlib
 import json
 import os
+import signal
+import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -251,10 +253,18 @@ class Trainer:
         self.metrics = csv.DictWriter(metrics, fieldnames=METRIC_FIELDS)
         if self.metric_rows == 0:
             self.metrics.writeheader()
+        # Ctrl-C is taken between steps: an interrupt landing inside a Numba compilation or a BLAS
+        # call could otherwise surface as another exception and skip the checkpoint.
+        interrupted = []
+        previous_handler = None
+        if threading.current_thread() is threading.main_thread():
+            previous_handler = signal.signal(signal.SIGINT, lambda signum, frame: interrupted.append(signum))
         try:
             if self.forward_passes >= self.next_eval:
                 self.log_eval()
             while True:
+                if interrupted:
+                    raise KeyboardInterrupt
                 q = self.scheduler.next_q(Progress(self.step, self.forward_passes, cfg.budget))
                 if self.forward_passes + 2 * q > cfg.budget:
                     break
@@ -274,6 +284,9 @@ class Trainer:
             self.save_checkpoint()
             metrics.close()
             raise
+        finally:
+            if previous_handler is not None:
+                signal.signal(signal.SIGINT, previous_handler)
         metrics.flush()
         self.save_checkpoint()
         metrics.close()
