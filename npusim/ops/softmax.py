@@ -186,8 +186,6 @@ class Softmax(Kernel):
 
     def __init__(self, op, graph, profile):
         super().__init__(op, graph, profile)
-        if len(self.inputs) != 1 or self.inputs[0] is None or len(self.outputs) != 1:
-            raise self.error(f"expected 1 input and 1 output, got {len(self.inputs)} and {len(self.outputs)}")
         inp, out = self.inputs[0], self.outputs[0]
         self.require_int8(inp, out)
         if len(inp.shape) < 1:
