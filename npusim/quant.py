@@ -126,3 +126,15 @@ def mbqm_array(x, m, shift):
     for i in range(xf.size):
         of[i] = multiply_by_quantized_multiplier(xf[i], m, shift)
     return out
+
+
+@nb.njit(cache=True, inline="always")
+def clamp(v, lo, hi):
+    return lo if v < lo else (hi if v > hi else v)
+
+
+@nb.njit(cache=True, inline="always")
+def requantize_to_output(acc, m, shift, real_scale, profile, zero_point, lo, hi):
+    """An accumulator to its int8 output: requantize, add the output zero point, clamp to the
+    fused activation's range (the output stage of every MAC op)."""
+    return clamp(requantize_one(acc, m, shift, real_scale, profile) + zero_point, lo, hi)

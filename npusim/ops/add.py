@@ -9,7 +9,7 @@ import numba as nb
 import numpy as np
 
 from ..jit import parallel_kernel
-from ..quant import SINGLE, multiply_by_quantized_multiplier, multiply_by_quantized_multiplier_single
+from ..quant import SINGLE, clamp, multiply_by_quantized_multiplier, multiply_by_quantized_multiplier_single
 from .base import Kernel
 from .requant import output_range, requantization_multiplier
 
@@ -31,7 +31,7 @@ def add_int8(a, b, z1, z2, m1, s1, m2, s2, mo, so, zo, lo, hi, profile, out):
         x1 = _mbqm((np.int64(fa[i]) - z1) << LEFT_SHIFT, m1, s1, profile)
         x2 = _mbqm((np.int64(fb[i]) - z2) << LEFT_SHIFT, m2, s2, profile)
         v = _mbqm(x1 + x2, mo, so, profile) + zo
-        fo[i] = lo if v < lo else (hi if v > hi else v)
+        fo[i] = clamp(v, lo, hi)
     return out
 
 

@@ -9,7 +9,7 @@ import numba as nb
 import numpy as np
 
 from ..jit import parallel_kernel
-from ..quant import requantize_one
+from ..quant import requantize_to_output
 from .base import Kernel
 from .padding import compute_padding
 from .requant import OutputStage
@@ -53,12 +53,7 @@ def depthwise_conv(x, w, bias, groups, multiplier, stride_h, stride_w, dil_h, di
                                 oc = ic * multiplier + mi
                                 a[oc] += xv * np.int32(ws[oc])
             for oc in range(out_c):
-                v = requantize_one(a[oc], m[oc], shift[oc], real_scale[oc], profile) + out_zp
-                if v < lo:
-                    v = lo
-                elif v > hi:
-                    v = hi
-                out[n, oy, ox, oc] = v
+                out[n, oy, ox, oc] = requantize_to_output(a[oc], m[oc], shift[oc], real_scale[oc], profile, out_zp, lo, hi)
     return out
 
 

@@ -13,7 +13,7 @@ import numba as nb
 import numpy as np
 
 from ..jit import parallel_kernel
-from ..quant import requantize_one
+from ..quant import requantize_to_output
 
 CHUNK = 1024
 
@@ -59,12 +59,7 @@ def _requantize_products(products, offset, m, shift, real_scale, zero_point, lo,
         r = gr - g * rows
         for c in range(channels):
             acc = np.int64(products[g, r, c]) + offset[g, c]
-            v = requantize_one(acc, m[c], shift[c], real_scale[c], profile) + zero_point
-            if v < lo:
-                v = lo
-            elif v > hi:
-                v = hi
-            out[g, r, c] = v
+            out[g, r, c] = requantize_to_output(acc, m[c], shift[c], real_scale[c], profile, zero_point, lo, hi)
     return out
 
 

@@ -10,8 +10,9 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
-from ..jit import parallel_kernel
 from ..errors import NpusimError
+from ..jit import parallel_kernel
+from ..quant import clamp
 from .base import Kernel
 from .padding import compute_padding
 from .requant import output_range
@@ -48,11 +49,7 @@ def average_pool(x, kh, kw, sh, sw, pad_h, pad_w, lo, hi, out):
                     v = (a + half) // count
                 else:
                     v = -((half - a) // count)
-                if v < lo:
-                    v = lo
-                elif v > hi:
-                    v = hi
-                out[b, oy, ox, c] = v
+                out[b, oy, ox, c] = clamp(v, lo, hi)
     return out
 
 
@@ -81,12 +78,7 @@ def max_pool(x, kh, kw, sh, sw, pad_h, pad_w, lo, hi, out):
                         if v > best[row, c]:
                             best[row, c] = v
             for c in range(depth):
-                v = np.int32(best[row, c])
-                if v < lo:
-                    v = lo
-                elif v > hi:
-                    v = hi
-                out[b, oy, ox, c] = v
+                out[b, oy, ox, c] = clamp(np.int32(best[row, c]), lo, hi)
     return out
 
 
