@@ -18,6 +18,14 @@ from .padding import compute_padding
 from .requant import output_range
 
 
+@nb.njit(cache=True, inline="always")
+def window(out_index, stride, pad, k, size):
+    """Start of a pooling window along one axis and the range of its taps inside the input
+    (TFLM counts and reads only those)."""
+    start = out_index * stride - pad
+    return start, max(0, -start), min(k, size - start)
+
+
 @parallel_kernel
 def average_pool(x, kh, kw, sh, sw, pad_h, pad_w, lo, hi, out):
     """x [N, H, W, C] int8 -> out [N, OH, OW, C] int8."""
@@ -27,13 +35,9 @@ def average_pool(x, kh, kw, sh, sw, pad_h, pad_w, lo, hi, out):
     for row in nb.prange(n * out_h):
         b = row // out_h
         oy = row % out_h
-        y0 = oy * sh - pad_h
-        fy0 = max(0, -y0)
-        fy1 = min(kh, in_h - y0)
+        y0, fy0, fy1 = window(oy, sh, pad_h, kh, in_h)
         for ox in range(out_w):
-            x0 = ox * sw - pad_w
-            fx0 = max(0, -x0)
-            fx1 = min(kw, in_w - x0)
+            x0, fx0, fx1 = window(ox, sw, pad_w, kw, in_w)
             count = (fy1 - fy0) * (fx1 - fx0)
             for c in range(depth):
                 acc[row, c] = 0
@@ -62,13 +66,9 @@ def max_pool(x, kh, kw, sh, sw, pad_h, pad_w, lo, hi, out):
     for row in nb.prange(n * out_h):
         b = row // out_h
         oy = row % out_h
-        y0 = oy * sh - pad_h
-        fy0 = max(0, -y0)
-        fy1 = min(kh, in_h - y0)
+        y0, fy0, fy1 = window(oy, sh, pad_h, kh, in_h)
         for ox in range(out_w):
-            x0 = ox * sw - pad_w
-            fx0 = max(0, -x0)
-            fx1 = min(kw, in_w - x0)
+            x0, fx0, fx1 = window(ox, sw, pad_w, kw, in_w)
             for c in range(depth):
                 best[row, c] = -128
             for fy in range(fy0, fy1):
