@@ -9,6 +9,7 @@ tensor's unit) and the int8 weights / int32 biases are written back with fixed s
 from __future__ import annotations
 
 import csv
+import functools
 import hashlib
 import json
 import os
@@ -316,14 +317,16 @@ class Trainer:
         os.replace(tmp, path)
 
     # -- checkpoints ---------------------------------------------------------------------------
-    def fingerprint(self) -> dict:
+    @functools.cached_property
+    def identity(self) -> dict:
+        """What a checkpoint must have been made with. Hashed once: checkpoints are written often."""
         return {"model_sha256": file_sha256(self.config.model),
                 "data_sha256": file_sha256(self.config.data) if Path(self.config.data).is_file() else self.config.data,
                 "train_size": len(self.data.y_train), "test_size": len(self.data.y_test)}
 
     def write_config(self):
         config = asdict(self.config)
-        config["fingerprint"] = self.fingerprint()
+        config["fingerprint"] = self.identity
         config["scheduler"] = self.scheduler.describe()
         path = self.out / "config.json"
         tmp = path.with_suffix(".tmp")
@@ -335,7 +338,7 @@ class Trainer:
         meta = {"step": self.step, "forward_passes": self.forward_passes, "wall": self.wall(),
                 "metric_rows": self.metric_rows, "next_eval": self.next_eval,
                 "last_eval_passes": self.last_eval_passes, "final_accuracy": self.final_accuracy,
-                "scheduler": self.scheduler.state(), "fingerprint": self.fingerprint(),
+                "scheduler": self.scheduler.state(), "fingerprint": self.identity,
                 "params": [p.name for p in self.model.params], "config": asdict(self.config)}
         arrays = {f"opt_{k}": np.asarray(v) for k, v in self.optimizer.state().items()}
         ints = np.concatenate([v.astype(np.int64).ravel() for v in self.model.values()])
@@ -366,7 +369,7 @@ class Trainer:
             fingerprint, params, config = dict(meta["fingerprint"]), list(meta["params"]), dict(meta["config"])
         except Exception as e:  # a damaged or foreign file: any decoding failure
             raise ZoError(f"{damaged} ({type(e).__name__})") from None
-        mine = self.fingerprint()
+        mine = self.identity
         for key in mine:
             if fingerprint.get(key) != mine[key]:
                 raise ZoError(f"--resume {directory}: checkpoint was made with a different {key.replace('_', ' ')} ({fingerprint.get(key)} != {mine[key]})")
