@@ -8,6 +8,8 @@ and the call picks by the size of its largest array.
 """
 from __future__ import annotations
 
+import types
+
 import numba as nb
 import numpy as np
 
@@ -17,7 +19,12 @@ PARALLEL_MIN_WORK = 1 << 18  # elements of the largest array argument
 class ParallelKernel:
     def __init__(self, fn):
         self.serial = nb.njit(cache=True)(fn)
-        self.threaded = nb.njit(cache=True, parallel=True)(fn)
+        # Numba's cache is keyed by the function's qualified name and signature, not its flags: the
+        # two twins of one function would load each other's machine code. A copy of the function
+        # under another name gets its own cache entry.
+        twin = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+        twin.__qualname__ = fn.__qualname__ + "__threaded"
+        self.threaded = nb.njit(cache=True, parallel=True)(twin)
         self.__doc__ = fn.__doc__
         self.__name__ = fn.__name__
 

@@ -49,7 +49,7 @@ def _fmt(p: dict) -> str:
 
 @st.composite
 def conv_params(draw, depthwise: bool = False, max_hw: int = 10, max_ch: int = 8,
-                no_bias: bool | None = None, mult_modes=None):
+                no_bias: bool | None = None, mult_modes=None, max_cout: int | None = None):
     """CONV_2D (or DEPTHWISE_CONV_2D) parameters. no_bias: whether models without a bias tensor are
     drawn; default only for CONV_2D, because TFLM (PyPI 0.dev20261023182759) dies with SIGSEGV on
     DEPTHWISE_CONV_2D without bias (and LiteRT refuses CONV_2D without bias)."""
@@ -69,7 +69,7 @@ def conv_params(draw, depthwise: bool = False, max_hw: int = 10, max_ch: int = 8
     if depthwise:
         p["mult"] = draw(st.sampled_from([1, 1, 1, 2, 3]))
     else:
-        p["cout"] = draw(st.integers(1, max_ch))
+        p["cout"] = draw(st.integers(1, max_cout or max_ch))
     p["activation"] = draw(st.sampled_from(ACTIVATIONS))
     p["per_channel"] = draw(st.booleans()) or draw(st.booleans())  # 3/4 per-channel, as converters write
     p["in_scale"] = draw(log_scale(1e-3, 1.0))
@@ -164,7 +164,7 @@ def make_depthwise(p: dict, seed: int) -> Case:
 
 
 @st.composite
-def fc_params(draw, max_k: int = 300, mult_modes=None):
+def fc_params(draw, max_k: int = 300, mult_modes=None, max_units: int = 16):
     p = {}
     p["n"] = draw(batch)
     # input layout: [1, K]; [1, h, w, c] flattened; [1, t, c] with keep_num_dims (t rows of c)
@@ -175,7 +175,7 @@ def fc_params(draw, max_k: int = 300, mult_modes=None):
         p["in_shape"] = (1, draw(st.integers(1, 4)), draw(st.integers(1, 4)), draw(st.integers(1, 8)))
     else:
         p["in_shape"] = (1, draw(st.integers(1, 4)), draw(st.integers(1, 64)))
-    p["units"] = draw(st.integers(1, 16))
+    p["units"] = draw(st.integers(1, max_units))
     p["activation"] = draw(st.sampled_from(ACTIVATIONS))
     p["per_channel"] = draw(st.booleans())
     p["in_scale"] = draw(log_scale(1e-3, 1.0))

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 import cases as C
 import oracle as O
+from kernel_paths import PATHS, kernel_path
 
 SCALE = float(os.environ.get("NPUSIM_TEST_SCALE", "1"))
 
@@ -35,18 +36,31 @@ def check(case: C.Case, profile: str = "tflm", allow_refusal: bool = False):
     O.assert_same(expected, got, case.desc)
 
 
+@pytest.mark.parametrize("path", PATHS)
 @settings(max_examples=examples(300))
 @given(p=C.conv_params(), seed=C.seeds)
-def test_conv2d(p, seed):
-    check(C.make_conv(p, seed))
+def test_conv2d(path, p, seed):
+    with kernel_path(path):
+        check(C.make_conv(p, seed))
 
 
+@pytest.mark.parametrize("path", PATHS)
 @settings(max_examples=examples(30))
 @given(p=C.conv_params(max_hw=6, max_ch=64), seed=C.seeds)
-def test_conv2d_deep(p, seed):
+def test_conv2d_deep(path, p, seed):
     """More input channels: accumulators beyond 2^24 with extreme data (float32 GEMM is not exact
-    there)."""
-    check(C.make_conv(p, seed))
+    there), reductions beyond the BLAS path's chunk of 1024."""
+    with kernel_path(path):
+        check(C.make_conv(p, seed))
+
+
+@pytest.mark.parametrize("path", PATHS)
+@settings(max_examples=examples(40))
+@given(p=C.conv_params(max_hw=5, max_ch=12, max_cout=200), seed=C.seeds)
+def test_conv2d_wide(path, p, seed):
+    """Up to 200 output channels: several 64-channel blocks of the VNNI kernel and a partial one."""
+    with kernel_path(path):
+        check(C.make_conv(p, seed))
 
 
 @settings(max_examples=examples(300))
@@ -55,17 +69,34 @@ def test_depthwise_conv2d(p, seed):
     check(C.make_depthwise(p, seed))
 
 
+@pytest.mark.parametrize("path", PATHS)
 @settings(max_examples=examples(200))
 @given(p=C.fc_params(), seed=C.seeds)
-def test_fully_connected(p, seed):
-    check(C.make_fc(p, seed))
+def test_fully_connected(path, p, seed):
+    with kernel_path(path):
+        check(C.make_fc(p, seed))
 
 
+@pytest.mark.parametrize("path", PATHS)
 @settings(max_examples=examples(30))
-@given(p=C.fc_params(max_k=3000), seed=C.seeds)
-def test_fully_connected_long(p, seed):
+@given(p=C.fc_params(max_k=3000, max_units=150), seed=C.seeds)
+def test_fully_connected_long(path, p, seed):
     """Long dot products (K up to 3000): |acc| can exceed 2^24 with extreme data."""
-    check(C.make_fc(p, seed))
+    with kernel_path(path):
+        check(C.make_fc(p, seed))
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("k", [1023, 1024, 1025, 2048, 2049])
+@pytest.mark.parametrize("x_mode,w_mode", [("extreme", "extreme"), ("uniform", "extreme")])
+def test_fully_connected_chunk_boundary(path, k, x_mode, w_mode):
+    """Reductions at the BLAS path's chunk boundaries (1024), with int8 extremes (-128, 127) that
+    push every partial sum to its largest magnitude."""
+    p = dict(n=3, layout="2d", in_shape=(1, k), units=20, activation="NONE", per_channel=True, in_scale=0.02,
+             in_zp=-128 if x_mode == "extreme" else 5, out_zp=3, mult_mode="typical", x_mode=x_mode, w_mode=w_mode,
+             bias_mode="large")
+    with kernel_path(path):
+        check(C.make_fc(p, seed=k))
 
 
 @settings(max_examples=examples(300))

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 import cases as C
 import oracle as O
+from kernel_paths import PATHS, kernel_path
 
 SCALE = float(os.environ.get("NPUSIM_TEST_SCALE", "1"))
 
@@ -37,16 +38,20 @@ def check_xnnpack(case: C.Case):
     O.assert_same(expected, got, f"profile xnnpack vs LiteRT AUTO: {case.desc}")
 
 
+@pytest.mark.parametrize("path", PATHS)
 @settings(max_examples=examples(80))
 @given(p=C.conv_params(no_bias=False, mult_modes=LITERT_MODES), seed=C.seeds)
-def test_conv2d_xnnpack(p, seed):
-    check_xnnpack(C.make_conv(p, seed))
+def test_conv2d_xnnpack(path, p, seed):
+    with kernel_path(path):
+        check_xnnpack(C.make_conv(p, seed))
 
 
+@pytest.mark.parametrize("path", PATHS)
 @settings(max_examples=examples(10))
 @given(p=C.conv_params(no_bias=False, max_hw=6, max_ch=64, mult_modes=LITERT_MODES), seed=C.seeds)
-def test_conv2d_deep_xnnpack(p, seed):
-    check_xnnpack(C.make_conv(p, seed))
+def test_conv2d_deep_xnnpack(path, p, seed):
+    with kernel_path(path):
+        check_xnnpack(C.make_conv(p, seed))
 
 
 @settings(max_examples=examples(80))
@@ -55,17 +60,21 @@ def test_depthwise_conv2d_xnnpack(p, seed):
     check_xnnpack(C.make_depthwise(p, seed))
 
 
+@pytest.mark.parametrize("path", PATHS)
 @settings(max_examples=examples(60))
 @given(p=C.fc_params(mult_modes=LITERT_MODES), seed=C.seeds)
-def test_fully_connected_xnnpack(p, seed):
-    check_xnnpack(C.make_fc(p, seed))
+def test_fully_connected_xnnpack(path, p, seed):
+    with kernel_path(path):
+        check_xnnpack(C.make_fc(p, seed))
 
 
+@pytest.mark.parametrize("path", PATHS)
 @settings(max_examples=examples(15))
 @given(p=C.fc_params(max_k=3000, mult_modes=LITERT_MODES), seed=C.seeds)
-def test_fully_connected_long_xnnpack(p, seed):
+def test_fully_connected_long_xnnpack(path, p, seed):
     """|acc| beyond 2^24: XNNPACK's float32(acc) is itself rounded there."""
-    check_xnnpack(C.make_fc(p, seed))
+    with kernel_path(path):
+        check_xnnpack(C.make_fc(p, seed))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -159,15 +168,17 @@ def reference_conv2d(model: bytes, x: np.ndarray, single: bool) -> np.ndarray:
 SINGLE_MODES = ["typical", "typical", "near_one", "tiny", "pow2", "pow2_small", "pow2_small"]
 
 
+@pytest.mark.parametrize("path", PATHS)
 @settings(max_examples=examples(60))
 @given(p=C.conv_params(mult_modes=SINGLE_MODES), seed=C.seeds)
-def test_conv2d_single_rounding(p, seed):
+def test_conv2d_single_rounding(path, p, seed):
     case = C.make_conv(p, seed)
     tflm = O.run_tflm(case.model, case.xs)
     ref_double = reference_conv2d(case.model, case.xs, single=False)
     O.assert_same(tflm, ref_double, f"the numpy reference (double rounding) vs TFLM: {case.desc}")
     ref_single = reference_conv2d(case.model, case.xs, single=True)
-    got = O.run_npusim(case.model, case.xs, "single")
+    with kernel_path(path):
+        got = O.run_npusim(case.model, case.xs, "single")
     O.assert_same(ref_single, got, f"profile single vs the numpy single-rounding reference: {case.desc}")
     diff = np.abs(got.astype(np.int32) - tflm.astype(np.int32))
     assert diff.max(initial=0) <= 1, f"single vs tflm differ by {diff.max()}: {case.desc}"

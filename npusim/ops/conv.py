@@ -1,6 +1,7 @@
 """CONV_2D: int8 NHWC convolution with per-channel requantization (TFLM reference_integer_ops/conv.h).
 
-Eval is im2col + an exact float32 GEMM (see gemm.py) + a fused requantization.
+Eval runs on AVX-512 VNNI where the host has it (vnni.py: direct convolution in exact int32);
+elsewhere im2col + an exact float32 GEMM (gemm.py) + a fused requantization.
 Weights may carry an extra leading group axis [G, O, kh, kw, C] (bias [G, O]): the batch is then
 split into G equal groups, group g convolved with weights g. The trainer uses this to run many
 weight perturbations in one call.
@@ -15,6 +16,7 @@ from .base import Kernel
 from .gemm import accumulator_offset, exact_matmul, grouped_products, requantize_products, transposed_weights
 from .padding import compute_padding
 from .requant import OutputStage
+from . import vnni
 
 TILE_BYTES = 4 << 20  # im2col slice size: a few MB stays in the last-level cache
 
@@ -99,6 +101,12 @@ class Conv2D(Kernel):
         wg = w if w.ndim == 5 else w[None]
         groups = wg.shape[0]
         k = self.kh * self.kw * x.shape[3]
+        o = self.options
+        if vnni.usable(k):
+            out = vnni.convolve(x, wg, b, self.inputs[0].zero_point, (o.get("stride_h", 1), o.get("stride_w", 1)),
+                                (o.get("dilation_h_factor", 1), o.get("dilation_w_factor", 1)), (self.pad_top, self.pad_left),
+                                (self.out_h, self.out_w), self.stage, self.profile, shared)
+            return out.reshape(-1, self.out_h, self.out_w, self.out_channels)
         offset = accumulator_offset(wg, b, self.inputs[0].zero_point)
         s = self.stage
         if groups == 1:

@@ -10,6 +10,7 @@ import numpy as np
 from .base import Kernel
 from .gemm import accumulator_offset, grouped_products, requantize_products
 from .requant import OutputStage
+from . import vnni
 
 
 class FullyConnected(Kernel):
@@ -52,6 +53,9 @@ class FullyConnected(Kernel):
     def __call__(self, x, w, b=None, shared=False):
         """shared=True: x is one batch seen by every weight group (output: G times the batch)."""
         wg = w if w.ndim == 3 else w[None]
+        if vnni.usable(self.depth):
+            out = vnni.matmul(x.reshape(-1, self.depth), wg, b, self.inputs[0].zero_point, self.stage, self.profile, shared)
+            return out.reshape((-1,) + self.out_shape)
         products = grouped_products(x.reshape(-1, self.depth).astype(np.float32), wg, shared)
         offset = accumulator_offset(wg, b, self.inputs[0].zero_point)
         s = self.stage

@@ -36,7 +36,7 @@ class OutputStage:
     """Everything the output stage of a MAC op needs: per-channel (M, shift), the float32 scale of the
     xnnpack profile, the output zero point and the clamp range of the fused activation."""
 
-    multiplier: np.ndarray  # int64 [C]
+    multiplier: np.ndarray  # int32 [C] (M < 2^31: the high multiply is then one 32x32 -> 64 bit product)
     shift: np.ndarray  # int64 [C]
     real_scale: np.ndarray  # float32 [C]
     zero_point: int
@@ -56,4 +56,4 @@ class OutputStage:
         # XNNPACK computes input_scale * kernel_scale / output_scale in float32 arithmetic.
         real32 = (np.float32(x.quant.scale[0]) * w_scale.astype(np.float32)) / np.float32(y.quant.scale[0])
         lo, hi = output_range(activation, y)
-        return cls(m, shift, real32.astype(np.float32), y.zero_point, lo, hi)
+        return cls(m.astype(np.int32), shift, real32.astype(np.float32), y.zero_point, lo, hi)
