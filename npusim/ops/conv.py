@@ -12,11 +12,17 @@ import numba as nb
 import numpy as np
 
 from ..jit import parallel_kernel
+from . import vnni
 from .base import Kernel
-from .gemm import accumulator_offset, exact_matmul, grouped_products, requantize_products, transposed_weights
+from .gemm import (
+    accumulator_offset,
+    exact_matmul,
+    grouped_products,
+    requantize_products,
+    transposed_weights,
+)
 from .padding import compute_padding
 from .requant import OutputStage
-from . import vnni
 
 TILE_BYTES = 4 << 20  # im2col slice size: a few MB stays in the last-level cache
 

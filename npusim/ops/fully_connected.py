@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import vnni
 from .base import Kernel
 from .gemm import accumulator_offset, grouped_products, requantize_products
 from .requant import OutputStage
-from . import vnni
 
 
 class FullyConnected(Kernel):

@@ -170,11 +170,12 @@ def _micro_kernel(nr: int):
             lanes = ir.Constant(_V16, list(range(16)))
             f32v = ir.VectorType(ir.FloatType(), 16)
             out = builder.inttoptr(out_ptr, i8p)
+            def param(k, j, ty):  # row k of the parameters, channels 16j .. 16j + 15 of the block
+                p = builder.gep(pp, [builder.add(builder.mul(params_stride, ir.Constant(_I64, k)), ir.Constant(_I64, 64 * j))])
+                return builder.load(builder.bitcast(p, ty.as_pointer()), align=1)
+
             for j in range(nr):
-                def param(k, ty):
-                    p = builder.gep(pp, [builder.add(builder.mul(params_stride, ir.Constant(_I64, k)), ir.Constant(_I64, 64 * j))])
-                    return builder.load(builder.bitcast(p, ty.as_pointer()), align=1)
-                params = [param(k, _V16) for k in range(4)] + [param(4, f32v)]
+                params = [param(k, j, _V16) for k in range(4)] + [param(4, j, f32v)]
                 valid = builder.icmp_signed("<", lanes, _splat(builder, builder.trunc(builder.sub(width, ir.Constant(_I64, 16 * j)), _I32), _V16))
                 for pid in (TFLM, SINGLE, XNNPACK):
                     with builder.if_then(builder.icmp_signed("==", profile, ir.Constant(_I64, pid))):
