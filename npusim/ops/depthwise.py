@@ -9,30 +9,30 @@ import numba as nb
 import numpy as np
 
 from ..jit import parallel_kernel
-from ..quant import requantize_to_output
 from .base import Kernel
+from .output_stage import output_parameters, output_stage_row
 from .padding import compute_padding
 from .requant import OutputStage
 
 
 @parallel_kernel
-def depthwise_conv(x, w, bias, groups, multiplier, stride_h, stride_w, dil_h, dil_w, pad_top, pad_left,
-                   in_zp, m, shift, real_scale, out_zp, lo, hi, profile, out):
+def depthwise_conv(x, w, groups, multiplier, stride_h, stride_w, dil_h, dil_w, pad_top, pad_left, in_zp,
+                   params, profile, out_zp, lo, hi, out):
     n_batch, in_h, in_w, in_c = x.shape
     _, out_h, out_w, out_c = out.shape
     kh, kw = w.shape[2], w.shape[3]
     per_group = n_batch // groups
-    # int32 accumulators, as TFLM's: at most kh*kw taps of 255 * 127, and twice the SIMD lanes of int64.
-    acc = np.empty((n_batch * out_h, out_c), dtype=np.int32)
     zp = np.int32(in_zp)
+    o16 = params.shape[2]
     for row in nb.prange(n_batch * out_h):
         n = row // out_h
         oy = row - n * out_h
         g = n // per_group
-        a = acc[row]
+        # int32 accumulators, as TFLM's: at most kh*kw taps of 255 * 127, and twice the SIMD lanes of int64.
+        a = np.empty(o16, dtype=np.int32)
+        p_group = params.ctypes.data + g * params.shape[1] * o16 * 4
         for ox in range(out_w):
-            for oc in range(out_c):
-                a[oc] = bias[g, oc]
+            a[:] = 0  # the bias is the stage's offset
             for ky in range(kh):
                 iy = oy * stride_h - pad_top + ky * dil_h
                 if iy < 0 or iy >= in_h:
@@ -52,8 +52,8 @@ def depthwise_conv(x, w, bias, groups, multiplier, stride_h, stride_w, dil_h, di
                             for mi in range(multiplier):
                                 oc = ic * multiplier + mi
                                 a[oc] += xv * np.int32(ws[oc])
-            for oc in range(out_c):
-                out[n, oy, ox, oc] = requantize_to_output(a[oc], m[oc], shift[oc], real_scale[oc], profile, out_zp, lo, hi)
+            output_stage_row(a.ctypes.data, p_group, o16 * 4, out.ctypes.data + ((n * out_h + oy) * out_w + ox) * out_c,
+                             out_c, profile, out_zp, lo, hi)
     return out
 
 
@@ -86,7 +86,7 @@ class DepthwiseConv2D(Kernel):
         return self.out_h * self.out_w * self.out_channels * self.kh * self.kw
 
     def workspace_bytes(self, n: int) -> int:
-        return n * self.out_h * self.out_channels * 8  # the kernel's int64 accumulator rows
+        return 0  # one int32 accumulator row per thread
 
     def __call__(self, x, w, b=None, shared=False):
         if x.shape[1:] != self.in_image_shape:  # the Numba loop indexes by the planned shape, unchecked
@@ -98,10 +98,11 @@ class DepthwiseConv2D(Kernel):
             x = np.concatenate([x] * groups)
         bias = np.zeros((groups, self.out_channels), dtype=np.int64) if b is None else np.ascontiguousarray(
             np.broadcast_to(b.reshape(-1, self.out_channels), (groups, self.out_channels)), dtype=np.int64)
+        params = output_parameters(bias, self.stage)
         out = np.empty((x.shape[0], self.out_h, self.out_w, self.out_channels), dtype=np.int8)
         s = self.stage
-        depthwise_conv(np.ascontiguousarray(x), np.ascontiguousarray(wg), bias, groups, self.multiplier,
+        depthwise_conv(np.ascontiguousarray(x), np.ascontiguousarray(wg), groups, self.multiplier,
                        o.get("stride_h", 1), o.get("stride_w", 1), o.get("dilation_h_factor", 1), o.get("dilation_w_factor", 1),
-                       self.pad_top, self.pad_left, np.int64(self.inputs[0].zero_point), s.multiplier, s.shift,
-                       s.real_scale, s.zero_point, s.lo, s.hi, self.profile, out)
+                       self.pad_top, self.pad_left, np.int64(self.inputs[0].zero_point), params, np.int64(self.profile),
+                       np.int64(s.zero_point), np.int64(s.lo), np.int64(s.hi), out)
         return out

@@ -2,12 +2,47 @@
 (TFLM micro/kernels/quantize_common.cc, dequantize_common.cc)."""
 from __future__ import annotations
 
+import math
+
+import numba as nb
 import numpy as np
 
 from ..errors import NpusimError
+from ..jit import parallel_kernel
 from ..quant import mbqm_array
 from .base import Kernel
 from .requant import requantization_multiplier
+
+
+@parallel_kernel
+def affine_quantize(x, scale, zero_point, out):
+    """AffineQuantize: TfLiteRound(val / scale) + zero_point, saturated to int8, with a float32
+    division (in double, 3.85f / 0.1f lands just below 38.5 and would round the other way).
+    Returns the number of values that are not finite or whose |val / scale| reaches 2^31 (TFLM's
+    static_cast<int32_t> is undefined there: x86 and Arm disagree), which the caller refuses."""
+    xf = x.reshape(-1)
+    of = out.reshape(-1)
+    bad = 0
+    for i in nb.prange(xf.size):
+        r = np.float64(xf[i] / scale)
+        a = abs(r)
+        if not a < 2.0**31:  # also true for NaN
+            bad += 1
+            a = 0.0
+        q = math.floor(a + 0.5)  # round half away from zero
+        v = np.int64(q if r >= 0 else -q) + zero_point
+        of[i] = -128 if v < -128 else (127 if v > 127 else v)
+    return bad
+
+
+@parallel_kernel
+def lookup(table, x, out):
+    """out = table[x] for bytes x."""
+    xf = x.reshape(-1)
+    of = out.reshape(-1)
+    for i in nb.prange(xf.size):
+        of[i] = table[xf[i]]
+    return out
 
 
 class Quantize(Kernel):
@@ -26,9 +61,9 @@ class Quantize(Kernel):
             if x.quant is None:
                 raise self.error(f"input {x.name!r} has no quantization parameters")
             self.requant = requantization_multiplier(np.float64(x.quant.scale[0]) / np.float64(y.quant.scale[0]))
-            # An 8-bit input has 256 possible values: requantize each once, then eval is a lookup.
-            self.low = int(np.iinfo(x.dtype).min)
-            codes = np.arange(self.low, self.low + 256, dtype=np.int64)
+            # An 8-bit input has 256 possible values: requantize each once, then eval is a lookup
+            # indexed by the input's byte.
+            codes = np.arange(256, dtype=np.uint8).view(x.dtype).astype(np.int64)
             self.table = np.clip(mbqm_array(codes - x.zero_point, *self.requant) + y.zero_point, -128, 127).astype(np.int8)
         elif x.dtype == np.float32:
             self.requant = None
@@ -40,23 +75,19 @@ class Quantize(Kernel):
 
     def __call__(self, x):
         y = self.outputs[0]
-        if self.requant is None:
+        if self.requant is not None:
+            return lookup(self.table, np.ascontiguousarray(x).view(np.uint8), np.empty(x.shape, dtype=np.int8))
+        scale = np.float32(y.quant.scale[0])
+        out = np.empty(x.shape, dtype=np.int8)
+        if affine_quantize(np.ascontiguousarray(x, dtype=np.float32), scale, np.int64(y.zero_point), out):
+            name = self.inputs[0].name
             if not np.all(np.isfinite(x)):
-                raise NpusimError(f"op {self.op.index} (QUANTIZE): input {self.inputs[0].name!r} holds NaN or infinite values")
-            # AffineQuantize: TfLiteRound(val / scale) + zero_point with a float32 division: in
-            # double, 3.85f / 0.1f lands just below 38.5 and would round the other way.
-            with np.errstate(over="ignore"):  # an overflow to inf is refused just below
-                r = (x.astype(np.float32) / np.float32(y.quant.scale[0])).astype(np.float64)
-            # Values beyond the int8 range saturate, as in TFLM; beyond int32, TFLM's
-            # static_cast<int32_t> is undefined (x86 and Arm disagree), so there is no answer to give.
-            if np.any(np.abs(r) >= 2.0**31):
-                big = float(x.reshape(-1)[np.argmax(np.abs(r).reshape(-1))])
-                raise self.error(f"input {self.inputs[0].name!r} holds {big:g}, out of range for scale "
-                                 f"{float(y.quant.scale[0]):g} (|value / scale| must stay below 2^31)")
-            q = np.sign(r) * np.floor(np.abs(r) + 0.5) + y.zero_point
-        else:
-            return self.table[x.astype(np.intp) - self.low]
-        return np.clip(q, -128, 127).astype(np.int8)
+                raise NpusimError(f"op {self.op.index} (QUANTIZE): input {name!r} holds NaN or infinite values")
+            with np.errstate(over="ignore"):
+                r = np.abs(x.astype(np.float32) / scale)
+            raise self.error(f"input {name!r} holds {float(x.reshape(-1)[np.argmax(r)]):g}, out of range for scale "
+                             f"{float(scale):g} (|value / scale| must stay below 2^31)")
+        return out
 
 
 class Dequantize(Kernel):

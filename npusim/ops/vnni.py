@@ -1,17 +1,19 @@
 """Exact int8 convolutions and matrix products on AVX-512 VNNI, with the fused output stage.
 
 VPDPBUSD multiplies 4 unsigned bytes by 4 signed bytes and adds the 4 products to an int32 lane,
-without saturation. Activations are made unsigned by adding 128 (u = x + 128), so
+without saturation. The kernel makes activations unsigned as it loads them, by flipping their sign
+bits (u = x + 128), so
 
     sum (x - zp) * w = sum u * w - (zp + 128) * sum w,
 
 and the second term, one number per channel, folds into the bias (gemm.accumulator_offset with
-zp + 128). Padding taps hold u = zp + 128 and so contribute exactly zero, as TFLM skips them.
+zp + 128). Padding taps hold x = zp and so contribute exactly zero, as TFLM skips them.
 Every int32 sum is exact while the depth K stays at most MAX_DEPTH (K * 255 * 128 < 2^31).
 
 Layouts:
-- activations: a padded unsigned copy [N, Hp, Wp, Cp], Cp = C rounded up to 4; the extra
-  channels meet zero weights. A convolution then reads its taps straight from this copy: the
+- activations: the int8 input itself when every tap falls inside the image and C is a multiple
+  of 4; else a padded copy [N, Hp, Wp, Cp], Cp = C rounded up to 4, whose extra channels meet
+  zero weights. A convolution then reads its taps straight from this copy: the
   reduction index is (tap, channel), and a tap is a fixed offset from the output pixel's corner
   (no im2col).
 - filters: per block of up to 64 output channels, [K4, nr, 16, 4] bytes (K4 = taps * Cp / 4,
@@ -35,6 +37,13 @@ from numba.extending import intrinsic
 from ..jit import parallel_kernel
 from ..quant import SINGLE, TFLM, XNNPACK
 from .gemm import accumulator_offset
+from .output_stage import (
+    load_parameters,
+    output_parameters,
+    splat,
+    store_bytes,
+    vector_output_stage,
+)
 
 MR = 6  # output pixels per micro-kernel call
 BLOCK = 64  # output channels per micro-kernel call (4 ZMM registers of 16 int32)
@@ -63,64 +72,6 @@ ENABLED = SUPPORTED and os.environ.get("NPUSIM_VNNI", "1") != "0"
 def usable(depth: int) -> bool:
     """Whether a reduction of `depth` int8 products runs on VNNI here."""
     return ENABLED and depth <= MAX_DEPTH
-
-
-def _splat(builder, value, vector_type):
-    undef = ir.Constant(vector_type, ir.Undefined)
-    lane0 = builder.insert_element(undef, value, ir.Constant(_I32, 0))
-    return builder.shuffle_vector(lane0, undef, ir.Constant(ir.VectorType(_I32, vector_type.count), None))
-
-
-def _vector_output_stage(builder, acc, params, profile, zero_point, lo, hi):
-    """16 int32 accumulators -> 16 int8 outputs: the vector form of quant.requantize_to_output for
-    one profile (the same integer steps; tests hold both to TFLM and to each other).
-
-    params: offset, multiplier, left shift, right shift (int32) and the xnnpack scale (float32),
-    16 channels each.
-    """
-    offset, m, left, right, scale = params
-    i64v, f32v = ir.VectorType(_I64, 16), ir.VectorType(ir.FloatType(), 16)
-    x = builder.add(acc, offset)  # the int32 accumulator of the runtimes (wraps as theirs)
-    # The clamp range of the requantized value before the zero point is added.
-    y_lo = _splat(builder, builder.trunc(builder.sub(lo, zero_point), _I32), acc.type)
-    y_hi = _splat(builder, builder.trunc(builder.sub(hi, zero_point), _I32), acc.type)
-
-    def c64(v):
-        return ir.Constant(i64v, v)
-
-    if profile == TFLM:
-        # SaturatingRoundingDoublingHighMul((x << left) as int32, M), then RoundingDivideByPOT(right).
-        # 0 <= M < 2^31, so the saturating case (both operands INT32_MIN) cannot occur.
-        ab = builder.mul(builder.sext(builder.shl(x, left), i64v), builder.sext(m, i64v))
-        nudge = builder.select(builder.icmp_signed(">=", ab, c64(0)), c64(1 << 30), c64(1 - (1 << 30)))
-        num = builder.add(ab, nudge)
-        # C++ division by 2^31 truncates toward zero: bias negative numerators before the shift.
-        high = builder.trunc(builder.ashr(builder.add(num, builder.and_(builder.ashr(num, c64(63)), c64(2**31 - 1))), c64(31)), acc.type)
-        one, zero = ir.Constant(acc.type, 1), ir.Constant(acc.type, 0)
-        mask = builder.sub(builder.shl(one, right), one)
-        threshold = builder.add(builder.ashr(mask, one), builder.zext(builder.icmp_signed("<", high, zero), acc.type))
-        rounded_up = builder.zext(builder.icmp_signed(">", builder.and_(high, mask), threshold), acc.type)
-        y = builder.add(builder.ashr(high, right), rounded_up)
-    elif profile == SINGLE:
-        # (x * M + 2^(total - 1)) >> total, total = 31 - shift = 31 - left + right.
-        total = builder.sext(builder.add(builder.sub(ir.Constant(acc.type, 31), left), right), i64v)
-        half = builder.shl(c64(1), builder.sub(total, c64(1)))
-        y = builder.ashr(builder.add(builder.mul(builder.sext(x, i64v), builder.sext(m, i64v)), half), total)
-        y = builder.select(builder.icmp_signed("<", y, builder.sext(y_lo, i64v)), builder.sext(y_lo, i64v), y)
-        y = builder.trunc(builder.select(builder.icmp_signed(">", y, builder.sext(y_hi, i64v)), builder.sext(y_hi, i64v), y), acc.type)
-    else:
-        # XNNPACK: round half to even of float32(x) * scale (float32), in the default rounding mode.
-        rint = cgutils.get_or_insert_function(builder.module, ir.FunctionType(f32v, [f32v]), "llvm.rint.v16f32")
-        product = builder.call(rint, [builder.fmul(builder.sitofp(x, f32v), scale)])
-        f_lo, f_hi = builder.sitofp(y_lo, f32v), builder.sitofp(y_hi, f32v)
-        product = builder.select(builder.fcmp_ordered("<", product, f_lo), f_lo, product)
-        product = builder.select(builder.fcmp_ordered(">", product, f_hi), f_hi, product)
-        y = builder.fptosi(product, acc.type)  # integer valued and in range: exact
-    # Clamp before adding the zero point (the sum cannot overflow int32 then); bounds are small.
-    y = builder.select(builder.icmp_signed("<", y, y_lo), y_lo, y)
-    y = builder.select(builder.icmp_signed(">", y, y_hi), y_hi, y)
-    y = builder.add(y, _splat(builder, builder.trunc(zero_point, _I32), acc.type))
-    return builder.trunc(y, ir.VectorType(ir.IntType(8), 16))
 
 
 def _micro_kernel(nr: int):
@@ -158,32 +109,22 @@ def _micro_kernel(nr: int):
                                                        _V16.as_pointer()), align=1) for j in range(nr)]
                     for r in range(MR):
                         a = builder.load(builder.bitcast(builder.gep(x, [builder.add(row_base[r], x_off)]), _I32.as_pointer()), align=1)
-                        av = _splat(builder, a, _V16)
+                        a = builder.xor(a, ir.Constant(_I32, 0x80808080))  # 4 int8 x -> 4 uint8 x + 128
+                        av = splat(builder, a, _V16)
                         for j in range(nr):
                             builder.store(builder.call(dpbusd, [builder.load(accs[r][j]), av, wv[j]]), accs[r][j])
             # Output stage on the registers; per-channel parameters: 5 rows of params_stride bytes.
-            pp = builder.inttoptr(params_ptr, i8p)
-            v16i8 = ir.VectorType(ir.IntType(8), 16)
-            masked_store = cgutils.get_or_insert_function(
-                builder.module, ir.FunctionType(ir.VoidType(), [v16i8, v16i8.as_pointer(), _I32, ir.VectorType(ir.IntType(1), 16)]),
-                "llvm.masked.store.v16i8.p0")
-            lanes = ir.Constant(_V16, list(range(16)))
-            f32v = ir.VectorType(ir.FloatType(), 16)
+            params = builder.inttoptr(params_ptr, i8p)
             out = builder.inttoptr(out_ptr, i8p)
-            def param(k, j, ty):  # row k of the parameters, channels 16j .. 16j + 15 of the block
-                p = builder.gep(pp, [builder.add(builder.mul(params_stride, ir.Constant(_I64, k)), ir.Constant(_I64, 64 * j))])
-                return builder.load(builder.bitcast(p, ty.as_pointer()), align=1)
-
             for j in range(nr):
-                params = [param(k, j, _V16) for k in range(4)] + [param(4, j, f32v)]
-                valid = builder.icmp_signed("<", lanes, _splat(builder, builder.trunc(builder.sub(width, ir.Constant(_I64, 16 * j)), _I32), _V16))
+                pj = load_parameters(builder, params, params_stride, j)
                 for pid in (TFLM, SINGLE, XNNPACK):
                     with builder.if_then(builder.icmp_signed("==", profile, ir.Constant(_I64, pid))):
                         for r in range(MR):
                             with builder.if_then(builder.icmp_signed("<", ir.Constant(_I64, r), rows)):
-                                y = _vector_output_stage(builder, builder.load(accs[r][j]), params, pid, zero_point, lo, hi)
+                                y = vector_output_stage(builder, builder.load(accs[r][j]), pj, pid, zero_point, lo, hi)
                                 dst = builder.gep(out, [builder.add(builder.mul(out_stride, ir.Constant(_I64, r)), ir.Constant(_I64, 16 * j))])
-                                builder.call(masked_store, [y, builder.bitcast(dst, v16i8.as_pointer()), ir.Constant(_I32, 1), valid])
+                                store_bytes(builder, y, dst, builder.sub(width, ir.Constant(_I64, 16 * j)))
             return context.get_dummy_value()
 
         return sig, codegen
@@ -215,9 +156,9 @@ def pack_filters(w, cp):
 
 
 @parallel_kernel
-def pad_unsigned(x, pad_top, pad_left, fill, out):
-    """out[n, y, x, c] = x[n, y - pad_top, x - pad_left, c] + 128 inside the image, fill outside,
-    for the rows and columns of out (which may end before or after the image); channels past C: 0."""
+def pad_input(x, pad_top, pad_left, fill, out):
+    """out[n, y, x, c] = x[n, y - pad_top, x - pad_left, c] inside the image, fill outside, for the
+    rows and columns of out (which may end before or after the image); channels past C: 0."""
     n_batch, in_h, in_w, channels = x.shape
     _, hp, wp, cp = out.shape
     for row in nb.prange(n_batch * hp):
@@ -230,7 +171,7 @@ def pad_unsigned(x, pad_top, pad_left, fill, out):
             if 0 <= iy < in_h and 0 <= ix < in_w:
                 src = x[n, iy, ix]
                 for c in range(channels):
-                    o[c] = np.uint8(np.int32(src[c]) + 128)
+                    o[c] = src[c]
                 for c in range(channels, cp):
                     o[c] = 0
             else:
@@ -286,21 +227,6 @@ def conv_vnni(xp, packed, taps, c4, out_h, out_w, stride_h, stride_w, groups, sh
     return out
 
 
-def output_parameters(weights, bias, input_zero_point, stage) -> np.ndarray:
-    """[G, 5, O16] int32 per group and channel: the accumulator offset of the unsigned activations
-    (bias - (zp + 128) * sum w, wrapped to int32 as the runtimes' accumulators), M, left and right
-    shift, and the bits of the float32 xnnpack scale. Channels past O are zero (never stored)."""
-    offset = accumulator_offset(weights, bias, input_zero_point + 128)
-    groups, o = offset.shape
-    params = np.zeros((groups, 5, (o + 15) // 16 * 16), dtype=np.int32)
-    params[:, 0, :o] = offset.astype(np.int32)  # two's complement wrap
-    params[:, 1, :o] = stage.multiplier
-    params[:, 2, :o] = np.maximum(stage.shift, 0)
-    params[:, 3, :o] = np.maximum(-stage.shift, 0)
-    params[:, 4, :o] = stage.real_scale.astype(np.float32).view(np.int32)
-    return params
-
-
 def convolve(x, w, bias, input_zero_point, stride, dilation, pad, out_hw, stage, profile, shared=False):
     """Exact int8 convolution with its output stage.
 
@@ -313,11 +239,15 @@ def convolve(x, w, bias, input_zero_point, stride, dilation, pad, out_hw, stage,
     (sh, sw), (dh, dw), (pad_top, pad_left), (out_h, out_w) = stride, dilation, pad, out_hw
     cp = (c + 3) // 4 * 4
     hp, wp = (out_h - 1) * sh + (kh - 1) * dh + 1, (out_w - 1) * sw + (kw - 1) * dw + 1
-    xp = pad_unsigned(np.ascontiguousarray(x), pad_top, pad_left, np.uint8(input_zero_point + 128),
-                      np.empty((x.shape[0], hp, wp, cp), dtype=np.uint8))
+    if (pad_top, pad_left, cp) == (0, 0, c) and hp <= x.shape[1] and wp <= x.shape[2]:
+        xp = np.ascontiguousarray(x)  # every tap inside the image: read the input itself
+        hp, wp = x.shape[1], x.shape[2]
+    else:
+        xp = pad_input(np.ascontiguousarray(x), pad_top, pad_left, np.int8(input_zero_point),
+                       np.empty((x.shape[0], hp, wp, cp), dtype=np.int8))
     taps = np.array([(ky * dh * wp + kx * dw) * cp for ky in range(kh) for kx in range(kw)], dtype=np.int64)
     packed = pack_filters(np.ascontiguousarray(w).reshape(groups, o, kh * kw, c), cp)
-    params = output_parameters(w, bias, input_zero_point, stage)
+    params = output_parameters(accumulator_offset(w, bias, input_zero_point + 128), stage)
     rows = x.shape[0] * out_h * out_w * (groups if shared else 1)
     out = np.empty((rows, o), dtype=np.int8)
     return conv_vnni(xp, packed, taps, cp // 4, out_h, out_w, sh, sw, groups, shared, o, params, np.int64(profile),

@@ -1,0 +1,140 @@
+"""The output stage of the MAC ops as LLVM vector code: 16 int32 accumulators to 16 int8 outputs.
+
+The same integer steps as quant.requantize_to_output, for each rounding profile, written on
+vectors so that they run in registers (Numba does not vectorize the scalar form inside the
+kernels' loops). The oracle tests hold it to TFLM and LiteRT, and to the scalar form. Only
+generic LLVM vector operations: it compiles for any x86 (AVX-512 gives the best code).
+"""
+from __future__ import annotations
+
+import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from ..quant import SINGLE, TFLM, XNNPACK
+
+_I32, _I64 = ir.IntType(32), ir.IntType(64)
+_V16 = ir.VectorType(_I32, 16)
+_F16 = ir.VectorType(ir.FloatType(), 16)
+_B16 = ir.VectorType(ir.IntType(8), 16)
+PARAMETER_ROWS = 5  # offset, multiplier, left shift, right shift, xnnpack scale
+
+
+def splat(builder, value, vector_type):
+    undef = ir.Constant(vector_type, ir.Undefined)
+    lane0 = builder.insert_element(undef, value, ir.Constant(_I32, 0))
+    return builder.shuffle_vector(lane0, undef, ir.Constant(ir.VectorType(_I32, vector_type.count), None))
+
+
+def vector_output_stage(builder, acc, params, profile, zero_point, lo, hi):
+    """16 int32 accumulators -> 16 int8 outputs: the vector form of quant.requantize_to_output for
+    one profile (the same integer steps; tests hold both to TFLM and to each other).
+
+    params: offset, multiplier, left shift, right shift (int32) and the xnnpack scale (float32),
+    16 channels each.
+    """
+    offset, m, left, right, scale = params
+    i64v, f32v = ir.VectorType(_I64, 16), ir.VectorType(ir.FloatType(), 16)
+    x = builder.add(acc, offset)  # the int32 accumulator of the runtimes (wraps as theirs)
+    # The clamp range of the requantized value before the zero point is added.
+    y_lo = splat(builder, builder.trunc(builder.sub(lo, zero_point), _I32), acc.type)
+    y_hi = splat(builder, builder.trunc(builder.sub(hi, zero_point), _I32), acc.type)
+
+    def c64(v):
+        return ir.Constant(i64v, v)
+
+    if profile == TFLM:
+        # SaturatingRoundingDoublingHighMul((x << left) as int32, M), then RoundingDivideByPOT(right).
+        # 0 <= M < 2^31, so the saturating case (both operands INT32_MIN) cannot occur.
+        ab = builder.mul(builder.sext(builder.shl(x, left), i64v), builder.sext(m, i64v))
+        nudge = builder.select(builder.icmp_signed(">=", ab, c64(0)), c64(1 << 30), c64(1 - (1 << 30)))
+        num = builder.add(ab, nudge)
+        # C++ division by 2^31 truncates toward zero: bias negative numerators before the shift.
+        high = builder.trunc(builder.ashr(builder.add(num, builder.and_(builder.ashr(num, c64(63)), c64(2**31 - 1))), c64(31)), acc.type)
+        one, zero = ir.Constant(acc.type, 1), ir.Constant(acc.type, 0)
+        mask = builder.sub(builder.shl(one, right), one)
+        threshold = builder.add(builder.ashr(mask, one), builder.zext(builder.icmp_signed("<", high, zero), acc.type))
+        rounded_up = builder.zext(builder.icmp_signed(">", builder.and_(high, mask), threshold), acc.type)
+        y = builder.add(builder.ashr(high, right), rounded_up)
+    elif profile == SINGLE:
+        # (x * M + 2^(total - 1)) >> total, total = 31 - shift = 31 - left + right.
+        total = builder.sext(builder.add(builder.sub(ir.Constant(acc.type, 31), left), right), i64v)
+        half = builder.shl(c64(1), builder.sub(total, c64(1)))
+        y = builder.ashr(builder.add(builder.mul(builder.sext(x, i64v), builder.sext(m, i64v)), half), total)
+        y = builder.select(builder.icmp_signed("<", y, builder.sext(y_lo, i64v)), builder.sext(y_lo, i64v), y)
+        y = builder.trunc(builder.select(builder.icmp_signed(">", y, builder.sext(y_hi, i64v)), builder.sext(y_hi, i64v), y), acc.type)
+    else:
+        # XNNPACK: round half to even of float32(x) * scale (float32), in the default rounding mode.
+        rint = cgutils.get_or_insert_function(builder.module, ir.FunctionType(f32v, [f32v]), "llvm.rint.v16f32")
+        product = builder.call(rint, [builder.fmul(builder.sitofp(x, f32v), scale)])
+        f_lo, f_hi = builder.sitofp(y_lo, f32v), builder.sitofp(y_hi, f32v)
+        product = builder.select(builder.fcmp_ordered("<", product, f_lo), f_lo, product)
+        product = builder.select(builder.fcmp_ordered(">", product, f_hi), f_hi, product)
+        y = builder.fptosi(product, acc.type)  # integer valued and in range: exact
+    # Clamp before adding the zero point (the sum cannot overflow int32 then); bounds are small.
+    y = builder.select(builder.icmp_signed("<", y, y_lo), y_lo, y)
+    y = builder.select(builder.icmp_signed(">", y, y_hi), y_hi, y)
+    y = builder.add(y, splat(builder, builder.trunc(zero_point, _I32), acc.type))
+    return builder.trunc(y, ir.VectorType(ir.IntType(8), 16))
+
+
+def load_parameters(builder, params, stride, j):
+    """The 5 parameter vectors of channels 16j .. 16j + 15 (params: i8* to channel 0 of row 0,
+    stride: bytes between rows)."""
+    def row(k, ty):
+        p = builder.gep(params, [builder.add(builder.mul(stride, ir.Constant(_I64, k)), ir.Constant(_I64, 64 * j))])
+        return builder.load(builder.bitcast(p, ty.as_pointer()), align=1)
+
+    return [row(k, _V16) for k in range(4)] + [row(4, _F16)]
+
+
+def store_bytes(builder, y, dst, count):
+    """Store the first `count` (i64, may exceed 16) lanes of the <16 x i8> y at dst (i8*)."""
+    masked_store = cgutils.get_or_insert_function(
+        builder.module, ir.FunctionType(ir.VoidType(), [_B16, _B16.as_pointer(), _I32, ir.VectorType(ir.IntType(1), 16)]),
+        "llvm.masked.store.v16i8.p0")
+    lanes = ir.Constant(_V16, list(range(16)))
+    limit = builder.trunc(builder.select(builder.icmp_signed(">", count, ir.Constant(_I64, 16)), ir.Constant(_I64, 16), count), _I32)
+    valid = builder.icmp_signed("<", lanes, splat(builder, limit, _V16))
+    builder.call(masked_store, [y, builder.bitcast(dst, _B16.as_pointer()), ir.Constant(_I32, 1), valid])
+
+
+@intrinsic
+def output_stage_row(typingctx, acc_ptr, params_ptr, params_stride, out_ptr, count, profile, zero_point, lo, hi):
+    """out[c] = output stage of acc[c] for c < count: int32 acc, int8 out, parameters as
+    output_parameters lays them out (params_ptr at channel 0, params_stride bytes per row)."""
+    sig = types.void(*([types.int64] * 9))
+
+    def codegen(context, builder, signature, args):
+        acc_ptr, params_ptr, params_stride, out_ptr, count, profile, zero_point, lo, hi = args
+        i8p = ir.IntType(8).as_pointer()
+        acc, params, out = (builder.inttoptr(v, i8p) for v in (acc_ptr, params_ptr, out_ptr))
+        vectors = builder.sdiv(builder.add(count, ir.Constant(_I64, 15)), ir.Constant(_I64, 16))
+        for pid in (TFLM, SINGLE, XNNPACK):
+            with builder.if_then(builder.icmp_signed("==", profile, ir.Constant(_I64, pid))):
+                with cgutils.for_range(builder, vectors) as loop:
+                    v = loop.index
+                    a = builder.load(builder.bitcast(builder.gep(acc, [builder.mul(v, ir.Constant(_I64, 64))]), _V16.as_pointer()), align=1)
+                    p = builder.gep(params, [builder.mul(v, ir.Constant(_I64, 64))])
+                    y = vector_output_stage(builder, a, load_parameters(builder, p, params_stride, 0), pid, zero_point, lo, hi)
+                    first = builder.mul(v, ir.Constant(_I64, 16))
+                    store_bytes(builder, y, builder.gep(out, [first]), builder.sub(count, first))
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+def output_parameters(offset, stage) -> np.ndarray:
+    """[G, 5, O16] int32 per group and channel: the accumulator offset [G, O] (the part of the
+    accumulator that the kernel does not sum, wrapped to int32 as the runtimes' accumulators), M,
+    left and right shift, and the bits of the float32 xnnpack scale. Channels past O are zero."""
+    groups, o = offset.shape
+    params = np.zeros((groups, 5, (o + 15) // 16 * 16), dtype=np.int32)
+    params[:, 0, :o] = offset.astype(np.int32)  # two's complement wrap
+    params[:, 1, :o] = stage.multiplier
+    params[:, 2, :o] = np.maximum(stage.shift, 0)
+    params[:, 3, :o] = np.maximum(-stage.shift, 0)
+    params[:, 4, :o] = stage.real_scale.astype(np.float32).view(np.int32)
+    return params
