@@ -291,51 +291,52 @@ def bench_workload(name: str, model: bytes, inputs: np.ndarray, batches, reps: d
 # ----------------------------------------------------------------------------------------------
 
 def conv_stages(model: bytes, x: np.ndarray, reps: int) -> list[tuple[str, float, float]]:
-    """Time each stage of Conv2D.__call__ separately (same calls, same arrays; cols and products are
-    reused, so the stages do not pay the page faults of fresh buffers that a real call pays), with the
-    default threads and with one Numba and one BLAS thread."""
+    """Time each stage of Conv2D.__call__ on the VNNI path (same calls, same arrays: the stages do not
+    pay the page faults of fresh buffers that a real call pays), and the whole call on both kernel
+    paths, with the default threads and with one Numba and one BLAS thread."""
     import npusim
-    from npusim.ops.conv import im2col
-    from npusim.ops.gemm import accumulator_offset, int_matmul, requantize_products
+    from npusim.ops import vnni
+    from npusim.ops.gemm import accumulator_offset
 
     sim = npusim.Interpreter(model, profile="tflm")
     kern = sim.kernels[0]
     w = sim.graph.tensors[kern.op.inputs[1]].data
     b = sim.graph.tensors[kern.op.inputs[2]].data
-    n, o = x.shape[0], kern.options
-    k = kern.kh * kern.kw * x.shape[3]
-    cols = np.empty((n * kern.out_h * kern.out_w, k), dtype=np.float32)
-
-    def do_im2col():
-        im2col(x, kern.kh, kern.kw, o.get("stride_h", 1), o.get("stride_w", 1), o.get("dilation_h_factor", 1),
-               o.get("dilation_w_factor", 1), kern.pad_top, kern.pad_left, kern.out_h, kern.out_w,
-               np.float32(kern.inputs[0].zero_point), cols)
-
-    do_im2col()
-    cols3 = cols.reshape(1, -1, k)
+    o, c, zp = kern.options, x.shape[3], kern.inputs[0].zero_point
+    sh, sw, dh, dw = o.get("stride_h", 1), o.get("stride_w", 1), o.get("dilation_h_factor", 1), o.get("dilation_w_factor", 1)
     wg = w[None]
-    wt = wg.reshape(1, kern.out_channels, k).astype(np.float32).transpose(0, 2, 1)
-    products = int_matmul(cols3, wg.reshape(1, kern.out_channels, k))
-    offset = accumulator_offset(wg, b, kern.inputs[0].zero_point)
+    cp = (c + 3) // 4 * 4
+    hp, wp = (kern.out_h - 1) * sh + (kern.kh - 1) * dh + 1, (kern.out_w - 1) * sw + (kern.kw - 1) * dw + 1
+    xp = np.empty((x.shape[0], hp, wp, cp), dtype=np.int8)
+    taps = np.array([(ky * dh * wp + kx * dw) * cp for ky in range(kern.kh) for kx in range(kern.kw)], dtype=np.int64)
+    packed = vnni.pack_filters(wg.reshape(1, kern.out_channels, kern.kh * kern.kw, c), cp)
     s = kern.stage
-    out = np.empty(products.shape, dtype=np.int8)
+    params = vnni.output_parameters(accumulator_offset(wg, b, zp + 128), s)
+    out = np.empty((x.shape[0] * kern.out_h * kern.out_w, kern.out_channels), dtype=np.int8)
 
-    def requant():
-        requantize_products(products, offset, s.multiplier, s.shift, s.real_scale, s.zero_point, s.lo, s.hi,
-                            kern.profile, out)
+    def on_path(enabled, fn):
+        def call():
+            saved, vnni.ENABLED = vnni.ENABLED, enabled
+            try:
+                return fn()
+            finally:
+                vnni.ENABLED = saved
+        return call
 
-    wt_c = np.ascontiguousarray(wt)
-    stages = [
-        ("np.empty cols (float32)", lambda: np.empty((n * kern.out_h * kern.out_w, k), dtype=np.float32)),
-        ("im2col (Numba, float32 cols)", do_im2col),
-        ("int_matmul (weights cast + np.matmul)", lambda: int_matmul(cols3, wg.reshape(1, kern.out_channels, k))),
-        ("  of which weights astype/transpose", lambda: wg.reshape(1, kern.out_channels, k).astype(np.float32).transpose(0, 2, 1)),
-        ("  of which np.matmul alone (sgemm)", lambda: np.matmul(cols3, wt)),
-        ("  np.matmul, 2-D contiguous weights", lambda: np.matmul(cols, wt_c[0])),
-        ("accumulator_offset", lambda: accumulator_offset(wg, b, kern.inputs[0].zero_point)),
-        ("requantize_products (Numba)", requant),
-        ("whole Conv2D.__call__", lambda: kern(x, w, b)),
-        ("whole Interpreter.run", lambda: sim.run(x)),
+    stages = []
+    if vnni.SUPPORTED:
+        stages += [
+            ("pad_input (Numba: the padded int8 copy)", lambda: vnni.pad_input(x, kern.pad_top, kern.pad_left, np.int8(zp), xp)),
+            ("pack_filters (Numba)", lambda: vnni.pack_filters(wg.reshape(1, kern.out_channels, kern.kh * kern.kw, c), cp)),
+            ("output_parameters", lambda: vnni.output_parameters(accumulator_offset(wg, b, zp + 128), s)),
+            ("conv_vnni (VNNI micro-kernel + vector output stage)",
+             lambda: vnni.conv_vnni(xp, packed, taps, cp // 4, kern.out_h, kern.out_w, sh, sw, 1, False, kern.out_channels,
+                                    params, np.int64(kern.profile), np.int64(s.zero_point), np.int64(s.lo), np.int64(s.hi), out)),
+            ("whole Conv2D.__call__, VNNI path", on_path(True, lambda: kern(x, w, b))),
+        ]
+    stages += [
+        ("whole Conv2D.__call__, float32 BLAS path (im2col + sgemm)", on_path(False, lambda: kern(x, w, b))),
+        ("whole Interpreter.run (default path)", lambda: sim.run(x)),
     ]
     default = [median_time(fn, reps, warmup=1) for _, fn in stages]
     with single_thread():
@@ -376,6 +377,15 @@ def _op_times(model: bytes, x: np.ndarray, reps: int) -> dict:
 # ----------------------------------------------------------------------------------------------
 # Environment
 # ----------------------------------------------------------------------------------------------
+
+def kernel_path() -> str:
+    from npusim.ops import vnni
+
+    if vnni.ENABLED:
+        return "AVX-512 VNNI, exact int32 accumulation (npusim/ops/vnni.py)"
+    why = "NPUSIM_VNNI=0" if vnni.SUPPORTED else "this CPU has no AVX-512 VNNI"
+    return f"float32 BLAS GEMM, exact by chunking ({why})"
+
 
 def cpu_model() -> str:
     try:
@@ -696,6 +706,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{' '.join(f'{v:.2f}' for v in os.getloadavg())} (other processes on the machine skew every time here)",
         f"- threads: LiteRT num_threads={LITERT_THREADS}; numba.get_num_threads()={numba.get_num_threads()} "
         f"(layer {numba.threading_layer() if rows else 'n/a'}); BLAS: {blas_threads()}",
+        f"- npusim MAC kernels (CONV_2D, FULLY_CONNECTED): {kernel_path()}",
         "", *table(rows), "",
         "Times are medians over repetitions after one untimed warm-up call, for the whole batch, including "
         "set_tensor/get_tensor (LiteRT) and the input check (npusim). npusim: `Interpreter(model, profile='tflm').run(x)` "
