@@ -496,6 +496,49 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # Linux: kilobytes
 
 
+def current_rss_mb() -> float:
+    """Resident set size now (Linux /proc/self/statm), in MB."""
+    pages = int(Path("/proc/self/statm").read_text().split()[1])
+    return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def memory_child(shared: str, name: str, batch: int, calls: int) -> None:
+    """Run in a fresh process (see memory_of_run): one model at one batch, alone. Prints JSON with the
+    resident memory after setup, the peak of the first run, and the resident memory after each of
+    `calls` further runs (flat if no allocation outlives a call)."""
+    import json
+
+    import npusim
+
+    model = (Path(shared) / "models" / MODELS[name]).read_bytes()
+    sim = npusim.Interpreter(model, profile="tflm")
+    t_in = sim.graph.input(0)
+    x, _ = model_inputs(Path(shared), name, batch, t_in.shape, t_in.dtype)
+    x = np.ascontiguousarray(x)
+    gc.collect()
+    setup = current_rss_mb()
+    sim.run(x)
+    peak = peak_rss_mb()
+    after = []
+    for _ in range(calls):
+        sim.run(x)
+        gc.collect()
+        after.append(current_rss_mb())
+    print(json.dumps({"setup": setup, "peak": peak, "after": after, "input_mb": x.nbytes / 2**20}))
+
+
+def memory_of_run(shared: Path, name: str, batch: int, calls: int = 10) -> dict:
+    """memory_child in a fresh interpreter, so that the peak is this run's alone."""
+    import json
+    import subprocess
+
+    code = f"from experiments.bench import memory_child; memory_child({str(shared)!r}, {name!r}, {batch}, {calls})"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1])
+    if done.returncode:
+        raise SystemExit(f"memory run of {name} at batch {batch} failed: {done.stderr.strip().splitlines()[-1:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 # ----------------------------------------------------------------------------------------------
 # Inputs for the shared models
 # ----------------------------------------------------------------------------------------------
@@ -637,6 +680,7 @@ def main(argv: list[str] | None = None) -> int:
         return {n: (2 if q else (fast if n <= 16 else slow)) for n in batches}
 
     rows: list[Row] = []
+    memory: list[str] = []
     notes: list[str] = []
     breakdown: list[str] = []
     import numba
@@ -677,6 +721,11 @@ def main(argv: list[str] | None = None) -> int:
             log(f"{name} ({fname}), inputs: {desc}")
             reps = {"npusim": reps_for(args.model_batches, 7, 3), "litert": reps_for(args.model_batches, 7, 3)}
             rows += bench_workload(name, model, x, args.model_batches, reps, tflm_images=2 if q else 16, log=log)
+            nb_ = max(args.model_batches)
+            mem = memory_of_run(args.shared, name, nb_)
+            growth = max(mem["after"]) - mem["after"][0]
+            memory.append(f"| {name} | {nb_} | {mem['input_mb']:.1f} | {mem['setup']:.0f} | {mem['peak']:.0f} | "
+                          f"{mem['peak'] - mem['setup']:.0f} | {' '.join(f'{v:.0f}' for v in mem['after'])} | {growth:+.1f} |")
             if not q and not args.no_breakdown:
                 nb_ = max(args.model_batches)
                 log(f"  per-op breakdown at batch {nb_}")
@@ -729,6 +778,14 @@ def main(argv: list[str] | None = None) -> int:
         lines += ["## Floors and targets", "", *targets(rows), ""]
     if zo_lines:
         lines += zo_lines
+    if memory:
+        lines += ["## Memory of a model run", "",
+                  "Each model at the largest batch, alone in a fresh process (`memory_child`): resident memory after "
+                  "loading the model and the input, the peak of the first run (ru_maxrss), and the resident memory after "
+                  "each of 10 further runs. A flat last column means no allocation outlives a call.", "",
+                  "| model | batch | input MB | RSS after setup MB | peak RSS of the run MB | peak - setup MB | "
+                  "RSS after each further run MB | growth over 10 runs MB |",
+                  "|---|---|---|---|---|---|---|---|", *memory, ""]
     if breakdown:
         lines += ["## Where npusim's time goes", "", *breakdown]
     lines.append(f"Peak RSS of the bench process: {rss:.0f} MB (resource.getrusage ru_maxrss).")

@@ -117,7 +117,8 @@ class Interpreter:
         return np.ascontiguousarray(x)
 
     # -- evaluation -----------------------------------------------------------------------------
-    def evaluate(self, values: dict, kernels=None, overrides: dict | None = None, shared_batch: int | None = None) -> dict:
+    def evaluate(self, values: dict, kernels=None, overrides: dict | None = None, shared_batch: int | None = None,
+                 keep: set | None = None) -> dict:
         """Run kernels (default: all) on a dict {tensor index: array}, adding their outputs to it.
 
         overrides maps constant tensor indices to replacement arrays. Weights of CONV_2D,
@@ -126,9 +127,14 @@ class Interpreter:
         all groups (computed once) and one of batch G*B holds one slice per group; an op meeting both
         sees the shared one repeated, and a grouped layer reading a shared input runs all groups as
         one wide GEMM.
+        keep (with the whole plan only): drop every other activation after its last reader, so that a
+        run holds only the live tensors (a batch of 256 through MobileNetV2 would otherwise hold them
+        all, several hundred MB).
         """
         tensors = self.graph.tensors
-        for kernel in self.kernels if kernels is None else kernels:
+        plan = self.kernels if kernels is None else kernels
+        last_reader = self._last_reader() if keep is not None and kernels is None else {}
+        for position, kernel in enumerate(plan):
             args = []
             for t in kernel.op.inputs:
                 if t < 0:
@@ -154,7 +160,19 @@ class Interpreter:
                 raise NpusimError(f"op {kernel.op.index} ({kernel.kind}): computed {result.dtype.name} {list(result.shape)}, "
                                   f"the model declares {np.dtype(out.dtype).name} [{declared}] for {out.name!r}")
             values[kernel.op.outputs[0]] = result
+            for t in kernel.op.inputs:
+                if last_reader.get(t) == position and t not in keep:
+                    values.pop(t, None)
         return values
+
+    def _last_reader(self) -> dict:
+        """{tensor index: position in the plan of the last kernel that reads it}."""
+        last = {}
+        for position, kernel in enumerate(self.kernels):
+            for t in kernel.op.inputs:
+                if t >= 0:
+                    last[t] = position
+        return last
 
     def _call_grouped(self, kernel, args, shared_batch):
         tensors = self.graph.tensors
@@ -176,7 +194,11 @@ class Interpreter:
         return self.evaluate(values, overrides=overrides)
 
     def run(self, x: np.ndarray, overrides: dict | None = None) -> np.ndarray:
-        return self.run_all(x, overrides)[self.graph.outputs[0]]
+        if len(self.graph.inputs) != 1:
+            raise NpusimError(f"model has {len(self.graph.inputs)} inputs, run feeds one; give them all to evaluate()")
+        out = self.graph.outputs[0]
+        values = {self.graph.inputs[0]: self.check_input(x)}
+        return self.evaluate(values, overrides=overrides, keep={out})[out]
 
     def macs(self) -> int:
         return sum(k.macs() for k in self.kernels)

@@ -1,0 +1,65 @@
+"""Memory: repeated runs do not grow the process, and a run holds only its live activations.
+
+The peak resident memory of a batch-256 run of each shared model is reported by `make bench`
+(section "Memory of a model run"); here the properties behind it are held.
+"""
+import gc
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import npusim
+import oracle as O
+from shared_paths import RESNET, need
+
+GROWTH_LIMIT_MB = 8.0  # allocator noise; a per-call leak of a batch's activations is far larger
+
+
+def rss_mb() -> float:
+    pages = int(Path("/proc/self/statm").read_text().split()[1])
+    return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def conv_model() -> bytes:
+    rng = np.random.default_rng(0)
+    w = rng.integers(-127, 128, (32, 3, 3, 16), dtype=np.int8)
+    return O.conv2d_model((1, 32, 32, 16), w, rng.integers(-500, 500, 32).astype(np.int32), 0.05, -3,
+                          np.full(32, 0.004, np.float32), 0.4, 5, stride=(1, 1), padding="SAME", dilation=(1, 1),
+                          activation="RELU")
+
+
+def assert_flat(sim: npusim.Interpreter, x: np.ndarray, calls: int = 30):
+    for _ in range(3):
+        sim.run(x)
+    gc.collect()
+    before = rss_mb()
+    for _ in range(calls):
+        sim.run(x)
+    gc.collect()
+    grown = rss_mb() - before
+    # One leaked output per call would be calls * output bytes.
+    leak = calls * sim.run(x).nbytes / 2**20
+    assert grown < GROWTH_LIMIT_MB, f"resident memory grew {grown:.1f} MB over {calls} runs (a leaked output per run: {leak:.1f} MB)"
+
+
+@pytest.mark.skipif(not Path("/proc/self/statm").exists(), reason="needs Linux /proc to read the resident set size")
+def test_repeated_conv_runs_do_not_grow_memory():
+    sim = npusim.Interpreter(conv_model())
+    assert_flat(sim, np.random.default_rng(1).integers(-128, 128, (64, 32, 32, 16), dtype=np.int8))
+
+
+@pytest.mark.skipif(not Path("/proc/self/statm").exists(), reason="needs Linux /proc to read the resident set size")
+def test_repeated_model_runs_do_not_grow_memory():
+    sim = npusim.Interpreter(Path(need(RESNET)).read_bytes())
+    assert_flat(sim, np.random.default_rng(2).integers(-128, 128, (64, 32, 32, 3), dtype=np.int8))
+
+
+def test_run_drops_activations_after_their_last_reader():
+    sim = npusim.Interpreter(Path(need(RESNET)).read_bytes())
+    x = np.random.default_rng(3).integers(-128, 128, (4, 32, 32, 3), dtype=np.int8)
+    out = sim.graph.outputs[0]
+    values = sim.evaluate({sim.graph.inputs[0]: x}, keep={out})
+    assert set(values) == {out}
+    np.testing.assert_array_equal(values[out], sim.run_all(x)[out])
