@@ -161,22 +161,27 @@ def pad_input(x, pad_top, pad_left, fill, out):
     rows and columns of out (which may end before or after the image); channels past C: 0."""
     n_batch, in_h, in_w, channels = x.shape
     _, hp, wp, cp = out.shape
+    inside = max(0, min(in_w, wp - pad_left))  # image columns that land in out
     for row in nb.prange(n_batch * hp):
         n = row // hp
         y = row - n * hp
         iy = y - pad_top
-        for xx in range(wp):
-            ix = xx - pad_left
-            o = out[n, y, xx]
-            if 0 <= iy < in_h and 0 <= ix < in_w:
-                src = x[n, iy, ix]
+        dst = out[n, y].reshape(-1)
+        if iy < 0 or iy >= in_h:
+            dst[:] = fill
+            continue
+        dst[:pad_left * cp] = fill
+        dst[(pad_left + inside) * cp:] = fill
+        src = x[n, iy].reshape(-1)
+        if cp == channels:  # whole rows are contiguous on both sides: one flat copy
+            dst[pad_left * cp:(pad_left + inside) * cp] = src[:inside * cp]
+        else:
+            for ix in range(inside):
+                o = (pad_left + ix) * cp
                 for c in range(channels):
-                    o[c] = src[c]
+                    dst[o + c] = src[ix * channels + c]
                 for c in range(channels, cp):
-                    o[c] = 0
-            else:
-                for c in range(cp):
-                    o[c] = fill
+                    dst[o + c] = 0
     return out
 
 
@@ -202,14 +207,23 @@ def conv_vnni(xp, packed, taps, c4, out_h, out_w, stride_h, stride_w, groups, sh
         bases = np.empty(MR, dtype=np.int64)
         w_group = packed.ctypes.data + g * packed.shape[1]
         p_group = params.ctypes.data + g * params.shape[1] * params.shape[2] * 4
+        # The output pixel (image i, row oy, column ox) of the task's first block; then step one
+        # pixel at a time (divisions per pixel would cost as much as a small layer's reduction).
+        p0 = first_block * MR
+        i = p0 // pixels
+        oy = (p0 - i * pixels) // out_w
+        ox = p0 - i * pixels - oy * out_w
         for blk in range(first_block, min(first_block + BLOCKS_PER_TASK, n_blocks)):
             for r in range(MR):
-                p = min(blk * MR + r, per_group - 1)  # the last block repeats its last pixel
-                i = p // pixels
-                rem = p - i * pixels
-                oy = rem // out_w
-                ox = rem - oy * out_w
                 bases[r] = (((first_image + i) * hp + oy * stride_h) * wp + ox * stride_w) * cp
+                if blk * MR + r < per_group - 1:  # past the end, the last pixel repeats
+                    ox += 1
+                    if ox == out_w:
+                        ox = 0
+                        oy += 1
+                        if oy == out_h:
+                            oy = 0
+                            i += 1
             rows = min(MR, per_group - blk * MR)
             out_row = out.ctypes.data + (g * per_group + blk * MR) * out_c
             for cb in range(0, out_c, BLOCK):
