@@ -502,6 +502,15 @@ def current_rss_mb() -> float:
     return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
+def process_peak_rss_mb() -> float:
+    """This process image's resident high-water mark (VmHWM), in MB. Unlike ru_maxrss, which a child
+    inherits from its parent across fork and exec, it starts afresh in a new program."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024.0
+    return peak_rss_mb()
+
+
 def memory_child(shared: str, name: str, batch: int, calls: int) -> None:
     """Run in a fresh process (see memory_of_run): one model at one batch, alone. Prints JSON with the
     resident memory after setup, the peak of the first run, and the resident memory after each of
@@ -518,7 +527,7 @@ def memory_child(shared: str, name: str, batch: int, calls: int) -> None:
     gc.collect()
     setup = current_rss_mb()
     sim.run(x)
-    peak = peak_rss_mb()
+    peak = process_peak_rss_mb()
     after = []
     for _ in range(calls):
         sim.run(x)
@@ -781,7 +790,7 @@ def main(argv: list[str] | None = None) -> int:
     if memory:
         lines += ["## Memory of a model run", "",
                   "Each model at the largest batch, alone in a fresh process (`memory_child`): resident memory after "
-                  "loading the model and the input, the peak of the first run (ru_maxrss), and the resident memory after "
+                  "loading the model and the input, the peak of the first run (VmHWM), and the resident memory after "
                   "each of 10 further runs. A flat last column means no allocation outlives a call.", "",
                   "| model | batch | input MB | RSS after setup MB | peak RSS of the run MB | peak - setup MB | "
                   "RSS after each further run MB | growth over 10 runs MB |",

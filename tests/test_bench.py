@@ -25,7 +25,14 @@ def _read_table(out: Path) -> list[str]:
     assert "# npusim speed benchmark" in text
     assert "| workload | batch |" in text
     assert "Peak RSS" in text
-    return [line for line in text.splitlines() if line.startswith("| ") and not line.startswith("| workload")]
+    lines = text.splitlines()
+    first = lines.index(next(line for line in lines if line.startswith("| workload")))
+    rows = []
+    for line in lines[first + 2:]:  # the main table: header, rule, then rows up to the first blank line
+        if not line.startswith("| "):
+            break
+        rows.append(line)
+    return rows
 
 
 def test_conv_quick_batch1(tmp_path, capsys):
@@ -52,6 +59,11 @@ def test_models_quick_small_batch(tmp_path):
     assert [r.split("|")[1].strip() for r in rows] == list(bench.MODELS)
     for r in rows:
         assert "| yes (2 img) |" in r, r  # npusim (tflm) == TFLM on the timed images
+    section = out.read_text().split("## Memory of a model run", 1)[1].split("\n## ", 1)[0]
+    memory = [line for line in section.splitlines() if line.startswith(("| resnet8 | 2 |", "| mobilenet_v2 | 2 |"))]
+    assert len(memory) == 2, memory
+    for line in memory:  # the last column: resident memory growth over 10 further runs, MB
+        assert abs(float(line.rstrip(" |").split("|")[-1])) < 8.0, line
 
 
 def test_bad_batches_rejected(tmp_path):
