@@ -49,23 +49,24 @@ def _fmt(p: dict) -> str:
 
 @st.composite
 def conv_params(draw, depthwise: bool = False, max_hw: int = 10, max_ch: int = 8,
-                no_bias: bool | None = None, mult_modes=None, max_cout: int | None = None):
+                no_bias: bool | None = None, mult_modes=None, max_cout: int | None = None,
+                min_hw: int = 1, channel_step: int = 1, max_kernel: int = 5):
     """CONV_2D (or DEPTHWISE_CONV_2D) parameters. no_bias: whether models without a bias tensor are
     drawn; default only for CONV_2D, because TFLM (PyPI 0.dev20261023182759) dies with SIGSEGV on
     DEPTHWISE_CONV_2D without bias (and LiteRT refuses CONV_2D without bias)."""
     no_bias = (not depthwise) if no_bias is None else no_bias
     p = {}
     p["n"] = draw(batch)
-    p["kh"], p["kw"] = draw(st.integers(1, 5)), draw(st.integers(1, 5))
+    p["kh"], p["kw"] = draw(st.integers(1, max_kernel)), draw(st.integers(1, max_kernel))
     p["stride"] = (draw(st.integers(1, 3)), draw(st.integers(1, 3)))
     p["dilation"] = (draw(st.sampled_from([1, 1, 1, 2, 3])), draw(st.sampled_from([1, 1, 1, 2, 3])))
     p["padding"] = draw(st.sampled_from(["SAME", "VALID"]))
-    h, w = draw(st.integers(1, max_hw)), draw(st.integers(1, max_hw))
+    h, w = draw(st.integers(min_hw, max_hw)), draw(st.integers(min_hw, max_hw))
     if p["padding"] == "VALID":  # keep the output non-empty
         h = max(h, (p["kh"] - 1) * p["dilation"][0] + 1)
         w = max(w, (p["kw"] - 1) * p["dilation"][1] + 1)
     p["hw"] = (h, w)
-    p["cin"] = draw(st.integers(1, max_ch))
+    p["cin"] = draw(st.integers(1, max_ch // channel_step)) * channel_step
     if depthwise:
         p["mult"] = draw(st.sampled_from([1, 1, 1, 2, 3]))
     else:

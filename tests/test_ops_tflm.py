@@ -70,6 +70,16 @@ def test_depthwise_conv2d(p, seed):
 
 
 @pytest.mark.parametrize("path", PATHS)
+@settings(max_examples=examples(60))
+@given(p=C.conv_params(max_hw=40, min_hw=16, max_ch=128, channel_step=16, max_cout=100, max_kernel=3), seed=C.seeds)
+def test_conv2d_large(path, p, seed):
+    """Output rows of 16 pixels or more and channels in multiples of 16: the shapes the AMX path
+    takes (its last tile of a row moved back, reductions in chunks of 16 to 64 channels)."""
+    with kernel_path(path):
+        check(C.make_conv(p, seed))
+
+
+@pytest.mark.parametrize("path", PATHS)
 @settings(max_examples=examples(200))
 @given(p=C.fc_params(), seed=C.seeds)
 def test_fully_connected(path, p, seed):

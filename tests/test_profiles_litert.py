@@ -54,6 +54,16 @@ def test_conv2d_deep_xnnpack(path, p, seed):
         check_xnnpack(C.make_conv(p, seed))
 
 
+@pytest.mark.parametrize("path", PATHS)
+@settings(max_examples=examples(15))
+@given(p=C.conv_params(no_bias=False, max_hw=40, min_hw=16, max_ch=128, channel_step=16, max_cout=100, max_kernel=3,
+                       mult_modes=LITERT_MODES), seed=C.seeds)
+def test_conv2d_large_xnnpack(path, p, seed):
+    """The shapes of the AMX path (see test_ops_tflm.test_conv2d_large)."""
+    with kernel_path(path):
+        check_xnnpack(C.make_conv(p, seed))
+
+
 @settings(max_examples=examples(80))
 @given(p=C.conv_params(depthwise=True, mult_modes=LITERT_MODES), seed=C.seeds)
 def test_depthwise_conv2d_xnnpack(p, seed):

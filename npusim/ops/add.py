@@ -11,7 +11,12 @@ import numba as nb
 import numpy as np
 
 from ..jit import parallel_kernel
-from ..quant import SINGLE, clamp, multiply_by_quantized_multiplier, multiply_by_quantized_multiplier_single
+from ..quant import (
+    SINGLE,
+    clamp,
+    multiply_by_quantized_multiplier,
+    multiply_by_quantized_multiplier_single,
+)
 from .base import Kernel
 from .requant import output_range, requantization_multiplier
 

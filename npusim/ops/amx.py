@@ -31,8 +31,9 @@ from numba.extending import intrinsic
 
 from ..jit import parallel_kernel
 from .gemm import accumulator_offset
-from .output_stage import output_parameters, output_stage_row
-from .vnni import MAX_DEPTH, pack_filters, pad_input
+from .output_stage import output_parameters, output_stage_tile
+from .padding import pad_input
+from .vnni import MAX_DEPTH, pack_filters
 
 ROWS = 16  # pixels per tile
 MIN_CHUNK = 16  # narrower reductions per tile op leave AMX slower than VNNI
@@ -215,10 +216,9 @@ def conv_amx(xp, packed, taps, cp, chunk, out_h, out_w, stride_h, stride_w, grou
                         for b in range(2):
                             row, ox = (row0, ox0) if b == 0 else (row1, ox1)
                             p_first = g * per_group + row * out_w + ox
-                            for r in range(ROWS):
-                                output_stage_row(acc.ctypes.data + ((2 * b + j - j0) * 256 + 16 * r) * 4, p_group + c0 * 4, o16 * 4,
-                                                 out.ctypes.data + (p_first + r) * out_c + c0, min(16, out_c - c0),
-                                                 profile, zero_point, lo, hi)
+                            output_stage_tile(acc.ctypes.data + (2 * b + j - j0) * 1024, p_group + c0 * 4, o16 * 4,
+                                              out.ctypes.data + p_first * out_c + c0, out_c, ROWS, min(16, out_c - c0),
+                                              profile, zero_point, lo, hi)
         _release()
     return out
 

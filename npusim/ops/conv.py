@@ -1,7 +1,8 @@
 """CONV_2D: int8 NHWC convolution with per-channel requantization (TFLM reference_integer_ops/conv.h).
 
-Eval runs on AVX-512 VNNI where the host has it (vnni.py: direct convolution in exact int32);
-elsewhere im2col + an exact float32 GEMM (gemm.py) + a fused requantization.
+Eval runs on AMX tiles where the host has them and the shape suits them (amx.py), else on AVX-512
+VNNI (vnni.py), both direct convolutions in exact int32; elsewhere im2col + an exact float32 GEMM
+(gemm.py) + a fused requantization.
 Weights may carry an extra leading group axis [G, O, kh, kw, C] (bias [G, O]): the batch is then
 split into G equal groups, group g convolved with weights g. The trainer uses this to run many
 weight perturbations in one call.
@@ -12,7 +13,7 @@ import numba as nb
 import numpy as np
 
 from ..jit import parallel_kernel
-from . import vnni
+from . import amx, vnni
 from .base import Kernel
 from .gemm import (
     accumulator_offset,
@@ -108,8 +109,11 @@ class Conv2D(Kernel):
         groups = wg.shape[0]
         k = self.kh * self.kw * x.shape[3]
         o = self.options
-        if vnni.usable(k):
-            out = vnni.convolve(x, wg, b, self.inputs[0].zero_point, (o.get("stride_h", 1), o.get("stride_w", 1)),
+        # amx.convolve runs a pointwise convolution over whole images as rows (if C needs no padding).
+        row_pixels = self.out_h * self.out_w if self.pointwise and x.shape[3] % 4 == 0 else self.out_w
+        path = amx if amx.usable(k, x.shape[3], row_pixels) else vnni if vnni.usable(k) else None
+        if path is not None:
+            out = path.convolve(x, wg, b, self.inputs[0].zero_point, (o.get("stride_h", 1), o.get("stride_w", 1)),
                                 (o.get("dilation_h_factor", 1), o.get("dilation_w_factor", 1)), (self.pad_top, self.pad_left),
                                 (self.out_h, self.out_w), self.stage, self.profile, shared)
             return out.reshape(-1, self.out_h, self.out_w, self.out_channels)

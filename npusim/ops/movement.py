@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from .base import Kernel
+from .padding import pad_input
 
 
 def _same_dtype(kernel: Kernel):
@@ -67,7 +68,11 @@ class Pad(Kernel):
             self.value = v.data.reshape(-1)[0]
 
     def __call__(self, x, paddings=None, value=None):
-        return np.pad(x, [tuple(p) for p in self.paddings], constant_values=self.value)
+        p = self.paddings
+        if x.ndim == 4 and x.dtype == np.int8 and not p[3].any():  # spatial padding of NHWC: one pass
+            out = np.empty((x.shape[0], *(int(d + a + b) for d, (a, b) in zip(x.shape[1:], p[1:]))), dtype=np.int8)
+            return pad_input(np.ascontiguousarray(x), int(p[1, 0]), int(p[2, 0]), np.int8(self.value), out)
+        return np.pad(x, [tuple(q) for q in p], constant_values=self.value)
 
 
 class Transpose(Kernel):

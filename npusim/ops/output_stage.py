@@ -126,6 +126,30 @@ def output_stage_row(typingctx, acc_ptr, params_ptr, params_stride, out_ptr, cou
     return sig, codegen
 
 
+@intrinsic
+def output_stage_tile(typingctx, acc_ptr, params_ptr, params_stride, out_ptr, out_stride, rows, count, profile,
+                      zero_point, lo, hi):
+    """out[r * out_stride + c] = output stage of acc[16 r + c] for r < rows and c < count (at most
+    16 channels, one set of parameters for all rows: an AMX result tile)."""
+    sig = types.void(*([types.int64] * 11))
+
+    def codegen(context, builder, signature, args):
+        acc_ptr, params_ptr, params_stride, out_ptr, out_stride, rows, count, profile, zero_point, lo, hi = args
+        i8p = ir.IntType(8).as_pointer()
+        acc, params, out = (builder.inttoptr(v, i8p) for v in (acc_ptr, params_ptr, out_ptr))
+        channel_params = load_parameters(builder, params, params_stride, 0)
+        for pid in (TFLM, SINGLE, XNNPACK):
+            with builder.if_then(builder.icmp_signed("==", profile, ir.Constant(_I64, pid))):
+                with cgutils.for_range(builder, rows) as loop:
+                    r = loop.index
+                    a = builder.load(builder.bitcast(builder.gep(acc, [builder.mul(r, ir.Constant(_I64, 64))]), _V16.as_pointer()), align=1)
+                    y = vector_output_stage(builder, a, channel_params, pid, zero_point, lo, hi)
+                    store_bytes(builder, y, builder.gep(out, [builder.mul(r, out_stride)]), count)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
 def output_parameters(offset, stage) -> np.ndarray:
     """[G, 5, O16] int32 per group and channel: the accumulator offset [G, O] (the part of the
     accumulator that the kernel does not sum, wrapped to int32 as the runtimes' accumulators), M,

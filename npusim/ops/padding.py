@@ -1,7 +1,11 @@
-"""Output size and leading padding of a sliding window (TFLite's ComputePaddingHeightWidth)."""
+"""Spatial padding: output size and leading padding of a sliding window (TFLite's
+ComputePaddingHeightWidth), and the padded copy of NHWC activations that kernels and PAD use."""
 from __future__ import annotations
 
+import numba as nb
+
 from ..errors import NpusimError
+from ..jit import parallel_kernel
 
 
 def compute_padding(in_size: int, k: int, stride: int, dilation: int, padding: str) -> tuple[int, int]:
@@ -19,3 +23,33 @@ def compute_padding(in_size: int, k: int, stride: int, dilation: int, padding: s
             raise NpusimError(f"VALID window of extent {effective} does not fit an input of size {in_size}")
         return out, 0
     raise NpusimError(f"padding {padding!r} is not supported, expected SAME or VALID")
+
+
+@parallel_kernel
+def pad_input(x, pad_top, pad_left, fill, out):
+    """out[n, y, x, c] = x[n, y - pad_top, x - pad_left, c] inside the image, fill outside, for the
+    rows and columns of out (which may end before or after the image); channels past C: 0."""
+    n_batch, in_h, in_w, channels = x.shape
+    _, hp, wp, cp = out.shape
+    inside = max(0, min(in_w, wp - pad_left))  # image columns that land in out
+    for row in nb.prange(n_batch * hp):
+        n = row // hp
+        y = row - n * hp
+        iy = y - pad_top
+        dst = out[n, y].reshape(-1)
+        if iy < 0 or iy >= in_h:
+            dst[:] = fill
+            continue
+        dst[:pad_left * cp] = fill
+        dst[(pad_left + inside) * cp:] = fill
+        src = x[n, iy].reshape(-1)
+        if cp == channels:  # whole rows are contiguous on both sides: one flat copy
+            dst[pad_left * cp:(pad_left + inside) * cp] = src[:inside * cp]
+        else:
+            for ix in range(inside):
+                o = (pad_left + ix) * cp
+                for c in range(channels):
+                    dst[o + c] = src[ix * channels + c]
+                for c in range(channels, cp):
+                    dst[o + c] = 0
+    return out

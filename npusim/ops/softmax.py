@@ -16,7 +16,13 @@ import numba as nb
 import numpy as np
 
 from ..jit import parallel_kernel
-from ..quant import INT32_MAX, INT32_MIN, quantize_multiplier, rounding_divide_by_pot, saturating_rounding_doubling_high_mul
+from ..quant import (
+    INT32_MAX,
+    INT32_MIN,
+    quantize_multiplier,
+    rounding_divide_by_pot,
+    saturating_rounding_doubling_high_mul,
+)
 from .base import Kernel
 
 # Q5.26 input to exp (TFLM's kScaledDiffIntegerBits), Q12.19 sum (kAccumulationIntegerBits).

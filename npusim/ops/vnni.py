@@ -44,6 +44,7 @@ from .output_stage import (
     store_bytes,
     vector_output_stage,
 )
+from .padding import pad_input
 
 MR = 6  # output pixels per micro-kernel call
 BLOCK = 64  # output channels per micro-kernel call (4 ZMM registers of 16 int32)
@@ -152,36 +153,6 @@ def pack_filters(w, cp):
             for tt in range(t):
                 for ci in range(c):
                     out[g, base + (tt * c4 + ci // 4) * width * 4 + ci % 4] = w[g, oc, tt, ci]
-    return out
-
-
-@parallel_kernel
-def pad_input(x, pad_top, pad_left, fill, out):
-    """out[n, y, x, c] = x[n, y - pad_top, x - pad_left, c] inside the image, fill outside, for the
-    rows and columns of out (which may end before or after the image); channels past C: 0."""
-    n_batch, in_h, in_w, channels = x.shape
-    _, hp, wp, cp = out.shape
-    inside = max(0, min(in_w, wp - pad_left))  # image columns that land in out
-    for row in nb.prange(n_batch * hp):
-        n = row // hp
-        y = row - n * hp
-        iy = y - pad_top
-        dst = out[n, y].reshape(-1)
-        if iy < 0 or iy >= in_h:
-            dst[:] = fill
-            continue
-        dst[:pad_left * cp] = fill
-        dst[(pad_left + inside) * cp:] = fill
-        src = x[n, iy].reshape(-1)
-        if cp == channels:  # whole rows are contiguous on both sides: one flat copy
-            dst[pad_left * cp:(pad_left + inside) * cp] = src[:inside * cp]
-        else:
-            for ix in range(inside):
-                o = (pad_left + ix) * cp
-                for c in range(channels):
-                    dst[o + c] = src[ix * channels + c]
-                for c in range(channels, cp):
-                    dst[o + c] = 0
     return out
 
 
