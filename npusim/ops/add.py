@@ -17,6 +17,7 @@ from ..quant import (
     multiply_by_quantized_multiplier,
     multiply_by_quantized_multiplier_single,
 )
+from . import aligned
 from .base import Kernel
 from .requant import output_range, requantization_multiplier
 
@@ -96,4 +97,4 @@ class Add(Kernel):
         n = a.shape[0] if a_is_batched else b.shape[0]
         shape = (n,) + self.out_shape
         a, b = (np.ascontiguousarray(np.broadcast_to(t, shape)).view(np.uint8) for t in (a, b))
-        return add_int8(a, b, self.table, np.empty(shape, dtype=np.int8))
+        return add_int8(a, b, self.table, aligned.empty(shape, np.int8))

@@ -30,6 +30,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from ..jit import parallel_kernel
+from . import aligned
 from .gemm import accumulator_offset
 from .output_stage import output_parameters, output_stage_tile
 from .padding import pad_input
@@ -152,7 +153,7 @@ _block1, _block2 = _block_kernel(1), _block_kernel(2)
 def tile_config(chunk: int) -> np.ndarray:
     """The 64-byte LDTILECFG record: palette 1; C tiles 16 x 64 bytes, A tiles 16 x chunk bytes,
     B tiles chunk/4 x 64 bytes."""
-    cfg = np.zeros(64, dtype=np.uint8)
+    cfg = aligned.zeros(64, np.uint8)
     cfg[0] = 1
     colsb = cfg[16:48].view(np.uint16)
     rows = cfg[48:64]
@@ -189,7 +190,8 @@ def conv_amx(xp, packed, taps, cp, chunk, out_h, out_w, stride_h, stride_w, grou
         g = task // tasks_per_group
         first_image = 0 if shared else g * images
         _load_config(config.ctypes.data)
-        acc = np.empty(4 * 256, dtype=np.int32)
+        scratch = np.empty(4 * 256 + 16, dtype=np.int32)
+        acc = (scratch.ctypes.data + 63) // 64 * 64  # tile rows on cache lines
         w_group = packed.ctypes.data + g * packed.shape[1]
         p_group = params.ctypes.data + g * params.shape[1] * o16 * 4
         first_pair = (task - g * tasks_per_group) * pairs_per_task
@@ -208,15 +210,15 @@ def conv_amx(xp, packed, taps, cp, chunk, out_h, out_w, stride_h, stride_w, grou
                 for j0 in range(0, nr, 2):
                     w_pair = w_block + j0 * 64
                     if j0 + 1 < nr:
-                        _block2(xp.ctypes.data, a_stride, base0, base1, taps.ctypes.data, taps.size, n_chunks, chunk, w_pair, nr * 64, acc.ctypes.data)
+                        _block2(xp.ctypes.data, a_stride, base0, base1, taps.ctypes.data, taps.size, n_chunks, chunk, w_pair, nr * 64, acc)
                     else:
-                        _block1(xp.ctypes.data, a_stride, base0, base1, taps.ctypes.data, taps.size, n_chunks, chunk, w_pair, nr * 64, acc.ctypes.data)
+                        _block1(xp.ctypes.data, a_stride, base0, base1, taps.ctypes.data, taps.size, n_chunks, chunk, w_pair, nr * 64, acc)
                     for j in range(j0, min(j0 + 2, nr)):
                         c0 = cb + 16 * j
                         for b in range(2):
                             row, ox = (row0, ox0) if b == 0 else (row1, ox1)
                             p_first = g * per_group + row * out_w + ox
-                            output_stage_tile(acc.ctypes.data + (2 * b + j - j0) * 1024, p_group + c0 * 4, o16 * 4,
+                            output_stage_tile(acc + (2 * b + j - j0) * 1024, p_group + c0 * 4, o16 * 4,
                                               out.ctypes.data + p_first * out_c + c0, out_c, ROWS, min(16, out_c - c0),
                                               profile, zero_point, lo, hi)
         _release()
@@ -244,7 +246,7 @@ def convolve(x, w, bias, input_zero_point, stride, dilation, pad, out_hw, stage,
         if (pad_top, pad_left, cp) == (0, 0, c) and hp <= x.shape[1] and wp <= x.shape[2]:
             xp = x
         else:
-            xp = pad_input(x, pad_top, pad_left, np.int8(input_zero_point), np.empty((n, hp, wp, cp), dtype=np.int8))
+            xp = pad_input(x, pad_top, pad_left, np.int8(input_zero_point), aligned.empty((n, hp, wp, cp), np.int8))
     if out_w < ROWS:  # the kernel would read past the input: callers check usable() first
         raise ValueError(f"AMX convolution needs output rows of at least {ROWS} pixels, got {out_w}")
     wp = xp.shape[2]
@@ -252,7 +254,7 @@ def convolve(x, w, bias, input_zero_point, stride, dilation, pad, out_hw, stage,
     packed = pack_filters(np.ascontiguousarray(w).reshape(groups, o, kh * kw, c), cp)
     params = output_parameters(accumulator_offset(w, bias, input_zero_point), stage)
     rows = n * out_h * out_w * (groups if shared else 1)
-    out = np.empty((rows, o), dtype=np.int8)
+    out = aligned.empty((rows, o), np.int8)
     chunk = chunk_for(cp)
     return conv_amx(xp, packed, taps, cp, chunk, out_h, out_w, sh, sw, groups, shared, o, params, np.int64(profile),
                     np.int64(stage.zero_point), np.int64(stage.lo), np.int64(stage.hi), tile_config(chunk), out)

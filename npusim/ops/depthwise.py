@@ -9,6 +9,7 @@ import numba as nb
 import numpy as np
 
 from ..jit import parallel_kernel
+from . import aligned
 from .base import Kernel
 from .output_stage import output_parameters, output_stage_row
 from .padding import compute_padding
@@ -29,7 +30,9 @@ def depthwise_conv(x, w, groups, multiplier, stride_h, stride_w, dil_h, dil_w, p
         oy = row - n * out_h
         g = n // per_group
         # int32 accumulators, as TFLM's: at most kh*kw taps of 255 * 127, and twice the SIMD lanes of int64.
-        a = np.empty(o16, dtype=np.int32)
+        scratch = np.empty(o16 + 16, dtype=np.int32)
+        start = (-scratch.ctypes.data // 4) % 16  # vector loads of the output stage on cache lines
+        a = scratch[start:start + o16]
         p_group = params.ctypes.data + g * params.shape[1] * o16 * 4
         for ox in range(out_w):
             a[:] = 0  # the bias is the stage's offset
@@ -99,7 +102,7 @@ class DepthwiseConv2D(Kernel):
         bias = np.zeros((groups, self.out_channels), dtype=np.int64) if b is None else np.ascontiguousarray(
             np.broadcast_to(b.reshape(-1, self.out_channels), (groups, self.out_channels)), dtype=np.int64)
         params = output_parameters(bias, self.stage)
-        out = np.empty((x.shape[0], self.out_h, self.out_w, self.out_channels), dtype=np.int8)
+        out = aligned.empty((x.shape[0], self.out_h, self.out_w, self.out_channels), np.int8)
         s = self.stage
         depthwise_conv(np.ascontiguousarray(x), np.ascontiguousarray(wg), groups, self.multiplier,
                        o.get("stride_h", 1), o.get("stride_w", 1), o.get("dilation_h_factor", 1), o.get("dilation_w_factor", 1),

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import aligned
 from .base import Kernel
 from .padding import pad_input
 
@@ -70,7 +71,7 @@ class Pad(Kernel):
     def __call__(self, x, paddings=None, value=None):
         p = self.paddings
         if x.ndim == 4 and x.dtype == np.int8 and not p[3].any():  # spatial padding of NHWC: one pass
-            out = np.empty((x.shape[0], *(int(d + a + b) for d, (a, b) in zip(x.shape[1:], p[1:]))), dtype=np.int8)
+            out = aligned.empty((x.shape[0], *(int(d + a + b) for d, (a, b) in zip(x.shape[1:], p[1:]))), np.int8)
             return pad_input(np.ascontiguousarray(x), int(p[1, 0]), int(p[2, 0]), np.int8(self.value), out)
         return np.pad(x, [tuple(q) for q in p], constant_values=self.value)
 

@@ -14,6 +14,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from ..quant import SINGLE, TFLM, XNNPACK
+from . import aligned
 
 _I32, _I64 = ir.IntType(32), ir.IntType(64)
 _V16 = ir.VectorType(_I32, 16)
@@ -155,7 +156,7 @@ def output_parameters(offset, stage) -> np.ndarray:
     accumulator that the kernel does not sum, wrapped to int32 as the runtimes' accumulators), M,
     left and right shift, and the bits of the float32 xnnpack scale. Channels past O are zero."""
     groups, o = offset.shape
-    params = np.zeros((groups, 5, (o + 15) // 16 * 16), dtype=np.int32)
+    params = aligned.zeros((groups, 5, (o + 15) // 16 * 16), np.int32)
     params[:, 0, :o] = offset.astype(np.int32)  # two's complement wrap
     params[:, 1, :o] = stage.multiplier
     params[:, 2, :o] = np.maximum(stage.shift, 0)

@@ -36,6 +36,7 @@ from numba.extending import intrinsic
 
 from ..jit import parallel_kernel
 from ..quant import SINGLE, TFLM, XNNPACK
+from . import aligned
 from .gemm import accumulator_offset
 from .output_stage import (
     load_parameters,
@@ -136,15 +137,19 @@ def _micro_kernel(nr: int):
 _mk1, _mk2, _mk3, _mk4 = (_micro_kernel(nr) for nr in (1, 2, 3, 4))
 
 
-@nb.njit(cache=True)
 def pack_filters(w, cp):
-    """w [G, O, T, C] int8 (T taps) -> [G, K4 * O16 * 4] int8 in the block layout above
-    (O16 = O rounded up to 16; the padding channels and quads hold zero weights)."""
+    """w [G, O, T, C] int8 (T taps) -> [G, K4 * O16 * 4] int8 in the block layout above, 64-byte
+    aligned (O16 = O rounded up to 16; the padding channels and quads hold zero weights)."""
+    groups, o, t, _ = w.shape
+    return _pack_filters(w, cp, aligned.zeros((groups, t * cp * ((o + 15) // 16 * 16)), np.int8))
+
+
+@nb.njit(cache=True)
+def _pack_filters(w, cp, out):
     groups, o, t, c = w.shape
     c4 = cp // 4
     k4 = t * c4
     o16 = (o + 15) // 16 * 16
-    out = np.zeros((groups, k4 * o16 * 4), dtype=np.int8)
     for g in range(groups):
         for oc in range(o):
             block = oc // BLOCK
@@ -229,12 +234,12 @@ def convolve(x, w, bias, input_zero_point, stride, dilation, pad, out_hw, stage,
         hp, wp = x.shape[1], x.shape[2]
     else:
         xp = pad_input(np.ascontiguousarray(x), pad_top, pad_left, np.int8(input_zero_point),
-                       np.empty((x.shape[0], hp, wp, cp), dtype=np.int8))
+                       aligned.empty((x.shape[0], hp, wp, cp), np.int8))
     taps = np.array([(ky * dh * wp + kx * dw) * cp for ky in range(kh) for kx in range(kw)], dtype=np.int64)
     packed = pack_filters(np.ascontiguousarray(w).reshape(groups, o, kh * kw, c), cp)
     params = output_parameters(accumulator_offset(w, bias, input_zero_point + 128), stage)
     rows = x.shape[0] * out_h * out_w * (groups if shared else 1)
-    out = np.empty((rows, o), dtype=np.int8)
+    out = aligned.empty((rows, o), np.int8)
     return conv_vnni(xp, packed, taps, cp // 4, out_h, out_w, sh, sw, groups, shared, o, params, np.int64(profile),
                      np.int64(stage.zero_point), np.int64(stage.lo), np.int64(stage.hi), out)
 
