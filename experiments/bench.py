@@ -291,12 +291,14 @@ def bench_workload(name: str, model: bytes, inputs: np.ndarray, batches, reps: d
 # ----------------------------------------------------------------------------------------------
 
 def conv_stages(model: bytes, x: np.ndarray, reps: int) -> list[tuple[str, float, float]]:
-    """Time each stage of Conv2D.__call__ on the VNNI path (same calls, same arrays: the stages do not
-    pay the page faults of fresh buffers that a real call pays), and the whole call on both kernel
-    paths, with the default threads and with one Numba and one BLAS thread."""
+    """Time each stage of Conv2D.__call__ on the AMX and VNNI paths (same calls, same arrays: the stages
+    do not pay the page faults of fresh buffers that a real call pays), and the whole call on every
+    kernel path, with the default threads and with one Numba and one BLAS thread."""
     import npusim
-    from npusim.ops import vnni
+    from npusim.ops import aligned, amx, vnni
     from npusim.ops.gemm import accumulator_offset
+    from npusim.ops.output_stage import output_parameters
+    from npusim.ops.padding import pad_input
 
     sim = npusim.Interpreter(model, profile="tflm")
     kern = sim.kernels[0]
@@ -307,37 +309,44 @@ def conv_stages(model: bytes, x: np.ndarray, reps: int) -> list[tuple[str, float
     wg = w[None]
     cp = (c + 3) // 4 * 4
     hp, wp = (kern.out_h - 1) * sh + (kern.kh - 1) * dh + 1, (kern.out_w - 1) * sw + (kern.kw - 1) * dw + 1
-    xp = np.empty((x.shape[0], hp, wp, cp), dtype=np.int8)
+    xp = aligned.empty((x.shape[0], hp, wp, cp), np.int8)
     taps = np.array([(ky * dh * wp + kx * dw) * cp for ky in range(kern.kh) for kx in range(kern.kw)], dtype=np.int64)
     packed = vnni.pack_filters(wg.reshape(1, kern.out_channels, kern.kh * kern.kw, c), cp)
     s = kern.stage
-    params = vnni.output_parameters(accumulator_offset(wg, b, zp + 128), s)
-    out = np.empty((x.shape[0] * kern.out_h * kern.out_w, kern.out_channels), dtype=np.int8)
+    out = aligned.empty((x.shape[0] * kern.out_h * kern.out_w, kern.out_channels), np.int8)
+    stage_args = (np.int64(kern.profile), np.int64(s.zero_point), np.int64(s.lo), np.int64(s.hi))
 
-    def on_path(enabled, fn):
+    def on_path(name, fn):
         def call():
-            saved, vnni.ENABLED = vnni.ENABLED, enabled
+            saved = amx.ENABLED, vnni.ENABLED
+            amx.ENABLED, vnni.ENABLED = name == "AMX", name in ("AMX", "VNNI")
             try:
                 return fn()
             finally:
-                vnni.ENABLED = saved
+                amx.ENABLED, vnni.ENABLED = saved
         return call
 
-    stages = []
+    stages = [("pad_input (Numba: the padded int8 copy)", lambda: pad_input(x, kern.pad_top, kern.pad_left, np.int8(zp), xp)),
+              ("pack_filters (Numba)", lambda: vnni.pack_filters(wg.reshape(1, kern.out_channels, kern.kh * kern.kw, c), cp))]
+    paths = []
+    if amx.SUPPORTED:
+        chunk = amx.chunk_for(cp)
+        params = output_parameters(accumulator_offset(wg, b, zp), s)
+        stages.append(("conv_amx (AMX tiles + vector output stage)",
+                       lambda: amx.conv_amx(xp, packed, taps, cp, chunk, kern.out_h, kern.out_w, sh, sw, 1, False, kern.out_channels,
+                                            params, *stage_args, amx.tile_config(chunk), out)))
+        paths.append("AMX")
     if vnni.SUPPORTED:
-        stages += [
-            ("pad_input (Numba: the padded int8 copy)", lambda: vnni.pad_input(x, kern.pad_top, kern.pad_left, np.int8(zp), xp)),
-            ("pack_filters (Numba)", lambda: vnni.pack_filters(wg.reshape(1, kern.out_channels, kern.kh * kern.kw, c), cp)),
-            ("output_parameters", lambda: vnni.output_parameters(accumulator_offset(wg, b, zp + 128), s)),
-            ("conv_vnni (VNNI micro-kernel + vector output stage)",
-             lambda: vnni.conv_vnni(xp, packed, taps, cp // 4, kern.out_h, kern.out_w, sh, sw, 1, False, kern.out_channels,
-                                    params, np.int64(kern.profile), np.int64(s.zero_point), np.int64(s.lo), np.int64(s.hi), out)),
-            ("whole Conv2D.__call__, VNNI path", on_path(True, lambda: kern(x, w, b))),
-        ]
-    stages += [
-        ("whole Conv2D.__call__, float32 BLAS path (im2col + sgemm)", on_path(False, lambda: kern(x, w, b))),
-        ("whole Interpreter.run (default path)", lambda: sim.run(x)),
-    ]
+        params_u = output_parameters(accumulator_offset(wg, b, zp + 128), s)
+        stages.append(("conv_vnni (VNNI micro-kernel + vector output stage)",
+                       lambda: vnni.conv_vnni(xp, packed, taps, cp // 4, kern.out_h, kern.out_w, sh, sw, 1, False, kern.out_channels,
+                                              params_u, *stage_args, out)))
+        paths.append("VNNI")
+    paths.append("BLAS")
+    for name in paths:
+        what = {"AMX": "AMX", "VNNI": "VNNI", "BLAS": "float32 BLAS (im2col + sgemm)"}[name]
+        stages.append((f"whole Conv2D.__call__, {what} path", on_path(name, lambda: kern(x, w, b))))
+    stages.append(("whole Interpreter.run (default path)", lambda: sim.run(x)))
     default = [median_time(fn, reps, warmup=1) for _, fn in stages]
     with single_thread():
         one = [median_time(fn, reps, warmup=1) for _, fn in stages]
@@ -379,12 +388,17 @@ def _op_times(model: bytes, x: np.ndarray, reps: int) -> dict:
 # ----------------------------------------------------------------------------------------------
 
 def kernel_path() -> str:
-    from npusim.ops import vnni
+    from npusim.ops import amx, vnni
 
+    parts = []
+    if amx.ENABLED:
+        parts.append("AMX-INT8 tiles for CONV_2D with output rows of 16+ pixels (npusim/ops/amx.py)")
     if vnni.ENABLED:
-        return "AVX-512 VNNI, exact int32 accumulation (npusim/ops/vnni.py)"
-    why = "NPUSIM_VNNI=0" if vnni.SUPPORTED else "this CPU has no AVX-512 VNNI"
-    return f"float32 BLAS GEMM, exact by chunking ({why})"
+        parts.append("AVX-512 VNNI for the other CONV_2D and FULLY_CONNECTED (npusim/ops/vnni.py)")
+    else:
+        why = "NPUSIM_VNNI=0" if vnni.SUPPORTED else "this CPU has no AVX-512 VNNI"
+        parts.append(f"float32 BLAS GEMM, exact by chunking ({why})")
+    return "; ".join(parts) + ", all with exact integer accumulation"
 
 
 def cpu_model() -> str:

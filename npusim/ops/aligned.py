@@ -23,3 +23,20 @@ def zeros(shape, dtype) -> np.ndarray:
     a = empty(shape, dtype)
     a.fill(0)
     return a
+
+
+class Workspace:
+    """A scratch buffer that a kernel keeps between calls (fresh pages cost a page fault each,
+    about 2 us here: a 3 MB padded copy paid 1.5 ms of faults per call). get() returns an aligned
+    view of the requested shape, growing the buffer when needed. One per kernel; not for use by two
+    threads at once."""
+
+    def __init__(self):
+        self._raw = np.empty(0, dtype=np.uint8)
+
+    def get(self, shape, dtype) -> np.ndarray:
+        dtype = np.dtype(dtype)
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        if self._raw.size < nbytes:
+            self._raw = empty(nbytes, np.uint8)
+        return self._raw[:nbytes].view(dtype).reshape(shape)

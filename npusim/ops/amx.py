@@ -231,7 +231,7 @@ def usable(depth: int, channels: int, row_pixels: int) -> bool:
     return ENABLED and depth <= MAX_DEPTH and chunk_for((channels + 3) // 4 * 4) >= MIN_CHUNK and row_pixels >= ROWS
 
 
-def convolve(x, w, bias, input_zero_point, stride, dilation, pad, out_hw, stage, profile, shared=False):
+def convolve(x, w, bias, input_zero_point, stride, dilation, pad, out_hw, stage, profile, shared=False, workspace=None):
     """As vnni.convolve (same arguments and result), on AMX tiles; callers check usable() first."""
     groups, o, kh, kw, c = w.shape
     (sh, sw), (dh, dw), (pad_top, pad_left), (out_h, out_w) = stride, dilation, pad, out_hw
@@ -246,7 +246,7 @@ def convolve(x, w, bias, input_zero_point, stride, dilation, pad, out_hw, stage,
         if (pad_top, pad_left, cp) == (0, 0, c) and hp <= x.shape[1] and wp <= x.shape[2]:
             xp = x
         else:
-            xp = pad_input(x, pad_top, pad_left, np.int8(input_zero_point), aligned.empty((n, hp, wp, cp), np.int8))
+            xp = pad_input(x, pad_top, pad_left, np.int8(input_zero_point), (workspace or aligned.Workspace()).get((n, hp, wp, cp), np.int8))
     if out_w < ROWS:  # the kernel would read past the input: callers check usable() first
         raise ValueError(f"AMX convolution needs output rows of at least {ROWS} pixels, got {out_w}")
     wp = xp.shape[2]

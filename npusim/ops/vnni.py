@@ -217,12 +217,13 @@ def conv_vnni(xp, packed, taps, c4, out_h, out_w, stride_h, stride_w, groups, sh
     return out
 
 
-def convolve(x, w, bias, input_zero_point, stride, dilation, pad, out_hw, stage, profile, shared=False):
+def convolve(x, w, bias, input_zero_point, stride, dilation, pad, out_hw, stage, profile, shared=False, workspace=None):
     """Exact int8 convolution with its output stage.
 
     x [N, H, W, C] int8; w [G, O, kh, kw, C] int8 (G weight groups, see conv.py); bias [G or 1, O]
     or None; stride, dilation and pad (top, left) as (h, w) pairs; out_hw the output (height,
-    width); stage an OutputStage. Returns int8 [G * P, O], P output pixels per group:
+    width); stage an OutputStage; workspace an aligned.Workspace for the padded copy (or None).
+    Returns int8 [G * P, O], P output pixels per group:
     P = N * out_h * out_w when shared (every group sees the whole batch), else N / G of that.
     """
     groups, o, kh, kw, c = w.shape
@@ -234,7 +235,7 @@ def convolve(x, w, bias, input_zero_point, stride, dilation, pad, out_hw, stage,
         hp, wp = x.shape[1], x.shape[2]
     else:
         xp = pad_input(np.ascontiguousarray(x), pad_top, pad_left, np.int8(input_zero_point),
-                       aligned.empty((x.shape[0], hp, wp, cp), np.int8))
+                       (workspace or aligned.Workspace()).get((x.shape[0], hp, wp, cp), np.int8))
     taps = np.array([(ky * dh * wp + kx * dw) * cp for ky in range(kh) for kx in range(kw)], dtype=np.int64)
     packed = pack_filters(np.ascontiguousarray(w).reshape(groups, o, kh * kw, c), cp)
     params = output_parameters(accumulator_offset(w, bias, input_zero_point + 128), stage)
