@@ -1,7 +1,10 @@
 """DEPTHWISE_CONV_2D: per-channel int8 depthwise convolution with depth multiplier
 (TFLM reference_integer_ops/depthwise_conv.h). Output channel c_out = c_in * multiplier + m,
 weights [1, kh, kw, C * multiplier] (or [G, 1, kh, kw, C * multiplier] for grouped weights, see conv.py).
-A direct integer loop: there is no reduction long enough for a GEMM to pay.
+A direct integer loop: there is no reduction long enough for a GEMM to pay. With multiplier 1,
+the pixels whose taps all fall inside the image run 16 channels at a time as vector code with the
+accumulators in registers (output_stage.depthwise_run); the border pixels and other multipliers
+take the scalar loop.
 """
 from __future__ import annotations
 
@@ -11,13 +14,13 @@ import numpy as np
 from ..jit import parallel_kernel
 from . import aligned
 from .base import Kernel
-from .output_stage import output_parameters, output_stage_row
+from .output_stage import depthwise_run, output_parameters, output_stage_row
 from .padding import compute_padding
 from .requant import OutputStage
 
 
 @parallel_kernel
-def depthwise_conv(x, w, groups, multiplier, stride_h, stride_w, dil_h, dil_w, pad_top, pad_left, in_zp,
+def depthwise_conv(x, w, w16, groups, multiplier, stride_h, stride_w, dil_h, dil_w, pad_top, pad_left, in_zp,
                    params, profile, out_zp, lo, hi, out):
     n_batch, in_h, in_w, in_c = x.shape
     _, out_h, out_w, out_c = out.shape
@@ -25,6 +28,13 @@ def depthwise_conv(x, w, groups, multiplier, stride_h, stride_w, dil_h, dil_w, p
     per_group = n_batch // groups
     zp = np.int32(in_zp)
     o16 = params.shape[2]
+    # Output columns whose taps all fall inside the image, [ox_lo, ox_hi), and the tap offsets.
+    ox_lo = min(out_w, (pad_left + stride_w - 1) // stride_w)
+    ox_hi = max(ox_lo, min(out_w, (in_w - 1 + pad_left - (kw - 1) * dil_w) // stride_w + 1))
+    taps = np.empty(kh * kw, dtype=np.int64)
+    for ky in range(kh):
+        for kx in range(kw):
+            taps[ky * kw + kx] = ((ky * dil_h) * in_w + kx * dil_w) * in_c
     for row in nb.prange(n_batch * out_h):
         n = row // out_h
         oy = row - n * out_h
@@ -34,7 +44,18 @@ def depthwise_conv(x, w, groups, multiplier, stride_h, stride_w, dil_h, dil_w, p
         start = (-scratch.ctypes.data // 4) % 16  # vector loads of the output stage on cache lines
         a = scratch[start:start + o16]
         p_group = params.ctypes.data + g * params.shape[1] * o16 * 4
+        iy0 = oy * stride_h - pad_top
+        vector_run = multiplier == 1 and iy0 >= 0 and iy0 + (kh - 1) * dil_h < in_h and ox_hi > ox_lo
+        if vector_run:
+            x_first = x.ctypes.data + ((n * in_h + iy0) * in_w + ox_lo * stride_w - pad_left) * in_c
+            out_first = out.ctypes.data + ((n * out_h + oy) * out_w + ox_lo) * out_c
+            for c0 in range(0, out_c, 16):
+                depthwise_run(x_first + c0, stride_w * in_c, taps.ctypes.data, kh * kw, w16.ctypes.data + (g * (o16 // 16) + c0 // 16) * kh * kw * 64,
+                              in_zp, ox_hi - ox_lo, out_first + c0, out_c, out_c - c0, p_group + c0 * 4, o16 * 4,
+                              profile, out_zp, lo, hi)
         for ox in range(out_w):
+            if vector_run and ox_lo <= ox < ox_hi:
+                continue
             a[:] = 0  # the bias is the stage's offset
             for ky in range(kh):
                 iy = oy * stride_h - pad_top + ky * dil_h
@@ -58,6 +79,18 @@ def depthwise_conv(x, w, groups, multiplier, stride_h, stride_w, dil_h, dil_w, p
             output_stage_row(a.ctypes.data, p_group, o16 * 4, out.ctypes.data + ((n * out_h + oy) * out_w + ox) * out_c,
                              out_c, profile, out_zp, lo, hi)
     return out
+
+
+def vector_weights(wg: np.ndarray) -> np.ndarray:
+    """[G, 1, kh, kw, O] int8 -> [G, O16 / 16, kh * kw, 16] int32, 64-byte aligned: the weights of
+    one tap for 16 channels are one vector (channels past O: 0)."""
+    groups, _, kh, kw, o = wg.shape
+    o16 = (o + 15) // 16 * 16
+    padded = np.zeros((groups, kh * kw, o16), dtype=np.int32)
+    padded[:, :, :o] = wg.reshape(groups, kh * kw, o)
+    w16 = aligned.empty((groups, o16 // 16, kh * kw, 16), np.int32)
+    w16[...] = padded.reshape(groups, kh * kw, o16 // 16, 16).transpose(0, 2, 1, 3)
+    return w16
 
 
 class DepthwiseConv2D(Kernel):
@@ -104,7 +137,7 @@ class DepthwiseConv2D(Kernel):
         params = output_parameters(bias, self.stage)
         out = aligned.empty((x.shape[0], self.out_h, self.out_w, self.out_channels), np.int8)
         s = self.stage
-        depthwise_conv(np.ascontiguousarray(x), np.ascontiguousarray(wg), groups, self.multiplier,
+        depthwise_conv(np.ascontiguousarray(x), np.ascontiguousarray(wg), vector_weights(wg), groups, self.multiplier,
                        o.get("stride_h", 1), o.get("stride_w", 1), o.get("dilation_h_factor", 1), o.get("dilation_w_factor", 1),
                        self.pad_top, self.pad_left, np.int64(self.inputs[0].zero_point), params, np.int64(self.profile),
                        np.int64(s.zero_point), np.int64(s.lo), np.int64(s.hi), out)

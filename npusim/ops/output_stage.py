@@ -151,6 +151,49 @@ def output_stage_tile(typingctx, acc_ptr, params_ptr, params_stride, out_ptr, ou
     return sig, codegen
 
 
+@intrinsic
+def depthwise_run(typingctx, x_ptr, x_step, taps_ptr, n_taps, w_ptr, in_zp, n_pixels, out_ptr, out_step, count,
+                  params_ptr, params_stride, profile, zero_point, lo, hi):
+    """A run of n_pixels output pixels of a depthwise convolution (multiplier 1) whose taps all fall
+    inside the image, for 16 channels (count of them valid): out[p * out_step + c] = output stage of
+    sum over taps t of (x[p * x_step + taps[t] + c] - in_zp) * w[16 t + c], with int32 weights w.
+    The accumulators stay in a register; x is read with masked loads (never past channel count)."""
+    sig = types.void(*([types.int64] * 16))
+
+    def codegen(context, builder, signature, args):
+        (x_ptr, x_step, taps_ptr, n_taps, w_ptr, in_zp, n_pixels, out_ptr, out_step, count,
+         params_ptr, params_stride, profile, zero_point, lo, hi) = args
+        i8p = ir.IntType(8).as_pointer()
+        x, w, out, params = (builder.inttoptr(v, i8p) for v in (x_ptr, w_ptr, out_ptr, params_ptr))
+        taps = builder.inttoptr(taps_ptr, _I64.as_pointer())
+        masked_load = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(_B16, [_B16.as_pointer(), _I32, ir.VectorType(ir.IntType(1), 16), _B16]),
+            "llvm.masked.load.v16i8.p0")
+        lanes = ir.Constant(_V16, list(range(16)))
+        limit = builder.trunc(builder.select(builder.icmp_signed(">", count, ir.Constant(_I64, 16)), ir.Constant(_I64, 16), count), _I32)
+        valid = builder.icmp_signed("<", lanes, splat(builder, limit, _V16))
+        zp = splat(builder, builder.trunc(in_zp, _I32), _V16)
+        channel_params = load_parameters(builder, params, params_stride, 0)
+        acc_slot = cgutils.alloca_once_value(builder, ir.Constant(_V16, None))
+        for pid in (TFLM, SINGLE, XNNPACK):
+            with builder.if_then(builder.icmp_signed("==", profile, ir.Constant(_I64, pid))):
+                with cgutils.for_range(builder, n_pixels) as pixel:
+                    base = builder.mul(pixel.index, x_step)
+                    builder.store(ir.Constant(_V16, None), acc_slot)
+                    with cgutils.for_range(builder, n_taps) as tap:
+                        offset = builder.add(base, builder.load(builder.gep(taps, [tap.index])))
+                        xb = builder.call(masked_load, [builder.bitcast(builder.gep(x, [offset]), _B16.as_pointer()),
+                                                        ir.Constant(_I32, 1), valid, ir.Constant(_B16, None)])
+                        xv = builder.sub(builder.sext(xb, _V16), zp)
+                        wv = builder.load(builder.bitcast(builder.gep(w, [builder.mul(tap.index, ir.Constant(_I64, 64))]), _V16.as_pointer()), align=1)
+                        builder.store(builder.add(builder.load(acc_slot), builder.mul(xv, wv)), acc_slot)
+                    y = vector_output_stage(builder, builder.load(acc_slot), channel_params, pid, zero_point, lo, hi)
+                    store_bytes(builder, y, builder.gep(out, [builder.mul(pixel.index, out_step)]), count)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
 def output_parameters(offset, stage) -> np.ndarray:
     """[G, 5, O16] int32 per group and channel: the accumulator offset [G, O] (the part of the
     accumulator that the kernel does not sum, wrapped to int32 as the runtimes' accumulators), M,
