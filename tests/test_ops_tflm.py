@@ -69,6 +69,14 @@ def test_depthwise_conv2d(p, seed):
     check(C.make_depthwise(p, seed))
 
 
+@settings(max_examples=examples(40))
+@given(p=C.conv_params(depthwise=True, max_hw=20, max_ch=48), seed=C.seeds)
+def test_depthwise_conv2d_wide(p, seed):
+    """Up to 48 channels (times the multiplier) and 20 x 20 images: several 16-channel blocks, a
+    partial one, and long runs of interior pixels for the vector path."""
+    check(C.make_depthwise(p, seed))
+
+
 @pytest.mark.parametrize("path", PATHS)
 @settings(max_examples=examples(60))
 @given(p=C.conv_params(max_hw=40, min_hw=16, max_ch=128, channel_step=16, max_cout=100, max_kernel=3), seed=C.seeds)

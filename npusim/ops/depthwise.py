@@ -50,7 +50,7 @@ def depthwise_conv(x, w, w16, groups, multiplier, stride_h, stride_w, dil_h, dil
             x_first = x.ctypes.data + ((n * in_h + iy0) * in_w + ox_lo * stride_w - pad_left) * in_c
             out_first = out.ctypes.data + ((n * out_h + oy) * out_w + ox_lo) * out_c
             for c0 in range(0, out_c, 16):
-                depthwise_run(x_first + c0, stride_w * in_c, taps.ctypes.data, kh * kw, w16.ctypes.data + (g * (o16 // 16) + c0 // 16) * kh * kw * 64,
+                depthwise_run(x_first + c0, stride_w * in_c, taps.ctypes.data, kh * kw, w16.ctypes.data + (g * (o16 // 16) + c0 // 16) * kh * kw * 32,
                               in_zp, ox_hi - ox_lo, out_first + c0, out_c, out_c - c0, p_group + c0 * 4, o16 * 4,
                               profile, out_zp, lo, hi)
         for ox in range(out_w):
@@ -82,13 +82,13 @@ def depthwise_conv(x, w, w16, groups, multiplier, stride_h, stride_w, dil_h, dil
 
 
 def vector_weights(wg: np.ndarray) -> np.ndarray:
-    """[G, 1, kh, kw, O] int8 -> [G, O16 / 16, kh * kw, 16] int32, 64-byte aligned: the weights of
+    """[G, 1, kh, kw, O] int8 -> [G, O16 / 16, kh * kw, 16] int16, 64-byte aligned: the weights of
     one tap for 16 channels are one vector (channels past O: 0)."""
     groups, _, kh, kw, o = wg.shape
     o16 = (o + 15) // 16 * 16
-    padded = np.zeros((groups, kh * kw, o16), dtype=np.int32)
+    padded = np.zeros((groups, kh * kw, o16), dtype=np.int16)
     padded[:, :, :o] = wg.reshape(groups, kh * kw, o)
-    w16 = aligned.empty((groups, o16 // 16, kh * kw, 16), np.int32)
+    w16 = aligned.empty((groups, o16 // 16, kh * kw, 16), np.int16)
     w16[...] = padded.reshape(groups, kh * kw, o16 // 16, 16).transpose(0, 2, 1, 3)
     return w16
 

@@ -20,6 +20,7 @@ _I32, _I64 = ir.IntType(32), ir.IntType(64)
 _V16 = ir.VectorType(_I32, 16)
 _F16 = ir.VectorType(ir.FloatType(), 16)
 _B16 = ir.VectorType(ir.IntType(8), 16)
+_H16 = ir.VectorType(ir.IntType(16), 16)
 PARAMETER_ROWS = 5  # offset, multiplier, left shift, right shift, xnnpack scale
 
 
@@ -156,7 +157,7 @@ def depthwise_run(typingctx, x_ptr, x_step, taps_ptr, n_taps, w_ptr, in_zp, n_pi
                   params_ptr, params_stride, profile, zero_point, lo, hi):
     """A run of n_pixels output pixels of a depthwise convolution (multiplier 1) whose taps all fall
     inside the image, for 16 channels (count of them valid): out[p * out_step + c] = output stage of
-    sum over taps t of (x[p * x_step + taps[t] + c] - in_zp) * w[16 t + c], with int32 weights w.
+    sum over taps t of (x[p * x_step + taps[t] + c] - in_zp) * w[16 t + c], with int16 weights w.
     The accumulators stay in a register; x is read with masked loads (never past channel count)."""
     sig = types.void(*([types.int64] * 16))
 
@@ -172,7 +173,7 @@ def depthwise_run(typingctx, x_ptr, x_step, taps_ptr, n_taps, w_ptr, in_zp, n_pi
         lanes = ir.Constant(_V16, list(range(16)))
         limit = builder.trunc(builder.select(builder.icmp_signed(">", count, ir.Constant(_I64, 16)), ir.Constant(_I64, 16), count), _I32)
         valid = builder.icmp_signed("<", lanes, splat(builder, limit, _V16))
-        zp = splat(builder, builder.trunc(in_zp, _I32), _V16)
+        zp16 = splat(builder, builder.trunc(in_zp, ir.IntType(16)), _H16)
         channel_params = load_parameters(builder, params, params_stride, 0)
         acc_slot = cgutils.alloca_once_value(builder, ir.Constant(_V16, None))
         for pid in (TFLM, SINGLE, XNNPACK):
@@ -184,9 +185,11 @@ def depthwise_run(typingctx, x_ptr, x_step, taps_ptr, n_taps, w_ptr, in_zp, n_pi
                         offset = builder.add(base, builder.load(builder.gep(taps, [tap.index])))
                         xb = builder.call(masked_load, [builder.bitcast(builder.gep(x, [offset]), _B16.as_pointer()),
                                                         ir.Constant(_I32, 1), valid, ir.Constant(_B16, None)])
-                        xv = builder.sub(builder.sext(xb, _V16), zp)
-                        wv = builder.load(builder.bitcast(builder.gep(w, [builder.mul(tap.index, ir.Constant(_I64, 64))]), _V16.as_pointer()), align=1)
-                        builder.store(builder.add(builder.load(acc_slot), builder.mul(xv, wv)), acc_slot)
+                        # |x - zp| <= 255 and |w| <= 128: each product fits int16 (one cheap 16-bit
+                        # multiply); the sum of the taps needs int32.
+                        xv = builder.sub(builder.sext(xb, _H16), zp16)
+                        wv = builder.load(builder.bitcast(builder.gep(w, [builder.mul(tap.index, ir.Constant(_I64, 32))]), _H16.as_pointer()), align=1)
+                        builder.store(builder.add(builder.load(acc_slot), builder.sext(builder.mul(xv, wv), _V16)), acc_slot)
                     y = vector_output_stage(builder, builder.load(acc_slot), channel_params, pid, zero_point, lo, hi)
                     store_bytes(builder, y, builder.gep(out, [builder.mul(pixel.index, out_step)]), count)
         return context.get_dummy_value()
