@@ -1,4 +1,5 @@
-"""Exact int8 x int8 -> int32 matrix products on a float32 BLAS, and the fused requantization.
+"""Exact int8 x int8 -> int32 matrix products on a float32 BLAS, and the fused requantization: the
+path of CONV_2D and FULLY_CONNECTED on CPUs without AVX-512 VNNI (see vnni.py and amx.py).
 
 Why float32 is exact here: an int8 x int8 product is at most 128 * 128 = 2^14 in magnitude and
 float32 holds every integer below 2^24, so any partial sum of at most 2^10 products is exact in

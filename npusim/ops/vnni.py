@@ -66,7 +66,8 @@ def _host_has_vnni() -> bool:
 
 
 SUPPORTED = _host_has_vnni()
-# NPUSIM_VNNI=0 selects the float32 BLAS path everywhere. Read at call time, so that tests can run
+# NPUSIM_VNNI=0 turns this path off (the float32 BLAS path takes its place; AMX, where it applies,
+# follows NPUSIM_AMX). Read at call time, so that tests can run
 # both kernel paths on one machine.
 ENABLED = SUPPORTED and os.environ.get("NPUSIM_VNNI", "1") != "0"
 
