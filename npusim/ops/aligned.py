@@ -46,29 +46,33 @@ _madvise_fn = _madvise()
 # of that size. The pool keeps at most POOL_LIMIT bytes of free mappings.
 POOL_MIN = 32 << 20
 POOL_LIMIT = 1 << 30
-_pool: dict[int, list] = {}
+_pool: list = []  # free (size, mapping), oldest first
 _pool_lock = threading.Lock()
-_pooled = 0
 
 
 def _release(mapping, size):
-    """Called as the last view of a pooled array dies (its buffer is still exported until the array
-    is gone, so an unpooled mapping is left to close itself once unreferenced)."""
-    global _pooled
+    """Called as the last view of a pooled array dies. Over POOL_LIMIT, the oldest free mappings
+    are dropped, so that a new batch size is not left without a pool by the old one's buffers."""
     with _pool_lock:
-        if _pooled + size <= POOL_LIMIT:
-            _pool.setdefault(size, []).append(mapping)
-            _pooled += size
+        _pool.append((size, mapping))
+        total = sum(n for n, _ in _pool)
+        while total > POOL_LIMIT and len(_pool) > 1:
+            n, old = _pool.pop(0)
+            total -= n
+            try:
+                old.close()  # a free mapping has no views left
+            except BufferError:  # its last array is still being torn down: it closes itself then
+                pass
 
 
 def _pooled_bytes(nbytes: int) -> np.ndarray:
-    global _pooled
     size = -(-nbytes // HUGE_PAGE) * HUGE_PAGE
+    mapping = None
     with _pool_lock:
-        free = _pool.get(size)
-        mapping = free.pop() if free else None
-        if mapping is not None:
-            _pooled -= size
+        for i in range(len(_pool) - 1, -1, -1):  # the most recently freed first
+            if _pool[i][0] == size:
+                mapping = _pool.pop(i)[1]
+                break
     fresh = mapping is None
     if fresh:
         mapping = mmap.mmap(-1, size)
