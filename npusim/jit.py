@@ -8,12 +8,41 @@ and the call picks by the size of its largest array.
 """
 from __future__ import annotations
 
+import hashlib
 import types
+from pathlib import Path
 
 import numba as nb
 import numpy as np
 
 PARALLEL_MIN_WORK = 1 << 18  # elements of the largest array argument
+
+
+def drop_stale_cache(package: Path = Path(__file__).resolve().parent) -> bool:
+    """Numba revalidates a cached function against its own file only, but kernels inline code from
+    other modules (quant.py's rounding, the LLVM intrinsics of ops/output_stage.py): after an edit
+    or an upgrade there, a kernel would load stale machine code. So the whole package's cache is
+    dropped whenever any of its sources changed (a hash of them kept beside the cache). Returns
+    whether it was dropped. Only Numba's default cache location is managed."""
+    sources = sorted(package.rglob("*.py"))
+    digest = hashlib.sha256(b"".join(p.read_bytes() for p in sources)).hexdigest()
+    stamp = package / "__pycache__" / "numba-sources.sha256"
+    try:
+        if stamp.read_text() == digest:
+            return False
+    except OSError:
+        pass
+    for cached in list(package.rglob("__pycache__/*.nbi")) + list(package.rglob("__pycache__/*.nbc")):
+        cached.unlink(missing_ok=True)
+    try:
+        stamp.parent.mkdir(exist_ok=True)
+        stamp.write_text(digest)
+    except OSError:  # a read-only install: Numba then cannot cache there either
+        pass
+    return True
+
+
+drop_stale_cache()
 
 
 class ParallelKernel:

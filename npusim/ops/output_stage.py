@@ -51,10 +51,10 @@ def vector_output_stage(builder, acc, params, profile, zero_point, lo, hi):
         # SaturatingRoundingDoublingHighMul((x << left) as int32, M), then RoundingDivideByPOT(right).
         # 0 <= M < 2^31, so the saturating case (both operands INT32_MIN) cannot occur.
         ab = builder.mul(builder.sext(builder.shl(x, left), i64v), builder.sext(m, i64v))
-        nudge = builder.select(builder.icmp_signed(">=", ab, c64(0)), c64(1 << 30), c64(1 - (1 << 30)))
-        num = builder.add(ab, nudge)
-        # C++ division by 2^31 truncates toward zero: bias negative numerators before the shift.
-        high = builder.trunc(builder.ashr(builder.add(num, builder.and_(builder.ashr(num, c64(63)), c64(2**31 - 1))), c64(31)), acc.type)
+        # TFLM adds a nudge of 2^30 (ab >= 0) or 1 - 2^30 (ab < 0) and divides by 2^31 truncating
+        # toward zero; for every integer ab that equals floor((ab + 2^30) / 2^31), one add and one
+        # arithmetic shift (|ab| < 2^62: no overflow).
+        high = builder.trunc(builder.ashr(builder.add(ab, c64(1 << 30)), c64(31)), acc.type)
         one, zero = ir.Constant(acc.type, 1), ir.Constant(acc.type, 0)
         mask = builder.sub(builder.shl(one, right), one)
         threshold = builder.add(builder.ashr(mask, one), builder.zext(builder.icmp_signed("<", high, zero), acc.type))
