@@ -344,7 +344,9 @@ def conv_stages(model: bytes, x: np.ndarray, reps: int) -> list[tuple[str, float
         paths.append("VNNI")
     paths.append("BLAS")
     for name in paths:
-        what = {"AMX": "AMX", "VNNI": "VNNI", "BLAS": "float32 BLAS (im2col + sgemm)"}[name]
+        what = {"AMX": "AMX", "VNNI": "VNNI",
+                "BLAS": "float32 BLAS (im2col + sgemm; here under Numba's OpenMP layer, which fights OpenBLAS's threads: "
+                        "a host without VNNI runs it under the workqueue layer)"}[name]
         stages.append((f"whole Conv2D.__call__, {what} path", on_path(name, lambda: kern(x, w, b))))
     stages.append(("whole Interpreter.run (default path)", lambda: sim.run(x)))
     default = [median_time(fn, reps, warmup=1) for _, fn in stages]
