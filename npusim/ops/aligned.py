@@ -77,7 +77,7 @@ def _pooled_bytes(nbytes: int) -> np.ndarray:
     if fresh:
         mapping = mmap.mmap(-1, size)
     raw = np.frombuffer(mapping, dtype=np.uint8)
-    weakref.finalize(raw, _release, mapping, size)  # raw lives as long as any view of it
+    weakref.finalize(raw, _release, mapping, size).atexit = False  # raw lives as long as any view of it
     if fresh and _madvise_fn is not None:
         _madvise_fn(raw.ctypes.data, size, _MADV_HUGEPAGE)
         _madvise_fn(raw.ctypes.data, size, _MADV_POPULATE_WRITE)
