@@ -14,20 +14,20 @@ import numpy as np
 from ..jit import parallel_kernel
 from . import aligned
 from .base import Kernel
-from .output_stage import depthwise_run, output_parameters, output_stage_row
+from .output_stage import DEPTHWISE_LANES, depthwise_run16, depthwise_run32, output_parameters, output_stage_row
 from .padding import compute_padding
 from .requant import OutputStage
 
 
 @parallel_kernel
-def depthwise_conv(x, w, w16, groups, multiplier, stride_h, stride_w, dil_h, dil_w, pad_top, pad_left, in_zp,
+def depthwise_conv(x, w, w32, groups, multiplier, stride_h, stride_w, dil_h, dil_w, pad_top, pad_left, in_zp,
                    params, profile, out_zp, lo, hi, out):
     n_batch, in_h, in_w, in_c = x.shape
     _, out_h, out_w, out_c = out.shape
     kh, kw = w.shape[2], w.shape[3]
     per_group = n_batch // groups
     zp = np.int32(in_zp)
-    o16 = params.shape[2]
+    o32 = params.shape[2]  # channels, padded to a multiple of 32
     # Output columns whose taps all fall inside the image, [ox_lo, ox_hi), and the tap offsets.
     ox_lo = min(out_w, (pad_left + stride_w - 1) // stride_w)
     ox_hi = max(ox_lo, min(out_w, (in_w - 1 + pad_left - (kw - 1) * dil_w) // stride_w + 1))
@@ -40,19 +40,22 @@ def depthwise_conv(x, w, w16, groups, multiplier, stride_h, stride_w, dil_h, dil
         oy = row - n * out_h
         g = n // per_group
         # int32 accumulators, as TFLM's: at most kh*kw taps of 255 * 127, and twice the SIMD lanes of int64.
-        scratch = np.empty(o16 + 16, dtype=np.int32)
+        scratch = np.empty(o32 + 16, dtype=np.int32)
         start = (-scratch.ctypes.data // 4) % 16  # vector loads of the output stage on cache lines
-        a = scratch[start:start + o16]
-        p_group = params.ctypes.data + g * params.shape[1] * o16 * 4
+        a = scratch[start:start + o32]
+        p_group = params.ctypes.data + g * params.shape[1] * o32 * 4
         iy0 = oy * stride_h - pad_top
         vector_run = multiplier == 1 and iy0 >= 0 and iy0 + (kh - 1) * dil_h < in_h and ox_hi > ox_lo
         if vector_run:
             x_first = x.ctypes.data + ((n * in_h + iy0) * in_w + ox_lo * stride_w - pad_left) * in_c
             out_first = out.ctypes.data + ((n * out_h + oy) * out_w + ox_lo) * out_c
-            for c0 in range(0, out_c, 16):
-                depthwise_run(x_first + c0, stride_w * in_c, taps.ctypes.data, kh * kw, w16.ctypes.data + (g * (o16 // 16) + c0 // 16) * kh * kw * 32,
-                              in_zp, ox_hi - ox_lo, out_first + c0, out_c, out_c - c0, p_group + c0 * 4, o16 * 4,
-                              profile, out_zp, lo, hi)
+            for c0 in range(0, out_c, 32):
+                args = (x_first + c0, stride_w * in_c, taps.ctypes.data, kh * kw, w32.ctypes.data + (g * (o32 // 32) + c0 // 32) * kh * kw * 64,
+                        in_zp, ox_hi - ox_lo, out_first + c0, out_c, out_c - c0, p_group + c0 * 4, o32 * 4, profile, out_zp, lo, hi)
+                if out_c - c0 > 16:
+                    depthwise_run32(*args)
+                else:
+                    depthwise_run16(*args)
         for ox in range(out_w):
             if vector_run and ox_lo <= ox < ox_hi:
                 continue
@@ -76,21 +79,34 @@ def depthwise_conv(x, w, w16, groups, multiplier, stride_h, stride_w, dil_h, dil
                             for mi in range(multiplier):
                                 oc = ic * multiplier + mi
                                 a[oc] += xv * np.int32(ws[oc])
-            output_stage_row(a.ctypes.data, p_group, o16 * 4, out.ctypes.data + ((n * out_h + oy) * out_w + ox) * out_c,
+            output_stage_row(a.ctypes.data, p_group, o32 * 4, out.ctypes.data + ((n * out_h + oy) * out_w + ox) * out_c,
                              out_c, profile, out_zp, lo, hi)
     return out
 
 
 def vector_weights(wg: np.ndarray) -> np.ndarray:
-    """[G, 1, kh, kw, O] int8 -> [G, O16 / 16, kh * kw, 16] int16, 64-byte aligned: the weights of
-    one tap for 16 channels are one vector (channels past O: 0)."""
+    """[G, 1, kh, kw, O] int8 -> [G, O32 / 32, kh * kw, 32] int16, 64-byte aligned: the weights of
+    one tap for 32 channels are one vector (channels past O: 0)."""
     groups, _, kh, kw, o = wg.shape
-    o16 = (o + 15) // 16 * 16
-    padded = np.zeros((groups, kh * kw, o16), dtype=np.int16)
+    lanes = DEPTHWISE_LANES
+    o32 = (o + lanes - 1) // lanes * lanes
+    padded = np.zeros((groups, kh * kw, o32), dtype=np.int16)
     padded[:, :, :o] = wg.reshape(groups, kh * kw, o)
-    w16 = aligned.empty((groups, o16 // 16, kh * kw, 16), np.int16)
-    w16[...] = padded.reshape(groups, kh * kw, o16 // 16, 16).transpose(0, 2, 1, 3)
-    return w16
+    w32 = aligned.empty((groups, o32 // lanes, kh * kw, lanes), np.int16)
+    w32[...] = padded.reshape(groups, kh * kw, o32 // lanes, lanes).transpose(0, 2, 1, 3)
+    return w32
+
+
+def padded_parameters(params: np.ndarray) -> np.ndarray:
+    """output_parameters' [G, 5, O16] widened to a multiple of 32 channels (zeros): the vector path
+    loads 32 channels' parameters at a time."""
+    g, rows, o16 = params.shape
+    o32 = (o16 + DEPTHWISE_LANES - 1) // DEPTHWISE_LANES * DEPTHWISE_LANES
+    if o32 == o16:
+        return params
+    wide = aligned.zeros((g, rows, o32), np.int32)
+    wide[:, :, :o16] = params
+    return wide
 
 
 class DepthwiseConv2D(Kernel):
@@ -134,7 +150,7 @@ class DepthwiseConv2D(Kernel):
             x = np.concatenate([x] * groups)
         bias = np.zeros((groups, self.out_channels), dtype=np.int64) if b is None else np.ascontiguousarray(
             np.broadcast_to(b.reshape(-1, self.out_channels), (groups, self.out_channels)), dtype=np.int64)
-        params = output_parameters(bias, self.stage)
+        params = padded_parameters(output_parameters(bias, self.stage))
         out = aligned.empty((x.shape[0], self.out_h, self.out_w, self.out_channels), np.int8)
         s = self.stage
         depthwise_conv(np.ascontiguousarray(x), np.ascontiguousarray(wg), vector_weights(wg), groups, self.multiplier,

@@ -152,49 +152,72 @@ def output_stage_tile(typingctx, acc_ptr, params_ptr, params_stride, out_ptr, ou
     return sig, codegen
 
 
-@intrinsic
-def depthwise_run(typingctx, x_ptr, x_step, taps_ptr, n_taps, w_ptr, in_zp, n_pixels, out_ptr, out_step, count,
-                  params_ptr, params_stride, profile, zero_point, lo, hi):
-    """A run of n_pixels output pixels of a depthwise convolution (multiplier 1) whose taps all fall
-    inside the image, for 16 channels (count of them valid): out[p * out_step + c] = output stage of
-    sum over taps t of (x[p * x_step + taps[t] + c] - in_zp) * w[16 t + c], with int16 weights w.
-    The accumulators stay in a register; x is read with masked loads (never past channel count)."""
-    sig = types.void(*([types.int64] * 16))
+def _depthwise_run(lanes: int):
+    """depthwise_run16 / depthwise_run32 (see below): 16 or 32 channels per call."""
+    halves = lanes // 16
+    bytes_t = ir.VectorType(ir.IntType(8), lanes)
+    shorts_t = ir.VectorType(ir.IntType(16), lanes)
+    mask_t = ir.VectorType(ir.IntType(1), lanes)
 
-    def codegen(context, builder, signature, args):
-        (x_ptr, x_step, taps_ptr, n_taps, w_ptr, in_zp, n_pixels, out_ptr, out_step, count,
-         params_ptr, params_stride, profile, zero_point, lo, hi) = args
-        i8p = ir.IntType(8).as_pointer()
-        x, w, out, params = (builder.inttoptr(v, i8p) for v in (x_ptr, w_ptr, out_ptr, params_ptr))
-        taps = builder.inttoptr(taps_ptr, _I64.as_pointer())
-        masked_load = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(_B16, [_B16.as_pointer(), _I32, ir.VectorType(ir.IntType(1), 16), _B16]),
-            "llvm.masked.load.v16i8.p0")
-        lanes = ir.Constant(_V16, list(range(16)))
-        limit = builder.trunc(builder.select(builder.icmp_signed(">", count, ir.Constant(_I64, 16)), ir.Constant(_I64, 16), count), _I32)
-        valid = builder.icmp_signed("<", lanes, splat(builder, limit, _V16))
-        zp16 = splat(builder, builder.trunc(in_zp, ir.IntType(16)), _H16)
-        channel_params = load_parameters(builder, params, params_stride, 0)
-        acc_slot = cgutils.alloca_once_value(builder, ir.Constant(_V16, None))
-        for pid in (TFLM, SINGLE, XNNPACK):
-            with builder.if_then(builder.icmp_signed("==", profile, ir.Constant(_I64, pid))):
-                with cgutils.for_range(builder, n_pixels) as pixel:
-                    base = builder.mul(pixel.index, x_step)
-                    builder.store(ir.Constant(_V16, None), acc_slot)
-                    with cgutils.for_range(builder, n_taps) as tap:
-                        offset = builder.add(base, builder.load(builder.gep(taps, [tap.index])))
-                        xb = builder.call(masked_load, [builder.bitcast(builder.gep(x, [offset]), _B16.as_pointer()),
-                                                        ir.Constant(_I32, 1), valid, ir.Constant(_B16, None)])
-                        # |x - zp| <= 255 and |w| <= 128: each product fits int16 (one cheap 16-bit
-                        # multiply); the sum of the taps needs int32.
-                        xv = builder.sub(builder.sext(xb, _H16), zp16)
-                        wv = builder.load(builder.bitcast(builder.gep(w, [builder.mul(tap.index, ir.Constant(_I64, 32))]), _H16.as_pointer()), align=1)
-                        builder.store(builder.add(builder.load(acc_slot), builder.sext(builder.mul(xv, wv), _V16)), acc_slot)
-                    y = vector_output_stage(builder, builder.load(acc_slot), channel_params, pid, zero_point, lo, hi)
-                    store_bytes(builder, y, builder.gep(out, [builder.mul(pixel.index, out_step)]), count)
-        return context.get_dummy_value()
+    @intrinsic
+    def depthwise_run(typingctx, x_ptr, x_step, taps_ptr, n_taps, w_ptr, in_zp, n_pixels, out_ptr, out_step, count,
+                      params_ptr, params_stride, profile, zero_point, lo, hi):
+        sig = types.void(*([types.int64] * 16))
 
-    return sig, codegen
+        def codegen(context, builder, signature, args):
+            (x_ptr, x_step, taps_ptr, n_taps, w_ptr, in_zp, n_pixels, out_ptr, out_step, count,
+             params_ptr, params_stride, profile, zero_point, lo, hi) = args
+            i8p = ir.IntType(8).as_pointer()
+            x, w, out, params = (builder.inttoptr(v, i8p) for v in (x_ptr, w_ptr, out_ptr, params_ptr))
+            taps = builder.inttoptr(taps_ptr, _I64.as_pointer())
+            masked_load = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(bytes_t, [bytes_t.as_pointer(), _I32, mask_t, bytes_t]),
+                f"llvm.masked.load.v{lanes}i8.p0")
+            lane_index = ir.Constant(ir.VectorType(_I32, lanes), list(range(lanes)))
+            limit = builder.trunc(builder.select(builder.icmp_signed(">", count, ir.Constant(_I64, lanes)), ir.Constant(_I64, lanes), count), _I32)
+            valid = builder.icmp_signed("<", lane_index, splat(builder, limit, ir.VectorType(_I32, lanes)))
+            zp = splat(builder, builder.trunc(in_zp, ir.IntType(16)), shorts_t)
+            channel_params = [load_parameters(builder, params, params_stride, h) for h in range(halves)]
+            acc_slots = [cgutils.alloca_once_value(builder, ir.Constant(_V16, None)) for _ in range(halves)]
+            for pid in (TFLM, SINGLE, XNNPACK):
+                with builder.if_then(builder.icmp_signed("==", profile, ir.Constant(_I64, pid))):
+                    with cgutils.for_range(builder, n_pixels) as pixel:
+                        base = builder.mul(pixel.index, x_step)
+                        for slot in acc_slots:
+                            builder.store(ir.Constant(_V16, None), slot)
+                        with cgutils.for_range(builder, n_taps) as tap:
+                            offset = builder.add(base, builder.load(builder.gep(taps, [tap.index])))
+                            xb = builder.call(masked_load, [builder.bitcast(builder.gep(x, [offset]), bytes_t.as_pointer()),
+                                                            ir.Constant(_I32, 1), valid, ir.Constant(bytes_t, None)])
+                            wv = builder.load(builder.bitcast(builder.gep(w, [builder.mul(tap.index, ir.Constant(_I64, 2 * DEPTHWISE_LANES))]),
+                                                              shorts_t.as_pointer()), align=1)
+                            # |x - zp| <= 255 and |w| <= 128: each product fits int16 (one cheap
+                            # 16-bit multiply); the sum of the taps needs int32.
+                            product = builder.mul(builder.sub(builder.sext(xb, shorts_t), zp), wv)
+                            for h, slot in enumerate(acc_slots):
+                                part = builder.shuffle_vector(product, ir.Constant(shorts_t, ir.Undefined),
+                                                              ir.Constant(_V16, list(range(16 * h, 16 * h + 16))))
+                                builder.store(builder.add(builder.load(slot), builder.sext(part, _V16)), slot)
+                        for h, slot in enumerate(acc_slots):
+                            remaining = builder.sub(count, ir.Constant(_I64, 16 * h))
+                            with builder.if_then(builder.icmp_signed(">", remaining, ir.Constant(_I64, 0))):
+                                y = vector_output_stage(builder, builder.load(slot), channel_params[h], pid, zero_point, lo, hi)
+                                dst = builder.gep(out, [builder.add(builder.mul(pixel.index, out_step), ir.Constant(_I64, 16 * h))])
+                                store_bytes(builder, y, dst, remaining)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return depthwise_run
+
+
+# A run of n_pixels output pixels of a depthwise convolution (multiplier 1) whose taps all fall
+# inside the image, for 16 or 32 channels (count of them valid): out[p * out_step + c] = the output
+# stage of sum over taps t of (x[p * x_step + taps[t] + c] - in_zp) * w[DEPTHWISE_LANES * t + c],
+# int16 weights. The accumulators stay in registers; x is read with masked loads (never past the
+# valid channels). 32 channels share one load, subtraction and multiply per tap.
+DEPTHWISE_LANES = 32  # weights per tap in the layout of depthwise.vector_weights
+depthwise_run16, depthwise_run32 = _depthwise_run(16), _depthwise_run(32)
 
 
 def output_parameters(offset, stage) -> np.ndarray:
