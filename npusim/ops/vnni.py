@@ -12,8 +12,8 @@ Every int32 sum is exact while the depth K stays at most MAX_DEPTH (K * 255 * 12
 
 Layouts:
 - activations: the int8 input itself when every tap falls inside the image and C is a multiple
-  of 4; else a padded copy [N, Hp, Wp, Cp], Cp = C rounded up to 4, whose extra channels meet
-  zero weights. A convolution then reads its taps straight from this copy: the
+  of 4; else a padded copy [N, Hp, Wp, C] (with C not a multiple of 4, a pixel's last 4-byte
+  read takes bytes of the next pixel, which meet zero weights). A convolution then reads its taps straight from this copy: the
   reduction index is (tap, channel), and a tap is a fixed offset from the output pixel's corner
   (no im2col).
 - filters: per block of up to 64 output channels, [K4, nr, 16, 4] bytes (K4 = taps * Cp / 4,
@@ -229,15 +229,19 @@ def convolve(x, w, bias, input_zero_point, stride, dilation, pad, out_hw, stage,
     """
     groups, o, kh, kw, c = w.shape
     (sh, sw), (dh, dw), (pad_top, pad_left), (out_h, out_w) = stride, dilation, pad, out_hw
-    cp = (c + 3) // 4 * 4
+    cp = (c + 3) // 4 * 4  # the reduction runs over whole quads; the filter is zero past channel C
     hp, wp = (out_h - 1) * sh + (kh - 1) * dh + 1, (out_w - 1) * sw + (kw - 1) * dw + 1
     if (pad_top, pad_left, cp) == (0, 0, c) and hp <= x.shape[1] and wp <= x.shape[2]:
         xp = np.ascontiguousarray(x)  # every tap inside the image: read the input itself
         hp, wp = x.shape[1], x.shape[2]
     else:
+        # With C not a multiple of 4, a pixel's last quad reads up to 3 bytes of the next pixel,
+        # which meet zero weights; 4 bytes of slack keep the last pixel's read inside the buffer.
+        size = x.shape[0] * hp * wp * c
+        flat = (workspace or aligned.Workspace()).get((size + 4,), np.int8)
         xp = pad_input(np.ascontiguousarray(x), pad_top, pad_left, np.int8(input_zero_point),
-                       (workspace or aligned.Workspace()).get((x.shape[0], hp, wp, cp), np.int8))
-    taps = np.array([(ky * dh * wp + kx * dw) * cp for ky in range(kh) for kx in range(kw)], dtype=np.int64)
+                       flat[:size].reshape(x.shape[0], hp, wp, c))
+    taps = np.array([(ky * dh * wp + kx * dw) * c for ky in range(kh) for kx in range(kw)], dtype=np.int64)
     packed = pack_filters(np.ascontiguousarray(w).reshape(groups, o, kh * kw, c), cp)
     params = output_parameters(accumulator_offset(w, bias, input_zero_point + 128), stage)
     rows = x.shape[0] * out_h * out_w * (groups if shared else 1)
