@@ -77,6 +77,14 @@ def test_depthwise_conv2d_wide(p, seed):
     check(C.make_depthwise(p, seed))
 
 
+@settings(max_examples=examples(40))
+@given(p=C.conv_params(depthwise=True, max_hw=20, max_ch=16, channel_step=16), seed=C.seeds)
+def test_depthwise_conv2d_16_channels(p, seed):
+    """16 channels: with multiplier 1 and stride 1 along the width, two adjacent pixels share one
+    32-lane vector (odd and even runs of interior pixels)."""
+    check(C.make_depthwise(p, seed))
+
+
 @pytest.mark.parametrize("path", PATHS)
 @settings(max_examples=examples(60))
 @given(p=C.conv_params(max_hw=40, min_hw=16, max_ch=128, channel_step=16, max_cout=100, max_kernel=3), seed=C.seeds)

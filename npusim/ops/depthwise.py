@@ -20,8 +20,10 @@ from .requant import OutputStage
 
 
 @parallel_kernel
-def depthwise_conv(x, w, w32, groups, multiplier, stride_h, stride_w, dil_h, dil_w, pad_top, pad_left, in_zp,
+def depthwise_conv(x, w, w32, paired, groups, multiplier, stride_h, stride_w, dil_h, dil_w, pad_top, pad_left, in_zp,
                    params, profile, out_zp, lo, hi, out):
+    """paired: 16 channels with stride 1 (multiplier 1); w32 and params then hold the 16 channels
+    twice, so that one 32-lane vector computes two adjacent output pixels."""
     n_batch, in_h, in_w, in_c = x.shape
     _, out_h, out_w, out_c = out.shape
     kh, kw = w.shape[2], w.shape[3]
@@ -49,13 +51,22 @@ def depthwise_conv(x, w, w32, groups, multiplier, stride_h, stride_w, dil_h, dil
         if vector_run:
             x_first = x.ctypes.data + ((n * in_h + iy0) * in_w + ox_lo * stride_w - pad_left) * in_c
             out_first = out.ctypes.data + ((n * out_h + oy) * out_w + ox_lo) * out_c
-            for c0 in range(0, out_c, 32):
-                args = (x_first + c0, stride_w * in_c, taps.ctypes.data, kh * kw, w32.ctypes.data + (g * (o32 // 32) + c0 // 32) * kh * kw * 64,
-                        in_zp, ox_hi - ox_lo, out_first + c0, out_c, out_c - c0, p_group + c0 * 4, o32 * 4, profile, out_zp, lo, hi)
-                if out_c - c0 > 16:
-                    depthwise_run32(*args)
-                else:
-                    depthwise_run16(*args)
+            run = ox_hi - ox_lo
+            if paired:  # 16 channels, adjacent pixels 16 bytes apart: two pixels per 32-lane vector
+                w_group = w32.ctypes.data + g * kh * kw * 64
+                depthwise_run32(x_first, 2 * in_c, taps.ctypes.data, kh * kw, w_group, in_zp, run // 2, out_first, 2 * out_c, 32,
+                                p_group, o32 * 4, profile, out_zp, lo, hi)
+                if run % 2:
+                    depthwise_run16(x_first + (run - 1) * in_c, in_c, taps.ctypes.data, kh * kw, w_group, in_zp, 1,
+                                    out_first + (run - 1) * out_c, out_c, 16, p_group, o32 * 4, profile, out_zp, lo, hi)
+            else:
+                for c0 in range(0, out_c, 32):
+                    args = (x_first + c0, stride_w * in_c, taps.ctypes.data, kh * kw, w32.ctypes.data + (g * (o32 // 32) + c0 // 32) * kh * kw * 64,
+                            in_zp, run, out_first + c0, out_c, out_c - c0, p_group + c0 * 4, o32 * 4, profile, out_zp, lo, hi)
+                    if out_c - c0 > 16:
+                        depthwise_run32(*args)
+                    else:
+                        depthwise_run16(*args)
         for ox in range(out_w):
             if vector_run and ox_lo <= ox < ox_hi:
                 continue
@@ -153,7 +164,11 @@ class DepthwiseConv2D(Kernel):
         params = padded_parameters(output_parameters(bias, self.stage))
         out = aligned.empty((x.shape[0], self.out_h, self.out_w, self.out_channels), np.int8)
         s = self.stage
-        depthwise_conv(np.ascontiguousarray(x), np.ascontiguousarray(wg), vector_weights(wg), groups, self.multiplier,
+        paired = self.multiplier == 1 and self.out_channels == 16 and o.get("stride_w", 1) == 1
+        if paired:
+            params = np.concatenate([params[:, :, :16]] * 2, axis=2)
+        depthwise_conv(np.ascontiguousarray(x), np.ascontiguousarray(wg),
+                       vector_weights(np.concatenate([wg] * 2, axis=4) if paired else wg), paired, groups, self.multiplier,
                        o.get("stride_h", 1), o.get("stride_w", 1), o.get("dilation_h_factor", 1), o.get("dilation_w_factor", 1),
                        self.pad_top, self.pad_left, np.int64(self.inputs[0].zero_point), params, np.int64(self.profile),
                        np.int64(s.zero_point), np.int64(s.lo), np.int64(s.hi), out)
