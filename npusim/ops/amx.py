@@ -231,7 +231,7 @@ def usable(depth: int, channels: int, row_pixels: int) -> bool:
     return ENABLED and depth <= MAX_DEPTH and chunk_for((channels + 3) // 4 * 4) >= MIN_CHUNK and row_pixels >= ROWS
 
 
-def convolve(x, w, bias, input_zero_point, stride, dilation, pad, out_hw, stage, profile, shared=False, workspace=None):
+def convolve(x, w, bias, input_zero_point, stride, dilation, pad, out_hw, stage, profile, shared=False, workspace=None, memo=None):
     """As vnni.convolve (same arguments and result), on AMX tiles; callers check usable() first."""
     groups, o, kh, kw, c = w.shape
     (sh, sw), (dh, dw), (pad_top, pad_left), (out_h, out_w) = stride, dilation, pad, out_hw
@@ -251,8 +251,11 @@ def convolve(x, w, bias, input_zero_point, stride, dilation, pad, out_hw, stage,
         raise ValueError(f"AMX convolution needs output rows of at least {ROWS} pixels, got {out_w}")
     wp = xp.shape[2]
     taps = np.array([(ky * dh * wp + kx * dw) * cp for ky in range(kh) for kx in range(kw)], dtype=np.int64)
-    packed = pack_filters(np.ascontiguousarray(w).reshape(groups, o, kh * kw, c), cp)
-    params = output_parameters(accumulator_offset(w, bias, input_zero_point), stage)
+    def prepare():
+        return (pack_filters(np.ascontiguousarray(w).reshape(groups, o, kh * kw, c), cp),
+                output_parameters(accumulator_offset(w, bias, input_zero_point), stage))
+
+    packed, params = memo.get("amx", w, bias, prepare) if memo is not None else prepare()
     rows = n * out_h * out_w * (groups if shared else 1)
     out = aligned.empty((rows, o), np.int8)
     chunk = chunk_for(cp)

@@ -75,3 +75,28 @@ class Kernel:
 
     def __call__(self, *inputs: np.ndarray):
         raise NotImplementedError
+
+
+class WeightMemo:
+    """The prepared form of an op's weights (packed filters, output-stage parameters), rebuilt only
+    when they change. Compared by content, not identity: a trainer may edit weights in place. Worth
+    it for the model's own constants (a MobileNetV2 run re-prepared 52 layers each call); grouped
+    ZO weights, new every step, skip it."""
+
+    def __init__(self):
+        self._key = None
+        self._value = None
+
+    def get(self, tag, w: np.ndarray, b, build):
+        key = self._key
+        if key is not None and key[0] == tag and _same(key[1], w) and _same(key[2], b):
+            return self._value
+        self._value = build()
+        self._key = (tag, w.copy(), None if b is None else np.array(b, copy=True))
+        return self._value
+
+
+def _same(a, b) -> bool:
+    if a is None or b is None:
+        return a is None and b is None
+    return a.shape == b.shape and a.dtype == b.dtype and np.array_equal(a, b)

@@ -14,7 +14,7 @@ import numpy as np
 
 from ..jit import parallel_kernel
 from . import aligned, amx, vnni
-from .base import Kernel
+from .base import Kernel, WeightMemo
 from .gemm import (
     accumulator_offset,
     exact_matmul,
@@ -74,6 +74,7 @@ class Conv2D(Kernel):
             raise self.error(f"output shape {list(y.shape)} does not match the computed [N, {self.out_h}, {self.out_w}, {self.out_channels}]")
         self.stage = OutputStage.prepare(x, w, y, self.out_channels, o.get("fused_activation_function", "NONE"))
         self.workspace = aligned.Workspace()  # the padded input of the AMX and VNNI paths
+        self.memo = WeightMemo()
 
     def macs(self) -> int:
         return self.out_h * self.out_w * self.out_channels * self.kh * self.kw * self.inputs[0].shape[3]
@@ -116,7 +117,8 @@ class Conv2D(Kernel):
         if path is not None:
             out = path.convolve(x, wg, b, self.inputs[0].zero_point, (o.get("stride_h", 1), o.get("stride_w", 1)),
                                 (o.get("dilation_h_factor", 1), o.get("dilation_w_factor", 1)), (self.pad_top, self.pad_left),
-                                (self.out_h, self.out_w), self.stage, self.profile, shared, self.workspace)
+                                (self.out_h, self.out_w), self.stage, self.profile, shared, self.workspace,
+                                self.memo if groups == 1 else None)
             return out.reshape(-1, self.out_h, self.out_w, self.out_channels)
         offset = accumulator_offset(wg, b, self.inputs[0].zero_point)
         s = self.stage

@@ -13,7 +13,7 @@ import numpy as np
 
 from ..jit import parallel_kernel
 from . import aligned
-from .base import Kernel
+from .base import Kernel, WeightMemo
 from .output_stage import DEPTHWISE_LANES, depthwise_run16, depthwise_run32, output_parameters, output_stage_row
 from .padding import compute_padding
 from .requant import OutputStage
@@ -144,6 +144,7 @@ class DepthwiseConv2D(Kernel):
         if (self.out_h, self.out_w, self.out_channels) != tuple(y.shape[1:]):
             raise self.error(f"output shape {list(y.shape)} does not match the computed [N, {self.out_h}, {self.out_w}, {self.out_channels}]")
         self.stage = OutputStage.prepare(x, w, y, self.out_channels, o.get("fused_activation_function", "NONE"))
+        self.memo = WeightMemo()
 
     def macs(self) -> int:
         return self.out_h * self.out_w * self.out_channels * self.kh * self.kw
@@ -159,16 +160,20 @@ class DepthwiseConv2D(Kernel):
         groups = wg.shape[0]
         if shared:  # no reduction to share: give each group its own copy of the batch
             x = np.concatenate([x] * groups)
-        bias = np.zeros((groups, self.out_channels), dtype=np.int64) if b is None else np.ascontiguousarray(
-            np.broadcast_to(b.reshape(-1, self.out_channels), (groups, self.out_channels)), dtype=np.int64)
-        params = padded_parameters(output_parameters(bias, self.stage))
+        paired = self.multiplier == 1 and self.out_channels == 16 and o.get("stride_w", 1) == 1
+
+        def prepare():
+            bias = np.zeros((groups, self.out_channels), dtype=np.int64) if b is None else np.ascontiguousarray(
+                np.broadcast_to(b.reshape(-1, self.out_channels), (groups, self.out_channels)), dtype=np.int64)
+            params = padded_parameters(output_parameters(bias, self.stage))
+            if paired:
+                params = np.concatenate([params[:, :, :16]] * 2, axis=2)
+            return vector_weights(np.concatenate([wg] * 2, axis=4) if paired else wg), params
+
+        w32, params = self.memo.get("depthwise", wg, b, prepare) if groups == 1 else prepare()
         out = aligned.empty((x.shape[0], self.out_h, self.out_w, self.out_channels), np.int8)
         s = self.stage
-        paired = self.multiplier == 1 and self.out_channels == 16 and o.get("stride_w", 1) == 1
-        if paired:
-            params = np.concatenate([params[:, :, :16]] * 2, axis=2)
-        depthwise_conv(np.ascontiguousarray(x), np.ascontiguousarray(wg),
-                       vector_weights(np.concatenate([wg] * 2, axis=4) if paired else wg), paired, groups, self.multiplier,
+        depthwise_conv(np.ascontiguousarray(x), np.ascontiguousarray(wg), w32, paired, groups, self.multiplier,
                        o.get("stride_h", 1), o.get("stride_w", 1), o.get("dilation_h_factor", 1), o.get("dilation_w_factor", 1),
                        self.pad_top, self.pad_left, np.int64(self.inputs[0].zero_point), params, np.int64(self.profile),
                        np.int64(s.zero_point), np.int64(s.lo), np.int64(s.hi), out)

@@ -218,12 +218,13 @@ def conv_vnni(xp, packed, taps, c4, out_h, out_w, stride_h, stride_w, groups, sh
     return out
 
 
-def convolve(x, w, bias, input_zero_point, stride, dilation, pad, out_hw, stage, profile, shared=False, workspace=None):
+def convolve(x, w, bias, input_zero_point, stride, dilation, pad, out_hw, stage, profile, shared=False, workspace=None, memo=None):
     """Exact int8 convolution with its output stage.
 
     x [N, H, W, C] int8; w [G, O, kh, kw, C] int8 (G weight groups, see conv.py); bias [G or 1, O]
     or None; stride, dilation and pad (top, left) as (h, w) pairs; out_hw the output (height,
-    width); stage an OutputStage; workspace an aligned.Workspace for the padded copy (or None).
+    width); stage an OutputStage; workspace an aligned.Workspace for the padded copy and memo a
+    base.WeightMemo for the prepared weights (each or None).
     Returns int8 [G * P, O], P output pixels per group:
     P = N * out_h * out_w when shared (every group sees the whole batch), else N / G of that.
     """
@@ -242,8 +243,11 @@ def convolve(x, w, bias, input_zero_point, stride, dilation, pad, out_hw, stage,
         xp = pad_input(np.ascontiguousarray(x), pad_top, pad_left, np.int8(input_zero_point),
                        flat[:size].reshape(x.shape[0], hp, wp, c))
     taps = np.array([(ky * dh * wp + kx * dw) * c for ky in range(kh) for kx in range(kw)], dtype=np.int64)
-    packed = pack_filters(np.ascontiguousarray(w).reshape(groups, o, kh * kw, c), cp)
-    params = output_parameters(accumulator_offset(w, bias, input_zero_point + 128), stage)
+    def prepare():
+        return (pack_filters(np.ascontiguousarray(w).reshape(groups, o, kh * kw, c), cp),
+                output_parameters(accumulator_offset(w, bias, input_zero_point + 128), stage))
+
+    packed, params = memo.get("vnni", w, bias, prepare) if memo is not None else prepare()
     rows = x.shape[0] * out_h * out_w * (groups if shared else 1)
     out = aligned.empty((rows, o), np.int8)
     return conv_vnni(xp, packed, taps, cp // 4, out_h, out_w, sh, sw, groups, shared, o, params, np.int64(profile),
