@@ -383,3 +383,22 @@ def test_numba_cache_is_dropped_when_any_source_changes(tmp_path):
     assert not drop_stale_cache(tmp_path) and entry.exists()  # unchanged sources: the cache stays
     (tmp_path / "sub" / "rounding.py").write_text("y = 2\n")  # an edit in another module
     assert drop_stale_cache(tmp_path) and not entry.exists()
+
+
+def test_weights_edited_in_place_are_not_served_stale():
+    """Conv and depthwise kernels keep their prepared weights between calls; an edit of the
+    model's weight arrays in place (as a trainer may do) must show in the next run."""
+    from shared_paths import MOBILENET, need
+
+    model = Path(need(MOBILENET)).read_bytes()
+    sim = npusim.Interpreter(model)
+    x = np.random.default_rng(0).integers(0, 256, (2, *sim.graph.input(0).shape[1:])).astype(np.uint8)
+    before = sim.run(x)
+    for kind in ("CONV_2D", "DEPTHWISE_CONV_2D"):
+        kernel = next(k for k in sim.kernels if k.kind == kind)
+        w = sim.graph.tensors[kernel.op.inputs[1]].data
+        w[...] = np.clip(w.astype(np.int16) // 2 + 3, -127, 127).astype(np.int8)  # in place
+    after = sim.run(x)
+    fresh = npusim.Interpreter(sim.graph).run(x)
+    np.testing.assert_array_equal(after, fresh)
+    assert not np.array_equal(after, before)
