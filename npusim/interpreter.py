@@ -79,6 +79,16 @@ class Interpreter:
                 if str(e).startswith(f"op {op.index} "):
                     raise
                 raise NpusimError(f"op {op.index} ({op.kind}): {e}") from None
+        # PADs whose only reader is a depthwise conv that takes their padding over (in run() only;
+        # the other entry points compute every tensor): {PAD output tensor: PAD input tensor}.
+        self._pad_sources = {}
+        for k in self.kernels:
+            if k.kind != "PAD" or k.op.outputs[0] in self.graph.outputs:
+                continue
+            readers = [r for r in self.kernels if k.op.outputs[0] in r.op.inputs]
+            if len(readers) == 1 and readers[0].kind == "DEPTHWISE_CONV_2D" and list(readers[0].op.inputs).index(k.op.outputs[0]) == 0 \
+                    and list(readers[0].op.inputs).count(k.op.outputs[0]) == 1 and readers[0].fuse_pad(k):
+                self._pad_sources[k.op.outputs[0]] = k.op.inputs[0]
         tensors = self.graph.tensors
         self._activation_bytes = [(int(np.prod(tensors[t].shape[1:], dtype=np.float64)) * tensors[t].dtype.itemsize,
                                    f"tensor {tensors[t].name!r}")
@@ -133,10 +143,14 @@ class Interpreter:
         """
         tensors = self.graph.tensors
         plan = self.kernels if kernels is None else kernels
-        last_reader = self._last_reader() if keep is not None and kernels is None else {}
+        whole_run = keep is not None and kernels is None and shared_batch is None
+        fused = self._pad_sources if whole_run else {}
+        last_reader = self._last_reader(fused) if whole_run else {}
         for position, kernel in enumerate(plan):
+            if kernel.op.outputs[0] in fused:  # a PAD folded into its reader
+                continue
             args = []
-            for t in kernel.op.inputs:
+            for t in (fused.get(t, t) for t in kernel.op.inputs):
                 if t < 0:
                     args.append(None)
                 elif overrides is not None and t in overrides:
@@ -161,17 +175,19 @@ class Interpreter:
                                   f"the model declares {np.dtype(out.dtype).name} [{declared}] for {out.name!r}")
             values[kernel.op.outputs[0]] = result
             for t in kernel.op.inputs:
+                t = fused.get(t, t)
                 if last_reader.get(t) == position and t not in keep:
                     values.pop(t, None)
         return values
 
-    def _last_reader(self) -> dict:
-        """{tensor index: position in the plan of the last kernel that reads it}."""
+    def _last_reader(self, fused: dict) -> dict:
+        """{tensor index: position in the plan of the last kernel that reads it}, reading a fused
+        PAD's input where its output is named."""
         last = {}
         for position, kernel in enumerate(self.kernels):
             for t in kernel.op.inputs:
                 if t >= 0:
-                    last[t] = position
+                    last[fused.get(t, t)] = position
         return last
 
     def _call_grouped(self, kernel, args, shared_batch):

@@ -145,6 +145,20 @@ class DepthwiseConv2D(Kernel):
             raise self.error(f"output shape {list(y.shape)} does not match the computed [N, {self.out_h}, {self.out_w}, {self.out_channels}]")
         self.stage = OutputStage.prepare(x, w, y, self.out_channels, o.get("fused_activation_function", "NONE"))
         self.memo = WeightMemo()
+        self.unpadded_shape = None  # see fuse_pad
+
+    def fuse_pad(self, pad) -> bool:
+        """Take over the spatial padding of the PAD kernel that feeds this op (as converters write
+        SAME stride-2 depthwise layers: PAD, then VALID), if it pads with the input zero point: a
+        padded tap then contributes (zp - zp) * w = 0, exactly as a skipped one. Interpreter.run then
+        passes the unpadded input and the PAD's copy of a large activation is saved."""
+        p = pad.paddings
+        if (len(p) != 4 or p[0].any() or p[3].any() or not p[1:3].any() or pad.value != self.inputs[0].zero_point
+                or pad.inputs[0].dtype != np.int8):
+            return False
+        self.unpadded_shape = tuple(pad.inputs[0].shape[1:])
+        self.fused_pad = (int(p[1, 0]), int(p[2, 0]))
+        return True
 
     def macs(self) -> int:
         return self.out_h * self.out_w * self.out_channels * self.kh * self.kw
@@ -153,7 +167,10 @@ class DepthwiseConv2D(Kernel):
         return 0  # one int32 accumulator row per thread
 
     def __call__(self, x, w, b=None, shared=False):
-        if x.shape[1:] != self.in_image_shape:  # the Numba loop indexes by the planned shape, unchecked
+        pad_top, pad_left = self.pad_top, self.pad_left
+        if self.unpadded_shape is not None and x.shape[1:] == self.unpadded_shape:  # the fused PAD's input
+            pad_top, pad_left = pad_top + self.fused_pad[0], pad_left + self.fused_pad[1]
+        elif x.shape[1:] != self.in_image_shape:  # the Numba loop indexes by the planned shape, unchecked
             raise self.error(f"input array has shape {list(x.shape)}, expected [N, {', '.join(map(str, self.in_image_shape))}]")
         o = self.options
         wg = w if w.ndim == 5 else w[None]
@@ -175,6 +192,6 @@ class DepthwiseConv2D(Kernel):
         s = self.stage
         depthwise_conv(np.ascontiguousarray(x), np.ascontiguousarray(wg), w32, paired, groups, self.multiplier,
                        o.get("stride_h", 1), o.get("stride_w", 1), o.get("dilation_h_factor", 1), o.get("dilation_w_factor", 1),
-                       self.pad_top, self.pad_left, np.int64(self.inputs[0].zero_point), params, np.int64(self.profile),
+                       pad_top, pad_left, np.int64(self.inputs[0].zero_point), params, np.int64(self.profile),
                        np.int64(s.zero_point), np.int64(s.lo), np.int64(s.hi), out)
         return out
