@@ -282,7 +282,7 @@ def bench_workload(name: str, model: bytes, inputs: np.ndarray, batches, reps: d
             f"npusim 1 thread {t_1t * 1e3:.1f} ms, LiteRT {t_lrt * 1e3:.2f} ms [{min(tl) * 1e3:.2f}-{max(tl) * 1e3:.2f}], "
             f"exact TFLM {row.exact_tflm}, exact LiteRT {row.exact_litert}")
         rows.append(row)
-        del lrt
+        lrt = None  # release the runtime (and its threads) before the next batch
     return rows
 
 
