@@ -96,6 +96,19 @@ def test_conv2d_large(path, p, seed):
 
 
 @pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("cin,kernel,padding", [(62, 3, "SAME"), (63, 1, "VALID"), (30, 3, "VALID"), (13, 1, "SAME")])
+def test_conv2d_channels_not_a_multiple_of_4(path, cin, kernel, padding):
+    """C not a multiple of 4 on output rows of 16+ pixels: the AMX (C = 62, 63, 30) and VNNI paths
+    read each pixel's last quad or chunk into the next pixel's bytes, which meet zero weights, and
+    the last pixel's into the copy's slack; extreme data makes any stray product visible."""
+    p = dict(n=2, kh=kernel, kw=kernel, stride=(1, 1), dilation=(1, 1), padding=padding, hw=(18, 21), cin=cin, cout=40,
+             activation="NONE", per_channel=True, in_scale=0.05, in_zp=-7, out_zp=3, mult_mode="typical",
+             x_mode="extreme", w_mode="extreme", bias_mode="uniform")
+    with kernel_path(path):
+        check(C.make_conv(p, seed=cin))
+
+
+@pytest.mark.parametrize("path", PATHS)
 @settings(max_examples=examples(200))
 @given(p=C.fc_params(), seed=C.seeds)
 def test_fully_connected(path, p, seed):

@@ -31,10 +31,8 @@ from numba.extending import intrinsic
 
 from ..jit import parallel_kernel
 from . import aligned
-from .gemm import accumulator_offset
-from .output_stage import output_parameters, output_stage_tile
-from .padding import pad_input
-from .vnni import MAX_DEPTH, pack_filters
+from .output_stage import output_stage_tile
+from .vnni import MAX_DEPTH, padded_input, prepared_filters
 
 ROWS = 16  # pixels per tile
 MIN_CHUNK = 16  # narrower reductions per tile op leave AMX slower than VNNI
@@ -174,8 +172,9 @@ def _block_start(blk, blocks_per_row, out_w):
 @parallel_kernel
 def conv_amx(xp, packed, taps, cp, chunk, out_h, out_w, stride_h, stride_w, groups, shared, out_c, params, profile,
              zero_point, lo, hi, config, out):
-    """As vnni.conv_vnni, on AMX tiles: out[g * P + p, c], P output pixels per group (out_w >= 16)."""
-    n_in, hp, wp, _ = xp.shape
+    """As vnni.conv_vnni, on AMX tiles: out[g * P + p, c], P output pixels per group (out_w >= 16).
+    cp: the channels of the packed filters (C rounded up to 4); xp holds C per pixel."""
+    n_in, hp, wp, pixel = xp.shape
     images = n_in if shared else n_in // groups
     per_group = images * out_h * out_w
     blocks_per_row = (out_w + ROWS - 1) // ROWS
@@ -183,7 +182,7 @@ def conv_amx(xp, packed, taps, cp, chunk, out_h, out_w, stride_h, stride_w, grou
     k_bytes = taps.size * cp  # packed bytes per output channel
     o16 = (out_c + 15) // 16 * 16
     n_chunks = cp // chunk
-    a_stride = stride_w * cp
+    a_stride = stride_w * pixel
     pairs_per_task = 8
     tasks_per_group = (n_pairs + pairs_per_task - 1) // pairs_per_task
     for task in nb.prange(groups * tasks_per_group):
@@ -202,8 +201,8 @@ def conv_amx(xp, packed, taps, cp, chunk, out_h, out_w, stride_h, stride_w, grou
             row1, ox1 = _block_start(blk1, blocks_per_row, out_w)
             i0, oy0 = row0 // out_h, row0 % out_h
             i1, oy1 = row1 // out_h, row1 % out_h
-            base0 = (((first_image + i0) * hp + oy0 * stride_h) * wp + ox0 * stride_w) * cp
-            base1 = (((first_image + i1) * hp + oy1 * stride_h) * wp + ox1 * stride_w) * cp
+            base0 = (((first_image + i0) * hp + oy0 * stride_h) * wp + ox0 * stride_w) * pixel
+            base1 = (((first_image + i1) * hp + oy1 * stride_h) * wp + ox1 * stride_w) * pixel
             for cb in range(0, out_c, 64):
                 nr = min(64, o16 - cb) // 16
                 w_block = w_group + cb * k_bytes
@@ -234,30 +233,19 @@ def usable(depth: int, channels: int, row_pixels: int) -> bool:
 def convolve(x, w, bias, input_zero_point, stride, dilation, pad, out_hw, stage, profile, shared=False, workspace=None, memo=None):
     """As vnni.convolve (same arguments and result), on AMX tiles; callers check usable() first."""
     groups, o, kh, kw, c = w.shape
-    (sh, sw), (dh, dw), (pad_top, pad_left), (out_h, out_w) = stride, dilation, pad, out_hw
+    (sh, sw), (out_h, out_w) = stride, out_hw
     cp = (c + 3) // 4 * 4
-    x = np.ascontiguousarray(x)
     n = x.shape[0]
-    if (kh, kw, sh, sw, pad_top, pad_left, cp) == (1, 1, 1, 1, 0, 0, c):
-        xp = x.reshape(n, 1, -1, c)  # a pointwise convolution: each image one long row of pixels
+    if (kh, kw, sh, sw) == (1, 1, 1, 1) and tuple(pad) == (0, 0) and c % 4 == 0:
+        xp = np.ascontiguousarray(x).reshape(n, 1, -1, c)  # a pointwise convolution: each image one long row
         out_h, out_w = 1, xp.shape[2]
+        taps = np.zeros(1, dtype=np.int64)
     else:
-        hp, wp = (out_h - 1) * sh + (kh - 1) * dh + 1, (out_w - 1) * sw + (kw - 1) * dw + 1
-        if (pad_top, pad_left, cp) == (0, 0, c) and hp <= x.shape[1] and wp <= x.shape[2]:
-            xp = x
-        else:
-            xp = pad_input(x, pad_top, pad_left, np.int8(input_zero_point), (workspace or aligned.Workspace()).get((n, hp, wp, cp), np.int8))
+        xp, taps = padded_input(x, kh, kw, stride, dilation, pad, out_hw, input_zero_point, workspace)
     if out_w < ROWS:  # the kernel would read past the input: callers check usable() first
         raise ValueError(f"AMX convolution needs output rows of at least {ROWS} pixels, got {out_w}")
-    wp = xp.shape[2]
-    taps = np.array([(ky * dh * wp + kx * dw) * cp for ky in range(kh) for kx in range(kw)], dtype=np.int64)
-    def prepare():
-        return (pack_filters(np.ascontiguousarray(w).reshape(groups, o, kh * kw, c), cp),
-                output_parameters(accumulator_offset(w, bias, input_zero_point), stage))
-
-    packed, params = memo.get("amx", w, bias, prepare) if memo is not None else prepare()
-    rows = n * out_h * out_w * (groups if shared else 1)
-    out = aligned.empty((rows, o), np.int8)
+    packed, params = prepared_filters("amx", w, bias, input_zero_point, stage, memo)
+    out = aligned.empty((n * out_h * out_w * (groups if shared else 1), o), np.int8)
     chunk = chunk_for(cp)
     return conv_amx(xp, packed, taps, cp, chunk, out_h, out_w, sh, sw, groups, shared, o, params, np.int64(profile),
                     np.int64(stage.zero_point), np.int64(stage.lo), np.int64(stage.hi), tile_config(chunk), out)

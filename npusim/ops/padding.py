@@ -28,9 +28,9 @@ def compute_padding(in_size: int, k: int, stride: int, dilation: int, padding: s
 @parallel_kernel
 def pad_input(x, pad_top, pad_left, fill, out):
     """out[n, y, x, c] = x[n, y - pad_top, x - pad_left, c] inside the image, fill outside, for the
-    rows and columns of out (which may end before or after the image); channels past C: 0."""
+    rows and columns of out (which may end before or after the image); out has x's channels."""
     n_batch, in_h, in_w, channels = x.shape
-    _, hp, wp, cp = out.shape
+    _, hp, wp, _ = out.shape
     inside = max(0, min(in_w, wp - pad_left))  # image columns that land in out
     for row in nb.prange(n_batch * hp):
         n = row // hp
@@ -40,16 +40,8 @@ def pad_input(x, pad_top, pad_left, fill, out):
         if iy < 0 or iy >= in_h:
             dst[:] = fill
             continue
-        dst[:pad_left * cp] = fill
-        dst[(pad_left + inside) * cp:] = fill
-        src = x[n, iy].reshape(-1)
-        if cp == channels:  # whole rows are contiguous on both sides: one flat copy
-            dst[pad_left * cp:(pad_left + inside) * cp] = src[:inside * cp]
-        else:
-            for ix in range(inside):
-                o = (pad_left + ix) * cp
-                for c in range(channels):
-                    dst[o + c] = src[ix * channels + c]
-                for c in range(channels, cp):
-                    dst[o + c] = 0
+        # Whole rows are contiguous on both sides: one flat copy between the two fills.
+        dst[:pad_left * channels] = fill
+        dst[(pad_left + inside) * channels:] = fill
+        dst[pad_left * channels:(pad_left + inside) * channels] = x[n, iy].reshape(-1)[:inside * channels]
     return out

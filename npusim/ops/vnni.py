@@ -169,7 +169,7 @@ def conv_vnni(xp, packed, taps, c4, out_h, out_w, stride_h, stride_w, groups, sh
     output_parameters) of the exact sum over taps and channels of xp at pixel p's corner + tap, times
     filter g's channel c. shared: every group reads all N images of xp; else group g reads its
     slice of N / groups."""
-    n_in, hp, wp, cp = xp.shape
+    n_in, hp, wp, pixel = xp.shape  # pixel: bytes per input pixel (C); c4 quads cover them
     pixels = out_h * out_w
     images = n_in if shared else n_in // groups
     per_group = images * pixels
@@ -192,7 +192,7 @@ def conv_vnni(xp, packed, taps, c4, out_h, out_w, stride_h, stride_w, groups, sh
         ox = p0 - i * pixels - oy * out_w
         for blk in range(first_block, min(first_block + BLOCKS_PER_TASK, n_blocks)):
             for r in range(MR):
-                bases[r] = (((first_image + i) * hp + oy * stride_h) * wp + ox * stride_w) * cp
+                bases[r] = (((first_image + i) * hp + oy * stride_h) * wp + ox * stride_w) * pixel
                 if blk * MR + r < per_group - 1:  # past the end, the last pixel repeats
                     ox += 1
                     if ox == out_w:
@@ -218,6 +218,40 @@ def conv_vnni(xp, packed, taps, c4, out_h, out_w, stride_h, stride_w, groups, sh
     return out
 
 
+def padded_input(x, kh, kw, stride, dilation, pad, out_hw, zero_point, workspace=None):
+    """The input a direct convolution reads, and its tap offsets in bytes.
+
+    x itself when every tap falls inside the image and C is a multiple of 4; else a copy [N, Hp, Wp, C]
+    padded with the zero point out to the rows and columns the taps reach. With C not a multiple of
+    4 the kernels read a pixel's channels in 4-byte quads (or AMX chunks) whose last one takes up to
+    3 bytes of the next pixel, which meet zero weights; 4 bytes of slack keep the last pixel's read
+    inside the buffer. workspace: an aligned.Workspace for the copy (or None).
+    """
+    (sh, sw), (dh, dw), (pad_top, pad_left), (out_h, out_w) = stride, dilation, pad, out_hw
+    n, h, w, c = x.shape
+    hp, wp = (out_h - 1) * sh + (kh - 1) * dh + 1, (out_w - 1) * sw + (kw - 1) * dw + 1
+    if (pad_top, pad_left) == (0, 0) and c % 4 == 0 and hp <= h and wp <= w:
+        xp = np.ascontiguousarray(x)  # every tap inside the image: read the input itself
+    else:
+        size = n * hp * wp * c
+        flat = (workspace or aligned.Workspace()).get((size + 4,), np.int8)
+        xp = pad_input(np.ascontiguousarray(x), pad_top, pad_left, np.int8(zero_point), flat[:size].reshape(n, hp, wp, c))
+    wp = xp.shape[2]
+    return xp, np.array([(ky * dh * wp + kx * dw) * c for ky in range(kh) for kx in range(kw)], dtype=np.int64)
+
+
+def prepared_filters(tag, w, bias, offset_zero_point, stage, memo=None):
+    """(packed filters, output parameters) of weights w [G, O, kh, kw, C], the accumulator offset
+    taken at offset_zero_point; from memo (a base.WeightMemo, or None) while w and bias are unchanged."""
+    groups, o, kh, kw, c = w.shape
+
+    def prepare():
+        return (pack_filters(np.ascontiguousarray(w).reshape(groups, o, kh * kw, c), (c + 3) // 4 * 4),
+                output_parameters(accumulator_offset(w, bias, offset_zero_point), stage))
+
+    return memo.get(tag, w, bias, prepare) if memo is not None else prepare()
+
+
 def convolve(x, w, bias, input_zero_point, stride, dilation, pad, out_hw, stage, profile, shared=False, workspace=None, memo=None):
     """Exact int8 convolution with its output stage.
 
@@ -229,28 +263,11 @@ def convolve(x, w, bias, input_zero_point, stride, dilation, pad, out_hw, stage,
     P = N * out_h * out_w when shared (every group sees the whole batch), else N / G of that.
     """
     groups, o, kh, kw, c = w.shape
-    (sh, sw), (dh, dw), (pad_top, pad_left), (out_h, out_w) = stride, dilation, pad, out_hw
-    cp = (c + 3) // 4 * 4  # the reduction runs over whole quads; the filter is zero past channel C
-    hp, wp = (out_h - 1) * sh + (kh - 1) * dh + 1, (out_w - 1) * sw + (kw - 1) * dw + 1
-    if (pad_top, pad_left, cp) == (0, 0, c) and hp <= x.shape[1] and wp <= x.shape[2]:
-        xp = np.ascontiguousarray(x)  # every tap inside the image: read the input itself
-        hp, wp = x.shape[1], x.shape[2]
-    else:
-        # With C not a multiple of 4, a pixel's last quad reads up to 3 bytes of the next pixel,
-        # which meet zero weights; 4 bytes of slack keep the last pixel's read inside the buffer.
-        size = x.shape[0] * hp * wp * c
-        flat = (workspace or aligned.Workspace()).get((size + 4,), np.int8)
-        xp = pad_input(np.ascontiguousarray(x), pad_top, pad_left, np.int8(input_zero_point),
-                       flat[:size].reshape(x.shape[0], hp, wp, c))
-    taps = np.array([(ky * dh * wp + kx * dw) * c for ky in range(kh) for kx in range(kw)], dtype=np.int64)
-    def prepare():
-        return (pack_filters(np.ascontiguousarray(w).reshape(groups, o, kh * kw, c), cp),
-                output_parameters(accumulator_offset(w, bias, input_zero_point + 128), stage))
-
-    packed, params = memo.get("vnni", w, bias, prepare) if memo is not None else prepare()
-    rows = x.shape[0] * out_h * out_w * (groups if shared else 1)
-    out = aligned.empty((rows, o), np.int8)
-    return conv_vnni(xp, packed, taps, cp // 4, out_h, out_w, sh, sw, groups, shared, o, params, np.int64(profile),
+    (sh, sw), (out_h, out_w) = stride, out_hw
+    xp, taps = padded_input(x, kh, kw, stride, dilation, pad, out_hw, input_zero_point, workspace)
+    packed, params = prepared_filters("vnni", w, bias, input_zero_point + 128, stage, memo)
+    out = aligned.empty((x.shape[0] * out_h * out_w * (groups if shared else 1), o), np.int8)
+    return conv_vnni(xp, packed, taps, (c + 3) // 4, out_h, out_w, sh, sw, groups, shared, o, params, np.int64(profile),
                      np.int64(stage.zero_point), np.int64(stage.lo), np.int64(stage.hi), out)
 
 
