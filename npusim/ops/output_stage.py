@@ -82,6 +82,21 @@ def vector_output_stage(builder, acc, params, profile, zero_point, lo, hi):
     return builder.trunc(y, ir.VectorType(ir.IntType(8), 16))
 
 
+def lane_mask(builder, count, lanes: int):
+    """<lanes x i1>: lane l is set when l < count (an i64, which may exceed lanes)."""
+    limit = builder.select(builder.icmp_signed(">", count, ir.Constant(_I64, lanes)), ir.Constant(_I64, lanes), count)
+    index = ir.Constant(ir.VectorType(_I32, lanes), list(range(lanes)))
+    return builder.icmp_signed("<", index, splat(builder, builder.trunc(limit, _I32), ir.VectorType(_I32, lanes)))
+
+
+def each_profile(builder, profile):
+    """Yields each rounding profile id inside the branch taken when `profile` (an i64) equals it:
+    the code of every profile is emitted, and a call runs one, decided once outside its loops."""
+    for pid in (TFLM, SINGLE, XNNPACK):
+        with builder.if_then(builder.icmp_signed("==", profile, ir.Constant(_I64, pid))):
+            yield pid
+
+
 def load_parameters(builder, params, stride, j):
     """The 5 parameter vectors of channels 16j .. 16j + 15 (params: i8* to channel 0 of row 0,
     stride: bytes between rows)."""
@@ -97,10 +112,7 @@ def store_bytes(builder, y, dst, count):
     masked_store = cgutils.get_or_insert_function(
         builder.module, ir.FunctionType(ir.VoidType(), [_B16, _B16.as_pointer(), _I32, ir.VectorType(ir.IntType(1), 16)]),
         "llvm.masked.store.v16i8.p0")
-    lanes = ir.Constant(_V16, list(range(16)))
-    limit = builder.trunc(builder.select(builder.icmp_signed(">", count, ir.Constant(_I64, 16)), ir.Constant(_I64, 16), count), _I32)
-    valid = builder.icmp_signed("<", lanes, splat(builder, limit, _V16))
-    builder.call(masked_store, [y, builder.bitcast(dst, _B16.as_pointer()), ir.Constant(_I32, 1), valid])
+    builder.call(masked_store, [y, builder.bitcast(dst, _B16.as_pointer()), ir.Constant(_I32, 1), lane_mask(builder, count, 16)])
 
 
 @intrinsic
@@ -114,15 +126,14 @@ def output_stage_row(typingctx, acc_ptr, params_ptr, params_stride, out_ptr, cou
         i8p = ir.IntType(8).as_pointer()
         acc, params, out = (builder.inttoptr(v, i8p) for v in (acc_ptr, params_ptr, out_ptr))
         vectors = builder.sdiv(builder.add(count, ir.Constant(_I64, 15)), ir.Constant(_I64, 16))
-        for pid in (TFLM, SINGLE, XNNPACK):
-            with builder.if_then(builder.icmp_signed("==", profile, ir.Constant(_I64, pid))):
-                with cgutils.for_range(builder, vectors) as loop:
-                    v = loop.index
-                    a = builder.load(builder.bitcast(builder.gep(acc, [builder.mul(v, ir.Constant(_I64, 64))]), _V16.as_pointer()), align=1)
-                    p = builder.gep(params, [builder.mul(v, ir.Constant(_I64, 64))])
-                    y = vector_output_stage(builder, a, load_parameters(builder, p, params_stride, 0), pid, zero_point, lo, hi)
-                    first = builder.mul(v, ir.Constant(_I64, 16))
-                    store_bytes(builder, y, builder.gep(out, [first]), builder.sub(count, first))
+        for pid in each_profile(builder, profile):
+            with cgutils.for_range(builder, vectors) as loop:
+                v = loop.index
+                a = builder.load(builder.bitcast(builder.gep(acc, [builder.mul(v, ir.Constant(_I64, 64))]), _V16.as_pointer()), align=1)
+                p = builder.gep(params, [builder.mul(v, ir.Constant(_I64, 64))])
+                y = vector_output_stage(builder, a, load_parameters(builder, p, params_stride, 0), pid, zero_point, lo, hi)
+                first = builder.mul(v, ir.Constant(_I64, 16))
+                store_bytes(builder, y, builder.gep(out, [first]), builder.sub(count, first))
         return context.get_dummy_value()
 
     return sig, codegen
@@ -140,13 +151,12 @@ def output_stage_tile(typingctx, acc_ptr, params_ptr, params_stride, out_ptr, ou
         i8p = ir.IntType(8).as_pointer()
         acc, params, out = (builder.inttoptr(v, i8p) for v in (acc_ptr, params_ptr, out_ptr))
         channel_params = load_parameters(builder, params, params_stride, 0)
-        for pid in (TFLM, SINGLE, XNNPACK):
-            with builder.if_then(builder.icmp_signed("==", profile, ir.Constant(_I64, pid))):
-                with cgutils.for_range(builder, rows) as loop:
-                    r = loop.index
-                    a = builder.load(builder.bitcast(builder.gep(acc, [builder.mul(r, ir.Constant(_I64, 64))]), _V16.as_pointer()), align=1)
-                    y = vector_output_stage(builder, a, channel_params, pid, zero_point, lo, hi)
-                    store_bytes(builder, y, builder.gep(out, [builder.mul(r, out_stride)]), count)
+        for pid in each_profile(builder, profile):
+            with cgutils.for_range(builder, rows) as loop:
+                r = loop.index
+                a = builder.load(builder.bitcast(builder.gep(acc, [builder.mul(r, ir.Constant(_I64, 64))]), _V16.as_pointer()), align=1)
+                y = vector_output_stage(builder, a, channel_params, pid, zero_point, lo, hi)
+                store_bytes(builder, y, builder.gep(out, [builder.mul(r, out_stride)]), count)
         return context.get_dummy_value()
 
     return sig, codegen
@@ -173,37 +183,34 @@ def _depthwise_run(lanes: int):
             masked_load = cgutils.get_or_insert_function(
                 builder.module, ir.FunctionType(bytes_t, [bytes_t.as_pointer(), _I32, mask_t, bytes_t]),
                 f"llvm.masked.load.v{lanes}i8.p0")
-            lane_index = ir.Constant(ir.VectorType(_I32, lanes), list(range(lanes)))
-            limit = builder.trunc(builder.select(builder.icmp_signed(">", count, ir.Constant(_I64, lanes)), ir.Constant(_I64, lanes), count), _I32)
-            valid = builder.icmp_signed("<", lane_index, splat(builder, limit, ir.VectorType(_I32, lanes)))
+            valid = lane_mask(builder, count, lanes)
             zp = splat(builder, builder.trunc(in_zp, ir.IntType(16)), shorts_t)
             channel_params = [load_parameters(builder, params, params_stride, h) for h in range(halves)]
             acc_slots = [cgutils.alloca_once_value(builder, ir.Constant(_V16, None)) for _ in range(halves)]
-            for pid in (TFLM, SINGLE, XNNPACK):
-                with builder.if_then(builder.icmp_signed("==", profile, ir.Constant(_I64, pid))):
-                    with cgutils.for_range(builder, n_pixels) as pixel:
-                        base = builder.mul(pixel.index, x_step)
-                        for slot in acc_slots:
-                            builder.store(ir.Constant(_V16, None), slot)
-                        with cgutils.for_range(builder, n_taps) as tap:
-                            offset = builder.add(base, builder.load(builder.gep(taps, [tap.index])))
-                            xb = builder.call(masked_load, [builder.bitcast(builder.gep(x, [offset]), bytes_t.as_pointer()),
-                                                            ir.Constant(_I32, 1), valid, ir.Constant(bytes_t, None)])
-                            wv = builder.load(builder.bitcast(builder.gep(w, [builder.mul(tap.index, ir.Constant(_I64, 2 * DEPTHWISE_LANES))]),
-                                                              shorts_t.as_pointer()), align=1)
-                            # |x - zp| <= 255 and |w| <= 128: each product fits int16 (one cheap
-                            # 16-bit multiply); the sum of the taps needs int32.
-                            product = builder.mul(builder.sub(builder.sext(xb, shorts_t), zp), wv)
-                            for h, slot in enumerate(acc_slots):
-                                part = builder.shuffle_vector(product, ir.Constant(shorts_t, ir.Undefined),
-                                                              ir.Constant(_V16, list(range(16 * h, 16 * h + 16))))
-                                builder.store(builder.add(builder.load(slot), builder.sext(part, _V16)), slot)
+            for pid in each_profile(builder, profile):
+                with cgutils.for_range(builder, n_pixels) as pixel:
+                    base = builder.mul(pixel.index, x_step)
+                    for slot in acc_slots:
+                        builder.store(ir.Constant(_V16, None), slot)
+                    with cgutils.for_range(builder, n_taps) as tap:
+                        offset = builder.add(base, builder.load(builder.gep(taps, [tap.index])))
+                        xb = builder.call(masked_load, [builder.bitcast(builder.gep(x, [offset]), bytes_t.as_pointer()),
+                                                        ir.Constant(_I32, 1), valid, ir.Constant(bytes_t, None)])
+                        wv = builder.load(builder.bitcast(builder.gep(w, [builder.mul(tap.index, ir.Constant(_I64, 2 * DEPTHWISE_LANES))]),
+                                                          shorts_t.as_pointer()), align=1)
+                        # |x - zp| <= 255 and |w| <= 128: each product fits int16 (one cheap
+                        # 16-bit multiply); the sum of the taps needs int32.
+                        product = builder.mul(builder.sub(builder.sext(xb, shorts_t), zp), wv)
                         for h, slot in enumerate(acc_slots):
-                            remaining = builder.sub(count, ir.Constant(_I64, 16 * h))
-                            with builder.if_then(builder.icmp_signed(">", remaining, ir.Constant(_I64, 0))):
-                                y = vector_output_stage(builder, builder.load(slot), channel_params[h], pid, zero_point, lo, hi)
-                                dst = builder.gep(out, [builder.add(builder.mul(pixel.index, out_step), ir.Constant(_I64, 16 * h))])
-                                store_bytes(builder, y, dst, remaining)
+                            part = builder.shuffle_vector(product, ir.Constant(shorts_t, ir.Undefined),
+                                                          ir.Constant(_V16, list(range(16 * h, 16 * h + 16))))
+                            builder.store(builder.add(builder.load(slot), builder.sext(part, _V16)), slot)
+                    for h, slot in enumerate(acc_slots):
+                        remaining = builder.sub(count, ir.Constant(_I64, 16 * h))
+                        with builder.if_then(builder.icmp_signed(">", remaining, ir.Constant(_I64, 0))):
+                            y = vector_output_stage(builder, builder.load(slot), channel_params[h], pid, zero_point, lo, hi)
+                            dst = builder.gep(out, [builder.add(builder.mul(pixel.index, out_step), ir.Constant(_I64, 16 * h))])
+                            store_bytes(builder, y, dst, remaining)
             return context.get_dummy_value()
 
         return sig, codegen

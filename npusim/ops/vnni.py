@@ -35,10 +35,10 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from ..jit import parallel_kernel
-from ..quant import SINGLE, TFLM, XNNPACK
 from . import aligned
 from .gemm import accumulator_offset
 from .output_stage import (
+    each_profile,
     load_parameters,
     output_parameters,
     splat,
@@ -121,13 +121,12 @@ def _micro_kernel(nr: int):
             out = builder.inttoptr(out_ptr, i8p)
             for j in range(nr):
                 pj = load_parameters(builder, params, params_stride, j)
-                for pid in (TFLM, SINGLE, XNNPACK):
-                    with builder.if_then(builder.icmp_signed("==", profile, ir.Constant(_I64, pid))):
-                        for r in range(MR):
-                            with builder.if_then(builder.icmp_signed("<", ir.Constant(_I64, r), rows)):
-                                y = vector_output_stage(builder, builder.load(accs[r][j]), pj, pid, zero_point, lo, hi)
-                                dst = builder.gep(out, [builder.add(builder.mul(out_stride, ir.Constant(_I64, r)), ir.Constant(_I64, 16 * j))])
-                                store_bytes(builder, y, dst, builder.sub(width, ir.Constant(_I64, 16 * j)))
+                for pid in each_profile(builder, profile):
+                    for r in range(MR):
+                        with builder.if_then(builder.icmp_signed("<", ir.Constant(_I64, r), rows)):
+                            y = vector_output_stage(builder, builder.load(accs[r][j]), pj, pid, zero_point, lo, hi)
+                            dst = builder.gep(out, [builder.add(builder.mul(out_stride, ir.Constant(_I64, r)), ir.Constant(_I64, 16 * j))])
+                            store_bytes(builder, y, dst, builder.sub(width, ir.Constant(_I64, 16 * j)))
             return context.get_dummy_value()
 
         return sig, codegen
