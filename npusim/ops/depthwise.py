@@ -108,18 +108,6 @@ def vector_weights(wg: np.ndarray) -> np.ndarray:
     return w32
 
 
-def padded_parameters(params: np.ndarray) -> np.ndarray:
-    """output_parameters' [G, 5, O16] widened to a multiple of 32 channels (zeros): the vector path
-    loads 32 channels' parameters at a time."""
-    g, rows, o16 = params.shape
-    o32 = (o16 + DEPTHWISE_LANES - 1) // DEPTHWISE_LANES * DEPTHWISE_LANES
-    if o32 == o16:
-        return params
-    wide = aligned.zeros((g, rows, o32), np.int32)
-    wide[:, :, :o16] = params
-    return wide
-
-
 class DepthwiseConv2D(Kernel):
     kind = "DEPTHWISE_CONV_2D"
     required_inputs, max_inputs = 2, 3
@@ -182,7 +170,7 @@ class DepthwiseConv2D(Kernel):
         def prepare():
             bias = np.zeros((groups, self.out_channels), dtype=np.int64) if b is None else np.ascontiguousarray(
                 np.broadcast_to(b.reshape(-1, self.out_channels), (groups, self.out_channels)), dtype=np.int64)
-            params = padded_parameters(output_parameters(bias, self.stage))
+            params = output_parameters(bias, self.stage, DEPTHWISE_LANES)
             if paired:
                 params = np.concatenate([params[:, :, :16]] * 2, axis=2)
             return vector_weights(np.concatenate([wg] * 2, axis=4) if paired else wg), params

@@ -227,12 +227,13 @@ DEPTHWISE_LANES = 32  # weights per tap in the layout of depthwise.vector_weight
 depthwise_run16, depthwise_run32 = _depthwise_run(16), _depthwise_run(32)
 
 
-def output_parameters(offset, stage) -> np.ndarray:
-    """[G, 5, O16] int32 per group and channel: the accumulator offset [G, O] (the part of the
+def output_parameters(offset, stage, multiple: int = 16) -> np.ndarray:
+    """[G, 5, O'] int32 per group and channel: the accumulator offset [G, O] (the part of the
     accumulator that the kernel does not sum, wrapped to int32 as the runtimes' accumulators), M,
-    left and right shift, and the bits of the float32 xnnpack scale. Channels past O are zero."""
+    left and right shift, and the bits of the float32 xnnpack scale. O' is O rounded up to
+    `multiple` (the widest vector the kernel loads them in); channels past O are zero."""
     groups, o = offset.shape
-    params = aligned.zeros((groups, 5, (o + 15) // 16 * 16), np.int32)
+    params = aligned.zeros((groups, 5, (o + multiple - 1) // multiple * multiple), np.int32)
     params[:, 0, :o] = offset.astype(np.int32)  # two's complement wrap
     params[:, 1, :o] = stage.multiplier
     params[:, 2, :o] = np.maximum(stage.shift, 0)
