@@ -7,12 +7,13 @@ import os
 # VNNI/AMX kernels no BLAS runs, and OpenMP starts each parallel region sooner (measured on the
 # batch-16 conv: 1.9 ms against 2.6 ms with workqueue): Numba's default choice is kept. An explicit
 # NUMBA_THREADING_LAYER still wins.
+# (Importing the kernels compiles nothing: the layer is taken at the first parallel call.)
 if "NUMBA_THREADING_LAYER" not in os.environ:
-    import llvmlite.binding  # noqa: E402
     import numba  # noqa: E402  (numba may already be imported by the caller: set its config too)
 
-    _features = llvmlite.binding.get_host_cpu_features()
-    if not (_features.get("avx512vnni", False) and _features.get("avx512bw", False)) or os.environ.get("NPUSIM_VNNI") == "0":
+    from .ops import vnni as _vnni
+
+    if not _vnni.ENABLED:
         os.environ["NUMBA_THREADING_LAYER"] = "workqueue"
         numba.config.THREADING_LAYER = "workqueue"
 

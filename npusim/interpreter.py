@@ -85,10 +85,11 @@ class Interpreter:
         for k in self.kernels:
             if k.kind != "PAD" or k.op.outputs[0] in self.graph.outputs:
                 continue
-            readers = [r for r in self.kernels if k.op.outputs[0] in r.op.inputs]
-            if len(readers) == 1 and readers[0].kind == "DEPTHWISE_CONV_2D" and list(readers[0].op.inputs).index(k.op.outputs[0]) == 0 \
-                    and list(readers[0].op.inputs).count(k.op.outputs[0]) == 1 and readers[0].fuse_pad(k):
-                self._pad_sources[k.op.outputs[0]] = k.op.inputs[0]
+            t = k.op.outputs[0]
+            reads = [(r, list(r.op.inputs).count(t)) for r in self.kernels if t in r.op.inputs]
+            if len(reads) == 1 and reads[0][1] == 1 and reads[0][0].kind == "DEPTHWISE_CONV_2D" \
+                    and reads[0][0].op.inputs[0] == t and reads[0][0].fuse_pad(k):
+                self._pad_sources[t] = k.op.inputs[0]
         tensors = self.graph.tensors
         self._activation_bytes = [(int(np.prod(tensors[t].shape[1:], dtype=np.float64)) * tensors[t].dtype.itemsize,
                                    f"tensor {tensors[t].name!r}")
