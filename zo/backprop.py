@@ -400,10 +400,10 @@ class FloatSuffix:
                 if k.kind in MAC_KINDS and pos in (1, 2):
                     step = self._mac_step(k, pos)
                 elif tensor.dtype == np.int8 and tensor.quant is not None:
-                    step = self._scale_along_axis(tensor)
+                    step = self._along_axis(tensor, tensor.quant.scale)
                 else:
                     continue  # shapes, axes, paddings: read by the prepared kernel, not computed with
-                zp = 0 if k.kind in MAC_KINDS else self._zero_point_along_axis(tensor)
+                zp = 0 if k.kind in MAC_KINDS else self._along_axis(tensor, tensor.quant.zero_point)
                 self.steps[t] = step
                 self.constants[t] = ((tensor.data.astype(np.float64) - zp) * step).astype(self.dtype)
         self.trainable = [p.tensor for p in model.params]
@@ -422,30 +422,21 @@ class FloatSuffix:
         self.num_classes = model.num_classes
 
     @staticmethod
-    def _scale_along_axis(tensor) -> np.ndarray:
-        q = tensor.quant
-        s = q.scale.astype(np.float64)
-        if s.size == 1:
-            return s.reshape(())
+    def _along_axis(tensor, values) -> np.ndarray:
+        """A per-tensor (size 1) or per-channel quantization field of `tensor`, as float64 shaped
+        to broadcast along the tensor's quantized axis."""
+        v = values.astype(np.float64)
+        if v.size == 1:
+            return v.reshape(())
         shape = [1] * len(tensor.shape)
-        shape[q.axis] = -1
-        return s.reshape(shape)
-
-    @staticmethod
-    def _zero_point_along_axis(tensor):
-        q = tensor.quant
-        zp = q.zero_point.astype(np.float64)
-        if zp.size == 1:
-            return zp.reshape(())
-        shape = [1] * len(tensor.shape)
-        shape[q.axis] = -1
-        return zp.reshape(shape)
+        shape[tensor.quant.axis] = -1
+        return v.reshape(shape)
 
     def _mac_step(self, kernel, pos: int) -> np.ndarray:
         w = kernel.inputs[1]
         if w.quant is None:
             raise ZoError(f"op {kernel.op.index} ({kernel.kind}): weights {w.name!r} have no quantization")
-        w_step = self._scale_along_axis(w)
+        w_step = self._along_axis(w, w.quant.scale)
         if pos == 1:
             return w_step
         in_scale = np.float64(kernel.inputs[0].quant.scale[0])
