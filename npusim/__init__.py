@@ -18,28 +18,9 @@ if "NUMBA_THREADING_LAYER" not in os.environ:
         numba.config.THREADING_LAYER = "workqueue"
 
 
-def _keep_freed_memory():
-    """glibc hands big arrays out as fresh mmap'd pages and unmaps them on free, so every op output
-    of a run paid a page fault per 4 KB (about 2 us each here; a ResNet-8 run at batch 256 paid
-    several ms). Serving them from the heap and not trimming it lets a run reuse the memory of the
-    activations it dropped: resident memory stays at the peak of a run instead of falling back.
-    NPUSIM_MALLOPT=0 leaves malloc as it is."""
-    if os.environ.get("NPUSIM_MALLOPT", "1") == "0":
-        return
-    import ctypes
-    import ctypes.util
+from .ops import aligned as _aligned  # noqa: E402
 
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):  # not glibc: nothing to tune
-        return
-    m_trim_threshold, m_mmap_threshold = -1, -3
-    mallopt(m_mmap_threshold, 32 << 20)  # glibc's largest: bigger arrays stay mmap'd
-    mallopt(m_trim_threshold, (1 << 31) - 1)
-
-
-_keep_freed_memory()
+_aligned.keep_freed_memory()
 
 from .errors import NpusimError
 from .graph import Graph, Op, Quantization, Tensor
