@@ -24,6 +24,20 @@ from .requant import requantization_multiplier
 
 
 @parallel_kernel
+def sum_middle_axis(x, sums):
+    """sums[a, c] = sum over r of x[a, r, c] (exact: int64). The reduced axes of an NHWC mean are
+    contiguous, so the sum runs over the middle axis of this view; the inner loop over c vectorizes
+    (numpy's x.sum(axis, dtype=int64) casts every byte to int64 first: several times slower)."""
+    for a in nb.prange(x.shape[0]):
+        acc = np.zeros(x.shape[2], dtype=np.int64)
+        for r in range(x.shape[1]):
+            for c in range(x.shape[2]):
+                acc[c] += x[a, r, c]
+        sums[a] = acc
+    return sums
+
+
+@parallel_kernel
 def mean_requantize(sums, input_offset, multiplier, shift, output_zero_point, out):
     """MultiplyByQuantizedMultiplier(int32(sum - zp_in * n), M', e') + zp_out, clamped to int8."""
     flat = sums.ravel()
@@ -105,7 +119,13 @@ class Mean(Kernel):
             raise self.error(f"input array has type {x.dtype}, expected int8")
         if x.shape[1:] != self.in_shape[1:]:
             raise self.error(f"input array has shape {list(x.shape)}, expected [N, {', '.join(map(str, self.in_shape[1:]))}]")
-        sums = np.ascontiguousarray(x.sum(axis=self.axes, dtype=np.int64))
+        axes = self.axes
+        if axes == tuple(range(axes[0], axes[-1] + 1)):  # contiguous axes: [outer, reduced, inner]
+            outer = int(np.prod(x.shape[:axes[0]], dtype=np.int64))
+            view = np.ascontiguousarray(x).reshape(outer, self.count, -1)
+            sums = sum_middle_axis(view, np.empty((outer, view.shape[2]), dtype=np.int64))
+        else:
+            sums = np.ascontiguousarray(x.sum(axis=axes, dtype=np.int64))
         out = np.empty(sums.shape, dtype=np.int8)
         mean_requantize(sums, np.int64(self.input_zero_point) * np.int64(self.count), np.int64(self.multiplier),
                         np.int64(self.shift), np.int64(self.output_zero_point), out)
