@@ -2,41 +2,164 @@
 (TFLM reference_integer_ops/depthwise_conv.h). Output channel c_out = c_in * multiplier + m,
 weights [1, kh, kw, C * multiplier] (or [G, 1, kh, kw, C * multiplier] for grouped weights, see conv.py).
 A direct integer loop: there is no reduction long enough for a GEMM to pay. With multiplier 1,
-the pixels whose taps all fall inside the image run 16 channels at a time as vector code with the
-accumulators in registers (output_stage.depthwise_run); the border pixels and other multipliers
-take the scalar loop.
+the pixels whose taps all fall inside the image run 16 or 32 channels at a time as vector code
+with the accumulators in registers (tap_pairs_run16/32 below); the border pixels and other
+multipliers take the scalar loop.
+
+The vector code takes the taps two at a time: the int16 activations of taps t and t+1 are
+interleaved channel by channel, so that one VPDPWSSD (AVX-512 VNNI) adds x_t * w_t + x_t+1 * w_t+1
+to each channel's int32 accumulator (elsewhere generic vector code does the same). As on the
+conv paths, sum (x - zp) * w = sum x * w - zp * sum w: the second term folds into the bias, which
+is exact for these pixels since all their taps are real.
+
+The interleave follows x86's in-lane unpacks: of each 8 channels, the low 4 go to the "lo"
+accumulator, the high 4 to "hi". Weights and output parameters are stored in that order (pair_order),
+and the output bytes are put back in channel order before they are stored.
 """
 from __future__ import annotations
 
 import numba as nb
 import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
 
 from ..jit import parallel_kernel
-from . import aligned
+from . import aligned, vnni
 from .base import Kernel, WeightMemo
-from .output_stage import DEPTHWISE_LANES, depthwise_run16, depthwise_run32, output_parameters, output_stage_row
+from .output_stage import (
+    each_profile,
+    lane_mask,
+    load_parameters,
+    output_parameters,
+    output_stage_row,
+    store_bytes,
+    vector_output_stage,
+)
 from .padding import compute_padding
 from .requant import OutputStage
 
+LANES = 32  # channels per vector block; a block of 16 or fewer channels runs on half vectors
+
+
+def pair_order(lanes: int) -> np.ndarray:
+    """The channel (within a block of `lanes`) at each accumulator position: positions
+    [0, lanes/2) are the lo accumulator, the rest hi; lo lane i holds channel 8 (i // 4) + i % 4."""
+    k = np.arange(lanes)
+    i = k % (lanes // 2)
+    return 8 * (i // 4) + i % 4 + 4 * (k // (lanes // 2))
+
+
+def _tap_pairs_run(lanes: int):
+    half = lanes // 2
+    i8, i16, i32, i64 = (ir.IntType(b) for b in (8, 16, 32, 64))
+    bytes_t, shorts_t, acc_t = ir.VectorType(i8, lanes), ir.VectorType(i16, lanes), ir.VectorType(i32, half)
+    mask_t = ir.VectorType(ir.IntType(1), lanes)
+    order = pair_order(lanes)
+    # interleave[h]: (x_t[c], x_t+1[c]) for the channels c of accumulator h, from shuffle operands (x_t, x_t+1).
+    interleave = [[int(v) for c in order[h * half:(h + 1) * half] for v in (c, lanes + c)] for h in range(2)]
+    to_channels = [int(np.argsort(order)[c]) for c in range(lanes)]  # output bytes back in channel order
+
+    @intrinsic
+    def run(typingctx, x_ptr, x_step, taps_ptr, n_pairs, w_ptr, n_pixels, out_ptr, out_step, count,
+            params_ptr, params_stride, profile, zero_point, lo, hi):
+        sig = types.void(*([types.int64] * 15))
+
+        def codegen(context, builder, signature, args):
+            (x_ptr, x_step, taps_ptr, n_pairs, w_ptr, n_pixels, out_ptr, out_step, count,
+             params_ptr, params_stride, profile, zero_point, lo, hi) = args
+            x, w, out, params = (builder.inttoptr(v, i8.as_pointer()) for v in (x_ptr, w_ptr, out_ptr, params_ptr))
+            taps = builder.inttoptr(taps_ptr, i64.as_pointer())
+            masked_load = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(bytes_t, [bytes_t.as_pointer(), i32, mask_t, bytes_t]), f"llvm.masked.load.v{lanes}i8.p0")
+            if vnni.SUPPORTED:
+                dpwssd = cgutils.get_or_insert_function(builder.module, ir.FunctionType(acc_t, [acc_t] * 3),
+                                                        f"llvm.x86.avx512.vpdpwssd.{32 * half}")
+
+                def multiply_add(acc, xs, ws):
+                    return builder.call(dpwssd, [acc, builder.bitcast(xs, acc_t), builder.bitcast(ws, acc_t)])
+            else:
+                def multiply_add(acc, xs, ws):  # the same sums in generic vector code
+                    wide = ir.VectorType(i32, lanes)
+                    products = builder.mul(builder.sext(xs, wide), builder.sext(ws, wide))
+                    for parity in (0, 1):
+                        acc = builder.add(acc, builder.shuffle_vector(products, ir.Constant(wide, ir.Undefined),
+                                                                      ir.Constant(acc_t, list(range(parity, lanes, 2)))))
+                    return acc
+
+            valid = lane_mask(builder, count, lanes)
+            channel_params = [load_parameters(builder, params, params_stride, j) for j in range(lanes // 16)]
+            acc_slots = [cgutils.alloca_once_value(builder, ir.Constant(acc_t, None)) for _ in range(2)]
+
+            def load_tap(base, t):
+                offset = builder.add(base, builder.load(builder.gep(taps, [t])))
+                xb = builder.call(masked_load, [builder.bitcast(builder.gep(x, [offset]), bytes_t.as_pointer()),
+                                                ir.Constant(i32, 1), valid, ir.Constant(bytes_t, None)])
+                return builder.sext(xb, shorts_t)
+
+            for pid in each_profile(builder, profile):
+                with cgutils.for_range(builder, n_pixels) as pixel:
+                    base = builder.mul(pixel.index, x_step)
+                    for slot in acc_slots:
+                        builder.store(ir.Constant(acc_t, None), slot)
+                    with cgutils.for_range(builder, n_pairs) as pair:
+                        t = builder.shl(pair.index, ir.Constant(i64, 1))
+                        xa, xb = load_tap(base, t), load_tap(base, builder.add(t, ir.Constant(i64, 1)))
+                        for h, slot in enumerate(acc_slots):
+                            xs = builder.shuffle_vector(xa, xb, ir.Constant(ir.VectorType(i32, lanes), interleave[h]))
+                            w_off = builder.add(builder.mul(pair.index, ir.Constant(i64, 4 * LANES)), ir.Constant(i64, 2 * LANES * h))
+                            ws = builder.load(builder.bitcast(builder.gep(w, [w_off]), shorts_t.as_pointer()), align=1)
+                            builder.store(multiply_add(builder.load(slot), xs, ws), slot)
+                    accs = [builder.load(slot) for slot in acc_slots]
+                    if lanes == 32:
+                        ys = [vector_output_stage(builder, a, p, pid, zero_point, lo, hi) for a, p in zip(accs, channel_params)]
+                        y = builder.shuffle_vector(ys[0], ys[1], ir.Constant(ir.VectorType(i32, lanes), to_channels))
+                    else:
+                        acc16 = builder.shuffle_vector(accs[0], accs[1], ir.Constant(ir.VectorType(i32, 16), list(range(16))))
+                        y16 = vector_output_stage(builder, acc16, channel_params[0], pid, zero_point, lo, hi)
+                        y = builder.shuffle_vector(y16, ir.Constant(bytes_t, ir.Undefined), ir.Constant(ir.VectorType(i32, lanes), to_channels))
+                    store_bytes(builder, y, builder.gep(out, [builder.mul(pixel.index, out_step)]), count)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return run
+
+
+# A run of n_pixels output pixels of a depthwise convolution (multiplier 1) whose taps all fall
+# inside the image, for 16 or 32 channels (count of them valid): out[p * out_step + c] = the output
+# stage of sum over tap pairs q and s in (0, 1) of x[p * x_step + taps[2q + s] + c] * w(q, s, c),
+# with w in the layout of vector_layout and the parameters (offset - zp * sum w) in pair_order.
+# x is read with masked loads (never past the valid channels).
+tap_pairs_run16, tap_pairs_run32 = _tap_pairs_run(16), _tap_pairs_run(32)
+
 
 @parallel_kernel
-def depthwise_conv(x, w, w32, paired, groups, multiplier, stride_h, stride_w, dil_h, dil_w, pad_top, pad_left, in_zp,
-                   params, profile, out_zp, lo, hi, out):
-    """paired: 16 channels with stride 1 (multiplier 1); w32 and params then hold the 16 channels
-    twice, so that one 32-lane vector computes two adjacent output pixels."""
+def depthwise_conv(x, w, wv, paired, groups, multiplier, stride_h, stride_w, dil_h, dil_w, pad_top, pad_left, in_zp,
+                   params, vparams, profile, out_zp, lo, hi, out):
+    """params: the output parameters of the border pixels (channel order); wv and vparams: the
+    weights and parameters of the vector runs (see vector_layout). paired: 16 channels with stride
+    1 (multiplier 1); wv and vparams then hold the 16 channels twice, so that one 32-lane vector
+    computes two adjacent output pixels."""
     n_batch, in_h, in_w, in_c = x.shape
     _, out_h, out_w, out_c = out.shape
     kh, kw = w.shape[2], w.shape[3]
     per_group = n_batch // groups
     zp = np.int32(in_zp)
     o32 = params.shape[2]  # channels, padded to a multiple of 32
-    # Output columns whose taps all fall inside the image, [ox_lo, ox_hi), and the tap offsets.
+    v32 = vparams.shape[2]
+    # Output columns whose taps all fall inside the image, [ox_lo, ox_hi), and the tap offsets, in
+    # pairs (an odd last tap is paired with itself; its partner's weights are zero).
     ox_lo = min(out_w, (pad_left + stride_w - 1) // stride_w)
     ox_hi = max(ox_lo, min(out_w, (in_w - 1 + pad_left - (kw - 1) * dil_w) // stride_w + 1))
-    taps = np.empty(kh * kw, dtype=np.int64)
+    n_pairs = (kh * kw + 1) // 2
+    taps = np.empty(2 * n_pairs, dtype=np.int64)
     for ky in range(kh):
         for kx in range(kw):
             taps[ky * kw + kx] = ((ky * dil_h) * in_w + kx * dil_w) * in_c
+    taps[2 * n_pairs - 1] = taps[kh * kw - 1]
+    block_bytes = n_pairs * 4 * LANES  # vector weights of one block of 32 channels
     for row in nb.prange(n_batch * out_h):
         n = row // out_h
         oy = row - n * out_h
@@ -52,21 +175,22 @@ def depthwise_conv(x, w, w32, paired, groups, multiplier, stride_h, stride_w, di
             x_first = x.ctypes.data + ((n * in_h + iy0) * in_w + ox_lo * stride_w - pad_left) * in_c
             out_first = out.ctypes.data + ((n * out_h + oy) * out_w + ox_lo) * out_c
             run = ox_hi - ox_lo
+            w_group = wv.ctypes.data + g * (v32 // LANES) * block_bytes
+            v_group = vparams.ctypes.data + g * vparams.shape[1] * v32 * 4
             if paired:  # 16 channels, adjacent pixels 16 bytes apart: two pixels per 32-lane vector
-                w_group = w32.ctypes.data + g * kh * kw * 64
-                depthwise_run32(x_first, 2 * in_c, taps.ctypes.data, kh * kw, w_group, in_zp, run // 2, out_first, 2 * out_c, 32,
-                                p_group, o32 * 4, profile, out_zp, lo, hi)
-                if run % 2:
-                    depthwise_run16(x_first + (run - 1) * in_c, in_c, taps.ctypes.data, kh * kw, w_group, in_zp, 1,
-                                    out_first + (run - 1) * out_c, out_c, 16, p_group, o32 * 4, profile, out_zp, lo, hi)
+                tap_pairs_run32(x_first, 2 * in_c, taps.ctypes.data, n_pairs, w_group, run // 2, out_first, 2 * out_c, 32,
+                                v_group, v32 * 4, profile, out_zp, lo, hi)
+                if run % 2:  # the last pixel alone: the lanes of a next pixel are neither read nor stored
+                    tap_pairs_run32(x_first + (run - 1) * in_c, in_c, taps.ctypes.data, n_pairs, w_group, 1,
+                                    out_first + (run - 1) * out_c, out_c, 16, v_group, v32 * 4, profile, out_zp, lo, hi)
             else:
-                for c0 in range(0, out_c, 32):
-                    args = (x_first + c0, stride_w * in_c, taps.ctypes.data, kh * kw, w32.ctypes.data + (g * (o32 // 32) + c0 // 32) * kh * kw * 64,
-                            in_zp, run, out_first + c0, out_c, out_c - c0, p_group + c0 * 4, o32 * 4, profile, out_zp, lo, hi)
+                for c0 in range(0, out_c, LANES):
+                    args = (x_first + c0, stride_w * in_c, taps.ctypes.data, n_pairs, w_group + c0 // LANES * block_bytes,
+                            run, out_first + c0, out_c, out_c - c0, v_group + c0 * 4, v32 * 4, profile, out_zp, lo, hi)
                     if out_c - c0 > 16:
-                        depthwise_run32(*args)
+                        tap_pairs_run32(*args)
                     else:
-                        depthwise_run16(*args)
+                        tap_pairs_run16(*args)
         for ox in range(out_w):
             if vector_run and ox_lo <= ox < ox_hi:
                 continue
@@ -95,17 +219,29 @@ def depthwise_conv(x, w, w32, paired, groups, multiplier, stride_h, stride_w, di
     return out
 
 
-def vector_weights(wg: np.ndarray) -> np.ndarray:
-    """[G, 1, kh, kw, O] int8 -> [G, O32 / 32, kh * kw, 32] int16, 64-byte aligned: the weights of
-    one tap for 32 channels are one vector (channels past O: 0)."""
+def vector_layout(wg: np.ndarray, params: np.ndarray, paired: bool) -> tuple[np.ndarray, np.ndarray]:
+    """The weights [G, 1, kh, kw, O] int8 and output parameters [G, 5, O32] (the offset with
+    -zp * sum w folded in) of the vector runs: weights [G, O32 / 32, pairs, 2 (lo, hi), 32] int16,
+    where lane 2i + s of accumulator h holds tap 2q + s of the channel at position h * W/2 + i of
+    pair_order(W), W = 32 or, for a last block of 16 or fewer channels, 16; parameters permuted to
+    the same positions. paired: the 16 channels twice, as one block of 32."""
     groups, _, kh, kw, o = wg.shape
-    lanes = DEPTHWISE_LANES
-    o32 = (o + lanes - 1) // lanes * lanes
-    padded = np.zeros((groups, kh * kw, o32), dtype=np.int16)
-    padded[:, :, :o] = wg.reshape(groups, kh * kw, o)
-    w32 = aligned.empty((groups, o32 // lanes, kh * kw, lanes), np.int16)
-    w32[...] = padded.reshape(groups, kh * kw, o32 // lanes, lanes).transpose(0, 2, 1, 3)
-    return w32
+    taps = wg.reshape(groups, kh * kw, o)
+    if paired:
+        taps, params, o = np.concatenate([taps] * 2, axis=2), np.concatenate([params[:, :, :16]] * 2, axis=2), 32
+    o32 = (o + LANES - 1) // LANES * LANES
+    pairs = (kh * kw + 1) // 2
+    padded = np.zeros((groups, 2 * pairs, o32), dtype=np.int16)
+    padded[:, :kh * kw, :o] = taps
+    wv = aligned.zeros((groups, o32 // LANES, pairs, 2, LANES), np.int16)
+    vparams = aligned.zeros((groups, params.shape[1], o32), np.int32)
+    for block, c0 in enumerate(range(0, o32, LANES)):
+        width = LANES if o - c0 > 16 else 16
+        channels = c0 + pair_order(width)
+        chosen = padded[:, :, channels].reshape(groups, pairs, 2, 2, width // 2)  # [G, pair, s, h, i]
+        wv[:, block, :, :, :width] = chosen.transpose(0, 1, 3, 4, 2).reshape(groups, pairs, 2, width)
+        vparams[:, :, c0:c0 + width] = params[:, :, channels]
+    return wv, vparams
 
 
 class DepthwiseConv2D(Kernel):
@@ -167,19 +303,20 @@ class DepthwiseConv2D(Kernel):
             x = np.concatenate([x] * groups)
         paired = self.multiplier == 1 and self.out_channels == 16 and o.get("stride_w", 1) == 1
 
+        in_zp = self.inputs[0].zero_point
+
         def prepare():
             bias = np.zeros((groups, self.out_channels), dtype=np.int64) if b is None else np.ascontiguousarray(
                 np.broadcast_to(b.reshape(-1, self.out_channels), (groups, self.out_channels)), dtype=np.int64)
-            params = output_parameters(bias, self.stage, DEPTHWISE_LANES)
-            if paired:
-                params = np.concatenate([params[:, :, :16]] * 2, axis=2)
-            return vector_weights(np.concatenate([wg] * 2, axis=4) if paired else wg), params
+            weight_sums = wg.reshape(groups, -1, self.out_channels).sum(axis=1, dtype=np.int64)
+            return (output_parameters(bias, self.stage, LANES),
+                    *vector_layout(wg, output_parameters(bias - in_zp * weight_sums, self.stage, LANES), paired))
 
-        w32, params = self.memo.get("depthwise", wg, b, prepare) if groups == 1 else prepare()
+        params, wv, vparams = self.memo.get("depthwise", wg, b, prepare) if groups == 1 else prepare()
         out = aligned.empty((x.shape[0], self.out_h, self.out_w, self.out_channels), np.int8)
         s = self.stage
-        depthwise_conv(np.ascontiguousarray(x), np.ascontiguousarray(wg), w32, paired, groups, self.multiplier,
+        depthwise_conv(np.ascontiguousarray(x), np.ascontiguousarray(wg), wv, paired, groups, self.multiplier,
                        o.get("stride_h", 1), o.get("stride_w", 1), o.get("dilation_h_factor", 1), o.get("dilation_w_factor", 1),
-                       pad_top, pad_left, np.int64(self.inputs[0].zero_point), params, np.int64(self.profile),
+                       pad_top, pad_left, np.int64(in_zp), params, vparams, np.int64(self.profile),
                        np.int64(s.zero_point), np.int64(s.lo), np.int64(s.hi), out)
         return out

@@ -19,8 +19,6 @@ from . import aligned
 _I32, _I64 = ir.IntType(32), ir.IntType(64)
 _V16 = ir.VectorType(_I32, 16)
 _F16 = ir.VectorType(ir.FloatType(), 16)
-_B16 = ir.VectorType(ir.IntType(8), 16)
-_H16 = ir.VectorType(ir.IntType(16), 16)
 PARAMETER_ROWS = 5  # offset, multiplier, left shift, right shift, xnnpack scale
 
 
@@ -50,11 +48,24 @@ def vector_output_stage(builder, acc, params, profile, zero_point, lo, hi):
     if profile == TFLM:
         # SaturatingRoundingDoublingHighMul((x << left) as int32, M), then RoundingDivideByPOT(right).
         # 0 <= M < 2^31, so the saturating case (both operands INT32_MIN) cannot occur.
-        ab = builder.mul(builder.sext(builder.shl(x, left), i64v), builder.sext(m, i64v))
         # TFLM adds a nudge of 2^30 (ab >= 0) or 1 - 2^30 (ab < 0) and divides by 2^31 truncating
         # toward zero; for every integer ab that equals floor((ab + 2^30) / 2^31), one add and one
-        # arithmetic shift (|ab| < 2^62: no overflow).
-        high = builder.trunc(builder.ashr(builder.add(ab, c64(1 << 30)), c64(31)), acc.type)
+        # shift (|ab| < 2^62: no overflow). The 64-bit products are taken in place, of the even and
+        # the odd lanes (VPMULDQ reads the low half of each 64-bit lane), and the results meet in one
+        # blend, instead of widening to two vectors of 64-bit lanes and narrowing back.
+        i64x8 = ir.VectorType(_I64, 8)
+        c32, nudge = ir.Constant(i64x8, 32), ir.Constant(i64x8, 1 << 30)
+        xq, mq = builder.bitcast(builder.shl(x, left), i64x8), builder.bitcast(m, i64x8)
+
+        def low_half(q):  # the low int32 of each 64-bit lane, sign-extended
+            return builder.ashr(builder.shl(q, c32), c32)
+
+        even = builder.add(builder.mul(low_half(xq), low_half(mq)), nudge)
+        odd = builder.add(builder.mul(builder.ashr(xq, c32), builder.ashr(mq, c32)), nudge)
+        # bits 31..62 of each sum: in the low half of the even lanes, in the high half of the odd.
+        high = builder.shuffle_vector(builder.bitcast(builder.lshr(even, ir.Constant(i64x8, 31)), acc.type),
+                                      builder.bitcast(builder.shl(odd, ir.Constant(i64x8, 1)), acc.type),
+                                      ir.Constant(acc.type, [k + 16 * (k % 2) for k in range(16)]))
         one, zero = ir.Constant(acc.type, 1), ir.Constant(acc.type, 0)
         mask = builder.sub(builder.shl(one, right), one)
         threshold = builder.add(builder.ashr(mask, one), builder.zext(builder.icmp_signed("<", high, zero), acc.type))
@@ -108,11 +119,12 @@ def load_parameters(builder, params, stride, j):
 
 
 def store_bytes(builder, y, dst, count):
-    """Store the first `count` (i64, may exceed 16) lanes of the <16 x i8> y at dst (i8*)."""
+    """Store the first `count` (i64, may exceed the lanes) lanes of the <n x i8> y at dst (i8*)."""
+    lanes = y.type.count
     masked_store = cgutils.get_or_insert_function(
-        builder.module, ir.FunctionType(ir.VoidType(), [_B16, _B16.as_pointer(), _I32, ir.VectorType(ir.IntType(1), 16)]),
-        "llvm.masked.store.v16i8.p0")
-    builder.call(masked_store, [y, builder.bitcast(dst, _B16.as_pointer()), ir.Constant(_I32, 1), lane_mask(builder, count, 16)])
+        builder.module, ir.FunctionType(ir.VoidType(), [y.type, y.type.as_pointer(), _I32, ir.VectorType(ir.IntType(1), lanes)]),
+        f"llvm.masked.store.v{lanes}i8.p0")
+    builder.call(masked_store, [y, builder.bitcast(dst, y.type.as_pointer()), ir.Constant(_I32, 1), lane_mask(builder, count, lanes)])
 
 
 @intrinsic
@@ -160,71 +172,6 @@ def output_stage_tile(typingctx, acc_ptr, params_ptr, params_stride, out_ptr, ou
         return context.get_dummy_value()
 
     return sig, codegen
-
-
-def _depthwise_run(lanes: int):
-    """depthwise_run16 / depthwise_run32 (see below): 16 or 32 channels per call."""
-    halves = lanes // 16
-    bytes_t = ir.VectorType(ir.IntType(8), lanes)
-    shorts_t = ir.VectorType(ir.IntType(16), lanes)
-    mask_t = ir.VectorType(ir.IntType(1), lanes)
-
-    @intrinsic
-    def depthwise_run(typingctx, x_ptr, x_step, taps_ptr, n_taps, w_ptr, in_zp, n_pixels, out_ptr, out_step, count,
-                      params_ptr, params_stride, profile, zero_point, lo, hi):
-        sig = types.void(*([types.int64] * 16))
-
-        def codegen(context, builder, signature, args):
-            (x_ptr, x_step, taps_ptr, n_taps, w_ptr, in_zp, n_pixels, out_ptr, out_step, count,
-             params_ptr, params_stride, profile, zero_point, lo, hi) = args
-            i8p = ir.IntType(8).as_pointer()
-            x, w, out, params = (builder.inttoptr(v, i8p) for v in (x_ptr, w_ptr, out_ptr, params_ptr))
-            taps = builder.inttoptr(taps_ptr, _I64.as_pointer())
-            masked_load = cgutils.get_or_insert_function(
-                builder.module, ir.FunctionType(bytes_t, [bytes_t.as_pointer(), _I32, mask_t, bytes_t]),
-                f"llvm.masked.load.v{lanes}i8.p0")
-            valid = lane_mask(builder, count, lanes)
-            zp = splat(builder, builder.trunc(in_zp, ir.IntType(16)), shorts_t)
-            channel_params = [load_parameters(builder, params, params_stride, h) for h in range(halves)]
-            acc_slots = [cgutils.alloca_once_value(builder, ir.Constant(_V16, None)) for _ in range(halves)]
-            for pid in each_profile(builder, profile):
-                with cgutils.for_range(builder, n_pixels) as pixel:
-                    base = builder.mul(pixel.index, x_step)
-                    for slot in acc_slots:
-                        builder.store(ir.Constant(_V16, None), slot)
-                    with cgutils.for_range(builder, n_taps) as tap:
-                        offset = builder.add(base, builder.load(builder.gep(taps, [tap.index])))
-                        xb = builder.call(masked_load, [builder.bitcast(builder.gep(x, [offset]), bytes_t.as_pointer()),
-                                                        ir.Constant(_I32, 1), valid, ir.Constant(bytes_t, None)])
-                        wv = builder.load(builder.bitcast(builder.gep(w, [builder.mul(tap.index, ir.Constant(_I64, 2 * DEPTHWISE_LANES))]),
-                                                          shorts_t.as_pointer()), align=1)
-                        # |x - zp| <= 255 and |w| <= 128: each product fits int16 (one cheap
-                        # 16-bit multiply); the sum of the taps needs int32.
-                        product = builder.mul(builder.sub(builder.sext(xb, shorts_t), zp), wv)
-                        for h, slot in enumerate(acc_slots):
-                            part = builder.shuffle_vector(product, ir.Constant(shorts_t, ir.Undefined),
-                                                          ir.Constant(_V16, list(range(16 * h, 16 * h + 16))))
-                            builder.store(builder.add(builder.load(slot), builder.sext(part, _V16)), slot)
-                    for h, slot in enumerate(acc_slots):
-                        remaining = builder.sub(count, ir.Constant(_I64, 16 * h))
-                        with builder.if_then(builder.icmp_signed(">", remaining, ir.Constant(_I64, 0))):
-                            y = vector_output_stage(builder, builder.load(slot), channel_params[h], pid, zero_point, lo, hi)
-                            dst = builder.gep(out, [builder.add(builder.mul(pixel.index, out_step), ir.Constant(_I64, 16 * h))])
-                            store_bytes(builder, y, dst, remaining)
-            return context.get_dummy_value()
-
-        return sig, codegen
-
-    return depthwise_run
-
-
-# A run of n_pixels output pixels of a depthwise convolution (multiplier 1) whose taps all fall
-# inside the image, for 16 or 32 channels (count of them valid): out[p * out_step + c] = the output
-# stage of sum over taps t of (x[p * x_step + taps[t] + c] - in_zp) * w[DEPTHWISE_LANES * t + c],
-# int16 weights. The accumulators stay in registers; x is read with masked loads (never past the
-# valid channels). 32 channels share one load, subtraction and multiply per tap.
-DEPTHWISE_LANES = 32  # weights per tap in the layout of depthwise.vector_weights
-depthwise_run16, depthwise_run32 = _depthwise_run(16), _depthwise_run(32)
 
 
 def output_parameters(offset, stage, multiple: int = 16) -> np.ndarray:

@@ -62,7 +62,7 @@ def _host_has_vnni() -> bool:
     if nb.config.CPU_NAME or nb.config.CPU_FEATURES:
         return False
     features = llvmlite.binding.get_host_cpu_features()
-    return all(features.get(f, False) for f in ("avx512f", "avx512bw", "avx512vnni"))
+    return all(features.get(f, False) for f in ("avx512f", "avx512bw", "avx512vl", "avx512vnni"))
 
 
 SUPPORTED = _host_has_vnni()
