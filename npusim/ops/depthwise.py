@@ -2,15 +2,16 @@
 (TFLM reference_integer_ops/depthwise_conv.h). Output channel c_out = c_in * multiplier + m,
 weights [1, kh, kw, C * multiplier] (or [G, 1, kh, kw, C * multiplier] for grouped weights, see conv.py).
 A direct integer loop: there is no reduction long enough for a GEMM to pay. With multiplier 1,
-the pixels whose taps all fall inside the image run 16 or 32 channels at a time as vector code
-with the accumulators in registers (tap_pairs_run16/32 below); the border pixels and other
-multipliers take the scalar loop.
+every pixel runs 16 or 32 channels at a time as vector code with the accumulators in registers
+(tap_pairs_run16/32 below): the runs of pixels whose taps all fall inside the image, and each
+border pixel alone, its padding taps reading a pixel of the zero point. Other multipliers take a
+scalar loop.
 
 The vector code takes the taps two at a time: the int16 activations of taps t and t+1 are
 interleaved channel by channel, so that one VPDPWSSD (AVX-512 VNNI) adds x_t * w_t + x_t+1 * w_t+1
 to each channel's int32 accumulator (elsewhere generic vector code does the same). As on the
 conv paths, sum (x - zp) * w = sum x * w - zp * sum w: the second term folds into the bias, which
-is exact for these pixels since all their taps are real.
+holds on the border too, where a padding tap reads x = zp: (zp - zp) * w = 0, as TFLM skips it.
 
 The interleave follows x86's in-lane unpacks: of each 8 channels, the low 4 go to the "lo"
 accumulator, the high 4 to "hi". Weights and output parameters are stored in that order (pair_order),
@@ -138,7 +139,7 @@ tap_pairs_run16, tap_pairs_run32 = _tap_pairs_run(16), _tap_pairs_run(32)
 @parallel_kernel
 def depthwise_conv(x, w, wv, paired, groups, multiplier, stride_h, stride_w, dil_h, dil_w, pad_top, pad_left, in_zp,
                    params, vparams, profile, out_zp, lo, hi, out):
-    """params: the output parameters of the border pixels (channel order); wv and vparams: the
+    """params: the output parameters of the scalar loop (channel order); wv and vparams: the
     weights and parameters of the vector runs (see vector_layout). paired: 16 channels with stride
     1 (multiplier 1); wv and vparams then hold the 16 channels twice, so that one 32-lane vector
     computes two adjacent output pixels."""
@@ -160,23 +161,23 @@ def depthwise_conv(x, w, wv, paired, groups, multiplier, stride_h, stride_w, dil
             taps[ky * kw + kx] = ((ky * dil_h) * in_w + kx * dil_w) * in_c
     taps[2 * n_pairs - 1] = taps[kh * kw - 1]
     block_bytes = n_pairs * 4 * LANES  # vector weights of one block of 32 channels
+    # A pixel of the zero point: the padding taps of a border pixel read it (and so contribute
+    # zp * w, which the folded bias takes back, as TFLM skips them).
+    pad_pixel = np.empty(in_c, dtype=np.int8)
+    pad_pixel[:] = in_zp
+    vector = multiplier == 1
     for row in nb.prange(n_batch * out_h):
         n = row // out_h
         oy = row - n * out_h
         g = n // per_group
-        # int32 accumulators, as TFLM's: at most kh*kw taps of 255 * 127, and twice the SIMD lanes of int64.
-        scratch = np.empty(o32 + 16, dtype=np.int32)
-        start = (-scratch.ctypes.data // 4) % 16  # vector loads of the output stage on cache lines
-        a = scratch[start:start + o32]
-        p_group = params.ctypes.data + g * params.shape[1] * o32 * 4
         iy0 = oy * stride_h - pad_top
-        vector_run = multiplier == 1 and iy0 >= 0 and iy0 + (kh - 1) * dil_h < in_h and ox_hi > ox_lo
-        if vector_run:
+        w_group = wv.ctypes.data + g * (v32 // LANES) * block_bytes
+        v_group = vparams.ctypes.data + g * vparams.shape[1] * v32 * 4
+        interior_row = vector and iy0 >= 0 and iy0 + (kh - 1) * dil_h < in_h and ox_hi > ox_lo
+        if interior_row:
             x_first = x.ctypes.data + ((n * in_h + iy0) * in_w + ox_lo * stride_w - pad_left) * in_c
             out_first = out.ctypes.data + ((n * out_h + oy) * out_w + ox_lo) * out_c
             run = ox_hi - ox_lo
-            w_group = wv.ctypes.data + g * (v32 // LANES) * block_bytes
-            v_group = vparams.ctypes.data + g * vparams.shape[1] * v32 * 4
             if paired:  # 16 channels, adjacent pixels 16 bytes apart: two pixels per 32-lane vector
                 tap_pairs_run32(x_first, 2 * in_c, taps.ctypes.data, n_pairs, w_group, run // 2, out_first, 2 * out_c, 32,
                                 v_group, v32 * 4, profile, out_zp, lo, hi)
@@ -191,12 +192,38 @@ def depthwise_conv(x, w, wv, paired, groups, multiplier, stride_h, stride_w, dil
                         tap_pairs_run32(*args)
                     else:
                         tap_pairs_run16(*args)
+        # The other pixels one by one: with multiplier 1 as a vector run of one pixel whose taps are
+        # offsets from x (padding taps: pad_pixel); other multipliers in a scalar loop.
+        pixel_taps = np.empty(2 * n_pairs, dtype=np.int64)
+        scratch = np.empty(o32 + 16, dtype=np.int32)
+        start = (-scratch.ctypes.data // 4) % 16  # vector loads of the output stage on cache lines
+        a = scratch[start:start + o32]  # int32 accumulators, as TFLM's
         for ox in range(out_w):
-            if vector_run and ox_lo <= ox < ox_hi:
+            if interior_row and ox_lo <= ox < ox_hi:
+                continue
+            out_pixel = out.ctypes.data + ((n * out_h + oy) * out_w + ox) * out_c
+            if vector:
+                # Taken here, where pad_pixel is still used (Numba frees an array after its last
+                # use), and signed (a difference of two uintp addresses would wrap).
+                pad_offset = np.int64(pad_pixel.ctypes.data) - np.int64(x.ctypes.data)
+                for ky in range(kh):
+                    iy = iy0 + ky * dil_h
+                    for kx in range(kw):
+                        ix = ox * stride_w - pad_left + kx * dil_w
+                        inside = 0 <= iy < in_h and 0 <= ix < in_w
+                        pixel_taps[ky * kw + kx] = ((n * in_h + iy) * in_w + ix) * in_c if inside else pad_offset
+                pixel_taps[2 * n_pairs - 1] = pixel_taps[kh * kw - 1]
+                for c0 in range(0, out_c, LANES):
+                    args = (x.ctypes.data + c0, 0, pixel_taps.ctypes.data, n_pairs, w_group + c0 // LANES * block_bytes,
+                            1, out_pixel + c0, out_c, out_c - c0, v_group + c0 * 4, v32 * 4, profile, out_zp, lo, hi)
+                    if paired or out_c - c0 > 16:  # paired: the 16 channels in the first lanes of the 32
+                        tap_pairs_run32(*args)
+                    else:
+                        tap_pairs_run16(*args)
                 continue
             a[:] = 0  # the bias is the stage's offset
             for ky in range(kh):
-                iy = oy * stride_h - pad_top + ky * dil_h
+                iy = iy0 + ky * dil_h
                 if iy < 0 or iy >= in_h:
                     continue
                 for kx in range(kw):
@@ -205,17 +232,12 @@ def depthwise_conv(x, w, wv, paired, groups, multiplier, stride_h, stride_w, dil
                         continue
                     xs = x[n, iy, ix]
                     ws = w[g, 0, ky, kx]
-                    if multiplier == 1:  # the common case: one contiguous, vectorizable channel loop
-                        for c in range(in_c):
-                            a[c] += (np.int32(xs[c]) - zp) * np.int32(ws[c])
-                    else:
-                        for ic in range(in_c):
-                            xv = np.int32(xs[ic]) - zp
-                            for mi in range(multiplier):
-                                oc = ic * multiplier + mi
-                                a[oc] += xv * np.int32(ws[oc])
-            output_stage_row(a.ctypes.data, p_group, o32 * 4, out.ctypes.data + ((n * out_h + oy) * out_w + ox) * out_c,
-                             out_c, profile, out_zp, lo, hi)
+                    for ic in range(in_c):
+                        xv = np.int32(xs[ic]) - zp
+                        for mi in range(multiplier):
+                            oc = ic * multiplier + mi
+                            a[oc] += xv * np.int32(ws[oc])
+            output_stage_row(a.ctypes.data, params.ctypes.data + g * params.shape[1] * o32 * 4, o32 * 4, out_pixel, out_c, profile, out_zp, lo, hi)
     return out
 
 
