@@ -66,11 +66,15 @@ def vector_output_stage(builder, acc, params, profile, zero_point, lo, hi):
         high = builder.shuffle_vector(builder.bitcast(builder.lshr(even, ir.Constant(i64x8, 31)), acc.type),
                                       builder.bitcast(builder.shl(odd, ir.Constant(i64x8, 1)), acc.type),
                                       ir.Constant(acc.type, [k + 16 * (k % 2) for k in range(16)]))
+        # RoundingDivideByPOT rounds half away from zero: sign(h) * floor((|h| + half) / 2^right),
+        # half = 2^right / 2 (0 for right = 0). As unsigned, |h| + half < 2^32 (|INT32_MIN| included),
+        # so a logical shift is exact.
         one, zero = ir.Constant(acc.type, 1), ir.Constant(acc.type, 0)
-        mask = builder.sub(builder.shl(one, right), one)
-        threshold = builder.add(builder.ashr(mask, one), builder.zext(builder.icmp_signed("<", high, zero), acc.type))
-        rounded_up = builder.zext(builder.icmp_signed(">", builder.and_(high, mask), threshold), acc.type)
-        y = builder.add(builder.ashr(high, right), rounded_up)
+        negative = builder.icmp_signed("<", high, zero)
+        magnitude = builder.select(negative, builder.sub(zero, high), high)
+        half = builder.lshr(builder.shl(one, right), one)
+        rounded = builder.lshr(builder.add(magnitude, half), right)
+        y = builder.select(negative, builder.sub(zero, rounded), rounded)
     elif profile == SINGLE:
         # (x * M + 2^(total - 1)) >> total, total = 31 - shift = 31 - left + right.
         total = builder.sext(builder.add(builder.sub(ir.Constant(acc.type, 31), left), right), i64v)
