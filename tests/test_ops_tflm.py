@@ -144,6 +144,29 @@ def test_add(p, seed):
     check(C.make_add(p, seed))
 
 
+# (s1, z1, s2, z2, s_out, z_out, activation)
+ADD_PAIR_CASES = [
+    (0.05, 3, 0.02, -7, 0.07, 1, "NONE"),
+    (0.5, 0, 0.25, 0, 0.125, 0, "NONE"),  # powers of two: exact multipliers, many ties
+    (0.01, -128, 0.03, 127, 0.002, -5, "RELU6"),
+    (0.1, 10, 0.1, 10, 0.2, -128, "RELU"),
+    (0.003, -20, 0.2, 64, 0.15, 30, "NONE"),  # scales 70x apart
+]
+
+
+def every_int8_pair() -> list[np.ndarray]:
+    values = np.arange(-128, 128, dtype=np.int8)
+    return [np.repeat(values, 256).reshape(1, 65536), np.tile(values, 256).reshape(1, 65536)]
+
+
+@pytest.mark.parametrize("params", ADD_PAIR_CASES)
+def test_add_every_input_pair(params):
+    """ADD's result depends only on the two input bytes: all 65,536 pairs through TFLM and npusim."""
+    s1, z1, s2, z2, so, zo, activation = params
+    model = O.add_model((1, 65536), (1, 65536), s1, z1, s2, z2, so, zo, activation)
+    check(C.Case(model, every_int8_pair(), f"ADD of every int8 pair, {params}"))
+
+
 @settings(max_examples=examples(100))
 @given(p=C.pool_params(), seed=C.seeds)
 def test_average_pool_2d(p, seed):

@@ -194,6 +194,32 @@ def test_conv2d_single_rounding(path, p, seed):
     assert diff.max(initial=0) <= 1, f"single vs tflm differ by {diff.max()}: {case.desc}"
 
 
+def reference_add(a, b, s1, z1, s2, z2, so, zo, lo, hi, single: bool) -> np.ndarray:
+    """TFLM's int8 ADD (reference_integer_ops/add.h) in int64 numpy: inputs brought to twice the
+    larger scale with 20 bits of headroom, added, requantized to the output scale."""
+    f = mbqm_single if single else mbqm_double
+    s1, s2, so = (float(np.float32(s)) for s in (s1, s2, so))
+    twice_max = 2.0 * max(s1, s2)
+    x1 = f((a.astype(np.int64) - z1) << 20, *quantize_multiplier(s1 / twice_max))
+    x2 = f((b.astype(np.int64) - z2) << 20, *quantize_multiplier(s2 / twice_max))
+    return np.clip(f(x1 + x2, *quantize_multiplier(twice_max / ((1 << 20) * so))) + zo, lo, hi).astype(np.int8)
+
+
+@pytest.mark.parametrize("scales", [(0.05, 0.02, 0.07), (0.5, 0.25, 0.125), (0.003, 0.2, 0.15)])
+def test_add_single_rounding_every_pair(scales):
+    """The single profile's ADD on all 65,536 input pairs against the numpy reference, which
+    with double rounding must equal TFLM."""
+    s1, s2, so = scales
+    z1, z2, zo = 3, -7, 1
+    values = np.arange(-128, 128, dtype=np.int8)
+    a, b = np.repeat(values, 256).reshape(1, 65536), np.tile(values, 256).reshape(1, 65536)
+    model = O.add_model((1, 65536), (1, 65536), s1, z1, s2, z2, so, zo, "NONE")
+    O.assert_same(O.run_tflm(model, [a, b]), reference_add(a, b, s1, z1, s2, z2, so, zo, -128, 127, single=False),
+                  "the numpy ADD reference (double rounding) vs TFLM")
+    O.assert_same(reference_add(a, b, s1, z1, s2, z2, so, zo, -128, 127, single=True), O.run_npusim(model, [a, b], "single"),
+                  "profile single vs the numpy single-rounding ADD reference")
+
+
 def test_single_rounding_differs_on_ties():
     """A tie-rich conv (multiplier 2^-k, small operands) on which single rounding and TFLM's double
     rounding must disagree somewhere, by exactly 1: the profiles are really different."""

@@ -28,6 +28,48 @@ def splat(builder, value, vector_type):
     return builder.shuffle_vector(lane0, undef, ir.Constant(ir.VectorType(_I32, vector_type.count), None))
 
 
+def tflm_multiply(builder, x, m, left, right):
+    """TFLM's MultiplyByQuantizedMultiplier on 16 int32 lanes: SaturatingRoundingDoublingHighMul
+    ((x << left) as int32, M), then RoundingDivideByPOT(right); int32 result."""
+    # 0 <= M < 2^31, so the saturating case (both operands INT32_MIN) cannot occur.
+    # TFLM adds a nudge of 2^30 (ab >= 0) or 1 - 2^30 (ab < 0) and divides by 2^31 truncating
+    # toward zero; for every integer ab that equals floor((ab + 2^30) / 2^31), one add and one
+    # shift (|ab| < 2^62: no overflow). The 64-bit products are taken in place, of the even and
+    # the odd lanes (VPMULDQ reads the low half of each 64-bit lane), and the results meet in one
+    # blend, instead of widening to two vectors of 64-bit lanes and narrowing back.
+    i64x8 = ir.VectorType(_I64, 8)
+    c32, nudge = ir.Constant(i64x8, 32), ir.Constant(i64x8, 1 << 30)
+    xq, mq = builder.bitcast(builder.shl(x, left), i64x8), builder.bitcast(m, i64x8)
+
+    def low_half(q):  # the low int32 of each 64-bit lane, sign-extended
+        return builder.ashr(builder.shl(q, c32), c32)
+
+    even = builder.add(builder.mul(low_half(xq), low_half(mq)), nudge)
+    odd = builder.add(builder.mul(builder.ashr(xq, c32), builder.ashr(mq, c32)), nudge)
+    # bits 31..62 of each sum: in the low half of the even lanes, in the high half of the odd.
+    high = builder.shuffle_vector(builder.bitcast(builder.lshr(even, ir.Constant(i64x8, 31)), x.type),
+                                  builder.bitcast(builder.shl(odd, ir.Constant(i64x8, 1)), x.type),
+                                  ir.Constant(x.type, [k + 16 * (k % 2) for k in range(16)]))
+    # RoundingDivideByPOT rounds half away from zero: sign(h) * floor((|h| + half) / 2^right),
+    # half = 2^right / 2 (0 for right = 0). As unsigned, |h| + half < 2^32 (|INT32_MIN| included),
+    # so a logical shift is exact.
+    one, zero = ir.Constant(x.type, 1), ir.Constant(x.type, 0)
+    negative = builder.icmp_signed("<", high, zero)
+    magnitude = builder.select(negative, builder.sub(zero, high), high)
+    half = builder.lshr(builder.shl(one, right), one)
+    rounded = builder.lshr(builder.add(magnitude, half), right)
+    return builder.select(negative, builder.sub(zero, rounded), rounded)
+
+
+def single_multiply(builder, x, m, left, right):
+    """The single-rounding MultiplyByQuantizedMultiplier (quant.multiply_by_quantized_multiplier_single)
+    on 16 int32 lanes: (x * M + 2^(total - 1)) >> total, total = 31 - left + right, as int64 lanes."""
+    i64v = ir.VectorType(_I64, 16)
+    total = builder.sext(builder.add(builder.sub(ir.Constant(x.type, 31), left), right), i64v)
+    half = builder.shl(ir.Constant(i64v, 1), builder.sub(total, ir.Constant(i64v, 1)))
+    return builder.ashr(builder.add(builder.mul(builder.sext(x, i64v), builder.sext(m, i64v)), half), total)
+
+
 def vector_output_stage(builder, acc, params, profile, zero_point, lo, hi):
     """16 int32 accumulators -> 16 int8 outputs: the vector form of quant.requantize_to_output for
     one profile (the same integer steps; tests hold both to TFLM and to each other).
@@ -41,45 +83,10 @@ def vector_output_stage(builder, acc, params, profile, zero_point, lo, hi):
     # The clamp range of the requantized value before the zero point is added.
     y_lo = splat(builder, builder.trunc(builder.sub(lo, zero_point), _I32), acc.type)
     y_hi = splat(builder, builder.trunc(builder.sub(hi, zero_point), _I32), acc.type)
-
-    def c64(v):
-        return ir.Constant(i64v, v)
-
     if profile == TFLM:
-        # SaturatingRoundingDoublingHighMul((x << left) as int32, M), then RoundingDivideByPOT(right).
-        # 0 <= M < 2^31, so the saturating case (both operands INT32_MIN) cannot occur.
-        # TFLM adds a nudge of 2^30 (ab >= 0) or 1 - 2^30 (ab < 0) and divides by 2^31 truncating
-        # toward zero; for every integer ab that equals floor((ab + 2^30) / 2^31), one add and one
-        # shift (|ab| < 2^62: no overflow). The 64-bit products are taken in place, of the even and
-        # the odd lanes (VPMULDQ reads the low half of each 64-bit lane), and the results meet in one
-        # blend, instead of widening to two vectors of 64-bit lanes and narrowing back.
-        i64x8 = ir.VectorType(_I64, 8)
-        c32, nudge = ir.Constant(i64x8, 32), ir.Constant(i64x8, 1 << 30)
-        xq, mq = builder.bitcast(builder.shl(x, left), i64x8), builder.bitcast(m, i64x8)
-
-        def low_half(q):  # the low int32 of each 64-bit lane, sign-extended
-            return builder.ashr(builder.shl(q, c32), c32)
-
-        even = builder.add(builder.mul(low_half(xq), low_half(mq)), nudge)
-        odd = builder.add(builder.mul(builder.ashr(xq, c32), builder.ashr(mq, c32)), nudge)
-        # bits 31..62 of each sum: in the low half of the even lanes, in the high half of the odd.
-        high = builder.shuffle_vector(builder.bitcast(builder.lshr(even, ir.Constant(i64x8, 31)), acc.type),
-                                      builder.bitcast(builder.shl(odd, ir.Constant(i64x8, 1)), acc.type),
-                                      ir.Constant(acc.type, [k + 16 * (k % 2) for k in range(16)]))
-        # RoundingDivideByPOT rounds half away from zero: sign(h) * floor((|h| + half) / 2^right),
-        # half = 2^right / 2 (0 for right = 0). As unsigned, |h| + half < 2^32 (|INT32_MIN| included),
-        # so a logical shift is exact.
-        one, zero = ir.Constant(acc.type, 1), ir.Constant(acc.type, 0)
-        negative = builder.icmp_signed("<", high, zero)
-        magnitude = builder.select(negative, builder.sub(zero, high), high)
-        half = builder.lshr(builder.shl(one, right), one)
-        rounded = builder.lshr(builder.add(magnitude, half), right)
-        y = builder.select(negative, builder.sub(zero, rounded), rounded)
+        y = tflm_multiply(builder, x, m, left, right)
     elif profile == SINGLE:
-        # (x * M + 2^(total - 1)) >> total, total = 31 - shift = 31 - left + right.
-        total = builder.sext(builder.add(builder.sub(ir.Constant(acc.type, 31), left), right), i64v)
-        half = builder.shl(c64(1), builder.sub(total, c64(1)))
-        y = builder.ashr(builder.add(builder.mul(builder.sext(x, i64v), builder.sext(m, i64v)), half), total)
+        y = single_multiply(builder, x, m, left, right)  # clamped in 64 bits: it may exceed int32
         y = builder.select(builder.icmp_signed("<", y, builder.sext(y_lo, i64v)), builder.sext(y_lo, i64v), y)
         y = builder.trunc(builder.select(builder.icmp_signed(">", y, builder.sext(y_hi, i64v)), builder.sext(y_hi, i64v), y), acc.type)
     else:
