@@ -70,18 +70,18 @@ def test_depthwise_conv2d(p, seed):
 
 
 @settings(max_examples=examples(40))
-@given(p=C.conv_params(depthwise=True, max_hw=20, max_ch=48), seed=C.seeds)
+@given(p=C.conv_params(depthwise=True, max_hw=20, max_ch=80), seed=C.seeds)
 def test_depthwise_conv2d_wide(p, seed):
-    """Up to 48 channels (times the multiplier) and 20 x 20 images: several 16-channel blocks, a
-    partial one, and long runs of interior pixels for the vector path."""
+    """Up to 80 channels (times the multiplier) and 20 x 20 images: whole and partial 64-channel blocks and
+    long runs of interior pixels for the vector path."""
     check(C.make_depthwise(p, seed))
 
 
-@settings(max_examples=examples(40))
-@given(p=C.conv_params(depthwise=True, max_hw=20, max_ch=16, channel_step=16), seed=C.seeds)
-def test_depthwise_conv2d_16_channels(p, seed):
-    """16 channels: with multiplier 1 and stride 1 along the width, two adjacent pixels share one
-    32-lane vector (odd and even runs of interior pixels)."""
+@settings(max_examples=examples(60))
+@given(p=C.conv_params(depthwise=True, max_hw=20, max_ch=32, channel_step=16), seed=C.seeds)
+def test_depthwise_conv2d_16_and_32_channels(p, seed):
+    """16 or 32 channels: with multiplier 1 and stride 1 along the width, 4 or 2 adjacent pixels
+    share one 64-lane vector (runs of interior pixels of every length modulo 4)."""
     check(C.make_depthwise(p, seed))
 
 

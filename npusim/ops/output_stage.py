@@ -105,10 +105,16 @@ def vector_output_stage(builder, acc, params, profile, zero_point, lo, hi):
 
 
 def lane_mask(builder, count, lanes: int):
-    """<lanes x i1>: lane l is set when l < count (an i64, which may exceed lanes)."""
-    limit = builder.select(builder.icmp_signed(">", count, ir.Constant(_I64, lanes)), ir.Constant(_I64, lanes), count)
-    index = ir.Constant(ir.VectorType(_I32, lanes), list(range(lanes)))
-    return builder.icmp_signed("<", index, splat(builder, builder.trunc(limit, _I32), ir.VectorType(_I32, lanes)))
+    """<lanes x i1>: lane l is set when l < count (an i64, which may exceed lanes). Built as an
+    integer bit mask (one mask-register move) rather than a vector compare, which LLVM would
+    otherwise repeat inside loops."""
+    bits = ir.IntType(lanes)
+    full = builder.icmp_signed(">=", count, ir.Constant(_I64, lanes))
+    count = builder.select(builder.icmp_signed("<", count, ir.Constant(_I64, 0)), ir.Constant(_I64, 0), count)
+    partial = builder.trunc(builder.sub(builder.shl(ir.Constant(_I64, 1), count), ir.Constant(_I64, 1)), bits) if lanes < 64 \
+        else builder.sub(builder.shl(ir.Constant(_I64, 1), count), ir.Constant(_I64, 1))
+    mask = builder.select(full, ir.Constant(bits, (1 << lanes) - 1), partial)
+    return builder.bitcast(mask, ir.VectorType(ir.IntType(1), lanes))
 
 
 def each_profile(builder, profile):
