@@ -172,7 +172,8 @@ def output_stage_row(typingctx, acc_ptr, params_ptr, params_stride, out_ptr, cou
 def output_stage_tile(typingctx, acc_ptr, params_ptr, params_stride, out_ptr, out_stride, rows, count, profile,
                       zero_point, lo, hi):
     """out[r * out_stride + c] = output stage of acc[16 r + c] for r < rows and c < count (at most
-    16 channels, one set of parameters for all rows: an AMX result tile)."""
+    16 channels, one set of parameters for all rows: an AMX result tile of 16 rows of 64 bytes).
+    With 8 channels or fewer, two rows share one vector (half the output stages)."""
     sig = types.void(*([types.int64] * 11))
 
     def codegen(context, builder, signature, args):
@@ -180,12 +181,35 @@ def output_stage_tile(typingctx, acc_ptr, params_ptr, params_stride, out_ptr, ou
         i8p = ir.IntType(8).as_pointer()
         acc, params, out = (builder.inttoptr(v, i8p) for v in (acc_ptr, params_ptr, out_ptr))
         channel_params = load_parameters(builder, params, params_stride, 0)
-        for pid in each_profile(builder, profile):
-            with cgutils.for_range(builder, rows) as loop:
-                r = loop.index
-                a = builder.load(builder.bitcast(builder.gep(acc, [builder.mul(r, ir.Constant(_I64, 64))]), _V16.as_pointer()), align=1)
-                y = vector_output_stage(builder, a, channel_params, pid, zero_point, lo, hi)
-                store_bytes(builder, y, builder.gep(out, [builder.mul(r, out_stride)]), count)
+        v8 = ir.VectorType(_I32, 8)
+
+        def row(r, vector_type):
+            p = builder.gep(acc, [builder.mul(r, ir.Constant(_I64, 64))])
+            return builder.load(builder.bitcast(p, vector_type.as_pointer()), align=1)
+
+        def lanes(v, indices):
+            return builder.shuffle_vector(v, ir.Constant(v.type, ir.Undefined), ir.Constant(ir.VectorType(_I32, len(indices)), indices))
+
+        narrow = builder.icmp_signed("<=", count, ir.Constant(_I64, 8))
+        with builder.if_else(narrow) as (two_rows, one_row):
+            with two_rows:  # lanes 0-7: row r, 8-15: row r + 1 (a row past `rows` is computed, not stored)
+                pair_params = [lanes(p, list(range(8)) * 2) for p in channel_params]
+                pairs = builder.sdiv(builder.add(rows, ir.Constant(_I64, 1)), ir.Constant(_I64, 2))
+                for pid in each_profile(builder, profile):
+                    with cgutils.for_range(builder, pairs) as loop:
+                        r = builder.mul(loop.index, ir.Constant(_I64, 2))
+                        r1 = builder.add(r, ir.Constant(_I64, 1))
+                        a = builder.shuffle_vector(row(r, v8), row(r1, v8), ir.Constant(_V16, list(range(16))))
+                        y = vector_output_stage(builder, a, pair_params, pid, zero_point, lo, hi)
+                        store_bytes(builder, lanes(y, list(range(8))), builder.gep(out, [builder.mul(r, out_stride)]), count)
+                        with builder.if_then(builder.icmp_signed("<", r1, rows)):
+                            store_bytes(builder, lanes(y, list(range(8, 16))), builder.gep(out, [builder.mul(r1, out_stride)]), count)
+            with one_row:
+                for pid in each_profile(builder, profile):
+                    with cgutils.for_range(builder, rows) as loop:
+                        r = loop.index
+                        y = vector_output_stage(builder, row(r, _V16), channel_params, pid, zero_point, lo, hi)
+                        store_bytes(builder, y, builder.gep(out, [builder.mul(r, out_stride)]), count)
         return context.get_dummy_value()
 
     return sig, codegen
