@@ -164,6 +164,15 @@ def make_depthwise(p: dict, seed: int) -> Case:
     return Case(model, x, f"DEPTHWISE_CONV_2D {_fmt(p)}, in_scale={s_in}, out_scale={out_scale}, seed={seed}")
 
 
+def depthwise_case(channels: int, hw: tuple, stride: tuple, seed: int = 0) -> Case:
+    """A fixed 3x3 SAME depthwise layer (multiplier 1, RELU6, per-channel scales): the tests that
+    aim at particular vector layouts and run lengths."""
+    p = dict(n=2, kh=3, kw=3, stride=stride, dilation=(1, 1), padding="SAME", hw=hw, cin=channels, mult=1,
+             activation="RELU6", per_channel=True, in_scale=0.05, in_zp=-3, out_zp=5, mult_mode="typical",
+             x_mode="uniform", w_mode="uniform", bias_mode="large")
+    return make_depthwise(p, seed)
+
+
 @st.composite
 def fc_params(draw, max_k: int = 300, mult_modes=None, max_units: int = 16):
     p = {}
@@ -265,6 +274,12 @@ def make_add(p: dict, seed: int) -> Case:
     x1 = O.random_int8(rng, (p["n"], *s1[1:]), p["x_mode"])
     xs = x1 if const else [x1, O.random_int8(rng, (p["n"], *s2[1:]), p["x_mode"])]
     return Case(model, xs, f"ADD {_fmt(p)}, seed={seed}")
+
+
+def every_int8_pair() -> list[np.ndarray]:
+    """Two [1, 65536] int8 inputs that hold every pair of int8 values once."""
+    values = np.arange(-128, 128, dtype=np.int8)
+    return [np.repeat(values, 256).reshape(1, 65536), np.tile(values, 256).reshape(1, 65536)]
 
 
 # ----------------------------------------------------------------------------------------------

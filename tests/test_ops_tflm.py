@@ -85,6 +85,23 @@ def test_depthwise_conv2d_16_and_32_channels(p, seed):
     check(C.make_depthwise(p, seed))
 
 
+@pytest.mark.parametrize("channels", [16, 32])
+@pytest.mark.parametrize("run", range(1, 10))
+def test_depthwise_pixels_per_vector(channels, run):
+    """16 or 32 channels, stride 1 along the width: 4 or 2 pixels per vector. Interior runs of 1
+    to 9 pixels (every remainder, after none or some full vectors), and border rows as runs (SAME,
+    stride 1 and 2 along the height)."""
+    for stride_h in (1, 2):
+        check(C.depthwise_case(channels, (5, run + 2), (stride_h, 1)))
+
+
+@pytest.mark.parametrize("channels", [48, 80, 128])
+@pytest.mark.parametrize("stride", [(1, 1), (2, 2)])
+def test_depthwise_channel_blocks(channels, stride):
+    """A partial 64-channel block, a full one and a partial one, and two full ones."""
+    check(C.depthwise_case(channels, (6, 9), stride))
+
+
 @pytest.mark.parametrize("path", PATHS)
 @settings(max_examples=examples(60))
 @given(p=C.conv_params(max_hw=40, min_hw=16, max_ch=128, channel_step=16, max_cout=100, max_kernel=3), seed=C.seeds)
@@ -154,17 +171,13 @@ ADD_PAIR_CASES = [
 ]
 
 
-def every_int8_pair() -> list[np.ndarray]:
-    values = np.arange(-128, 128, dtype=np.int8)
-    return [np.repeat(values, 256).reshape(1, 65536), np.tile(values, 256).reshape(1, 65536)]
-
-
 @pytest.mark.parametrize("params", ADD_PAIR_CASES)
 def test_add_every_input_pair(params):
     """ADD's result depends only on the two input bytes: all 65,536 pairs through TFLM and npusim."""
     s1, z1, s2, z2, so, zo, activation = params
     model = O.add_model((1, 65536), (1, 65536), s1, z1, s2, z2, so, zo, activation)
-    check(C.Case(model, every_int8_pair(), f"ADD of every int8 pair, {params}"))
+    for profile in ("tflm", "xnnpack"):  # the xnnpack profile adds as TFLM does
+        check(C.Case(model, C.every_int8_pair(), f"ADD of every int8 pair, {params}, profile {profile}"), profile)
 
 
 @settings(max_examples=examples(100))

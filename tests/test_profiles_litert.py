@@ -70,6 +70,14 @@ def test_depthwise_conv2d_xnnpack(p, seed):
     check_xnnpack(C.make_depthwise(p, seed))
 
 
+@pytest.mark.parametrize("channels, hw, stride", [(16, (5, 10), (1, 1)), (32, (5, 9), (2, 1)), (80, (6, 9), (2, 2)),
+                                                  (128, (5, 6), (1, 1))])
+def test_depthwise_vector_layouts_xnnpack(channels, hw, stride):
+    """The xnnpack output stage in every depthwise vector layout: 4 and 2 pixels per vector, a
+    partial second block, two full blocks."""
+    check_xnnpack(C.depthwise_case(channels, hw, stride))
+
+
 @pytest.mark.parametrize("path", PATHS)
 @settings(max_examples=examples(60))
 @given(p=C.fc_params(mult_modes=LITERT_MODES), seed=C.seeds)
@@ -211,8 +219,7 @@ def test_add_single_rounding_every_pair(scales):
     with double rounding must equal TFLM."""
     s1, s2, so = scales
     z1, z2, zo = 3, -7, 1
-    values = np.arange(-128, 128, dtype=np.int8)
-    a, b = np.repeat(values, 256).reshape(1, 65536), np.tile(values, 256).reshape(1, 65536)
+    a, b = C.every_int8_pair()
     model = O.add_model((1, 65536), (1, 65536), s1, z1, s2, z2, so, zo, "NONE")
     O.assert_same(O.run_tflm(model, [a, b]), reference_add(a, b, s1, z1, s2, z2, so, zo, -128, 127, single=False),
                   "the numpy ADD reference (double rounding) vs TFLM")

@@ -50,6 +50,7 @@ def add_run(typingctx, a_ptr, b_ptr, out_ptr, count, z1, z2, m1, s1, m2, s2, mo,
             return vec(builder.select(positive, shift, zero)), vec(builder.select(positive, zero, builder.neg(shift)))
 
         rescale = [(vec(z), vec(m), *shifts(sh)) for z, m, sh in ((z1, m1, s1), (z2, m2, s2))]
+        # (offset, M, left, right, xnnpack scale): the scale is never read, the xnnpack profile adding as TFLM
         out_params = [ir.Constant(v16, 0), vec(mo), *shifts(so), ir.Constant(ir.VectorType(ir.FloatType(), 16), 0.0)]
         vectors = builder.sdiv(builder.add(count, ir.Constant(i64, 15)), ir.Constant(i64, 16))
         for pid in each_profile(builder, profile):
@@ -62,7 +63,7 @@ def add_run(typingctx, a_ptr, b_ptr, out_ptr, count, z1, z2, m1, s1, m2, s2, mo,
                     xb = builder.call(masked_load, [builder.bitcast(builder.gep(src, [first]), b16.as_pointer()),
                                                     ir.Constant(i32, 1), valid, ir.Constant(b16, None)])
                     x = builder.shl(builder.sub(builder.sext(xb, v16), z), ir.Constant(v16, LEFT_SHIFT))
-                    # |x| < 2^28 and the rescale multipliers are below 1/2: the results fit int32.
+                    # |x| < 2^28 and the rescale multipliers are at most 1/2: the results fit int32.
                     y = builder.trunc(single_multiply(builder, x, m, left, right), v16) if pid == SINGLE \
                         else tflm_multiply(builder, x, m, left, right)
                     total = builder.add(total, y)

@@ -3,8 +3,9 @@
 weights [1, kh, kw, C * multiplier] (or [G, 1, kh, kw, C * multiplier] for grouped weights, see conv.py).
 A direct integer loop: there is no reduction long enough for a GEMM to pay. With multiplier 1,
 every pixel runs 64 channels at a time as vector code with the accumulators in registers
-(tap_quads_run below): the runs of pixels whose taps all fall inside the image, and each border
-pixel alone, its padding taps reading a pixel of the zero point. Layers of 16 or 32 channels with
+(tap_quads_run below): each row's columns whose taps fall inside the image width as one run (taps
+in rows above or below the image read a row of zero points instead), and the left and right border
+pixels one by one, their padding taps reading that row too. Layers of 16 or 32 channels with
 stride 1 along the width put 4 or 2 adjacent pixels in one vector. Other multipliers take a scalar
 loop.
 
@@ -155,7 +156,7 @@ def depthwise_conv(x, w, wv, replicas, groups, multiplier, stride_h, stride_w, d
     per_group = n_batch // groups
     zp = np.int32(in_zp)
     o_padded = params.shape[2]  # channels, padded to a multiple of LANES
-    v64 = vparams.shape[2]
+    v_channels = vparams.shape[2]  # of the vector layout: a multiple of LANES (64 when replicated)
     # Output columns whose taps all fall inside the image, [ox_lo, ox_hi), and the tap offsets, in
     # groups of 4 (the taps past the last repeat it; their weights are zero).
     ox_lo = min(out_w, (pad_left + stride_w - 1) // stride_w)
@@ -186,8 +187,8 @@ def depthwise_conv(x, w, wv, replicas, groups, multiplier, stride_h, stride_w, d
             oy = row - n * out_h
             g = n // per_group
             iy0 = oy * stride_h - pad_top
-            w_group = wv.ctypes.data + g * (v64 // LANES) * block_bytes
-            v_group = vparams.ctypes.data + g * vparams.shape[1] * v64 * 4
+            w_group = wv.ctypes.data + g * (v_channels // LANES) * block_bytes
+            v_group = vparams.ctypes.data + g * vparams.shape[1] * v_channels * 4
             runs = vector and ox_hi > ox_lo  # the columns [ox_lo, ox_hi) of the row, as vector runs
             if runs:
                 # The address of the run's first tap (row iy0, which may lie above the image: it is
@@ -208,15 +209,15 @@ def depthwise_conv(x, w, wv, replicas, groups, multiplier, stride_h, stride_w, d
                 run = ox_hi - ox_lo
                 if replicas > 1:  # adjacent pixels in_c bytes apart: `replicas` pixels per vector
                     tap_quads_run(x_first, replicas * in_c, run_taps.ctypes.data, n_quads, w_group, run // replicas, out_first,
-                                  replicas * out_c, LANES, v_group, v64 * 4, profile, out_zp, lo, hi)
+                                  replicas * out_c, LANES, v_group, v_channels * 4, profile, out_zp, lo, hi)
                     left = run % replicas
                     if left:  # the last pixels: the lanes past them are neither read nor stored
                         tap_quads_run(x_first + (run - left) * in_c, 0, run_taps.ctypes.data, n_quads, w_group, 1,
-                                      out_first + (run - left) * out_c, 0, left * out_c, v_group, v64 * 4, profile, out_zp, lo, hi)
+                                      out_first + (run - left) * out_c, 0, left * out_c, v_group, v_channels * 4, profile, out_zp, lo, hi)
                 else:
                     for c0 in range(0, out_c, LANES):
                         tap_quads_run(x_first + c0, stride_w * in_c, run_taps.ctypes.data, n_quads, w_group + c0 // LANES * block_bytes,
-                                      run, out_first + c0, out_c, out_c - c0, v_group + c0 * 4, v64 * 4, profile, out_zp, lo, hi)
+                                      run, out_first + c0, out_c, out_c - c0, v_group + c0 * 4, v_channels * 4, profile, out_zp, lo, hi)
             # The other pixels one by one: with multiplier 1 as a vector run of one pixel whose taps are
             # offsets from x (padding taps: the row of zero points); other multipliers in a scalar loop.
             for ox in range(out_w):
@@ -236,7 +237,7 @@ def depthwise_conv(x, w, wv, replicas, groups, multiplier, stride_h, stride_w, d
                     pixel_taps[kh * kw:] = pixel_taps[kh * kw - 1]
                     for c0 in range(0, out_c, LANES):  # (replicas > 1: the first out_c lanes)
                         tap_quads_run(x.ctypes.data + c0, 0, pixel_taps.ctypes.data, n_quads, w_group + c0 // LANES * block_bytes,
-                                      1, out_pixel + c0, out_c, out_c - c0, v_group + c0 * 4, v64 * 4, profile, out_zp, lo, hi)
+                                      1, out_pixel + c0, out_c, out_c - c0, v_group + c0 * 4, v_channels * 4, profile, out_zp, lo, hi)
                     continue
                 a[:] = 0  # the bias is the stage's offset
                 for ky in range(kh):
@@ -259,7 +260,7 @@ def depthwise_conv(x, w, wv, replicas, groups, multiplier, stride_h, stride_w, d
 
 
 def vector_layout(wg: np.ndarray, params: np.ndarray, replicas: int) -> tuple[np.ndarray, np.ndarray]:
-    """The weights [G, 1, kh, kw, O] int8 and output parameters [G, 5, O'] (the offset with
+    """The weights [G, 1, kh, kw, O] int8 and output parameters [G, 5, O64] (the offset with
     -(zp + 128) * sum w folded in) of the vector runs: weights [G, O64 / 64, quads, 4 (q), 64] int8,
     where byte 4i + k of accumulator q holds tap 4 * quad + k of the channel at position 16q + i of
     quad_order; parameters [G, 5, O64] permuted to the same positions. replicas: the O channels that
@@ -272,15 +273,13 @@ def vector_layout(wg: np.ndarray, params: np.ndarray, replicas: int) -> tuple[np
     quads = (kh * kw + GROUP - 1) // GROUP
     padded = np.zeros((groups, GROUP * quads, o64), dtype=np.int8)
     padded[:, :kh * kw, :o] = taps
-    full = np.zeros((groups, params.shape[1], o64), dtype=np.int32)
-    full[:, :, :min(o64, params.shape[2])] = params[:, :, :o64]
     wv = aligned.zeros((groups, o64 // LANES, quads, 4, LANES), np.int8)
     vparams = aligned.zeros((groups, params.shape[1], o64), np.int32)
     for block, c0 in enumerate(range(0, o64, LANES)):
         channels = c0 + quad_order()
         chosen = padded[:, :, channels].reshape(groups, quads, GROUP, 4, 16)  # [G, quad, k, q, i]
         wv[:, block] = chosen.transpose(0, 1, 3, 4, 2).reshape(groups, quads, 4, LANES)
-        vparams[:, :, c0:c0 + LANES] = full[:, :, channels]
+        vparams[:, :, c0:c0 + LANES] = params[:, :, channels]
     return wv, vparams
 
 

@@ -110,7 +110,9 @@ def lane_mask(builder, count, lanes: int):
     otherwise repeat inside loops."""
     bits = ir.IntType(lanes)
     full = builder.icmp_signed(">=", count, ir.Constant(_I64, lanes))
+    # count clamped to [0, lanes - 1] for the shift below (a full mask is the select's other arm)
     count = builder.select(builder.icmp_signed("<", count, ir.Constant(_I64, 0)), ir.Constant(_I64, 0), count)
+    count = builder.select(full, ir.Constant(_I64, lanes - 1), count)
     partial = builder.trunc(builder.sub(builder.shl(ir.Constant(_I64, 1), count), ir.Constant(_I64, 1)), bits) if lanes < 64 \
         else builder.sub(builder.shl(ir.Constant(_I64, 1), count), ir.Constant(_I64, 1))
     mask = builder.select(full, ir.Constant(bits, (1 << lanes) - 1), partial)

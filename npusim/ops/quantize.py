@@ -77,8 +77,8 @@ class Quantize(Kernel):
             self.table = np.clip(mbqm_array(codes - x.zero_point, *self.requant) + y.zero_point, -128, 127).astype(np.int8)
             # The usual input QUANTIZE (uint8 to int8 of the same scale) only shifts every code by one
             # constant, with no clamping: eval is then a vector add instead of a gather.
-            steps = self.table.astype(np.int64) - np.arange(256).astype(np.uint8).view(x.dtype)
-            self.shift = np.uint8(steps[0] % 256) if np.all(steps == steps[0]) else None
+            steps = self.table - codes
+            self.code_offset = np.uint8(steps[0] % 256) if np.all(steps == steps[0]) else None
         elif x.dtype == np.float32:
             self.requant = None
         else:
@@ -89,8 +89,8 @@ class Quantize(Kernel):
 
     def __call__(self, x):
         y = self.outputs[0]
-        if self.requant is not None and self.shift is not None:
-            return add_bytes(np.ascontiguousarray(x).view(np.uint8), self.shift, np.empty(x.shape, dtype=np.uint8)).view(np.int8)
+        if self.requant is not None and self.code_offset is not None:
+            return add_bytes(np.ascontiguousarray(x).view(np.uint8), self.code_offset, np.empty(x.shape, dtype=np.uint8)).view(np.int8)
         if self.requant is not None:
             return lookup(self.table, np.ascontiguousarray(x).view(np.uint8), np.empty(x.shape, dtype=np.int8))
         scale = np.float32(y.quant.scale[0])

@@ -57,8 +57,9 @@ _V16 = ir.VectorType(_I32, 16)
 
 
 def _host_has_vnni() -> bool:
-    """VPDPBUSD needs AVX-512 VNNI; Numba must compile for this host (a NUMBA_CPU_NAME such as
-    'generic', set for portable caches, would leave the instruction unselectable)."""
+    """VPDPBUSD needs AVX-512 VNNI (and AVX-512 VL for its 256-bit form, which every VNNI CPU has;
+    depthwise.py also decides by this flag); Numba must compile for this host (a NUMBA_CPU_NAME such
+    as 'generic', set for portable caches, would leave the instruction unselectable)."""
     if nb.config.CPU_NAME or nb.config.CPU_FEATURES:
         return False
     features = llvmlite.binding.get_host_cpu_features()

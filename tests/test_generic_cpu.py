@@ -1,0 +1,52 @@
+"""The generic vector code, as a host without AVX-512 VNNI runs it.
+
+The depthwise and ADD kernels pick VNNI instructions or generic LLVM vector code when Numba compiles
+them, by the host's features; on this machine every other test runs the VNNI form. Here a fresh
+process compiles them for a plain x86-64 (NUMBA_CPU_NAME=generic, in a temporary Numba cache) and
+its outputs are held to TFLM's.
+"""
+from __future__ import annotations
+
+import os
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import cases as C
+import oracle as O
+
+CHILD = """
+import pickle, sys
+import numpy as np
+sys.path.insert(0, {tests!r})
+from npusim.ops import amx, vnni
+import oracle as O
+
+assert not vnni.SUPPORTED and not amx.SUPPORTED, "the generic code path was not selected"
+with open({cases!r}, "rb") as f:
+    cases = pickle.load(f)
+for name, model, xs, expected, profile in cases:
+    got = O.run_npusim(model, xs, profile)
+    O.assert_same(expected, got, name)
+print("generic code path: all equal")
+"""
+
+
+def test_generic_vector_code_matches_tflm(tmp_path: Path):
+    cases = []
+    for channels, hw, stride in [(16, (5, 9), (1, 1)), (32, (4, 7), (2, 1)), (48, (6, 9), (2, 2)), (80, (5, 5), (1, 1))]:
+        case = C.depthwise_case(channels, hw, stride)
+        cases.append((case.desc, case.model, case.xs, O.run_tflm(case.model, case.xs), "tflm"))
+    add = O.add_model((1, 65536), (1, 65536), 0.05, 3, 0.02, -7, 0.07, 1, "RELU6")
+    pairs = C.every_int8_pair()
+    for profile in ("tflm", "xnnpack"):
+        cases.append((f"ADD of every int8 pair, profile {profile}", add, pairs, O.run_tflm(add, pairs), profile))
+    with open(tmp_path / "cases.pkl", "wb") as f:
+        pickle.dump(cases, f)
+    tests = str(Path(__file__).resolve().parent)
+    env = dict(os.environ, NUMBA_CPU_NAME="generic", NUMBA_CACHE_DIR=str(tmp_path / "numba-cache"))
+    child = subprocess.run([sys.executable, "-c", CHILD.format(tests=tests, cases=str(tmp_path / "cases.pkl"))],
+                           env=env, capture_output=True, text=True, timeout=1200)
+    assert child.returncode == 0, child.stdout[-2000:] + child.stderr[-4000:]
+    assert "all equal" in child.stdout
