@@ -18,7 +18,16 @@ from ..jit import parallel_kernel
 from ..quant import SINGLE, TFLM
 from . import aligned
 from .base import Kernel
-from .output_stage import each_profile, lane_mask, single_multiply, splat, store_bytes, tflm_multiply, vector_output_stage
+from .output_stage import (
+    each_profile,
+    lane_mask,
+    load_bytes,
+    single_multiply,
+    splat,
+    store_bytes,
+    tflm_multiply,
+    vector_output_stage,
+)
 from .requant import output_range, requantization_multiplier
 
 LEFT_SHIFT = 20
@@ -35,11 +44,8 @@ def add_run(typingctx, a_ptr, b_ptr, out_ptr, count, z1, z2, m1, s1, m2, s2, mo,
     def codegen(context, builder, signature, args):
         a_ptr, b_ptr, out_ptr, count, z1, z2, m1, s1, m2, s2, mo, so, zo, lo, hi, profile = args
         i8, i32, i64 = ir.IntType(8), ir.IntType(32), ir.IntType(64)
-        v16, b16 = ir.VectorType(i32, 16), ir.VectorType(i8, 16)
+        v16 = ir.VectorType(i32, 16)
         a, b, out = (builder.inttoptr(v, i8.as_pointer()) for v in (a_ptr, b_ptr, out_ptr))
-        masked_load = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(b16, [b16.as_pointer(), i32, ir.VectorType(ir.IntType(1), 16), b16]),
-            "llvm.masked.load.v16i8.p0")
 
         def vec(v):
             return splat(builder, builder.trunc(v, i32), v16)
@@ -60,8 +66,7 @@ def add_run(typingctx, a_ptr, b_ptr, out_ptr, count, z1, z2, m1, s1, m2, s2, mo,
                 valid = lane_mask(builder, remaining, 16)
                 total = ir.Constant(v16, 0)
                 for src, (z, m, left, right) in zip((a, b), rescale):
-                    xb = builder.call(masked_load, [builder.bitcast(builder.gep(src, [first]), b16.as_pointer()),
-                                                    ir.Constant(i32, 1), valid, ir.Constant(b16, None)])
+                    xb = load_bytes(builder, builder.gep(src, [first]), valid)
                     x = builder.shl(builder.sub(builder.sext(xb, v16), z), ir.Constant(v16, LEFT_SHIFT))
                     # |x| < 2^28 and the rescale multipliers are at most 1/2: the results fit int32.
                     y = builder.trunc(single_multiply(builder, x, m, left, right), v16) if pid == SINGLE \

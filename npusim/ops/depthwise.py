@@ -35,6 +35,7 @@ from .base import Kernel, WeightMemo
 from .output_stage import (
     each_profile,
     lane_mask,
+    load_bytes,
     load_parameters,
     output_parameters,
     output_stage_row,
@@ -59,7 +60,7 @@ def quad_order() -> np.ndarray:
 
 def _tap_quads_run():
     i8, i32, i64 = ir.IntType(8), ir.IntType(32), ir.IntType(64)
-    bytes_t, acc_t, mask_t = ir.VectorType(i8, LANES), ir.VectorType(i32, 16), ir.VectorType(ir.IntType(1), LANES)
+    bytes_t, acc_t = ir.VectorType(i8, LANES), ir.VectorType(i32, 16)
     # x86's in-lane unpacks: the bytes of two taps, then the byte pairs of two pairs of taps.
     bytes_of = [[v for lane in range(4) for j in range(8 * h, 8 * h + 8) for v in (16 * lane + j, LANES + 16 * lane + j)]
                 for h in range(2)]
@@ -77,8 +78,6 @@ def _tap_quads_run():
              params_ptr, params_stride, profile, zero_point, lo, hi) = args
             x, w, out, params = (builder.inttoptr(v, i8.as_pointer()) for v in (x_ptr, w_ptr, out_ptr, params_ptr))
             taps = builder.inttoptr(taps_ptr, i64.as_pointer())
-            masked_load = cgutils.get_or_insert_function(
-                builder.module, ir.FunctionType(bytes_t, [bytes_t.as_pointer(), i32, mask_t, bytes_t]), f"llvm.masked.load.v{LANES}i8.p0")
             if vnni.SUPPORTED:
                 dpbusd = cgutils.get_or_insert_function(builder.module, ir.FunctionType(acc_t, [acc_t] * 3),
                                                         "llvm.x86.avx512.vpdpbusd.512")
@@ -102,9 +101,7 @@ def _tap_quads_run():
 
             def load_tap(base, t):  # 64 int8 activations as uint8 x + 128
                 offset = builder.add(base, builder.load(builder.gep(taps, [t])))
-                xb = builder.call(masked_load, [builder.bitcast(builder.gep(x, [offset]), bytes_t.as_pointer()),
-                                                ir.Constant(i32, 1), valid, ir.Constant(bytes_t, None)])
-                return builder.xor(xb, sign)
+                return builder.xor(load_bytes(builder, builder.gep(x, [offset]), valid), sign)
 
             def shuffle(a, b, indices):
                 return builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(i32, len(indices)), indices))
@@ -143,6 +140,24 @@ def _tap_quads_run():
 tap_quads_run = _tap_quads_run()
 
 
+@nb.njit(cache=True, inline="always")
+def tap_offsets(taps, kh, kw, dil_h, dil_w, in_h, in_w, in_c, iy0, ix0, x_first, pad_row_address, out):
+    """out: the offsets from x_first, the address of input pixel (iy0, ix0) (which may lie outside
+    the image), of the taps of the output pixel whose first tap that is; taps: the offsets when all
+    fall inside. A tap outside the image reads the row of zero points instead, at its own column
+    when that is inside the width, so that a run stepping along the row stays within that row."""
+    for ky in range(kh):
+        iy = iy0 + ky * dil_h
+        for kx in range(kw):
+            ix = ix0 + kx * dil_w
+            t = ky * kw + kx
+            if 0 <= iy < in_h and 0 <= ix < in_w:
+                out[t] = taps[t]
+            else:
+                out[t] = pad_row_address + (ix if 0 <= ix < in_w else 0) * in_c - x_first
+    out[kh * kw:] = out[kh * kw - 1]
+
+
 @parallel_kernel
 def depthwise_conv(x, w, wv, replicas, groups, multiplier, stride_h, stride_w, dil_h, dil_w, pad_top, pad_left, in_zp,
                    params, vparams, profile, out_zp, lo, hi, out):
@@ -177,8 +192,7 @@ def depthwise_conv(x, w, wv, replicas, groups, multiplier, stride_h, stride_w, d
     n_tasks = (rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK
     for task in nb.prange(n_tasks):
         # Per task, not per row: an allocation per row cost as much as a small layer's arithmetic.
-        pixel_taps = np.empty(GROUP * n_quads, dtype=np.int64)
-        row_taps = np.empty(GROUP * n_quads, dtype=np.int64)
+        edge_taps = np.empty(GROUP * n_quads, dtype=np.int64)  # the tap offsets of a run or pixel at an edge
         scratch = np.empty(o_padded + 16, dtype=np.int32)
         start = (-scratch.ctypes.data // 4) % 16  # vector loads of the output stage on cache lines
         a = scratch[start:start + o_padded]  # int32 accumulators, as TFLM's
@@ -189,22 +203,19 @@ def depthwise_conv(x, w, wv, replicas, groups, multiplier, stride_h, stride_w, d
             iy0 = oy * stride_h - pad_top
             w_group = wv.ctypes.data + g * (v_channels // LANES) * block_bytes
             v_group = vparams.ctypes.data + g * vparams.shape[1] * v_channels * 4
+            # Taken in the loop, where pad_row is still used (Numba frees an array after its last use).
+            pad_address = np.int64(pad_row.ctypes.data)
             runs = vector and ox_hi > ox_lo  # the columns [ox_lo, ox_hi) of the row, as vector runs
             if runs:
-                # The address of the run's first tap (row iy0, which may lie above the image: it is
-                # only a base for the offsets), and the tap offsets: those of rows outside the image
-                # read the row of zero points instead, at the same columns.
-                x_first = np.int64(x.ctypes.data) + ((n * in_h + iy0) * in_w + ox_lo * stride_w - pad_left) * in_c
+                # The address of the run's first tap (row iy0 may lie above the image: it is only a
+                # base for the offsets); in a row at the top or bottom, taps in rows outside the
+                # image read the row of zero points.
+                ix0 = ox_lo * stride_w - pad_left
+                x_first = np.int64(x.ctypes.data) + ((n * in_h + iy0) * in_w + ix0) * in_c
                 run_taps = taps
                 if iy0 < 0 or iy0 + (kh - 1) * dil_h >= in_h:
-                    run_taps = row_taps
-                    pad_first = np.int64(pad_row.ctypes.data) + (ox_lo * stride_w - pad_left) * in_c
-                    for ky in range(kh):
-                        iy = iy0 + ky * dil_h
-                        for kx in range(kw):
-                            t = ky * kw + kx
-                            row_taps[t] = taps[t] if 0 <= iy < in_h else pad_first + kx * dil_w * in_c - x_first
-                    row_taps[kh * kw:] = row_taps[kh * kw - 1]
+                    tap_offsets(taps, kh, kw, dil_h, dil_w, in_h, in_w, in_c, iy0, ix0, x_first, pad_address, edge_taps)
+                    run_taps = edge_taps
                 out_first = out.ctypes.data + ((n * out_h + oy) * out_w + ox_lo) * out_c
                 run = ox_hi - ox_lo
                 if replicas > 1:  # adjacent pixels in_c bytes apart: `replicas` pixels per vector
@@ -218,25 +229,18 @@ def depthwise_conv(x, w, wv, replicas, groups, multiplier, stride_h, stride_w, d
                     for c0 in range(0, out_c, LANES):
                         tap_quads_run(x_first + c0, stride_w * in_c, run_taps.ctypes.data, n_quads, w_group + c0 // LANES * block_bytes,
                                       run, out_first + c0, out_c, out_c - c0, v_group + c0 * 4, v_channels * 4, profile, out_zp, lo, hi)
-            # The other pixels one by one: with multiplier 1 as a vector run of one pixel whose taps are
-            # offsets from x (padding taps: the row of zero points); other multipliers in a scalar loop.
+            # The other pixels one by one: with multiplier 1 as a vector run of one pixel (padding
+            # taps: the row of zero points); other multipliers in a scalar loop.
             for ox in range(out_w):
                 if runs and ox_lo <= ox < ox_hi:
                     continue
                 out_pixel = out.ctypes.data + ((n * out_h + oy) * out_w + ox) * out_c
                 if vector:
-                    # Taken here, where pad_row is still used (Numba frees an array after its last
-                    # use), and signed (a difference of two uintp addresses would wrap).
-                    pad_offset = np.int64(pad_row.ctypes.data) - np.int64(x.ctypes.data)
-                    for ky in range(kh):
-                        iy = iy0 + ky * dil_h
-                        for kx in range(kw):
-                            ix = ox * stride_w - pad_left + kx * dil_w
-                            inside = 0 <= iy < in_h and 0 <= ix < in_w
-                            pixel_taps[ky * kw + kx] = ((n * in_h + iy) * in_w + ix) * in_c if inside else pad_offset
-                    pixel_taps[kh * kw:] = pixel_taps[kh * kw - 1]
+                    ix0 = ox * stride_w - pad_left
+                    x_first = np.int64(x.ctypes.data) + ((n * in_h + iy0) * in_w + ix0) * in_c
+                    tap_offsets(taps, kh, kw, dil_h, dil_w, in_h, in_w, in_c, iy0, ix0, x_first, pad_address, edge_taps)
                     for c0 in range(0, out_c, LANES):  # (replicas > 1: the first out_c lanes)
-                        tap_quads_run(x.ctypes.data + c0, 0, pixel_taps.ctypes.data, n_quads, w_group + c0 // LANES * block_bytes,
+                        tap_quads_run(x_first + c0, 0, edge_taps.ctypes.data, n_quads, w_group + c0 // LANES * block_bytes,
                                       1, out_pixel + c0, out_c, out_c - c0, v_group + c0 * 4, v_channels * 4, profile, out_zp, lo, hi)
                     continue
                 a[:] = 0  # the bias is the stage's offset

@@ -113,8 +113,9 @@ def lane_mask(builder, count, lanes: int):
     # count clamped to [0, lanes - 1] for the shift below (a full mask is the select's other arm)
     count = builder.select(builder.icmp_signed("<", count, ir.Constant(_I64, 0)), ir.Constant(_I64, 0), count)
     count = builder.select(full, ir.Constant(_I64, lanes - 1), count)
-    partial = builder.trunc(builder.sub(builder.shl(ir.Constant(_I64, 1), count), ir.Constant(_I64, 1)), bits) if lanes < 64 \
-        else builder.sub(builder.shl(ir.Constant(_I64, 1), count), ir.Constant(_I64, 1))
+    partial = builder.sub(builder.shl(ir.Constant(_I64, 1), count), ir.Constant(_I64, 1))
+    if lanes < 64:
+        partial = builder.trunc(partial, bits)
     mask = builder.select(full, ir.Constant(bits, (1 << lanes) - 1), partial)
     return builder.bitcast(mask, ir.VectorType(ir.IntType(1), lanes))
 
@@ -135,6 +136,18 @@ def load_parameters(builder, params, stride, j):
         return builder.load(builder.bitcast(p, ty.as_pointer()), align=1)
 
     return [row(k, _V16) for k in range(4)] + [row(4, _F16)]
+
+
+def load_bytes(builder, src, mask):
+    """The bytes at src (i8*) in the lanes that mask (<n x i1>) sets, zero in the others, which are
+    not read (a masked load does not fault past the end of an array)."""
+    lanes = mask.type.count
+    vector_type = ir.VectorType(ir.IntType(8), lanes)
+    masked_load = cgutils.get_or_insert_function(
+        builder.module, ir.FunctionType(vector_type, [vector_type.as_pointer(), _I32, mask.type, vector_type]),
+        f"llvm.masked.load.v{lanes}i8.p0")
+    return builder.call(masked_load, [builder.bitcast(src, vector_type.as_pointer()), ir.Constant(_I32, 1), mask,
+                                      ir.Constant(vector_type, None)])
 
 
 def store_bytes(builder, y, dst, count):
