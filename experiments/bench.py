@@ -659,7 +659,8 @@ def bench_zo_step(shared: Path, reps: int, q: int = 16, batch: int = 32) -> list
     model, batch by batch), both on npusim: what the prefix cache and the batched probes save."""
     import npusim
     from zo.data import load_dataset, subset
-    from zo.trainer import TrainConfig, Trainer, prepare_inputs
+    from zo.inputs import prepare_inputs
+    from zo.trainer import TrainConfig, Trainer
 
     model = shared / "models" / MODELS["resnet8"]
     data_path = shared / "data" / "eurosat32_subset.npz"
@@ -673,7 +674,7 @@ def bench_zo_step(shared: Path, reps: int, q: int = 16, batch: int = 32) -> list
         trainer.train_step(q)  # warm-up: compiles or loads the kernels
         step_times = timings(lambda: trainer.train_step(q), reps, warmup=0)
     interp = npusim.Interpreter(model)
-    x = prepare_inputs(data.x_train[:batch], trainer.model)
+    x = prepare_inputs(data.x_train[:batch], trainer.model.graph)
     forward = median_time(lambda: interp.run(x), reps)
     step = float(np.median(step_times))
     ratio = step / (2 * q * forward)

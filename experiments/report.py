@@ -66,10 +66,10 @@ def backprop_bounds(grid, shared: Path, cache_dir: Path) -> dict:
             out[cell.name] = json.loads(path.read_text())
             continue
         from npusim import load_model
-        from zo.model import TrainableModel
+        from zo.trainer import build_model
 
         data, (train, test) = prefix_caches(cell, shared, cache_dir)
-        model = TrainableModel(load_model(shared / "models" / cell.model), cell.trainable, num_classes=data.num_classes, new_head=True)
+        model = build_model(cell.config(shared), load_model(shared / "models" / cell.model), data)[0]
         result = backprop_baseline(model, train, data.y_train, test, data.y_test, seed=0)
         out[cell.name] = {k: float(v) for k, v in result.items() if isinstance(v, (int, float, np.number)) and not isinstance(v, bool)}
         cache_dir.mkdir(parents=True, exist_ok=True)

@@ -38,6 +38,17 @@ class Cell:
     batch: int = 32
     train_size: int | None = None
     test_size: int | None = None
+    input_range: str = "auto"  # pixels -> model input, as `zo train --input-range / --mean / --std`
+    mean: str | None = None
+    std: str | None = None
+
+    def config(self, shared: Path, **run) -> "TrainConfig":  # noqa: F821 (imported in the worker)
+        from zo.trainer import TrainConfig
+
+        return TrainConfig(model=str(shared / "models" / self.model), data=str(shared / "data" / self.data),
+                           trainable=self.trainable, optimizer=self.optimizer, lr=self.lr, eps=self.eps, batch=self.batch,
+                           budget=self.budget, new_head=True, train_size=self.train_size, test_size=self.test_size,
+                           input_range=self.input_range, mean=self.mean, std=self.std, **run)
 
 
 @dataclass(frozen=True)
@@ -99,10 +110,11 @@ def prefix_caches(cell: Cell, shared: Path, cache_dir: Path):
     """Dataset and frozen-prefix activations of a cell: computed once per machine, then read from disk."""
     from npusim import load_model
     from zo.data import load_dataset, subset
-    from zo.model import TrainableModel
-    from zo.trainer import prepare_inputs
+    from zo.inputs import model_inputs
+    from zo.trainer import build_model
 
-    key = hashlib.sha256(json.dumps([cell.model, cell.data, cell.trainable, cell.train_size, cell.test_size]).encode()).hexdigest()[:16]
+    key = hashlib.sha256(json.dumps([cell.model, cell.data, cell.trainable, cell.train_size, cell.test_size,
+                                     cell.input_range, cell.mean, cell.std]).encode()).hexdigest()[:16]
     if key in _CACHES:
         return _CACHES[key]
     data = load_dataset(shared / "data" / cell.data)
@@ -114,9 +126,9 @@ def prefix_caches(cell: Cell, shared: Path, cache_dir: Path):
             train = {int(k[6:]): z[k] for k in z.files if k.startswith("train_")}
             test = {int(k[5:]): z[k] for k in z.files if k.startswith("test_")}
     else:
-        model = TrainableModel(load_model(shared / "models" / cell.model), cell.trainable, num_classes=data.num_classes, new_head=True)
-        train = model.boundary_activations(prepare_inputs(data.x_train, model))
-        test = model.boundary_activations(prepare_inputs(data.x_test, model))
+        model, image, mapping = build_model(cell.config(shared), load_model(shared / "models" / cell.model), data)
+        train = model.boundary_activations(model_inputs(data.x_train, image, mapping)[0])
+        test = model.boundary_activations(model_inputs(data.x_test, image, mapping)[0])
         cache_dir.mkdir(parents=True, exist_ok=True)
         tmp = cache_dir / f"{key}.{os.getpid()}.tmp.npz"
         np.savez(tmp, **{f"train_{t}": v for t, v in train.items()}, **{f"test_{t}": v for t, v in test.items()})
@@ -128,7 +140,7 @@ def prefix_caches(cell: Cell, shared: Path, cache_dir: Path):
 def execute(run: Run, shared: str, runs_dir: str, cache_dir: str) -> dict:
     """Train one run (or return its stored result). Deterministic: same run, same result anywhere."""
     from zo.schedulers import parse_scheduler
-    from zo.trainer import TrainConfig, Trainer
+    from zo.trainer import Trainer
 
     out = Path(runs_dir) / run.key
     done = out / "result.json"
@@ -137,10 +149,7 @@ def execute(run: Run, shared: str, runs_dir: str, cache_dir: str) -> dict:
     shared = Path(shared)
     data, caches = prefix_caches(run.cell, shared, Path(cache_dir))
     c = run.cell
-    config = TrainConfig(model=str(shared / "models" / c.model), data=str(shared / "data" / c.data), trainable=c.trainable,
-                         q=run.scheduler, optimizer=c.optimizer, lr=c.lr, eps=c.eps, batch=c.batch, budget=c.budget,
-                         seed=run.seed, eval_every=c.budget // run.evals, checkpoint_every=10**9, new_head=True,
-                         train_size=c.train_size, test_size=c.test_size)
+    config = c.config(shared, q=run.scheduler, seed=run.seed, eval_every=c.budget // run.evals, checkpoint_every=10**9)
     if out.exists():  # an interrupted run: start it again from scratch
         for f in sorted(out.rglob("*"), reverse=True):
             f.unlink() if f.is_file() else f.rmdir()

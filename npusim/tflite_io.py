@@ -285,6 +285,7 @@ def write_model(graph: Graph) -> bytes:
         raise NpusimError("graph has no source model to write back")
     model = copy.deepcopy(graph.source)  # the graph stays reusable and writable again
     sg = model.subgraphs[0]
+    _append_new(model, sg, graph)
     users: dict[int, int] = {}
     for t in sg.tensors:
         users[t.buffer] = users.get(t.buffer, 0) + 1
@@ -307,6 +308,46 @@ def write_model(graph: Graph) -> bytes:
     builder = flatbuffers.Builder(1024)
     builder.Finish(model.Pack(builder), file_identifier=b"TFL3")
     return bytes(builder.Output())
+
+
+def _append_new(model, sg, graph: Graph):
+    """Tensors and ops added to the graph after reading (an appended classifier head) become new
+    file tables; the subgraph's outputs follow the graph's. Nothing is ever removed."""
+    codes = {v: k for k, v in _DTYPES.items()}
+    for tensor in graph.tensors[len(sg.tensors):]:
+        t_obj = schema.TensorT()
+        t_obj.name, t_obj.type = tensor.name, codes[np.dtype(tensor.dtype).type]
+        t_obj.shape = np.asarray(tensor.shape, dtype=np.int32)
+        model.buffers.append(schema.BufferT())
+        t_obj.buffer = len(model.buffers) - 1
+        sg.tensors.append(t_obj)
+    for op in graph.ops[len(sg.operators):]:
+        op_t = schema.OperatorT()
+        op_t.opcodeIndex = _opcode_index(model, op.kind)
+        op_t.inputs = np.asarray(op.inputs, dtype=np.int32)
+        op_t.outputs = np.asarray(op.outputs, dtype=np.int32)
+        table = "".join(part.title() for part in op.kind.split("_")) + "Options"
+        op_t.builtinOptionsType = getattr(schema.BuiltinOptions, table)
+        op_t.builtinOptions = getattr(schema, table + "T")()
+        for key, value in op.options.items():
+            if key == "padding":
+                value = getattr(schema.Padding, value)
+            elif key == "fused_activation_function":
+                value = getattr(schema.ActivationFunctionType, value)
+            setattr(op_t.builtinOptions, re.sub(r"_(.)", lambda m: m.group(1).upper(), key), value)
+        sg.operators.append(op_t)
+    sg.outputs = np.asarray(graph.outputs, dtype=np.int32)
+
+
+def _opcode_index(model, kind: str) -> int:
+    builtin = getattr(schema.BuiltinOperator, kind)
+    for i, code in enumerate(model.operatorCodes):
+        if max(int(code.builtinCode), int(code.deprecatedBuiltinCode)) == builtin:
+            return i
+    code = schema.OperatorCodeT()
+    code.builtinCode, code.deprecatedBuiltinCode, code.version = builtin, min(builtin, 127), 1
+    model.operatorCodes.append(code)
+    return len(model.operatorCodes) - 1
 
 
 def _sync_metadata(t_obj, tensor: Tensor):

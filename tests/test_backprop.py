@@ -21,7 +21,7 @@ from zo.data import load_dataset
 from zo.errors import ZoError
 from zo.loss import cross_entropy
 from zo.model import TrainableModel
-from zo.trainer import prepare_inputs
+from zo.inputs import prepare_inputs
 from shared_paths import MOBILENET, SHARED
 
 RESNET8 = SHARED / "models" / "resnet8_cifar10_int8.tflite"
@@ -193,7 +193,7 @@ def test_gradient_matches_finite_differences_on_generated_model():
 def test_gradient_matches_finite_differences_on_resnet8_last_block(eurosat32):
     ds = eurosat32
     model = TrainableModel(load_model(str(RESNET8)), "last:4", num_classes=ds.num_classes)
-    cache = model.boundary_activations(prepare_inputs(ds.x_train[:4], model))
+    cache = model.boundary_activations(prepare_inputs(ds.x_train[:4], model.graph))
     net = FloatSuffix(model, np.float64)
     check_gradient(net, net.dequantize(cache), ds.y_train[:4], per_tensor=6, seed=0)
 
@@ -220,7 +220,7 @@ def test_forward_matches_int8_on_generated_model():
 def test_forward_matches_int8_on_resnet8_last_blocks(eurosat32):
     ds = eurosat32
     model = TrainableModel(load_model(str(RESNET8)), "last:7", num_classes=ds.num_classes)  # two residual blocks
-    assert_close_to_int8(model, model.boundary_activations(prepare_inputs(ds.x_test[:128], model)), max_mean_lsb=3.0)
+    assert_close_to_int8(model, model.boundary_activations(prepare_inputs(ds.x_test[:128], model.graph)), max_mean_lsb=3.0)
 
 
 def test_forward_matches_int8_on_mobilenet_v2_last_blocks():
@@ -230,7 +230,7 @@ def test_forward_matches_int8_on_mobilenet_v2_last_blocks():
     # last:6 reaches back across a residual ADD and a depthwise conv, from two boundary tensors.
     model = TrainableModel(load_model(str(MOBILENET)), "last:6")
     assert len(model.boundary) == 2
-    assert_close_to_int8(model, model.boundary_activations(prepare_inputs(ds.x_test[:32], model)), max_mean_lsb=1.0)
+    assert_close_to_int8(model, model.boundary_activations(prepare_inputs(ds.x_test[:32], model.graph)), max_mean_lsb=1.0)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -7,24 +7,44 @@ from ai_edge_litert import schema_py_generated as schema
 from oracle import ModelBuilder, bias_scale
 
 
-def tiny_classifier(classes: int = 4, side: int = 4, hidden: int = 8, seed: int = 0) -> bytes:
-    """int8 [1, side, side, 3] (scale 1, zp -128, like the shared ResNet-8) -> CONV_2D 1x1 + RELU
-    -> AVERAGE_POOL_2D (global) -> RESHAPE -> FULLY_CONNECTED -> SOFTMAX."""
+def tiny_classifier(classes: int = 4, side: int = 4, hidden: int = 8, seed: int = 0, input_scale: float = 1.0,
+                    input_zero_point: int = -128, input_dtype=np.int8, head: bool = True, logits_scale: float = 0.05,
+                    channels: int = 3, width: int | None = None, nchw: bool = False) -> bytes:
+    """[1, side, width, channels] input (default int8, scale 1, zp -128: raw pixels, like the shared
+    ResNet-8) -> CONV_2D 1x1 + RELU -> AVERAGE_POOL_2D (global) -> RESHAPE -> FULLY_CONNECTED ->
+    SOFTMAX. head=False stops at the pooled features (an embedding model). nchw declares the input
+    1 x channels x side x width and reads it through a TRANSPOSE. The conv's weight scale follows the
+    input scale, so the integer arithmetic after the input is the same for every input quantization."""
     rng = np.random.default_rng(seed)
+    width = width or side
     b = ModelBuilder("zo test classifier")
-    x = b.add_tensor((1, side, side, 3), np.int8, 1.0, -128, name="input")
-    w1_scale = np.full(hidden, 0.001, np.float32)
-    w1 = b.add_const(rng.integers(-127, 128, (hidden, 1, 1, 3)).astype(np.int8), scale=w1_scale, zero_point=np.zeros(hidden, np.int64), name="conv/weights")
-    b1 = b.add_const(np.zeros(hidden, np.int32), scale=bias_scale(1.0, w1_scale), zero_point=np.zeros(hidden, np.int64), name="conv/bias")
-    h = b.add_tensor((1, side, side, hidden), np.int8, 0.2, -128, name="conv/out")
+    if nchw:
+        x = b.add_tensor((1, channels, side, width), input_dtype, input_scale, input_zero_point, name="input")
+        perm = b.add_const(np.array([0, 2, 3, 1], np.int32), name="nhwc/perm")
+        nhwc = b.add_tensor((1, side, width, channels), input_dtype, input_scale, input_zero_point, name="nhwc")
+        b.add_op("TRANSPOSE", [x, perm], [nhwc], schema.TransposeOptionsT())
+    else:
+        x = nhwc = b.add_tensor((1, side, width, channels), input_dtype, input_scale, input_zero_point, name="input")
+    conv_in = nhwc
+    if np.dtype(input_dtype) == np.uint8:  # as real uint8 models do: QUANTIZE to int8 first
+        conv_in = b.add_tensor((1, side, width, channels), np.int8, input_scale, input_zero_point - 128, name="input/int8")
+        b.add_op("QUANTIZE", [nhwc], [conv_in], None)
+        input_zero_point -= 128
+    w1_scale = np.full(hidden, 0.001 / input_scale, np.float32)
+    w1 = b.add_const(rng.integers(-127, 128, (hidden, 1, 1, channels)).astype(np.int8), scale=w1_scale,
+                     zero_point=np.zeros(hidden, np.int64), name="conv/weights")
+    b1 = b.add_const(np.zeros(hidden, np.int32), scale=bias_scale(input_scale, w1_scale), zero_point=np.zeros(hidden, np.int64), name="conv/bias")
+    h = b.add_tensor((1, side, width, hidden), np.int8, 0.2, -128, name="conv/out")
     opt = schema.Conv2DOptionsT()
     opt.padding, opt.strideH, opt.strideW = schema.Padding.VALID, 1, 1
     opt.fusedActivationFunction = schema.ActivationFunctionType.RELU
-    b.add_op("CONV_2D", [x, w1, b1], [h], opt)
+    b.add_op("CONV_2D", [conv_in, w1, b1], [h], opt)
     pooled = b.add_tensor((1, 1, 1, hidden), np.int8, 0.2, -128, name="pool/out")
     popt = schema.Pool2DOptionsT()
-    popt.padding, popt.strideH, popt.strideW, popt.filterHeight, popt.filterWidth = schema.Padding.VALID, 1, 1, side, side
+    popt.padding, popt.strideH, popt.strideW, popt.filterHeight, popt.filterWidth = schema.Padding.VALID, 1, 1, side, width
     b.add_op("AVERAGE_POOL_2D", [h], [pooled], popt)
+    if not head:
+        return b.build([x], [pooled])
     shape = b.add_const(np.array([1, hidden], np.int32), name="flatten/shape")
     flat = b.add_tensor((1, hidden), np.int8, 0.2, -128, name="flatten/out")
     ropt = schema.ReshapeOptionsT()
@@ -33,7 +53,7 @@ def tiny_classifier(classes: int = 4, side: int = 4, hidden: int = 8, seed: int 
     w2_scale = np.full(classes, 0.001, np.float32)
     w2 = b.add_const(rng.integers(-20, 21, (classes, hidden)).astype(np.int8), scale=w2_scale, zero_point=np.zeros(classes, np.int64), name="head/weights")
     b2 = b.add_const(np.zeros(classes, np.int32), scale=bias_scale(0.2, w2_scale), zero_point=np.zeros(classes, np.int64), name="head/bias")
-    logits = b.add_tensor((1, classes), np.int8, 0.05, 0, name="head/logits")
+    logits = b.add_tensor((1, classes), np.int8, logits_scale, 0, name="head/logits")
     b.add_op("FULLY_CONNECTED", [flat, w2, b2], [logits], schema.FullyConnectedOptionsT())
     probs = b.add_tensor((1, classes), np.int8, 1 / 256, -128, name="probs")
     sopt = schema.SoftmaxOptionsT()

@@ -43,16 +43,22 @@ def main():
 @click.option("--train-size", type=int, default=None, help="Use a stratified subset of the training images.")
 @click.option("--test-size", type=int, default=None, help="Use a stratified subset of the test images.")
 @click.option("--new-head", is_flag=True, help="Start from a zero classifier head even when the class count is unchanged.")
+@click.option("--input-range", type=click.Choice(["auto", "0:255", "0:1", "-1:1"]), default="auto", show_default=True,
+              help="Real range the model was trained on for pixels 0..255; auto reads it from the input quantization.")
+@click.option("--mean", default=None, help="Per-channel mean, R,G,B: input = (pixel/255 - mean) / std (with --std).")
+@click.option("--std", default=None, help="Per-channel std, R,G,B (with --mean).")
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Run directory.")
 @click.option("--resume", type=click.Path(file_okay=False), default=None, help="Continue the run in DIR from its last checkpoint.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 def train(model, data, trainable, q_spec, optimizer, lr, lr_schedule, momentum, eps, direction, rounding, batch, budget, seed,
-          eval_every, checkpoint_every, profile, train_size, test_size, new_head, out_dir, resume, quiet):
+          eval_every, checkpoint_every, profile, train_size, test_size, new_head, input_range, mean, std, out_dir, resume,
+          quiet):
     """Fine-tune MODEL on DATA with zeroth-order gradient estimates; all forward passes on npusim."""
     config = TrainConfig(model=model, data=data, trainable=trainable, q=q_spec, optimizer=optimizer, lr=lr,
                          lr_schedule=lr_schedule, momentum=momentum, eps=eps, direction=direction, rounding=rounding,
                          batch=batch, budget=budget, seed=seed, eval_every=eval_every, checkpoint_every=checkpoint_every,
-                         profile=profile, train_size=train_size, test_size=test_size, new_head=new_head)
+                         profile=profile, train_size=train_size, test_size=test_size, new_head=new_head,
+                         input_range=input_range, mean=mean, std=std)
     try:
         trainer = Trainer(config, resume or out_dir)
         if resume:

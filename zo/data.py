@@ -1,4 +1,4 @@
-"""Image classification data: loading, checking, resizing and quantizing for an int8 model's input.
+"""Image classification data: loading, checking and resizing (zo/inputs.py maps them to a model's input).
 
 Three layouts are read (see load_dataset):
   - a .npz with x_train, y_train, x_test, y_test (and optionally class_names), like /work/shared/data;
@@ -285,38 +285,6 @@ def resize_images(x: np.ndarray, size) -> np.ndarray:
     for i, img in enumerate(x):
         out[i] = np.asarray(Image.fromarray(img).resize((w, h), Image.BILINEAR))
     return out
-
-
-def quantize_images(x_uint8: np.ndarray, dtype, scale: float = 1.0, zero_point: int = 0,
-                    pixel_scale: float = 1.0) -> np.ndarray:
-    """Turn uint8 pixels into the values of a model's input tensor (dtype, scale, zero_point).
-
-    Convention: the real value fed to the network is pixel * pixel_scale, with pixel_scale = 1.0 by
-    default, i.e. the raw pixel value 0..255. That is how both shared models were trained for their
-    int8 input; pass pixel_scale=1/255 for a model trained on [0, 1] inputs.
-
-    - uint8 input (e.g. MobileNetV2, whose first op QUANTIZEs from uint8): the raw pixels are
-      returned unchanged; the uint8 tensor's own scale/zero point (2/255 and 127 there, i.e.
-      [-1, 1]) already encode the network's normalisation, so scale, zero_point, pixel_scale
-      are not used.
-    - int8 input: q = clamp(round(pixel * pixel_scale / scale) + zero_point, -128, 127), rounding
-      half away from zero like TFLite's quantize. ResNet-8 has scale 1.0, zero point -128: q = pixel - 128.
-    - float32 input: pixel * pixel_scale.
-    """
-    _check_images(x_uint8, "quantize_images", "x")
-    dtype = np.dtype(dtype)
-    if dtype == np.uint8:
-        return x_uint8
-    real = x_uint8.astype(np.float64) * pixel_scale
-    if dtype == np.float32:
-        return real.astype(np.float32)
-    if dtype == np.int8:
-        if not scale > 0:
-            raise DataError(f"quantize_images: scale {scale}, expected a positive input scale")
-        v = real / scale
-        q = np.sign(v) * np.floor(np.abs(v) + 0.5) + zero_point  # half away from zero
-        return np.clip(q, -128, 127).astype(np.int8)
-    raise DataError(f"quantize_images: model input dtype {dtype}, expected uint8, int8 or float32")
 
 
 # ----------------------------------------------------------------------------------------------

@@ -5,15 +5,15 @@ multiplier of the deployed graph stays as compiled (the NPU program has them bak
 """
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 
 import numpy as np
 
 from npusim import Interpreter, NpusimError
-from npusim.graph import Graph, Quantization
+from npusim.graph import Graph
 
 from .errors import ZoError
+from .head import feature_tensor, find_head, fresh_head
 
 MAC_OPS = ("CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED")
 WEIGHT_BOUND = 127  # int8 weights are symmetric: [-127, 127]
@@ -39,55 +39,24 @@ class Parameter:
         return self.unit != 1
 
 
-def replace_head(graph: Graph, num_classes: int) -> Graph:
-    """A copy of graph whose final FULLY_CONNECTED has num_classes outputs.
-
-    New head: zero weights and zero bias (every class starts equally likely, loss ln C, and ZO need
-    not undo a random init); weight scale per channel = the median of the old head's weight scales
-    (the new classes get the old head's resolution); the logits keep the old output scale and zero
-    point, so the downstream SOFTMAX/DEQUANTIZE stay as deployed.
-    """
-    g = copy.deepcopy(graph)
-    fc = [op for op in g.ops if op.kind == "FULLY_CONNECTED"]
-    if not fc:
-        raise ZoError("cannot replace the classifier head: the model has no FULLY_CONNECTED layer")
-    head = fc[-1]
-    w = g.tensors[head.inputs[1]]
-    old = w.shape[0]
-    w_scale = np.float32(np.median(w.quant.scale))
-    w.shape = (num_classes, w.shape[1])
-    w.data = np.zeros(w.shape, dtype=np.int8)
-    w.quant = Quantization(scale=np.full(num_classes if w.quant.per_channel else 1, w_scale, dtype=np.float32),
-                           zero_point=np.zeros(num_classes if w.quant.per_channel else 1, dtype=np.int64), axis=0)
-    if len(head.inputs) > 2 and head.inputs[2] >= 0:
-        b = g.tensors[head.inputs[2]]
-        in_scale = np.float64(g.tensors[head.inputs[0]].quant.scale[0])
-        b.shape = (num_classes,)
-        b.data = np.zeros(num_classes, dtype=np.int32)
-        b.quant = Quantization(scale=(in_scale * w.quant.scale.astype(np.float64)).astype(np.float32),
-                               zero_point=np.zeros(w.quant.scale.size, dtype=np.int64), axis=0)
-    # Every activation downstream of the head with a class axis of the old size follows.
-    frontier = {head.outputs[0]}
-    for op in g.ops[g.ops.index(head):]:
-        if op is head or any(t in frontier for t in op.inputs):
-            for t in op.outputs:
-                tensor = g.tensors[t]
-                if tensor.shape and tensor.shape[-1] == old:
-                    tensor.shape = tensor.shape[:-1] + (num_classes,)
-                frontier.add(t)
-    return g
-
-
 class TrainableModel:
     """A prepared model split at its first trainable layer, with the logits as the training output."""
 
     def __init__(self, graph: Graph, trainable: str = "last:1", profile: str = "tflm", num_classes: int | None = None,
-                 new_head: bool = False):
+                 new_head: bool = False, calibration: np.ndarray | None = None):
+        """num_classes different from the model's, or new_head, gives a fresh zero head (zo/head.py),
+        quantized from the frozen features of calibration (model-input values of a batch)."""
         try:
             self.interp = Interpreter(graph, profile=profile)
-            out_classes = self.interp.graph.output().shape[-1]
+            head = find_head(graph)
+            out_classes = graph.output().shape[-1]
+            if head is None and not new_head and num_classes is not None and num_classes != out_classes:
+                producer = graph.producer().get(graph.outputs[0])
+                raise ZoError(f"the model ends in {producer.kind if producer else 'its input'} with {out_classes} outputs, "
+                              f"not a FULLY_CONNECTED classifier for {num_classes} classes: pass --new-head to append one")
             if new_head or (num_classes is not None and num_classes != out_classes):
-                self.interp = Interpreter(replace_head(graph, num_classes or out_classes), profile=profile)
+                features = self.features(calibration, feature_tensor(graph))
+                self.interp = Interpreter(fresh_head(graph, num_classes or out_classes, features), profile=profile)
         except NpusimError as e:
             raise ZoError(str(e)) from None
         self.graph = self.interp.graph
@@ -108,6 +77,21 @@ class TrainableModel:
         logits = self.graph.tensors[self.logits_tensor]
         self.logits_scale = np.float64(logits.scale)
         self.logits_zero_point = logits.zero_point
+
+    def features(self, x: np.ndarray | None, tensor: int, chunk: int = 32) -> np.ndarray:
+        """Real values [N, K] of an int8 tensor for the model inputs x; without x, unit features
+        (a placeholder for what needs no calibration, such as a cost estimate)."""
+        t = self.interp.graph.tensors[tensor]
+        if x is None:
+            return np.ones((1, int(np.prod(t.shape[1:]))))
+        producer = {o: i for i, k in enumerate(self.interp.kernels) for o in k.op.outputs}
+        plan = self.interp.kernels[:producer[tensor] + 1] if tensor in producer else []
+        parts = []
+        for i in range(0, len(x), chunk):
+            values = {self.interp.graph.inputs[0]: self.interp.check_input(x[i:i + chunk])}
+            self.interp.evaluate(values, plan)
+            parts.append(values[tensor].reshape(len(values[tensor]), -1))
+        return t.scale * (np.concatenate(parts).astype(np.float64) - t.zero_point)
 
     # -- the trainable set -------------------------------------------------------------------
     def _select(self, spec: str) -> list[Parameter]:

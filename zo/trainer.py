@@ -14,6 +14,7 @@ import hashlib
 import json
 import os
 import signal
+import sys
 import threading
 import time
 from dataclasses import asdict, dataclass
@@ -24,8 +25,9 @@ import numpy as np
 from npusim import NpusimError, load_model, write_model
 from npusim.npu import plan_device
 
-from .data import Dataset, load_dataset, quantize_images, resize_images, subset
+from .data import Dataset, load_dataset, subset
 from .errors import ZoError
+from .inputs import SATURATION_WARNING, ImageInput, InputMapping, choose_mapping, model_inputs, parse_channels
 from .loss import group_losses
 from .model import TrainableModel
 from .optim import OPTIMIZERS, SCHEDULES, learning_rate
@@ -33,7 +35,13 @@ from .perturbation import KINDS, direction, second_moment
 from .schedulers import Progress, Scheduler, parse_scheduler
 
 DEFAULT_LR = {"sgd": 0.5, "adam": 0.1}
-METRIC_FIELDS = ["step", "q", "forward_passes", "train_loss", "test_accuracy", "wall_seconds", "macs", "device_seconds", "lr"]
+METRIC_FIELDS = ["step", "q", "forward_passes", "train_loss", "test_accuracy", "wall_seconds", "macs", "device_seconds", "lr",
+                 "zero_differences"]
+# Probe pairs with L+ == L- in every one of this many consecutive steps: the run is dead, say so once.
+DEAD_STEPS = 50
+# Training images whose frozen features fix a fresh head's quantization (evenly spaced, seed-free:
+# every run on a model and data set gets the same head).
+CALIBRATION_IMAGES = 256
 # Probe images per suffix call: bounds the simulator's memory when 2q * batch is large.
 MAX_IMAGES_PER_CALL = 2048
 
@@ -60,6 +68,9 @@ class TrainConfig:
     train_size: int | None = None
     test_size: int | None = None
     new_head: bool = False  # start from a zero head even when the number of classes is unchanged
+    input_range: str = "auto"  # pixels -> model input (zo/inputs.py)
+    mean: str | None = None  # "R,G,B", torchvision's convention, with std
+    std: str | None = None
 
     def validate(self):
         if self.optimizer not in OPTIMIZERS:
@@ -94,16 +105,30 @@ def file_sha256(path: str) -> str:
     return h.hexdigest()
 
 
-def prepare_inputs(x: np.ndarray, model: TrainableModel) -> np.ndarray:
-    t = model.graph.input()
-    x = resize_images(x, (t.shape[1], t.shape[2]))
-    return quantize_images(x, t.dtype, t.scale, t.zero_point)
+def input_mapping(config: TrainConfig, graph) -> tuple[ImageInput, InputMapping]:
+    image = ImageInput.of(graph)
+    return image, choose_mapping(image, config.input_range, parse_channels("--mean", config.mean),
+                                 parse_channels("--std", config.std))
+
+
+def calibration_indices(n: int) -> np.ndarray:
+    return np.unique(np.linspace(0, n - 1, min(n, CALIBRATION_IMAGES)).astype(np.int64))
+
+
+def build_model(config: TrainConfig, graph, data: Dataset) -> tuple[TrainableModel, ImageInput, InputMapping]:
+    """The trainable model of a run, with its input mapping and, where asked for, a calibrated fresh head."""
+    image, mapping = input_mapping(config, graph)
+    calibration = model_inputs(data.x_train[calibration_indices(len(data.y_train))], image, mapping)[0]
+    model = TrainableModel(graph, config.trainable, config.profile, num_classes=data.num_classes,
+                           new_head=config.new_head, calibration=calibration)
+    return model, image, mapping
 
 
 class Trainer:
     def __init__(self, config: TrainConfig, out_dir: str | Path, dataset: Dataset | None = None,
-                 scheduler: Scheduler | None = None, caches: tuple[dict, dict] | None = None):
-        """dataset and caches (the prefix activations of train and test) let a sweep share them across runs."""
+                 scheduler: Scheduler | None = None, caches: tuple[dict, dict] | None = None, warn=None):
+        """dataset and caches (the prefix activations of train and test) let a sweep share them across runs;
+        warn(message) reports what the user should know (default: a line on stderr)."""
         config.validate()
         self.config = config
         self.out = Path(out_dir)
@@ -117,15 +142,20 @@ class Trainer:
                 dataset = subset(dataset, config.train_size, config.test_size, seed=0)
         data = dataset
         self.data = data
-        self.model = TrainableModel(graph, config.trainable, config.profile, num_classes=data.num_classes, new_head=config.new_head)
+        self.model, self.image, self.mapping = build_model(config, graph, data)
+        self.warn = warn or (lambda message: print(f"warning: {message}", file=sys.stderr, flush=True))
+        clipped = model_inputs(data.x_train[:config.batch], self.image, self.mapping)[1]
+        if clipped > SATURATION_WARNING:
+            self.warn(f"{clipped:.1%} of the first batch's input values are clipped to the {self.image.dtype.name} "
+                      f"limits with the input mapping {self.mapping}; check --input-range or --mean/--std")
         self.scheduler = scheduler or parse_scheduler(config.q)
         first_step = 2 * self.scheduler.next_q(Progress(0, 0, config.budget))
         if config.budget < first_step:
             raise ZoError(f"--budget {config.budget}: below one step ({first_step} forward passes)")
         # The frozen prefix never changes: its outputs are computed once for the whole data set.
         self.train_cache, self.test_cache = caches or (
-            self.model.boundary_activations(prepare_inputs(data.x_train, self.model)),
-            self.model.boundary_activations(prepare_inputs(data.x_test, self.model)))
+            self.model.boundary_activations(self.inputs_of(data.x_train)),
+            self.model.boundary_activations(self.inputs_of(data.x_test)))
         self.units = np.concatenate([np.full(v.size, p.unit, dtype=np.float64) for p, v in zip(self.model.params, self.model.values())])
         self.master = np.concatenate([v.astype(np.float64).ravel() for v in self.model.values()]) / self.units
         self.bounds = np.concatenate([np.full(v.size, p.bound / p.unit) for p, v in zip(self.model.params, self.model.values())])
@@ -141,8 +171,18 @@ class Trainer:
         self.eval_every = config.eval_every or max(config.budget // 20, 1)
         self.next_eval = 0
         self._perm_epoch, self._perm = -1, None
+        self.zero_differences = 0.0  # of the last step's probe pairs
+        self.dead_steps = 0  # consecutive steps in which every probe pair gave L+ == L-
+        self.last_lr = learning_rate(config.learning_rate, config.lr_schedule, 0.0)
+        self.last_eval_passes, self.final_accuracy = -1, float("nan")
+        self.wall = lambda: self.wall_offset
+        self.metrics = None
 
     # -- data ---------------------------------------------------------------------------------
+    def inputs_of(self, x_uint8: np.ndarray) -> np.ndarray:
+        """uint8 RGB images -> the model's input values, with this run's input mapping."""
+        return model_inputs(x_uint8, self.image, self.mapping)[0]
+
     def batch_indices(self, step: int) -> np.ndarray:
         """Mini-batch of a step: a function of (seed, step) only, so resumed runs see the same batches."""
         n = len(self.data.y_train)
@@ -224,6 +264,14 @@ class Trainer:
         indices = self.batch_indices(self.step)
         loss_plus, loss_minus = self.probe_losses(q, indices)
         derivatives = (loss_plus - loss_minus) / (2.0 * cfg.eps)
+        self.zero_differences = float(np.mean(loss_plus == loss_minus))
+        self.dead_steps = self.dead_steps + 1 if self.zero_differences == 1.0 else 0
+        if self.dead_steps == DEAD_STEPS:
+            self.warn(f"every probe pair gave L+ == L- for {DEAD_STEPS} consecutive steps (to step {self.step + 1}): "
+                      f"no perturbation moves the logits by a code of their output scale {self.model.logits_scale:.4g}. "
+                      f"Likely: eps {cfg.eps} below that resolution, dead (all-zero) features, or an input saturated by "
+                      f"the mapping {self.mapping}. Try --new-head (a head quantized for its features), a larger --eps, "
+                      "or check --input-range / --mean / --std")
         grad = self.gradient(q, derivatives)
         lr = learning_rate(cfg.learning_rate, cfg.lr_schedule, self.forward_passes / cfg.budget)
         self.master += self.optimizer.step(grad, lr)
@@ -270,7 +318,8 @@ class Trainer:
                 if self.forward_passes + 2 * q > cfg.budget:
                     break
                 loss = self.train_step(q)
-                self.log({"step": self.step, "q": q, "forward_passes": self.forward_passes, "train_loss": f"{loss:.6f}"})
+                self.log({"step": self.step, "q": q, "forward_passes": self.forward_passes, "train_loss": f"{loss:.6f}",
+                          "zero_differences": f"{self.zero_differences:.4f}"})
                 if self.forward_passes >= self.next_eval:
                     self.log_eval()
                 if on_step:
@@ -326,6 +375,9 @@ class Trainer:
 
     def write_config(self):
         config = asdict(self.config)
+        config["input_mapping"] = {**self.mapping.describe(), "model_input": self.image.name,
+                                   "model_interval": self.image.interval, "channels": self.image.channels,
+                                   "layout": "NCHW" if self.image.nchw else "NHWC", "size": [self.image.height, self.image.width]}
         config["fingerprint"] = self.identity
         config["scheduler"] = self.scheduler.describe()
         path = self.out / "config.json"
@@ -375,7 +427,8 @@ class Trainer:
                 raise ZoError(f"--resume {directory}: checkpoint was made with a different {key.replace('_', ' ')} ({fingerprint.get(key)} != {mine[key]})")
         if params != [p.name for p in self.model.params]:
             raise ZoError(f"--resume {directory}: checkpoint trains other layers than --trainable {self.config.trainable!r}")
-        for key in ("q", "optimizer", "lr", "lr_schedule", "momentum", "eps", "direction", "rounding", "batch", "seed", "profile", "new_head"):
+        for key in ("q", "optimizer", "lr", "lr_schedule", "momentum", "eps", "direction", "rounding", "batch", "seed", "profile", "new_head",
+                    "input_range", "mean", "std"):
             if config.get(key) != getattr(self.config, key):
                 raise ZoError(f"--resume {directory}: --{key.replace('_', '-')} differs from the checkpoint's ({config.get(key)!r})")
         if master.shape != self.master.shape or ints.shape != self.master.shape:

@@ -1,0 +1,115 @@
+"""A fresh classifier head for a new task: replace the model's FULLY_CONNECTED head, or append one.
+
+The head starts at zero (every class equally likely, loss ln C: ZO need not undo a random init), and
+its quantization is chosen once, from the frozen features of a calibration batch, as the device's
+compiler would fix it before training; from then on the frozen-scale rule holds:
+- logits: zero point 0 and a scale that spans [-LOGIT_RANGE, LOGIT_RANGE] (softmax margins up to
+  2 * LOGIT_RANGE, more than a confident classifier needs);
+- weights: per class, a scale at which a +-1-step perturbation of a whole row moves the logit by
+  PROBE_CODES codes for a feature vector of the batch's RMS norm. Coarser, and a step of the
+  estimator would jump past the optimum; finer, and the logits could not resolve the perturbation
+  (every probe difference zero). The weight range then spans far more than the logits can hold.
+- bias: in_scale * w_scale, as TFLite requires.
+"""
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+
+from npusim.graph import Graph, Op, Quantization, Tensor
+
+from .errors import ZoError
+
+LOGIT_RANGE = 8.0
+PROBE_CODES = 1.0
+# Ops between the classifier and the graph output that carry the logits unchanged in meaning.
+PASS_THROUGH = ("DEQUANTIZE", "SOFTMAX", "RESHAPE", "SQUEEZE")
+
+
+def find_head(graph: Graph) -> Op | None:
+    """The FULLY_CONNECTED that produces the logits (walking back from the output through SOFTMAX,
+    DEQUANTIZE, RESHAPE), or None when the model ends otherwise (an embedding, a detector)."""
+    producer = graph.producer()
+    op = producer.get(graph.outputs[0])
+    while op is not None and op.kind in PASS_THROUGH:
+        op = producer.get(op.inputs[0])
+    return op if op is not None and op.kind == "FULLY_CONNECTED" else None
+
+
+def feature_tensor(graph: Graph) -> int:
+    """The tensor a fresh head reads: the replaced head's input, else the int8 output (before a
+    final DEQUANTIZE) to which a head is appended."""
+    head = find_head(graph)
+    if head is not None:
+        return head.inputs[0]
+    if len(graph.outputs) != 1:
+        raise ZoError(f"cannot append a classifier head: the model has {len(graph.outputs)} outputs, expected one")
+    t = graph.outputs[0]
+    op = graph.producer().get(t)
+    if op is not None and op.kind == "DEQUANTIZE":
+        t = op.inputs[0]
+    if graph.tensors[t].dtype != np.int8:
+        raise ZoError(f"cannot append a classifier head to output {graph.tensors[t].name!r} of type "
+                      f"{np.dtype(graph.tensors[t].dtype).name}: expected an int8 feature tensor")
+    return t
+
+
+def head_quantization(features: np.ndarray, num_classes: int) -> tuple[np.ndarray, Quantization]:
+    """(per-class weight scales, logits quantization) from real features [N, K] of a calibration batch."""
+    rms = float(np.sqrt(np.mean(np.sum(np.square(features, dtype=np.float64), axis=1))))
+    if not rms > 0:
+        raise ZoError("the frozen features of the calibration batch are all zero: a new head cannot learn "
+                      "from them (check the input mapping, --input-range or --mean/--std)")
+    logit_scale = 2 * LOGIT_RANGE / 255
+    w_scale = np.full(num_classes, PROBE_CODES * logit_scale / rms, dtype=np.float32)
+    return w_scale, Quantization(scale=np.array([logit_scale], dtype=np.float32), zero_point=np.zeros(1, dtype=np.int64))
+
+
+def fresh_head(graph: Graph, num_classes: int, features: np.ndarray) -> Graph:
+    """A copy of graph with a zero num_classes-way head on feature_tensor(graph), quantized from
+    features (real values [N, K] of that tensor on a calibration batch)."""
+    g = copy.deepcopy(graph)
+    head = find_head(g)
+    w_scale, logits_quant = head_quantization(features.reshape(len(features), -1), num_classes)
+    x = g.tensors[feature_tensor(g)]
+    depth = int(np.prod(x.shape[1:]))
+    w_quant = Quantization(scale=w_scale, zero_point=np.zeros(num_classes, dtype=np.int64), axis=0)
+    b_quant = Quantization(scale=(np.float64(x.scale) * w_scale.astype(np.float64)).astype(np.float32),
+                           zero_point=np.zeros(num_classes, dtype=np.int64), axis=0)
+    if head is None:
+        _append_head(g, feature_tensor(g), num_classes, depth, w_quant, b_quant, logits_quant)
+        return g
+    w = g.tensors[head.inputs[1]]
+    old = w.shape[0]
+    depth = w.shape[1]
+    w.shape, w.data, w.quant = (num_classes, depth), np.zeros((num_classes, depth), dtype=np.int8), w_quant
+    if len(head.inputs) > 2 and head.inputs[2] >= 0:
+        b = g.tensors[head.inputs[2]]
+        b.shape, b.data, b.quant = (num_classes,), np.zeros(num_classes, dtype=np.int32), b_quant
+    g.tensors[head.outputs[0]].quant = logits_quant
+    # Every activation downstream of the head with a class axis of the old size follows.
+    frontier = {head.outputs[0]}
+    for op in g.ops[g.ops.index(head):]:
+        if op is head or any(t in frontier for t in op.inputs):
+            for t in op.outputs:
+                tensor = g.tensors[t]
+                if tensor.shape and tensor.shape[-1] == old:
+                    tensor.shape = tensor.shape[:-1] + (num_classes,)
+                frontier.add(t)
+    return g
+
+
+def _append_head(g: Graph, x: int, num_classes: int, depth: int, w_quant, b_quant, logits_quant):
+    def add(tensor: Tensor) -> int:
+        g.tensors.append(tensor)
+        return len(g.tensors) - 1
+
+    w = add(Tensor("zo_head/weights", (num_classes, depth), np.dtype(np.int8), w_quant,
+                   np.zeros((num_classes, depth), dtype=np.int8)))
+    b = add(Tensor("zo_head/bias", (num_classes,), np.dtype(np.int32), b_quant, np.zeros(num_classes, dtype=np.int32)))
+    y = add(Tensor("zo_head/logits", (1, num_classes), np.dtype(np.int8), logits_quant))
+    options = {"fused_activation_function": "NONE", "weights_format": 0, "keep_num_dims": False,
+               "asymmetric_quantize_inputs": False}
+    g.ops.append(Op("FULLY_CONNECTED", [x, w, b], [y], options, index=len(g.ops)))
+    g.outputs = [y]
