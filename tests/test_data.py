@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from zo.data import Dataset, batches, load_dataset, quantize_images, resize_images, subset
+from zo.data import Dataset, batches, load_dataset, resize_images, subset
 from zo.errors import DataError, ZoError
 from shared_paths import SHARED
 
@@ -261,25 +261,6 @@ def test_resize_images():
     assert np.all(resize_images(flat, 7) == 123)  # bilinear keeps a constant image constant
     with pytest.raises(DataError, match="x.*N x H x W x 3"):
         resize_images(x[..., 0], 8)
-
-
-def test_quantize_images():
-    x = np.array([0, 1, 127, 128, 200, 255], np.uint8).reshape(1, 1, 6, 1).repeat(3, axis=-1)
-    # uint8 input (MobileNetV2): raw pixels, untouched.
-    assert quantize_images(x, np.uint8, 2 / 255, 127) is x
-    # int8 input of ResNet-8 (scale 1, zero point -128): q = pixel - 128.
-    q = quantize_images(x, np.int8, 1.0, -128)
-    assert q.dtype == np.int8 and q[0, 0, :, 0].tolist() == [-128, -127, -1, 0, 72, 127]
-    # Clamping, and rounding half away from zero: 1/2 -> 1, 255/2 = 127.5 -> 128 -> clamped 127.
-    q = quantize_images(x, "int8", 2.0, 0)
-    assert q[0, 0, :, 0].tolist() == [0, 1, 64, 64, 100, 127]
-    # Users whose model expects [0, 1] pass pixel_scale=1/255.
-    q = quantize_images(x, np.int8, 1 / 255, -128, pixel_scale=1 / 255)
-    assert q[0, 0, :, 0].tolist() == [-128, -127, -1, 0, 72, 127]
-    f = quantize_images(x, np.float32, pixel_scale=1 / 255)
-    assert f.dtype == np.float32 and f.max() == pytest.approx(1.0)
-    with pytest.raises(DataError, match="int16"):
-        quantize_images(x, np.int16, 1.0, 0)
 
 
 def test_batches_cover_each_epoch_once():
