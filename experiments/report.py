@@ -127,13 +127,14 @@ def write_report(grid, runs_dir: Path, results: Path, shared: Path, baseline: bo
 
 
 def update_readme(readme: Path, table: Path, begin="<!-- study:begin -->", end="<!-- study:end -->"):
-    """Put the generated table into the README between the markers (numbers are never typed by hand)."""
+    """Put the generated table into a Markdown page (docs/study.md) between the markers (numbers are
+    never typed by hand)."""
     text = readme.read_text()
     if begin not in text or end not in text:
         return
     head, rest = text.split(begin, 1)
     _, tail = rest.split(end, 1)
-    body = table.read_text().replace("\n# ", "\n### ").replace("\n## ", "\n#### ")
+    body = table.read_text().replace("\n## ", "\n### ")
     body = body.split("\n", 1)[1] if body.startswith("# ") else body
     readme.write_text(f"{head}{begin}\n{body.strip()}\n{end}{tail}")
 

@@ -59,7 +59,7 @@ class Grid:
     evals: int = 20  # test evaluations per run
 
 
-# Settings chosen once per cell (README, "The study"): a fresh zero head on the frozen features,
+# Settings chosen once per cell (docs/study.md, "The study"): a fresh zero head on the frozen features,
 # ZO-Adam, eps one int8 step; lr from a pilot at q = 4 on EuroSAT, budget 60k passes (ResNet-8:
 # lr 0.1 gave 64.2% against 57% at 0.3 and 33% at 1; MobileNetV2: 0.3 gave 80.0% against 77.2% at
 # 0.1 and 73.6% at 0.03). The CIFAR-10 cells reuse their model's lr. Shared by all schedulers of a cell.
@@ -241,7 +241,7 @@ def main(argv=None):
     p.add_argument("--address", default=None, help="Ray cluster address (default: start a local Ray instance)")
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     p.add_argument("--no-baseline", action="store_true", help="skip the back-propagation upper bound")
-    p.add_argument("--readme", action="store_true", help="also put the table into README.md (full grid)")
+    p.add_argument("--readme", action="store_true", help="also put the table into docs/study.md (full grid)")
     a = p.parse_args(argv)
     if not (a.shared / "models").is_dir():
         sys.exit(f"error: --shared {a.shared}: no models/ folder there, expected the shared data directory")
@@ -264,7 +264,7 @@ def main(argv=None):
                  command=" ".join(["python -m experiments.study"] + (argv if argv is not None else sys.argv[1:])),
                  sweep_seconds=sweep_seconds(runs_dir))
     if a.readme:
-        update_readme(ROOT / "README.md", results / "table.md")
+        update_readme(ROOT / "docs" / "study.md", results / "table.md")
 
 
 if __name__ == "__main__":
