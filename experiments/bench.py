@@ -295,6 +295,7 @@ def conv_stages(model: bytes, x: np.ndarray, reps: int) -> list[tuple[str, float
     do not pay the page faults of fresh buffers that a real call pays), and the whole call on every
     kernel path, with the default threads and with one Numba and one BLAS thread."""
     import npusim
+    from npusim import host
     from npusim.ops import aligned, amx, vnni
     from npusim.ops.gemm import accumulator_offset
     from npusim.ops.output_stage import output_parameters
@@ -316,27 +317,17 @@ def conv_stages(model: bytes, x: np.ndarray, reps: int) -> list[tuple[str, float
     out = aligned.empty((x.shape[0] * kern.out_h * kern.out_w, kern.out_channels), np.int8)
     stage_args = (np.int64(kern.profile), np.int64(s.zero_point), np.int64(s.lo), np.int64(s.hi))
 
-    def on_path(name, fn):
-        def call():
-            saved = amx.ENABLED, vnni.ENABLED
-            amx.ENABLED, vnni.ENABLED = name == "AMX", name in ("AMX", "VNNI")
-            try:
-                return fn()
-            finally:
-                amx.ENABLED, vnni.ENABLED = saved
-        return call
-
     stages = [("pad_input (Numba: the padded int8 copy)", lambda: pad_input(x, kern.pad_top, kern.pad_left, np.int8(zp), xp)),
               ("pack_filters (Numba)", lambda: vnni.pack_filters(wg.reshape(1, kern.out_channels, kern.kh * kern.kw, c), cp))]
     paths = []
-    if amx.SUPPORTED:
+    if host.has_amx():
         chunk = amx.chunk_for(cp)
         params = output_parameters(accumulator_offset(wg, b, zp), s)
         stages.append(("conv_amx (AMX tiles + vector output stage)",
                        lambda: amx.conv_amx(xp, packed, taps, cp, chunk, kern.out_h, kern.out_w, sh, sw, 1, False, kern.out_channels,
                                             params, *stage_args, amx.tile_config(chunk), out)))
         paths.append("AMX")
-    if vnni.SUPPORTED:
+    if host.has_vnni():
         params_u = output_parameters(accumulator_offset(wg, b, zp + 128), s)
         stages.append(("conv_vnni (VNNI micro-kernel + vector output stage)",
                        lambda: vnni.conv_vnni(xp, packed, taps, cp // 4, kern.out_h, kern.out_w, sh, sw, 1, False, kern.out_channels,
@@ -347,7 +338,8 @@ def conv_stages(model: bytes, x: np.ndarray, reps: int) -> list[tuple[str, float
         what = {"AMX": "AMX", "VNNI": "VNNI",
                 "BLAS": "float32 BLAS (im2col + sgemm; here under Numba's OpenMP layer, which fights OpenBLAS's threads: "
                         "a host without VNNI runs it under the workqueue layer)"}[name]
-        stages.append((f"whole Conv2D.__call__, {what} path", on_path(name, lambda: kern(x, w, b))))
+        on_path = npusim.Interpreter(model, profile="tflm", backend=name.lower()).kernels[0]
+        stages.append((f"whole Conv2D.__call__, {what} path", lambda k=on_path: k(x, w, b)))
     stages.append(("whole Interpreter.run (default path)", lambda: sim.run(x)))
     default = [median_time(fn, reps, warmup=1) for _, fn in stages]
     with single_thread():
@@ -390,15 +382,17 @@ def _op_times(model: bytes, x: np.ndarray, reps: int) -> dict:
 # ----------------------------------------------------------------------------------------------
 
 def kernel_path() -> str:
-    from npusim.ops import amx, vnni
+    from npusim import host
+    from npusim.ops import backend
 
+    chosen = [b.name for b in backend.select().backends]
     parts = []
-    if amx.ENABLED:
+    if "amx" in chosen:
         parts.append("AMX-INT8 tiles for CONV_2D with output rows of 16+ pixels (npusim/ops/amx.py)")
-    if vnni.ENABLED:
+    if "vnni" in chosen:
         parts.append("AVX-512 VNNI for the other CONV_2D and FULLY_CONNECTED (npusim/ops/vnni.py)")
     else:
-        why = "NPUSIM_VNNI=0" if vnni.SUPPORTED else "this CPU has no AVX-512 VNNI"
+        why = "NPUSIM_VNNI=0" if host.has_vnni() else "this CPU has no AVX-512 VNNI"
         parts.append(f"float32 BLAS GEMM, exact by chunking ({why})")
     return "; ".join(parts) + ", all with exact integer accumulation"
 
@@ -535,6 +529,7 @@ def memory_child(shared: str, name: str, batch: int, calls: int) -> None:
 
     import npusim
 
+    npusim.tune_process()
     model = (Path(shared) / "models" / MODELS[name]).read_bytes()
     sim = npusim.Interpreter(model, profile="tflm")
     t_in = sim.graph.input(0)
@@ -692,6 +687,9 @@ def bench_zo_step(shared: Path, reps: int, q: int = 16, batch: int = 32) -> list
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
+    import npusim
+
+    npusim.tune_process()
     command = "python -m experiments.bench " + " ".join(argv)
     started = _dt.datetime.now().astimezone()
     load_start = os.getloadavg()

@@ -12,6 +12,7 @@ import numpy as np
 from .errors import NpusimError
 from .interpreter import Interpreter
 from .tflite_io import load_model
+from .tuning import tune_process
 
 PROFILE = click.option("--profile", type=click.Choice(["tflm", "xnnpack", "single"]), default="tflm", show_default=True,
                        help="Rounding profile: tflm (TFLite Micro), xnnpack (LiteRT's default CPU path), single (CMSIS-NN single rounding).")
@@ -53,6 +54,7 @@ def tensor_file_name(index: int, name: str) -> str:
 @click.version_option(package_name="npusim-zo")
 def main():
     """Bit-exact INT8 NPU simulator (TFLite Micro integer numerics)."""
+    tune_process()
 
 
 @main.command()

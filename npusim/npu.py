@@ -60,6 +60,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from .errors import NpusimError
+from .ops import MAC_OPS
 
 # -- published device figures -------------------------------------------------------------------
 NPU_CLOCK_HZ = 1.0e9  # Neural-ART 14 on STM32N6, "up to 1 GHz"
@@ -80,7 +81,7 @@ NPU = "NPU"
 M55 = "M55"
 
 # Hardware operators of the Neural-ART (see the docstring for the source).
-CONV_ACCELERATOR_KINDS = frozenset({"CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED"})
+CONV_ACCELERATOR_KINDS = frozenset(MAC_OPS)
 NPU_KINDS = CONV_ACCELERATOR_KINDS | frozenset({
     "ADD", "AVERAGE_POOL_2D", "MAX_POOL_2D", "PAD", "PADV2", "RESHAPE", "CONCATENATION", "TRANSPOSE", "MEAN"})
 # Activations the NPU fuses into the producing layer.

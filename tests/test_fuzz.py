@@ -41,7 +41,7 @@ from ai_edge_litert import schema_py_generated as schema
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import oracle as O
+from npusim.testing import oracle as O
 from npusim import Interpreter, NpusimError, load_model, tflite_io
 from npusim.npu import report as npu_report
 from zo_fixtures import tiny_classifier

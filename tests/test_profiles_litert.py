@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import cases as C
-import oracle as O
+from npusim.testing import oracle as O
 from kernel_paths import PATHS, kernel_path
 
 SCALE = float(os.environ.get("NPUSIM_TEST_SCALE", "1"))

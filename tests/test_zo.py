@@ -13,7 +13,7 @@ import pytest
 from tflite_micro.python.tflite_micro import runtime
 
 import npusim
-from oracle import run_tflm
+from npusim.testing.oracle import run_tflm
 from zo.model import TrainableModel
 from zo.perturbation import direction, second_moment
 from zo.trainer import TrainConfig, Trainer

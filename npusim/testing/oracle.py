@@ -14,6 +14,8 @@ stacking on axis 0 (npusim). Graph inputs beyond the first are passed as a list 
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
 from typing import Sequence
 
@@ -471,13 +473,29 @@ def run_litert(model_bytes: bytes, x_batch, resolver: str = "AUTO", threads: int
     return np.concatenate(outs, axis=0)
 
 
-def run_npusim(model_bytes, x_batch, profile: str = "tflm") -> np.ndarray:
-    """npusim output 0 for the whole batch at once. A single-input model goes through the public
-    `Interpreter.run`; several graph inputs are fed through `Interpreter.evaluate`."""
+_BACKEND = contextvars.ContextVar("npusim_backend", default="auto")
+
+
+@contextlib.contextmanager
+def on_backend(name: str):
+    """run_npusim within the block uses the MAC backend `name` (npusim/ops/backend.py) unless told
+    otherwise. A context rather than an argument so that a test's body, from which Hypothesis
+    derives its derandomized examples, stays the same whichever backend it runs on."""
+    token = _BACKEND.set(name)
+    try:
+        yield
+    finally:
+        _BACKEND.reset(token)
+
+
+def run_npusim(model_bytes, x_batch, profile: str = "tflm", backend: str | None = None) -> np.ndarray:
+    """npusim output 0 for the whole batch at once, on `backend` (default: the one on_backend set,
+    else "auto"). A single-input model goes through the public `Interpreter.run`; several graph
+    inputs are fed through `Interpreter.evaluate`."""
     import npusim
 
     graph = npusim.load_model(model_bytes)
-    interp = npusim.Interpreter(graph, profile=profile)
+    interp = npusim.Interpreter(graph, profile=profile, backend=backend or _BACKEND.get())
     xs = _as_inputs(x_batch)
     if len(xs) == 1:
         return interp.run(xs[0])
