@@ -100,7 +100,7 @@ def inspect(model, target, npu_efficiency, m55_macs_per_cycle):
     """One row per op: shapes, MACs and parameters, then the totals.
 
     With --target stm32n6: the NPU/M55 placement, epochs, weight and arena memory and an estimated
-    latency (cost model and its assumptions: npusim/npu.py)."""
+    latency (cost model and its assumptions: npusim/npu/cost.py)."""
     interp = Interpreter(load_model(model))
     if target == "stm32n6":
         from .npu import CostModel, report

@@ -136,7 +136,7 @@ def test_latency_scales_and_follows_the_cost_model(model, monkeypatch):
     assert slow.unit_seconds(NPU) > dev.unit_seconds(NPU)
     assert slow.unit_seconds(M55) == pytest.approx(dev.unit_seconds(M55))
     # module constants are the defaults of every later estimate
-    monkeypatch.setattr(npu, "EPOCH_OVERHEAD_S", 1e-3)
+    monkeypatch.setattr(npu.cost, "EPOCH_OVERHEAD_S", 1e-3)
     assert plan_device(interp).latency_s(1) == pytest.approx(t1 + len(dev.epochs) * (1e-3 - dev.cost.epoch_overhead_s))
     # CONV-type ops cost MACs / (peak * efficiency)
     conv = next(o for o in dev.ops if o.kind == "CONV_2D")
