@@ -33,13 +33,18 @@ PACKAGE = Path(__file__).resolve().parent
 PARALLEL_MIN_WORK = 1 << 18  # elements of the largest array argument
 
 
-@functools.cache
-def sources_digest(package: Path = PACKAGE) -> str:
-    """A digest of every source file of the package (names and contents)."""
+def digest_of(package: Path) -> str:
+    """A digest of every source file under package (names and contents)."""
     h = hashlib.sha256()
     for p in sorted(package.rglob("*.py")):
         h.update(str(p.relative_to(package)).encode() + b"\0" + p.read_bytes() + b"\0")
     return h.hexdigest()[:20]
+
+
+@functools.cache
+def sources_digest() -> str:
+    """npusim's digest, taken once per process: the sources it compiled its kernels from."""
+    return digest_of(PACKAGE)
 
 
 def user_cache_dir() -> Path:
@@ -56,7 +61,7 @@ class _DigestLocator(caching._SourceFileBackedLocatorMixin, caching._CacheLocato
         self._py_file = py_file
         self._lineno = py_func.__code__.co_firstlineno
         folder = Path(py_file).resolve().parent.relative_to(self.package)
-        self._cache_path = str(self.root() / f"numba-{sources_digest(self.package)}" / folder)
+        self._cache_path = str(self.root() / f"numba-{sources_digest()}" / folder)
 
     @classmethod
     def root(cls) -> Path:
@@ -66,7 +71,7 @@ class _DigestLocator(caching._SourceFileBackedLocatorMixin, caching._CacheLocato
         return self._cache_path
 
     def get_source_stamp(self):
-        return sources_digest(self.package)
+        return sources_digest()
 
     @classmethod
     def from_function(cls, py_func, py_file):

@@ -9,7 +9,9 @@ from npusim import host
 from npusim.testing.oracle import on_backend as kernel_path  # noqa: F401 (the tests' name for it)
 
 AMX = pytest.param("amx", marks=pytest.mark.skipif(
-    not host.has_amx(), reason="this CPU (or OS) has no AMX-INT8: the AMX kernel path is NOT tested on this machine"))
+    not host.has_amx(),
+    reason="this CPU (or OS) has no AMX-INT8: the AMX kernel path is NOT tested on this machine"))
 VNNI = pytest.param("vnni", marks=pytest.mark.skipif(
-    not host.has_vnni(), reason="this CPU has no AVX-512 VNNI: the VNNI kernel path is NOT tested on this machine"))
+    not host.has_vnni(),
+    reason="this CPU has no AVX-512 VNNI: the VNNI kernel path is NOT tested on this machine"))
 PATHS = [AMX, VNNI, "blas"]

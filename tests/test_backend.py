@@ -39,7 +39,10 @@ def test_environment_excludes_from_auto(monkeypatch):
     assert backend.select().name == ("vnni" if host.has_vnni() else "blas")
 
 
-@pytest.mark.parametrize("name", ["blas", pytest.param("vnni", marks=pytest.mark.skipif(not host.has_vnni(), reason="no VNNI"))])
+NO_VNNI = pytest.mark.skipif(not host.has_vnni(), reason="no VNNI")
+
+
+@pytest.mark.parametrize("name", ["blas", pytest.param("vnni", marks=NO_VNNI)])
 def test_interpreter_runs_on_the_chosen_engine(name):
     model = conv_model()
     sim = npusim.Interpreter(model, backend=name)

@@ -22,6 +22,7 @@ from zo.errors import ZoError
 from zo.loss import cross_entropy
 from zo.model import TrainableModel
 from zo.trainer import prepare_inputs
+
 from shared_paths import MOBILENET, SHARED
 
 RESNET8 = SHARED / "models" / "resnet8_cifar10_int8.tflite"

@@ -13,8 +13,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import cases as C
 from npusim.testing import oracle as O
+
+import cases as C
 
 CHILD = """
 import pickle

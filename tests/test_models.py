@@ -10,6 +10,7 @@ import pytest
 import npusim
 from npusim.testing.oracle import run_tflm
 from zo.data import load_dataset, resize_images
+
 from shared_paths import MOBILENET, RESNET, SHARED
 
 NPUSIM = [sys.executable, "-m", "npusim.cli"]

@@ -21,12 +21,13 @@ from click.testing import CliRunner
 
 import npusim
 import npusim.cli
-from npusim.testing import oracle as O
 import zo.cli
 import zo.trainer
 from npusim import Interpreter, NpusimError, tflite_io
+from npusim.testing import oracle as O
 from zo.errors import ZoError
 from zo.trainer import TrainConfig, Trainer
+
 from zo_fixtures import color_dataset, tiny_classifier
 
 

@@ -38,8 +38,8 @@ class Backend:
     def usable(self, g: ConvGeometry) -> bool:
         return True
 
-    def convolve(self, g: ConvGeometry, x, w, bias, input_zero_point, stage, profile, shared=False, workspace=None,
-                 memo=None):
+    def convolve(self, g: ConvGeometry, x, w, bias, input_zero_point, stage, profile, shared=False,
+                 workspace=None, memo=None):
         raise NotImplementedError
 
 
@@ -54,9 +54,10 @@ class AmxBackend(Backend):
         row_pixels = g.out_h * g.out_w if g.pointwise and g.in_channels % 4 == 0 else g.out_w
         return amx.usable(g.depth, g.in_channels, row_pixels)
 
-    def convolve(self, g, x, w, bias, input_zero_point, stage, profile, shared=False, workspace=None, memo=None):
-        return amx.convolve(x, w, bias, input_zero_point, g.stride, g.dilation, g.pad, g.out_hw, stage, profile, shared,
-                            workspace, memo)
+    def convolve(self, g, x, w, bias, input_zero_point, stage, profile, shared=False, workspace=None,
+                 memo=None):
+        return amx.convolve(x, w, bias, input_zero_point, g.stride, g.dilation, g.pad, g.out_hw, stage,
+                            profile, shared, workspace, memo)
 
 
 class VnniBackend(Backend):
@@ -68,15 +69,17 @@ class VnniBackend(Backend):
     def usable(self, g: ConvGeometry) -> bool:
         return g.depth <= vnni.MAX_DEPTH
 
-    def convolve(self, g, x, w, bias, input_zero_point, stage, profile, shared=False, workspace=None, memo=None):
-        return vnni.convolve(x, w, bias, input_zero_point, g.stride, g.dilation, g.pad, g.out_hw, stage, profile, shared,
-                             workspace, memo)
+    def convolve(self, g, x, w, bias, input_zero_point, stage, profile, shared=False, workspace=None,
+                 memo=None):
+        return vnni.convolve(x, w, bias, input_zero_point, g.stride, g.dilation, g.pad, g.out_hw, stage,
+                             profile, shared, workspace, memo)
 
 
 class BlasBackend(Backend):
     name = "blas"
 
-    def convolve(self, g, x, w, bias, input_zero_point, stage, profile, shared=False, workspace=None, memo=None):
+    def convolve(self, g, x, w, bias, input_zero_point, stage, profile, shared=False, workspace=None,
+                 memo=None):
         return gemm.convolve(x, w, bias, input_zero_point, g, stage, profile, shared)
 
 

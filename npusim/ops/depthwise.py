@@ -29,10 +29,11 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from ..jit import njit, parallel_kernel
 from .. import host
+from ..jit import njit, parallel_kernel
 from . import aligned
 from .base import Kernel, WeightMemo
+from .geometry import ConvGeometry, SlidingWindow
 from .output_stage import (
     each_profile,
     lane_mask,
@@ -43,7 +44,6 @@ from .output_stage import (
     store_bytes,
     vector_output_stage,
 )
-from .geometry import ConvGeometry, SlidingWindow
 from .requant import OutputStage
 
 LANES = 64  # channels (bytes) per vector block

@@ -52,7 +52,8 @@ class ConvGeometry:
         return (self.kh, self.kw, *self.stride, *self.pad) == (1, 1, 1, 1, 0, 0)
 
     def with_pad(self, pad) -> ConvGeometry:
-        return ConvGeometry(self.kh, self.kw, self.in_channels, self.stride, self.dilation, tuple(pad), self.out_hw)
+        return ConvGeometry(self.kh, self.kw, self.in_channels, self.stride, self.dilation, tuple(pad),
+                            self.out_hw)
 
 
 class SlidingWindow:
