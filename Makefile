@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 SHARED ?= ../shared
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test bench fuzz paper-quick paper clean
+.PHONY: setup run lint test bench fuzz paper-quick paper clean
 
 setup: $(STAMP)
 
@@ -17,6 +17,9 @@ $(STAMP): setup.cfg pyproject.toml
 
 run: setup
 	$(PY) -m experiments.run_default --shared $(SHARED)
+
+lint: setup
+	$(PY) -m ruff check .
 
 test: setup
 	$(PY) -m pytest -q

@@ -5,7 +5,7 @@
 
 One run times
   1. a one-op CONV_2D 1x56x56x64 -> 64, 3x3, SAME, stride 1, per-channel int8 weights, RELU (built
-     here with the flatbuffer object API of ai_edge_litert) at batch 1 and 16;
+     by npusim.testing.oracle, the builder of the tests) at batch 1 and 16;
   2. each shared model (ResNet-8 CIFAR-10, MobileNetV2 0.35 128 flowers) at batch 64 and 256;
 with npusim (profile tflm, `Interpreter.run` on the whole batch), LiteRT's default interpreter
 (XNNPACK, 2 threads, input resized to the batch) and TFLM (batch 1 per invoke: a few single images
@@ -22,21 +22,31 @@ time spent per op kind in each model.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import datetime as _dt
 import gc
-import importlib.metadata
 import os
 import platform
-import resource
 import statistics
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import flatbuffers
 import numpy as np
+
+from npusim.testing import oracle
+
+from .machine import (
+    blas_threads,
+    cpu_flags,
+    cpu_model,
+    current_rss_mb,
+    kernel_path,
+    peak_rss_mb,
+    process_peak_rss_mb,
+    single_thread,
+    versions,
+)
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "bench.md"
 MODELS = {
@@ -56,10 +66,8 @@ TARGET_TFLM, TARGET_LITERT = 50.0, 1.0
 
 def conv_model(seed: int = 0) -> bytes:
     """CONV_2D 1x56x56x64 -> 64, 3x3, SAME, stride 1, per-channel int8 weights, int32 bias, RELU."""
-    from ai_edge_litert import schema_py_generated as schema
-
     rng = np.random.default_rng(seed)
-    n, h, w, c, o, k = 1, 56, 56, 64, 64, 3
+    h, w, c, o, k = 56, 56, 64, 64, 3
     in_scale, in_zp = np.float32(0.05), -10
     w_scale = np.exp(rng.uniform(np.log(0.002), np.log(0.01), o)).astype(np.float32)
     weights = rng.integers(-127, 128, (o, k, k, c), dtype=np.int8)
@@ -69,56 +77,8 @@ def conv_model(seed: int = 0) -> bytes:
     out_scale, out_zp = np.float32(typical / 40.0), -20
     span = int(127 * 64 * np.sqrt(taps))
     bias = rng.integers(-span, span + 1, o).astype(np.int32)
-    bias_scale = (np.float64(in_scale) * w_scale.astype(np.float64)).astype(np.float32)
-
-    buffers = [schema.BufferT()]
-    tensors = []
-
-    def tensor(shape, ttype, name, scale, zp, axis=0, data=None):
-        t = schema.TensorT()
-        t.shape, t.type, t.name = list(shape), ttype, name
-        q = schema.QuantizationParametersT()
-        q.scale = [float(s) for s in np.atleast_1d(scale)]
-        q.zeroPoint = [int(z) for z in np.broadcast_to(np.atleast_1d(zp), (len(q.scale),))]
-        q.quantizedDimension = axis
-        t.quantization = q
-        if data is None:
-            t.buffer = 0
-        else:
-            b = schema.BufferT()
-            b.data = np.frombuffer(np.ascontiguousarray(data).tobytes(), dtype=np.uint8)
-            buffers.append(b)
-            t.buffer = len(buffers) - 1
-        tensors.append(t)
-        return len(tensors) - 1
-
-    x = tensor((n, h, w, c), schema.TensorType.INT8, "input", in_scale, in_zp)
-    wt = tensor((o, k, k, c), schema.TensorType.INT8, "weights", w_scale, 0, 0, weights)
-    bt = tensor((o,), schema.TensorType.INT32, "bias", bias_scale, 0, 0, bias)
-    y = tensor((n, h, w, o), schema.TensorType.INT8, "output", out_scale, out_zp)
-
-    code = schema.OperatorCodeT()
-    code.builtinCode = schema.BuiltinOperator.CONV_2D
-    code.deprecatedBuiltinCode = schema.BuiltinOperator.CONV_2D
-    code.version = 3
-    opt = schema.Conv2DOptionsT()
-    opt.padding = schema.Padding.SAME
-    opt.strideH = opt.strideW = 1
-    opt.dilationHFactor = opt.dilationWFactor = 1
-    opt.fusedActivationFunction = schema.ActivationFunctionType.RELU
-    op = schema.OperatorT()
-    op.opcodeIndex, op.inputs, op.outputs = 0, [x, wt, bt], [y]
-    op.builtinOptionsType = schema.BuiltinOptions.Conv2DOptions
-    op.builtinOptions = opt
-
-    sg = schema.SubGraphT()
-    sg.tensors, sg.inputs, sg.outputs, sg.operators, sg.name = tensors, [x], [y], [op], "main"
-    model = schema.ModelT()
-    model.version, model.operatorCodes, model.subgraphs, model.buffers = 3, [code], [sg], buffers
-    model.description = "npusim bench conv"
-    builder = flatbuffers.Builder(0)
-    builder.Finish(model.Pack(builder), file_identifier=b"TFL3")
-    return bytes(builder.Output())
+    return oracle.conv2d_model((1, h, w, c), weights, bias, in_scale, in_zp, w_scale, out_scale, out_zp,
+                               padding="SAME", activation="RELU")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -142,52 +102,10 @@ def median_time(fn, reps: int, warmup: int = 1) -> float:
     return statistics.median(timings(fn, reps, warmup))
 
 
-class LiteRT:
-    """LiteRT's default interpreter (AUTO resolver = XNNPACK delegate) with the input resized to N."""
-
-    def __init__(self, model: bytes, batch: int, threads: int = LITERT_THREADS):
-        from ai_edge_litert.interpreter import Interpreter
-
-        self.batched = True
-        self.it = Interpreter(model_content=model, num_threads=threads)
-        inp = self.it.get_input_details()[0]
-        self.in_index = inp["index"]
-        self.out_index = self.it.get_output_details()[0]["index"]
-        self.batch = batch
-        if batch != 1:
-            try:
-                self.it.resize_tensor_input(self.in_index, [batch] + list(inp["shape"][1:]), strict=False)
-                self.it.allocate_tensors()
-                if self.it.get_output_details()[0]["shape"][0] != batch:
-                    raise ValueError("output batch does not follow the input batch")
-            except (ValueError, RuntimeError):
-                # A graph with a hard-coded batch (e.g. RESHAPE to [1, K]): feed images one by one.
-                self.batched = False
-                self.it = Interpreter(model_content=model, num_threads=threads)
-                self.it.allocate_tensors()
-        else:
-            self.it.allocate_tensors()
-
-    def __call__(self, x: np.ndarray) -> np.ndarray:
-        if self.batched:
-            self.it.set_tensor(self.in_index, x)
-            self.it.invoke()
-            return self.it.get_tensor(self.out_index)
-        outs = []
-        for i in range(x.shape[0]):
-            self.it.set_tensor(self.in_index, x[i:i + 1])
-            self.it.invoke()
-            outs.append(self.it.get_tensor(self.out_index))
-        return np.concatenate(outs)
-
-
 def tflm_run(model: bytes, x: np.ndarray, images: int) -> tuple[float, np.ndarray]:
     """TFLM on the first `images` images of x, one invoke each (after one untimed warm-up invoke).
     Returns the median seconds per image and the outputs."""
-    from tflite_micro.python.tflite_micro import runtime
-
-    arena = (4 << 20) + 4 * len(model) + 8 * int(x[:1].nbytes)
-    it = runtime.Interpreter.from_bytes(bytes(model), arena_size=arena)
+    it = oracle.tflm_interpreter(model, x)
     it.set_input(np.ascontiguousarray(x[:1]), 0)
     it.invoke()
     times, outs = [], []
@@ -258,13 +176,13 @@ def bench_workload(name: str, model: bytes, inputs: np.ndarray, batches, reps: d
         t0 = time.perf_counter()
         y_sim = sim.run(x)  # first call: Numba kernels load from the cache (or compile)
         first = time.perf_counter() - t0
-        ts = timings(lambda: sim.run(x), reps["npusim"][n], warmup=1)
+        ts = timings(lambda x=x: sim.run(x), reps["npusim"][n], warmup=1)
         t_sim = statistics.median(ts)
-        lrt = LiteRT(model, n)
-        tl = timings(lambda: lrt(x), reps["litert"][n], warmup=1)
+        lrt = oracle.BatchedLiteRT(model, n, threads=LITERT_THREADS)
+        tl = timings(lambda lrt=lrt, x=x: lrt(x), reps["litert"][n], warmup=1)
         t_lrt = statistics.median(tl)
         with single_thread():
-            t_1t = median_time(lambda: sim.run(x), reps["npusim"][n], warmup=1)
+            t_1t = median_time(lambda x=x: sim.run(x), reps["npusim"][n], warmup=1)
         y_lrt = lrt(x)
         y_simx = sim_x.run(x)
         k = min(tflm_images, n)
@@ -295,6 +213,7 @@ def conv_stages(model: bytes, x: np.ndarray, reps: int) -> list[tuple[str, float
     do not pay the page faults of fresh buffers that a real call pays), and the whole call on every
     kernel path, with the default threads and with one Numba and one BLAS thread."""
     import npusim
+    from npusim import host
     from npusim.ops import aligned, amx, vnni
     from npusim.ops.gemm import accumulator_offset
     from npusim.ops.output_stage import output_parameters
@@ -316,27 +235,17 @@ def conv_stages(model: bytes, x: np.ndarray, reps: int) -> list[tuple[str, float
     out = aligned.empty((x.shape[0] * kern.out_h * kern.out_w, kern.out_channels), np.int8)
     stage_args = (np.int64(kern.profile), np.int64(s.zero_point), np.int64(s.lo), np.int64(s.hi))
 
-    def on_path(name, fn):
-        def call():
-            saved = amx.ENABLED, vnni.ENABLED
-            amx.ENABLED, vnni.ENABLED = name == "AMX", name in ("AMX", "VNNI")
-            try:
-                return fn()
-            finally:
-                amx.ENABLED, vnni.ENABLED = saved
-        return call
-
     stages = [("pad_input (Numba: the padded int8 copy)", lambda: pad_input(x, kern.pad_top, kern.pad_left, np.int8(zp), xp)),
               ("pack_filters (Numba)", lambda: vnni.pack_filters(wg.reshape(1, kern.out_channels, kern.kh * kern.kw, c), cp))]
     paths = []
-    if amx.SUPPORTED:
+    if host.has_amx():
         chunk = amx.chunk_for(cp)
         params = output_parameters(accumulator_offset(wg, b, zp), s)
         stages.append(("conv_amx (AMX tiles + vector output stage)",
                        lambda: amx.conv_amx(xp, packed, taps, cp, chunk, kern.out_h, kern.out_w, sh, sw, 1, False, kern.out_channels,
                                             params, *stage_args, amx.tile_config(chunk), out)))
         paths.append("AMX")
-    if vnni.SUPPORTED:
+    if host.has_vnni():
         params_u = output_parameters(accumulator_offset(wg, b, zp + 128), s)
         stages.append(("conv_vnni (VNNI micro-kernel + vector output stage)",
                        lambda: vnni.conv_vnni(xp, packed, taps, cp // 4, kern.out_h, kern.out_w, sh, sw, 1, False, kern.out_channels,
@@ -347,7 +256,8 @@ def conv_stages(model: bytes, x: np.ndarray, reps: int) -> list[tuple[str, float
         what = {"AMX": "AMX", "VNNI": "VNNI",
                 "BLAS": "float32 BLAS (im2col + sgemm; here under Numba's OpenMP layer, which fights OpenBLAS's threads: "
                         "a host without VNNI runs it under the workqueue layer)"}[name]
-        stages.append((f"whole Conv2D.__call__, {what} path", on_path(name, lambda: kern(x, w, b))))
+        on_path = npusim.Interpreter(model, profile="tflm", backend=name.lower()).kernels[0]
+        stages.append((f"whole Conv2D.__call__, {what} path", lambda k=on_path: k(x, w, b)))
     stages.append(("whole Interpreter.run (default path)", lambda: sim.run(x)))
     default = [median_time(fn, reps, warmup=1) for _, fn in stages]
     with single_thread():
@@ -385,148 +295,6 @@ def _op_times(model: bytes, x: np.ndarray, reps: int) -> dict:
     return {kind: (counts[kind], statistics.median(ts)) for kind, ts in totals.items()}
 
 
-# ----------------------------------------------------------------------------------------------
-# Environment
-# ----------------------------------------------------------------------------------------------
-
-def kernel_path() -> str:
-    from npusim.ops import amx, vnni
-
-    parts = []
-    if amx.ENABLED:
-        parts.append("AMX-INT8 tiles for CONV_2D with output rows of 16+ pixels (npusim/ops/amx.py)")
-    if vnni.ENABLED:
-        parts.append("AVX-512 VNNI for the other CONV_2D and FULLY_CONNECTED (npusim/ops/vnni.py)")
-    else:
-        why = "NPUSIM_VNNI=0" if vnni.SUPPORTED else "this CPU has no AVX-512 VNNI"
-        parts.append(f"float32 BLAS GEMM, exact by chunking ({why})")
-    return "; ".join(parts) + ", all with exact integer accumulation"
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
-def cpu_flags() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                flags = set(line.split(":", 1)[1].split())
-                keep = ["avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "amx_int8"]
-                return " ".join(f for f in keep if f in flags) or "none of avx2/avx512/vnni"
-    except OSError:
-        pass
-    return "unknown"
-
-
-def _openblas():
-    """(get_num_threads, set_num_threads, config string) of the OpenBLAS that numpy loaded, found in this
-    process's memory map, or None (threadpoolctl is not a dependency of the project)."""
-    try:
-        libs = sorted({line.split()[-1] for line in Path("/proc/self/maps").read_text().splitlines()
-                       if "openblas" in line.lower() and ".so" in line.split()[-1]})
-    except OSError:
-        return None
-    for path in libs:
-        try:
-            lib = ctypes.CDLL(path)
-        except OSError:
-            continue
-        for prefix in ("scipy_openblas", "openblas"):
-            for suffix in ("64_", ""):
-                get = getattr(lib, f"{prefix}_get_num_threads{suffix}", None)
-                put = getattr(lib, f"{prefix}_set_num_threads{suffix}", None)
-                if get is None or put is None:
-                    continue
-                get.restype = ctypes.c_int
-                put.argtypes = [ctypes.c_int]
-                cfg = getattr(lib, f"{prefix}_get_config{suffix}", None)
-                conf = Path(path).name
-                if cfg is not None:
-                    cfg.restype = ctypes.c_char_p
-                    conf = cfg().decode(errors="replace").strip()
-                return get, put, conf
-    return None
-
-
-def blas_threads() -> str:
-    try:
-        from threadpoolctl import threadpool_info
-
-        return "; ".join(f"{i.get('internal_api')} {i.get('version')}: {i.get('num_threads')} threads"
-                         for i in threadpool_info() if i.get("user_api") == "blas") or "no BLAS found"
-    except ImportError:
-        pass
-    ob = _openblas()
-    if ob is not None:
-        return f"OpenBLAS ({' '.join(ob[2].split())}): {ob[0]()} threads (read via ctypes; threadpoolctl not installed)"
-    try:
-        blas = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
-        return f"{blas.get('name')} {blas.get('version')} (threads unknown: threadpoolctl not installed)"
-    except Exception:  # noqa: BLE001 - informational only
-        return "unknown"
-
-
-class single_thread:
-    """Context: npusim on one Numba thread and one BLAS thread (restored on exit)."""
-
-    def __enter__(self):
-        import numba
-
-        self.numba = numba.get_num_threads()
-        numba.set_num_threads(1)
-        self.ob = _openblas()
-        self.blas = self.ob[0]() if self.ob else None
-        if self.ob:
-            self.ob[1](1)
-        return self
-
-    def __exit__(self, *exc):
-        import numba
-
-        numba.set_num_threads(self.numba)
-        if self.ob:
-            self.ob[1](self.blas)
-        return False
-
-
-def versions() -> str:
-    import numba
-
-    parts = [f"python {platform.python_version()}", f"numpy {np.__version__}", f"numba {numba.__version__}"]
-    for dist in ("ai-edge-litert", "tflite-micro", "npusim-zo"):
-        try:
-            parts.append(f"{dist} {importlib.metadata.version(dist)}")
-        except importlib.metadata.PackageNotFoundError:
-            parts.append(f"{dist} not installed")
-    return ", ".join(parts)
-
-
-def peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # Linux: kilobytes
-
-
-def current_rss_mb() -> float:
-    """Resident set size now (Linux /proc/self/statm), in MB."""
-    pages = int(Path("/proc/self/statm").read_text().split()[1])
-    return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
-
-
-def process_peak_rss_mb() -> float:
-    """This process image's resident high-water mark (VmHWM), in MB. Unlike ru_maxrss, which a child
-    inherits from its parent across fork and exec, it starts afresh in a new program."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024.0
-    return peak_rss_mb()
-
-
 def memory_child(shared: str, name: str, batch: int, calls: int) -> None:
     """Run in a fresh process (see memory_of_run): one model at one batch, alone. Prints JSON with the
     resident memory after setup, the peak of the first run, and the resident memory after each of
@@ -535,6 +303,7 @@ def memory_child(shared: str, name: str, batch: int, calls: int) -> None:
 
     import npusim
 
+    npusim.tune_process()
     model = (Path(shared) / "models" / MODELS[name]).read_bytes()
     sim = npusim.Interpreter(model, profile="tflm")
     t_in = sim.graph.input(0)
@@ -690,92 +459,89 @@ def bench_zo_step(shared: Path, reps: int, q: int = 16, batch: int = 32) -> list
             f"{len(step_times)} steps; forward: median of `Interpreter.run` on the batch.", ""]
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser().parse_args(argv)
-    command = "python -m experiments.bench " + " ".join(argv)
-    started = _dt.datetime.now().astimezone()
-    load_start = os.getloadavg()
+@dataclass
+class Results:
+    """What the workloads measured, section by section of the report."""
 
-    def log(msg: str):
-        print(msg, file=sys.stderr, flush=True)
+    rows: list = field(default_factory=list)  # list[Row]: the main table
+    notes: list = field(default_factory=list)
+    memory: list = field(default_factory=list)  # table lines of "Memory of a model run"
+    breakdown: list = field(default_factory=list)  # lines of "Where npusim's time goes"
+    zo: list = field(default_factory=list)  # lines of the ZO step section
 
-    q = args.quick
 
-    def reps_for(batches, fast, slow):
-        return {n: (2 if q else (fast if n <= 16 else slow)) for n in batches}
+def repetitions(args, batches, fast: int, slow: int) -> dict:
+    """Timed calls per batch size: `fast` for small batches, `slow` for large ones, 2 with --quick."""
+    return {n: (2 if args.quick else (fast if n <= 16 else slow)) for n in batches}
 
-    rows: list[Row] = []
-    memory: list[str] = []
-    notes: list[str] = []
-    breakdown: list[str] = []
+
+def run_conv(args, results: Results, log):
+    log("CONV_2D 1x56x56x64 -> 64, 3x3, SAME")
+    model = conv_model()
+    n_max = max(args.conv_batches)
+    x = np.random.default_rng(2).integers(-128, 128, (n_max, 56, 56, 64), dtype=np.int8)
+    reps = {"npusim": repetitions(args, args.conv_batches, 15, 5), "litert": repetitions(args, args.conv_batches, 15, 5)}
+    results.rows += bench_workload("conv", model, x, args.conv_batches, reps, tflm_images=1 if args.quick else 3, log=log)
+    results.notes.append(
+        f"conv: {results.rows[-1].macs / 1e6:.1f} MMAC per image = 56*56*64*3*3*64 (npusim Interpreter.macs(); the "
+        "'231 MMAC' of int8-numerics.md is twice that, 2 operations per MAC: if its GMAC/s anchors divide 231 M by the "
+        "time, they are twice the MAC rates of this table); random int8 input, per-channel weights, RELU.")
+    if args.quick or args.no_breakdown:
+        return
+    nb_ = 16 if 16 in args.conv_batches else n_max
+    log(f"  breakdown of Conv2D.__call__ at batch {nb_}")
+    stages = conv_stages(model, np.ascontiguousarray(x[:nb_]), reps=7)
+    macs = results.rows[-1].macs
+    results.breakdown += [f"### Conv2D.__call__ stages, conv at batch {nb_} (median ms, tflm profile)", "",
+                          "| stage | ms | GMAC/s equiv. | ms, 1 thread | GMAC/s equiv., 1 thread |", "|---|---|---|---|---|"]
+    results.breakdown += [f"| {label} | {fmt_ms(t)} | {macs * nb_ / t / 1e9:.1f} | {fmt_ms(t1)} | {macs * nb_ / t1 / 1e9:.1f} |"
+                          for label, t, t1 in stages]
+    results.breakdown.append("")
+
+
+def run_models(args, results: Results, log):
+    import npusim
+
+    for name, fname in MODELS.items():
+        path = args.shared / "models" / fname
+        if not path.exists():
+            raise SystemExit(f"{path}: not found (pass --shared, the folder that holds models/)")
+        model = path.read_bytes()
+        t_in = npusim.load_model(model).input(0)
+        x, desc = model_inputs(args.shared, name, max(args.model_batches), t_in.shape, t_in.dtype)
+        results.notes.append(f"{name} inputs: {desc}.")
+        log(f"{name} ({fname}), inputs: {desc}")
+        reps = {"npusim": repetitions(args, args.model_batches, 7, 3), "litert": repetitions(args, args.model_batches, 7, 3)}
+        results.rows += bench_workload(name, model, x, args.model_batches, reps, tflm_images=2 if args.quick else 16, log=log)
+        nb_ = max(args.model_batches)
+        mem = memory_of_run(args.shared, name, nb_)
+        growth = max(mem["after"]) - mem["after"][0]
+        results.memory.append(f"| {name} | {nb_} | {mem['input_mb']:.1f} | {mem['setup']:.0f} | {mem['peak']:.0f} | "
+                              f"{mem['peak'] - mem['setup']:.0f} | {' '.join(f'{v:.0f}' for v in mem['after'])} | {growth:+.1f} |")
+        if args.quick or args.no_breakdown:
+            continue
+        log(f"  per-op breakdown at batch {nb_}")
+        ops = op_breakdown(model, np.ascontiguousarray(x[:nb_]), reps=3)
+        total = sum(t for _, _, t, _ in ops)
+        total1 = sum(t1 for _, _, _, t1 in ops)
+        results.breakdown += [f"### {name} per op kind at batch {nb_} (median ms, one kernel at a time)", "",
+                              "| op kind | count | ms | share | ms, 1 thread | share, 1 thread |", "|---|---|---|---|---|---|"]
+        results.breakdown += [f"| {k} | {c} | {fmt_ms(t)} | {100 * t / total:.0f}% | {fmt_ms(t1)} | {100 * t1 / total1:.0f}% |"
+                              for k, c, t, t1 in ops]
+        results.breakdown += [f"| total | {sum(c for _, c, _, _ in ops)} | {fmt_ms(total)} | | {fmt_ms(total1)} | |", ""]
+
+
+def render(results: Results, command: str, quick: bool, started, load_start) -> str:
+    """The Markdown report."""
     import numba
 
-    if args.only in ("all", "conv"):
-        log("CONV_2D 1x56x56x64 -> 64, 3x3, SAME")
-        model = conv_model()
-        n_max = max(args.conv_batches)
-        x = np.random.default_rng(2).integers(-128, 128, (n_max, 56, 56, 64), dtype=np.int8)
-        reps = {"npusim": reps_for(args.conv_batches, 15, 5), "litert": reps_for(args.conv_batches, 15, 5)}
-        rows += bench_workload("conv", model, x, args.conv_batches, reps, tflm_images=1 if q else 3, log=log)
-        notes.append(f"conv: {rows[-1].macs / 1e6:.1f} MMAC per image = 56*56*64*3*3*64 (npusim Interpreter.macs(); the "
-                     "'231 MMAC' of int8-numerics.md is twice that, 2 operations per MAC: if its GMAC/s anchors divide 231 M by the "
-                     "time, they are twice the MAC rates of this table); "
-                     "random int8 input, per-channel weights, RELU.")
-        if not q and not args.no_breakdown:
-            nb_ = 16 if 16 in args.conv_batches else n_max
-            log(f"  breakdown of Conv2D.__call__ at batch {nb_}")
-            stages = conv_stages(model, np.ascontiguousarray(x[:nb_]), reps=7)
-            macs = rows[-1].macs
-            breakdown += [f"### Conv2D.__call__ stages, conv at batch {nb_} (median ms, tflm profile)", "",
-                          "| stage | ms | GMAC/s equiv. | ms, 1 thread | GMAC/s equiv., 1 thread |", "|---|---|---|---|---|"]
-            breakdown += [f"| {label} | {fmt_ms(t)} | {macs * nb_ / t / 1e9:.1f} | {fmt_ms(t1)} | {macs * nb_ / t1 / 1e9:.1f} |"
-                          for label, t, t1 in stages]
-            breakdown.append("")
-
-    if args.only in ("all", "models"):
-        import npusim
-
-        for name, fname in MODELS.items():
-            path = args.shared / "models" / fname
-            if not path.exists():
-                raise SystemExit(f"{path}: not found (pass --shared, the folder that holds models/)")
-            model = path.read_bytes()
-            t_in = npusim.load_model(model).input(0)
-            x, desc = model_inputs(args.shared, name, max(args.model_batches), t_in.shape, t_in.dtype)
-            notes.append(f"{name} inputs: {desc}.")
-            log(f"{name} ({fname}), inputs: {desc}")
-            reps = {"npusim": reps_for(args.model_batches, 7, 3), "litert": reps_for(args.model_batches, 7, 3)}
-            rows += bench_workload(name, model, x, args.model_batches, reps, tflm_images=2 if q else 16, log=log)
-            nb_ = max(args.model_batches)
-            mem = memory_of_run(args.shared, name, nb_)
-            growth = max(mem["after"]) - mem["after"][0]
-            memory.append(f"| {name} | {nb_} | {mem['input_mb']:.1f} | {mem['setup']:.0f} | {mem['peak']:.0f} | "
-                          f"{mem['peak'] - mem['setup']:.0f} | {' '.join(f'{v:.0f}' for v in mem['after'])} | {growth:+.1f} |")
-            if not q and not args.no_breakdown:
-                nb_ = max(args.model_batches)
-                log(f"  per-op breakdown at batch {nb_}")
-                ops = op_breakdown(model, np.ascontiguousarray(x[:nb_]), reps=3)
-                total = sum(t for _, _, t, _ in ops)
-                total1 = sum(t1 for _, _, _, t1 in ops)
-                breakdown += [f"### {name} per op kind at batch {nb_} (median ms, one kernel at a time)", "",
-                              "| op kind | count | ms | share | ms, 1 thread | share, 1 thread |", "|---|---|---|---|---|---|"]
-                breakdown += [f"| {k} | {c} | {fmt_ms(t)} | {100 * t / total:.0f}% | {fmt_ms(t1)} | {100 * t1 / total1:.0f}% |"
-                              for k, c, t, t1 in ops]
-                breakdown += [f"| total | {sum(c for _, c, _, _ in ops)} | {fmt_ms(total)} | | {fmt_ms(total1)} | |", ""]
-
-    zo_lines: list[str] = []
-    if args.only in ("all", "zo"):
-        log("ZO step: ResNet-8, last residual block + classifier (last:4), batch 32, q = 16")
-        zo_lines = bench_zo_step(args.shared, reps=3 if q else 10)
-
-    rss = peak_rss_mb()
+    rows = results.rows
     tflm_imgs = sorted({(r.workload, r.tflm_images) for r in rows})
     lines = [
         "# npusim speed benchmark", "",
         f"- date: {started.isoformat(timespec='seconds')}",
         f"- machine: {os.cpu_count()} CPUs (nproc {len(os.sched_getaffinity(0))}), {cpu_model()}; {cpu_flags()}; {platform.platform()}",
-        f"- command: `{command}`" + (" (--quick: a smoke test, few repetitions; not a measurement)" if q else ""),
+        f"- command: `{command}`" + (" (--quick: a smoke test, few repetitions; not a measurement)" if quick else ""),
         f"- versions: {versions()}",
         f"- load average (1/5/15 min) at start {' '.join(f'{v:.2f}' for v in load_start)}, at end "
         f"{' '.join(f'{v:.2f}' for v in os.getloadavg())} (other processes on the machine skew every time here)",
@@ -796,26 +562,49 @@ def main(argv: list[str] | None = None) -> int:
         "**exact vs LiteRT: npusim (xnnpack profile) output == LiteRT output on the whole timed batch; the claim "
         "for the conv, informational for whole models (the xnnpack profile is XNNPACK's requantization of the MAC "
         "ops; other ops such as ADD, MEAN and SOFTMAX may round differently in XNNPACK).",
-        *[f"- {n}" for n in notes],
+        *[f"- {n}" for n in results.notes],
         *[f"- {r.workload} batch {r.batch}: {n}" for r in rows for n in r.notes],
         "",
     ]
     if rows:
         lines += ["## Floors and targets", "", *targets(rows), ""]
-    if zo_lines:
-        lines += zo_lines
-    if memory:
+    lines += results.zo
+    if results.memory:
         lines += ["## Memory of a model run", "",
                   "Each model at the largest batch, alone in a fresh process (`memory_child`): resident memory after "
                   "loading the model and the input, the peak of the first run (VmHWM), and the resident memory after "
                   "each of 10 further runs. A flat last column means no allocation outlives a call.", "",
                   "| model | batch | input MB | RSS after setup MB | peak RSS of the run MB | peak - setup MB | "
                   "RSS after each further run MB | growth over 10 runs MB |",
-                  "|---|---|---|---|---|---|---|---|", *memory, ""]
-    if breakdown:
-        lines += ["## Where npusim's time goes", "", *breakdown]
-    lines.append(f"Peak RSS of the bench process: {rss:.0f} MB (resource.getrusage ru_maxrss).")
-    report = "\n".join(lines) + "\n"
+                  "|---|---|---|---|---|---|---|---|", *results.memory, ""]
+    if results.breakdown:
+        lines += ["## Where npusim's time goes", "", *results.breakdown]
+    lines.append(f"Peak RSS of the bench process: {peak_rss_mb():.0f} MB (resource.getrusage ru_maxrss).")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    import npusim
+
+    npusim.tune_process()  # as the npusim and zo command lines run
+    command = "python -m experiments.bench " + " ".join(argv)
+    started = _dt.datetime.now().astimezone()
+    load_start = os.getloadavg()
+
+    def log(msg: str):
+        print(msg, file=sys.stderr, flush=True)
+
+    results = Results()
+    if args.only in ("all", "conv"):
+        run_conv(args, results, log)
+    if args.only in ("all", "models"):
+        run_models(args, results, log)
+    if args.only in ("all", "zo"):
+        log("ZO step: ResNet-8, last residual block + classifier (last:4), batch 32, q = 16")
+        results.zo = bench_zo_step(args.shared, reps=3 if args.quick else 10)
+    report = render(results, command, args.quick, started, load_start)
     print(report)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(report)

@@ -49,9 +49,11 @@ ROWS = tuple(Row(m, d, t) for m in MODELS for d in DATA[m] for t in ("last:1", "
 
 def execute(row: Row, shared: str, runs: str, budget: int, seed: int) -> dict:
     """Train one row (or return its stored result)."""
+    from npusim import tune_process
     from zo.backprop import backprop_baseline
     from zo.trainer import TrainConfig, Trainer
 
+    tune_process()
     done = Path(runs) / f"{row.key}-seed{seed}.json"
     if done.exists():
         return json.loads(done.read_text())

@@ -12,6 +12,7 @@ import numpy as np
 from .errors import NpusimError
 from .interpreter import Interpreter
 from .tflite_io import load_model
+from .tuning import tune_process
 
 PROFILE = click.option("--profile", type=click.Choice(["tflm", "xnnpack", "single"]), default="tflm", show_default=True,
                        help="Rounding profile: tflm (TFLite Micro), xnnpack (LiteRT's default CPU path), single (CMSIS-NN single rounding).")
@@ -53,6 +54,7 @@ def tensor_file_name(index: int, name: str) -> str:
 @click.version_option(package_name="npusim-zo")
 def main():
     """Bit-exact INT8 NPU simulator (TFLite Micro integer numerics)."""
+    tune_process()
 
 
 @main.command()
@@ -98,7 +100,7 @@ def inspect(model, target, npu_efficiency, m55_macs_per_cycle):
     """One row per op: shapes, MACs and parameters, then the totals.
 
     With --target stm32n6: the NPU/M55 placement, epochs, weight and arena memory and an estimated
-    latency (cost model and its assumptions: npusim/npu.py)."""
+    latency (cost model and its assumptions: npusim/npu/cost.py)."""
     interp = Interpreter(load_model(model))
     if target == "stm32n6":
         from .npu import CostModel, report

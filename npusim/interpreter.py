@@ -11,12 +11,10 @@ import numpy as np
 from . import tflite_io
 from .errors import NpusimError
 from .graph import Graph
-from .ops import KERNELS
+from .ops import KERNELS, MAC_OPS
+from .ops import backend as _backend
 from .quant import profile_id
 from .tflite_io import load_model
-
-# Layers whose weights may carry a leading group axis (many weight versions in one call).
-GROUPED_KINDS = ("CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED")
 
 
 def execution_order(graph: Graph) -> list:
@@ -60,11 +58,16 @@ def check_activations(graph: Graph):
 
 
 class Interpreter:
-    """A prepared model. `run(x)` evaluates a batch: x has the model input's shape with N on axis 0."""
+    """A prepared model. `run(x)` evaluates a batch: x has the model input's shape with N on axis 0.
 
-    def __init__(self, graph: Graph | str | bytes, profile: str = "tflm"):
+    backend: the MAC engines of CONV_2D and FULLY_CONNECTED, "auto" (the fastest this host runs) or
+    an engine's name, "amx", "vnni" or "blas" (see ops/backend.py); every choice gives the same bits.
+    """
+
+    def __init__(self, graph: Graph | str | bytes, profile: str = "tflm", backend: str = "auto"):
         self.graph = graph if isinstance(graph, Graph) else load_model(graph)
         self.profile = profile
+        self.backends = _backend.select(backend)
         pid = profile_id(profile)
         self.kernels = []
         ops = execution_order(self.graph)
@@ -74,7 +77,9 @@ class Interpreter:
         check_activations(self.graph)
         for op in ops:
             try:
-                self.kernels.append(KERNELS[op.kind](op, self.graph, pid))
+                kernel_class = KERNELS[op.kind]
+                extra = {"backends": self.backends} if kernel_class.takes_backends else {}
+                self.kernels.append(kernel_class(op, self.graph, pid, **extra))
             except NpusimError as e:  # helpers shared by ops (padding, multipliers) do not know the op
                 if str(e).startswith(f"op {op.index} "):
                     raise
@@ -194,7 +199,7 @@ class Interpreter:
     def _call_grouped(self, kernel, args, shared_batch):
         tensors = self.graph.tensors
         acts = [i for i, t in enumerate(kernel.op.inputs) if t >= 0 and not tensors[t].is_constant]
-        if kernel.kind in GROUPED_KINDS and args[1].ndim == len(tensors[kernel.op.inputs[1]].shape) + 1:
+        if kernel.kind in MAC_OPS and args[1].ndim == len(tensors[kernel.op.inputs[1]].shape) + 1:
             return kernel(*args, shared=args[0].shape[0] == shared_batch)
         largest = max(args[i].shape[0] for i in acts)
         if largest != shared_batch:

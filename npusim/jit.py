@@ -1,59 +1,136 @@
-"""Numba kernels that use threads only when the work pays for them.
+"""Numba compilation for npusim: a cache keyed by the package's sources, and kernels that use
+threads only when the work pays for them.
 
-A parallel region waits for its slowest thread: on a small machine that other processes share,
-a thread that is not scheduled stalls the whole region for a scheduler quantum, so many small
-threaded kernels can be tens of times slower than serial ones (measured on ResNet-8 at batch 8:
-572 ms threaded, 9.4 ms serial, under load). Each kernel is compiled twice, serial and threaded,
-and the call picks by the size of its largest array.
+The cache. Numba revalidates a cached function against its own file only, but kernels inline code
+from other modules (quant.py's rounding, the LLVM intrinsics of ops/output_stage.py): after an edit
+or an upgrade there, a kernel would load stale machine code. So every kernel of the package is
+cached in a directory named by a digest of all its sources: a change anywhere starts a fresh
+directory, and nothing is ever deleted, so processes of different versions (or concurrent workers
+of one) never remove each other's files. The directory is npusim/__pycache__/numba-<digest>, or,
+where the package is read-only, <user cache>/npusim/numba-<digest>; NUMBA_CACHE_DIR, when set,
+takes the place of both. Only npusim's own functions use these locators (per dispatcher): the
+rest of the process keeps Numba's.
+
+The threads. A parallel region waits for its slowest thread: on a small machine that other
+processes share, a thread that is not scheduled stalls the whole region for a scheduler quantum,
+so many small threaded kernels can be tens of times slower than serial ones (measured on ResNet-8
+at batch 8: 572 ms threaded, 9.4 ms serial, under load). Each kernel is compiled twice, serial and
+threaded, and the call picks by the size of its largest array.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
+import os
 import types
 from pathlib import Path
 
 import numba as nb
 import numpy as np
+from numba.core import caching, config
 
+PACKAGE = Path(__file__).resolve().parent
 PARALLEL_MIN_WORK = 1 << 18  # elements of the largest array argument
 
 
-def drop_stale_cache(package: Path = Path(__file__).resolve().parent) -> bool:
-    """Numba revalidates a cached function against its own file only, but kernels inline code from
-    other modules (quant.py's rounding, the LLVM intrinsics of ops/output_stage.py): after an edit
-    or an upgrade there, a kernel would load stale machine code. So the whole package's cache is
-    dropped whenever any of its sources changed (a hash of them kept beside the cache). Returns
-    whether it was dropped. Only Numba's default cache location is managed."""
-    sources = sorted(package.rglob("*.py"))
-    digest = hashlib.sha256(b"".join(p.read_bytes() for p in sources)).hexdigest()
-    stamp = package / "__pycache__" / "numba-sources.sha256"
-    try:
-        if stamp.read_text() == digest:
-            return False
-    except OSError:
-        pass
-    for cached in list(package.rglob("__pycache__/*.nbi")) + list(package.rglob("__pycache__/*.nbc")):
-        cached.unlink(missing_ok=True)
-    try:
-        stamp.parent.mkdir(exist_ok=True)
-        stamp.write_text(digest)
-    except OSError:  # a read-only install: Numba then cannot cache there either
-        pass
-    return True
+def digest_of(package: Path) -> str:
+    """A digest of every source file under package (names and contents)."""
+    h = hashlib.sha256()
+    for p in sorted(package.rglob("*.py")):
+        h.update(str(p.relative_to(package)).encode() + b"\0" + p.read_bytes() + b"\0")
+    return h.hexdigest()[:20]
 
 
-drop_stale_cache()
+@functools.cache
+def sources_digest() -> str:
+    """npusim's digest, taken once per process: the sources it compiled its kernels from."""
+    return digest_of(PACKAGE)
+
+
+def user_cache_dir() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "npusim"
+
+
+class _DigestLocator(caching._SourceFileBackedLocatorMixin, caching._CacheLocator):
+    """Caches a function of the package under root/numba-<digest>/<its module's folder>. The
+    source stamp is the digest too: within a directory every entry belongs to these sources."""
+
+    package = PACKAGE
+
+    def __init__(self, py_func, py_file):
+        self._py_file = py_file
+        self._lineno = py_func.__code__.co_firstlineno
+        folder = Path(py_file).resolve().parent.relative_to(self.package)
+        self._cache_path = str(self.root() / f"numba-{sources_digest()}" / folder)
+
+    @classmethod
+    def root(cls) -> Path:
+        raise NotImplementedError
+
+    def get_cache_path(self):
+        return self._cache_path
+
+    def get_source_stamp(self):
+        return sources_digest()
+
+    @classmethod
+    def from_function(cls, py_func, py_file):
+        try:
+            Path(py_file).resolve().relative_to(cls.package)
+        except ValueError:
+            return None
+        return super().from_function(py_func, py_file)  # None where the directory is not writable
+
+
+class _GivenDirLocator(_DigestLocator):
+    @classmethod
+    def root(cls):
+        return Path(config.CACHE_DIR) / "npusim"
+
+    @classmethod
+    def from_function(cls, py_func, py_file):
+        return super().from_function(py_func, py_file) if config.CACHE_DIR else None
+
+
+class _PackageLocator(_DigestLocator):
+    @classmethod
+    def root(cls):
+        return cls.package / "__pycache__"
+
+
+class _UserLocator(_DigestLocator):
+    @classmethod
+    def root(cls):
+        return user_cache_dir()
+
+
+class _CacheImpl(caching.CompileResultCacheImpl):
+    _locator_classes = [_GivenDirLocator, _PackageLocator, _UserLocator]
+
+
+class _FunctionCache(caching.FunctionCache):
+    _impl_class = _CacheImpl
+
+
+def njit(fn=None, **flags):
+    """numba.njit with npusim's cache (as cache=True, in the directory of the sources' digest)."""
+    def decorate(f):
+        dispatcher = nb.njit(**flags)(f)
+        dispatcher._cache = _FunctionCache(f)  # what Dispatcher.enable_caching does, with our locators
+        return dispatcher
+
+    return decorate if fn is None else decorate(fn)
 
 
 class ParallelKernel:
     def __init__(self, fn):
-        self.serial = nb.njit(cache=True)(fn)
+        self.serial = njit(fn)
         # Numba's cache is keyed by the function's qualified name and signature, not its flags: the
         # two twins of one function would load each other's machine code. A copy of the function
         # under another name gets its own cache entry.
         twin = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
         twin.__qualname__ = fn.__qualname__ + "__threaded"
-        self.threaded = nb.njit(cache=True, parallel=True)(twin)
+        self.threaded = njit(twin, parallel=True)
         self.__doc__ = fn.__doc__
         self.__name__ = fn.__name__
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import math
 
-import numba as nb
 import numpy as np
 
 from .errors import NpusimError
+from .jit import njit
 
 # Rounding profiles. Integers so that Numba kernels can branch on them.
 TFLM, SINGLE, XNNPACK = 0, 1, 2
@@ -69,7 +69,7 @@ def activation_range(activation: str, scale: float, zero_point: int) -> tuple[in
     return lo, hi
 
 
-@nb.njit(cache=True, inline="always")
+@njit(inline="always")
 def saturating_rounding_doubling_high_mul(a, b):
     # Written without branches so that kernels' channel loops vectorize; with a and b int32 values
     # the product is one VPMULDQ.
@@ -81,7 +81,7 @@ def saturating_rounding_doubling_high_mul(a, b):
     return np.int64(INT32_MAX) if (a == INT32_MIN and b == INT32_MIN) else q
 
 
-@nb.njit(cache=True, inline="always")
+@njit(inline="always")
 def rounding_divide_by_pot(x, exponent):
     mask = (np.int64(1) << exponent) - 1
     remainder = x & mask
@@ -89,7 +89,7 @@ def rounding_divide_by_pot(x, exponent):
     return (x >> exponent) + (1 if remainder > threshold else 0)
 
 
-@nb.njit(cache=True, inline="always")
+@njit(inline="always")
 def multiply_by_quantized_multiplier(x, m, shift):
     """TFLM double rounding: high-mul then rounding right shift (ties away from zero)."""
     left = shift if shift > 0 else 0
@@ -100,14 +100,14 @@ def multiply_by_quantized_multiplier(x, m, shift):
     return rounding_divide_by_pot(saturating_rounding_doubling_high_mul(a, m), right)
 
 
-@nb.njit(cache=True, inline="always")
+@njit(inline="always")
 def multiply_by_quantized_multiplier_single(x, m, shift):
     """TFLITE_SINGLE_ROUNDING / CMSIS-NN: one rounding, ties toward +inf."""
     total = 31 - shift
     return (np.int64(x) * np.int64(m) + (np.int64(1) << (total - 1))) >> total
 
 
-@nb.njit(cache=True, inline="always")
+@njit(inline="always")
 def requantize_one(acc, m, shift, real_scale, profile):
     if profile == TFLM:
         return multiply_by_quantized_multiplier(acc, m, shift)
@@ -117,7 +117,7 @@ def requantize_one(acc, m, shift, real_scale, profile):
     return np.int64(np.rint(np.float32(acc) * real_scale))
 
 
-@nb.njit(cache=True)
+@njit()
 def mbqm_array(x, m, shift):
     """MultiplyByQuantizedMultiplier (TFLM) elementwise over an int64 array, one multiplier."""
     out = np.empty(x.shape, dtype=np.int64)
@@ -128,12 +128,12 @@ def mbqm_array(x, m, shift):
     return out
 
 
-@nb.njit(cache=True, inline="always")
+@njit(inline="always")
 def clamp(v, lo, hi):
     return lo if v < lo else (hi if v > hi else v)
 
 
-@nb.njit(cache=True, inline="always")
+@njit(inline="always")
 def requantize_to_output(acc, m, shift, real_scale, profile, zero_point, lo, hi):
     """An accumulator to its int8 output: requantize, add the output zero point, clamp to the
     fused activation's range (the output stage of every MAC op)."""

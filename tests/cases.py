@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 from hypothesis import strategies as st
 
-import oracle as O
+from npusim.testing import oracle as O
 
 ACTIVATIONS = ["NONE", "RELU", "RELU6"]
 seeds = st.integers(0, 2**32 - 1)

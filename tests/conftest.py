@@ -1,4 +1,5 @@
-"""Test configuration: hypothesis profiles and the tests directory on sys.path (for oracle, cases).
+"""Test configuration: hypothesis profiles and the tests directory on sys.path (for cases,
+shared_paths, kernel_paths; the oracles are npusim.testing.oracle).
 
 HYPOTHESIS_PROFILE=npusim (default): derandomized, no example database written into the repo, so
 `make test` is reproducible. HYPOTHESIS_PROFILE=random: fresh random examples on every run.

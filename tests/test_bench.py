@@ -5,6 +5,7 @@ import warnings
 from pathlib import Path
 
 import pytest
+
 from shared_paths import SHARED
 
 pytest.importorskip("tflite_micro", reason="tflite-micro (the TFLM oracle) is not installed")
@@ -50,7 +51,7 @@ def test_conv_quick_batch1(tmp_path, capsys):
 def test_models_quick_small_batch(tmp_path):
     if not (SHARED / "models" / bench.MODELS["resnet8"]).exists():
         msg = f"shared models not found under {SHARED} (set NPU_SHARED): bench on the shared models NOT tested"
-        warnings.warn(msg)
+        warnings.warn(msg, stacklevel=1)
         pytest.skip(msg)
     out = tmp_path / "bench.md"
     assert bench.main(["--shared", str(SHARED), "--quick", "--only", "models", "--model-batches", "2",

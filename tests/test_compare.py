@@ -2,7 +2,6 @@
 directory of the same profile (no mismatch), plain <name>.npy references, and bad input (exit 2)."""
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
 from click.testing import CliRunner
@@ -10,8 +9,8 @@ from click.testing import CliRunner
 from npusim import Interpreter, load_model
 from npusim.cli import main, tensor_file_name
 from npusim.compare import compare_profiles, compare_reference, sanitize_name
-from shared_paths import MOBILENET, RESNET, need
 
+from shared_paths import MOBILENET, RESNET, need
 
 
 def cli(*args):

@@ -1,16 +1,14 @@
 """Tests for zo.data on small fixtures built in tmp_path, plus the real shared data when present."""
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
 from PIL import Image
 
 from zo.data import Dataset, batches, load_dataset, resize_images, subset
 from zo.errors import DataError, ZoError
+
 from shared_paths import SHARED
-
-
 
 # ----------------------------------------------------------------------------------------------
 # Fixture builders

@@ -41,11 +41,12 @@ from ai_edge_litert import schema_py_generated as schema
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import oracle as O
 from npusim import Interpreter, NpusimError, load_model, tflite_io
 from npusim.npu import report as npu_report
-from zo_fixtures import tiny_classifier
+from npusim.testing import oracle as O
+
 from shared_paths import SHARED
+from zo_fixtures import tiny_classifier
 
 INT32_MAX = 2**31 - 1
 # In-process campaigns lower npusim's allocation limit (tflite_io.MAX_TENSOR_BYTES) to this, so the

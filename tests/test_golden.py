@@ -14,8 +14,8 @@ from click.testing import CliRunner
 import npusim
 from npusim.cli import main
 from npusim.golden import load_golden, tensor_hash
-from shared_paths import MOBILENET, RESNET, need
 
+from shared_paths import MOBILENET, RESNET, need
 
 
 def cli(*args):

@@ -12,7 +12,7 @@ import pytest
 
 import npusim
 from npusim import load_model
-from oracle import run_tflm
+from npusim.testing.oracle import run_tflm
 from zo.errors import ZoError
 from zo.head import LOGIT_RANGE, PROBE_CODES
 from zo.inputs import ImageInput, choose_mapping, model_inputs, quantize_real

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 import npusim
-import oracle as O
+from npusim.testing import oracle as O
+
 from shared_paths import RESNET, need
 
 GROWTH_LIMIT_MB = 8.0  # allocator noise; a per-call leak of a batch's activations is far larger

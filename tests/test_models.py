@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 import npusim
-from oracle import run_tflm
+from npusim.testing.oracle import run_tflm
 from zo.data import load_dataset, resize_images
+
 from shared_paths import MOBILENET, RESNET, SHARED
 
 NPUSIM = [sys.executable, "-m", "npusim.cli"]
@@ -109,7 +110,7 @@ def uint8_asymmetric_model() -> bytes:
     """An old TF1-style 'quant' model: uint8 activations and weights, asymmetric."""
     from ai_edge_litert import schema_py_generated as schema
 
-    from oracle import ModelBuilder
+    from npusim.testing.oracle import ModelBuilder
 
     b = ModelBuilder()
     x = b.add_tensor((1, 4, 4, 3), np.uint8, 0.02, 128, name="input")

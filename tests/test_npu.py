@@ -10,13 +10,23 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from npusim import Interpreter, NpusimError, Quantization, Tensor
-from npusim import npu
+from npusim import Interpreter, NpusimError, Quantization, Tensor, npu
 from npusim.cli import main
-from npusim.npu import (M55, NPU, Buffer, CostModel, activation_lifetimes, format_zo_step_report, greedy_first_fit,
-                        placement, plan_arena, plan_device, zo_step_report)
-from shared_paths import MOBILENET, RESNET, need
+from npusim.npu import (
+    M55,
+    NPU,
+    Buffer,
+    CostModel,
+    activation_lifetimes,
+    format_zo_step_report,
+    greedy_first_fit,
+    placement,
+    plan_arena,
+    plan_device,
+    zo_step_report,
+)
 
+from shared_paths import MOBILENET, RESNET, need
 
 # Ops that must fall back to the Cortex-M55 on each real model.
 EXPECTED_M55 = {RESNET.name: {"SOFTMAX"}, MOBILENET.name: {"QUANTIZE", "SOFTMAX", "DEQUANTIZE"}}
@@ -136,7 +146,7 @@ def test_latency_scales_and_follows_the_cost_model(model, monkeypatch):
     assert slow.unit_seconds(NPU) > dev.unit_seconds(NPU)
     assert slow.unit_seconds(M55) == pytest.approx(dev.unit_seconds(M55))
     # module constants are the defaults of every later estimate
-    monkeypatch.setattr(npu, "EPOCH_OVERHEAD_S", 1e-3)
+    monkeypatch.setattr(npu.cost, "EPOCH_OVERHEAD_S", 1e-3)
     assert plan_device(interp).latency_s(1) == pytest.approx(t1 + len(dev.epochs) * (1e-3 - dev.cost.epoch_overhead_s))
     # CONV-type ops cost MACs / (peak * efficiency)
     conv = next(o for o in dev.ops if o.kind == "CONV_2D")
@@ -147,7 +157,9 @@ def test_cli_cost_options(model):
     path, _ = model
     base = cli("inspect", path, "--target", "stm32n6").stdout
     fast = cli("inspect", path, "--target", "stm32n6", "--npu-efficiency", "1.0", "--m55-macs-per-cycle", "8").stdout
-    ms = lambda out: float(re.search(r"estimated latency: ([\d.]+) ms", out).group(1))
+    def ms(out):
+        return float(re.search(r"estimated latency: ([\d.]+) ms", out).group(1))
+
     assert ms(fast) < ms(base)
     assert "x 1 efficiency" in fast and "x 8 MAC/cycle" in fast
     for bad in (["--npu-efficiency", "0"], ["--npu-efficiency", "1.5"], ["--m55-macs-per-cycle", "-1"]):
@@ -180,7 +192,9 @@ def test_placement_rules():
     assert placement(_kernel("QUANTIZE", [_t((1, 8, 8, 4), np.uint8)], [y]))[0] == M55
     assert placement(_kernel("DEQUANTIZE", [x], [_t((1, 8, 8, 4), np.float32)]))[0] == M55
     assert placement(_kernel("CUSTOM:foo", [x], [y]))[0] == M55
-    axes = lambda a: _t((len(a),), np.int32, data=np.array(a, np.int32))
+    def axes(a):
+        return _t((len(a),), np.int32, data=np.array(a, np.int32))
+
     assert placement(_kernel("MEAN", [x, axes([1, 2])], [_t((1, 4))]))[0] == NPU
     assert placement(_kernel("MEAN", [x, axes([-3, -2])], [_t((1, 4))]))[0] == NPU
     assert placement(_kernel("MEAN", [x, axes([3])], [_t((1, 8, 8))]))[0] == M55

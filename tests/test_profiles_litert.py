@@ -17,8 +17,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from npusim.testing import oracle as O
+
 import cases as C
-import oracle as O
 from kernel_paths import PATHS, kernel_path
 
 SCALE = float(os.environ.get("NPUSIM_TEST_SCALE", "1"))

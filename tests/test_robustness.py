@@ -21,12 +21,13 @@ from click.testing import CliRunner
 
 import npusim
 import npusim.cli
-import oracle as O
 import zo.cli
 import zo.trainer
 from npusim import Interpreter, NpusimError, tflite_io
+from npusim.testing import oracle as O
 from zo.errors import ZoError
 from zo.trainer import TrainConfig, Trainer
+
 from zo_fixtures import color_dataset, tiny_classifier
 
 
@@ -366,23 +367,6 @@ def test_full_disk_during_training_exits_2_and_resume_continues(run, monkeypatch
     result = resume(model, data, run)
     assert result.exit_code == 0, result.stderr
     assert (run / "model.tflite").exists()
-
-
-def test_numba_cache_is_dropped_when_any_source_changes(tmp_path):
-    """Kernels inline code from other modules, which Numba's own cache check does not see."""
-    from npusim.jit import drop_stale_cache
-
-    (tmp_path / "kernels.py").write_text("x = 1\n")
-    cache = tmp_path / "sub" / "__pycache__"
-    cache.mkdir(parents=True)
-    (tmp_path / "sub" / "rounding.py").write_text("y = 1\n")
-    entry = cache / "kernels.f-1.py311.1.nbc"
-    entry.write_bytes(b"machine code")
-    assert drop_stale_cache(tmp_path) and not entry.exists()
-    entry.write_bytes(b"machine code")
-    assert not drop_stale_cache(tmp_path) and entry.exists()  # unchanged sources: the cache stays
-    (tmp_path / "sub" / "rounding.py").write_text("y = 2\n")  # an edit in another module
-    assert drop_stale_cache(tmp_path) and not entry.exists()
 
 
 def test_weights_edited_in_place_are_not_served_stale():

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from experiments import study
+
 from shared_paths import SHARED
 
 pytestmark = pytest.mark.skipif(not (SHARED / "models").exists(), reason=f"SHARED DATA MISSING: {SHARED} not found (set NPU_SHARED)")

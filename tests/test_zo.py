@@ -13,12 +13,13 @@ import pytest
 from tflite_micro.python.tflite_micro import runtime
 
 import npusim
-from oracle import run_tflm
+from npusim.testing.oracle import run_tflm
 from zo.model import TrainableModel
 from zo.perturbation import direction, second_moment
 from zo.trainer import TrainConfig, Trainer
-from zo_fixtures import color_dataset, tiny_classifier
+
 from shared_paths import MOBILENET, RESNET, SHARED
+from zo_fixtures import color_dataset, tiny_classifier
 
 ZO = [sys.executable, "-m", "zo.cli"]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 from ai_edge_litert import schema_py_generated as schema
 
-from oracle import ModelBuilder, bias_scale
+from npusim.testing.oracle import ModelBuilder, bias_scale
 
 
 def tiny_classifier(classes: int = 4, side: int = 4, hidden: int = 8, seed: int = 0, input_scale: float = 1.0,

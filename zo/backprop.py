@@ -22,6 +22,7 @@ from contextlib import nullcontext
 
 import numpy as np
 
+from npusim.ops import MAC_OPS as MAC_KINDS
 from npusim.quant import activation_range
 
 from .errors import ZoError
@@ -361,7 +362,6 @@ class Concatenation(FloatOp):
 FLOAT_OPS = {"CONV_2D": Conv2D, "DEPTHWISE_CONV_2D": DepthwiseConv2D, "FULLY_CONNECTED": FullyConnected, "ADD": Add,
              "AVERAGE_POOL_2D": AveragePool2D, "MAX_POOL_2D": MaxPool2D, "MEAN": Mean, "RESHAPE": Reshape,
              "PAD": Pad, "PADV2": Pad, "CONCATENATION": Concatenation}
-MAC_KINDS = ("CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED")
 
 
 # ----------------------------------------------------------------------------------------------

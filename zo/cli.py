@@ -6,6 +6,8 @@ from pathlib import Path
 
 import click
 
+import npusim
+
 from .errors import ZoError
 from .trainer import TrainConfig, Trainer
 
@@ -19,6 +21,7 @@ def fail(message: str, code: int = 2):
 @click.version_option(package_name="npusim-zo")
 def main():
     """Zeroth-order (forward-only) on-device training on the npusim INT8 simulator."""
+    npusim.tune_process()
 
 
 @main.command()

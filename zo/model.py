@@ -11,11 +11,11 @@ import numpy as np
 
 from npusim import Interpreter, NpusimError
 from npusim.graph import Graph
+from npusim.ops import MAC_OPS
 
 from .errors import ZoError
 from .head import feature_tensor, find_head, fresh_head
 
-MAC_OPS = ("CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED")
 WEIGHT_BOUND = 127  # int8 weights are symmetric: [-127, 127]
 BIAS_BOUND = 2**31 - 1
 # A bias LSB is in_scale * w_scale: one weight LSB times one input LSB. Perturbing a bias by one LSB

@@ -24,6 +24,7 @@ import numpy as np
 
 from npusim import NpusimError, load_model, write_model
 from npusim.npu import plan_device
+from npusim.ops import MAC_OPS
 
 from .data import Dataset, load_dataset, subset
 from .errors import ZoError
@@ -235,7 +236,7 @@ class Trainer:
             i += v.size
             overrides[p.tensor] = np.clip(block, -p.bound, p.bound).astype(v.dtype).reshape((g,) + v.shape)
         for k in self.model.suffix:
-            if k.kind in ("CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED") and k.op.inputs[1] not in overrides \
+            if k.kind in MAC_OPS and k.op.inputs[1] not in overrides \
                     and any(t in overrides for t in k.op.inputs):
                 w = tensors[k.op.inputs[1]].data
                 overrides[k.op.inputs[1]] = np.broadcast_to(w, (g,) + w.shape)

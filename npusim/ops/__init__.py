@@ -12,3 +12,7 @@ from .softmax import Softmax
 KERNELS = {k.kind: k for k in (Add, AveragePool2D, Concatenation, Conv2D, DepthwiseConv2D, Dequantize, FullyConnected,
                                MaxPool2D, Mean, Pad, Quantize, Reshape, Softmax, Transpose)}
 KERNELS["PADV2"] = Pad
+
+# The multiply-accumulate layers: their weights may carry a leading group axis (many weight
+# versions in one call), they run on a MAC engine (backend.py) and on the NPU's conv accelerators.
+MAC_OPS = (Conv2D.kind, DepthwiseConv2D.kind, FullyConnected.kind)

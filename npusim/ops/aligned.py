@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import mmap
 import os
 import threading
@@ -37,9 +38,13 @@ def _libc_function(name: str):
         return None
 
 
-_madvise_fn = _libc_function("madvise")
-if _madvise_fn is not None:
-    _madvise_fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+@functools.cache
+def _madvise():
+    """madvise(2), looked up on the first large array (not at import), or None."""
+    fn = _libc_function("madvise")
+    if fn is not None:
+        fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    return fn
 
 
 def keep_freed_memory():
@@ -47,7 +52,10 @@ def keep_freed_memory():
     of a run paid a page fault per 4 KB (about 2 us each here; a ResNet-8 run at batch 256 paid
     several ms). Serving them from the heap and not trimming it lets a run reuse the memory of the
     activations it dropped: resident memory stays at the peak of a run instead of falling back.
-    NPUSIM_MALLOPT=0 leaves malloc as it is. Called once, when npusim is imported."""
+    Arrays above malloc's reach come from the pool below from then on. Process-wide, so only
+    npusim.tune_process() calls it; NPUSIM_MALLOPT=0 leaves malloc as it is (the pool still serves)."""
+    global _pooling
+    _pooling = True
     mallopt = _libc_function("mallopt")
     if os.environ.get("NPUSIM_MALLOPT", "1") == "0" or mallopt is None:
         return
@@ -59,9 +67,11 @@ def keep_freed_memory():
 # Arrays too large for malloc to reuse (glibc maps anything above 32 MB afresh and unmaps it on
 # free: the kernel zeroes every page again, 7 ms for a 50 MB activation) come from a pool of
 # mappings: when the last view of one dies, its mapping goes back to the pool for the next array
-# of that size. The pool keeps at most POOL_LIMIT bytes of free mappings.
+# of that size. The pool keeps at most POOL_LIMIT bytes of free mappings. It holds memory for the
+# life of the process, so it serves only after keep_freed_memory() (npusim.tune_process) turned it on.
 POOL_MIN = 32 << 20
 POOL_LIMIT = 1 << 30
+_pooling = False
 _pool: list = []  # free (size, mapping), oldest first
 _pool_lock = threading.Lock()
 
@@ -94,9 +104,10 @@ def _pooled_bytes(nbytes: int) -> np.ndarray:
         mapping = mmap.mmap(-1, size)
     raw = np.frombuffer(mapping, dtype=np.uint8)
     weakref.finalize(raw, _release, mapping, size).atexit = False  # raw lives as long as any view of it
-    if fresh and _madvise_fn is not None:
-        _madvise_fn(raw.ctypes.data, size, _MADV_HUGEPAGE)
-        _madvise_fn(raw.ctypes.data, size, _MADV_POPULATE_WRITE)
+    madvise = _madvise()
+    if fresh and madvise is not None:
+        madvise(raw.ctypes.data, size, _MADV_HUGEPAGE)
+        madvise(raw.ctypes.data, size, _MADV_POPULATE_WRITE)
     return raw[:nbytes]
 
 
@@ -104,18 +115,19 @@ def empty(shape, dtype) -> np.ndarray:
     dtype = np.dtype(dtype)
     count = int(np.prod(shape, dtype=np.int64))
     nbytes = count * dtype.itemsize
-    if nbytes >= POOL_MIN:
+    if nbytes >= POOL_MIN and _pooling:
         return _pooled_bytes(nbytes).view(dtype).reshape(shape)  # page aligned
-    align = HUGE_PAGE if nbytes >= HUGE_MIN and _madvise_fn is not None else ALIGN
+    madvise = _madvise() if nbytes >= POPULATE_MIN else None
+    align = HUGE_PAGE if nbytes >= HUGE_MIN and madvise is not None else ALIGN
     raw = np.empty(nbytes + align, dtype=np.uint8)
     start = -raw.ctypes.data % align
     # Hints: where the kernel refuses them (older Linux), the array is still correct, just slower.
     if align == HUGE_PAGE:
-        _madvise_fn(raw.ctypes.data + start, nbytes // HUGE_PAGE * HUGE_PAGE, _MADV_HUGEPAGE)
-    if nbytes >= POPULATE_MIN and _madvise_fn is not None:
+        madvise(raw.ctypes.data + start, nbytes // HUGE_PAGE * HUGE_PAGE, _MADV_HUGEPAGE)
+    if madvise is not None:
         first = raw.ctypes.data + start + (-(raw.ctypes.data + start) % PAGE)
         last = (raw.ctypes.data + start + nbytes) // PAGE * PAGE
-        _madvise_fn(first, last - first, _MADV_POPULATE_WRITE)  # already-mapped pages cost nothing
+        madvise(first, last - first, _MADV_POPULATE_WRITE)  # already-mapped pages cost nothing
     return raw[start:start + nbytes].view(dtype).reshape(shape)
 
 

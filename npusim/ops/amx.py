@@ -13,15 +13,11 @@ so rows must hold at least 16 output pixels; a 1x1 stride-1 convolution is one l
 use vnni.py's packed layout, whose 64-byte rows are exactly AMX's B rows.
 
 Tiles: C0..C3 = tmm0..3 (2 pixel blocks x 2 channel groups), A = tmm4, tmm5, B = tmm6, tmm7.
-The OS must grant the tile data state to the process first (arch_prctl ARCH_REQ_XCOMP_PERM).
+The OS must grant the tile data state to the process first (arch_prctl ARCH_REQ_XCOMP_PERM, asked
+by host.has_amx(); backend.py runs this engine only where that was granted).
 """
 from __future__ import annotations
 
-import ctypes
-import os
-import sys
-
-import llvmlite.binding
 import numba as nb
 import numpy as np
 from llvmlite import ir
@@ -29,33 +25,13 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from ..jit import parallel_kernel
+from ..jit import njit, parallel_kernel
 from . import aligned
 from .output_stage import output_stage_tile
 from .vnni import MAX_DEPTH, padded_input, prepared_filters
 
 ROWS = 16  # pixels per tile
 MIN_CHUNK = 16  # narrower reductions per tile op leave AMX slower than VNNI
-
-
-def _request_amx() -> bool:
-    """AMX needs the CPU flags, Numba compiling for this host, and Linux's permission for the tile
-    data (without it the first tile instruction raises SIGILL)."""
-    if nb.config.CPU_NAME or nb.config.CPU_FEATURES or not sys.platform.startswith("linux"):
-        return False
-    features = llvmlite.binding.get_host_cpu_features()
-    if not all(features.get(f, False) for f in ("amx-tile", "amx-int8", "avx512f", "avx512bw")):
-        return False
-    arch_prctl, req_xcomp_perm, xfeature_xtiledata = 158, 0x1023, 18
-    try:
-        return ctypes.CDLL(None, use_errno=True).syscall(arch_prctl, req_xcomp_perm, xfeature_xtiledata) == 0
-    except (OSError, AttributeError):
-        return False
-
-
-SUPPORTED = _request_amx()
-# NPUSIM_AMX=0 leaves convolutions to VNNI (or BLAS). Read at call time (tests run every path).
-ENABLED = SUPPORTED and os.environ.get("NPUSIM_AMX", "1") != "0"
 
 
 def chunk_for(cp: int) -> int:
@@ -160,7 +136,7 @@ def tile_config(chunk: int) -> np.ndarray:
     return cfg
 
 
-@nb.njit(cache=True, inline="always")
+@njit(inline="always")
 def _block_start(blk, blocks_per_row, out_w):
     """(output row index, first column) of pixel block blk: 16 columns, the last block of a row
     moved back to end on the row's last column."""
@@ -226,8 +202,8 @@ def conv_amx(xp, packed, taps, cp, chunk, out_h, out_w, stride_h, stride_w, grou
 
 def usable(depth: int, channels: int, row_pixels: int) -> bool:
     """Whether a convolution of reduction `depth`, `channels` input channels and output rows of
-    `row_pixels` pixels runs on AMX here."""
-    return ENABLED and depth <= MAX_DEPTH and chunk_for((channels + 3) // 4 * 4) >= MIN_CHUNK and row_pixels >= ROWS
+    `row_pixels` pixels suits the AMX kernel (on a host that has AMX, see host.has_amx)."""
+    return depth <= MAX_DEPTH and chunk_for((channels + 3) // 4 * 4) >= MIN_CHUNK and row_pixels >= ROWS
 
 
 def convolve(x, w, bias, input_zero_point, stride, dilation, pad, out_hw, stage, profile, shared=False, workspace=None, memo=None):

@@ -20,6 +20,8 @@ class Kernel:
     # number). Every op here has exactly one output.
     required_inputs = 1
     max_inputs: int | None = 1
+    # Whether __init__ takes backends=, the MAC engines chosen by the interpreter (backend.py).
+    takes_backends = False
 
     def __init__(self, op: Op, graph: Graph, profile: int):
         self.op = op

@@ -29,9 +29,11 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from ..jit import parallel_kernel
-from . import aligned, vnni
+from .. import host
+from ..jit import njit, parallel_kernel
+from . import aligned
 from .base import Kernel, WeightMemo
+from .geometry import ConvGeometry, SlidingWindow
 from .output_stage import (
     each_profile,
     lane_mask,
@@ -42,7 +44,6 @@ from .output_stage import (
     store_bytes,
     vector_output_stage,
 )
-from .padding import compute_padding
 from .requant import OutputStage
 
 LANES = 64  # channels (bytes) per vector block
@@ -78,7 +79,7 @@ def _tap_quads_run():
              params_ptr, params_stride, profile, zero_point, lo, hi) = args
             x, w, out, params = (builder.inttoptr(v, i8.as_pointer()) for v in (x_ptr, w_ptr, out_ptr, params_ptr))
             taps = builder.inttoptr(taps_ptr, i64.as_pointer())
-            if vnni.SUPPORTED:
+            if host.has_vnni():  # taken when Numba compiles the kernel (and cached with it)
                 dpbusd = cgutils.get_or_insert_function(builder.module, ir.FunctionType(acc_t, [acc_t] * 3),
                                                         "llvm.x86.avx512.vpdpbusd.512")
 
@@ -140,7 +141,7 @@ def _tap_quads_run():
 tap_quads_run = _tap_quads_run()
 
 
-@nb.njit(cache=True, inline="always")
+@njit(inline="always")
 def tap_offsets(taps, kh, kw, dil_h, dil_w, in_h, in_w, in_c, iy0, ix0, x_first, pad_row_address, out):
     """out: the offsets from x_first, the address of input pixel (iy0, ix0) (which may lie outside
     the image), of the taps of the output pixel whose first tap that is; taps: the offsets when all
@@ -287,7 +288,7 @@ def vector_layout(wg: np.ndarray, params: np.ndarray, replicas: int) -> tuple[np
     return wv, vparams
 
 
-class DepthwiseConv2D(Kernel):
+class DepthwiseConv2D(SlidingWindow, Kernel):
     kind = "DEPTHWISE_CONV_2D"
     required_inputs, max_inputs = 2, 3
 
@@ -299,15 +300,14 @@ class DepthwiseConv2D(Kernel):
         if len(x.shape) != 4 or len(w.shape) != 4 or len(y.shape) != 4 or w.shape[0] != 1:
             raise self.error(f"expected 4-D input and output and a [1, kh, kw, C] filter, got {list(x.shape)}, {list(w.shape)}, {list(y.shape)}")
         o = self.options = op.options
-        _, self.kh, self.kw, self.out_channels = w.shape
+        _, kh, kw, self.out_channels = w.shape
         in_c = x.shape[3]
         if self.out_channels % in_c:
             raise self.error(f"filter channels {self.out_channels} are not a multiple of input channels {in_c}")
         self.multiplier = self.out_channels // in_c
         self.require_bias(self.inputs[2] if len(self.inputs) > 2 else None, self.out_channels)
         self.in_image_shape = tuple(x.shape[1:])
-        self.out_h, self.pad_top = compute_padding(x.shape[1], self.kh, o.get("stride_h", 1), o.get("dilation_h_factor", 1), o.get("padding"))
-        self.out_w, self.pad_left = compute_padding(x.shape[2], self.kw, o.get("stride_w", 1), o.get("dilation_w_factor", 1), o.get("padding"))
+        self.geometry = ConvGeometry.from_options(o, x.shape, kh, kw)
         if (self.out_h, self.out_w, self.out_channels) != tuple(y.shape[1:]):
             raise self.error(f"output shape {list(y.shape)} does not match the computed [N, {self.out_h}, {self.out_w}, {self.out_channels}]")
         self.stage = OutputStage.prepare(x, w, y, self.out_channels, o.get("fused_activation_function", "NONE"))
@@ -334,18 +334,18 @@ class DepthwiseConv2D(Kernel):
         return 0  # one int32 accumulator row per thread
 
     def __call__(self, x, w, b=None, shared=False):
-        pad_top, pad_left = self.pad_top, self.pad_left
+        g = self.geometry
+        pad_top, pad_left = g.pad
         if self.unpadded_shape is not None and x.shape[1:] == self.unpadded_shape:  # the fused PAD's input
             pad_top, pad_left = pad_top + self.fused_pad[0], pad_left + self.fused_pad[1]
         elif x.shape[1:] != self.in_image_shape:  # the Numba loop indexes by the planned shape, unchecked
             raise self.error(f"input array has shape {list(x.shape)}, expected [N, {', '.join(map(str, self.in_image_shape))}]")
-        o = self.options
         wg = w if w.ndim == 5 else w[None]
         groups = wg.shape[0]
         if shared:  # no reduction to share: give each group its own copy of the batch
             x = np.concatenate([x] * groups)
         replicas = LANES // self.out_channels if self.multiplier == 1 and self.out_channels in (16, 32) \
-            and o.get("stride_w", 1) == 1 else 1
+            and g.stride[1] == 1 else 1
 
         in_zp = self.inputs[0].zero_point
 
@@ -360,7 +360,6 @@ class DepthwiseConv2D(Kernel):
         out = aligned.empty((x.shape[0], self.out_h, self.out_w, self.out_channels), np.int8)
         s = self.stage
         depthwise_conv(np.ascontiguousarray(x), np.ascontiguousarray(wg), wv, replicas, groups, self.multiplier,
-                       o.get("stride_h", 1), o.get("stride_w", 1), o.get("dilation_h_factor", 1), o.get("dilation_w_factor", 1),
-                       pad_top, pad_left, np.int64(in_zp), params, vparams, np.int64(self.profile),
+                       *g.stride, *g.dilation, pad_top, pad_left, np.int64(in_zp), params, vparams, np.int64(self.profile),
                        np.int64(s.zero_point), np.int64(s.lo), np.int64(s.hi), out)
         return out

@@ -1,23 +1,25 @@
 """FULLY_CONNECTED: int8 matrix-vector product (TFLM reference_integer_ops/fully_connected.h).
 
 The input is flattened to [N, K] per image; per-tensor or per-channel weight scales. Weights may
-carry a leading group axis [G, O, K] (bias [G, O]) as in conv.py.
+carry a leading group axis [G, O, K] (bias [G, O]) as in conv.py. Eval is a 1x1 convolution of one
+pixel per row on the MAC engine that the backend selection picks (backend.py).
 """
 from __future__ import annotations
 
 import numpy as np
 
-from . import vnni
+from . import backend
 from .base import Kernel
-from .gemm import accumulator_offset, grouped_products, requantize_products
+from .geometry import ConvGeometry
 from .requant import OutputStage
 
 
 class FullyConnected(Kernel):
     kind = "FULLY_CONNECTED"
     required_inputs, max_inputs = 2, 3
+    takes_backends = True
 
-    def __init__(self, op, graph, profile):
+    def __init__(self, op, graph, profile, backends: backend.Selection | None = None):
         super().__init__(op, graph, profile)
         x, w, y = self.inputs[0], self.inputs[1], self.outputs[0]
         self.require_int8(x, w, y)
@@ -43,6 +45,8 @@ class FullyConnected(Kernel):
                              f"{per_image // self.depth} per image")
         self.out_shape = tuple(y.shape[1:])
         self.stage = OutputStage.prepare(x, w, y, self.out_channels, op.options.get("fused_activation_function", "NONE"))
+        self.geometry = ConvGeometry.dense(self.depth)
+        self.engine = (backends or backend.select()).for_geometry(self.geometry)
 
     def macs(self) -> int:
         return self.rows_per_image * self.out_channels * self.depth
@@ -53,12 +57,7 @@ class FullyConnected(Kernel):
     def __call__(self, x, w, b=None, shared=False):
         """shared=True: x is one batch seen by every weight group (output: G times the batch)."""
         wg = w if w.ndim == 3 else w[None]
-        if vnni.usable(self.depth):
-            out = vnni.matmul(x.reshape(-1, self.depth), wg, b, self.inputs[0].zero_point, self.stage, self.profile, shared)
-            return out.reshape((-1,) + self.out_shape)
-        products = grouped_products(x.reshape(-1, self.depth).astype(np.float32), wg, shared)
-        offset = accumulator_offset(wg, b, self.inputs[0].zero_point)
-        s = self.stage
-        out = np.empty(products.shape, dtype=np.int8)
-        requantize_products(products, offset, s.multiplier, s.shift, s.real_scale, s.zero_point, s.lo, s.hi, self.profile, out)
+        rows = x.reshape(-1, 1, 1, self.depth)
+        filters = wg.reshape(wg.shape[0], self.out_channels, 1, 1, self.depth)
+        out = self.engine.convolve(self.geometry, rows, filters, b, self.inputs[0].zero_point, self.stage, self.profile, shared)
         return out.reshape((-1,) + self.out_shape)

@@ -1,5 +1,6 @@
 """Exact int8 x int8 -> int32 matrix products on a float32 BLAS, and the fused requantization: the
-path of CONV_2D and FULLY_CONNECTED on CPUs without AVX-512 VNNI (see vnni.py and amx.py).
+"blas" engine of CONV_2D and FULLY_CONNECTED (im2col + GEMM), which runs on CPUs without AVX-512
+VNNI and for reductions too long for it (see backend.py).
 
 Why float32 is exact here: an int8 x int8 product is at most 128 * 128 = 2^14 in magnitude and
 float32 holds every integer below 2^24, so any partial sum of at most 2^10 products is exact in
@@ -17,6 +18,7 @@ from ..jit import parallel_kernel
 from ..quant import requantize_to_output
 
 CHUNK = 1024
+TILE_BYTES = 4 << 20  # im2col slice size: a few MB stays in the last-level cache
 
 
 def exact_matmul(cols: np.ndarray, wt: np.ndarray) -> np.ndarray:
@@ -82,3 +84,77 @@ def grouped_products(cols: np.ndarray, weights: np.ndarray, shared: bool) -> np.
         products = int_matmul(cols[None], weights.reshape(1, g * o, k))[0]
         return products.reshape(-1, g, o).transpose(1, 0, 2)
     return int_matmul(cols.reshape(g, -1, k), weights)
+
+
+@parallel_kernel
+def im2col(x, kh, kw, stride_h, stride_w, dil_h, dil_w, pad_top, pad_left, out_h, out_w, fill, cols):
+    """cols[(n*out_h + oy)*out_w + ox, (ky*kw + kx)*C + c] = x[n, iy, ix, c], or fill outside the image."""
+    n_batch, in_h, in_w, channels = x.shape
+    for row in nb.prange(n_batch * out_h):
+        n = row // out_h
+        oy = row - n * out_h
+        for ox in range(out_w):
+            r = row * out_w + ox
+            for ky in range(kh):
+                iy = oy * stride_h - pad_top + ky * dil_h
+                for kx in range(kw):
+                    ix = ox * stride_w - pad_left + kx * dil_w
+                    base = (ky * kw + kx) * channels
+                    if 0 <= iy < in_h and 0 <= ix < in_w:
+                        for c in range(channels):
+                            cols[r, base + c] = x[n, iy, ix, c]
+                    else:
+                        for c in range(channels):
+                            cols[r, base + c] = fill
+    return cols
+
+
+def columns(x: np.ndarray, g, fill: int, cols: np.ndarray | None = None) -> np.ndarray:
+    """im2col of x [N, H, W, C] for geometry g (a geometry.ConvGeometry) into float32 rows
+    [N * out_h * out_w, kh * kw * C]; padding taps hold fill (the input zero point)."""
+    if g.pointwise:
+        return x.reshape(-1, g.depth).astype(np.float32)
+    if cols is None:
+        cols = np.empty((x.shape[0] * g.out_h * g.out_w, g.depth), dtype=np.float32)
+    im2col(x, g.kh, g.kw, *g.stride, *g.dilation, *g.pad, g.out_h, g.out_w, np.float32(fill), cols)
+    return cols
+
+
+def workspace_bytes(g, out_channels: int, n: int) -> int:
+    """The largest temporary array of convolve for a batch of n: float32 im2col rows or exact products."""
+    pixels = g.out_h * g.out_w
+    images = min(n, max(1, TILE_BYTES // (pixels * g.depth * 4)))  # _tiled: one slice of the batch at a time
+    return images * pixels * max(g.depth * 4, out_channels * 8)
+
+
+def convolve(x, w, bias, input_zero_point, g, stage, profile, shared=False):
+    """As vnni.convolve (same arrays and result, int8 [G * P, O]), for geometry g, by im2col and the
+    exact float32 GEMM."""
+    groups, o = w.shape[0], w.shape[1]
+    offset = accumulator_offset(w, bias, input_zero_point)
+    s = stage
+    if groups == 1:
+        return _tiled(x, g, transposed_weights(w.reshape(1, o, g.depth)), offset, input_zero_point, stage, profile)
+    products = grouped_products(columns(x, g, input_zero_point), w.reshape(groups, o, g.depth), shared)
+    out = np.empty(products.shape, dtype=np.int8)
+    requantize_products(products, offset, s.multiplier, s.shift, s.real_scale, s.zero_point, s.lo, s.hi, profile, out)
+    return out.reshape(-1, o)
+
+
+def _tiled(x, g, wt, offset, input_zero_point, stage, profile):
+    """A batch in slices of images whose im2col fits in a reused buffer of about TILE_BYTES: the GEMM
+    then reads its operand from cache instead of a fresh 100 MB array."""
+    s = stage
+    n, pixels = x.shape[0], g.out_h * g.out_w
+    k, o = wt.shape[1], wt.shape[2]
+    per_tile = max(1, TILE_BYTES // (pixels * k * 4))
+    buffer = None if g.pointwise else np.empty((min(per_tile, n) * pixels, k), dtype=np.float32)
+    out = np.empty((n * pixels, o), dtype=np.int8)
+    for i in range(0, n, per_tile):
+        xi = x[i:i + per_tile]
+        rows = len(xi) * pixels
+        cols = columns(xi, g, input_zero_point, None if buffer is None else buffer[:rows])
+        products = exact_matmul(cols, wt[0])
+        requantize_products(products[None], offset, s.multiplier, s.shift, s.real_scale, s.zero_point, s.lo, s.hi,
+                            profile, out[i * pixels:i * pixels + rows].reshape(1, rows, o))
+    return out

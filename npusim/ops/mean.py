@@ -18,7 +18,7 @@ import numba as nb
 import numpy as np
 
 from ..jit import parallel_kernel
-from ..quant import multiply_by_quantized_multiplier
+from ..quant import clamp, multiply_by_quantized_multiplier
 from .base import Kernel
 from .requant import requantization_multiplier
 
@@ -44,12 +44,7 @@ def mean_requantize(sums, input_offset, multiplier, shift, output_zero_point, ou
     of = out.ravel()
     for i in nb.prange(flat.size):
         shifted = np.int64(np.int32(flat[i] - input_offset))  # static_cast<int32_t> in TFLM
-        v = multiply_by_quantized_multiplier(shifted, multiplier, shift) + output_zero_point
-        if v < -128:
-            v = -128
-        elif v > 127:
-            v = 127
-        of[i] = v
+        of[i] = clamp(multiply_by_quantized_multiplier(shifted, multiplier, shift) + output_zero_point, -128, 127)
     return out
 
 

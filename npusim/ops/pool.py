@@ -11,14 +11,14 @@ import numba as nb
 import numpy as np
 
 from ..errors import NpusimError
-from ..jit import parallel_kernel
+from ..jit import njit, parallel_kernel
 from ..quant import clamp
 from .base import Kernel
 from .padding import compute_padding
 from .requant import output_range
 
 
-@nb.njit(cache=True, inline="always")
+@njit(inline="always")
 def window(out_index, stride, pad, k, size):
     """Start of a pooling window along one axis and the range of its taps inside the input
     (TFLM counts and reads only those)."""

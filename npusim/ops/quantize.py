@@ -9,7 +9,7 @@ import numpy as np
 
 from ..errors import NpusimError
 from ..jit import parallel_kernel
-from ..quant import mbqm_array
+from ..quant import clamp, mbqm_array
 from .base import Kernel
 from .requant import requantization_multiplier
 
@@ -31,7 +31,7 @@ def affine_quantize(x, scale, zero_point, out):
             a = 0.0
         q = math.floor(a + 0.5)  # round half away from zero
         v = np.int64(q if r >= 0 else -q) + zero_point
-        of[i] = -128 if v < -128 else (127 if v > 127 else v)
+        of[i] = clamp(v, -128, 127)
     return bad
 
 

@@ -15,7 +15,7 @@ import math
 import numba as nb
 import numpy as np
 
-from ..jit import parallel_kernel
+from ..jit import njit, parallel_kernel
 from ..quant import (
     INT32_MAX,
     INT32_MIN,
@@ -30,19 +30,19 @@ SCALED_DIFF_INTEGER_BITS = 5
 ACCUMULATION_INTEGER_BITS = 12
 
 
-@nb.njit(cache=True, inline="always")
+@njit(inline="always")
 def _wrap32(x):
     """gemmlowp's Add/Sub on int32 are plain (wrapping) integer arithmetic."""
     return np.int64(np.int32(np.int64(x) & np.int64(0xFFFFFFFF)))
 
 
-@nb.njit(cache=True, inline="always")
+@njit(inline="always")
 def _fx_mul(a, b):
     """FixedPoint operator*: SaturatingRoundingDoublingHighMul on the raw int32 values."""
     return np.int64(saturating_rounding_doubling_high_mul(np.int64(a), np.int64(b)))
 
 
-@nb.njit(cache=True, inline="always")
+@njit(inline="always")
 def _saturating_shift_left(x, exponent):
     """gemmlowp SaturatingRoundingMultiplyByPOT<exponent > 0> on int32."""
     threshold = (np.int64(1) << (31 - exponent)) - 1
@@ -53,7 +53,7 @@ def _saturating_shift_left(x, exponent):
     return x << exponent
 
 
-@nb.njit(cache=True)
+@njit()
 def _exp_on_interval_between_negative_one_quarter_and_0_excl(a):
     """exp(a) for a in [-1/4, 0), Q0.31 in and out: Taylor expansion around -1/8."""
     constant_term = np.int64(1895147668)  # exp(-1/8)
@@ -68,7 +68,7 @@ def _exp_on_interval_between_negative_one_quarter_and_0_excl(a):
     return _wrap32(constant_term + _fx_mul(constant_term, _wrap32(x + x4_over_24_plus_x3_over_6_plus_x2_over_2)))
 
 
-@nb.njit(cache=True)
+@njit()
 def exp_on_negative_values_q5_26(a):
     """gemmlowp exp_on_negative_values for FixedPoint<int32, 5> input; returns Q0.31 raw."""
     fractional_bits = 31 - SCALED_DIFF_INTEGER_BITS
@@ -92,7 +92,7 @@ def exp_on_negative_values_q5_26(a):
     return result
 
 
-@nb.njit(cache=True)
+@njit()
 def one_over_one_plus_x_for_x_in_0_1(a):
     """gemmlowp Newton-Raphson 1/(1+x) for x in [0, 1), Q0.31 raw in and out."""
     s = np.int64(a) + np.int64(INT32_MAX)  # RoundingHalfSum(a, One())
@@ -108,7 +108,7 @@ def one_over_one_plus_x_for_x_in_0_1(a):
     return _saturating_shift_left(x, 1)  # Rescale<0>(ExactMulByPot<-1>(x))
 
 
-@nb.njit(cache=True)
+@njit()
 def build_exp_tables(input_multiplier, input_left_shift, diff_min):
     """exp(beta * s * -d) for d = max - x in [0, 255]: (Q0.31, Q12.19, usable) per d."""
     exp_q0 = np.zeros(256, dtype=np.int64)

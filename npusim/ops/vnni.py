@@ -24,9 +24,6 @@ reduction in MR * nr ZMM accumulators (24 of the 32 registers at nr = 4).
 """
 from __future__ import annotations
 
-import os
-
-import llvmlite.binding
 import numba as nb
 import numpy as np
 from llvmlite import ir
@@ -34,7 +31,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from ..jit import parallel_kernel
+from ..jit import njit, parallel_kernel
 from . import aligned
 from .gemm import accumulator_offset
 from .output_stage import (
@@ -54,28 +51,6 @@ BLOCKS_PER_TASK = 16  # pixel blocks per parallel task (one scratch allocation e
 
 _I32, _I64 = ir.IntType(32), ir.IntType(64)
 _V16 = ir.VectorType(_I32, 16)
-
-
-def _host_has_vnni() -> bool:
-    """VPDPBUSD needs AVX-512 VNNI (and AVX-512 VL for its 256-bit form, which every VNNI CPU has;
-    depthwise.py also decides by this flag); Numba must compile for this host (a NUMBA_CPU_NAME such
-    as 'generic', set for portable caches, would leave the instruction unselectable)."""
-    if nb.config.CPU_NAME or nb.config.CPU_FEATURES:
-        return False
-    features = llvmlite.binding.get_host_cpu_features()
-    return all(features.get(f, False) for f in ("avx512f", "avx512bw", "avx512vl", "avx512vnni"))
-
-
-SUPPORTED = _host_has_vnni()
-# NPUSIM_VNNI=0 turns this path off (the float32 BLAS path takes its place; AMX, where it applies,
-# follows NPUSIM_AMX). Read at call time, so that tests can run
-# both kernel paths on one machine.
-ENABLED = SUPPORTED and os.environ.get("NPUSIM_VNNI", "1") != "0"
-
-
-def usable(depth: int) -> bool:
-    """Whether a reduction of `depth` int8 products runs on VNNI here."""
-    return ENABLED and depth <= MAX_DEPTH
 
 
 def _micro_kernel(nr: int):
@@ -145,7 +120,7 @@ def pack_filters(w, cp):
     return _pack_filters(w, cp, aligned.zeros((groups, t * cp * ((o + 15) // 16 * 16)), np.int8))
 
 
-@nb.njit(cache=True)
+@njit()
 def _pack_filters(w, cp, out):
     groups, o, t, c = w.shape
     c4 = cp // 4
@@ -269,10 +244,3 @@ def convolve(x, w, bias, input_zero_point, stride, dilation, pad, out_hw, stage,
     out = aligned.empty((x.shape[0] * out_h * out_w * (groups if shared else 1), o), np.int8)
     return conv_vnni(xp, packed, taps, (c + 3) // 4, out_h, out_w, sh, sw, groups, shared, o, params, np.int64(profile),
                      np.int64(stage.zero_point), np.int64(stage.lo), np.int64(stage.hi), out)
-
-
-def matmul(x, w, bias, input_zero_point, stage, profile, shared=False):
-    """Exact int8 rows x [R, K] times weights w [G, O, K] with the output stage: int8 [G * R or R, O]."""
-    r, k = x.shape
-    return convolve(x.reshape(r, 1, 1, k), w.reshape(w.shape[0], w.shape[1], 1, 1, k), bias, input_zero_point,
-                    (1, 1), (1, 1), (0, 0), (1, 1), stage, profile, shared)

@@ -8,12 +8,15 @@ models are made in the tests themselves and no model file lives in the repositor
     y_ref = run_tflm(b, x)            # x: N inputs stacked on axis 0; TFLM runs them one by one
     y_lrt = run_litert(b, x, "REF")
     y_sim = run_npusim(b, x, "tflm")
+    fast = BatchedLiteRT(b, batch=len(x), threads=2)(x)  # XNNPACK on the whole batch, for speed
 
 All models have batch 1 in the file; the runners feed a batch of N by looping (the oracles) or by
 stacking on axis 0 (npusim). Graph inputs beyond the first are passed as a list of arrays.
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
 from typing import Sequence
 
@@ -426,16 +429,22 @@ def _as_inputs(x_batch) -> list[np.ndarray]:
     return xs
 
 
+def tflm_interpreter(model_bytes: bytes, x_batch, arena_size: int | None = None):
+    """A TFLM interpreter for the model, its arena sized for inputs like x_batch's (4 MB plus room
+    for the model and a few copies of one image's inputs)."""
+    from tflite_micro.python.tflite_micro import runtime
+
+    if arena_size is None:
+        arena_size = (4 << 20) + 4 * len(model_bytes)
+        arena_size += 8 * sum(int(x[:1].nbytes) for x in _as_inputs(x_batch))
+    return runtime.Interpreter.from_bytes(bytes(model_bytes), arena_size=arena_size)
+
+
 def run_tflm(model_bytes: bytes, x_batch, arena_size: int | None = None) -> np.ndarray:
     """TFLM output 0 for a batch (inputs stacked on axis 0; a list for several graph inputs).
     TFLM runs batch 1 per invoke; one interpreter serves the whole batch."""
-    from tflite_micro.python.tflite_micro import runtime
-
     xs = _as_inputs(x_batch)
-    if arena_size is None:
-        arena_size = (4 << 20) + 4 * len(model_bytes)
-        arena_size += 8 * sum(int(x[:1].nbytes) for x in xs)
-    interp = runtime.Interpreter.from_bytes(bytes(model_bytes), arena_size=arena_size)
+    interp = tflm_interpreter(model_bytes, xs, arena_size)
     outs = []
     for i in range(xs[0].shape[0]):
         for k, x in enumerate(xs):
@@ -471,13 +480,69 @@ def run_litert(model_bytes: bytes, x_batch, resolver: str = "AUTO", threads: int
     return np.concatenate(outs, axis=0)
 
 
-def run_npusim(model_bytes, x_batch, profile: str = "tflm") -> np.ndarray:
-    """npusim output 0 for the whole batch at once. A single-input model goes through the public
-    `Interpreter.run`; several graph inputs are fed through `Interpreter.evaluate`."""
+class BatchedLiteRT:
+    """LiteRT's default interpreter (AUTO resolver = XNNPACK delegate) with the input resized to the
+    batch, as a user would run it for speed; a graph with a hard-coded batch (e.g. RESHAPE to
+    [1, K]) is fed image by image instead (`batched` False)."""
+
+    def __init__(self, model: bytes, batch: int, threads: int = 1):
+        from ai_edge_litert.interpreter import Interpreter
+
+        self.batched = True
+        self.it = Interpreter(model_content=model, num_threads=threads)
+        inp = self.it.get_input_details()[0]
+        self.in_index = inp["index"]
+        self.out_index = self.it.get_output_details()[0]["index"]
+        self.batch = batch
+        if batch != 1:
+            try:
+                self.it.resize_tensor_input(self.in_index, [batch] + list(inp["shape"][1:]), strict=False)
+                self.it.allocate_tensors()
+                if self.it.get_output_details()[0]["shape"][0] != batch:
+                    raise ValueError("output batch does not follow the input batch")
+            except (ValueError, RuntimeError):
+                self.batched = False
+                self.it = Interpreter(model_content=model, num_threads=threads)
+                self.it.allocate_tensors()
+        else:
+            self.it.allocate_tensors()
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        if self.batched:
+            self.it.set_tensor(self.in_index, x)
+            self.it.invoke()
+            return self.it.get_tensor(self.out_index)
+        outs = []
+        for i in range(x.shape[0]):
+            self.it.set_tensor(self.in_index, x[i:i + 1])
+            self.it.invoke()
+            outs.append(self.it.get_tensor(self.out_index))
+        return np.concatenate(outs)
+
+
+_BACKEND = contextvars.ContextVar("npusim_backend", default="auto")
+
+
+@contextlib.contextmanager
+def on_backend(name: str):
+    """run_npusim within the block uses the MAC backend `name` (npusim/ops/backend.py) unless told
+    otherwise. A context rather than an argument so that a test's body, from which Hypothesis
+    derives its derandomized examples, stays the same whichever backend it runs on."""
+    token = _BACKEND.set(name)
+    try:
+        yield
+    finally:
+        _BACKEND.reset(token)
+
+
+def run_npusim(model_bytes, x_batch, profile: str = "tflm", backend: str | None = None) -> np.ndarray:
+    """npusim output 0 for the whole batch at once, on `backend` (default: the one on_backend set,
+    else "auto"). A single-input model goes through the public `Interpreter.run`; several graph
+    inputs are fed through `Interpreter.evaluate`."""
     import npusim
 
     graph = npusim.load_model(model_bytes)
-    interp = npusim.Interpreter(graph, profile=profile)
+    interp = npusim.Interpreter(graph, profile=profile, backend=backend or _BACKEND.get())
     xs = _as_inputs(x_batch)
     if len(xs) == 1:
         return interp.run(xs[0])

@@ -1,0 +1,49 @@
+"""What this host's CPU and OS offer the kernels: detected on first use, never at import.
+
+Each answer is cached for the life of the process (the CPU does not change under it); a test that
+needs another answer runs a fresh process (see tests/test_generic_cpu.py).
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import sys
+
+import llvmlite.binding
+import numba as nb
+
+
+def _compiling_for_host() -> bool:
+    """Numba compiles for this CPU unless NUMBA_CPU_NAME or NUMBA_CPU_FEATURES name another (as set
+    for portable caches, e.g. 'generic'): then instructions of this host may be unselectable."""
+    return not (nb.config.CPU_NAME or nb.config.CPU_FEATURES)
+
+
+def _has_features(*names: str) -> bool:
+    features = llvmlite.binding.get_host_cpu_features()
+    return all(features.get(f, False) for f in names)
+
+
+@functools.cache
+def has_vnni() -> bool:
+    """Whether VPDPBUSD (AVX-512 VNNI, with AVX-512 VL for its 256-bit form, which every VNNI CPU
+    has) can be compiled and run here. The depthwise and ADD kernels take their vector form from
+    this when Numba compiles them."""
+    return _compiling_for_host() and _has_features("avx512f", "avx512bw", "avx512vl", "avx512vnni")
+
+
+@functools.cache
+def has_amx() -> bool:
+    """Whether AMX-INT8 tiles run here: the CPU flags, Numba compiling for this host, and Linux's
+    permission for the tile data state (without it the first tile instruction raises SIGILL).
+    Asking for the permission changes the process (its signal frames grow by the 8 KB tile state),
+    so it is asked on first use of the AMX backend or by tune_process(), never at import."""
+    if not _compiling_for_host() or not sys.platform.startswith("linux"):
+        return False
+    if not _has_features("amx-tile", "amx-int8", "avx512f", "avx512bw"):
+        return False
+    arch_prctl, req_xcomp_perm, xfeature_xtiledata = 158, 0x1023, 18
+    try:
+        return ctypes.CDLL(None, use_errno=True).syscall(arch_prctl, req_xcomp_perm, xfeature_xtiledata) == 0
+    except (OSError, AttributeError):
+        return False

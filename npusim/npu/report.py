@@ -1,0 +1,169 @@
+"""The text of the STM32N6 view (`npusim inspect --target stm32n6`), and a zeroth-order training step
+priced on the device next to one back-propagation step (zo_step_report)."""
+from __future__ import annotations
+
+from ..errors import NpusimError
+from .arena import plan_arena, tensor_bytes, tensor_elements
+from .cost import M55, NPU, CostModel, DeviceReport, plan_device
+
+# ----------------------------------------------------------------------------------------------
+# Text
+
+
+def _kib(n: int) -> str:
+    return f"{n:,} B ({n / 1024:.1f} KiB)"
+
+
+def _table(rows: list, right: set) -> list:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return ["  ".join(c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))).rstrip() for r in rows]
+
+
+def format_report(dev: DeviceReport, title: str = "") -> str:
+    lines = [f"STM32N6 Neural-ART view{': ' + title if title else ''}", f"cost model: {dev.cost.describe()}", ""]
+    rows = [("#", "op", "unit", "epoch", "MACs", "weights B", "est. us", "note")]
+    for o in dev.ops:
+        rows.append((str(o.op_index), o.kind, o.unit, str(o.epoch), f"{o.macs:,}", f"{o.weight_bytes:,}", f"{o.seconds * 1e6:.2f}", o.reason))
+    lines += _table(rows, {0, 3, 4, 5, 6})
+    lines += ["", "epochs (consecutive ops on one unit):"]
+    rows = [("epoch", "unit", "ops", "n", "MACs", "weights B", "est. us")]
+    for e in dev.epochs:
+        rows.append((str(e.index), e.unit, e.op_range, str(len(e.ops)), f"{e.macs:,}", f"{e.weight_bytes:,}", f"{e.seconds * 1e6:.2f}"))
+    lines += _table(rows, {0, 3, 4, 5, 6})
+    npu, m55 = dev.npu_ops, dev.m55_ops
+    npu_macs = sum(o.macs for o in npu)
+    n_npu_epochs = sum(1 for e in dev.epochs if e.unit == NPU)
+    a = dev.arena
+    lat = dev.latency_s(1)
+    lines += [
+        "",
+        f"ops: {len(npu)} on NPU, {len(m55)} on M55 ({', '.join(sorted({o.kind for o in m55})) or 'none'})",
+        f"epochs: {len(dev.epochs)} ({n_npu_epochs} NPU, {len(dev.epochs) - n_npu_epochs} M55 software)",
+        f"MACs: {dev.total_macs:,} per image, {npu_macs:,} on NPU ({100.0 * npu_macs / max(dev.total_macs, 1):.2f} %)",
+        f"weight memory: {_kib(dev.weight_bytes)} (constant tensors)",
+        f"activation arena: peak {_kib(a.peak_bytes)} (greedy first-fit by lifetime), naive sum {_kib(a.naive_bytes)}, "
+        f"largest tensor {_kib(a.largest_tensor_bytes)}",
+        f"estimated latency: {lat * 1e3:.3f} ms per image (NPU {dev.unit_seconds(NPU) * 1e3:.3f} ms, "
+        f"M55 {dev.unit_seconds(M55) * 1e3:.3f} ms, {len(dev.epochs)} epoch overheads included), "
+        f"{1.0 / lat if lat > 0 else float('inf'):.0f} images/s",
+    ]
+    return "\n".join(lines)
+
+
+def report(interp, cost: CostModel | None = None, title: str = "") -> str:
+    """The text `npusim inspect --target stm32n6` prints."""
+    return format_report(plan_device(interp, cost), title)
+
+
+# ----------------------------------------------------------------------------------------------
+# A zeroth-order training step against back-propagation, on the device
+
+
+def trainable_suffix_start(interp, trainable: set) -> int:
+    """Execution position of the first op that reads a trainable tensor."""
+    for pos, k in enumerate(interp.kernels):
+        if trainable & set(k.op.inputs):
+            return pos
+    raise NpusimError("no op reads any of the trainable tensors")
+
+
+def zo_step_report(interp, trainable_tensor_indices, q: int, batch: int, cost: CostModel | None = None,
+                   optimizer_states: int = 2, seed_bytes: int = 8, resident_images: int = 1) -> dict:
+    """Device memory and time of one ZO step (2q forward passes over a batch) next to one
+    back-propagation step that trains the same tensors.
+
+    The device runs one image at a time (as latency_s assumes); `resident_images` is how many
+    images' activations are held at once (1: losses and gradients are accumulated image by image;
+    pass `batch` to model a device that holds the whole batch).
+    ZO memory: inference arena + model weights + per probe one seed (`seed_bytes`; perturbations are
+    regenerated from it, never stored) and one float32 directional derivative + float32 master copies
+    of the trainable tensors; the perturbed int8 weights are written in place.
+    Back-propagation memory: model weights + max(inference arena, activations of the trainable suffix
+    kept for the backward pass + two float32 activation-gradient buffers of the largest suffix op)
+    + float32 master copies, float32 gradients and `optimizer_states` float32 states per trainable
+    parameter (Adam: 2).
+    Time: ZO runs 2q whole forward passes of every image (`zo_seconds`, the count the tables report);
+    `zo_seconds_suffix_cached` runs the frozen prefix once per image and only the trainable suffix 2q
+    times, at the cost of keeping the suffix's input activations for the batch (`suffix_cache_bytes`).
+    Back-propagation time, a path the NPU cannot run, is one forward pass plus a backward pass of the
+    suffix on the M55 at twice the suffix's MACs, per image.
+    Returns a plain dict; format_zo_step_report() turns it into text.
+    """
+    trainable = {int(t) for t in trainable_tensor_indices}
+    graph = interp.graph
+    if q < 1 or batch < 1 or resident_images < 1:
+        raise NpusimError(f"q, batch and resident_images must be at least 1, got q={q}, batch={batch}, resident_images={resident_images}")
+    for t in sorted(trainable):
+        if not 0 <= t < len(graph.tensors) or not graph.tensors[t].is_constant:
+            raise NpusimError(f"tensor {t} is not a constant tensor of the model, so it cannot be trained")
+    cost = cost or CostModel()
+    dev = plan_device(interp, cost)
+    arena = plan_arena(interp, resident_images)
+    start = trainable_suffix_start(interp, trainable)
+    params = sum(tensor_elements(graph.tensors[t]) for t in trainable)
+
+    def is_activation(t):
+        return t >= 0 and not graph.tensors[t].is_constant
+
+    suffix = interp.kernels[start:]
+    stored = {t for k in suffix for t in list(k.op.inputs) + list(k.op.outputs) if is_activation(t)}
+    stored_bytes = sum(tensor_bytes(graph.tensors[t]) for t in stored) * resident_images
+    largest = max(max([tensor_elements(graph.tensors[t]) for t in list(k.op.inputs) + list(k.op.outputs) if is_activation(t)] or [0]) for k in suffix)
+    grad_act_bytes = 2 * 4 * largest * resident_images
+    produced_in_suffix = {t for k in suffix for t in k.op.outputs}
+    boundary = {t for k in suffix for t in k.op.inputs if is_activation(t) and t not in produced_in_suffix}
+    zo = {
+        "arena_bytes": arena.peak_bytes,
+        "weight_bytes": dev.weight_bytes,
+        "seed_bytes": q * (seed_bytes + 4),
+        "master_bytes": 4 * params,
+    }
+    zo["total_bytes"] = sum(zo.values())
+    bp = {
+        "weight_bytes": dev.weight_bytes,
+        "activation_bytes": max(arena.peak_bytes, stored_bytes + grad_act_bytes),
+        "stored_activation_bytes": stored_bytes,
+        "activation_gradient_bytes": grad_act_bytes,
+        "master_bytes": 4 * params,
+        "gradient_bytes": 4 * params,
+        "optimizer_bytes": 4 * params * optimizer_states,
+    }
+    bp["total_bytes"] = bp["weight_bytes"] + bp["activation_bytes"] + bp["master_bytes"] + bp["gradient_bytes"] + bp["optimizer_bytes"]
+    forward = dev.latency_s(1)
+    suffix_forward = dev.latency_s(1, first=start)
+    suffix_macs = sum(o.macs for o in dev.ops[start:])
+    return {
+        "q": q, "batch": batch, "resident_images": resident_images,
+        "trainable_tensors": sorted(trainable), "trainable_params": params,
+        "suffix_first_op": interp.kernels[start].op.index, "suffix_ops": len(suffix),
+        "forward_passes": 2 * q,  # over the batch
+        "image_passes": 2 * q * batch,
+        "forward_s": forward,  # one image
+        "zo_seconds": 2 * q * batch * forward,
+        "zo_seconds_suffix_cached": batch * (forward + 2 * q * suffix_forward),
+        "suffix_cache_bytes": batch * sum(tensor_bytes(graph.tensors[t]) for t in boundary),
+        "bp_seconds": batch * (forward + 2 * suffix_macs / (cost.m55_macs_per_cycle * cost.m55_clock_hz)),
+        "zo_memory": zo, "bp_memory": bp,
+        "optimizer_states": optimizer_states,
+        "cost_model": cost.describe(),
+    }
+
+
+def format_zo_step_report(r: dict) -> str:
+    zo, bp = r["zo_memory"], r["bp_memory"]
+    return "\n".join([
+        f"ZO step on STM32N6: q={r['q']}, batch={r['batch']} ({r['resident_images']} image(s) resident), "
+        f"{r['trainable_params']:,} trainable parameters in "
+        f"{len(r['trainable_tensors'])} tensors (suffix from op {r['suffix_first_op']}, {r['suffix_ops']} ops)",
+        f"cost model: {r['cost_model']}",
+        f"memory, ZO: {_kib(zo['total_bytes'])} = arena {_kib(zo['arena_bytes'])} + weights {_kib(zo['weight_bytes'])} "
+        f"+ seeds {_kib(zo['seed_bytes'])} + float32 masters {_kib(zo['master_bytes'])}",
+        f"memory, back-propagation ({r['optimizer_states']} optimizer states): {_kib(bp['total_bytes'])} = weights {_kib(bp['weight_bytes'])} "
+        f"+ activations {_kib(bp['activation_bytes'])} (stored suffix {_kib(bp['stored_activation_bytes'])}, "
+        f"gradients {_kib(bp['activation_gradient_bytes'])}) + masters {_kib(bp['master_bytes'])} "
+        f"+ gradients {_kib(bp['gradient_bytes'])} + optimizer {_kib(bp['optimizer_bytes'])}",
+        f"time per step: ZO {r['zo_seconds'] * 1e3:.2f} ms ({r['forward_passes']} forward passes x {r['batch']} images "
+        f"x {r['forward_s'] * 1e3:.3f} ms), {r['zo_seconds_suffix_cached'] * 1e3:.2f} ms with the frozen prefix run once "
+        f"(caching {_kib(r['suffix_cache_bytes'])}); "
+        f"back-propagation (backward on the M55) {r['bp_seconds'] * 1e3:.2f} ms",
+    ])

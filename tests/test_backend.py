@@ -1,0 +1,58 @@
+"""The MAC backend selection (npusim/ops/backend.py): what "auto" and each name choose, and that
+an op runs on the engine chosen for its geometry."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import npusim
+from npusim import host
+from npusim.ops import backend
+from npusim.ops.geometry import ConvGeometry
+from npusim.testing import oracle as O
+
+
+def conv_model(hw=20, cin=16, cout=16, k=3) -> bytes:
+    rng = np.random.default_rng(0)
+    w = rng.integers(-127, 128, (cout, k, k, cin), dtype=np.int8)
+    return O.conv2d_model((1, hw, hw, cin), w, None, 0.05, -3, 0.01, 0.5, 2)
+
+
+def test_names_and_fallbacks():
+    assert backend.select("blas").backends == (backend.BACKENDS[2],)
+    with pytest.raises(npusim.NpusimError, match="not known"):
+        backend.select("gpu")
+    if host.has_vnni():
+        assert [b.name for b in backend.select("vnni").backends] == ["vnni", "blas"]
+        assert backend.select().name in ("amx", "vnni")
+    else:
+        with pytest.raises(npusim.NpusimError, match="does not run on this host"):
+            backend.select("vnni")
+        assert backend.select().name == "blas"
+
+
+def test_environment_excludes_from_auto(monkeypatch):
+    monkeypatch.setenv("NPUSIM_AMX", "0")
+    monkeypatch.setenv("NPUSIM_VNNI", "0")
+    assert backend.select().name == "blas"
+    monkeypatch.delenv("NPUSIM_VNNI")
+    assert backend.select().name == ("vnni" if host.has_vnni() else "blas")
+
+
+NO_VNNI = pytest.mark.skipif(not host.has_vnni(), reason="no VNNI")
+
+
+@pytest.mark.parametrize("name", ["blas", pytest.param("vnni", marks=NO_VNNI)])
+def test_interpreter_runs_on_the_chosen_engine(name):
+    model = conv_model()
+    sim = npusim.Interpreter(model, backend=name)
+    assert sim.kernels[0].engine.name == name
+    x = np.random.default_rng(1).integers(-128, 128, (3, 20, 20, 16), dtype=np.int8)
+    O.assert_same(npusim.Interpreter(model, backend="blas").run(x), sim.run(x), f"{name} against blas")
+
+
+def test_geometry_from_options():
+    g = ConvGeometry.from_options({"stride_h": 2, "stride_w": 1, "padding": "SAME"}, (1, 9, 8, 5), 3, 3)
+    assert (g.out_hw, g.pad, g.depth, g.pointwise) == ((5, 8), (1, 1), 45, False)
+    assert ConvGeometry.dense(7).pointwise and ConvGeometry.dense(7).depth == 7
+    assert not backend.AmxBackend().usable(ConvGeometry.dense(64))  # rows of one pixel: never AMX

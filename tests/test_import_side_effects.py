@@ -1,0 +1,63 @@
+"""Importing npusim leaves its host process as it was; npusim.tune_process() is the opt-in.
+
+Each check runs in a fresh interpreter: the C library functions that would change the process
+(mallopt, and syscall for the AMX permission) are watched through ctypes, through which npusim
+reaches them."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+WATCH = """
+import ctypes, json, os, sys
+import numba
+called = []
+class WatchedCDLL(ctypes.CDLL):
+    def __getattr__(self, name):
+        if name in ("mallopt", "syscall"):
+            called.append(name)
+        return super().__getattr__(name)
+ctypes.CDLL = WatchedCDLL
+env_before, layer_before = dict(os.environ), numba.config.THREADING_LAYER
+import npusim, npusim.cli
+from npusim.ops import aligned
+{action}
+print(json.dumps({{"env_same": dict(os.environ) == env_before,
+                   "layer_same": numba.config.THREADING_LAYER == layer_before,
+                   "added": sorted(set(os.environ) - set(env_before)),
+                   "called": called, "pooling": aligned._pooling}}))
+"""
+
+
+def _child(action: str = "", env=None) -> dict:
+    done = subprocess.run([sys.executable, "-c", WATCH.format(action=action)], capture_output=True, text=True,
+                          timeout=300, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_import_changes_nothing():
+    seen = _child()
+    assert seen["env_same"], f"import npusim set environment variables {seen['added']}"
+    assert seen["layer_same"], "import npusim changed numba.config.THREADING_LAYER"
+    assert seen["called"] == [], f"import npusim called {seen['called']} of the C library"
+    assert not seen["pooling"], "import npusim turned on the pool of freed mappings"
+
+
+def test_an_interpreter_run_changes_nothing():
+    """Building and running an interpreter is not an opt-in either (the AMX permission and the
+    pool stay off)."""
+    action = ("import numpy as np\n"
+              "from npusim.testing import oracle as O\n"
+              "m = O.conv2d_model((1, 4, 4, 8), np.ones((8, 1, 1, 8), np.int8), None, 0.1, 0, 0.01, 0.2, 0)\n"
+              "O.run_npusim(m, np.zeros((2, 4, 4, 8), np.int8))")
+    seen = _child(action)
+    assert seen["env_same"] and seen["layer_same"] and not seen["pooling"], seen
+    assert "mallopt" not in seen["called"], seen
+
+
+def test_tune_process_is_the_opt_in():
+    seen = _child("npusim.tune_process()")
+    assert seen["pooling"], "tune_process did not turn on the pool of freed mappings"
+    assert "mallopt" in seen["called"], "tune_process did not tune malloc"
