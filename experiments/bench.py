@@ -19,6 +19,7 @@ nothing, so every row says whether its outputs were equal.
 Unless --quick or --no-breakdown, a breakdown section times the stages of Conv2D.__call__ and the
 time spent per op kind in each model.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -64,6 +65,7 @@ TARGET_TFLM, TARGET_LITERT = 50.0, 1.0
 # The one-op conv model
 # ----------------------------------------------------------------------------------------------
 
+
 def conv_model(seed: int = 0) -> bytes:
     """CONV_2D 1x56x56x64 -> 64, 3x3, SAME, stride 1, per-channel int8 weights, int32 bias, RELU."""
     rng = np.random.default_rng(seed)
@@ -77,13 +79,24 @@ def conv_model(seed: int = 0) -> bytes:
     out_scale, out_zp = np.float32(typical / 40.0), -20
     span = int(127 * 64 * np.sqrt(taps))
     bias = rng.integers(-span, span + 1, o).astype(np.int32)
-    return oracle.conv2d_model((1, h, w, c), weights, bias, in_scale, in_zp, w_scale, out_scale, out_zp,
-                               padding="SAME", activation="RELU")
+    return oracle.conv2d_model(
+        (1, h, w, c),
+        weights,
+        bias,
+        in_scale,
+        in_zp,
+        w_scale,
+        out_scale,
+        out_zp,
+        padding="SAME",
+        activation="RELU",
+    )
 
 
 # ----------------------------------------------------------------------------------------------
 # Timing and runtimes
 # ----------------------------------------------------------------------------------------------
+
 
 def timings(fn, reps: int, warmup: int = 1) -> list[float]:
     """Wall times of reps calls of fn(), after warmup calls that are not timed."""
@@ -110,7 +123,7 @@ def tflm_run(model: bytes, x: np.ndarray, images: int) -> tuple[float, np.ndarra
     it.invoke()
     times, outs = [], []
     for i in range(images):
-        xi = np.ascontiguousarray(x[i:i + 1])
+        xi = np.ascontiguousarray(x[i : i + 1])
         t0 = time.perf_counter()
         it.set_input(xi, 0)
         it.invoke()
@@ -135,6 +148,7 @@ def describe_difference(a: np.ndarray, b: np.ndarray) -> str:
 # Rows
 # ----------------------------------------------------------------------------------------------
 
+
 @dataclass
 class Row:
     workload: str
@@ -158,8 +172,9 @@ class Row:
         return self.batch / seconds
 
 
-def bench_workload(name: str, model: bytes, inputs: np.ndarray, batches, reps: dict, tflm_images: int,
-                   log) -> list[Row]:
+def bench_workload(
+    name: str, model: bytes, inputs: np.ndarray, batches, reps: dict, tflm_images: int, log
+) -> list[Row]:
     import npusim
 
     sim = npusim.Interpreter(model, profile="tflm")
@@ -188,17 +203,31 @@ def bench_workload(name: str, model: bytes, inputs: np.ndarray, batches, reps: d
         k = min(tflm_images, n)
         ok_t = equal(y_sim[:k], tflm_out[:k])
         ok_l = equal(y_simx, y_lrt)
-        row = Row(name, n, macs, t_sim, min(ts), t_1t, t_lrt, t_img * n, tflm_images, lrt.batched,
-                  f"{'yes' if ok_t else 'no'} ({k} img)", f"{'yes' if ok_l else 'no'} ({n} img)")
+        row = Row(
+            name,
+            n,
+            macs,
+            t_sim,
+            min(ts),
+            t_1t,
+            t_lrt,
+            t_img * n,
+            tflm_images,
+            lrt.batched,
+            f"{'yes' if ok_t else 'no'} ({k} img)",
+            f"{'yes' if ok_l else 'no'} ({n} img)",
+        )
         if not ok_t:
             row.notes.append(f"npusim tflm vs TFLM: {describe_difference(y_sim[:k], tflm_out[:k])}")
         if not ok_l:
             row.notes.append(f"npusim xnnpack vs LiteRT: {describe_difference(y_simx, y_lrt)}")
         if not lrt.batched:
             row.notes.append("LiteRT could not resize the batch; images fed one by one")
-        log(f"  batch {n}: npusim {t_sim * 1e3:.1f} ms [{min(ts) * 1e3:.1f}-{max(ts) * 1e3:.1f}] (first call {first * 1e3:.0f} ms), "
+        log(
+            f"  batch {n}: npusim {t_sim * 1e3:.1f} ms [{min(ts) * 1e3:.1f}-{max(ts) * 1e3:.1f}] (first call {first * 1e3:.0f} ms), "
             f"npusim 1 thread {t_1t * 1e3:.1f} ms, LiteRT {t_lrt * 1e3:.2f} ms [{min(tl) * 1e3:.2f}-{max(tl) * 1e3:.2f}], "
-            f"exact TFLM {row.exact_tflm}, exact LiteRT {row.exact_litert}")
+            f"exact TFLM {row.exact_tflm}, exact LiteRT {row.exact_litert}"
+        )
         rows.append(row)
         lrt = None  # release the runtime (and its threads) before the next batch
     return rows
@@ -207,6 +236,7 @@ def bench_workload(name: str, model: bytes, inputs: np.ndarray, batches, reps: d
 # ----------------------------------------------------------------------------------------------
 # Breakdowns (where npusim's time goes)
 # ----------------------------------------------------------------------------------------------
+
 
 def conv_stages(model: bytes, x: np.ndarray, reps: int) -> list[tuple[str, float, float]]:
     """Time each stage of Conv2D.__call__ on the AMX and VNNI paths (same calls, same arrays: the stages
@@ -224,38 +254,94 @@ def conv_stages(model: bytes, x: np.ndarray, reps: int) -> list[tuple[str, float
     w = sim.graph.tensors[kern.op.inputs[1]].data
     b = sim.graph.tensors[kern.op.inputs[2]].data
     o, c, zp = kern.options, x.shape[3], kern.inputs[0].zero_point
-    sh, sw, dh, dw = o.get("stride_h", 1), o.get("stride_w", 1), o.get("dilation_h_factor", 1), o.get("dilation_w_factor", 1)
+    sh, sw, dh, dw = (
+        o.get("stride_h", 1),
+        o.get("stride_w", 1),
+        o.get("dilation_h_factor", 1),
+        o.get("dilation_w_factor", 1),
+    )
     wg = w[None]
     cp = (c + 3) // 4 * 4
     hp, wp = (kern.out_h - 1) * sh + (kern.kh - 1) * dh + 1, (kern.out_w - 1) * sw + (kern.kw - 1) * dw + 1
     xp = aligned.empty((x.shape[0], hp, wp, cp), np.int8)
-    taps = np.array([(ky * dh * wp + kx * dw) * cp for ky in range(kern.kh) for kx in range(kern.kw)], dtype=np.int64)
+    taps = np.array(
+        [(ky * dh * wp + kx * dw) * cp for ky in range(kern.kh) for kx in range(kern.kw)], dtype=np.int64
+    )
     packed = vnni.pack_filters(wg.reshape(1, kern.out_channels, kern.kh * kern.kw, c), cp)
     s = kern.stage
     out = aligned.empty((x.shape[0] * kern.out_h * kern.out_w, kern.out_channels), np.int8)
     stage_args = (np.int64(kern.profile), np.int64(s.zero_point), np.int64(s.lo), np.int64(s.hi))
 
-    stages = [("pad_input (Numba: the padded int8 copy)", lambda: pad_input(x, kern.pad_top, kern.pad_left, np.int8(zp), xp)),
-              ("pack_filters (Numba)", lambda: vnni.pack_filters(wg.reshape(1, kern.out_channels, kern.kh * kern.kw, c), cp))]
+    stages = [
+        (
+            "pad_input (Numba: the padded int8 copy)",
+            lambda: pad_input(x, kern.pad_top, kern.pad_left, np.int8(zp), xp),
+        ),
+        (
+            "pack_filters (Numba)",
+            lambda: vnni.pack_filters(wg.reshape(1, kern.out_channels, kern.kh * kern.kw, c), cp),
+        ),
+    ]
     paths = []
     if host.has_amx():
         chunk = amx.chunk_for(cp)
         params = output_parameters(accumulator_offset(wg, b, zp), s)
-        stages.append(("conv_amx (AMX tiles + vector output stage)",
-                       lambda: amx.conv_amx(xp, packed, taps, cp, chunk, kern.out_h, kern.out_w, sh, sw, 1, False, kern.out_channels,
-                                            params, *stage_args, amx.tile_config(chunk), out)))
+        stages.append(
+            (
+                "conv_amx (AMX tiles + vector output stage)",
+                lambda: amx.conv_amx(
+                    xp,
+                    packed,
+                    taps,
+                    cp,
+                    chunk,
+                    kern.out_h,
+                    kern.out_w,
+                    sh,
+                    sw,
+                    1,
+                    False,
+                    kern.out_channels,
+                    params,
+                    *stage_args,
+                    amx.tile_config(chunk),
+                    out,
+                ),
+            )
+        )
         paths.append("AMX")
     if host.has_vnni():
         params_u = output_parameters(accumulator_offset(wg, b, zp + 128), s)
-        stages.append(("conv_vnni (VNNI micro-kernel + vector output stage)",
-                       lambda: vnni.conv_vnni(xp, packed, taps, cp // 4, kern.out_h, kern.out_w, sh, sw, 1, False, kern.out_channels,
-                                              params_u, *stage_args, out)))
+        stages.append(
+            (
+                "conv_vnni (VNNI micro-kernel + vector output stage)",
+                lambda: vnni.conv_vnni(
+                    xp,
+                    packed,
+                    taps,
+                    cp // 4,
+                    kern.out_h,
+                    kern.out_w,
+                    sh,
+                    sw,
+                    1,
+                    False,
+                    kern.out_channels,
+                    params_u,
+                    *stage_args,
+                    out,
+                ),
+            )
+        )
         paths.append("VNNI")
     paths.append("BLAS")
     for name in paths:
-        what = {"AMX": "AMX", "VNNI": "VNNI",
-                "BLAS": "float32 BLAS (im2col + sgemm; here under Numba's OpenMP layer, which fights OpenBLAS's threads: "
-                        "a host without VNNI runs it under the workqueue layer)"}[name]
+        what = {
+            "AMX": "AMX",
+            "VNNI": "VNNI",
+            "BLAS": "float32 BLAS (im2col + sgemm; here under Numba's OpenMP layer, which fights OpenBLAS's threads: "
+            "a host without VNNI runs it under the workqueue layer)",
+        }[name]
         on_path = npusim.Interpreter(model, profile="tflm", backend=name.lower()).kernels[0]
         stages.append((f"whole Conv2D.__call__, {what} path", lambda k=on_path: k(x, w, b)))
     stages.append(("whole Interpreter.run (default path)", lambda: sim.run(x)))
@@ -327,15 +413,20 @@ def memory_of_run(shared: Path, name: str, batch: int, calls: int = 10) -> dict:
     import subprocess
 
     code = f"from experiments.bench import memory_child; memory_child({str(shared)!r}, {name!r}, {batch}, {calls})"
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1])
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1]
+    )
     if done.returncode:
-        raise SystemExit(f"memory run of {name} at batch {batch} failed: {done.stderr.strip().splitlines()[-1:]}")
+        raise SystemExit(
+            f"memory run of {name} at batch {batch} failed: {done.stderr.strip().splitlines()[-1:]}"
+        )
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 # ----------------------------------------------------------------------------------------------
 # Inputs for the shared models
 # ----------------------------------------------------------------------------------------------
+
 
 def model_inputs(shared: Path, name: str, n: int, shape, dtype) -> tuple[np.ndarray, str]:
     """Real images when the shared data is there (CIFAR-10 for ResNet-8, EuroSAT-64 upsampled 2x for
@@ -364,14 +455,17 @@ def model_inputs(shared: Path, name: str, n: int, shape, dtype) -> tuple[np.ndar
 # Report
 # ----------------------------------------------------------------------------------------------
 
+
 def fmt_ms(s: float) -> str:
     ms = s * 1e3
     return f"{ms:.0f}" if ms >= 100 else f"{ms:.1f}" if ms >= 10 else f"{ms:.2f}"
 
 
 def table(rows: list[Row]) -> list[str]:
-    head = ("| workload | batch | MMAC/img | npusim ms | npusim min ms | npusim 1T ms | LiteRT ms | TFLM ms* | npusim GMAC/s | LiteRT GMAC/s | TFLM GMAC/s "
-            "| npusim img/s | LiteRT img/s | TFLM img/s | npusim/TFLM | npusim/LiteRT | exact vs TFLM | exact vs LiteRT** |")
+    head = (
+        "| workload | batch | MMAC/img | npusim ms | npusim min ms | npusim 1T ms | LiteRT ms | TFLM ms* | npusim GMAC/s | LiteRT GMAC/s | TFLM GMAC/s "
+        "| npusim img/s | LiteRT img/s | TFLM img/s | npusim/TFLM | npusim/LiteRT | exact vs TFLM | exact vs LiteRT** |"
+    )
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
         lrt_note = "" if r.litert_batched else " (1-by-1)"
@@ -379,7 +473,8 @@ def table(rows: list[Row]) -> list[str]:
             f"| {r.workload} | {r.batch} | {r.macs / 1e6:.1f} | {fmt_ms(r.npusim)} | {fmt_ms(r.npusim_min)} | {fmt_ms(r.npusim_1t)} | {fmt_ms(r.litert)}{lrt_note} | "
             f"{fmt_ms(r.tflm)} | {r.gmacs(r.npusim):.2f} | {r.gmacs(r.litert):.2f} | {r.gmacs(r.tflm):.2f} | "
             f"{r.ips(r.npusim):.0f} | {r.ips(r.litert):.0f} | {r.ips(r.tflm):.1f} | "
-            f"{r.tflm / r.npusim:.1f}x | {r.litert / r.npusim:.2f}x | {r.exact_tflm} | {r.exact_litert} |")
+            f"{r.tflm / r.npusim:.1f}x | {r.litert / r.npusim:.2f}x | {r.exact_tflm} | {r.exact_litert} |"
+        )
     return lines
 
 
@@ -388,18 +483,26 @@ def targets(rows: list[Row]) -> list[str]:
         st, sl = r.tflm / r.npusim, r.litert / r.npusim
         st1, sl1 = r.tflm / r.npusim_1t, r.litert / r.npusim_1t
         ok = "met" if st >= need_t and sl >= need_l else "MISSED"
-        return (f"- {r.workload} batch {r.batch} {label} (>= {need_t:g}x TFLM, >= {need_l:g}x LiteRT): "
-                f"{st:.1f}x / {sl:.3f}x -> {ok} (npusim on 1 thread: {st1:.1f}x / {sl1:.3f}x)")
+        return (
+            f"- {r.workload} batch {r.batch} {label} (>= {need_t:g}x TFLM, >= {need_l:g}x LiteRT): "
+            f"{st:.1f}x / {sl:.3f}x -> {ok} (npusim on 1 thread: {st1:.1f}x / {sl1:.3f}x)"
+        )
 
-    out = [check(r, "floor", FLOOR_TFLM, FLOOR_LITERT) for r in rows if r.workload == "conv" and r.batch == 16]
-    out += [check(r, "target", TARGET_TFLM, TARGET_LITERT) for r in rows
-            if (r.workload == "conv" and r.batch == 16) or (r.workload != "conv" and r.batch == 256)]
+    out = [
+        check(r, "floor", FLOOR_TFLM, FLOOR_LITERT) for r in rows if r.workload == "conv" and r.batch == 16
+    ]
+    out += [
+        check(r, "target", TARGET_TFLM, TARGET_LITERT)
+        for r in rows
+        if (r.workload == "conv" and r.batch == 16) or (r.workload != "conv" and r.batch == 256)
+    ]
     return out
 
 
 # ----------------------------------------------------------------------------------------------
 # Main
 # ----------------------------------------------------------------------------------------------
+
 
 def parse_batches(s: str) -> list[int]:
     try:
@@ -413,10 +516,16 @@ def parse_batches(s: str) -> list[int]:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m experiments.bench", description=__doc__.split("\n\n")[0])
-    p.add_argument("--shared", type=Path, default=Path("../shared"), help="the shared folder (models/, data/)")
+    p.add_argument(
+        "--shared", type=Path, default=Path("../shared"), help="the shared folder (models/, data/)"
+    )
     p.add_argument("--quick", action="store_true", help="few repetitions: a smoke test, not a measurement")
-    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="Markdown report (default experiments/results/bench.md)")
-    p.add_argument("--only", choices=("all", "conv", "models", "zo"), default="all", help="which workloads to run")
+    p.add_argument(
+        "--out", type=Path, default=DEFAULT_OUT, help="Markdown report (default experiments/results/bench.md)"
+    )
+    p.add_argument(
+        "--only", choices=("all", "conv", "models", "zo"), default="all", help="which workloads to run"
+    )
     p.add_argument("--conv-batches", type=parse_batches, default=[1, 16], help="default 1,16")
     p.add_argument("--model-batches", type=parse_batches, default=[64, 256], help="default 64,256")
     p.add_argument("--no-breakdown", action="store_true", help="skip the per-stage / per-op breakdown")
@@ -437,8 +546,15 @@ def bench_zo_step(shared: Path, reps: int, q: int = 16, batch: int = 32) -> list
     import tempfile
 
     with tempfile.TemporaryDirectory() as out:
-        cfg = TrainConfig(model=str(model), data=str(data_path), trainable="last:4", q=f"fixed:{q}", batch=batch,
-                          budget=10**9, checkpoint_every=10**9)
+        cfg = TrainConfig(
+            model=str(model),
+            data=str(data_path),
+            trainable="last:4",
+            q=f"fixed:{q}",
+            batch=batch,
+            budget=10**9,
+            checkpoint_every=10**9,
+        )
         trainer = Trainer(cfg, out, dataset=data)
         trainer.train_step(q)  # warm-up: compiles or loads the kernels
         step_times = timings(lambda: trainer.train_step(q), reps, warmup=0)
@@ -448,15 +564,20 @@ def bench_zo_step(shared: Path, reps: int, q: int = 16, batch: int = 32) -> list
     step = float(np.median(step_times))
     ratio = step / (2 * q * forward)
     names = ", ".join(p.name.split("/")[-1][:40] for p in trainer.model.params)
-    return ["## ZO step against plain forward passes", "",
-            "| workload | batch | q | ZO step ms | one forward pass of the batch ms | 2q forward passes ms | ratio (target < 0.5) |",
-            "|---|---|---|---|---|---|---|",
-            f"| ResNet-8 last:4 (last residual block + classifier) | {batch} | {q} | {fmt_ms(step)} | {fmt_ms(forward)} | "
-            f"{fmt_ms(2 * q * forward)} | {ratio:.3f} {'(met)' if ratio < 0.5 else '(MISSED)'} |", "",
-            f"Trainable tensors: {names}. The step includes gathering the batch, the 2q perturbed passes of the "
-            "trainable suffix on the cached prefix activations (one batched call), the host loss, regenerating the "
-            "directions, the Adam update and the int8 write-back. Median of "
-            f"{len(step_times)} steps; forward: median of `Interpreter.run` on the batch.", ""]
+    return [
+        "## ZO step against plain forward passes",
+        "",
+        "| workload | batch | q | ZO step ms | one forward pass of the batch ms | 2q forward passes ms | ratio (target < 0.5) |",
+        "|---|---|---|---|---|---|---|",
+        f"| ResNet-8 last:4 (last residual block + classifier) | {batch} | {q} | {fmt_ms(step)} | {fmt_ms(forward)} | "
+        f"{fmt_ms(2 * q * forward)} | {ratio:.3f} {'(met)' if ratio < 0.5 else '(MISSED)'} |",
+        "",
+        f"Trainable tensors: {names}. The step includes gathering the batch, the 2q perturbed passes of the "
+        "trainable suffix on the cached prefix activations (one batched call), the host loss, regenerating the "
+        "directions, the Adam update and the int8 write-back. Median of "
+        f"{len(step_times)} steps; forward: median of `Interpreter.run` on the batch.",
+        "",
+    ]
 
 
 @dataclass
@@ -480,22 +601,34 @@ def run_conv(args, results: Results, log):
     model = conv_model()
     n_max = max(args.conv_batches)
     x = np.random.default_rng(2).integers(-128, 128, (n_max, 56, 56, 64), dtype=np.int8)
-    reps = {"npusim": repetitions(args, args.conv_batches, 15, 5), "litert": repetitions(args, args.conv_batches, 15, 5)}
-    results.rows += bench_workload("conv", model, x, args.conv_batches, reps, tflm_images=1 if args.quick else 3, log=log)
+    reps = {
+        "npusim": repetitions(args, args.conv_batches, 15, 5),
+        "litert": repetitions(args, args.conv_batches, 15, 5),
+    }
+    results.rows += bench_workload(
+        "conv", model, x, args.conv_batches, reps, tflm_images=1 if args.quick else 3, log=log
+    )
     results.notes.append(
         f"conv: {results.rows[-1].macs / 1e6:.1f} MMAC per image = 56*56*64*3*3*64 (npusim Interpreter.macs(); the "
         "'231 MMAC' of int8-numerics.md is twice that, 2 operations per MAC: if its GMAC/s anchors divide 231 M by the "
-        "time, they are twice the MAC rates of this table); random int8 input, per-channel weights, RELU.")
+        "time, they are twice the MAC rates of this table); random int8 input, per-channel weights, RELU."
+    )
     if args.quick or args.no_breakdown:
         return
     nb_ = 16 if 16 in args.conv_batches else n_max
     log(f"  breakdown of Conv2D.__call__ at batch {nb_}")
     stages = conv_stages(model, np.ascontiguousarray(x[:nb_]), reps=7)
     macs = results.rows[-1].macs
-    results.breakdown += [f"### Conv2D.__call__ stages, conv at batch {nb_} (median ms, tflm profile)", "",
-                          "| stage | ms | GMAC/s equiv. | ms, 1 thread | GMAC/s equiv., 1 thread |", "|---|---|---|---|---|"]
-    results.breakdown += [f"| {label} | {fmt_ms(t)} | {macs * nb_ / t / 1e9:.1f} | {fmt_ms(t1)} | {macs * nb_ / t1 / 1e9:.1f} |"
-                          for label, t, t1 in stages]
+    results.breakdown += [
+        f"### Conv2D.__call__ stages, conv at batch {nb_} (median ms, tflm profile)",
+        "",
+        "| stage | ms | GMAC/s equiv. | ms, 1 thread | GMAC/s equiv., 1 thread |",
+        "|---|---|---|---|---|",
+    ]
+    results.breakdown += [
+        f"| {label} | {fmt_ms(t)} | {macs * nb_ / t / 1e9:.1f} | {fmt_ms(t1)} | {macs * nb_ / t1 / 1e9:.1f} |"
+        for label, t, t1 in stages
+    ]
     results.breakdown.append("")
 
 
@@ -511,24 +644,40 @@ def run_models(args, results: Results, log):
         x, desc = model_inputs(args.shared, name, max(args.model_batches), t_in.shape, t_in.dtype)
         results.notes.append(f"{name} inputs: {desc}.")
         log(f"{name} ({fname}), inputs: {desc}")
-        reps = {"npusim": repetitions(args, args.model_batches, 7, 3), "litert": repetitions(args, args.model_batches, 7, 3)}
-        results.rows += bench_workload(name, model, x, args.model_batches, reps, tflm_images=2 if args.quick else 16, log=log)
+        reps = {
+            "npusim": repetitions(args, args.model_batches, 7, 3),
+            "litert": repetitions(args, args.model_batches, 7, 3),
+        }
+        results.rows += bench_workload(
+            name, model, x, args.model_batches, reps, tflm_images=2 if args.quick else 16, log=log
+        )
         nb_ = max(args.model_batches)
         mem = memory_of_run(args.shared, name, nb_)
         growth = max(mem["after"]) - mem["after"][0]
-        results.memory.append(f"| {name} | {nb_} | {mem['input_mb']:.1f} | {mem['setup']:.0f} | {mem['peak']:.0f} | "
-                              f"{mem['peak'] - mem['setup']:.0f} | {' '.join(f'{v:.0f}' for v in mem['after'])} | {growth:+.1f} |")
+        results.memory.append(
+            f"| {name} | {nb_} | {mem['input_mb']:.1f} | {mem['setup']:.0f} | {mem['peak']:.0f} | "
+            f"{mem['peak'] - mem['setup']:.0f} | {' '.join(f'{v:.0f}' for v in mem['after'])} | {growth:+.1f} |"
+        )
         if args.quick or args.no_breakdown:
             continue
         log(f"  per-op breakdown at batch {nb_}")
         ops = op_breakdown(model, np.ascontiguousarray(x[:nb_]), reps=3)
         total = sum(t for _, _, t, _ in ops)
         total1 = sum(t1 for _, _, _, t1 in ops)
-        results.breakdown += [f"### {name} per op kind at batch {nb_} (median ms, one kernel at a time)", "",
-                              "| op kind | count | ms | share | ms, 1 thread | share, 1 thread |", "|---|---|---|---|---|---|"]
-        results.breakdown += [f"| {k} | {c} | {fmt_ms(t)} | {100 * t / total:.0f}% | {fmt_ms(t1)} | {100 * t1 / total1:.0f}% |"
-                              for k, c, t, t1 in ops]
-        results.breakdown += [f"| total | {sum(c for _, c, _, _ in ops)} | {fmt_ms(total)} | | {fmt_ms(total1)} | |", ""]
+        results.breakdown += [
+            f"### {name} per op kind at batch {nb_} (median ms, one kernel at a time)",
+            "",
+            "| op kind | count | ms | share | ms, 1 thread | share, 1 thread |",
+            "|---|---|---|---|---|---|",
+        ]
+        results.breakdown += [
+            f"| {k} | {c} | {fmt_ms(t)} | {100 * t / total:.0f}% | {fmt_ms(t1)} | {100 * t1 / total1:.0f}% |"
+            for k, c, t, t1 in ops
+        ]
+        results.breakdown += [
+            f"| total | {sum(c for _, c, _, _ in ops)} | {fmt_ms(total)} | | {fmt_ms(total1)} | |",
+            "",
+        ]
 
 
 def render(results: Results, command: str, quick: bool, started, load_start) -> str:
@@ -538,17 +687,21 @@ def render(results: Results, command: str, quick: bool, started, load_start) -> 
     rows = results.rows
     tflm_imgs = sorted({(r.workload, r.tflm_images) for r in rows})
     lines = [
-        "# npusim speed benchmark", "",
+        "# npusim speed benchmark",
+        "",
         f"- date: {started.isoformat(timespec='seconds')}",
         f"- machine: {os.cpu_count()} CPUs (nproc {len(os.sched_getaffinity(0))}), {cpu_model()}; {cpu_flags()}; {platform.platform()}",
-        f"- command: `{command}`" + (" (--quick: a smoke test, few repetitions; not a measurement)" if quick else ""),
+        f"- command: `{command}`"
+        + (" (--quick: a smoke test, few repetitions; not a measurement)" if quick else ""),
         f"- versions: {versions()}",
         f"- load average (1/5/15 min) at start {' '.join(f'{v:.2f}' for v in load_start)}, at end "
         f"{' '.join(f'{v:.2f}' for v in os.getloadavg())} (other processes on the machine skew every time here)",
         f"- threads: LiteRT num_threads={LITERT_THREADS}; numba.get_num_threads()={numba.get_num_threads()} "
         f"(layer {numba.threading_layer() if rows else 'n/a'}); BLAS: {blas_threads()}",
         f"- npusim MAC kernels (CONV_2D, FULLY_CONNECTED): {kernel_path()}",
-        "", *table(rows), "",
+        "",
+        *table(rows),
+        "",
         "Times are medians over repetitions after one untimed warm-up call, for the whole batch, including "
         "set_tensor/get_tensor (LiteRT) and the input check (npusim). npusim: `Interpreter(model, profile='tflm').run(x)` "
         "on the whole batch. LiteRT: default interpreter (XNNPACK delegate), input resized to the batch.",
@@ -570,13 +723,19 @@ def render(results: Results, command: str, quick: bool, started, load_start) -> 
         lines += ["## Floors and targets", "", *targets(rows), ""]
     lines += results.zo
     if results.memory:
-        lines += ["## Memory of a model run", "",
-                  "Each model at the largest batch, alone in a fresh process (`memory_child`): resident memory after "
-                  "loading the model and the input, the peak of the first run (VmHWM), and the resident memory after "
-                  "each of 10 further runs. A flat last column means no allocation outlives a call.", "",
-                  "| model | batch | input MB | RSS after setup MB | peak RSS of the run MB | peak - setup MB | "
-                  "RSS after each further run MB | growth over 10 runs MB |",
-                  "|---|---|---|---|---|---|---|---|", *results.memory, ""]
+        lines += [
+            "## Memory of a model run",
+            "",
+            "Each model at the largest batch, alone in a fresh process (`memory_child`): resident memory after "
+            "loading the model and the input, the peak of the first run (VmHWM), and the resident memory after "
+            "each of 10 further runs. A flat last column means no allocation outlives a call.",
+            "",
+            "| model | batch | input MB | RSS after setup MB | peak RSS of the run MB | peak - setup MB | "
+            "RSS after each further run MB | growth over 10 runs MB |",
+            "|---|---|---|---|---|---|---|---|",
+            *results.memory,
+            "",
+        ]
     if results.breakdown:
         lines += ["## Where npusim's time goes", "", *results.breakdown]
     lines.append(f"Peak RSS of the bench process: {peak_rss_mb():.0f} MB (resource.getrusage ru_maxrss).")

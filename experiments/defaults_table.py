@@ -10,6 +10,7 @@ same start (the calibrated fresh head), trained in float with exact gradients an
 int8 with the deployed scales fixed. fraction = (ZO - chance) / (bound - chance).
 A row is stored as JSON under --runs when done, so an interrupted table resumes where it stopped.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,9 +42,11 @@ MODELS = {
     "reid-mobilenetv2": "models/stm32n6/mobilenetv2_a100_256_128_fft_int8.tflite",
 }
 # EuroSAT at the resolution nearest the model's input (each image is resized to the input anyway).
-DATA = {"resnet8": ("eurosat32_subset.npz", "cifar10_subset.npz"),
-        "mobilenetv2-0.35": ("eurosat64_subset.npz", "cifar10_subset.npz"),
-        "reid-mobilenetv2": ("eurosat64_subset.npz", "cifar10_subset.npz")}
+DATA = {
+    "resnet8": ("eurosat32_subset.npz", "cifar10_subset.npz"),
+    "mobilenetv2-0.35": ("eurosat64_subset.npz", "cifar10_subset.npz"),
+    "reid-mobilenetv2": ("eurosat64_subset.npz", "cifar10_subset.npz"),
+}
 ROWS = tuple(Row(m, d, t) for m in MODELS for d in DATA[m] for t in ("last:1", "last:3"))
 
 
@@ -61,8 +64,15 @@ def execute(row: Row, shared: str, runs: str, budget: int, seed: int) -> dict:
     out = Path(runs) / f"{row.key}-seed{seed}"
     for f in sorted(out.rglob("*"), reverse=True) if out.exists() else []:  # an interrupted run starts afresh
         f.unlink() if f.is_file() else f.rmdir()
-    config = TrainConfig(model=str(shared / MODELS[row.model]), data=str(shared / "data" / row.data),
-                         trainable=row.trainable, new_head=True, budget=budget, seed=seed, checkpoint_every=10**9)
+    config = TrainConfig(
+        model=str(shared / MODELS[row.model]),
+        data=str(shared / "data" / row.data),
+        trainable=row.trainable,
+        new_head=True,
+        budget=budget,
+        seed=seed,
+        checkpoint_every=10**9,
+    )
     start = time.perf_counter()
     warnings = []
     trainer = Trainer(config, out, warn=warnings.append)
@@ -72,12 +82,25 @@ def execute(row: Row, shared: str, runs: str, budget: int, seed: int) -> dict:
     zo_start = time.perf_counter()
     summary = trainer.run()
     chance = 1.0 / trainer.model.num_classes
-    result = {"key": row.key, "model": row.model, "data": row.data, "trainable": row.trainable, "seed": seed,
-              "parameters": trainer.model.size, "mapping": str(trainer.mapping), "chance": chance,
-              "start_accuracy": start_accuracy, "zo_accuracy": summary["test_accuracy"],
-              "bound_accuracy": bound["int8_test_accuracy"], "bound_float_accuracy": bound["float_test_accuracy"],
-              "forward_passes": summary["forward_passes"], "zo_seconds": time.perf_counter() - zo_start,
-              "setup_seconds": setup, "bound_seconds": bound["seconds"], "warnings": warnings}
+    result = {
+        "key": row.key,
+        "model": row.model,
+        "data": row.data,
+        "trainable": row.trainable,
+        "seed": seed,
+        "parameters": trainer.model.size,
+        "mapping": str(trainer.mapping),
+        "chance": chance,
+        "start_accuracy": start_accuracy,
+        "zo_accuracy": summary["test_accuracy"],
+        "bound_accuracy": bound["int8_test_accuracy"],
+        "bound_float_accuracy": bound["float_test_accuracy"],
+        "forward_passes": summary["forward_passes"],
+        "zo_seconds": time.perf_counter() - zo_start,
+        "setup_seconds": setup,
+        "bound_seconds": bound["seconds"],
+        "warnings": warnings,
+    }
     result["fraction"] = (result["zo_accuracy"] - chance) / (result["bound_accuracy"] - chance)
     tmp = done.with_suffix(".tmp")
     tmp.write_text(json.dumps(result, indent=1))
@@ -108,16 +131,35 @@ def write_table(results: list[dict], path: Path, command: str, budget: int, seed
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
-        lines.append(f"| {r['model']} | {Path(r['data']).stem} | `{r['trainable']}` | {r['parameters']:,} | {r['mapping']} | "
-                     f"{100 * r['start_accuracy']:.1f} | {100 * r['zo_accuracy']:.1f} | {100 * r['bound_accuracy']:.1f} | "
-                     f"{r['fraction']:.2f} | {'met' if r['fraction'] >= GOAL else 'missed'} |")
+        lines.append(
+            f"| {r['model']} | {Path(r['data']).stem} | `{r['trainable']}` | {r['parameters']:,} | {r['mapping']} | "
+            f"{100 * r['start_accuracy']:.1f} | {100 * r['zo_accuracy']:.1f} | {100 * r['bound_accuracy']:.1f} | "
+            f"{r['fraction']:.2f} | {'met' if r['fraction'] >= GOAL else 'missed'} |"
+        )
     warned = [r for r in results if r["warnings"]]
     if warned:
-        lines += ["", "Warnings printed during the runs:"] + [f"- {r['key']}: {w}" for r in warned for w in r["warnings"]]
+        lines += ["", "Warnings printed during the runs:"] + [
+            f"- {r['key']}: {w}" for r in warned for w in r["warnings"]
+        ]
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines) + "\n")
-    keys = ["key", "model", "data", "trainable", "seed", "parameters", "chance", "start_accuracy", "zo_accuracy",
-            "bound_accuracy", "bound_float_accuracy", "fraction", "forward_passes", "zo_seconds", "bound_seconds"]
+    keys = [
+        "key",
+        "model",
+        "data",
+        "trainable",
+        "seed",
+        "parameters",
+        "chance",
+        "start_accuracy",
+        "zo_accuracy",
+        "bound_accuracy",
+        "bound_float_accuracy",
+        "fraction",
+        "forward_passes",
+        "zo_seconds",
+        "bound_seconds",
+    ]
     csv_lines = [",".join(keys)] + [",".join(str(r[k]) for k in keys) for r in results]
     path.with_suffix(".csv").write_text("\n".join(csv_lines) + "\n")
 
@@ -153,19 +195,28 @@ def main(argv=None):
                 results[(r, s)] = execute(r, str(a.shared), str(a.runs), a.budget, s)
                 print(f"{r.key} seed {s}: fraction {results[(r, s)]['fraction']:.2f}", flush=True)
         else:
-            from concurrent.futures import ProcessPoolExecutor
             import multiprocessing as mp
+            from concurrent.futures import ProcessPoolExecutor
 
             os.environ.update({"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1"})
-            with ProcessPoolExecutor(a.workers, mp_context=mp.get_context("spawn"), initializer=_worker_init) as pool:
-                futures = {pool.submit(execute, r, str(a.shared), str(a.runs), a.budget, s): (r, s) for r, s in jobs}
+            with ProcessPoolExecutor(
+                a.workers, mp_context=mp.get_context("spawn"), initializer=_worker_init
+            ) as pool:
+                futures = {
+                    pool.submit(execute, r, str(a.shared), str(a.runs), a.budget, s): (r, s) for r, s in jobs
+                }
                 for f in futures:
                     results[futures[f]] = f.result()
-                    print(f"{futures[f][0].key} seed {futures[f][1]}: fraction {results[futures[f]]['fraction']:.2f}", flush=True)
+                    print(
+                        f"{futures[f][0].key} seed {futures[f][1]}: fraction {results[futures[f]]['fraction']:.2f}",
+                        flush=True,
+                    )
     except KeyboardInterrupt:
         sys.exit("interrupted: finished rows are kept; run the same command again to resume")
     ordered = [results[j] for j in sorted(results, key=lambda j: (ROWS.index(j[0]), j[1]))]
-    command = " ".join(["python -m experiments.defaults_table"] + (argv if argv is not None else sys.argv[1:]))
+    command = " ".join(
+        ["python -m experiments.defaults_table"] + (argv if argv is not None else sys.argv[1:])
+    )
     write_table(ordered, a.results / "table.md", command, a.budget, seeds, time.perf_counter() - start)
     print(f"table written to {a.results / 'table.md'}")
 

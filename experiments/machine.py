@@ -1,5 +1,6 @@
 """The machine a benchmark runs on, as its report states it (CPU, flags, versions, threads, memory),
 and a context that runs npusim on one thread for the diagnostic columns."""
+
 from __future__ import annotations
 
 import ctypes
@@ -54,8 +55,13 @@ def _openblas():
     """(get_num_threads, set_num_threads, config string) of the OpenBLAS that numpy loaded, found in this
     process's memory map, or None (threadpoolctl is not a dependency of the project)."""
     try:
-        libs = sorted({line.split()[-1] for line in Path("/proc/self/maps").read_text().splitlines()
-                       if "openblas" in line.lower() and ".so" in line.split()[-1]})
+        libs = sorted(
+            {
+                line.split()[-1]
+                for line in Path("/proc/self/maps").read_text().splitlines()
+                if "openblas" in line.lower() and ".so" in line.split()[-1]
+            }
+        )
     except OSError:
         return None
     for path in libs:
@@ -84,8 +90,14 @@ def blas_threads() -> str:
     try:
         from threadpoolctl import threadpool_info
 
-        return "; ".join(f"{i.get('internal_api')} {i.get('version')}: {i.get('num_threads')} threads"
-                         for i in threadpool_info() if i.get("user_api") == "blas") or "no BLAS found"
+        return (
+            "; ".join(
+                f"{i.get('internal_api')} {i.get('version')}: {i.get('num_threads')} threads"
+                for i in threadpool_info()
+                if i.get("user_api") == "blas"
+            )
+            or "no BLAS found"
+        )
     except ImportError:
         pass
     ob = _openblas()

@@ -6,6 +6,7 @@ Equivalent to
 (the defaults of `zo train` otherwise: the classifier head, ZO-Adam lr 0.1, batch 32): a fresh
 10-class head on the frozen int8 features, as in the study. A finished run directory is started afresh.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,10 +29,27 @@ def main(argv=None):
     data = a.shared / "data" / "eurosat32_subset.npz"
     for path in (model, data):
         if not path.exists():
-            sys.exit(f"error: {path} not found; pass --shared DIR (or SHARED=DIR to make) pointing at the shared data")
+            sys.exit(
+                f"error: {path} not found; pass --shared DIR (or SHARED=DIR to make) pointing at the shared data"
+            )
     shutil.rmtree(a.out, ignore_errors=True)
-    zo_main(["train", "--model", str(model), "--data", str(data), "--q", "qscheduler", "--new-head", "--budget", str(a.budget),
-             "--out", str(a.out)], standalone_mode=True)
+    zo_main(
+        [
+            "train",
+            "--model",
+            str(model),
+            "--data",
+            str(data),
+            "--q",
+            "qscheduler",
+            "--new-head",
+            "--budget",
+            str(a.budget),
+            "--out",
+            str(a.out),
+        ],
+        standalone_mode=True,
+    )
 
 
 if __name__ == "__main__":

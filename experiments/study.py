@@ -6,6 +6,7 @@ Every run is one zo training run with its own directory under --runs; a run whos
 result.json is finished and is not redone, so an interrupted sweep resumes where it stopped. The
 report (CSV, Markdown, PNG) is then generated from the run directories into --results.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,10 +46,23 @@ class Cell:
     def config(self, shared: Path, **run) -> "TrainConfig":  # noqa: F821 (imported in the worker)
         from zo.trainer import TrainConfig
 
-        return TrainConfig(model=str(shared / "models" / self.model), data=str(shared / "data" / self.data),
-                           trainable=self.trainable, optimizer=self.optimizer, lr=self.lr, eps=self.eps, batch=self.batch,
-                           budget=self.budget, new_head=True, train_size=self.train_size, test_size=self.test_size,
-                           input_range=self.input_range, mean=self.mean, std=self.std, **run)
+        return TrainConfig(
+            model=str(shared / "models" / self.model),
+            data=str(shared / "data" / self.data),
+            trainable=self.trainable,
+            optimizer=self.optimizer,
+            lr=self.lr,
+            eps=self.eps,
+            batch=self.batch,
+            budget=self.budget,
+            new_head=True,
+            train_size=self.train_size,
+            test_size=self.test_size,
+            input_range=self.input_range,
+            mean=self.mean,
+            std=self.std,
+            **run,
+        )
 
 
 @dataclass(frozen=True)
@@ -64,25 +78,67 @@ class Grid:
 # lr 0.1 gave 64.2% against 57% at 0.3 and 33% at 1; MobileNetV2: 0.3 gave 80.0% against 77.2% at
 # 0.1 and 73.6% at 0.03). The CIFAR-10 cells reuse their model's lr. Shared by all schedulers of a cell.
 CELLS = {
-    "resnet8-eurosat": Cell("resnet8-eurosat", "resnet8_cifar10_int8.tflite", "eurosat32_subset.npz",
-                            trainable="last:1", optimizer="adam", lr=0.1, eps=1, budget=60000),
-    "resnet8-cifar10": Cell("resnet8-cifar10", "resnet8_cifar10_int8.tflite", "cifar10_subset.npz",
-                            trainable="last:1", optimizer="adam", lr=0.1, eps=1, budget=60000),
-    "mobilenetv2-eurosat": Cell("mobilenetv2-eurosat", "mobilenet_v2_0.35_128_flowers_int8.tflite", "eurosat64_subset.npz",
-                                trainable="last:1", optimizer="adam", lr=0.3, eps=1, budget=60000),
-    "mobilenetv2-cifar10": Cell("mobilenetv2-cifar10", "mobilenet_v2_0.35_128_flowers_int8.tflite", "cifar10_subset.npz",
-                                trainable="last:1", optimizer="adam", lr=0.3, eps=1, budget=60000),
+    "resnet8-eurosat": Cell(
+        "resnet8-eurosat",
+        "resnet8_cifar10_int8.tflite",
+        "eurosat32_subset.npz",
+        trainable="last:1",
+        optimizer="adam",
+        lr=0.1,
+        eps=1,
+        budget=60000,
+    ),
+    "resnet8-cifar10": Cell(
+        "resnet8-cifar10",
+        "resnet8_cifar10_int8.tflite",
+        "cifar10_subset.npz",
+        trainable="last:1",
+        optimizer="adam",
+        lr=0.1,
+        eps=1,
+        budget=60000,
+    ),
+    "mobilenetv2-eurosat": Cell(
+        "mobilenetv2-eurosat",
+        "mobilenet_v2_0.35_128_flowers_int8.tflite",
+        "eurosat64_subset.npz",
+        trainable="last:1",
+        optimizer="adam",
+        lr=0.3,
+        eps=1,
+        budget=60000,
+    ),
+    "mobilenetv2-cifar10": Cell(
+        "mobilenetv2-cifar10",
+        "mobilenet_v2_0.35_128_flowers_int8.tflite",
+        "cifar10_subset.npz",
+        trainable="last:1",
+        optimizer="adam",
+        lr=0.3,
+        eps=1,
+        budget=60000,
+    ),
 }
 FIXED = tuple(f"fixed:{q}" for q in (1, 2, 4, 8, 16, 32))
 ADAPTIVE = ("qscheduler", "linear:32", "power:32")
 
 GRIDS = {
     "full": Grid(tuple(CELLS.values()), FIXED + ADAPTIVE, (0, 1, 2)),
-    "quick": Grid((replace(CELLS["resnet8-eurosat"], budget=12000), replace(CELLS["mobilenetv2-eurosat"], budget=12000)),
-                  ("fixed:1", "fixed:4", "fixed:16", "qscheduler"), (0,)),
+    "quick": Grid(
+        (
+            replace(CELLS["resnet8-eurosat"], budget=12000),
+            replace(CELLS["mobilenetv2-eurosat"], budget=12000),
+        ),
+        ("fixed:1", "fixed:4", "fixed:16", "qscheduler"),
+        (0,),
+    ),
     # A few seconds a run: CI checks the sweep machinery (local pool, Ray, resume) on it.
-    "ci": Grid((replace(CELLS["resnet8-eurosat"], budget=400, train_size=500, test_size=200),),
-               ("fixed:2", "qscheduler"), (0,), evals=4),
+    "ci": Grid(
+        (replace(CELLS["resnet8-eurosat"], budget=400, train_size=500, test_size=200),),
+        ("fixed:2", "qscheduler"),
+        (0,),
+        evals=4,
+    ),
 }
 
 
@@ -113,8 +169,20 @@ def prefix_caches(cell: Cell, shared: Path, cache_dir: Path):
     from zo.inputs import model_inputs
     from zo.trainer import build_model
 
-    key = hashlib.sha256(json.dumps([cell.model, cell.data, cell.trainable, cell.train_size, cell.test_size,
-                                     cell.input_range, cell.mean, cell.std]).encode()).hexdigest()[:16]
+    key = hashlib.sha256(
+        json.dumps(
+            [
+                cell.model,
+                cell.data,
+                cell.trainable,
+                cell.train_size,
+                cell.test_size,
+                cell.input_range,
+                cell.mean,
+                cell.std,
+            ]
+        ).encode()
+    ).hexdigest()[:16]
     if key in _CACHES:
         return _CACHES[key]
     data = load_dataset(shared / "data" / cell.data)
@@ -126,12 +194,16 @@ def prefix_caches(cell: Cell, shared: Path, cache_dir: Path):
             train = {int(k[6:]): z[k] for k in z.files if k.startswith("train_")}
             test = {int(k[5:]): z[k] for k in z.files if k.startswith("test_")}
     else:
-        model, image, mapping = build_model(cell.config(shared), load_model(shared / "models" / cell.model), data)
+        model, image, mapping = build_model(
+            cell.config(shared), load_model(shared / "models" / cell.model), data
+        )
         train = model.boundary_activations(model_inputs(data.x_train, image, mapping)[0])
         test = model.boundary_activations(model_inputs(data.x_test, image, mapping)[0])
         cache_dir.mkdir(parents=True, exist_ok=True)
         tmp = cache_dir / f"{key}.{os.getpid()}.tmp.npz"
-        np.savez(tmp, **{f"train_{t}": v for t, v in train.items()}, **{f"test_{t}": v for t, v in test.items()})
+        np.savez(
+            tmp, **{f"train_{t}": v for t, v in train.items()}, **{f"test_{t}": v for t, v in test.items()}
+        )
         os.replace(tmp, path)
     _CACHES[key] = (data, (train, test))
     return _CACHES[key]
@@ -149,17 +221,26 @@ def execute(run: Run, shared: str, runs_dir: str, cache_dir: str) -> dict:
     shared = Path(shared)
     data, caches = prefix_caches(run.cell, shared, Path(cache_dir))
     c = run.cell
-    config = c.config(shared, q=run.scheduler, seed=run.seed, eval_every=c.budget // run.evals, checkpoint_every=10**9)
+    config = c.config(
+        shared, q=run.scheduler, seed=run.seed, eval_every=c.budget // run.evals, checkpoint_every=10**9
+    )
     if out.exists():  # an interrupted run: start it again from scratch
         for f in sorted(out.rglob("*"), reverse=True):
             f.unlink() if f.is_file() else f.rmdir()
     start = time.perf_counter()
     trainer = Trainer(config, out, dataset=data, scheduler=parse_scheduler(run.scheduler), caches=caches)
     summary = trainer.run()
-    result = {"key": run.key, "cell": c.name, "scheduler": run.scheduler, "seed": run.seed,
-              "test_accuracy": summary["test_accuracy"], "steps": summary["steps"],
-              "forward_passes": summary["forward_passes"], "wall_seconds": time.perf_counter() - start,
-              "q_changes": getattr(trainer.scheduler, "changes", [])}
+    result = {
+        "key": run.key,
+        "cell": c.name,
+        "scheduler": run.scheduler,
+        "seed": run.seed,
+        "test_accuracy": summary["test_accuracy"],
+        "steps": summary["steps"],
+        "forward_passes": summary["forward_passes"],
+        "wall_seconds": time.perf_counter() - start,
+        "q_changes": getattr(trainer.scheduler, "changes", []),
+    }
     tmp = out / "result.tmp"
     tmp.write_text(json.dumps(result, indent=1))
     os.replace(tmp, done)
@@ -176,9 +257,19 @@ def _worker_init():
     numba.set_num_threads(1)
 
 
-def sweep(runs: list[Run], shared: Path, runs_dir: Path, cache_dir: Path, executor: str, workers: int, address: str | None):
+def sweep(
+    runs: list[Run],
+    shared: Path,
+    runs_dir: Path,
+    cache_dir: Path,
+    executor: str,
+    workers: int,
+    address: str | None,
+):
     todo = [r for r in runs if not (runs_dir / r.key / "result.json").exists()]
-    print(f"{len(runs)} runs, {len(runs) - len(todo)} already done, {len(todo)} to do ({executor})", flush=True)
+    print(
+        f"{len(runs)} runs, {len(runs) - len(todo)} already done, {len(todo)} to do ({executor})", flush=True
+    )
     if not todo:
         return
     args = (str(shared), str(runs_dir), str(cache_dir))
@@ -186,8 +277,14 @@ def sweep(runs: list[Run], shared: Path, runs_dir: Path, cache_dir: Path, execut
     if executor == "ray":
         import ray
 
-        ray.init(address=address, ignore_reinit_error=True, include_dashboard=False, log_to_driver=False,
-                 runtime_env={"env_vars": ONE_THREAD}, **({} if address else {"num_cpus": workers}))
+        ray.init(
+            address=address,
+            ignore_reinit_error=True,
+            include_dashboard=False,
+            log_to_driver=False,
+            runtime_env={"env_vars": ONE_THREAD},
+            **({} if address else {"num_cpus": workers}),
+        )
         remote = ray.remote(num_cpus=1)(_ray_execute)
         pending = [remote.remote(r, *args) for r in todo]
         for i, result in enumerate(_ray_results(ray, pending), 1):
@@ -198,8 +295,8 @@ def sweep(runs: list[Run], shared: Path, runs_dir: Path, cache_dir: Path, execut
         for i, r in enumerate(todo, 1):
             report_progress(i, len(todo), execute(r, *args))
         return
-    from concurrent.futures import ProcessPoolExecutor, as_completed
     import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor, as_completed
 
     for r in {r.cell.name: r for r in todo}.values():  # build each cell's cache before fanning out
         prefix_caches(r.cell, shared, cache_dir)
@@ -222,8 +319,11 @@ def _ray_results(ray, pending):
 
 
 def report_progress(i: int, n: int, result: dict):
-    print(f"[{i}/{n}] {result['key']}: test accuracy {result['test_accuracy']:.4f} "
-          f"({result['steps']} steps, {result['wall_seconds']:.0f} s)", flush=True)
+    print(
+        f"[{i}/{n}] {result['key']}: test accuracy {result['test_accuracy']:.4f} "
+        f"({result['steps']} steps, {result['wall_seconds']:.0f} s)",
+        flush=True,
+    )
 
 
 def sweep_seconds(runs_dir: Path) -> float | None:
@@ -235,10 +335,16 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--grid", choices=sorted(GRIDS), default="quick")
     p.add_argument("--shared", type=Path, default=DEFAULT_SHARED)
-    p.add_argument("--runs", type=Path, default=None, help="run directories (default experiments/runs/<grid>)")
-    p.add_argument("--results", type=Path, default=None, help="report directory (default experiments/results/<grid>)")
+    p.add_argument(
+        "--runs", type=Path, default=None, help="run directories (default experiments/runs/<grid>)"
+    )
+    p.add_argument(
+        "--results", type=Path, default=None, help="report directory (default experiments/results/<grid>)"
+    )
     p.add_argument("--executor", choices=["local", "ray"], default="local")
-    p.add_argument("--address", default=None, help="Ray cluster address (default: start a local Ray instance)")
+    p.add_argument(
+        "--address", default=None, help="Ray cluster address (default: start a local Ray instance)"
+    )
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     p.add_argument("--no-baseline", action="store_true", help="skip the back-propagation upper bound")
     p.add_argument("--readme", action="store_true", help="also put the table into docs/study.md (full grid)")
@@ -260,9 +366,15 @@ def main(argv=None):
         clock.write_text(str(total + time.perf_counter() - start))
     from .report import update_readme, write_report
 
-    write_report(grid, runs_dir, results, a.shared, baseline=not a.no_baseline,
-                 command=" ".join(["python -m experiments.study"] + (argv if argv is not None else sys.argv[1:])),
-                 sweep_seconds=sweep_seconds(runs_dir))
+    write_report(
+        grid,
+        runs_dir,
+        results,
+        a.shared,
+        baseline=not a.no_baseline,
+        command=" ".join(["python -m experiments.study"] + (argv if argv is not None else sys.argv[1:])),
+        sweep_seconds=sweep_seconds(runs_dir),
+    )
     if a.readme:
         update_readme(ROOT / "docs" / "study.md", results / "table.md")
 

@@ -1,4 +1,5 @@
 """The `npusim` command line. Errors in the user's model or input: one line on stderr, exit 2."""
+
 from __future__ import annotations
 
 import functools
@@ -14,8 +15,13 @@ from .interpreter import Interpreter
 from .tflite_io import load_model
 from .tuning import tune_process
 
-PROFILE = click.option("--profile", type=click.Choice(["tflm", "xnnpack", "single"]), default="tflm", show_default=True,
-                       help="Rounding profile: tflm (TFLite Micro), xnnpack (LiteRT's default CPU path), single (CMSIS-NN single rounding).")
+PROFILE = click.option(
+    "--profile",
+    type=click.Choice(["tflm", "xnnpack", "single"]),
+    default="tflm",
+    show_default=True,
+    help="Rounding profile: tflm (TFLite Micro), xnnpack (LiteRT's default CPU path), single (CMSIS-NN single rounding).",
+)
 
 
 def fail(message: str, code: int = 2):
@@ -25,6 +31,7 @@ def fail(message: str, code: int = 2):
 
 def friendly_errors(func):
     """Turn the project's errors into one line and exit 2; never a traceback for bad input."""
+
     @functools.wraps(func)
     def wrapper(*args, **kwargs):
         try:
@@ -33,6 +40,7 @@ def friendly_errors(func):
             fail(str(e))
         except KeyboardInterrupt:
             fail("interrupted", 130)
+
     return wrapper
 
 
@@ -40,7 +48,9 @@ def load_array(path: str, what: str) -> np.ndarray:
     try:
         x = np.load(path, allow_pickle=False)
     except (OSError, ValueError, EOFError) as e:
-        raise NpusimError(f"{what} {path}: cannot read as .npy ({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
+        raise NpusimError(
+            f"{what} {path}: cannot read as .npy ({str(e).splitlines()[0] if str(e) else type(e).__name__})"
+        ) from None
     if not isinstance(x, np.ndarray):
         raise NpusimError(f"{what} {path}: expected a single .npy array, got an archive")
     return x
@@ -59,10 +69,26 @@ def main():
 
 @main.command()
 @click.argument("model", type=click.Path(dir_okay=False))
-@click.option("--input", "input_path", required=True, type=click.Path(dir_okay=False), help="N inputs stacked on axis 0 (.npy).")
-@click.option("--output", "output_path", required=True, type=click.Path(dir_okay=False), help="Where to write the N outputs (.npy).")
+@click.option(
+    "--input",
+    "input_path",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="N inputs stacked on axis 0 (.npy).",
+)
+@click.option(
+    "--output",
+    "output_path",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="Where to write the N outputs (.npy).",
+)
 @PROFILE
-@click.option("--dump", type=click.Path(file_okay=False), help="Write every intermediate tensor as DIR/<index>_<name>.npy.")
+@click.option(
+    "--dump",
+    type=click.Path(file_okay=False),
+    help="Write every intermediate tensor as DIR/<index>_<name>.npy.",
+)
 @friendly_errors
 def run(model, input_path, output_path, profile, dump):
     """Run MODEL on a batch of inputs."""
@@ -91,10 +117,18 @@ def shape_text(shape) -> str:
 @main.command()
 @click.argument("model", type=click.Path(dir_okay=False))
 @click.option("--target", type=click.Choice(["generic", "stm32n6"]), default="generic", show_default=True)
-@click.option("--npu-efficiency", type=float, default=None,
-              help="stm32n6: fraction of the NPU's 300 GMAC/s peak sustained on convolutions [default: npusim.npu.NPU_EFFICIENCY].")
-@click.option("--m55-macs-per-cycle", type=float, default=None,
-              help="stm32n6: int8 MACs per cycle of software epochs on the Cortex-M55 [default: npusim.npu.M55_MACS_PER_CYCLE].")
+@click.option(
+    "--npu-efficiency",
+    type=float,
+    default=None,
+    help="stm32n6: fraction of the NPU's 300 GMAC/s peak sustained on convolutions [default: npusim.npu.NPU_EFFICIENCY].",
+)
+@click.option(
+    "--m55-macs-per-cycle",
+    type=float,
+    default=None,
+    help="stm32n6: int8 MACs per cycle of software epochs on the Cortex-M55 [default: npusim.npu.M55_MACS_PER_CYCLE].",
+)
 @friendly_errors
 def inspect(model, target, npu_efficiency, m55_macs_per_cycle):
     """One row per op: shapes, MACs and parameters, then the totals.
@@ -104,6 +138,7 @@ def inspect(model, target, npu_efficiency, m55_macs_per_cycle):
     interp = Interpreter(load_model(model))
     if target == "stm32n6":
         from .npu import CostModel, report
+
         cost = CostModel()
         if npu_efficiency is not None:
             cost.npu_efficiency = npu_efficiency
@@ -118,7 +153,9 @@ def inspect(model, target, npu_efficiency, m55_macs_per_cycle):
     rows = [("#", "op", "inputs", "outputs", "MACs", "params")]
     total_macs = total_params = 0
     for k in interp.kernels:
-        acts = [shape_text(g.tensors[t].shape) for t in k.op.inputs if t >= 0 and not g.tensors[t].is_constant]
+        acts = [
+            shape_text(g.tensors[t].shape) for t in k.op.inputs if t >= 0 and not g.tensors[t].is_constant
+        ]
         params = sum(g.tensors[t].data.size for t in k.op.inputs if t >= 0 and g.tensors[t].is_constant)
         outs = [shape_text(g.tensors[t].shape) for t in k.op.outputs]
         macs = k.macs()
@@ -128,7 +165,11 @@ def inspect(model, target, npu_efficiency, m55_macs_per_cycle):
     rows.append(("", "total", "", "", f"{total_macs:,}", f"{total_params:,}"))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
-        click.echo("  ".join(c.rjust(w) if i in (0, 4, 5) else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))).rstrip())
+        click.echo(
+            "  ".join(
+                c.rjust(w) if i in (0, 4, 5) else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))
+            ).rstrip()
+        )
 
 
 @main.group()
@@ -138,20 +179,47 @@ def golden():
 
 @golden.command("record")
 @click.argument("model", type=click.Path(dir_okay=False))
-@click.option("--input", "input_path", required=True, type=click.Path(dir_okay=False), help="N inputs stacked on axis 0 (.npy).")
-@click.option("-o", "--output", "output_path", required=True, type=click.Path(dir_okay=False), help="Golden file to write (.npz).")
+@click.option(
+    "--input",
+    "input_path",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="N inputs stacked on axis 0 (.npy).",
+)
+@click.option(
+    "-o",
+    "--output",
+    "output_path",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="Golden file to write (.npz).",
+)
 @PROFILE
-@click.option("--store-limit", type=int, default=None, metavar="BYTES",
-              help="Store an intermediate tensor's values (whole batch) up to this size; larger ones keep only their hash. [default: 1 MiB]")
+@click.option(
+    "--store-limit",
+    type=int,
+    default=None,
+    metavar="BYTES",
+    help="Store an intermediate tensor's values (whole batch) up to this size; larger ones keep only their hash. [default: 1 MiB]",
+)
 @friendly_errors
 def golden_record(model, input_path, output_path, profile, store_limit):
     """Run MODEL on --input and write inputs, outputs, per-tensor hashes and small intermediates."""
     from .golden import DEFAULT_STORE_LIMIT, record
+
     x = load_array(input_path, "--input")
-    meta = record(model, x, output_path, profile=profile, store_limit=DEFAULT_STORE_LIMIT if store_limit is None else store_limit)
+    meta = record(
+        model,
+        x,
+        output_path,
+        profile=profile,
+        store_limit=DEFAULT_STORE_LIMIT if store_limit is None else store_limit,
+    )
     stored = sum(1 for e in meta["tensors"] if e["stored"])
-    click.echo(f"recorded {len(meta['tensors'])} tensors ({stored} with values, {len(meta['tensors']) - stored} hash only) "
-               f"of {meta['model_name']}, profile {profile}, batch {meta['batch']} -> {output_path}")
+    click.echo(
+        f"recorded {len(meta['tensors'])} tensors ({stored} with values, {len(meta['tensors']) - stored} hash only) "
+        f"of {meta['model_name']}, profile {profile}, batch {meta['batch']} -> {output_path}"
+    )
 
 
 @golden.command("check")
@@ -162,6 +230,7 @@ def golden_check(model, golden_file):
     """Re-run MODEL on the golden input. Exit 0: all match; 1: mismatch (first diverging op printed);
     2: another model, or a damaged or foreign golden file."""
     from .golden import check
+
     result = check(model, golden_file)
     click.echo(result.message())
     if not result.ok:
@@ -170,22 +239,44 @@ def golden_check(model, golden_file):
 
 @main.command()
 @click.argument("model", type=click.Path(dir_okay=False))
-@click.option("--input", "input_path", required=True, type=click.Path(dir_okay=False), help="N inputs stacked on axis 0 (.npy).")
-@click.option("--a", "--profile", "a", type=click.Choice(["tflm", "xnnpack", "single"]), default="tflm", show_default=True,
-              help="Profile of run A (the simulator's profile when comparing against --reference).")
-@click.option("--b", "b", type=click.Choice(["tflm", "xnnpack", "single"]), default=None, help="Profile of run B.")
-@click.option("--reference", type=click.Path(file_okay=False), default=None,
-              help="Directory of reference tensors, one .npy each: <index>_<name>.npy as --dump writes, or <name>.npy.")
+@click.option(
+    "--input",
+    "input_path",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="N inputs stacked on axis 0 (.npy).",
+)
+@click.option(
+    "--a",
+    "--profile",
+    "a",
+    type=click.Choice(["tflm", "xnnpack", "single"]),
+    default="tflm",
+    show_default=True,
+    help="Profile of run A (the simulator's profile when comparing against --reference).",
+)
+@click.option(
+    "--b", "b", type=click.Choice(["tflm", "xnnpack", "single"]), default=None, help="Profile of run B."
+)
+@click.option(
+    "--reference",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Directory of reference tensors, one .npy each: <index>_<name>.npy as --dump writes, or <name>.npy.",
+)
 @friendly_errors
 def compare(model, input_path, a, b, reference):
     """Per-op differences between two profiles (--a, --b) or against --reference DIR, and the first op
     where they part. A report: exit 0 whenever it runs, 2 on bad input."""
     from .compare import compare_profiles, compare_reference, format_comparison
+
     if (b is None) == (reference is None):
         raise NpusimError("give exactly one of --b PROFILE or --reference DIR")
     graph = load_model(model)
     x = load_array(input_path, "--input")
-    result = compare_profiles(graph, x, a, b) if reference is None else compare_reference(graph, x, reference, a)
+    result = (
+        compare_profiles(graph, x, a, b) if reference is None else compare_reference(graph, x, reference, a)
+    )
     click.echo(format_comparison(result))
 
 

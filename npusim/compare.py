@@ -10,6 +10,7 @@ absolute difference in LSB of the tensor and in real units (scale * LSB), and th
 the two part. For two profiles, an "isolated" count also feeds B's kernel with A's inputs, which
 tells an op that rounds differently itself from one that only inherits a difference.
 """
+
 from __future__ import annotations
 
 import re
@@ -123,7 +124,7 @@ def compare_profiles(model, x: np.ndarray, a: str = "tflm", b: str = "xnnpack") 
     va, vb = ia.run_all(x), ib.run_all(x)
     tensors = ia.graph.tensors
     rows = []
-    for (pos, op_index, kind, t) in _rows(ia):
+    for pos, op_index, kind, t in _rows(ia):
         row = TensorDiff(pos, op_index, kind, t, tensors[t].name, _elements(va, t, tensors[t]))
         _tensor_diff(row, tensors[t], va[t], vb[t])
         if pos >= 0:
@@ -151,7 +152,11 @@ def reference_files(directory: Path, graph) -> tuple[dict, list]:
         stem = path.name[:-4]
         index = None
         m = re.match(r"^(\d+)_(.*)$", stem)
-        if m and int(m.group(1)) < len(graph.tensors) and sanitize_name(graph.tensors[int(m.group(1))].name) == m.group(2):
+        if (
+            m
+            and int(m.group(1)) < len(graph.tensors)
+            and sanitize_name(graph.tensors[int(m.group(1))].name) == m.group(2)
+        ):
             index = int(m.group(1))
         elif len(by_name.get(stem, [])) == 1:
             index = by_name[stem][0]
@@ -168,25 +173,31 @@ def compare_reference(model, x: np.ndarray, directory, profile: str = "tflm") ->
     interp = Interpreter(model, profile=profile)
     files, ignored = reference_files(directory, interp.graph)
     if not files:
-        raise NpusimError(f"--reference {directory}: no .npy file matches a tensor of the model "
-                          f"(expected <index>_<name>.npy as --dump writes, or <name>.npy)")
+        raise NpusimError(
+            f"--reference {directory}: no .npy file matches a tensor of the model "
+            f"(expected <index>_<name>.npy as --dump writes, or <name>.npy)"
+        )
     values = interp.run_all(x)
     tensors = interp.graph.tensors
     rows = []
-    for (pos, op_index, kind, t) in _rows(interp):
+    for pos, op_index, kind, t in _rows(interp):
         row = TensorDiff(pos, op_index, kind, t, tensors[t].name, _elements(values, t, tensors[t]))
         if t in files:
             try:
                 ref = np.load(files[t], allow_pickle=False)
             except (OSError, ValueError, EOFError) as e:
-                raise NpusimError(f"--reference {files[t]}: cannot read as .npy ({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
+                raise NpusimError(
+                    f"--reference {files[t]}: cannot read as .npy ({str(e).splitlines()[0] if str(e) else type(e).__name__})"
+                ) from None
             if not isinstance(ref, np.ndarray) or ref.dtype.kind not in "iubf":
                 raise NpusimError(f"--reference {files[t]}: expected a numeric .npy array")
             _tensor_diff(row, tensors[t], values[t], ref)
         else:
             row.note = "no reference file"
         rows.append(row)
-    return Comparison(f"npusim ({profile})", f"reference {directory}", int(x.shape[0]), rows, ignored_files=ignored)
+    return Comparison(
+        f"npusim ({profile})", f"reference {directory}", int(x.shape[0]), rows, ignored_files=ignored
+    )
 
 
 def _fmt(v: float | None, digits: int = 4) -> str:
@@ -199,12 +210,21 @@ def _fmt(v: float | None, digits: int = 4) -> str:
 
 def format_comparison(c: Comparison, name_width: int = 40) -> str:
     iso = any(r.isolated is not None for r in c.rows)
-    head = ["#", "op", "tensor", "elements", "differ"] + (["isolated"] if iso else []) + ["max LSB", "max real", "note"]
+    head = (
+        ["#", "op", "tensor", "elements", "differ"]
+        + (["isolated"] if iso else [])
+        + ["max LSB", "max real", "note"]
+    )
     rows = [tuple(head)]
     for r in c.rows:
-        name = r.name if len(r.name) <= name_width else r.name[:name_width - 3] + "..."
-        cells = ["-" if r.op_index is None else str(r.op_index), r.kind, f"{r.tensor} {name}", f"{r.elements:,}",
-                 "-" if r.mismatches is None else f"{r.mismatches:,}"]
+        name = r.name if len(r.name) <= name_width else r.name[: name_width - 3] + "..."
+        cells = [
+            "-" if r.op_index is None else str(r.op_index),
+            r.kind,
+            f"{r.tensor} {name}",
+            f"{r.elements:,}",
+            "-" if r.mismatches is None else f"{r.mismatches:,}",
+        ]
         if iso:
             cells.append("-" if r.isolated is None else f"{r.isolated:,}")
         cells += [_fmt(r.max_lsb), _fmt(r.max_real), r.note]
@@ -212,20 +232,32 @@ def format_comparison(c: Comparison, name_width: int = 40) -> str:
     right = {0, 3, 4, 5, 6} | ({7} if iso else set())
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
     lines = [f"A = {c.label_a}, B = {c.label_b}, batch of {c.batch}"]
-    lines += ["  ".join(cell.rjust(w) if i in right else cell.ljust(w) for i, (cell, w) in enumerate(zip(row, widths))).rstrip()
-              for row in rows]
+    lines += [
+        "  ".join(
+            cell.rjust(w) if i in right else cell.ljust(w) for i, (cell, w) in enumerate(zip(row, widths))
+        ).rstrip()
+        for row in rows
+    ]
     differing = [r for r in c.rows if r.differs]
     f = c.first
     if f is None:
         lines.append(f"no difference: A and B agree on all {c.compared} compared tensors")
     else:
         where = "graph input" if f.op_index is None else f"op {f.op_index} ({f.kind})"
-        size = f"up to {_fmt(f.max_lsb)} LSB ({_fmt(f.max_real)} real)" if f.max_lsb is not None else f"up to {_fmt(f.max_real)}"
+        size = (
+            f"up to {_fmt(f.max_lsb)} LSB ({_fmt(f.max_real)} real)"
+            if f.max_lsb is not None
+            else f"up to {_fmt(f.max_real)}"
+        )
         name = f.name if len(f.name) <= 80 else f.name[:77] + "..."
-        lines.append(f"first difference: {where}, tensor {f.tensor} {name!r}: {f.mismatches:,} of {f.elements:,} elements differ, "
-                     f"{size}{'; ' + f.note if f.note else ''}")
+        lines.append(
+            f"first difference: {where}, tensor {f.tensor} {name!r}: {f.mismatches:,} of {f.elements:,} elements differ, "
+            f"{size}{'; ' + f.note if f.note else ''}"
+        )
         lines.append(f"{len(differing)} of {c.compared} compared tensors differ")
     if c.ignored_files:
         shown = ", ".join(c.ignored_files[:5]) + (", ..." if len(c.ignored_files) > 5 else "")
-        lines.append(f"ignored {len(c.ignored_files)} reference file(s) that match no tensor (or several): {shown}")
+        lines.append(
+            f"ignored {len(c.ignored_files)} reference file(s) that match no tensor (or several): {shown}"
+        )
     return "\n".join(lines)

@@ -15,6 +15,7 @@ on the recorded input and walks the tensors in execution order; the first tensor
 stored value differs names the first diverging op. Stored values give the count of mismatching
 elements and the largest difference; for a hash-only tensor the op is still named.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -72,14 +73,22 @@ def _execution_tensors(interp: Interpreter) -> list:
 # Record
 
 
-def record(model_path, x: np.ndarray, out_path, profile: str = "tflm", store_limit: int = DEFAULT_STORE_LIMIT,
-           store_total: int = DEFAULT_STORE_TOTAL) -> dict:
+def record(
+    model_path,
+    x: np.ndarray,
+    out_path,
+    profile: str = "tflm",
+    store_limit: int = DEFAULT_STORE_LIMIT,
+    store_total: int = DEFAULT_STORE_TOTAL,
+) -> dict:
     """Run the model on x and write the golden file; returns its metadata."""
     if store_limit < 0 or store_total < 0:
         raise NpusimError("--store-limit must not be negative")
     graph = load_model(model_path)
     if len(graph.inputs) != 1:
-        raise NpusimError(f"{model_path}: the model has {len(graph.inputs)} inputs; golden vectors support one")
+        raise NpusimError(
+            f"{model_path}: the model has {len(graph.inputs)} inputs; golden vectors support one"
+        )
     interp = Interpreter(graph, profile=profile)
     values = interp.run_all(x)
     arrays: dict = {"input_0": np.ascontiguousarray(values[graph.inputs[0]])}
@@ -92,19 +101,38 @@ def record(model_path, x: np.ndarray, out_path, profile: str = "tflm", store_lim
         if stored:
             arrays[f"tensor_{t}"] = v
             total += v.nbytes
-        entries.append({"index": t, "name": graph.tensors[t].name, "op": op_index, "kind": kind,
-                        "dtype": v.dtype.str, "shape": list(v.shape), "sha256": tensor_hash(v), "stored": stored})
+        entries.append(
+            {
+                "index": t,
+                "name": graph.tensors[t].name,
+                "op": op_index,
+                "kind": kind,
+                "dtype": v.dtype.str,
+                "shape": list(v.shape),
+                "sha256": tensor_hash(v),
+                "stored": stored,
+            }
+        )
     meta = {
-        "format": FORMAT, "format_version": FORMAT_VERSION, "npusim_version": __version__,
-        "model_sha256": file_sha256(model_path), "model_name": Path(model_path).name, "profile": profile,
-        "batch": int(values[graph.inputs[0]].shape[0]), "inputs": 1, "outputs": len(graph.outputs),
-        "store_limit": store_limit, "tensors": entries,
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "npusim_version": __version__,
+        "model_sha256": file_sha256(model_path),
+        "model_name": Path(model_path).name,
+        "profile": profile,
+        "batch": int(values[graph.inputs[0]].shape[0]),
+        "inputs": 1,
+        "outputs": len(graph.outputs),
+        "store_limit": store_limit,
+        "tensors": entries,
     }
     arrays["meta"] = np.frombuffer(json.dumps(meta).encode("utf-8"), dtype=np.uint8)
     out_path = Path(out_path)
     # Written under a temporary name and renamed, so an interrupted run never leaves half a golden.
     try:
-        fd, tmp = tempfile.mkstemp(prefix=out_path.name + ".", suffix=".tmp", dir=out_path.parent if str(out_path.parent) else ".")
+        fd, tmp = tempfile.mkstemp(
+            prefix=out_path.name + ".", suffix=".tmp", dir=out_path.parent if str(out_path.parent) else "."
+        )
         try:
             with os.fdopen(fd, "wb") as f:
                 np.savez_compressed(f, **arrays)
@@ -144,25 +172,59 @@ def _require(cond: bool, what: str):
 def _check_meta(meta, where: str) -> dict:
     bad = f"{where}: damaged golden file:"
     _require(isinstance(meta, dict), f"{bad} metadata is not a JSON object")
-    _require(meta.get("format") == FORMAT, f"{where}: not an npusim golden file (format {meta.get('format')!r}, expected {FORMAT!r})")
+    _require(
+        meta.get("format") == FORMAT,
+        f"{where}: not an npusim golden file (format {meta.get('format')!r}, expected {FORMAT!r})",
+    )
     v = meta.get("format_version")
-    _require(isinstance(v, int) and not isinstance(v, bool), f"{bad} format_version missing or not an integer")
-    _require(v <= FORMAT_VERSION, f"{where}: golden format version {v} is newer than this npusim reads ({FORMAT_VERSION})")
-    for key, typ in (("npusim_version", str), ("model_sha256", str), ("model_name", str), ("profile", str),
-                     ("batch", int), ("inputs", int), ("outputs", int), ("tensors", list)):
+    _require(
+        isinstance(v, int) and not isinstance(v, bool), f"{bad} format_version missing or not an integer"
+    )
+    _require(
+        v <= FORMAT_VERSION,
+        f"{where}: golden format version {v} is newer than this npusim reads ({FORMAT_VERSION})",
+    )
+    for key, typ in (
+        ("npusim_version", str),
+        ("model_sha256", str),
+        ("model_name", str),
+        ("profile", str),
+        ("batch", int),
+        ("inputs", int),
+        ("outputs", int),
+        ("tensors", list),
+    ):
         _require(key in meta, f"{bad} metadata key {key!r} is missing")
-        _require(isinstance(meta[key], typ) and not isinstance(meta[key], bool), f"{bad} metadata key {key!r} is not {_TYPE_WORDS[typ]}")
+        _require(
+            isinstance(meta[key], typ) and not isinstance(meta[key], bool),
+            f"{bad} metadata key {key!r} is not {_TYPE_WORDS[typ]}",
+        )
     _require(bool(_HEX64.match(meta["model_sha256"])), f"{bad} model_sha256 is not a SHA-256 hex digest")
     _require(meta["profile"] in PROFILES, f"{bad} unknown profile {meta['profile']!r}")
     _require(meta["inputs"] == 1 and meta["outputs"] >= 1, f"{bad} expected 1 input and at least 1 output")
     seen = set()
     for e in meta["tensors"]:
         _require(isinstance(e, dict), f"{bad} a tensor entry is not an object")
-        for key, typ in (("index", int), ("name", str), ("dtype", str), ("shape", list), ("sha256", str), ("stored", bool)):
-            _require(isinstance(e.get(key), typ) and (typ is bool or not isinstance(e.get(key), bool)),
-                     f"{bad} tensor entry {e.get('index')!r}: key {key!r} missing or not {_TYPE_WORDS[typ]}")
-        _require(e.get("op") is None or (isinstance(e["op"], int) and not isinstance(e["op"], bool)), f"{bad} tensor {e['index']}: op is not an integer")
-        _require(e.get("kind") is None or isinstance(e["kind"], str), f"{bad} tensor {e['index']}: kind is not a string")
+        for key, typ in (
+            ("index", int),
+            ("name", str),
+            ("dtype", str),
+            ("shape", list),
+            ("sha256", str),
+            ("stored", bool),
+        ):
+            _require(
+                isinstance(e.get(key), typ) and (typ is bool or not isinstance(e.get(key), bool)),
+                f"{bad} tensor entry {e.get('index')!r}: key {key!r} missing or not {_TYPE_WORDS[typ]}",
+            )
+        _require(
+            e.get("op") is None or (isinstance(e["op"], int) and not isinstance(e["op"], bool)),
+            f"{bad} tensor {e['index']}: op is not an integer",
+        )
+        _require(
+            e.get("kind") is None or isinstance(e["kind"], str),
+            f"{bad} tensor {e['index']}: kind is not a string",
+        )
         _require(bool(_HEX64.match(e["sha256"])), f"{bad} tensor {e['index']}: sha256 is not a hex digest")
         _require(e["index"] not in seen, f"{bad} tensor {e['index']} is listed twice")
         seen.add(e["index"])
@@ -171,7 +233,10 @@ def _check_meta(meta, where: str) -> dict:
 
 
 def _numeric(a, key: str, where: str) -> np.ndarray:
-    _require(isinstance(a, np.ndarray) and a.dtype.kind in "iubf", f"{where}: damaged golden file: {key} is not a numeric array")
+    _require(
+        isinstance(a, np.ndarray) and a.dtype.kind in "iubf",
+        f"{where}: damaged golden file: {key} is not a numeric array",
+    )
     return a
 
 
@@ -182,7 +247,9 @@ def load_golden(path) -> Golden:
     except FileNotFoundError:
         raise NpusimError(f"{where}: no such golden file") from None
     except Exception as e:  # zipfile, zlib and numpy raise whatever the damaged bytes lead to
-        raise NpusimError(f"{where}: damaged or foreign golden file, not a readable .npz ({type(e).__name__})") from None
+        raise NpusimError(
+            f"{where}: damaged or foreign golden file, not a readable .npz ({type(e).__name__})"
+        ) from None
     if not isinstance(archive, np.lib.npyio.NpzFile):
         raise NpusimError(f"{where}: not a golden file (a single .npy array, expected an .npz archive)")
     try:
@@ -190,26 +257,44 @@ def load_golden(path) -> Golden:
             keys = set(archive.files)
             _require("meta" in keys, f"{where}: damaged or foreign golden file: no 'meta' entry")
             raw = archive["meta"]
-            _require(isinstance(raw, np.ndarray) and (raw.dtype == np.uint8 and raw.ndim == 1 or raw.dtype.kind == "U" and raw.ndim == 0),
-                     f"{where}: damaged golden file: 'meta' is not a uint8 or str array")
+            _require(
+                isinstance(raw, np.ndarray)
+                and (raw.dtype == np.uint8 and raw.ndim == 1 or raw.dtype.kind == "U" and raw.ndim == 0),
+                f"{where}: damaged golden file: 'meta' is not a uint8 or str array",
+            )
             text = raw.tobytes().decode("utf-8") if raw.dtype == np.uint8 else str(raw[()])
             try:
                 meta = json.loads(text)
             except ValueError:
                 raise NpusimError(f"{where}: damaged golden file: 'meta' is not valid JSON") from None
             meta = _check_meta(meta, where)
-            needed = ["input_0"] + [f"output_{k}" for k in range(meta["outputs"])] + [f"tensor_{e['index']}" for e in meta["tensors"] if e["stored"]]
+            needed = (
+                ["input_0"]
+                + [f"output_{k}" for k in range(meta["outputs"])]
+                + [f"tensor_{e['index']}" for e in meta["tensors"] if e["stored"]]
+            )
             missing = [k for k in needed if k not in keys]
-            _require(not missing, f"{where}: damaged golden file: missing entr{'y' if len(missing) == 1 else 'ies'} {', '.join(missing[:5])}")
+            _require(
+                not missing,
+                f"{where}: damaged golden file: missing entr{'y' if len(missing) == 1 else 'ies'} {', '.join(missing[:5])}",
+            )
             inputs = [_numeric(archive["input_0"], "input_0", where)]
             outputs = [_numeric(archive[f"output_{k}"], f"output_{k}", where) for k in range(meta["outputs"])]
-            values = {e["index"]: _numeric(archive[f"tensor_{e['index']}"], f"tensor_{e['index']}", where)
-                      for e in meta["tensors"] if e["stored"]}
+            values = {
+                e["index"]: _numeric(archive[f"tensor_{e['index']}"], f"tensor_{e['index']}", where)
+                for e in meta["tensors"]
+                if e["stored"]
+            }
     except NpusimError:
         raise
     except Exception as e:  # a truncated or corrupted member shows up only when it is read
-        raise NpusimError(f"{where}: damaged golden file, an entry cannot be read ({type(e).__name__})") from None
-    _require(inputs[0].ndim >= 1 and inputs[0].shape[0] == meta["batch"], f"{where}: damaged golden file: input batch does not match the metadata")
+        raise NpusimError(
+            f"{where}: damaged golden file, an entry cannot be read ({type(e).__name__})"
+        ) from None
+    _require(
+        inputs[0].ndim >= 1 and inputs[0].shape[0] == meta["batch"],
+        f"{where}: damaged golden file: input batch does not match the metadata",
+    )
     return Golden(meta=meta, inputs=inputs, outputs=outputs, values=values)
 
 
@@ -251,14 +336,20 @@ class CheckResult:
             detail = f"values differ from the recorded hash; {f.reason}"
         else:
             unit = " LSB" if f.integer else ""
-            diff = "-" if f.max_diff is None else (f"{int(f.max_diff)}" if float(f.max_diff).is_integer() else f"{f.max_diff:.6g}")
+            diff = (
+                "-"
+                if f.max_diff is None
+                else (f"{int(f.max_diff)}" if float(f.max_diff).is_integer() else f"{f.max_diff:.6g}")
+            )
             detail = f"{f.count:,} of {f.elements:,} elements differ, largest difference {diff}{unit}"
             if f.reason:
                 detail += f" ({f.reason})"
         later = len(self.mismatches) - 1
         name = f.name if len(f.name) <= 60 else f.name[:57] + "..."
-        return (f"MISMATCH: first diverging op (execution order): {where}, output tensor {f.tensor} {name!r}: {detail}"
-                f"{f'; {later} later tensor(s) also differ' if later else ''} ({what})")
+        return (
+            f"MISMATCH: first diverging op (execution order): {where}, output tensor {f.tensor} {name!r}: {detail}"
+            f"{f'; {later} later tensor(s) also differ' if later else ''} ({what})"
+        )
 
 
 def check(model_path, golden_path) -> CheckResult:
@@ -268,18 +359,25 @@ def check(model_path, golden_path) -> CheckResult:
     meta = golden.meta
     sha = file_sha256(model_path)
     if sha != meta["model_sha256"]:
-        raise NpusimError(f"{model_path} (sha256 {sha[:12]}...) is not the model {golden_path} was recorded for "
-                          f"({meta['model_name']}, sha256 {meta['model_sha256'][:12]}...)")
+        raise NpusimError(
+            f"{model_path} (sha256 {sha[:12]}...) is not the model {golden_path} was recorded for "
+            f"({meta['model_name']}, sha256 {meta['model_sha256'][:12]}...)"
+        )
     graph = load_model(model_path)
     interp = Interpreter(graph, profile=meta["profile"])
     entries = {e["index"]: e for e in meta["tensors"]}
     produced = _execution_tensors(interp)
     extra = sorted(set(entries) - {t for t, _, _ in produced})
-    _require(not extra, f"{golden_path}: damaged golden file: tensor {extra[0] if extra else ''} is not an activation of the model")
+    _require(
+        not extra,
+        f"{golden_path}: damaged golden file: tensor {extra[0] if extra else ''} is not an activation of the model",
+    )
     x = golden.inputs[0]
     t_in = graph.inputs[0]
     if t_in in entries and tensor_hash(np.ascontiguousarray(x)) != entries[t_in]["sha256"]:
-        raise NpusimError(f"{golden_path}: damaged golden file: the stored input does not match its recorded hash")
+        raise NpusimError(
+            f"{golden_path}: damaged golden file: the stored input does not match its recorded hash"
+        )
     values = interp.run_all(x)
     references = {t: [v] for t, v in golden.values.items()}
     for k, t in enumerate(graph.outputs):
@@ -315,5 +413,7 @@ def check(model_path, golden_path) -> CheckResult:
                 reason = "the stored values match the run but not the recorded hash"
             else:
                 reason = "values not stored (over the store limit), only the hash was recorded"
-        mismatches.append(Mismatch(op_index, kind, t, graph.tensors[t].name, int(v.size), count, largest, integer, reason))
+        mismatches.append(
+            Mismatch(op_index, kind, t, graph.tensors[t].name, int(v.size), count, largest, integer, reason)
+        )
     return CheckResult(meta=meta, checked=checked, mismatches=mismatches)

@@ -2,6 +2,7 @@
 
 Everything outside npusim.tflite_io sees only these classes, never flatbuffers.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

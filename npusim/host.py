@@ -3,6 +3,7 @@
 Each answer is cached for the life of the process (the CPU does not change under it); a test that
 needs another answer runs a fresh process (see tests/test_generic_cpu.py).
 """
+
 from __future__ import annotations
 
 import ctypes

@@ -4,6 +4,7 @@ The plan is the graph's ops in execution order, each with its prepared kernel. R
 walk over the kernels with a dict of tensor values; constants come from the model unless a caller
 overrides them (the trainer's perturbed weights).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -24,10 +25,14 @@ def execution_order(graph: Graph) -> list:
     for op in graph.ops:
         for t in op.inputs:
             if t >= 0 and t not in ready:
-                raise NpusimError(f"op {op.index} ({op.kind}): input tensor {t} ({graph.tensors[t].name!r}) is read before any op produces it")
+                raise NpusimError(
+                    f"op {op.index} ({op.kind}): input tensor {t} ({graph.tensors[t].name!r}) is read before any op produces it"
+                )
         for t in op.outputs:
             if t in ready:
-                raise NpusimError(f"op {op.index} ({op.kind}): output tensor {t} ({graph.tensors[t].name!r}) is written twice or is a constant")
+                raise NpusimError(
+                    f"op {op.index} ({op.kind}): output tensor {t} ({graph.tensors[t].name!r}) is written twice or is a constant"
+                )
             ready.add(t)
     for t in graph.outputs:
         if t not in ready:
@@ -42,19 +47,25 @@ def check_activations(graph: Graph):
     for which, indices in (("input", graph.inputs), ("output", graph.outputs)):
         for t in indices:
             if graph.tensors[t].is_constant:
-                raise NpusimError(f"graph {which} tensor {t} ({graph.tensors[t].name!r}) is a constant, expected an activation")
+                raise NpusimError(
+                    f"graph {which} tensor {t} ({graph.tensors[t].name!r}) is a constant, expected an activation"
+                )
     active = set(graph.inputs)
     for op in graph.ops:
         ins = [t for t in op.inputs if t >= 0 and not graph.tensors[t].is_constant]
         if not ins:
-            raise NpusimError(f"op {op.index} ({op.kind}): reads only constants, expected at least one activation input")
+            raise NpusimError(
+                f"op {op.index} ({op.kind}): reads only constants, expected at least one activation input"
+            )
         active.update(ins)
         active.update(op.outputs)
     for t in sorted(active):
         tensor = graph.tensors[t]
         if not tensor.shape or 0 in tensor.shape:
-            raise NpusimError(f"tensor {t} ({tensor.name!r}): activation of shape {list(tensor.shape)}, "
-                              "expected a batch axis and no empty axis")
+            raise NpusimError(
+                f"tensor {t} ({tensor.name!r}): activation of shape {list(tensor.shape)}, "
+                "expected a batch axis and no empty axis"
+            )
 
 
 class Interpreter:
@@ -92,22 +103,35 @@ class Interpreter:
                 continue
             t = k.op.outputs[0]
             reads = [(r, list(r.op.inputs).count(t)) for r in self.kernels if t in r.op.inputs]
-            if len(reads) == 1 and reads[0][1] == 1 and reads[0][0].kind == "DEPTHWISE_CONV_2D" \
-                    and reads[0][0].op.inputs[0] == t and reads[0][0].fuse_pad(k):
+            if (
+                len(reads) == 1
+                and reads[0][1] == 1
+                and reads[0][0].kind == "DEPTHWISE_CONV_2D"
+                and reads[0][0].op.inputs[0] == t
+                and reads[0][0].fuse_pad(k)
+            ):
                 self._pad_sources[t] = k.op.inputs[0]
         tensors = self.graph.tensors
-        self._activation_bytes = [(int(np.prod(tensors[t].shape[1:], dtype=np.float64)) * tensors[t].dtype.itemsize,
-                                   f"tensor {tensors[t].name!r}")
-                                  for t in sorted(set(self.graph.inputs) | {t for k in self.kernels for t in k.op.outputs})]
+        self._activation_bytes = [
+            (
+                int(np.prod(tensors[t].shape[1:], dtype=np.float64)) * tensors[t].dtype.itemsize,
+                f"tensor {tensors[t].name!r}",
+            )
+            for t in sorted(set(self.graph.inputs) | {t for k in self.kernels for t in k.op.outputs})
+        ]
         need, what = self.largest_allocation(1)
         if need > tflite_io.MAX_TENSOR_BYTES:
-            raise NpusimError(f"{what} needs {need} bytes for one image, more than the limit of {tflite_io.MAX_TENSOR_BYTES}")
+            raise NpusimError(
+                f"{what} needs {need} bytes for one image, more than the limit of {tflite_io.MAX_TENSOR_BYTES}"
+            )
 
     def largest_allocation(self, n: int) -> tuple[int, str]:
         """The largest array a run on a batch of n allocates, an activation or a kernel's workspace,
         and what it is. check_input refuses a batch that would take more than the allocation limit."""
         sizes = [(n * size, what) for size, what in self._activation_bytes]
-        sizes += [(k.workspace_bytes(n), f"the workspace of op {k.op.index} ({k.kind})") for k in self.kernels]
+        sizes += [
+            (k.workspace_bytes(n), f"the workspace of op {k.op.index} ({k.kind})") for k in self.kernels
+        ]
         return max(sizes)
 
     # -- inputs -------------------------------------------------------------------------------
@@ -116,25 +140,37 @@ class Interpreter:
         if not isinstance(x, np.ndarray):
             raise NpusimError(f"input {k}: expected a numpy array, got {type(x).__name__}")
         if x.dtype != t.dtype and x.dtype.newbyteorder("=") == t.dtype:
-            x = x.astype(t.dtype)  # the same type stored in the other byte order (an .npy from another machine)
+            x = x.astype(
+                t.dtype
+            )  # the same type stored in the other byte order (an .npy from another machine)
         if x.dtype != t.dtype:
             raise NpusimError(f"input {k} ({t.name!r}): dtype {x.dtype.name}, expected {t.dtype.name}")
         if x.ndim != len(t.shape) or x.ndim == 0 or tuple(x.shape[1:]) != tuple(t.shape[1:]):
             expected = ["N"] + list(t.shape[1:])
-            raise NpusimError(f"input {k} ({t.name!r}): shape {list(x.shape)}, expected {expected}".replace("'N'", "N"))
+            raise NpusimError(
+                f"input {k} ({t.name!r}): shape {list(x.shape)}, expected {expected}".replace("'N'", "N")
+            )
         if x.shape[0] == 0:
             raise NpusimError(f"input {k} ({t.name!r}): empty batch, expected at least one input")
         need, what = self.largest_allocation(x.shape[0])
         if need > tflite_io.MAX_TENSOR_BYTES:
-            raise NpusimError(f"input {k} ({t.name!r}): a batch of {x.shape[0]} needs {need} bytes for {what}, "
-                              f"more than the limit of {tflite_io.MAX_TENSOR_BYTES}; run smaller batches")
+            raise NpusimError(
+                f"input {k} ({t.name!r}): a batch of {x.shape[0]} needs {need} bytes for {what}, "
+                f"more than the limit of {tflite_io.MAX_TENSOR_BYTES}; run smaller batches"
+            )
         if x.dtype.kind == "f" and not np.all(np.isfinite(x)):
             raise NpusimError(f"input {k} ({t.name!r}): holds NaN or infinite values")
         return np.ascontiguousarray(x)
 
     # -- evaluation -----------------------------------------------------------------------------
-    def evaluate(self, values: dict, kernels=None, overrides: dict | None = None, shared_batch: int | None = None,
-                 keep: set | None = None) -> dict:
+    def evaluate(
+        self,
+        values: dict,
+        kernels=None,
+        overrides: dict | None = None,
+        shared_batch: int | None = None,
+        keep: set | None = None,
+    ) -> dict:
         """Run kernels (default: all) on a dict {tensor index: array}, adding their outputs to it.
 
         overrides maps constant tensor indices to replacement arrays. Weights of CONV_2D,
@@ -166,8 +202,10 @@ class Interpreter:
                 elif tensors[t].data is not None:
                     args.append(tensors[t].data)
                 else:
-                    raise NpusimError(f"op {kernel.op.index} ({kernel.kind}): no value for tensor {t} ({tensors[t].name!r}); "
-                                      "expected every graph input to be given")
+                    raise NpusimError(
+                        f"op {kernel.op.index} ({kernel.kind}): no value for tensor {t} ({tensors[t].name!r}); "
+                        "expected every graph input to be given"
+                    )
             if shared_batch is None:
                 result = kernel(*args)
             else:
@@ -175,10 +213,16 @@ class Interpreter:
             out = tensors[kernel.op.outputs[0]]
             # Cheap, and the kernels after this one index by the planned shape: a file whose declared
             # shapes lie stops here with a message instead of corrupting memory further on.
-            if result.dtype != out.dtype or result.ndim != len(out.shape) or result.shape[1:] != out.shape[1:]:
+            if (
+                result.dtype != out.dtype
+                or result.ndim != len(out.shape)
+                or result.shape[1:] != out.shape[1:]
+            ):
                 declared = ", ".join(["N", *map(str, out.shape[1:])])
-                raise NpusimError(f"op {kernel.op.index} ({kernel.kind}): computed {result.dtype.name} {list(result.shape)}, "
-                                  f"the model declares {np.dtype(out.dtype).name} [{declared}] for {out.name!r}")
+                raise NpusimError(
+                    f"op {kernel.op.index} ({kernel.kind}): computed {result.dtype.name} {list(result.shape)}, "
+                    f"the model declares {np.dtype(out.dtype).name} [{declared}] for {out.name!r}"
+                )
             values[kernel.op.outputs[0]] = result
             for t in kernel.op.inputs:
                 t = fused.get(t, t)
@@ -211,13 +255,17 @@ class Interpreter:
     def run_all(self, x: np.ndarray, overrides: dict | None = None) -> dict:
         """Every activation tensor's value for the batch x, keyed by tensor index."""
         if len(self.graph.inputs) != 1:
-            raise NpusimError(f"model has {len(self.graph.inputs)} inputs, run feeds one; give them all to evaluate()")
+            raise NpusimError(
+                f"model has {len(self.graph.inputs)} inputs, run feeds one; give them all to evaluate()"
+            )
         values = {self.graph.inputs[0]: self.check_input(x)}
         return self.evaluate(values, overrides=overrides)
 
     def run(self, x: np.ndarray, overrides: dict | None = None) -> np.ndarray:
         if len(self.graph.inputs) != 1:
-            raise NpusimError(f"model has {len(self.graph.inputs)} inputs, run feeds one; give them all to evaluate()")
+            raise NpusimError(
+                f"model has {len(self.graph.inputs)} inputs, run feeds one; give them all to evaluate()"
+            )
         out = self.graph.outputs[0]
         values = {self.graph.inputs[0]: self.check_input(x)}
         return self.evaluate(values, overrides=overrides, keep={out})[out]

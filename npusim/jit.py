@@ -17,6 +17,7 @@ so many small threaded kernels can be tens of times slower than serial ones (mea
 at batch 8: 572 ms threaded, 9.4 ms serial, under load). Each kernel is compiled twice, serial and
 threaded, and the call picks by the size of its largest array.
 """
+
 from __future__ import annotations
 
 import functools
@@ -114,6 +115,7 @@ class _FunctionCache(caching.FunctionCache):
 
 def njit(fn=None, **flags):
     """numba.njit with npusim's cache (as cache=True, in the directory of the sources' digest)."""
+
     def decorate(f):
         dispatcher = nb.njit(**flags)(f)
         dispatcher._cache = _FunctionCache(f)  # what Dispatcher.enable_caching does, with our locators

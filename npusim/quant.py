@@ -3,6 +3,7 @@
 Semantics follow TFLM (tensorflow/lite/kernels/internal/common.h and quantization_util.cc);
 the other profiles are the roundings other real runtimes use (see docs in README).
 """
+
 from __future__ import annotations
 
 import math
@@ -21,7 +22,9 @@ INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 
 def profile_id(name: str) -> int:
     if name not in PROFILES:
-        raise NpusimError(f"--profile: unknown rounding profile {name!r}, expected one of {', '.join(PROFILES)}")
+        raise NpusimError(
+            f"--profile: unknown rounding profile {name!r}, expected one of {', '.join(PROFILES)}"
+        )
     return PROFILES[name]
 
 
@@ -51,6 +54,7 @@ def round_half_away(x: float) -> int:
 def activation_range(activation: str, scale: float, zero_point: int) -> tuple[int, int]:
     """CalculateActivationRangeQuantized for int8 outputs."""
     lo, hi = -128, 127
+
     # TFLM divides in float32 (f / scale with both float); in double a quotient can land on the
     # other side of .5 and move the RELU6 bound by one.
     def quantize(f: float) -> int:
@@ -65,7 +69,9 @@ def activation_range(activation: str, scale: float, zero_point: int) -> tuple[in
         lo = max(lo, quantize(-1.0))
         hi = min(hi, quantize(1.0))
     elif activation != "NONE":
-        raise NpusimError(f"fused activation {activation} is not supported, expected NONE, RELU, RELU6 or RELU_N1_TO_1")
+        raise NpusimError(
+            f"fused activation {activation} is not supported, expected NONE, RELU, RELU6 or RELU_N1_TO_1"
+        )
     return lo, hi
 
 

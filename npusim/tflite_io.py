@@ -3,6 +3,7 @@
 The schema is the one ai-edge-litert ships (schema_py_generated, with the object API), so the
 reader follows the format as LiteRT maintains it rather than a private copy.
 """
+
 from __future__ import annotations
 
 import copy
@@ -71,13 +72,17 @@ def _quantization(t, dtype: np.dtype) -> Quantization | None:
     if zp.size == 1 and scale.size > 1:
         zp = np.zeros(scale.size, dtype=np.int64) + zp[0]
     if zp.size != scale.size:
-        raise NpusimError(f"tensor {_name(t)!r}: {scale.size} scales but {zp.size} zero points, expected one zero point per scale")
+        raise NpusimError(
+            f"tensor {_name(t)!r}: {scale.size} scales but {zp.size} zero points, expected one zero point per scale"
+        )
     if not np.all(np.isfinite(scale)) or np.any(scale < 0):
         raise NpusimError(f"tensor {_name(t)!r}: quantization scale is negative or not finite")
     if dtype.kind in "iu" and dtype.itemsize <= 2:
         info = np.iinfo(dtype)
         if np.any(zp < info.min) or np.any(zp > info.max):
-            raise NpusimError(f"tensor {_name(t)!r}: zero point {int(zp[(zp < info.min) | (zp > info.max)][0])} is outside the range of {dtype.name}")
+            raise NpusimError(
+                f"tensor {_name(t)!r}: zero point {int(zp[(zp < info.min) | (zp > info.max)][0])} is outside the range of {dtype.name}"
+            )
     return Quantization(scale=scale, zero_point=zp, axis=int(q.quantizedDimension))
 
 
@@ -87,12 +92,21 @@ def _name(t) -> str:
 
 
 # Union fields of the schema and the enum that names each member's table.
-_UNIONS = {"builtinOptions": schema.BuiltinOptions, "builtinOptions2": schema.BuiltinOptions2,
-           "details": schema.QuantizationDetails, "arraySegments": schema.SparseIndexVector,
-           "arrayIndices": schema.SparseIndexVector}
-_UNION_TABLES = {enum: {code: getattr(schema, name) for name, code in vars(enum).items()
-                        if not name.startswith("_") and isinstance(getattr(schema, name, None), type)}
-                 for enum in set(_UNIONS.values())}
+_UNIONS = {
+    "builtinOptions": schema.BuiltinOptions,
+    "builtinOptions2": schema.BuiltinOptions2,
+    "details": schema.QuantizationDetails,
+    "arraySegments": schema.SparseIndexVector,
+    "arrayIndices": schema.SparseIndexVector,
+}
+_UNION_TABLES = {
+    enum: {
+        code: getattr(schema, name)
+        for name, code in vars(enum).items()
+        if not name.startswith("_") and isinstance(getattr(schema, name, None), type)
+    }
+    for enum in set(_UNIONS.values())
+}
 _FIELDS: dict = {}
 
 
@@ -133,14 +147,18 @@ def check_structure(data: bytearray, where: str):
         nonlocal budget
         budget -= nbytes
         if budget < 0:
-            raise NpusimError(f"{where}: malformed flatbuffer: its offsets reach the same data over and over "
-                              f"(more than twice the file's {len(data)} bytes), refusing to unpack it")
+            raise NpusimError(
+                f"{where}: malformed flatbuffer: its offsets reach the same data over and over "
+                f"(more than twice the file's {len(data)} bytes), refusing to unpack it"
+            )
 
     def walk(table):
         nonlocal tables
         tables += 1
         if tables > MAX_TABLES:
-            raise NpusimError(f"{where}: model has more than {MAX_TABLES} flatbuffer tables, refusing to unpack it")
+            raise NpusimError(
+                f"{where}: model has more than {MAX_TABLES} flatbuffer tables, refusing to unpack it"
+            )
         spend(4)
         for name, kind in _fields(type(table)):
             if kind == "numbers":
@@ -150,7 +168,9 @@ def check_structure(data: bytearray, where: str):
             elif kind == "tables":
                 n = getattr(table, name + "Length")()
                 if 4 * n > len(data):
-                    raise NpusimError(f"{where}: malformed flatbuffer: vector of {n} tables is longer than the file")
+                    raise NpusimError(
+                        f"{where}: malformed flatbuffer: vector of {n} tables is longer than the file"
+                    )
                 spend(4 + 4 * n)
                 get = getattr(table, name)
                 for i in range(n):
@@ -161,7 +181,9 @@ def check_structure(data: bytearray, where: str):
                         walk(item)
             elif kind == "union":
                 member = getattr(table, name)()
-                reader = _UNION_TABLES[_UNIONS[name[0].lower() + name[1:]]].get(getattr(table, name + "Type")())
+                reader = _UNION_TABLES[_UNIONS[name[0].lower() + name[1:]]].get(
+                    getattr(table, name + "Type")()
+                )
                 if member is not None and reader is not None:
                     obj = reader()
                     obj.Init(member.Bytes, member.Pos)
@@ -215,33 +237,47 @@ def _to_graph(model, where: str) -> Graph:
     for i, t in enumerate(sg.tensors or []):
         name = _name(t) or f"tensor_{i}"
         if t.type not in _DTYPES:
-            raise NpusimError(f"tensor {i} ({name!r}): type {_TYPE_NAMES.get(t.type, t.type)} is not supported")
+            raise NpusimError(
+                f"tensor {i} ({name!r}): type {_TYPE_NAMES.get(t.type, t.type)} is not supported"
+            )
         dtype = np.dtype(_DTYPES[t.type])
         shape = tuple(int(d) for d in (t.shape if t.shape is not None else []))
         if len(shape) > MAX_RANK:
-            raise NpusimError(f"tensor {i} ({name!r}): {len(shape)} dimensions, at most {MAX_RANK} are supported")
+            raise NpusimError(
+                f"tensor {i} ({name!r}): {len(shape)} dimensions, at most {MAX_RANK} are supported"
+            )
         if any(d < 0 for d in shape[1:]):
             raise NpusimError(f"tensor {i} ({name!r}): shape {list(shape)} has a negative dimension")
         if shape and shape[0] < 0:
             shape = (1,) + shape[1:]  # dynamic batch: the simulator supplies N itself
         size = int(np.prod(shape, dtype=np.float64)) * dtype.itemsize
         if size > MAX_TENSOR_BYTES:
-            raise NpusimError(f"tensor {i} ({name!r}): shape {list(shape)} needs {size} bytes, more than the limit of {MAX_TENSOR_BYTES}")
+            raise NpusimError(
+                f"tensor {i} ({name!r}): shape {list(shape)} needs {size} bytes, more than the limit of {MAX_TENSOR_BYTES}"
+            )
         data = None
         if t.buffer < 0 or t.buffer >= max(len(buffers), 1) and t.buffer != 0:
-            raise NpusimError(f"tensor {i} ({name!r}): buffer index {t.buffer} out of range (model has {len(buffers)} buffers)")
+            raise NpusimError(
+                f"tensor {i} ({name!r}): buffer index {t.buffer} out of range (model has {len(buffers)} buffers)"
+            )
         buf = buffers[t.buffer] if t.buffer < len(buffers) else None
         if buf is not None and buf.offset > 1:
-            raise NpusimError(f"tensor {i} ({name!r}): buffer {t.buffer} keeps its data outside the flatbuffer "
-                              "(offset/size, the >2 GB format), which is not supported")
+            raise NpusimError(
+                f"tensor {i} ({name!r}): buffer {t.buffer} keeps its data outside the flatbuffer "
+                "(offset/size, the >2 GB format), which is not supported"
+            )
         if t.buffer > 0 and buf is not None and buf.data is not None and len(buf.data) > 0:
             raw = np.asarray(buf.data, dtype=np.uint8)
             if raw.size != size:
-                raise NpusimError(f"tensor {i} ({name!r}): buffer holds {raw.size} bytes, expected {size} for shape {list(shape)} {dtype.name}")
+                raise NpusimError(
+                    f"tensor {i} ({name!r}): buffer holds {raw.size} bytes, expected {size} for shape {list(shape)} {dtype.name}"
+                )
             # Tensors may share a buffer and each gets its own copy: bound the sum, not just each one.
             constant_bytes += size
             if constant_bytes > MAX_TENSOR_BYTES:
-                raise NpusimError(f"{where}: constant data exceeds the limit of {MAX_TENSOR_BYTES} bytes at tensor {i} ({name!r})")
+                raise NpusimError(
+                    f"{where}: constant data exceeds the limit of {MAX_TENSOR_BYTES} bytes at tensor {i} ({name!r})"
+                )
             data = raw.view(dtype).reshape(shape).copy()
         tensors.append(Tensor(name=name, shape=shape, dtype=dtype, quant=_quantization(t, dtype), data=data))
     n = len(tensors)
@@ -258,16 +294,24 @@ def _to_graph(model, where: str) -> Graph:
     ops = []
     for j, op_t in enumerate(sg.operators or []):
         if op_t.opcodeIndex < 0 or op_t.opcodeIndex >= len(codes):
-            raise NpusimError(f"op {j}: opcode index {op_t.opcodeIndex} out of range ({len(codes)} operator codes)")
+            raise NpusimError(
+                f"op {j}: opcode index {op_t.opcodeIndex} out of range ({len(codes)} operator codes)"
+            )
         code = codes[op_t.opcodeIndex]
         builtin = max(int(code.builtinCode), int(code.deprecatedBuiltinCode))
         kind = _OP_NAMES.get(builtin, f"BUILTIN_{builtin}")
         if kind == "CUSTOM":
             cc = code.customCode
             kind = "CUSTOM:" + (cc.decode("utf-8", "replace") if isinstance(cc, bytes) else str(cc))
-        ops.append(Op(kind=kind, inputs=check_indices(op_t.inputs, f"op {j} ({kind}) inputs", optional=True),
-                      outputs=check_indices(op_t.outputs, f"op {j} ({kind}) outputs"),
-                      options=_options(op_t), index=j))
+        ops.append(
+            Op(
+                kind=kind,
+                inputs=check_indices(op_t.inputs, f"op {j} ({kind}) inputs", optional=True),
+                outputs=check_indices(op_t.outputs, f"op {j} ({kind}) outputs"),
+                options=_options(op_t),
+                index=j,
+            )
+        )
     inputs = check_indices(sg.inputs, "subgraph inputs")
     outputs = check_indices(sg.outputs, "subgraph outputs")
     if not inputs or not outputs:
@@ -314,14 +358,14 @@ def _append_new(model, sg, graph: Graph):
     """Tensors and ops added to the graph after reading (an appended classifier head) become new
     file tables; the subgraph's outputs follow the graph's. Nothing is ever removed."""
     codes = {v: k for k, v in _DTYPES.items()}
-    for tensor in graph.tensors[len(sg.tensors):]:
+    for tensor in graph.tensors[len(sg.tensors) :]:
         t_obj = schema.TensorT()
         t_obj.name, t_obj.type = tensor.name, codes[np.dtype(tensor.dtype).type]
         t_obj.shape = np.asarray(tensor.shape, dtype=np.int32)
         model.buffers.append(schema.BufferT())
         t_obj.buffer = len(model.buffers) - 1
         sg.tensors.append(t_obj)
-    for op in graph.ops[len(sg.operators):]:
+    for op in graph.ops[len(sg.operators) :]:
         op_t = schema.OperatorT()
         op_t.opcodeIndex = _opcode_index(model, op.kind)
         op_t.inputs = np.asarray(op.inputs, dtype=np.int32)
@@ -359,8 +403,15 @@ def _sync_metadata(t_obj, tensor: Tensor):
     if tensor.quant is None:
         return
     q = t_obj.quantization
-    if q is None or q.scale is None or not np.array_equal(np.asarray(q.scale, dtype=np.float32), tensor.quant.scale) \
-            or not np.array_equal(np.asarray(q.zeroPoint if q.zeroPoint is not None else [], dtype=np.int64), tensor.quant.zero_point):
+    if (
+        q is None
+        or q.scale is None
+        or not np.array_equal(np.asarray(q.scale, dtype=np.float32), tensor.quant.scale)
+        or not np.array_equal(
+            np.asarray(q.zeroPoint if q.zeroPoint is not None else [], dtype=np.int64),
+            tensor.quant.zero_point,
+        )
+    ):
         q = q or schema.QuantizationParametersT()
         q.scale = tensor.quant.scale.astype(np.float32).tolist()
         q.zeroPoint = tensor.quant.zero_point.astype(np.int64).tolist()

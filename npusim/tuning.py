@@ -1,5 +1,6 @@
 """Process-wide settings that make npusim fast, applied only when a program asks (tune_process):
 a library must not change its host process at import, and each of these does."""
+
 from __future__ import annotations
 
 import functools

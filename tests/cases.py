@@ -6,6 +6,7 @@ description for failure messages.
 Shared by test_ops_tflm.py (npusim vs TFLM), test_profiles_litert.py (npusim vs LiteRT) and the
 round-trip test.
 """
+
 from __future__ import annotations
 
 import math
@@ -26,7 +27,7 @@ weight_modes = st.sampled_from(["uniform", "uniform", "mixed", "extreme"])
 
 def log_scale(lo: float, hi: float):
     """A scale drawn log-uniformly from [lo, hi], stored as float32 as in a .tflite file."""
-    return st.floats(math.log10(lo), math.log10(hi)).map(lambda e: float(np.float32(10.0 ** e)))
+    return st.floats(math.log10(lo), math.log10(hi)).map(lambda e: float(np.float32(10.0**e)))
 
 
 MULT_MODES = ["typical"] * 5 + ["near_one", "tiny", "pow2", "pow2_small"]
@@ -47,10 +48,20 @@ def _fmt(p: dict) -> str:
 # CONV_2D / DEPTHWISE_CONV_2D / FULLY_CONNECTED
 # ----------------------------------------------------------------------------------------------
 
+
 @st.composite
-def conv_params(draw, depthwise: bool = False, max_hw: int = 10, max_ch: int = 8,
-                no_bias: bool | None = None, mult_modes=None, max_cout: int | None = None,
-                min_hw: int = 1, channel_step: int = 1, max_kernel: int = 5):
+def conv_params(
+    draw,
+    depthwise: bool = False,
+    max_hw: int = 10,
+    max_ch: int = 8,
+    no_bias: bool | None = None,
+    mult_modes=None,
+    max_cout: int | None = None,
+    min_hw: int = 1,
+    channel_step: int = 1,
+    max_kernel: int = 5,
+):
     """CONV_2D (or DEPTHWISE_CONV_2D) parameters. no_bias: whether models without a bias tensor are
     drawn; default only for CONV_2D, because TFLM (PyPI 0.dev20261023182759) dies with SIGSEGV on
     DEPTHWISE_CONV_2D without bias (and LiteRT refuses CONV_2D without bias)."""
@@ -79,7 +90,9 @@ def conv_params(draw, depthwise: bool = False, max_hw: int = 10, max_ch: int = 8
     p["mult_mode"] = draw(st.sampled_from(mult_modes or MULT_MODES))
     p["x_mode"] = draw(data_modes)
     p["w_mode"] = draw(weight_modes)
-    p["bias_mode"] = draw(st.sampled_from(["uniform", "uniform", "zero", "large"] + (["none"] if no_bias else [])))
+    p["bias_mode"] = draw(
+        st.sampled_from(["uniform", "uniform", "zero", "large"] + (["none"] if no_bias else []))
+    )
     if p["mult_mode"] == "pow2_small":
         _small_operands(draw, p)
     return p
@@ -117,7 +130,7 @@ def _scales_and_bias(rng, p, channels, taps, max_mult=0.999):
             k = max(1, int(math.ceil(-math.log2(typical))) + int(rng.integers(-3, 4)))
         else:
             k = int(rng.integers(1, 5))
-        out_scale = s_in * float(ws.max()) * 2.0 ** k
+        out_scale = s_in * float(ws.max()) * 2.0**k
     else:
         if p["per_channel"]:
             ws = O.f32(O.log_uniform(rng, 1e-4, 1e-1) * O.log_uniform(rng, 0.1, 10.0, channels))
@@ -143,10 +156,20 @@ def make_conv(p: dict, seed: int) -> Case:
     cin, cout, kh, kw = p["cin"], p["cout"], p["kh"], p["kw"]
     w = O.random_weights(rng, (cout, kh, kw, cin), p["w_mode"])
     s_in, ws, out_scale, bias = _scales_and_bias(rng, p, cout, kh * kw * cin)
-    model = O.conv2d_model((1, *p["hw"], cin), w, bias, s_in, p["in_zp"],
-                           ws if p["per_channel"] else ws[0], out_scale, p["out_zp"],
-                           stride=p["stride"], padding=p["padding"], dilation=p["dilation"],
-                           activation=p["activation"])
+    model = O.conv2d_model(
+        (1, *p["hw"], cin),
+        w,
+        bias,
+        s_in,
+        p["in_zp"],
+        ws if p["per_channel"] else ws[0],
+        out_scale,
+        p["out_zp"],
+        stride=p["stride"],
+        padding=p["padding"],
+        dilation=p["dilation"],
+        activation=p["activation"],
+    )
     x = O.random_int8(rng, (p["n"], *p["hw"], cin), p["x_mode"])
     return Case(model, x, f"CONV_2D {_fmt(p)}, in_scale={s_in}, out_scale={out_scale}, seed={seed}")
 
@@ -156,10 +179,21 @@ def make_depthwise(p: dict, seed: int) -> Case:
     c, m, kh, kw = p["cin"], p["mult"], p["kh"], p["kw"]
     w = O.random_weights(rng, (1, kh, kw, c * m), p["w_mode"])
     s_in, ws, out_scale, bias = _scales_and_bias(rng, p, c * m, kh * kw)
-    model = O.depthwise_model((1, *p["hw"], c), w, bias, s_in, p["in_zp"],
-                              ws if p["per_channel"] else ws[0], out_scale, p["out_zp"],
-                              stride=p["stride"], padding=p["padding"], dilation=p["dilation"],
-                              activation=p["activation"], depth_multiplier=m)
+    model = O.depthwise_model(
+        (1, *p["hw"], c),
+        w,
+        bias,
+        s_in,
+        p["in_zp"],
+        ws if p["per_channel"] else ws[0],
+        out_scale,
+        p["out_zp"],
+        stride=p["stride"],
+        padding=p["padding"],
+        dilation=p["dilation"],
+        activation=p["activation"],
+        depth_multiplier=m,
+    )
     x = O.random_int8(rng, (p["n"], *p["hw"], c), p["x_mode"])
     return Case(model, x, f"DEPTHWISE_CONV_2D {_fmt(p)}, in_scale={s_in}, out_scale={out_scale}, seed={seed}")
 
@@ -167,9 +201,26 @@ def make_depthwise(p: dict, seed: int) -> Case:
 def depthwise_case(channels: int, hw: tuple, stride: tuple, seed: int = 0) -> Case:
     """A fixed 3x3 SAME depthwise layer (multiplier 1, RELU6, per-channel scales): the tests that
     aim at particular vector layouts and run lengths."""
-    p = dict(n=2, kh=3, kw=3, stride=stride, dilation=(1, 1), padding="SAME", hw=hw, cin=channels, mult=1,
-             activation="RELU6", per_channel=True, in_scale=0.05, in_zp=-3, out_zp=5, mult_mode="typical",
-             x_mode="uniform", w_mode="uniform", bias_mode="large")
+    p = dict(
+        n=2,
+        kh=3,
+        kw=3,
+        stride=stride,
+        dilation=(1, 1),
+        padding="SAME",
+        hw=hw,
+        cin=channels,
+        mult=1,
+        activation="RELU6",
+        per_channel=True,
+        in_scale=0.05,
+        in_zp=-3,
+        out_zp=5,
+        mult_mode="typical",
+        x_mode="uniform",
+        w_mode="uniform",
+        bias_mode="large",
+    )
     return make_depthwise(p, seed)
 
 
@@ -207,9 +258,18 @@ def make_fc(p: dict, seed: int) -> Case:
     k = shape[-1] if keep else int(np.prod(shape[1:]))
     w = O.random_weights(rng, (p["units"], k), p["w_mode"])
     s_in, ws, out_scale, bias = _scales_and_bias(rng, p, p["units"], k)
-    model = O.fully_connected_model(shape, w, bias, s_in, p["in_zp"],
-                                    ws if p["per_channel"] else ws[0], out_scale, p["out_zp"],
-                                    activation=p["activation"], keep_num_dims=keep)
+    model = O.fully_connected_model(
+        shape,
+        w,
+        bias,
+        s_in,
+        p["in_zp"],
+        ws if p["per_channel"] else ws[0],
+        out_scale,
+        p["out_zp"],
+        activation=p["activation"],
+        keep_num_dims=keep,
+    )
     x = O.random_int8(rng, (p["n"], *shape[1:]), p["x_mode"])
     return Case(model, x, f"FULLY_CONNECTED {_fmt(p)}, in_scale={s_in}, out_scale={out_scale}, seed={seed}")
 
@@ -218,14 +278,27 @@ def make_fc(p: dict, seed: int) -> Case:
 # ADD
 # ----------------------------------------------------------------------------------------------
 
+
 @st.composite
 def add_params(draw):
     p = {}
     p["n"] = draw(batch)
     rank = draw(st.sampled_from([4, 4, 4, 2, 3, 5]))
     full = [1] + [draw(st.integers(1, 5)) for _ in range(rank - 1)]
-    kind = draw(st.sampled_from(["same", "channel", "random", "const_full", "const_channel",
-                                 "const_vector", "const_scalar", "const_bigger"]))
+    kind = draw(
+        st.sampled_from(
+            [
+                "same",
+                "channel",
+                "random",
+                "const_full",
+                "const_channel",
+                "const_vector",
+                "const_scalar",
+                "const_bigger",
+            ]
+        )
+    )
     p["kind"] = kind
     if kind == "same":
         s1, s2 = full, list(full)
@@ -269,8 +342,9 @@ def make_add(p: dict, seed: int) -> Case:
     s1, s2 = p["shapes"]
     const = p["kind"].startswith("const")
     c2 = O.random_int8(rng, s2, p["x_mode"]) if const else None
-    model = O.add_model(s1, s2, p["s1"], p["z1"], p["s2"], p["z2"], p["s_out"], p["z_out"],
-                        p["activation"], const2=c2)
+    model = O.add_model(
+        s1, s2, p["s1"], p["z1"], p["s2"], p["z2"], p["s_out"], p["z_out"], p["activation"], const2=c2
+    )
     x1 = O.random_int8(rng, (p["n"], *s1[1:]), p["x_mode"])
     xs = x1 if const else [x1, O.random_int8(rng, (p["n"], *s2[1:]), p["x_mode"])]
     return Case(model, xs, f"ADD {_fmt(p)}, seed={seed}")
@@ -285,6 +359,7 @@ def every_int8_pair() -> list[np.ndarray]:
 # ----------------------------------------------------------------------------------------------
 # Pools, MEAN, SOFTMAX
 # ----------------------------------------------------------------------------------------------
+
 
 @st.composite
 def pool_params(draw):
@@ -323,7 +398,9 @@ def mean_params(draw):
     p["in_scale"] = draw(log_scale(1e-3, 1.0))
     p["in_zp"] = draw(zero_points)
     same = draw(st.booleans())  # MobileNet-style global pooling often keeps the quantization
-    p["out_scale"] = p["in_scale"] if same else float(np.float32(p["in_scale"] * 10.0 ** draw(st.floats(-1.0, 0.5))))
+    p["out_scale"] = (
+        p["in_scale"] if same else float(np.float32(p["in_scale"] * 10.0 ** draw(st.floats(-1.0, 0.5))))
+    )
     p["out_zp"] = p["in_zp"] if same else draw(zero_points)
     if draw(st.integers(0, 3)) == 0:
         p["in_scale"], p["out_scale"] = pow2(p["in_scale"]), pow2(p["out_scale"])
@@ -333,8 +410,15 @@ def mean_params(draw):
 
 def make_mean(p: dict, seed: int, axes=(1, 2)) -> Case:
     rng = np.random.default_rng(seed)
-    model = O.mean_model((1, *p["hwc"]), p["in_scale"], p["in_zp"], p["out_scale"], p["out_zp"],
-                         axes=axes, keep_dims=p["keep_dims"])
+    model = O.mean_model(
+        (1, *p["hwc"]),
+        p["in_scale"],
+        p["in_zp"],
+        p["out_scale"],
+        p["out_zp"],
+        axes=axes,
+        keep_dims=p["keep_dims"],
+    )
     x = O.random_int8(rng, (p["n"], *p["hwc"]), p["x_mode"])
     return Case(model, x, f"MEAN axes={list(axes)} {_fmt(p)}, seed={seed}")
 
@@ -343,14 +427,22 @@ def make_mean(p: dict, seed: int, axes=(1, 2)) -> Case:
 def softmax_params(draw):
     p = {}
     p["n"] = draw(batch)
-    p["shape"] = draw(st.sampled_from([
-        (1, draw(st.integers(1, 40))),
-        (1, draw(st.integers(1, 4)), draw(st.integers(1, 4)), draw(st.integers(1, 12))),
-        (1, draw(st.integers(1, 5)), draw(st.integers(1, 16))),
-    ]))
+    p["shape"] = draw(
+        st.sampled_from(
+            [
+                (1, draw(st.integers(1, 40))),
+                (1, draw(st.integers(1, 4)), draw(st.integers(1, 4)), draw(st.integers(1, 12))),
+                (1, draw(st.integers(1, 5)), draw(st.integers(1, 16))),
+            ]
+        )
+    )
     p["in_scale"] = draw(log_scale(1e-3, 4.0))
     p["in_zp"] = draw(zero_points)
-    p["beta"] = draw(st.sampled_from([1.0, 1.0, 1.0, 0.5, 2.0])) if draw(st.booleans()) else float(np.float32(draw(st.floats(0.05, 4.0))))
+    p["beta"] = (
+        draw(st.sampled_from([1.0, 1.0, 1.0, 0.5, 2.0]))
+        if draw(st.booleans())
+        else float(np.float32(draw(st.floats(0.05, 4.0))))
+    )
     p["x_mode"] = draw(data_modes)
     return p
 
@@ -462,6 +554,7 @@ def make_concat(p: dict, seed: int) -> Case:
 # QUANTIZE / DEQUANTIZE
 # ----------------------------------------------------------------------------------------------
 
+
 @st.composite
 def quantize_params(draw):
     p = {"n": draw(batch), "shape": draw(small_shape)}
@@ -507,8 +600,13 @@ def make_quantize(p: dict, seed: int) -> Case:
 
 @st.composite
 def dequantize_params(draw):
-    return {"n": draw(batch), "shape": draw(small_shape), "scale": draw(log_scale(1e-4, 10.0)),
-            "zp": draw(zero_points), "x_mode": draw(data_modes)}
+    return {
+        "n": draw(batch),
+        "shape": draw(small_shape),
+        "scale": draw(log_scale(1e-4, 10.0)),
+        "zp": draw(zero_points),
+        "x_mode": draw(data_modes),
+    }
 
 
 def make_dequantize(p: dict, seed: int) -> Case:

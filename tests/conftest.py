@@ -6,6 +6,7 @@ HYPOTHESIS_PROFILE=npusim (default): derandomized, no example database written i
 NPUSIM_TEST_SCALE=k multiplies the number of examples of the op tests (e.g. 10 for a deeper run).
 --fuzz-examples N sets the number of hostile-model cases of tests/test_fuzz.py (`make fuzz`: 20000).
 """
+
 import os
 import sys
 
@@ -13,8 +14,12 @@ from hypothesis import HealthCheck, settings
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-_common = dict(database=None, deadline=None, print_blob=True,
-               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+_common = dict(
+    database=None,
+    deadline=None,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 settings.register_profile("npusim", derandomize=True, **_common)
 settings.register_profile("random", **_common)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "npusim"))
@@ -22,5 +27,10 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "npusim"))
 
 def pytest_addoption(parser):
     # tests/test_fuzz.py: hostile-model cases in total (CI default; `make fuzz` runs 20000).
-    parser.addoption("--fuzz-examples", type=int, default=3000, metavar="N",
-                     help="number of fuzz cases of tests/test_fuzz.py (default 3000)")
+    parser.addoption(
+        "--fuzz-examples",
+        type=int,
+        default=3000,
+        metavar="N",
+        help="number of fuzz cases of tests/test_fuzz.py (default 3000)",
+    )

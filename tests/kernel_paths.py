@@ -3,15 +3,24 @@
 everywhere. The oracle tests run on each: `with kernel_path(name):` makes run_npusim build its
 Interpreter with backend=name.
 """
+
 import pytest
 
 from npusim import host
 from npusim.testing.oracle import on_backend as kernel_path  # noqa: F401 (the tests' name for it)
 
-AMX = pytest.param("amx", marks=pytest.mark.skipif(
-    not host.has_amx(),
-    reason="this CPU (or OS) has no AMX-INT8: the AMX kernel path is NOT tested on this machine"))
-VNNI = pytest.param("vnni", marks=pytest.mark.skipif(
-    not host.has_vnni(),
-    reason="this CPU has no AVX-512 VNNI: the VNNI kernel path is NOT tested on this machine"))
+AMX = pytest.param(
+    "amx",
+    marks=pytest.mark.skipif(
+        not host.has_amx(),
+        reason="this CPU (or OS) has no AMX-INT8: the AMX kernel path is NOT tested on this machine",
+    ),
+)
+VNNI = pytest.param(
+    "vnni",
+    marks=pytest.mark.skipif(
+        not host.has_vnni(),
+        reason="this CPU has no AVX-512 VNNI: the VNNI kernel path is NOT tested on this machine",
+    ),
+)
 PATHS = [AMX, VNNI, "blas"]

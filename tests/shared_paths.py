@@ -3,6 +3,7 @@
 NPU_SHARED overrides the default, the folder beside the repository. Tests that need it skip
 loudly, naming what is missing, only where it is absent.
 """
+
 import os
 from pathlib import Path
 

@@ -1,5 +1,6 @@
 """The MAC backend selection (npusim/ops/backend.py): what "auto" and each name choose, and that
 an op runs on the engine chosen for its geometry."""
+
 from __future__ import annotations
 
 import numpy as np

@@ -6,6 +6,7 @@ A generated model exercises every op the float suffix implements (strides, dilat
 depth multiplier, PAD, MAX/AVERAGE_POOL_2D with partial windows, ADD, CONCATENATION, MEAN, RESHAPE);
 the real ResNet-8 and MobileNetV2 of /work/shared check the same on real data.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -19,9 +20,10 @@ from npusim.graph import Graph, Op, Quantization, Tensor
 from zo.backprop import FloatSuffix, backprop_baseline
 from zo.data import load_dataset
 from zo.errors import ZoError
+from zo.inputs import prepare_inputs
 from zo.loss import cross_entropy
 from zo.model import TrainableModel
-from zo.inputs import prepare_inputs
+
 from shared_paths import MOBILENET, SHARED
 
 RESNET8 = SHARED / "models" / "resnet8_cifar10_int8.tflite"
@@ -32,7 +34,9 @@ EUROSAT64 = SHARED / "data" / "eurosat64_subset.npz"
 def need(*paths: Path):
     missing = [str(p) for p in paths if not p.exists()]
     if missing:
-        pytest.skip(f"SHARED DATA MISSING: {', '.join(missing)} (set NPU_SHARED to the folder holding models/ and data/)")
+        pytest.skip(
+            f"SHARED DATA MISSING: {', '.join(missing)} (set NPU_SHARED to the folder holding models/ and data/)"
+        )
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -67,7 +71,9 @@ class GraphBuilder:
 
     def tensor(self, shape, dtype=np.int8, scale=ACT_SCALE, zero_point=0, data=None, axis=0):
         scale = np.atleast_1d(np.asarray(scale, dtype=np.float32))
-        quant = Quantization(scale, np.full(scale.size, zero_point, dtype=np.int64), axis) if scale.size else None
+        quant = (
+            Quantization(scale, np.full(scale.size, zero_point, dtype=np.int64), axis) if scale.size else None
+        )
         self.tensors.append(Tensor(f"t{len(self.tensors)}", tuple(shape), np.dtype(dtype), quant, data))
         return len(self.tensors) - 1
 
@@ -91,33 +97,71 @@ class GraphBuilder:
         data = self.rng.integers(-3000, 3000, channels).astype(np.int32)
         return self.tensor((channels,), np.int32, scale=scale, data=data)
 
-    def conv(self, x, cout, k, stride=1, dilation=1, padding="SAME", act="NONE", per_channel=True, zero_point=0):
+    def conv(
+        self, x, cout, k, stride=1, dilation=1, padding="SAME", act="NONE", per_channel=True, zero_point=0
+    ):
         _, h, w, cin = self.tensors[x].shape
         wt, ws = self.weights((cout, k[0], k[1], cin), k[0] * k[1] * cin, 0 if per_channel else None)
         b = self.bias(ACT_SCALE, ws, cout)
         oh, ow = [_out(n, kk, stride, dilation, padding) for n, kk in zip((h, w), k)]
-        return self.op("CONV_2D", [x, wt, b], (1, oh, ow, cout), zero_point, padding=padding, stride_h=stride, stride_w=stride,
-                       dilation_h_factor=dilation, dilation_w_factor=dilation, fused_activation_function=act)
+        return self.op(
+            "CONV_2D",
+            [x, wt, b],
+            (1, oh, ow, cout),
+            zero_point,
+            padding=padding,
+            stride_h=stride,
+            stride_w=stride,
+            dilation_h_factor=dilation,
+            dilation_w_factor=dilation,
+            fused_activation_function=act,
+        )
 
     def depthwise(self, x, mult, k, stride=1, dilation=1, padding="SAME", act="NONE"):
         _, h, w, cin = self.tensors[x].shape
         wt, ws = self.weights((1, k[0], k[1], cin * mult), k[0] * k[1], 3)
         b = self.bias(ACT_SCALE, ws, cin * mult)
         oh, ow = [_out(n, kk, stride, dilation, padding) for n, kk in zip((h, w), k)]
-        return self.op("DEPTHWISE_CONV_2D", [x, wt, b], (1, oh, ow, cin * mult), padding=padding, stride_h=stride, stride_w=stride,
-                       dilation_h_factor=dilation, dilation_w_factor=dilation, depth_multiplier=mult, fused_activation_function=act)
+        return self.op(
+            "DEPTHWISE_CONV_2D",
+            [x, wt, b],
+            (1, oh, ow, cin * mult),
+            padding=padding,
+            stride_h=stride,
+            stride_w=stride,
+            dilation_h_factor=dilation,
+            dilation_w_factor=dilation,
+            depth_multiplier=mult,
+            fused_activation_function=act,
+        )
 
     def pool(self, kind, x, k, stride, padding):
         _, h, w, c = self.tensors[x].shape
         oh, ow = [_out(n, k, stride, 1, padding) for n in (h, w)]
-        return self.op(kind, [x], (1, oh, ow, c), filter_height=k, filter_width=k, stride_h=stride, stride_w=stride,
-                       padding=padding, fused_activation_function="NONE")
+        return self.op(
+            kind,
+            [x],
+            (1, oh, ow, c),
+            filter_height=k,
+            filter_width=k,
+            stride_h=stride,
+            stride_w=stride,
+            padding=padding,
+            fused_activation_function="NONE",
+        )
 
     def fc(self, x, out):
         depth = int(np.prod(self.tensors[x].shape[1:]))
         wt, ws = self.weights((out, depth), depth)
         b = self.bias(ACT_SCALE, ws, out)
-        return self.op("FULLY_CONNECTED", [x, wt, b], (1, out), fused_activation_function="NONE", weights_format=0, keep_num_dims=False)
+        return self.op(
+            "FULLY_CONNECTED",
+            [x, wt, b],
+            (1, out),
+            fused_activation_function="NONE",
+            weights_format=0,
+            keep_num_dims=False,
+        )
 
 
 def _out(n, k, stride, dilation, padding):
@@ -128,14 +172,14 @@ def _out(n, k, stride, dilation, padding):
 def generated_model(seed: int = 0) -> Graph:
     g = GraphBuilder(seed)
     x = g.tensor((1, 9, 9, 3), zero_point=-3)
-    t1 = g.conv(x, 4, (3, 3), stride=2, act="RELU", zero_point=-128)               # [5, 5, 4]
-    t2 = g.depthwise(t1, 2, (3, 3), dilation=2, act="RELU6")                     # [5, 5, 8], multiplier 2
+    t1 = g.conv(x, 4, (3, 3), stride=2, act="RELU", zero_point=-128)  # [5, 5, 4]
+    t2 = g.depthwise(t1, 2, (3, 3), dilation=2, act="RELU6")  # [5, 5, 8], multiplier 2
     t3 = g.op("PAD", [t2, g.const([[0, 0], [1, 0], [0, 1], [0, 0]])], (1, 6, 6, 8))
-    t4 = g.pool("MAX_POOL_2D", t3, 3, 2, "SAME")                                  # [3, 3, 8]
-    t5 = g.conv(t2, 8, (1, 1), stride=2, padding="VALID", per_channel=False)       # [3, 3, 8]
+    t4 = g.pool("MAX_POOL_2D", t3, 3, 2, "SAME")  # [3, 3, 8]
+    t5 = g.conv(t2, 8, (1, 1), stride=2, padding="VALID", per_channel=False)  # [3, 3, 8]
     t6 = g.op("ADD", [t4, t5], (1, 3, 3, 8), fused_activation_function="RELU")
-    t7 = g.conv(t6, 6, (2, 2), padding="VALID", act="RELU6")                       # [2, 2, 6]
-    t8 = g.pool("AVERAGE_POOL_2D", t6, 2, 2, "SAME")                              # [2, 2, 8], partial windows
+    t7 = g.conv(t6, 6, (2, 2), padding="VALID", act="RELU6")  # [2, 2, 6]
+    t8 = g.pool("AVERAGE_POOL_2D", t6, 2, 2, "SAME")  # [2, 2, 8], partial windows
     t9 = g.op("CONCATENATION", [t7, t8], (1, 2, 2, 14), axis=3, fused_activation_function="NONE")
     t10 = g.op("MEAN", [t9, g.const([1])], (1, 1, 2, 14), keep_dims=True)
     t11 = g.op("RESHAPE", [t10, g.const([1, 28])], (1, 28))
@@ -149,14 +193,19 @@ def generated_trainable(seed: int = 0) -> TrainableModel:
 
 def random_boundary(model: TrainableModel, n: int, seed: int) -> dict:
     rng = np.random.default_rng(seed)
-    return {t: rng.integers(-128, 128, (n,) + model.graph.tensors[t].shape[1:]).astype(np.int8) for t in model.boundary}
+    return {
+        t: rng.integers(-128, 128, (n,) + model.graph.tensors[t].shape[1:]).astype(np.int8)
+        for t in model.boundary
+    }
 
 
 # ----------------------------------------------------------------------------------------------
 # Gradients
 
 
-def check_gradient(net: FloatSuffix, inputs: dict, labels: np.ndarray, per_tensor: int, seed: int, h: float = 1e-6):
+def check_gradient(
+    net: FloatSuffix, inputs: dict, labels: np.ndarray, per_tensor: int, seed: int, h: float = 1e-6
+):
     """Central differences on a few random entries of each trainable tensor against backward."""
     rng = np.random.default_rng(seed)
     _, grads = net.loss_and_gradient(inputs, labels)
@@ -175,16 +224,27 @@ def check_gradient(net: FloatSuffix, inputs: dict, labels: np.ndarray, per_tenso
             down = loss()
             value[i] = saved
             numeric = (up - down) / (2 * h)
-            assert abs(numeric - grads[t][i]) <= 1e-5 * scale + 1e-6 * abs(numeric), \
+            assert abs(numeric - grads[t][i]) <= 1e-5 * scale + 1e-6 * abs(numeric), (
                 f"tensor {t} entry {i}: backward {grads[t][i]:.8g}, finite difference {numeric:.8g}"
+            )
         assert np.any(grads[t] != 0), f"tensor {t}: gradient is identically zero"
 
 
 def test_gradient_matches_finite_differences_on_generated_model():
     model = generated_trainable()
     net = FloatSuffix(model, np.float64)
-    assert {f.op.kind for f in net.ops} == {"CONV_2D", "DEPTHWISE_CONV_2D", "PAD", "MAX_POOL_2D", "ADD", "AVERAGE_POOL_2D",
-                                            "CONCATENATION", "MEAN", "RESHAPE", "FULLY_CONNECTED"}
+    assert {f.op.kind for f in net.ops} == {
+        "CONV_2D",
+        "DEPTHWISE_CONV_2D",
+        "PAD",
+        "MAX_POOL_2D",
+        "ADD",
+        "AVERAGE_POOL_2D",
+        "CONCATENATION",
+        "MEAN",
+        "RESHAPE",
+        "FULLY_CONNECTED",
+    }
     boundary = random_boundary(model, 6, seed=1)
     labels = np.random.default_rng(2).integers(0, 5, 6)
     check_gradient(net, net.dequantize(boundary), labels, per_tensor=12, seed=3)
@@ -209,7 +269,9 @@ def assert_close_to_int8(model: TrainableModel, cache: dict, max_mean_lsb: float
     assert real.shape == int8.shape
     corr = np.corrcoef(int8.ravel(), real.ravel())[0, 1]
     mean_lsb = np.abs(int8 - real).mean() / model.logits_scale
-    assert corr > 0.99 and mean_lsb < max_mean_lsb, f"correlation {corr:.5f}, mean |diff| {mean_lsb:.2f} output LSB"
+    assert corr > 0.99 and mean_lsb < max_mean_lsb, (
+        f"correlation {corr:.5f}, mean |diff| {mean_lsb:.2f} output LSB"
+    )
 
 
 def test_forward_matches_int8_on_generated_model():
@@ -219,8 +281,12 @@ def test_forward_matches_int8_on_generated_model():
 
 def test_forward_matches_int8_on_resnet8_last_blocks(eurosat32):
     ds = eurosat32
-    model = TrainableModel(load_model(str(RESNET8)), "last:7", num_classes=ds.num_classes)  # two residual blocks
-    assert_close_to_int8(model, model.boundary_activations(prepare_inputs(ds.x_test[:128], model.graph)), max_mean_lsb=3.0)
+    model = TrainableModel(
+        load_model(str(RESNET8)), "last:7", num_classes=ds.num_classes
+    )  # two residual blocks
+    assert_close_to_int8(
+        model, model.boundary_activations(prepare_inputs(ds.x_test[:128], model.graph)), max_mean_lsb=3.0
+    )
 
 
 def test_forward_matches_int8_on_mobilenet_v2_last_blocks():
@@ -230,7 +296,9 @@ def test_forward_matches_int8_on_mobilenet_v2_last_blocks():
     # last:6 reaches back across a residual ADD and a depthwise conv, from two boundary tensors.
     model = TrainableModel(load_model(str(MOBILENET)), "last:6")
     assert len(model.boundary) == 2
-    assert_close_to_int8(model, model.boundary_activations(prepare_inputs(ds.x_test[:32], model.graph)), max_mean_lsb=1.0)
+    assert_close_to_int8(
+        model, model.boundary_activations(prepare_inputs(ds.x_test[:32], model.graph)), max_mean_lsb=1.0
+    )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -269,7 +337,9 @@ def test_training_lowers_the_loss_and_leaves_the_model_unchanged():
     assert r["float_test_accuracy"] > r["float_test_accuracy_initial"] + 0.3, r
     # Written back with the scales fixed, the trained values keep (almost) all of the float gain.
     assert abs(r["int8_test_accuracy"] - r["float_test_accuracy"]) < 0.05, r
-    assert all(np.array_equal(a, b) for a, b in zip(before, model.values())), "backprop_baseline changed the model"
+    assert all(np.array_equal(a, b) for a, b in zip(before, model.values())), (
+        "backprop_baseline changed the model"
+    )
 
 
 def test_takes_model_caches_and_labels_from_a_trainer():
@@ -279,11 +349,18 @@ def test_takes_model_caches_and_labels_from_a_trainer():
     model = generated_trainable()
     train, test = random_boundary(model, 96, seed=21), random_boundary(model, 48, seed=22)
     y_train, y_test = teacher_labels(model, [train, test], seed=23)
-    trainer = SimpleNamespace(model=model, train_cache=train, test_cache=test,
-                              data=SimpleNamespace(y_train=y_train, y_test=y_test))
+    trainer = SimpleNamespace(
+        model=model, train_cache=train, test_cache=test, data=SimpleNamespace(y_train=y_train, y_test=y_test)
+    )
     direct = backprop_baseline(model, train, y_train, test, y_test, epochs=2)
     via_trainer = backprop_baseline(trainer, epochs=2)
-    for key in ("float_test_accuracy", "int8_test_accuracy", "int8_test_accuracy_initial", "train_loss", "parameters"):
+    for key in (
+        "float_test_accuracy",
+        "int8_test_accuracy",
+        "int8_test_accuracy_initial",
+        "train_loss",
+        "parameters",
+    ):
         assert via_trainer[key] == direct[key], key
     assert via_trainer["int8_test_accuracy_initial"] == float(np.mean(model.predict(test) == y_test))
     with pytest.raises(ZoError, match="required"):

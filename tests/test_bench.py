@@ -1,4 +1,5 @@
 """Smoke tests of experiments/bench.py: it runs end to end and writes its table (no wall-time checks)."""
+
 from __future__ import annotations
 
 import warnings
@@ -19,7 +20,6 @@ except ImportError:  # plain `pytest` (not `python -m pytest`) does not put the 
     from experiments import bench  # noqa: E402
 
 
-
 def _read_table(out: Path) -> list[str]:
     assert out.exists(), "the bench did not write its report"
     text = out.read_text()
@@ -29,7 +29,7 @@ def _read_table(out: Path) -> list[str]:
     lines = text.splitlines()
     first = lines.index(next(line for line in lines if line.startswith("| workload")))
     rows = []
-    for line in lines[first + 2:]:  # the main table: header, rule, then rows up to the first blank line
+    for line in lines[first + 2 :]:  # the main table: header, rule, then rows up to the first blank line
         if not line.startswith("| "):
             break
         rows.append(line)
@@ -39,8 +39,12 @@ def _read_table(out: Path) -> list[str]:
 def test_conv_quick_batch1(tmp_path, capsys):
     out = tmp_path / "bench.md"
     # The conv model is built inside the bench: the shared folder is not needed here.
-    assert bench.main(["--shared", str(tmp_path), "--quick", "--only", "conv", "--conv-batches", "1",
-                       "--out", str(out)]) == 0
+    assert (
+        bench.main(
+            ["--shared", str(tmp_path), "--quick", "--only", "conv", "--conv-batches", "1", "--out", str(out)]
+        )
+        == 0
+    )
     rows = _read_table(out)
     assert len(rows) == 1 and rows[0].startswith("| conv | 1 |")
     # Exactness is a property, not a timing: npusim equals TFLM and (xnnpack profile) LiteRT.
@@ -50,18 +54,36 @@ def test_conv_quick_batch1(tmp_path, capsys):
 
 def test_models_quick_small_batch(tmp_path):
     if not (SHARED / "models" / bench.MODELS["resnet8"]).exists():
-        msg = f"shared models not found under {SHARED} (set NPU_SHARED): bench on the shared models NOT tested"
+        msg = (
+            f"shared models not found under {SHARED} (set NPU_SHARED): bench on the shared models NOT tested"
+        )
         warnings.warn(msg, stacklevel=1)
         pytest.skip(msg)
     out = tmp_path / "bench.md"
-    assert bench.main(["--shared", str(SHARED), "--quick", "--only", "models", "--model-batches", "2",
-                       "--out", str(out)]) == 0
+    assert (
+        bench.main(
+            [
+                "--shared",
+                str(SHARED),
+                "--quick",
+                "--only",
+                "models",
+                "--model-batches",
+                "2",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     rows = _read_table(out)
     assert [r.split("|")[1].strip() for r in rows] == list(bench.MODELS)
     for r in rows:
         assert "| yes (2 img) |" in r, r  # npusim (tflm) == TFLM on the timed images
     section = out.read_text().split("## Memory of a model run", 1)[1].split("\n## ", 1)[0]
-    memory = [line for line in section.splitlines() if line.startswith(("| resnet8 | 2 |", "| mobilenet_v2 | 2 |"))]
+    memory = [
+        line for line in section.splitlines() if line.startswith(("| resnet8 | 2 |", "| mobilenet_v2 | 2 |"))
+    ]
     assert len(memory) == 2, memory
     for line in memory:  # the last column: resident memory growth over 10 further runs, MB
         assert abs(float(line.rstrip(" |").split("|")[-1])) < 8.0, line

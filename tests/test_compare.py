@@ -1,5 +1,6 @@
 """`npusim compare` through the CLI: two profiles on the real MobileNetV2 (they part), a --dump
 directory of the same profile (no mismatch), plain <name>.npy references, and bad input (exit 2)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -103,7 +104,21 @@ def test_reference_dump_of_the_same_profile_has_no_mismatch(resnet_dump):
 
 def test_reference_dump_of_another_profile_differs(resnet_dump, tmp_path):
     model, x_path, _, dump = resnet_dump
-    assert cli("run", model, "--input", x_path, "--output", tmp_path / "y.npy", "--profile", "xnnpack", "--dump", tmp_path / "x").exit_code == 0
+    assert (
+        cli(
+            "run",
+            model,
+            "--input",
+            x_path,
+            "--output",
+            tmp_path / "y.npy",
+            "--profile",
+            "xnnpack",
+            "--dump",
+            tmp_path / "x",
+        ).exit_code
+        == 0
+    )
     result = cli("compare", model, "--input", x_path, "--reference", tmp_path / "x")
     assert result.exit_code == 0
     assert "first difference: op 0 (CONV_2D)" in result.stdout
@@ -159,7 +174,9 @@ def test_bad_input_exits_2(resnet_dump, tmp_path):
     assert_one_line_error(cli("compare", model, "--input", x_path, "--b", "xnnpack", "--reference", dump))
     assert_one_line_error(cli("compare", model, "--input", x_path, "--reference", tmp_path / "missing"))
     (tmp_path / "empty").mkdir()
-    assert "no .npy file" in assert_one_line_error(cli("compare", model, "--input", x_path, "--reference", tmp_path / "empty"))
+    assert "no .npy file" in assert_one_line_error(
+        cli("compare", model, "--input", x_path, "--reference", tmp_path / "empty")
+    )
     np.save(tmp_path / "u8.npy", np.zeros((2, 32, 32, 3), np.uint8))
     assert_one_line_error(cli("compare", model, "--input", tmp_path / "u8.npy", "--b", "xnnpack"))
     (tmp_path / "notmodel.tflite").write_bytes(b"hello")

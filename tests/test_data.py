@@ -1,4 +1,5 @@
 """Tests for zo.data on small fixtures built in tmp_path, plus the real shared data when present."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -19,9 +20,13 @@ def _images(n, h=8, w=8, seed=0):
 
 
 def write_npz(path, **override):
-    arrays = dict(x_train=_images(6), y_train=np.array([0, 1, 2, 0, 1, 2]),
-                  x_test=_images(3, seed=1), y_test=np.array([2, 1, 0]),
-                  class_names=np.array(["a", "b", "c"]))
+    arrays = dict(
+        x_train=_images(6),
+        y_train=np.array([0, 1, 2, 0, 1, 2]),
+        x_test=_images(3, seed=1),
+        y_test=np.array([2, 1, 0]),
+        class_names=np.array(["a", "b", "c"]),
+    )
     arrays.update(override)
     np.savez(path, **{k: v for k, v in arrays.items() if v is not None})
     return path
@@ -62,8 +67,10 @@ def write_stl10(root, n_train=3, n_test=2, labels_train=None, labels_test=None, 
         xs["train"][1, 5, 70, 1] = 200
     if n_test > 0:
         xs["test"][0, 90, 2, 2] = 77
-    labels = {"train": labels_train if labels_train is not None else [1, 2, 10][:n_train],
-              "test": labels_test if labels_test is not None else [3, 10][:n_test]}
+    labels = {
+        "train": labels_train if labels_train is not None else [1, 2, 10][:n_train],
+        "test": labels_test if labels_test is not None else [3, 10][:n_test],
+    }
     for split in ("train", "test"):
         (d / f"{split}_X.bin").write_bytes(stl10_bytes(xs[split]))
         np.array(labels[split], dtype=np.uint8).tofile(d / f"{split}_y.bin")
@@ -89,19 +96,22 @@ def test_npz_without_class_names_counts_labels(tmp_path):
     assert ds.class_names == ["0", "1", "2"]
 
 
-@pytest.mark.parametrize("override, fragments", [
-    (dict(y_test=None), ["y_test", "missing"]),
-    (dict(x_train=_images(6)[..., 0]), ["x_train", "N x H x W x 3"]),            # grayscale refused
-    (dict(x_train=np.concatenate([_images(6)] * 2, axis=-1)[..., :4]), ["x_train", "x 3"]),  # RGBA
-    (dict(x_test=_images(3).astype(np.float32)), ["x_test", "uint8"]),
-    (dict(y_train=np.array([0, 1, 2, 0, 1, 3])), ["y_train", "label 3", "[0, 3)"]),
-    (dict(y_test=np.array([2, -1, 0])), ["y_test", "label -1"]),
-    (dict(y_train=np.array([0, 1, 2, 0, 1, 2.0])), ["y_train", "integer"]),
-    (dict(y_train=np.array([0, 1, 2, 0, 1])), ["x_train", "y_train", "6 images", "5 labels"]),
-    (dict(x_train=_images(0), y_train=np.array([], dtype=np.int64)), ["x_train", "empty"]),
-    (dict(x_test=_images(0), y_test=np.array([], dtype=np.int64)), ["x_test", "empty"]),
-    (dict(x_test=_images(3, h=4)), ["x_train", "x_test", "one image size"]),
-])
+@pytest.mark.parametrize(
+    "override, fragments",
+    [
+        (dict(y_test=None), ["y_test", "missing"]),
+        (dict(x_train=_images(6)[..., 0]), ["x_train", "N x H x W x 3"]),  # grayscale refused
+        (dict(x_train=np.concatenate([_images(6)] * 2, axis=-1)[..., :4]), ["x_train", "x 3"]),  # RGBA
+        (dict(x_test=_images(3).astype(np.float32)), ["x_test", "uint8"]),
+        (dict(y_train=np.array([0, 1, 2, 0, 1, 3])), ["y_train", "label 3", "[0, 3)"]),
+        (dict(y_test=np.array([2, -1, 0])), ["y_test", "label -1"]),
+        (dict(y_train=np.array([0, 1, 2, 0, 1, 2.0])), ["y_train", "integer"]),
+        (dict(y_train=np.array([0, 1, 2, 0, 1])), ["x_train", "y_train", "6 images", "5 labels"]),
+        (dict(x_train=_images(0), y_train=np.array([], dtype=np.int64)), ["x_train", "empty"]),
+        (dict(x_test=_images(0), y_test=np.array([], dtype=np.int64)), ["x_test", "empty"]),
+        (dict(x_test=_images(3, h=4)), ["x_train", "x_test", "one image size"]),
+    ],
+)
 def test_npz_errors_name_file_and_key(tmp_path, override, fragments):
     path = write_npz(tmp_path / "bad.npz", **override)
     with pytest.raises(DataError) as e:

@@ -17,6 +17,7 @@ total (default 3000 in CI; `make fuzz` runs 20000); each campaign prints its cas
 outcome counts. In-process cases run with the allocation limit lowered to FUZZ_LIMIT and an
 address-space cap, and every CHECK_MEMORY_EVERY-th case under tracemalloc.
 """
+
 from __future__ import annotations
 
 import collections
@@ -65,6 +66,7 @@ class CaseFailure(AssertionError):
 # Seeds
 # ----------------------------------------------------------------------------------------------
 
+
 def _conv_opts(stride=1, padding="SAME"):
     return dict(stride=(stride, stride), padding=padding)
 
@@ -80,16 +82,43 @@ def chain_model() -> bytes:
     q = b.add_tensor((1, 6, 6, 3), np.int8, s, z, name="quant")
     b.add_op("QUANTIZE", [x], [q], schema.QuantizeOptionsT())
     ws = np.full(4, 0.01, np.float32)
-    w = b.add_const(rng.integers(-127, 128, (4, 3, 3, 3)).astype(np.int8), scale=ws, zero_point=np.zeros(4, np.int64), name="conv/w")
-    bias = b.add_const(rng.integers(-500, 500, 4).astype(np.int32), scale=O.bias_scale(s, ws), zero_point=np.zeros(4, np.int64), name="conv/b")
+    w = b.add_const(
+        rng.integers(-127, 128, (4, 3, 3, 3)).astype(np.int8),
+        scale=ws,
+        zero_point=np.zeros(4, np.int64),
+        name="conv/w",
+    )
+    bias = b.add_const(
+        rng.integers(-500, 500, 4).astype(np.int32),
+        scale=O.bias_scale(s, ws),
+        zero_point=np.zeros(4, np.int64),
+        name="conv/b",
+    )
     c = b.add_tensor((1, 6, 6, 4), np.int8, 0.1, 2, name="conv")
     opt = schema.Conv2DOptionsT()
-    opt.padding, opt.strideH, opt.strideW, opt.dilationHFactor, opt.dilationWFactor = schema.Padding.SAME, 1, 1, 1, 1
+    opt.padding, opt.strideH, opt.strideW, opt.dilationHFactor, opt.dilationWFactor = (
+        schema.Padding.SAME,
+        1,
+        1,
+        1,
+        1,
+    )
     opt.fusedActivationFunction = schema.ActivationFunctionType.RELU6
     b.add_op("CONV_2D", [q, w, bias], [c], opt)
     dws = np.full(8, 0.02, np.float32)
-    dw = b.add_const(rng.integers(-127, 128, (1, 3, 3, 8)).astype(np.int8), scale=dws, zero_point=np.zeros(8, np.int64), axis=3, name="dw/w")
-    dwb = b.add_const(rng.integers(-500, 500, 8).astype(np.int32), scale=O.bias_scale(0.1, dws), zero_point=np.zeros(8, np.int64), name="dw/b")
+    dw = b.add_const(
+        rng.integers(-127, 128, (1, 3, 3, 8)).astype(np.int8),
+        scale=dws,
+        zero_point=np.zeros(8, np.int64),
+        axis=3,
+        name="dw/w",
+    )
+    dwb = b.add_const(
+        rng.integers(-500, 500, 8).astype(np.int32),
+        scale=O.bias_scale(0.1, dws),
+        zero_point=np.zeros(8, np.int64),
+        name="dw/b",
+    )
     d = b.add_tensor((1, 3, 3, 8), np.int8, 0.1, 0, name="dw")
     dopt = schema.DepthwiseConv2DOptionsT()
     dopt.padding, dopt.strideH, dopt.strideW, dopt.depthMultiplier = schema.Padding.SAME, 2, 2, 2
@@ -100,12 +129,32 @@ def chain_model() -> bytes:
     b.add_op("PAD", [d, pads], [p], schema.PadOptionsT())
     mp = b.add_tensor((1, 2, 2, 8), np.int8, 0.1, 0, name="maxpool")
     popt = schema.Pool2DOptionsT()
-    popt.padding, popt.strideH, popt.strideW, popt.filterHeight, popt.filterWidth = schema.Padding.VALID, 2, 2, 2, 2
+    popt.padding, popt.strideH, popt.strideW, popt.filterHeight, popt.filterWidth = (
+        schema.Padding.VALID,
+        2,
+        2,
+        2,
+        2,
+    )
     b.add_op("MAX_POOL_2D", [p], [mp], popt)
-    k = b.add_tensor((1, 1, 1, 8), np.int8, 0.05, 1, data=rng.integers(-128, 128, (1, 1, 1, 8)).astype(np.int8), name="addconst")
+    k = b.add_tensor(
+        (1, 1, 1, 8),
+        np.int8,
+        0.05,
+        1,
+        data=rng.integers(-128, 128, (1, 1, 1, 8)).astype(np.int8),
+        name="addconst",
+    )
     a = b.add_tensor((1, 2, 2, 8), np.int8, 0.15, -1, name="add")
     b.add_op("ADD", [mp, k], [a], schema.AddOptionsT())
-    cc = b.add_tensor((1, 2, 2, 2), np.int8, 0.15, -1, data=rng.integers(-128, 128, (1, 2, 2, 2)).astype(np.int8), name="catconst")
+    cc = b.add_tensor(
+        (1, 2, 2, 2),
+        np.int8,
+        0.15,
+        -1,
+        data=rng.integers(-128, 128, (1, 2, 2, 2)).astype(np.int8),
+        name="catconst",
+    )
     cat = b.add_tensor((1, 2, 2, 10), np.int8, 0.15, -1, name="concat")
     copt = schema.ConcatenationOptionsT()
     copt.axis = 3
@@ -115,7 +164,13 @@ def chain_model() -> bytes:
     b.add_op("TRANSPOSE", [cat, perm], [tr], schema.TransposeOptionsT())
     ap = b.add_tensor((1, 1, 1, 10), np.int8, 0.15, -1, name="avgpool")
     aopt = schema.Pool2DOptionsT()
-    aopt.padding, aopt.strideH, aopt.strideW, aopt.filterHeight, aopt.filterWidth = schema.Padding.VALID, 1, 1, 2, 2
+    aopt.padding, aopt.strideH, aopt.strideW, aopt.filterHeight, aopt.filterWidth = (
+        schema.Padding.VALID,
+        1,
+        1,
+        2,
+        2,
+    )
     b.add_op("AVERAGE_POOL_2D", [tr], [ap], aopt)
     axes = b.add_const(np.array([1, 2], np.int32), name="axes")
     mean = b.add_tensor((1, 10), np.int8, 0.1, 0, name="mean")
@@ -129,7 +184,9 @@ def chain_model() -> bytes:
     b.add_op("RESHAPE", [mean, shape], [flat], ropt)
     fws = np.float32(0.01)
     fw = b.add_const(rng.integers(-127, 128, (5, 10)).astype(np.int8), scale=fws, zero_point=0, name="fc/w")
-    fb = b.add_const(rng.integers(-100, 100, 5).astype(np.int32), scale=O.bias_scale(0.1, [fws]), zero_point=0, name="fc/b")
+    fb = b.add_const(
+        rng.integers(-100, 100, 5).astype(np.int32), scale=O.bias_scale(0.1, [fws]), zero_point=0, name="fc/b"
+    )
     logits = b.add_tensor((1, 5), np.int8, 0.1, 0, name="logits")
     b.add_op("FULLY_CONNECTED", [flat, fw, fb], [logits], schema.FullyConnectedOptionsT())
     probs = b.add_tensor((1, 5), np.int8, 1 / 256, -128, name="probs")
@@ -148,14 +205,38 @@ def generated_seeds() -> dict[str, bytes]:
     seeds = {
         "chain": chain_model(),
         "tiny_classifier": tiny_classifier(),
-        "conv2d": O.conv2d_model((1, 5, 5, 3), w, rng.integers(-99, 99, 4), 0.05, -2, np.full(4, 0.01), 0.1, 3, stride=(2, 1)),
-        "conv2d_1x1": O.conv2d_model((1, 4, 4, 3), w[:, :1, :1], None, 0.05, 0, 0.01, 0.1, 0, padding="VALID"),
-        "depthwise": O.depthwise_model((1, 5, 5, 2), rng.integers(-127, 128, (1, 3, 3, 4)), rng.integers(-99, 99, 4),
-                                       0.05, 1, np.full(4, 0.02), 0.1, 0, depth_multiplier=2),
-        "fully_connected": O.fully_connected_model((1, 2, 8), rng.integers(-127, 128, (3, 8)), rng.integers(-99, 99, 3),
-                                                   0.05, 0, 0.01, 0.1, 0, keep_num_dims=True),
+        "conv2d": O.conv2d_model(
+            (1, 5, 5, 3), w, rng.integers(-99, 99, 4), 0.05, -2, np.full(4, 0.01), 0.1, 3, stride=(2, 1)
+        ),
+        "conv2d_1x1": O.conv2d_model(
+            (1, 4, 4, 3), w[:, :1, :1], None, 0.05, 0, 0.01, 0.1, 0, padding="VALID"
+        ),
+        "depthwise": O.depthwise_model(
+            (1, 5, 5, 2),
+            rng.integers(-127, 128, (1, 3, 3, 4)),
+            rng.integers(-99, 99, 4),
+            0.05,
+            1,
+            np.full(4, 0.02),
+            0.1,
+            0,
+            depth_multiplier=2,
+        ),
+        "fully_connected": O.fully_connected_model(
+            (1, 2, 8),
+            rng.integers(-127, 128, (3, 8)),
+            rng.integers(-99, 99, 3),
+            0.05,
+            0,
+            0.01,
+            0.1,
+            0,
+            keep_num_dims=True,
+        ),
         "add_broadcast": O.add_model((1, 3, 3, 4), (1, 1, 1, 4), 0.05, 1, 0.07, -2, 0.1, 0),
-        "add_const_vector": O.add_model((1, 3, 4), (4,), 0.05, 1, 0.07, -2, 0.1, 0, const2=rng.integers(-128, 128, 4)),
+        "add_const_vector": O.add_model(
+            (1, 3, 4), (4,), 0.05, 1, 0.07, -2, 0.1, 0, const2=rng.integers(-128, 128, 4)
+        ),
         "avg_pool": O.avg_pool_model((1, 5, 5, 2), 0.05, 0, (2, 2), (2, 2), "SAME"),
         "max_pool": O.max_pool_model((1, 4, 4, 3), 0.05, 0, (3, 3), (1, 1), "VALID", "RELU"),
         "mean": O.mean_model((1, 3, 4, 5), 0.05, 1, 0.04, -1, axes=(1, 2), keep_dims=True),
@@ -164,7 +245,9 @@ def generated_seeds() -> dict[str, bytes]:
         "pad": O.pad_model((1, 3, 3, 2), [(0, 0), (1, 2), (0, 1), (0, 0)], 0.05, 3),
         "padv2": O.pad_model((1, 3, 2), [(0, 0), (1, 1), (2, 0)], 0.05, 3, v2=True),
         "transpose": O.transpose_model((1, 2, 3, 4), (0, 3, 1, 2), 0.05, 0),
-        "concat": O.concat_model([(1, 2, 3), (1, 2, 2)], 2, 0.05, 0, consts=[None, rng.integers(-128, 128, (1, 2, 2))]),
+        "concat": O.concat_model(
+            [(1, 2, 3), (1, 2, 2)], 2, 0.05, 0, consts=[None, rng.integers(-128, 128, (1, 2, 2))]
+        ),
         "concat_two_inputs": O.concat_model([(1, 2, 3), (1, 1, 3)], 1, 0.05, 0),
         "quantize_float": O.quantize_model((1, 4, 3), np.float32, 0.05, 1),
         "quantize_uint8": O.quantize_model((1, 4, 3), np.uint8, 0.05, 1, 0.05, 129),
@@ -256,7 +339,9 @@ def mutate_quantization(m, rng):
     if r == 1:
         q.scale = [float(_pick(rng, [0.0, -1.0, math.nan, math.inf, 1e-45, 1e30, 3e38]))]
     elif r == 2:
-        q.zeroPoint = [int(_pick(rng, [1000, -1000, 2**40, -(2**63), 255]))] * max(len(_as_list(q.zeroPoint)), 1)
+        q.zeroPoint = [int(_pick(rng, [1000, -1000, 2**40, -(2**63), 255]))] * max(
+            len(_as_list(q.zeroPoint)), 1
+        )
     elif r == 3:
         q.zeroPoint = []
     elif r == 4:
@@ -361,7 +446,9 @@ def mutate_opcode(m, rng):
     codes = m.operatorCodes or []
     r = rng.integers(3)
     if r == 0 and ops:
-        _pick(rng, ops).opcodeIndex = int(_pick(rng, [len(codes), len(codes) + 5, 2**32 - 1, int(rng.integers(max(len(codes), 1)))]))
+        _pick(rng, ops).opcodeIndex = int(
+            _pick(rng, [len(codes), len(codes) + 5, 2**32 - 1, int(rng.integers(max(len(codes), 1)))])
+        )
     elif codes:
         c = _pick(rng, codes)
         code = int(_pick(rng, [int(rng.integers(0, 210)), 3, 9, 0, 22, 25, 114, 6, 17, 32, 4, 40, 49]))
@@ -380,18 +467,31 @@ def mutate_options(m, rng):
         return
     if r == 1:  # another op's options, another type
         other = _pick(rng, ops)
-        op.builtinOptionsType, op.builtinOptions = other.builtinOptionsType, copy.deepcopy(other.builtinOptions)
+        op.builtinOptionsType, op.builtinOptions = (
+            other.builtinOptionsType,
+            copy.deepcopy(other.builtinOptions),
+        )
         return
     o = op.builtinOptions
     if o is None:
         return
-    fields = [k for k, v in vars(o).items() if isinstance(v, (int, float, bool, list, np.ndarray)) and v is not None]
+    fields = [
+        k for k, v in vars(o).items() if isinstance(v, (int, float, bool, list, np.ndarray)) and v is not None
+    ]
     if not fields:
         return
     k = _pick(rng, fields)
     v = getattr(o, k)
-    wide = k in ("strideW", "strideH", "dilationWFactor", "dilationHFactor", "filterWidth", "filterHeight",
-                 "axis", "depthMultiplier")
+    wide = k in (
+        "strideW",
+        "strideH",
+        "dilationWFactor",
+        "dilationHFactor",
+        "filterWidth",
+        "filterHeight",
+        "axis",
+        "depthMultiplier",
+    )
     if isinstance(v, bool):
         setattr(o, k, not v)
     elif isinstance(v, float):
@@ -457,10 +557,19 @@ def mutate_structure(m, rng):
 
 
 STRUCTURED = {
-    "tensor_shape": mutate_tensor_shape, "tensor_buffer": mutate_tensor_buffer, "tensor_type": mutate_tensor_type,
-    "quantization": mutate_quantization, "op_inputs": mutate_op_inputs, "op_outputs": mutate_op_outputs,
-    "cycle": mutate_cycle, "swap_edges": mutate_swap_edges, "op_order": mutate_op_order, "opcode": mutate_opcode,
-    "options": mutate_options, "graph_io": mutate_graph_io, "buffer_data": mutate_buffer_data,
+    "tensor_shape": mutate_tensor_shape,
+    "tensor_buffer": mutate_tensor_buffer,
+    "tensor_type": mutate_tensor_type,
+    "quantization": mutate_quantization,
+    "op_inputs": mutate_op_inputs,
+    "op_outputs": mutate_op_outputs,
+    "cycle": mutate_cycle,
+    "swap_edges": mutate_swap_edges,
+    "op_order": mutate_op_order,
+    "opcode": mutate_opcode,
+    "options": mutate_options,
+    "graph_io": mutate_graph_io,
+    "buffer_data": mutate_buffer_data,
     "structure": mutate_structure,
 }
 
@@ -468,6 +577,7 @@ STRUCTURED = {
 # ----------------------------------------------------------------------------------------------
 # Byte mutations: damage the packed flatbuffer
 # ----------------------------------------------------------------------------------------------
+
 
 def _position(data: bytearray, rng, hot) -> int:
     """Mostly the flatbuffer's structure (tables, vectors, offsets), sometimes anywhere."""
@@ -492,24 +602,44 @@ def forge_word(data, rng, hot):
     p = _position(data, rng, hot) & ~3
     if p + 4 > len(data):
         return data
-    old = int.from_bytes(data[p:p + 4], "little")
-    new = int(_pick(rng, [0, 1, 0xFFFFFFFF, 0x7FFFFFFF, 0x80000000, len(data), len(data) - p, old + 4, old - 4,
-                          old * 2, int(rng.integers(0, 2**32)), int(rng.integers(0, 256))])) % 2**32
-    data[p:p + 4] = new.to_bytes(4, "little")
+    old = int.from_bytes(data[p : p + 4], "little")
+    new = (
+        int(
+            _pick(
+                rng,
+                [
+                    0,
+                    1,
+                    0xFFFFFFFF,
+                    0x7FFFFFFF,
+                    0x80000000,
+                    len(data),
+                    len(data) - p,
+                    old + 4,
+                    old - 4,
+                    old * 2,
+                    int(rng.integers(0, 2**32)),
+                    int(rng.integers(0, 256)),
+                ],
+            )
+        )
+        % 2**32
+    )
+    data[p : p + 4] = new.to_bytes(4, "little")
     return data
 
 
 def swap_words(data, rng, hot):
     a, b = _position(data, rng, hot) & ~3, _position(data, rng, hot) & ~3
     if max(a, b) + 4 <= len(data):
-        data[a:a + 4], data[b:b + 4] = data[b:b + 4], data[a:a + 4]
+        data[a : a + 4], data[b : b + 4] = data[b : b + 4], data[a : a + 4]
     return data
 
 
 def overwrite_run(data, rng, hot):
     p = _position(data, rng, hot)
     n = int(rng.integers(1, 33))
-    data[p:p + n] = rng.integers(0, 256, min(n, len(data) - p), dtype=np.uint8).tobytes()
+    data[p : p + n] = rng.integers(0, 256, min(n, len(data) - p), dtype=np.uint8).tobytes()
     return data
 
 
@@ -519,17 +649,24 @@ def splice(data, rng, hot):
     n = int(rng.integers(1, 17))
     if rng.integers(2):
         return data[:p] + bytearray(rng.integers(0, 256, n, dtype=np.uint8).tobytes()) + data[p:]
-    return data[:p] + data[p + n:]
+    return data[:p] + data[p + n :]
 
 
-BYTES = {"flip_bits": flip_bits, "truncate": truncate, "forge_word": forge_word, "swap_words": swap_words,
-         "overwrite_run": overwrite_run, "splice": splice}
+BYTES = {
+    "flip_bits": flip_bits,
+    "truncate": truncate,
+    "forge_word": forge_word,
+    "swap_words": swap_words,
+    "overwrite_run": overwrite_run,
+    "splice": splice,
+}
 KINDS = sorted(STRUCTURED) + sorted(BYTES)
 
 
 # ----------------------------------------------------------------------------------------------
 # Seeds prepared once: packed bytes, object tree, structural byte positions
 # ----------------------------------------------------------------------------------------------
+
 
 @dataclass
 class Seed:
@@ -548,7 +685,7 @@ def prepare_seed(name: str, data: bytes) -> Seed:
         o = tab.Offset(4)
         if o:
             start = tab.Vector(o)
-            cold[start:start + tab.VectorLen(o)] = True
+            cold[start : start + tab.VectorLen(o)] = True
     return Seed(name, data, tree, np.flatnonzero(~cold))
 
 
@@ -583,6 +720,7 @@ def build_case(seed: Seed, plan) -> bytes | None:
 # ----------------------------------------------------------------------------------------------
 # One case
 # ----------------------------------------------------------------------------------------------
+
 
 def gist(message: str) -> str:
     """A message reduced to its kind: indices, numbers and names masked, for the outcome counts."""
@@ -622,8 +760,10 @@ def run_case(data: bytes, n: int = 2) -> str:
             t = graph.input(k)
             per_image = int(np.prod(t.shape[1:], dtype=np.float64)) * np.dtype(t.dtype).itemsize
             if per_image > tflite_io.MAX_TENSOR_BYTES:
-                raise CaseFailure(f"planner accepted an input of {per_image} bytes per image (shape {list(t.shape)}) "
-                                  f"beyond the allocation limit")
+                raise CaseFailure(
+                    f"planner accepted an input of {per_image} bytes per image (shape {list(t.shape)}) "
+                    f"beyond the allocation limit"
+                )
             xs.append(valid_input(t.shape, t.dtype, n, rng))
         stage = "run"
         if len(xs) == 1:
@@ -644,8 +784,10 @@ def run_case(data: bytes, n: int = 2) -> str:
         raise CaseFailure(f"{type(e).__name__} at {stage}: {e}") from e
     out = graph.output()
     if not isinstance(y, np.ndarray) or y.dtype != out.dtype or y.shape[1:] != tuple(out.shape[1:]):
-        raise CaseFailure(f"run returned {getattr(y, 'dtype', type(y))} {getattr(y, 'shape', '')}, "
-                          f"declared output {np.dtype(out.dtype).name} {list(out.shape)}")
+        raise CaseFailure(
+            f"run returned {getattr(y, 'dtype', type(y))} {getattr(y, 'shape', '')}, "
+            f"declared output {np.dtype(out.dtype).name} {list(out.shape)}"
+        )
     k = y1.shape[0]
     if not np.array_equal(y[:k], y1, equal_nan=True):
         raise CaseFailure("the first image's output depends on the other images in the batch")
@@ -656,6 +798,7 @@ def run_case(data: bytes, n: int = 2) -> str:
 # Campaign machinery
 # ----------------------------------------------------------------------------------------------
 
+
 def real_seeds() -> dict[str, bytes]:
     models = SHARED / "models"
     return {p.stem: p.read_bytes() for p in sorted(models.glob("*.tflite"))} if models.is_dir() else {}
@@ -664,13 +807,16 @@ def real_seeds() -> dict[str, bytes]:
 def need_real_seeds() -> dict[str, bytes]:
     seeds = real_seeds()
     if not seeds:
-        pytest.skip(f"SHARED DATA MISSING: no .tflite in {SHARED / 'models'} (set NPU_SHARED); real-model fuzzing skipped")
+        pytest.skip(
+            f"SHARED DATA MISSING: no .tflite in {SHARED / 'models'} (set NPU_SHARED); real-model fuzzing skipped"
+        )
     return seeds
 
 
 @contextlib.contextmanager
 def hard_timeout(seconds: float):
     """A hang inside a case (hypothesis' deadline only judges cases that finish) becomes a failure."""
+
     def expire(signum, frame):
         raise CaseFailure(f"case still running after {seconds} s: a hang")
 
@@ -726,8 +872,10 @@ def checked_case(data: bytes, traced: bool) -> str:
             peak = tracemalloc.get_traced_memory()[1]
             bound = 6 * FUZZ_LIMIT + 8 * len(data) + (8 << 20)
             if peak > bound:
-                raise CaseFailure(f"case allocated {peak} bytes at its peak, more than {bound} "
-                                  f"(allocation limit {FUZZ_LIMIT})")
+                raise CaseFailure(
+                    f"case allocated {peak} bytes at its peak, more than {bound} "
+                    f"(allocation limit {FUZZ_LIMIT})"
+                )
         return outcome
     finally:
         if traced:
@@ -750,14 +898,18 @@ class Campaign:
         stages = collections.Counter()
         for outcome, n in self.counts.items():
             stages[outcome.split(":")[0]] += n
-        lines = [f"fuzz {self.label}: {total} cases in {time.perf_counter() - self.start:.1f} s: "
-                 + ", ".join(f"{k} {v}" for k, v in sorted(stages.items(), key=lambda kv: -kv[1]))]
+        lines = [
+            f"fuzz {self.label}: {total} cases in {time.perf_counter() - self.start:.1f} s: "
+            + ", ".join(f"{k} {v}" for k, v in sorted(stages.items(), key=lambda kv: -kv[1]))
+        ]
         errors = [(k, v) for k, v in self.counts.items() if k.startswith("NpusimError")]
         for outcome, n in sorted(errors, key=lambda kv: -kv[1])[:top]:
             lines.append(f"  {n:6d}  {outcome}")
         if len(errors) > top:
-            lines.append(f"  {sum(v for _, v in sorted(errors, key=lambda kv: -kv[1])[top:]):6d}  "
-                         f"({len(errors) - top} other kinds of NpusimError)")
+            lines.append(
+                f"  {sum(v for _, v in sorted(errors, key=lambda kv: -kv[1])[top:]):6d}  "
+                f"({len(errors) - top} other kinds of NpusimError)"
+            )
         return "\n".join(lines)
 
     def report(self, capsys):
@@ -769,9 +921,14 @@ def plans(kinds: list[str]):
     return st.lists(st.tuples(st.sampled_from(kinds), st.integers(0, 2**32 - 1)), min_size=1, max_size=4)
 
 
-def run_campaign(label: str, seeds: dict[str, bytes], examples: int, kinds: list[str], failures: Path, capsys):
+def run_campaign(
+    label: str, seeds: dict[str, bytes], examples: int, kinds: list[str], failures: Path, capsys
+):
     prepared = {name: prepare_seed(name, data) for name, data in seeds.items()}
-    for name, seed in prepared.items():  # every seed runs; and Numba compiles its kernels outside the deadline
+    for (
+        name,
+        seed,
+    ) in prepared.items():  # every seed runs; and Numba compiles its kernels outside the deadline
         assert run_case(seed.data) == "ok", name
     campaign = Campaign(label)
     index = iter(range(1 << 62))
@@ -806,6 +963,7 @@ def share(request, fraction: float, minimum: int = 1) -> int:
 # Campaigns
 # ----------------------------------------------------------------------------------------------
 
+
 def test_fuzz_generated_models(request, tmp_path, capsys):
     """Every supported op in small generated models, all mutation kinds (70% of the cases)."""
     c = run_campaign("generated models", generated_seeds(), share(request, 0.7), KINDS, tmp_path, capsys)
@@ -832,7 +990,10 @@ def test_fuzz_cli_run(request, tmp_path, capsys):
     jobs = []
     for i in range(n):
         name = names[i % len(names)]
-        plan = [(KINDS[rng.integers(len(KINDS))], int(rng.integers(2**32))) for _ in range(int(rng.integers(1, 4)))]
+        plan = [
+            (KINDS[rng.integers(len(KINDS))], int(rng.integers(2**32)))
+            for _ in range(int(rng.integers(1, 4)))
+        ]
         data = build_case(prepared[name], plan)
         if data is None:
             continue
@@ -848,8 +1009,13 @@ def test_fuzz_cli_run(request, tmp_path, capsys):
 
     def start(job):
         _, _, model, x, y = job
-        return subprocess.Popen([sys.executable, "-m", "npusim.cli", "run", str(model), "--input", str(x), "--output", str(y)],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=limit_memory)
+        return subprocess.Popen(
+            [sys.executable, "-m", "npusim.cli", "run", str(model), "--input", str(x), "--output", str(y)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            preexec_fn=limit_memory,
+        )
 
     running = []
     pending = list(jobs)
@@ -871,7 +1037,7 @@ def test_fuzz_cli_run(request, tmp_path, capsys):
         if proc.returncode == 2:
             lines = err.strip().splitlines()
             assert len(lines) == 1 and lines[0].startswith("error: "), f"{err!r}\n{where}"
-            campaign.record("NpusimError/cli: " + gist(lines[0][len("error: "):]))
+            campaign.record("NpusimError/cli: " + gist(lines[0][len("error: ") :]))
         else:
             declared = load_model(model.read_bytes()).output()
             result = np.load(y)
@@ -884,6 +1050,7 @@ def test_fuzz_cli_run(request, tmp_path, capsys):
 # ----------------------------------------------------------------------------------------------
 # Targeted hostile files
 # ----------------------------------------------------------------------------------------------
+
 
 def shared_reference_bomb(k: int) -> bytes:
     """k references to one subgraph that holds k references to one tensor: k*k tensors to unpack
@@ -937,7 +1104,7 @@ def test_forged_vector_lengths_are_refused():
     lengths.append(t._tab.Vector(t._tab.Offset(4)) - 4)  # the tensor's shape
     for pos in lengths:
         data = bytearray(seed)
-        data[pos:pos + 4] = (INT32_MAX).to_bytes(4, "little")
+        data[pos : pos + 4] = (INT32_MAX).to_bytes(4, "little")
         t0 = time.perf_counter()
         with pytest.raises(NpusimError) as e:
             Interpreter(load_model(bytes(data))).run(np.zeros((1, 4, 4, 3), np.int8))

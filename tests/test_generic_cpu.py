@@ -5,6 +5,7 @@ them, by the host's features; on this machine every other test runs the VNNI for
 process compiles them for a plain x86-64 (NUMBA_CPU_NAME=generic, in a temporary Numba cache) and
 its outputs are held to TFLM's.
 """
+
 from __future__ import annotations
 
 import os
@@ -34,17 +35,29 @@ print("generic code path: all equal")
 
 def test_generic_vector_code_matches_tflm(tmp_path: Path):
     cases = []
-    for channels, hw, stride in [(16, (5, 9), (1, 1)), (32, (4, 7), (2, 1)), (48, (6, 9), (2, 2)), (80, (5, 5), (1, 1))]:
+    for channels, hw, stride in [
+        (16, (5, 9), (1, 1)),
+        (32, (4, 7), (2, 1)),
+        (48, (6, 9), (2, 2)),
+        (80, (5, 5), (1, 1)),
+    ]:
         case = C.depthwise_case(channels, hw, stride)
         cases.append((case.desc, case.model, case.xs, O.run_tflm(case.model, case.xs), "tflm"))
     add = O.add_model((1, 65536), (1, 65536), 0.05, 3, 0.02, -7, 0.07, 1, "RELU6")
     pairs = C.every_int8_pair()
     for profile in ("tflm", "xnnpack"):
-        cases.append((f"ADD of every int8 pair, profile {profile}", add, pairs, O.run_tflm(add, pairs), profile))
+        cases.append(
+            (f"ADD of every int8 pair, profile {profile}", add, pairs, O.run_tflm(add, pairs), profile)
+        )
     with open(tmp_path / "cases.pkl", "wb") as f:
         pickle.dump(cases, f)
     env = dict(os.environ, NUMBA_CPU_NAME="generic", NUMBA_CACHE_DIR=str(tmp_path / "numba-cache"))
-    child = subprocess.run([sys.executable, "-c", CHILD.format(cases=str(tmp_path / "cases.pkl"))],
-                           env=env, capture_output=True, text=True, timeout=1200)
+    child = subprocess.run(
+        [sys.executable, "-c", CHILD.format(cases=str(tmp_path / "cases.pkl"))],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
     assert child.returncode == 0, child.stdout[-2000:] + child.stderr[-4000:]
     assert "all equal" in child.stdout

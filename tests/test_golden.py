@@ -1,5 +1,6 @@
 """`npusim golden record/check` through the CLI: the happy path, damaged and foreign golden files,
 a golden of another model, and tampered outputs and intermediates (the diverging op is named)."""
+
 from __future__ import annotations
 
 import hashlib
@@ -114,7 +115,9 @@ def test_record_store_limit_keeps_hashes_only(resnet_golden, tmp_path):
 def test_record_bad_input_is_one_line(resnet_golden, tmp_path):
     model, _, _, _ = resnet_golden
     np.save(tmp_path / "bad.npy", np.zeros((2, 32, 32, 3), np.uint8))
-    assert_one_line_error(cli("golden", "record", model, "--input", tmp_path / "bad.npy", "-o", tmp_path / "g.npz"))
+    assert_one_line_error(
+        cli("golden", "record", model, "--input", tmp_path / "bad.npy", "-o", tmp_path / "g.npz")
+    )
     assert not (tmp_path / "g.npz").exists()
 
 
@@ -133,7 +136,9 @@ def test_mobilenet_record_and_check(tmp_path):
     model = need(MOBILENET)
     x = np.random.default_rng(1).integers(0, 256, (2, 128, 128, 3)).astype(np.uint8)
     np.save(tmp_path / "x.npy", x)
-    assert cli("golden", "record", model, "--input", tmp_path / "x.npy", "-o", tmp_path / "m.npz").exit_code == 0
+    assert (
+        cli("golden", "record", model, "--input", tmp_path / "x.npy", "-o", tmp_path / "m.npz").exit_code == 0
+    )
     result = cli("golden", "check", model, tmp_path / "m.npz")
     assert result.exit_code == 0 and "OK" in result.stdout
 
@@ -158,12 +163,14 @@ def test_truncated_golden_exits_2(resnet_golden, tmp_path, keep):
 
 def test_random_bytes_and_corruption_exit_2(resnet_golden, tmp_path):
     model, golden, _, _ = resnet_golden
-    (tmp_path / "r.npz").write_bytes(np.random.default_rng(3).integers(0, 256, 4096).astype(np.uint8).tobytes())
+    (tmp_path / "r.npz").write_bytes(
+        np.random.default_rng(3).integers(0, 256, 4096).astype(np.uint8).tobytes()
+    )
     assert_one_line_error(cli("golden", "check", model, tmp_path / "r.npz"))
     # a zip whose member data is damaged in the middle: the archive opens, the member does not read
     data = bytearray(golden.read_bytes())
     mid = len(data) // 2
-    data[mid:mid + 64] = bytes(64)
+    data[mid : mid + 64] = bytes(64)
     (tmp_path / "c.npz").write_bytes(bytes(data))
     assert_one_line_error(cli("golden", "check", model, tmp_path / "c.npz"))
 
@@ -198,17 +205,20 @@ def _edit_meta(meta, edit):
     return meta
 
 
-@pytest.mark.parametrize("edit", [
-    lambda m: m.pop("model_sha256"),
-    lambda m: m.update(batch="3"),
-    lambda m: m.update(format="something-else"),
-    lambda m: m.update(format_version=99),
-    lambda m: m.update(profile="fast"),
-    lambda m: m.update(tensors="all"),
-    lambda m: m["tensors"][2].update(sha256=42),
-    lambda m: m["tensors"][2].pop("stored"),
-    lambda m: m.update(tensors=m["tensors"] + [dict(m["tensors"][0], index=9999)]),
-])
+@pytest.mark.parametrize(
+    "edit",
+    [
+        lambda m: m.pop("model_sha256"),
+        lambda m: m.update(batch="3"),
+        lambda m: m.update(format="something-else"),
+        lambda m: m.update(format_version=99),
+        lambda m: m.update(profile="fast"),
+        lambda m: m.update(tensors="all"),
+        lambda m: m["tensors"][2].update(sha256=42),
+        lambda m: m["tensors"][2].pop("stored"),
+        lambda m: m.update(tensors=m["tensors"] + [dict(m["tensors"][0], index=9999)]),
+    ],
+)
 def test_bad_metadata_exits_2(resnet_golden, tmp_path, edit):
     model, golden, _, _ = resnet_golden
     arrays = read_npz(golden)
@@ -216,8 +226,15 @@ def test_bad_metadata_exits_2(resnet_golden, tmp_path, edit):
     assert_one_line_error(cli("golden", "check", model, write_npz(tmp_path / "g.npz", bad)))
 
 
-@pytest.mark.parametrize("meta", [np.array([1.5, 2.0]), np.frombuffer(b"{not json", np.uint8), np.frombuffer(b"[1, 2]", np.uint8),
-                                  np.frombuffer(b"\xff\xfe", np.uint8)])
+@pytest.mark.parametrize(
+    "meta",
+    [
+        np.array([1.5, 2.0]),
+        np.frombuffer(b"{not json", np.uint8),
+        np.frombuffer(b"[1, 2]", np.uint8),
+        np.frombuffer(b"\xff\xfe", np.uint8),
+    ],
+)
 def test_meta_of_wrong_type_exits_2(resnet_golden, tmp_path, meta):
     model, golden, _, _ = resnet_golden
     arrays = read_npz(golden)
@@ -247,7 +264,9 @@ def test_tampered_input_is_damage(resnet_golden, tmp_path):
     arrays = read_npz(golden)
     arrays["input_0"] = arrays["input_0"].copy()
     arrays["input_0"][0, 0, 0, 0] ^= 1
-    assert "input" in assert_one_line_error(cli("golden", "check", model, write_npz(tmp_path / "g.npz", arrays)))
+    assert "input" in assert_one_line_error(
+        cli("golden", "check", model, write_npz(tmp_path / "g.npz", arrays))
+    )
 
 
 # -- check: mismatches -------------------------------------------------------------------------
@@ -261,7 +280,11 @@ def test_tampered_output_names_the_last_op(resnet_golden, tmp_path):
     arrays["output_0"] = y
     result = cli("golden", "check", model, write_npz(tmp_path / "g.npz", arrays))
     assert result.exit_code == 1, result.output
-    assert "op 15 (SOFTMAX)" in result.stdout and "1 of 30 elements differ" in result.stdout and "5 LSB" in result.stdout
+    assert (
+        "op 15 (SOFTMAX)" in result.stdout
+        and "1 of 30 elements differ" in result.stdout
+        and "5 LSB" in result.stdout
+    )
     assert len(result.stdout.strip().splitlines()) == 1
 
 
@@ -280,7 +303,9 @@ def test_tampered_intermediate_names_its_op(resnet_golden, tmp_path):
 def test_hash_only_mismatch_still_names_the_op(resnet_golden, tmp_path):
     model, _, _, d = resnet_golden
     out = tmp_path / "h.npz"
-    assert cli("golden", "record", model, "--input", d / "x.npy", "-o", out, "--store-limit", 0).exit_code == 0
+    assert (
+        cli("golden", "record", model, "--input", d / "x.npy", "-o", out, "--store-limit", 0).exit_code == 0
+    )
     arrays = read_npz(out)
     meta = meta_of(arrays)
     entry = next(e for e in meta["tensors"] if e["op"] == 7)
@@ -310,6 +335,7 @@ def test_numerics_change_is_reported_at_the_first_op(resnet_golden, tmp_path):
 
 def test_check_api_returns_all_mismatches(resnet_golden, tmp_path):
     from npusim.golden import check
+
     model, golden, _, _ = resnet_golden
     result = check(model, golden)
     assert result.ok and result.checked == 17

@@ -3,6 +3,7 @@
 Each check runs in a fresh interpreter: the C library functions that would change the process
 (mallopt, and syscall for the AMX permission) are watched through ctypes, through which npusim
 reaches them."""
+
 from __future__ import annotations
 
 import json
@@ -31,8 +32,13 @@ print(json.dumps({{"env_same": dict(os.environ) == env_before,
 
 
 def _child(action: str = "", env=None) -> dict:
-    done = subprocess.run([sys.executable, "-c", WATCH.format(action=action)], capture_output=True, text=True,
-                          timeout=300, env=env)
+    done = subprocess.run(
+        [sys.executable, "-c", WATCH.format(action=action)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -48,10 +54,12 @@ def test_import_changes_nothing():
 def test_an_interpreter_run_changes_nothing():
     """Building and running an interpreter is not an opt-in either (the AMX permission and the
     pool stay off)."""
-    action = ("import numpy as np\n"
-              "from npusim.testing import oracle as O\n"
-              "m = O.conv2d_model((1, 4, 4, 8), np.ones((8, 1, 1, 8), np.int8), None, 0.1, 0, 0.01, 0.2, 0)\n"
-              "O.run_npusim(m, np.zeros((2, 4, 4, 8), np.int8))")
+    action = (
+        "import numpy as np\n"
+        "from npusim.testing import oracle as O\n"
+        "m = O.conv2d_model((1, 4, 4, 8), np.ones((8, 1, 1, 8), np.int8), None, 0.1, 0, 0.01, 0.2, 0)\n"
+        "O.run_npusim(m, np.zeros((2, 4, 4, 8), np.int8))"
+    )
     seen = _child(action)
     assert seen["env_same"] and seen["layer_same"] and not seen["pooling"], seen
     assert "mallopt" not in seen["called"], seen

@@ -1,5 +1,6 @@
 """zo: pixels -> the model's input (zo/inputs.py), fresh heads (zo/head.py) and the dead-run warning,
 on small generated int8 models, through the Python API and the `zo train` command line."""
+
 from __future__ import annotations
 
 import csv
@@ -17,6 +18,7 @@ from zo.errors import ZoError
 from zo.head import LOGIT_RANGE, PROBE_CODES
 from zo.inputs import ImageInput, choose_mapping, model_inputs, quantize_real
 from zo.trainer import TrainConfig, Trainer, calibration_indices
+
 from zo_fixtures import color_dataset, tiny_classifier
 
 ZO = [sys.executable, "-m", "zo.cli"]
@@ -42,8 +44,23 @@ def run_cli(args):
 
 
 def train_args(model, data, out, *extra):
-    return ["train", "--model", str(model), "--data", str(data), "--out", str(out), "--q", "fixed:2", "--batch", "16",
-            "--budget", "200", "--quiet", *extra]
+    return [
+        "train",
+        "--model",
+        str(model),
+        "--data",
+        str(data),
+        "--out",
+        str(out),
+        "--q",
+        "fixed:2",
+        "--batch",
+        "16",
+        "--budget",
+        "200",
+        "--quiet",
+        *extra,
+    ]
 
 
 @pytest.mark.parametrize("name,dtype,scale,zp,expected", INPUTS, ids=[i[0] for i in INPUTS])
@@ -54,15 +71,33 @@ def test_auto_picks_the_range_and_training_moves_the_loss(tmp_path, name, dtype,
     assert mapping.name == expected and mapping.source == "auto"
     # Pixel 0 and 255 land on the ends of the code range, and the codes are monotone in the pixel.
     pixels = np.arange(256, dtype=np.uint8).reshape(1, 16, 16, 1).repeat(3, axis=-1)
-    image16 = ImageInput(image.name, image.dtype, 16, 16, 3, False, image.scale, image.zero_point, image.interval, image.code)
+    image16 = ImageInput(
+        image.name, image.dtype, 16, 16, 3, False, image.scale, image.zero_point, image.interval, image.code
+    )
     codes, clipped = model_inputs(pixels, image16, mapping)
     lo, hi = np.iinfo(dtype).min, np.iinfo(dtype).max
     flat = codes[..., 0].ravel().astype(int)
     assert clipped == 0 and abs(flat[0] - lo) <= 1 and abs(flat[-1] - hi) <= 1 and np.all(np.diff(flat) >= 0)
-    t = Trainer(TrainConfig(model=str(model), data=str(data), q="fixed:2", batch=16, budget=240, eval_every=80,
-                            new_head=True, checkpoint_every=1000), tmp_path / "run", warn=pytest.fail)
+    t = Trainer(
+        TrainConfig(
+            model=str(model),
+            data=str(data),
+            q="fixed:2",
+            batch=16,
+            budget=240,
+            eval_every=80,
+            new_head=True,
+            checkpoint_every=1000,
+        ),
+        tmp_path / "run",
+        warn=pytest.fail,
+    )
     t.run()
-    losses = [float(r["train_loss"]) for r in csv.DictReader(open(tmp_path / "run" / "metrics.csv")) if r["train_loss"]]
+    losses = [
+        float(r["train_loss"])
+        for r in csv.DictReader(open(tmp_path / "run" / "metrics.csv"))
+        if r["train_loss"]
+    ]
     assert np.mean(losses[-10:]) < np.mean(losses[:10]) - 0.05, (losses[:10], losses[-10:])
     recorded = json.loads((tmp_path / "run" / "config.json").read_text())["input_mapping"]
     assert recorded["range"] == expected and recorded["source"] == "auto"
@@ -111,14 +146,18 @@ def test_saturating_mapping_warns_with_the_mapping_named(tmp_path):
     assert config["range"] == "mean/std" and config["std"] == [0.1, 0.1, 0.1]
 
 
-@pytest.mark.parametrize("extra,message", [
-    (["--mean", "0.5,0.5,0.5"], "--mean given without --std"),
-    (["--std", "0.5,0.5,0.5"], "--std given without --mean"),
-    (["--mean", "0.5,0.5", "--std", "0.5,0.5"], "expected 3"),
-    (["--mean", "a,b,c", "--std", "1,1,1"], "comma-separated numbers"),
-    (["--input-range", "0:255"], "contradicts"),
-    (["--input-range", "-1:1"], "contradicts"),
-], ids=["mean-alone", "std-alone", "channels", "not-numbers", "range-0:255", "range-1:1"])
+@pytest.mark.parametrize(
+    "extra,message",
+    [
+        (["--mean", "0.5,0.5,0.5"], "--mean given without --std"),
+        (["--std", "0.5,0.5,0.5"], "--std given without --mean"),
+        (["--mean", "0.5,0.5", "--std", "0.5,0.5"], "expected 3"),
+        (["--mean", "a,b,c", "--std", "1,1,1"], "comma-separated numbers"),
+        (["--input-range", "0:255"], "contradicts"),
+        (["--input-range", "-1:1"], "contradicts"),
+    ],
+    ids=["mean-alone", "std-alone", "channels", "not-numbers", "range-0:255", "range-1:1"],
+)
 def test_bad_mapping_exits_2_with_one_line(tmp_path, extra, message):
     model, data = write(tmp_path, tiny_classifier(input_scale=1 / 255))  # a [0, 1] model
     r = run_cli(train_args(model, data, tmp_path / "run", *extra))
@@ -132,7 +171,9 @@ def test_unmatched_interval_asks_for_mean_and_std(tmp_path):
     r = run_cli(train_args(model, data, tmp_path / "run"))
     assert r.returncode == 2 and "matches none" in r.stderr and "--mean" in r.stderr, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
-    r = run_cli(train_args(model, data, tmp_path / "run", "--mean", "0.485,0.456,0.406", "--std", "0.229,0.224,0.225"))
+    r = run_cli(
+        train_args(model, data, tmp_path / "run", "--mean", "0.485,0.456,0.406", "--std", "0.229,0.224,0.225")
+    )
     assert r.returncode == 0, r.stderr
 
 
@@ -140,16 +181,32 @@ def test_dead_run_warns_once_and_counts_zero_differences(tmp_path):
     # Logits at scale 50: a one-step weight perturbation never moves them by a code.
     model, data = write(tmp_path, tiny_classifier(logits_scale=50.0))
     warnings = []
-    t = Trainer(TrainConfig(model=str(model), data=str(data), q="fixed:2", batch=16, budget=4 * 60, checkpoint_every=1000),
-                tmp_path / "run", warn=warnings.append)
+    t = Trainer(
+        TrainConfig(
+            model=str(model), data=str(data), q="fixed:2", batch=16, budget=4 * 60, checkpoint_every=1000
+        ),
+        tmp_path / "run",
+        warn=warnings.append,
+    )
     t.run()
     assert len(warnings) == 1 and "L+ == L-" in warnings[0] and "50 consecutive steps" in warnings[0]
     rows = [r for r in csv.DictReader(open(tmp_path / "run" / "metrics.csv")) if r["train_loss"]]
     assert all(float(r["zero_differences"]) == 1.0 for r in rows)
     # A live model: the column says how many pairs differed.
     model, data = write(tmp_path, tiny_classifier())
-    t = Trainer(TrainConfig(model=str(model), data=str(data), q="fixed:2", batch=16, budget=200, new_head=True,
-                            checkpoint_every=1000), tmp_path / "live", warn=pytest.fail)
+    t = Trainer(
+        TrainConfig(
+            model=str(model),
+            data=str(data),
+            q="fixed:2",
+            batch=16,
+            budget=200,
+            new_head=True,
+            checkpoint_every=1000,
+        ),
+        tmp_path / "live",
+        warn=pytest.fail,
+    )
     t.run()
     rows = [r for r in csv.DictReader(open(tmp_path / "live" / "metrics.csv")) if r["train_loss"]]
     assert np.mean([float(r["zero_differences"]) for r in rows]) < 0.5
@@ -159,7 +216,9 @@ def test_replaced_head_is_quantized_from_the_features(tmp_path):
     model, data = write(tmp_path, tiny_classifier(classes=4))
     t = Trainer(TrainConfig(model=str(model), data=str(data), budget=100, batch=16), tmp_path / "run")
     assert t.model.num_classes == 4  # same class count, no --new-head: the deployed head is kept
-    t = Trainer(TrainConfig(model=str(model), data=str(data), budget=100, batch=16, new_head=True), tmp_path / "run2")
+    t = Trainer(
+        TrainConfig(model=str(model), data=str(data), budget=100, batch=16, new_head=True), tmp_path / "run2"
+    )
     g = t.model.graph
     head = [op for op in g.ops if op.kind == "FULLY_CONNECTED"][-1]
     w, logits = g.tensors[head.inputs[1]], g.tensors[head.outputs[0]]
@@ -176,7 +235,9 @@ def test_appended_head_trains_and_exports_bit_exact_in_tflm(tmp_path):
     file runs in TFLM with the same outputs as npusim."""
     model, data = write(tmp_path, tiny_classifier(head=False))
     r = run_cli(train_args(model, data, tmp_path / "no-head"))
-    assert r.returncode == 2 and "--new-head" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert r.returncode == 2 and "--new-head" in r.stderr and len(r.stderr.strip().splitlines()) == 1, (
+        r.stderr
+    )
     r = run_cli(train_args(model, data, tmp_path / "run", "--new-head", "--budget", "400"))
     assert r.returncode == 0, r.stderr
     exported = (tmp_path / "run" / "model.tflite").read_bytes()

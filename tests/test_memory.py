@@ -3,6 +3,7 @@
 The peak resident memory of a batch-256 run of each shared model is reported by `make bench`
 (section "Memory of a model run"); here the properties behind it are held.
 """
+
 import gc
 import os
 from pathlib import Path
@@ -26,9 +27,20 @@ def rss_mb() -> float:
 def conv_model() -> bytes:
     rng = np.random.default_rng(0)
     w = rng.integers(-127, 128, (32, 3, 3, 16), dtype=np.int8)
-    return O.conv2d_model((1, 32, 32, 16), w, rng.integers(-500, 500, 32).astype(np.int32), 0.05, -3,
-                          np.full(32, 0.004, np.float32), 0.4, 5, stride=(1, 1), padding="SAME", dilation=(1, 1),
-                          activation="RELU")
+    return O.conv2d_model(
+        (1, 32, 32, 16),
+        w,
+        rng.integers(-500, 500, 32).astype(np.int32),
+        0.05,
+        -3,
+        np.full(32, 0.004, np.float32),
+        0.4,
+        5,
+        stride=(1, 1),
+        padding="SAME",
+        dilation=(1, 1),
+        activation="RELU",
+    )
 
 
 def assert_flat(sim: npusim.Interpreter, x: np.ndarray, calls: int = 30):
@@ -42,16 +54,22 @@ def assert_flat(sim: npusim.Interpreter, x: np.ndarray, calls: int = 30):
     grown = rss_mb() - before
     # One leaked output per call would be calls * output bytes.
     leak = calls * sim.run(x).nbytes / 2**20
-    assert grown < GROWTH_LIMIT_MB, f"resident memory grew {grown:.1f} MB over {calls} runs (a leaked output per run: {leak:.1f} MB)"
+    assert grown < GROWTH_LIMIT_MB, (
+        f"resident memory grew {grown:.1f} MB over {calls} runs (a leaked output per run: {leak:.1f} MB)"
+    )
 
 
-@pytest.mark.skipif(not Path("/proc/self/statm").exists(), reason="needs Linux /proc to read the resident set size")
+@pytest.mark.skipif(
+    not Path("/proc/self/statm").exists(), reason="needs Linux /proc to read the resident set size"
+)
 def test_repeated_conv_runs_do_not_grow_memory():
     sim = npusim.Interpreter(conv_model())
     assert_flat(sim, np.random.default_rng(1).integers(-128, 128, (64, 32, 32, 16), dtype=np.int8))
 
 
-@pytest.mark.skipif(not Path("/proc/self/statm").exists(), reason="needs Linux /proc to read the resident set size")
+@pytest.mark.skipif(
+    not Path("/proc/self/statm").exists(), reason="needs Linux /proc to read the resident set size"
+)
 def test_repeated_model_runs_do_not_grow_memory():
     sim = npusim.Interpreter(Path(need(RESNET)).read_bytes())
     assert_flat(sim, np.random.default_rng(2).integers(-128, 128, (64, 32, 32, 3), dtype=np.int8))

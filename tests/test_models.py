@@ -1,4 +1,5 @@
 """The real shared models end to end against TFLM on real images, and the CLI contract of npusim."""
+
 from __future__ import annotations
 
 import subprocess
@@ -15,7 +16,9 @@ from shared_paths import MOBILENET, RESNET, SHARED
 
 NPUSIM = [sys.executable, "-m", "npusim.cli"]
 
-pytestmark = pytest.mark.skipif(not RESNET.exists(), reason=f"SHARED DATA MISSING: {SHARED} not found (set NPU_SHARED)")
+pytestmark = pytest.mark.skipif(
+    not RESNET.exists(), reason=f"SHARED DATA MISSING: {SHARED} not found (set NPU_SHARED)"
+)
 
 
 @pytest.fixture(scope="module")
@@ -54,10 +57,11 @@ def test_every_intermediate_of_mobilenet_v2_matches_tflm():
     x = resize_images(load_dataset(SHARED / "data" / "eurosat64_subset.npz").x_test[:2], 128)
     interp = npusim.Interpreter(data)
     values = interp.run_all(x)
-    tflm = runtime.Interpreter.from_bytes(data, arena_size=8_000_000,
-                                          intrepreter_config=runtime.InterpreterConfig.kPreserveAllTensors)
+    tflm = runtime.Interpreter.from_bytes(
+        data, arena_size=8_000_000, intrepreter_config=runtime.InterpreterConfig.kPreserveAllTensors
+    )
     for n in range(2):
-        tflm.set_input(x[n:n + 1], 0)
+        tflm.set_input(x[n : n + 1], 0)
         tflm.invoke()
         for k in interp.kernels:
             t = k.op.outputs[0]
@@ -73,20 +77,33 @@ def test_round_trip_of_real_models_runs_identically_in_tflm():
 
 # -- the command line ---------------------------------------------------------------------------------
 def npusim_cli(*args, cwd=None):
-    return subprocess.run(NPUSIM + [str(a) for a in args], capture_output=True, text=True, timeout=300, cwd=cwd)
+    return subprocess.run(
+        NPUSIM + [str(a) for a in args], capture_output=True, text=True, timeout=300, cwd=cwd
+    )
 
 
 def test_run_writes_outputs_and_dump(tmp_path):
     x = np.random.default_rng(0).integers(-128, 128, (3, 32, 32, 3)).astype(np.int8)
     np.save(tmp_path / "x.npy", x)
-    r = npusim_cli("run", RESNET, "--input", tmp_path / "x.npy", "--output", tmp_path / "y.npy", "--dump", tmp_path / "dump")
+    r = npusim_cli(
+        "run",
+        RESNET,
+        "--input",
+        tmp_path / "x.npy",
+        "--output",
+        tmp_path / "y.npy",
+        "--dump",
+        tmp_path / "dump",
+    )
     assert r.returncode == 0, r.stderr
     y = np.load(tmp_path / "y.npy")
     assert y.dtype == np.int8 and y.shape == (3, 10)
     assert np.array_equal(y, run_tflm(RESNET.read_bytes(), x))
     dumped = sorted((tmp_path / "dump").glob("*.npy"))
     assert len(dumped) == 1 + 16  # the input and one tensor per op
-    r = npusim_cli("run", RESNET, "--input", tmp_path / "x.npy", "--output", tmp_path / "y2.npy", "--profile", "xnnpack")
+    r = npusim_cli(
+        "run", RESNET, "--input", tmp_path / "x.npy", "--output", tmp_path / "y2.npy", "--profile", "xnnpack"
+    )
     assert r.returncode == 0
 
 
@@ -122,17 +139,20 @@ def uint8_asymmetric_model() -> bytes:
     return b.build([x], [y])
 
 
-@pytest.mark.parametrize("case, message", [
-    ("truncated", "malformed"),
-    ("not-tflite", "not a TFLite flatbuffer"),
-    ("missing", "cannot read model file"),
-    ("uint8-model", "uint8"),
-    ("wrong-shape", "shape"),
-    ("wrong-dtype", "dtype"),
-    ("empty-batch", "empty batch"),
-    ("bad-npy", "cannot read"),
-    ("bad-profile", "--profile"),
-])
+@pytest.mark.parametrize(
+    "case, message",
+    [
+        ("truncated", "malformed"),
+        ("not-tflite", "not a TFLite flatbuffer"),
+        ("missing", "cannot read model file"),
+        ("uint8-model", "uint8"),
+        ("wrong-shape", "shape"),
+        ("wrong-dtype", "dtype"),
+        ("empty-batch", "empty batch"),
+        ("bad-npy", "cannot read"),
+        ("bad-profile", "--profile"),
+    ],
+)
 def test_bad_input_exit_2_with_one_line(tmp_path, case, message):
     model = RESNET
     x = np.zeros((2, 32, 32, 3), np.int8)

@@ -1,5 +1,6 @@
 """The STM32N6 Neural-ART view: placement, epochs, MACs, memory plan and latency estimate, through
 `npusim inspect --target stm32n6` and the importable API (plan_device, zo_step_report)."""
+
 from __future__ import annotations
 
 import re
@@ -94,7 +95,9 @@ def test_placement_epochs_and_macs(model):
     assert sum(e.macs for e in dev.epochs) == dev.total_macs
     assert sum(o.macs for o in dev.npu_ops) > 0.99 * dev.total_macs
     # weights: every constant tensor the ops read, once
-    consts = {t for k in interp.kernels for t in k.op.inputs if t >= 0 and interp.graph.tensors[t].is_constant}
+    consts = {
+        t for k in interp.kernels for t in k.op.inputs if t >= 0 and interp.graph.tensors[t].is_constant
+    }
     assert dev.weight_bytes == sum(interp.graph.tensors[t].data.nbytes for t in consts)
     assert sum(e.weight_bytes for e in dev.epochs) == dev.weight_bytes
     d = dev.to_dict()
@@ -111,7 +114,7 @@ def test_arena_plan_is_valid_and_bounded(model):
         assert plan.max_live_bytes <= plan.peak_bytes
         # no two tensors alive at the same time share memory
         for i, a in enumerate(plan.buffers):
-            for b in plan.buffers[i + 1:]:
+            for b in plan.buffers[i + 1 :]:
                 if a.first <= b.last and b.first <= a.last:
                     assert a.offset + a.size <= b.offset or b.offset + b.size <= a.offset, (a, b)
     one, three = plan_arena(interp, 1), plan_arena(interp, 3)
@@ -147,7 +150,9 @@ def test_latency_scales_and_follows_the_cost_model(model, monkeypatch):
     assert slow.unit_seconds(M55) == pytest.approx(dev.unit_seconds(M55))
     # module constants are the defaults of every later estimate
     monkeypatch.setattr(npu.cost, "EPOCH_OVERHEAD_S", 1e-3)
-    assert plan_device(interp).latency_s(1) == pytest.approx(t1 + len(dev.epochs) * (1e-3 - dev.cost.epoch_overhead_s))
+    assert plan_device(interp).latency_s(1) == pytest.approx(
+        t1 + len(dev.epochs) * (1e-3 - dev.cost.epoch_overhead_s)
+    )
     # CONV-type ops cost MACs / (peak * efficiency)
     conv = next(o for o in dev.ops if o.kind == "CONV_2D")
     assert conv.seconds == pytest.approx(conv.macs / (300e9 * dev.cost.npu_efficiency))
@@ -156,7 +161,10 @@ def test_latency_scales_and_follows_the_cost_model(model, monkeypatch):
 def test_cli_cost_options(model):
     path, _ = model
     base = cli("inspect", path, "--target", "stm32n6").stdout
-    fast = cli("inspect", path, "--target", "stm32n6", "--npu-efficiency", "1.0", "--m55-macs-per-cycle", "8").stdout
+    fast = cli(
+        "inspect", path, "--target", "stm32n6", "--npu-efficiency", "1.0", "--m55-macs-per-cycle", "8"
+    ).stdout
+
     def ms(out):
         return float(re.search(r"estimated latency: ([\d.]+) ms", out).group(1))
 
@@ -178,27 +186,46 @@ def _t(shape, dtype=np.int8, data=None, name="t"):
 
 
 def _kernel(kind, inputs, outputs, **options):
-    return SimpleNamespace(op=SimpleNamespace(kind=kind, options=options, inputs=[], outputs=[], index=0),
-                           inputs=inputs, outputs=outputs, macs=lambda: 0)
+    return SimpleNamespace(
+        op=SimpleNamespace(kind=kind, options=options, inputs=[], outputs=[], index=0),
+        inputs=inputs,
+        outputs=outputs,
+        macs=lambda: 0,
+    )
 
 
 def test_placement_rules():
     x, y = _t((1, 8, 8, 4)), _t((1, 8, 8, 4))
-    assert placement(_kernel("CONV_2D", [x, _t((4, 1, 1, 4), data=np.zeros((4, 1, 1, 4), np.int8))], [y],
-                             fused_activation_function="RELU6"))[0] == NPU
+    assert (
+        placement(
+            _kernel(
+                "CONV_2D",
+                [x, _t((4, 1, 1, 4), data=np.zeros((4, 1, 1, 4), np.int8))],
+                [y],
+                fused_activation_function="RELU6",
+            )
+        )[0]
+        == NPU
+    )
     assert placement(_kernel("CONV_2D", [x], [y], fused_activation_function="TANH"))[0] == M55
     assert placement(_kernel("ADD", [_t((1, 8, 8, 4), np.float32), x], [y]))[0] == M55
     assert placement(_kernel("SOFTMAX", [x], [y]))[0] == M55
     assert placement(_kernel("QUANTIZE", [_t((1, 8, 8, 4), np.uint8)], [y]))[0] == M55
     assert placement(_kernel("DEQUANTIZE", [x], [_t((1, 8, 8, 4), np.float32)]))[0] == M55
     assert placement(_kernel("CUSTOM:foo", [x], [y]))[0] == M55
+
     def axes(a):
         return _t((len(a),), np.int32, data=np.array(a, np.int32))
 
     assert placement(_kernel("MEAN", [x, axes([1, 2])], [_t((1, 4))]))[0] == NPU
     assert placement(_kernel("MEAN", [x, axes([-3, -2])], [_t((1, 4))]))[0] == NPU
     assert placement(_kernel("MEAN", [x, axes([3])], [_t((1, 8, 8))]))[0] == M55
-    assert placement(_kernel("TRANSPOSE", [_t((1, 2, 3, 4, 5)), axes([0, 1, 2, 4, 3])], [_t((1, 2, 3, 5, 4))]))[0] == M55
+    assert (
+        placement(_kernel("TRANSPOSE", [_t((1, 2, 3, 4, 5)), axes([0, 1, 2, 4, 3])], [_t((1, 2, 3, 5, 4))]))[
+            0
+        ]
+        == M55
+    )
     assert placement(_kernel("RESHAPE", [x, axes([1, 256])], [_t((1, 256))]))[0] == NPU
 
 
@@ -250,12 +277,20 @@ def test_zo_step_report_resnet_head():
 
 def test_zo_step_report_whole_network_stores_more_activations():
     interp = Interpreter(need(RESNET))
-    weights = sorted({t for k in interp.kernels for t in k.op.inputs[1:] if t >= 0 and interp.graph.tensors[t].is_constant
-                      and k.op.kind in ("CONV_2D", "FULLY_CONNECTED")})
+    weights = sorted(
+        {
+            t
+            for k in interp.kernels
+            for t in k.op.inputs[1:]
+            if t >= 0 and interp.graph.tensors[t].is_constant and k.op.kind in ("CONV_2D", "FULLY_CONNECTED")
+        }
+    )
     head = [t for t in interp.kernels[-2].op.inputs[1:] if t >= 0]
     full, small = zo_step_report(interp, weights, q=2, batch=4), zo_step_report(interp, head, q=2, batch=4)
     assert full["bp_memory"]["stored_activation_bytes"] > small["bp_memory"]["stored_activation_bytes"]
-    assert full["suffix_first_op"] == 0 and full["zo_seconds_suffix_cached"] == pytest.approx(full["batch"] * full["forward_s"] * (1 + 2 * full["q"]))
+    assert full["suffix_first_op"] == 0 and full["zo_seconds_suffix_cached"] == pytest.approx(
+        full["batch"] * full["forward_s"] * (1 + 2 * full["q"])
+    )
     assert full["bp_memory"]["total_bytes"] > full["zo_memory"]["total_bytes"]
 
 

@@ -2,6 +2,7 @@
 that an edit anywhere (kernels inline code from other modules, which Numba's own check does not
 see) starts a fresh cache, nothing is ever deleted (concurrent workers keep their files), and a
 read-only package caches in the user's directory."""
+
 from __future__ import annotations
 
 import json
@@ -72,8 +73,9 @@ def test_a_second_process_loads_and_deletes_nothing(tmp_path):
     env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path))
 
     def run():
-        done = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True, text=True,
-                              timeout=600)
+        done = subprocess.run(
+            [sys.executable, "-c", CHILD], env=env, capture_output=True, text=True, timeout=600
+        )
         assert done.returncode == 0, done.stderr[-3000:]
         return json.loads(done.stdout.strip().splitlines()[-1])
 

@@ -5,6 +5,7 @@ Every example builds a one-op int8 .tflite model (tests/oracle.py), runs TFLM on
 Parameters are drawn in tests/cases.py; a failure message names the op, its parameters, the seed of
 the arrays and the first differing element.
 """
+
 import os
 
 import numpy as np
@@ -105,7 +106,10 @@ def test_depthwise_channel_blocks(channels, stride):
 
 @pytest.mark.parametrize("path", PATHS)
 @settings(max_examples=examples(60))
-@given(p=C.conv_params(max_hw=40, min_hw=16, max_ch=128, channel_step=16, max_cout=100, max_kernel=3), seed=C.seeds)
+@given(
+    p=C.conv_params(max_hw=40, min_hw=16, max_ch=128, channel_step=16, max_cout=100, max_kernel=3),
+    seed=C.seeds,
+)
 def test_conv2d_large(path, p, seed):
     """Output rows of 16 pixels or more and channels in multiples of 16: the shapes the AMX path
     takes (its last tile of a row moved back, reductions in chunks of 16 to 64 channels)."""
@@ -114,14 +118,33 @@ def test_conv2d_large(path, p, seed):
 
 
 @pytest.mark.parametrize("path", PATHS)
-@pytest.mark.parametrize("cin,kernel,padding", [(62, 3, "SAME"), (63, 1, "VALID"), (30, 3, "VALID"), (13, 1, "SAME")])
+@pytest.mark.parametrize(
+    "cin,kernel,padding", [(62, 3, "SAME"), (63, 1, "VALID"), (30, 3, "VALID"), (13, 1, "SAME")]
+)
 def test_conv2d_channels_not_a_multiple_of_4(path, cin, kernel, padding):
     """C not a multiple of 4 on output rows of 16+ pixels: the AMX (C = 62, 63, 30) and VNNI paths
     read each pixel's last quad or chunk into the next pixel's bytes, which meet zero weights, and
     the last pixel's into the copy's slack; extreme data makes any stray product visible."""
-    p = dict(n=2, kh=kernel, kw=kernel, stride=(1, 1), dilation=(1, 1), padding=padding, hw=(18, 21), cin=cin, cout=40,
-             activation="NONE", per_channel=True, in_scale=0.05, in_zp=-7, out_zp=3, mult_mode="typical",
-             x_mode="extreme", w_mode="extreme", bias_mode="uniform")
+    p = dict(
+        n=2,
+        kh=kernel,
+        kw=kernel,
+        stride=(1, 1),
+        dilation=(1, 1),
+        padding=padding,
+        hw=(18, 21),
+        cin=cin,
+        cout=40,
+        activation="NONE",
+        per_channel=True,
+        in_scale=0.05,
+        in_zp=-7,
+        out_zp=3,
+        mult_mode="typical",
+        x_mode="extreme",
+        w_mode="extreme",
+        bias_mode="uniform",
+    )
     with kernel_path(path):
         check(C.make_conv(p, seed=cin))
 
@@ -149,9 +172,21 @@ def test_fully_connected_long(path, p, seed):
 def test_fully_connected_chunk_boundary(path, k, x_mode, w_mode):
     """Reductions at the BLAS path's chunk boundaries (1024), with int8 extremes (-128, 127) that
     push every partial sum to its largest magnitude."""
-    p = dict(n=3, layout="2d", in_shape=(1, k), units=20, activation="NONE", per_channel=True, in_scale=0.02,
-             in_zp=-128 if x_mode == "extreme" else 5, out_zp=3, mult_mode="typical", x_mode=x_mode, w_mode=w_mode,
-             bias_mode="large")
+    p = dict(
+        n=3,
+        layout="2d",
+        in_shape=(1, k),
+        units=20,
+        activation="NONE",
+        per_channel=True,
+        in_scale=0.02,
+        in_zp=-128 if x_mode == "extreme" else 5,
+        out_zp=3,
+        mult_mode="typical",
+        x_mode=x_mode,
+        w_mode=w_mode,
+        bias_mode="large",
+    )
     with kernel_path(path):
         check(C.make_fc(p, seed=k))
 
@@ -178,7 +213,10 @@ def test_add_every_input_pair(params):
     s1, z1, s2, z2, so, zo, activation = params
     model = O.add_model((1, 65536), (1, 65536), s1, z1, s2, z2, so, zo, activation)
     for profile in ("tflm", "xnnpack"):  # the xnnpack profile adds as TFLM does
-        check(C.Case(model, C.every_int8_pair(), f"ADD of every int8 pair, {params}, profile {profile}"), profile)
+        check(
+            C.Case(model, C.every_int8_pair(), f"ADD of every int8 pair, {params}, profile {profile}"),
+            profile,
+        )
 
 
 @settings(max_examples=examples(100))
@@ -277,32 +315,60 @@ def test_write_model_round_trip(kind, data, seed):
     rewritten = npusim.write_model(npusim.load_model(case.model))
     assert isinstance(rewritten, (bytes, bytearray))
     # Compare each runtime with itself, so that a kernel bug does not show up as a writer bug.
-    O.assert_same(O.run_tflm(case.model, case.xs), O.run_tflm(bytes(rewritten), case.xs),
-                  f"round trip, TFLM on the original vs the rewritten model: {case.desc}")
-    O.assert_same(O.run_npusim(case.model, case.xs), O.run_npusim(bytes(rewritten), case.xs),
-                  f"round trip, npusim on the original vs the rewritten model: {case.desc}")
+    O.assert_same(
+        O.run_tflm(case.model, case.xs),
+        O.run_tflm(bytes(rewritten), case.xs),
+        f"round trip, TFLM on the original vs the rewritten model: {case.desc}",
+    )
+    O.assert_same(
+        O.run_npusim(case.model, case.xs),
+        O.run_npusim(bytes(rewritten), case.xs),
+        f"round trip, npusim on the original vs the rewritten model: {case.desc}",
+    )
 
 
 def test_public_api_batch():
     """The documented API: load_model -> Interpreter(graph, profile) -> run(batch)."""
     import npusim
 
-    case = C.make_conv(dict(n=3, kh=3, kw=3, stride=(1, 1), dilation=(1, 1), padding="SAME", hw=(6, 5),
-                            cin=3, cout=4, activation="RELU6", per_channel=True, in_scale=0.02, in_zp=-7,
-                            out_zp=3, mult_mode="typical", x_mode="uniform", w_mode="uniform",
-                            bias_mode="uniform"), 1234)
+    case = C.make_conv(
+        dict(
+            n=3,
+            kh=3,
+            kw=3,
+            stride=(1, 1),
+            dilation=(1, 1),
+            padding="SAME",
+            hw=(6, 5),
+            cin=3,
+            cout=4,
+            activation="RELU6",
+            per_channel=True,
+            in_scale=0.02,
+            in_zp=-7,
+            out_zp=3,
+            mult_mode="typical",
+            x_mode="uniform",
+            w_mode="uniform",
+            bias_mode="uniform",
+        ),
+        1234,
+    )
     graph = npusim.load_model(case.model)
     y = npusim.Interpreter(graph, profile="tflm").run(case.xs)
     assert y.dtype == np.int8 and y.shape == (3, 6, 5, 4)
     O.assert_same(O.run_tflm(case.model, case.xs), y, case.desc)
     # one element at a time gives the same rows as the batch
     for i in range(3):
-        O.assert_same(y[i:i + 1], npusim.Interpreter(graph, profile="tflm").run(case.xs[i:i + 1]), f"row {i}")
+        O.assert_same(
+            y[i : i + 1], npusim.Interpreter(graph, profile="tflm").run(case.xs[i : i + 1]), f"row {i}"
+        )
 
 
 # ----------------------------------------------------------------------------------------------
 # Quirks of real files (docs/int8-numerics.md)
 # ----------------------------------------------------------------------------------------------
+
 
 @settings(max_examples=examples(10))
 @given(p=C.conv_params(depthwise=True, mult_modes=["typical"]), seed=C.seeds)
@@ -315,11 +381,25 @@ def test_depthwise_bias_quantized_dimension_3(p, seed):
     w = O.random_weights(rng, (1, p["kh"], p["kw"], c * m))
     ws = O.f32(O.log_uniform(rng, 1e-3, 1e-1, c * m))
     out_scale = O.random_out_scale(rng, p["in_scale"], ws, p["kh"] * p["kw"])
-    model = O.depthwise_model((1, *p["hw"], c), w, O.random_bias(rng, c * m, p["kh"] * p["kw"]),
-                              p["in_scale"], p["in_zp"], ws, out_scale, p["out_zp"], stride=p["stride"],
-                              padding=p["padding"], dilation=p["dilation"], activation=p["activation"],
-                              depth_multiplier=m, bias_axis=3)
-    check(C.Case(model, O.random_int8(rng, (p["n"], *p["hw"], c)), f"DEPTHWISE bias axis 3, {p}, seed={seed}"))
+    model = O.depthwise_model(
+        (1, *p["hw"], c),
+        w,
+        O.random_bias(rng, c * m, p["kh"] * p["kw"]),
+        p["in_scale"],
+        p["in_zp"],
+        ws,
+        out_scale,
+        p["out_zp"],
+        stride=p["stride"],
+        padding=p["padding"],
+        dilation=p["dilation"],
+        activation=p["activation"],
+        depth_multiplier=m,
+        bias_axis=3,
+    )
+    check(
+        C.Case(model, O.random_int8(rng, (p["n"], *p["hw"], c)), f"DEPTHWISE bias axis 3, {p}, seed={seed}")
+    )
 
 
 def test_uint8_model_refused():

@@ -9,6 +9,7 @@
   most 1 LSB.
 - the test-model builder: TFLM and LiteRT BUILTIN_REF agree on every op but FULLY_CONNECTED.
 """
+
 import math
 import os
 
@@ -57,8 +58,19 @@ def test_conv2d_deep_xnnpack(path, p, seed):
 
 @pytest.mark.parametrize("path", PATHS)
 @settings(max_examples=examples(15))
-@given(p=C.conv_params(no_bias=False, max_hw=40, min_hw=16, max_ch=128, channel_step=16, max_cout=100, max_kernel=3,
-                       mult_modes=LITERT_MODES), seed=C.seeds)
+@given(
+    p=C.conv_params(
+        no_bias=False,
+        max_hw=40,
+        min_hw=16,
+        max_ch=128,
+        channel_step=16,
+        max_cout=100,
+        max_kernel=3,
+        mult_modes=LITERT_MODES,
+    ),
+    seed=C.seeds,
+)
 def test_conv2d_large_xnnpack(path, p, seed):
     """The shapes of the AMX path (see test_ops_tflm.test_conv2d_large)."""
     with kernel_path(path):
@@ -71,8 +83,10 @@ def test_depthwise_conv2d_xnnpack(p, seed):
     check_xnnpack(C.make_depthwise(p, seed))
 
 
-@pytest.mark.parametrize("channels, hw, stride", [(16, (5, 10), (1, 1)), (32, (5, 9), (2, 1)), (80, (6, 9), (2, 2)),
-                                                  (128, (5, 6), (1, 1))])
+@pytest.mark.parametrize(
+    "channels, hw, stride",
+    [(16, (5, 10), (1, 1)), (32, (5, 9), (2, 1)), (80, (6, 9), (2, 2)), (128, (5, 6), (1, 1))],
+)
 def test_depthwise_vector_layouts_xnnpack(channels, hw, stride):
     """The xnnpack output stage in every depthwise vector layout: 4 and 2 pixels per vector, a
     partial second block, two full blocks."""
@@ -99,6 +113,7 @@ def test_fully_connected_long_xnnpack(path, p, seed):
 # ----------------------------------------------------------------------------------------------
 # Single rounding, against an independent reference
 # ----------------------------------------------------------------------------------------------
+
 
 def quantize_multiplier(r: float):
     """QuantizeMultiplier as documented (docs/int8-numerics.md), independent of npusim.quant."""
@@ -162,11 +177,14 @@ def reference_conv2d(model: bytes, x: np.ndarray, single: bool) -> np.ndarray:
     rows = max((oh - 1) * sh + (kh - 1) * dh + 1, pt + h)
     cols = max((ow - 1) * sw + (kw - 1) * dw + 1, pl + wd)
     big = np.full((n, rows, cols, cin), in_zp, np.int64)
-    big[:, pt:pt + h, pl:pl + wd, :] = x
+    big[:, pt : pt + h, pl : pl + wd, :] = x
     acc = np.zeros((n, oh, ow, cout), np.int64) + bias
     for i in range(kh):
         for j in range(kw):
-            patch = big[:, i * dh:i * dh + (oh - 1) * sh + 1:sh, j * dw:j * dw + (ow - 1) * sw + 1:sw, :] - in_zp
+            patch = (
+                big[:, i * dh : i * dh + (oh - 1) * sh + 1 : sh, j * dw : j * dw + (ow - 1) * sw + 1 : sw, :]
+                - in_zp
+            )
             acc += np.einsum("nhwc,oc->nhwo", patch, w[:, i, j, :])
     out = np.empty_like(acc)
     act = {0: "NONE", 1: "RELU", 3: "RELU6"}[opt.fusedActivationFunction]
@@ -211,7 +229,9 @@ def reference_add(a, b, s1, z1, s2, z2, so, zo, lo, hi, single: bool) -> np.ndar
     twice_max = 2.0 * max(s1, s2)
     x1 = f((a.astype(np.int64) - z1) << 20, *quantize_multiplier(s1 / twice_max))
     x2 = f((b.astype(np.int64) - z2) << 20, *quantize_multiplier(s2 / twice_max))
-    return np.clip(f(x1 + x2, *quantize_multiplier(twice_max / ((1 << 20) * so))) + zo, lo, hi).astype(np.int8)
+    return np.clip(f(x1 + x2, *quantize_multiplier(twice_max / ((1 << 20) * so))) + zo, lo, hi).astype(
+        np.int8
+    )
 
 
 @pytest.mark.parametrize("scales", [(0.05, 0.02, 0.07), (0.5, 0.25, 0.125), (0.003, 0.2, 0.15)])
@@ -222,18 +242,41 @@ def test_add_single_rounding_every_pair(scales):
     z1, z2, zo = 3, -7, 1
     a, b = C.every_int8_pair()
     model = O.add_model((1, 65536), (1, 65536), s1, z1, s2, z2, so, zo, "NONE")
-    O.assert_same(O.run_tflm(model, [a, b]), reference_add(a, b, s1, z1, s2, z2, so, zo, -128, 127, single=False),
-                  "the numpy ADD reference (double rounding) vs TFLM")
-    O.assert_same(reference_add(a, b, s1, z1, s2, z2, so, zo, -128, 127, single=True), O.run_npusim(model, [a, b], "single"),
-                  "profile single vs the numpy single-rounding ADD reference")
+    O.assert_same(
+        O.run_tflm(model, [a, b]),
+        reference_add(a, b, s1, z1, s2, z2, so, zo, -128, 127, single=False),
+        "the numpy ADD reference (double rounding) vs TFLM",
+    )
+    O.assert_same(
+        reference_add(a, b, s1, z1, s2, z2, so, zo, -128, 127, single=True),
+        O.run_npusim(model, [a, b], "single"),
+        "profile single vs the numpy single-rounding ADD reference",
+    )
 
 
 def test_single_rounding_differs_on_ties():
     """A tie-rich conv (multiplier 2^-k, small operands) on which single rounding and TFLM's double
     rounding must disagree somewhere, by exactly 1: the profiles are really different."""
-    p = dict(n=2, kh=1, kw=1, stride=(1, 1), dilation=(1, 1), padding="VALID", hw=(8, 8), cin=4, cout=4,
-             activation="NONE", per_channel=False, in_scale=0.5, in_zp=0, out_zp=0, mult_mode="pow2_small",
-             x_mode="narrow", w_mode="narrow", bias_mode="small")
+    p = dict(
+        n=2,
+        kh=1,
+        kw=1,
+        stride=(1, 1),
+        dilation=(1, 1),
+        padding="VALID",
+        hw=(8, 8),
+        cin=4,
+        cout=4,
+        activation="NONE",
+        per_channel=False,
+        in_scale=0.5,
+        in_zp=0,
+        out_zp=0,
+        mult_mode="pow2_small",
+        x_mode="narrow",
+        w_mode="narrow",
+        bias_mode="small",
+    )
     case = C.make_conv(p, 7)
     tflm = O.run_tflm(case.model, case.xs)
     single = O.run_npusim(case.model, case.xs, "single")
@@ -269,5 +312,8 @@ BUILDER_CASES = {
 def test_builder_tflm_matches_litert_reference(kind, data, seed):
     strategy, make = BUILDER_CASES[kind]
     case = make(data.draw(strategy), seed)
-    O.assert_same(O.run_tflm(case.model, case.xs), O.run_litert(case.model, case.xs, "REF"),
-                  f"TFLM vs LiteRT BUILTIN_REF: {case.desc}")
+    O.assert_same(
+        O.run_tflm(case.model, case.xs),
+        O.run_litert(case.model, case.xs, "REF"),
+        f"TFLM vs LiteRT BUILTIN_REF: {case.desc}",
+    )

@@ -4,6 +4,7 @@ resumes against other models or data, a full disk while writing a checkpoint.
 Every case ends in a clear one-line error (NpusimError / ZoError through the API; exit code 2 and
 one stderr line through the CLIs) and loses no data. Hostile model files: tests/test_fuzz.py.
 """
+
 from __future__ import annotations
 
 import errno
@@ -46,6 +47,7 @@ def one_line_error(result, *needles):
 # Inputs: through the API
 # ----------------------------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def models():
     return {
@@ -79,10 +81,18 @@ def bad_inputs():
         "float64 for float32": ("float32", f.astype(np.float64), ["dtype float64, expected float32"]),
         "int8 for uint8": ("uint8", good_input("uint8").astype(np.int8), ["dtype int8, expected uint8"]),
         "int64 for uint8": ("uint8", good_input("uint8").astype(np.int64), ["dtype int64, expected uint8"]),
-        "float for uint8": ("uint8", good_input("uint8").astype(np.float32), ["dtype float32, expected uint8"]),
+        "float for uint8": (
+            "uint8",
+            good_input("uint8").astype(np.float32),
+            ["dtype float32, expected uint8"],
+        ),
         "missing batch axis": ("float32", f[0], ["shape [4, 3], expected [N, 4, 3]"]),
         "extra axis": ("float32", f[None], ["expected [N, 4, 3]"]),
-        "wrong image shape": ("int8", good_input("int8")[:, :3], ["shape [2, 3, 4, 3], expected [N, 4, 4, 3]"]),
+        "wrong image shape": (
+            "int8",
+            good_input("int8")[:, :3],
+            ["shape [2, 3, 4, 3], expected [N, 4, 4, 3]"],
+        ),
         "scalar": ("float32", np.ones((), np.float32), ["expected [N, 4, 3]"]),
         "empty batch": ("float32", f[:0], ["empty batch"]),
         "not an array": ("float32", f.tolist(), ["expected a numpy array"]),
@@ -133,6 +143,7 @@ def test_a_batch_beyond_the_allocation_limit_is_refused_before_running(models, m
 # Inputs and files: through `npusim run`
 # ----------------------------------------------------------------------------------------------
 
+
 @pytest.fixture
 def files(tmp_path, models):
     paths = {}
@@ -146,12 +157,23 @@ def npusim_run(*args):
     return CliRunner().invoke(npusim.cli.main, ["run", *map(str, args)], catch_exceptions=False)
 
 
-@pytest.mark.parametrize("case", ["nan", "out of range float", "float64 for float32", "int8 for uint8",
-                                  "missing batch axis", "empty batch"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "nan",
+        "out of range float",
+        "float64 for float32",
+        "int8 for uint8",
+        "missing batch axis",
+        "empty batch",
+    ],
+)
 def test_cli_bad_input_exits_2_with_one_line(files, tmp_path, case):
     kind, x, needles = bad_inputs()[case]
     np.save(tmp_path / "x.npy", x)
-    one_line_error(npusim_run(files[kind], "--input", tmp_path / "x.npy", "--output", tmp_path / "y.npy"), *needles)
+    one_line_error(
+        npusim_run(files[kind], "--input", tmp_path / "x.npy", "--output", tmp_path / "y.npy"), *needles
+    )
     assert not (tmp_path / "y.npy").exists()
 
 
@@ -179,7 +201,10 @@ def test_cli_bad_files_exit_2_with_one_line(files, tmp_path):
         ((empty, "--input", x, "--output", out), ["not a TFLite flatbuffer"]),
         ((truncated, "--input", x, "--output", out), ["malformed flatbuffer"]),
         ((files["two_inputs"], "--input", x, "--output", out), ["model has 2 inputs"]),
-        ((files["float32"], "--input", x, "--output", tmp_path / "no" / "such" / "dir" / "y.npy"), ["cannot write output"]),
+        (
+            (files["float32"], "--input", x, "--output", tmp_path / "no" / "such" / "dir" / "y.npy"),
+            ["cannot write output"],
+        ),
     ]
     for args, needles in cases:
         result = npusim_run(*args)
@@ -193,8 +218,22 @@ def test_cli_in_a_real_process_has_no_traceback(files, tmp_path):
     x = good_input("float32")
     x[0, 0, 0] = np.nan
     np.save(tmp_path / "x.npy", x)
-    r = subprocess.run([sys.executable, "-m", "npusim.cli", "run", str(files["float32"]), "--input", str(tmp_path / "x.npy"),
-                        "--output", str(tmp_path / "y.npy")], capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "npusim.cli",
+            "run",
+            str(files["float32"]),
+            "--input",
+            str(tmp_path / "x.npy"),
+            "--output",
+            str(tmp_path / "y.npy"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and "NaN" in r.stderr
 
@@ -203,17 +242,49 @@ def test_cli_in_a_real_process_has_no_traceback(files, tmp_path):
 # Training: checkpoints
 # ----------------------------------------------------------------------------------------------
 
+
 def train_config(model, data, **kw):
-    base = dict(model=str(model), data=str(data), trainable="last:1", q="fixed:2", lr=1.0, batch=16, budget=200,
-                checkpoint_every=5, eval_every=100)
+    base = dict(
+        model=str(model),
+        data=str(data),
+        trainable="last:1",
+        q="fixed:2",
+        lr=1.0,
+        batch=16,
+        budget=200,
+        checkpoint_every=5,
+        eval_every=100,
+    )
     base.update(kw)
     return TrainConfig(**base)
 
 
 def train_args(model, data, out, *extra):
-    return ["train", "--model", str(model), "--data", str(data), "--trainable", "last:1", "--q", "fixed:2", "--lr", "1.0",
-            "--batch", "16", "--budget", "200", "--checkpoint-every", "5", "--eval-every", "100", "--out", str(out),
-            "--quiet", *extra]
+    return [
+        "train",
+        "--model",
+        str(model),
+        "--data",
+        str(data),
+        "--trainable",
+        "last:1",
+        "--q",
+        "fixed:2",
+        "--lr",
+        "1.0",
+        "--batch",
+        "16",
+        "--budget",
+        "200",
+        "--checkpoint-every",
+        "5",
+        "--eval-every",
+        "100",
+        "--out",
+        str(out),
+        "--quiet",
+        *extra,
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -245,7 +316,9 @@ def npz_bytes(**arrays) -> bytes:
 
 
 def resume(model, data, run, *extra):
-    return CliRunner().invoke(zo.cli.main, train_args(model, data, run, "--resume", str(run), *extra), catch_exceptions=False)
+    return CliRunner().invoke(
+        zo.cli.main, train_args(model, data, run, "--resume", str(run), *extra), catch_exceptions=False
+    )
 
 
 def damaged_checkpoints(good: bytes) -> dict[str, bytes]:
@@ -261,8 +334,18 @@ def damaged_checkpoints(good: bytes) -> dict[str, bytes]:
     }
 
 
-@pytest.mark.parametrize("damage", ["random bytes", "truncated", "empty", "one bit flipped", "foreign npz",
-                                    "meta not json", "meta not an object"])
+@pytest.mark.parametrize(
+    "damage",
+    [
+        "random bytes",
+        "truncated",
+        "empty",
+        "one bit flipped",
+        "foreign npz",
+        "meta not json",
+        "meta not an object",
+    ],
+)
 def test_corrupt_or_foreign_checkpoint_exits_2_and_is_left_alone(run, damage):
     model, data, run = run
     bad = damaged_checkpoints(checkpoint(run).read_bytes())[damage]
@@ -293,9 +376,18 @@ def zo_like_checkpoints(good: bytes) -> dict[str, bytes]:
     }
 
 
-@pytest.mark.parametrize("damage", ["meta without fingerprint", "wall is null", "scheduler state of another kind",
-                                    "optimizer state missing", "optimizer state of another size",
-                                    "master copy not numbers", "master copy NaN"])
+@pytest.mark.parametrize(
+    "damage",
+    [
+        "meta without fingerprint",
+        "wall is null",
+        "scheduler state of another kind",
+        "optimizer state missing",
+        "optimizer state of another size",
+        "master copy not numbers",
+        "master copy NaN",
+    ],
+)
 def test_checkpoint_with_wrong_contents_exits_2(run, damage):
     model, data, run = run
     bad = zo_like_checkpoints(checkpoint(run).read_bytes())[damage]
@@ -308,15 +400,25 @@ def test_resume_with_another_model_or_data_exits_2(run, tmp_path):
     model, data, run = run
     other_model = tmp_path / "other.tflite"
     other_model.write_bytes(tiny_classifier(seed=1))
-    one_line_error(CliRunner().invoke(zo.cli.main, train_args(other_model, data, run, "--resume", str(run)),
-                                      catch_exceptions=False), "different model sha256")
+    one_line_error(
+        CliRunner().invoke(
+            zo.cli.main, train_args(other_model, data, run, "--resume", str(run)), catch_exceptions=False
+        ),
+        "different model sha256",
+    )
     other_data = tmp_path / "other.npz"
     np.savez(other_data, **color_dataset(seed=3))
-    one_line_error(CliRunner().invoke(zo.cli.main, train_args(model, other_data, run, "--resume", str(run)),
-                                      catch_exceptions=False), "different data sha256")
+    one_line_error(
+        CliRunner().invoke(
+            zo.cli.main, train_args(model, other_data, run, "--resume", str(run)), catch_exceptions=False
+        ),
+        "different data sha256",
+    )
     one_line_error(resume(model, data, run, "--seed", "7"), "--seed differs")
     good = checkpoint(run).read_bytes()
-    Trainer(train_config(model, data), run).load_checkpoint(run)  # the checkpoint is untouched and still loads
+    Trainer(train_config(model, data), run).load_checkpoint(
+        run
+    )  # the checkpoint is untouched and still loads
     assert checkpoint(run).read_bytes() == good
 
 
@@ -334,13 +436,21 @@ def test_full_disk_while_writing_a_checkpoint_keeps_the_previous_one(run, monkey
             args[0].write(b"PK\x03\x04" + b"\0" * 1000)
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    target = {"savez": (zo.trainer.np, "savez"), "fsync": (zo.trainer.os, "fsync"), "replace": (zo.trainer.os, "replace")}[failure]
+    target = {
+        "savez": (zo.trainer.np, "savez"),
+        "fsync": (zo.trainer.os, "fsync"),
+        "replace": (zo.trainer.os, "replace"),
+    }[failure]
     monkeypatch.setattr(*target, no_space)
-    with pytest.raises(ZoError, match="cannot write checkpoint .*No space left on device.*previous checkpoint is kept"):
+    with pytest.raises(
+        ZoError, match="cannot write checkpoint .*No space left on device.*previous checkpoint is kept"
+    ):
         t.save_checkpoint()
     monkeypatch.undo()
     assert checkpoint(run).read_bytes() == previous
-    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["last.npz"]  # no partial file left behind
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == [
+        "last.npz"
+    ]  # no partial file left behind
     Trainer(train_config(model, data), run).load_checkpoint(run)
 
 
@@ -358,8 +468,11 @@ def test_full_disk_during_training_exits_2_and_resume_continues(run, monkeypatch
         return real_savez(*args, **kwargs)
 
     monkeypatch.setattr(zo.trainer.np, "savez", savez_then_full)
-    one_line_error(CliRunner().invoke(zo.cli.main, train_args(model, data, run), catch_exceptions=False),
-                   "cannot write checkpoint", "No space left on device")
+    one_line_error(
+        CliRunner().invoke(zo.cli.main, train_args(model, data, run), catch_exceptions=False),
+        "cannot write checkpoint",
+        "No space left on device",
+    )
     kept = Trainer(train_config(model, data), run)
     kept.load_checkpoint(run)
     assert kept.step == 10  # the second checkpoint (every 5 steps) survived the failed third

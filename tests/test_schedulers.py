@@ -1,4 +1,5 @@
 """The q schedulers: formulas, QScheduler's plateau test, budget awareness and resumable state."""
+
 import json
 import math
 
@@ -16,7 +17,7 @@ def test_fixed_linear_power_formulas():
     b = math.log(32 / 0.5) / math.log(10)
     for e in range(1, 11):
         passes = (e - 1) * 100
-        assert power.next_q(Progress(0, passes, 1000)) == min(max(math.floor(0.5 * e ** b + 1e-9), 1), 32)
+        assert power.next_q(Progress(0, passes, 1000)) == min(max(math.floor(0.5 * e**b + 1e-9), 1), 32)
     assert power.next_q(Progress(0, 999, 1000)) == 32
 
 
@@ -84,7 +85,10 @@ def test_qscheduler_state_round_trips_through_json():
     assert a.state() == b.state()
 
 
-@pytest.mark.parametrize("spec, cls", [("fixed:4", FixedQ), ("qscheduler", QScheduler), ("linear:16", LinearRamp), ("power", PowerLaw)])
+@pytest.mark.parametrize(
+    "spec, cls",
+    [("fixed:4", FixedQ), ("qscheduler", QScheduler), ("linear:16", LinearRamp), ("power", PowerLaw)],
+)
 def test_parse(spec, cls):
     assert isinstance(parse_scheduler(spec), cls)
 

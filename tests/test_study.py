@@ -1,4 +1,5 @@
 """The study's sweep machinery on the tiny `ci` grid: local pool and Ray agree, a sweep resumes."""
+
 from __future__ import annotations
 
 import json
@@ -10,21 +11,41 @@ from experiments import study
 
 from shared_paths import SHARED
 
-pytestmark = pytest.mark.skipif(not (SHARED / "models").exists(), reason=f"SHARED DATA MISSING: {SHARED} not found (set NPU_SHARED)")
+pytestmark = pytest.mark.skipif(
+    not (SHARED / "models").exists(), reason=f"SHARED DATA MISSING: {SHARED} not found (set NPU_SHARED)"
+)
 
 
 def results(runs_dir: Path) -> dict:
     out = {}
     for path in sorted(runs_dir.rglob("result.json")):
         r = json.loads(path.read_text())
-        out[r["key"]] = (r["test_accuracy"], r["steps"], r["forward_passes"], (path.parent / "model.tflite").read_bytes())
+        out[r["key"]] = (
+            r["test_accuracy"],
+            r["steps"],
+            r["forward_passes"],
+            (path.parent / "model.tflite").read_bytes(),
+        )
     return out
 
 
 def test_local_and_ray_sweeps_agree_and_resume(tmp_path, capsys):
     local, ray_dir = tmp_path / "local", tmp_path / "ray"
-    study.main(["--grid", "ci", "--shared", str(SHARED), "--runs", str(local), "--results", str(tmp_path / "report"),
-                "--workers", "1", "--no-baseline"])
+    study.main(
+        [
+            "--grid",
+            "ci",
+            "--shared",
+            str(SHARED),
+            "--runs",
+            str(local),
+            "--results",
+            str(tmp_path / "report"),
+            "--workers",
+            "1",
+            "--no-baseline",
+        ]
+    )
     first = results(local)
     assert len(first) == len(study.runs_of(study.GRIDS["ci"]))
     table = (tmp_path / "report" / "table.md").read_text()
@@ -35,12 +56,40 @@ def test_local_and_ray_sweeps_agree_and_resume(tmp_path, capsys):
     victim = sorted(local.rglob("result.json"))[0]
     victim.unlink()
     capsys.readouterr()
-    study.main(["--grid", "ci", "--shared", str(SHARED), "--runs", str(local), "--results", str(tmp_path / "report"),
-                "--workers", "1", "--no-baseline"])
+    study.main(
+        [
+            "--grid",
+            "ci",
+            "--shared",
+            str(SHARED),
+            "--runs",
+            str(local),
+            "--results",
+            str(tmp_path / "report"),
+            "--workers",
+            "1",
+            "--no-baseline",
+        ]
+    )
     assert "1 to do" in capsys.readouterr().out
     assert results(local) == first
 
     pytest.importorskip("ray")
-    study.main(["--grid", "ci", "--shared", str(SHARED), "--runs", str(ray_dir), "--results", str(tmp_path / "report-ray"),
-                "--executor", "ray", "--workers", "2", "--no-baseline"])
+    study.main(
+        [
+            "--grid",
+            "ci",
+            "--shared",
+            str(SHARED),
+            "--runs",
+            str(ray_dir),
+            "--results",
+            str(tmp_path / "report-ray"),
+            "--executor",
+            "ray",
+            "--workers",
+            "2",
+            "--no-baseline",
+        ]
+    )
     assert results(ray_dir) == first

@@ -1,4 +1,5 @@
 """zo: the estimator, the batched probes, determinism, checkpoints, export and the CLI contract."""
+
 from __future__ import annotations
 
 import csv
@@ -39,8 +40,17 @@ def tiny(tmp_path):
 
 
 def config(model, data, **kw):
-    base = dict(model=str(model), data=str(data), trainable="last:1", q="fixed:4", lr=1.0, batch=16, budget=400,
-                checkpoint_every=10, eval_every=80)
+    base = dict(
+        model=str(model),
+        data=str(data),
+        trainable="last:1",
+        q="fixed:4",
+        lr=1.0,
+        batch=16,
+        budget=400,
+        checkpoint_every=10,
+        eval_every=80,
+    )
     base.update(kw)
     return TrainConfig(**base)
 
@@ -53,8 +63,11 @@ def perturbed_overrides(m, groups, rng):
         step = rng.integers(-3, 4, (groups,) + v.shape) * p.unit
         overrides[p.tensor] = np.clip(v[None].astype(np.int64) + step, -p.bound, p.bound).astype(v.dtype)
     for k in m.suffix:  # a grouped kernel takes grouped weights even when only its bias trains
-        if k.kind in ("CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED") and k.op.inputs[1] not in overrides \
-                and any(t in overrides for t in k.op.inputs):
+        if (
+            k.kind in ("CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED")
+            and k.op.inputs[1] not in overrides
+            and any(t in overrides for t in k.op.inputs)
+        ):
             w = m.graph.tensors[k.op.inputs[1]].data
             overrides[k.op.inputs[1]] = np.broadcast_to(w, (groups,) + w.shape)
     return overrides
@@ -73,7 +86,7 @@ def test_grouped_probes_equal_separate_runs(trainable):
         single = {t: (a[g] if a.ndim > len(m.graph.tensors[t].shape) else a) for t, a in overrides.items()}
         values = m.interp.run_all(x, single)
         ref = m.logits_scale * (values[m.logits_tensor].astype(np.float64) - m.logits_zero_point)
-        assert np.array_equal(grouped[g * 5:(g + 1) * 5], ref.reshape(5, -1))
+        assert np.array_equal(grouped[g * 5 : (g + 1) * 5], ref.reshape(5, -1))
 
 
 # -- the estimator ---------------------------------------------------------------------------------
@@ -100,6 +113,7 @@ def test_estimator_points_along_true_gradient(tiny, tmp_path, kind):
         overrides = t.grouped_overrides(ints[None])
         logits = t.model.logits({k: v[idx] for k, v in t.train_cache.items()}, overrides)
         from zo.loss import group_losses
+
         return group_losses(logits, t.data.y_train[idx], 1)[0]
 
     steps = (t.config.eps * t.units).astype(np.int64)
@@ -159,7 +173,9 @@ def test_export_runs_in_tflm_with_original_quantization(tiny, tmp_path):
     for a, b in zip(original.tensors, trained.tensors):
         assert a.shape == b.shape
         if a.quant is not None:
-            assert np.array_equal(a.quant.scale, b.quant.scale) and np.array_equal(a.quant.zero_point, b.quant.zero_point)
+            assert np.array_equal(a.quant.scale, b.quant.scale) and np.array_equal(
+                a.quant.zero_point, b.quant.zero_point
+            )
         if a.data is not None:
             changed += not np.array_equal(a.data, b.data)
             if b.dtype == np.int8:
@@ -180,9 +196,9 @@ def test_head_replacement_for_new_classes_runs_in_tflm(tmp_path):
     x = np.random.default_rng(1).integers(0, 256, (2, 128, 128, 3)).astype(np.uint8)
     ti = runtime.Interpreter.from_bytes(data, arena_size=8_000_000)
     for i in range(2):
-        ti.set_input(x[i:i + 1], 0)
+        ti.set_input(x[i : i + 1], 0)
         ti.invoke()
-        assert np.array_equal(ti.get_output(0)[0], npusim.Interpreter(data).run(x[i:i + 1])[0])
+        assert np.array_equal(ti.get_output(0)[0], npusim.Interpreter(data).run(x[i : i + 1])[0])
     reread = npusim.load_model(data)
     for a, b in zip(g.tensors, reread.tensors):  # every tensor outside the head keeps its quantization
         if a.quant is not None and a.shape == b.shape:
@@ -194,9 +210,31 @@ def run_cli(args, **kw):
 
 
 def cli_args(model, data, out, *extra):
-    return ["train", "--model", str(model), "--data", str(data), "--trainable", "last:1", "--q", "fixed:2",
-            "--lr", "1.0", "--batch", "16", "--budget", "600", "--checkpoint-every", "5", "--eval-every", "100",
-            "--out", str(out), "--quiet", *extra]
+    return [
+        "train",
+        "--model",
+        str(model),
+        "--data",
+        str(data),
+        "--trainable",
+        "last:1",
+        "--q",
+        "fixed:2",
+        "--lr",
+        "1.0",
+        "--batch",
+        "16",
+        "--budget",
+        "600",
+        "--checkpoint-every",
+        "5",
+        "--eval-every",
+        "100",
+        "--out",
+        str(out),
+        "--quiet",
+        *extra,
+    ]
 
 
 def test_sigkill_and_resume_ends_with_identical_weights(tiny, tmp_path):
@@ -204,7 +242,9 @@ def test_sigkill_and_resume_ends_with_identical_weights(tiny, tmp_path):
     reference = tmp_path / "reference"
     assert run_cli(cli_args(model, data, reference)).returncode == 0
     run = tmp_path / "killed"
-    proc = subprocess.Popen(ZO + cli_args(model, data, run), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        ZO + cli_args(model, data, run), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     ckpt = run / "checkpoints" / "last.npz"
     deadline = time.time() + 120
     while not ckpt.exists() and time.time() < deadline and proc.poll() is None:
@@ -237,15 +277,18 @@ def test_ctrl_c_writes_a_checkpoint(tiny, tmp_path):
 
 
 # -- bad input through the CLI --------------------------------------------------------------------------
-@pytest.mark.parametrize("problem, message", [
-    ("shape", "x_train"),
-    ("labels", "label"),
-    ("empty", "empty"),
-    ("name", "no trainable layer named"),
-    ("budget", "below one step"),
-    ("q", "--q"),
-    ("resume-other-data", "different"),
-])
+@pytest.mark.parametrize(
+    "problem, message",
+    [
+        ("shape", "x_train"),
+        ("labels", "label"),
+        ("empty", "empty"),
+        ("name", "no trainable layer named"),
+        ("budget", "below one step"),
+        ("q", "--q"),
+        ("resume-other-data", "different"),
+    ],
+)
 def test_bad_input_exits_2_with_one_line(tiny, tmp_path, problem, message):
     model, data = tiny
     d = dict(np.load(data))

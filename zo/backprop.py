@@ -15,6 +15,7 @@ backprop_baseline trains the float copies of the trainable tensors with mini-bat
 cross-entropy of the logits (zo/loss.py, the ZO trainer's loss), then writes them back into the int8
 model with the deployed scales fixed, as the ZO trainer does, and measures both.
 """
+
 from __future__ import annotations
 
 import time
@@ -65,11 +66,11 @@ def _pad_spatial(x, pad_top, pad_left, out_h, out_w, kh, kw, sh, sw, dh, dw, val
 def _tap(xp, ky, kx, out_h, out_w, sh, sw, dh, dw):
     """The view of padded input xp that tap (ky, kx) of every output window reads: [N, out_h, out_w, C]."""
     y0, x0 = ky * dh, kx * dw
-    return xp[:, y0:y0 + (out_h - 1) * sh + 1:sh, x0:x0 + (out_w - 1) * sw + 1:sw, :]
+    return xp[:, y0 : y0 + (out_h - 1) * sh + 1 : sh, x0 : x0 + (out_w - 1) * sw + 1 : sw, :]
 
 
 def _unpad(xp, pad_top, pad_left, h, w):
-    return xp[:, pad_top:pad_top + h, pad_left:pad_left + w, :]
+    return xp[:, pad_top : pad_top + h, pad_left : pad_left + w, :]
 
 
 def _unbroadcast(grad, shape):
@@ -99,7 +100,9 @@ class FloatOp:
         self.clamp = None  # real (lo, hi) applied to the output, with its gradient mask
         out = kernel.outputs[0]
         if self.clamps and out.dtype == np.int8 and out.quant is not None:
-            lo, hi = activation_range(self.op.options.get("fused_activation_function", "NONE"), float(out.scale), out.zero_point)
+            lo, hi = activation_range(
+                self.op.options.get("fused_activation_function", "NONE"), float(out.scale), out.zero_point
+            )
             self.clamp = _real_range(out, lo, hi)
 
     def forward(self, args):
@@ -117,17 +120,28 @@ class Conv2D(FloatOp):
         o = kernel.options
         self.sh, self.sw = o.get("stride_h", 1), o.get("stride_w", 1)
         self.dh, self.dw = o.get("dilation_h_factor", 1), o.get("dilation_w_factor", 1)
-        self.pointwise = (kernel.kh, kernel.kw, self.sh, self.sw, kernel.pad_top, kernel.pad_left) == (1, 1, 1, 1, 0, 0)
+        self.pointwise = (kernel.kh, kernel.kw, self.sh, self.sw, kernel.pad_top, kernel.pad_left) == (
+            1,
+            1,
+            1,
+            1,
+            0,
+            0,
+        )
 
     def columns(self, x):
         k = self.kernel
         if self.pointwise:
             return x.reshape(-1, x.shape[3]), None
-        xp = _pad_spatial(x, k.pad_top, k.pad_left, k.out_h, k.out_w, k.kh, k.kw, self.sh, self.sw, self.dh, self.dw)
+        xp = _pad_spatial(
+            x, k.pad_top, k.pad_left, k.out_h, k.out_w, k.kh, k.kw, self.sh, self.sw, self.dh, self.dw
+        )
         cols = np.empty((x.shape[0], k.out_h, k.out_w, k.kh, k.kw, x.shape[3]), dtype=x.dtype)
         for ky in range(k.kh):
             for kx in range(k.kw):
-                cols[:, :, :, ky, kx, :] = _tap(xp, ky, kx, k.out_h, k.out_w, self.sh, self.sw, self.dh, self.dw)
+                cols[:, :, :, ky, kx, :] = _tap(
+                    xp, ky, kx, k.out_h, k.out_w, self.sh, self.sw, self.dh, self.dw
+                )
         return cols.reshape(-1, k.kh * k.kw * x.shape[3]), xp.shape
 
     def forward(self, args):
@@ -158,7 +172,9 @@ class Conv2D(FloatOp):
                 dxp = np.zeros(padded_shape, dtype=dy.dtype)
                 for ky in range(k.kh):
                     for kx in range(k.kw):
-                        _tap(dxp, ky, kx, k.out_h, k.out_w, self.sh, self.sw, self.dh, self.dw)[...] += dcols[:, :, :, ky, kx, :]
+                        _tap(dxp, ky, kx, k.out_h, k.out_w, self.sh, self.sw, self.dh, self.dw)[...] += dcols[
+                            :, :, :, ky, kx, :
+                        ]
                 grads[0] = _unpad(dxp, k.pad_top, k.pad_left, x_shape[1], x_shape[2])
         return grads
 
@@ -177,7 +193,9 @@ class DepthwiseConv2D(FloatOp):
         x, w, b = args[0], args[1], args[2] if len(args) > 2 else None
         k = self.kernel
         xr = np.repeat(x, k.multiplier, axis=3) if k.multiplier > 1 else x
-        xp = _pad_spatial(xr, k.pad_top, k.pad_left, k.out_h, k.out_w, k.kh, k.kw, self.sh, self.sw, self.dh, self.dw)
+        xp = _pad_spatial(
+            xr, k.pad_top, k.pad_left, k.out_h, k.out_w, k.kh, k.kw, self.sh, self.sw, self.dh, self.dw
+        )
         y = np.zeros((x.shape[0], k.out_h, k.out_w, k.out_channels), dtype=x.dtype)
         for ky in range(k.kh):
             for kx in range(k.kw):
@@ -194,14 +212,18 @@ class DepthwiseConv2D(FloatOp):
         if len(wanted) > 1 and wanted[1]:
             dw = np.empty_like(w)
             for ky, kx in taps:
-                dw[0, ky, kx] = np.einsum("nhwc,nhwc->c", _tap(xp, ky, kx, k.out_h, k.out_w, self.sh, self.sw, self.dh, self.dw), dy)
+                dw[0, ky, kx] = np.einsum(
+                    "nhwc,nhwc->c", _tap(xp, ky, kx, k.out_h, k.out_w, self.sh, self.sw, self.dh, self.dw), dy
+                )
             grads[1] = dw
         if len(wanted) > 2 and wanted[2]:
             grads[2] = dy.sum(axis=(0, 1, 2))
         if wanted[0]:
             dxp = np.zeros(xp.shape, dtype=dy.dtype)
             for ky, kx in taps:
-                _tap(dxp, ky, kx, k.out_h, k.out_w, self.sh, self.sw, self.dh, self.dw)[...] += dy * w[0, ky, kx]
+                _tap(dxp, ky, kx, k.out_h, k.out_w, self.sh, self.sw, self.dh, self.dw)[...] += (
+                    dy * w[0, ky, kx]
+                )
             dxr = _unpad(dxp, k.pad_top, k.pad_left, x_shape[1], x_shape[2])
             if k.multiplier > 1:
                 dxr = dxr.reshape(x_shape + (k.multiplier,)).sum(axis=4)
@@ -283,7 +305,9 @@ class MaxPool2D(FloatOp):
         x = args[0]
         k = self.kernel
         xp = _pad_spatial(x, k.pad_h, k.pad_w, k.out_h, k.out_w, k.kh, k.kw, k.sh, k.sw, 1, 1, value=-np.inf)
-        taps = np.stack([_tap(xp, ky, kx, k.out_h, k.out_w, k.sh, k.sw, 1, 1) for ky in range(k.kh) for kx in range(k.kw)])
+        taps = np.stack(
+            [_tap(xp, ky, kx, k.out_h, k.out_w, k.sh, k.sw, 1, 1) for ky in range(k.kh) for kx in range(k.kw)]
+        )
         winner = taps.argmax(axis=0)
         return np.take_along_axis(taps, winner[None], axis=0)[0], (x.shape, xp.shape, winner)
 
@@ -332,7 +356,11 @@ class Pad(FloatOp):
         super().__init__(kernel)
         out = kernel.outputs[0]
         # The int8 pad value (the zero point, or PADV2's constant) as a real number.
-        self.value = float(out.scale) * (int(kernel.value) - out.zero_point) if out.dtype == np.int8 and out.quant else float(kernel.value)
+        self.value = (
+            float(out.scale) * (int(kernel.value) - out.zero_point)
+            if out.dtype == np.int8 and out.quant
+            else float(kernel.value)
+        )
 
     def forward(self, args):
         x = args[0]
@@ -351,7 +379,10 @@ class Concatenation(FloatOp):
     def forward(self, args):
         k = self.kernel
         n = max(x.shape[0] for x, t in zip(args, k.inputs) if t.data is None)
-        xs = [np.broadcast_to(x, (n,) + x.shape[1:]) if t.data is not None else x for x, t in zip(args, k.inputs)]
+        xs = [
+            np.broadcast_to(x, (n,) + x.shape[1:]) if t.data is not None else x
+            for x, t in zip(args, k.inputs)
+        ]
         return np.concatenate(xs, axis=k.axis), [x.shape[k.axis] for x in xs]
 
     def backward(self, saved, dy, wanted):
@@ -359,9 +390,19 @@ class Concatenation(FloatOp):
         return [p if want else None for p, want in zip(parts, wanted)]
 
 
-FLOAT_OPS = {"CONV_2D": Conv2D, "DEPTHWISE_CONV_2D": DepthwiseConv2D, "FULLY_CONNECTED": FullyConnected, "ADD": Add,
-             "AVERAGE_POOL_2D": AveragePool2D, "MAX_POOL_2D": MaxPool2D, "MEAN": Mean, "RESHAPE": Reshape,
-             "PAD": Pad, "PADV2": Pad, "CONCATENATION": Concatenation}
+FLOAT_OPS = {
+    "CONV_2D": Conv2D,
+    "DEPTHWISE_CONV_2D": DepthwiseConv2D,
+    "FULLY_CONNECTED": FullyConnected,
+    "ADD": Add,
+    "AVERAGE_POOL_2D": AveragePool2D,
+    "MAX_POOL_2D": MaxPool2D,
+    "MEAN": Mean,
+    "RESHAPE": Reshape,
+    "PAD": Pad,
+    "PADV2": Pad,
+    "CONCATENATION": Concatenation,
+}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -385,8 +426,10 @@ class FloatSuffix:
         self.ops: list[FloatOp] = []
         for k in model.suffix:
             if k.kind not in FLOAT_OPS:
-                raise ZoError(f"op {k.op.index} ({k.kind}): no float implementation for the back-propagation baseline "
-                              f"(supported: {', '.join(sorted(FLOAT_OPS))})")
+                raise ZoError(
+                    f"op {k.op.index} ({k.kind}): no float implementation for the back-propagation baseline "
+                    f"(supported: {', '.join(sorted(FLOAT_OPS))})"
+                )
             self.ops.append(FLOAT_OPS[k.kind](k))
         # Real value of one integer step of each constant: the weight scale (per channel along the
         # quantized axis) and in_scale * w_scale for a MAC op's bias (one accumulator LSB).
@@ -449,7 +492,9 @@ class FloatSuffix:
         for t, q in boundary.items():
             tensor = self.model.graph.tensors[t]
             q = q if index is None else q[index]
-            out[t] = (q.astype(self.dtype) - self.dtype.type(tensor.zero_point)) * self.dtype.type(tensor.scale)
+            out[t] = (q.astype(self.dtype) - self.dtype.type(tensor.zero_point)) * self.dtype.type(
+                tensor.scale
+            )
         return out
 
     # -- forward and backward -------------------------------------------------------------------
@@ -521,8 +566,12 @@ class FloatSuffix:
     def predict(self, boundary: dict, chunk: int = 512) -> np.ndarray:
         """Float predictions from int8 boundary activations."""
         n = len(next(iter(boundary.values())))
-        return np.concatenate([self.forward(self.dequantize(boundary, slice(i, i + chunk))).argmax(axis=1)
-                               for i in range(0, n, chunk)])
+        return np.concatenate(
+            [
+                self.forward(self.dequantize(boundary, slice(i, i + chunk))).argmax(axis=1)
+                for i in range(0, n, chunk)
+            ]
+        )
 
     # -- parameters -----------------------------------------------------------------------------
     def int_values(self, params: dict | None = None) -> list[np.ndarray]:
@@ -540,7 +589,9 @@ class FloatSuffix:
 # The baseline
 
 
-def int8_accuracy(model: TrainableModel, values: list[np.ndarray], test_cache: dict, y_test: np.ndarray) -> float:
+def int8_accuracy(
+    model: TrainableModel, values: list[np.ndarray], test_cache: dict, y_test: np.ndarray
+) -> float:
     """Test accuracy of the int8 model (npusim) with the trainable tensors set to values; the
     model's own values are restored afterwards."""
     original = [v.copy() for v in model.values()]
@@ -551,11 +602,24 @@ def int8_accuracy(model: TrainableModel, values: list[np.ndarray], test_cache: d
         model.set_values(original)
 
 
-def backprop_baseline(trainer_or_model, train_cache: dict | None = None, y_train: np.ndarray | None = None,
-                      test_cache: dict | None = None, y_test: np.ndarray | None = None, *, epochs: int = 10,
-                      lr: float | None = None, batch: int = 32, seed: int = 0, optimizer: str = "adam",
-                      units: str = "steps", lr_schedule: str = "cosine", project: bool = True,
-                      eval_every_epoch: bool = True, blas_threads: int | None = 1) -> dict:
+def backprop_baseline(
+    trainer_or_model,
+    train_cache: dict | None = None,
+    y_train: np.ndarray | None = None,
+    test_cache: dict | None = None,
+    y_test: np.ndarray | None = None,
+    *,
+    epochs: int = 10,
+    lr: float | None = None,
+    batch: int = 32,
+    seed: int = 0,
+    optimizer: str = "adam",
+    units: str = "steps",
+    lr_schedule: str = "cosine",
+    project: bool = True,
+    eval_every_epoch: bool = True,
+    blas_threads: int | None = 1,
+) -> dict:
     """Train the trainable layers in float by back-propagation; report float and int8 accuracy.
 
     trainer_or_model: a zo Trainer (its model, caches and labels are the defaults) or a
@@ -591,52 +655,109 @@ def backprop_baseline(trainer_or_model, train_cache: dict | None = None, y_train
         y_train = tr.data.y_train if y_train is None else y_train
         y_test = tr.data.y_test if y_test is None else y_test
     else:
-        raise ZoError(f"backprop_baseline: expected a Trainer or a TrainableModel, got {type(trainer_or_model).__name__}")
+        raise ZoError(
+            f"backprop_baseline: expected a Trainer or a TrainableModel, got {type(trainer_or_model).__name__}"
+        )
     if train_cache is None or y_train is None or test_cache is None or y_test is None:
-        raise ZoError("backprop_baseline: train_cache, y_train, test_cache and y_test are required with a TrainableModel")
+        raise ZoError(
+            "backprop_baseline: train_cache, y_train, test_cache and y_test are required with a TrainableModel"
+        )
     if optimizer not in OPTIMIZERS:
         raise ZoError(f"backprop_baseline: optimizer {optimizer!r}, expected one of {', '.join(OPTIMIZERS)}")
     if units not in DEFAULT_LR:
         raise ZoError(f"backprop_baseline: units {units!r}, expected one of {', '.join(DEFAULT_LR)}")
     if lr_schedule not in SCHEDULES:
-        raise ZoError(f"backprop_baseline: lr_schedule {lr_schedule!r}, expected one of {', '.join(SCHEDULES)}")
+        raise ZoError(
+            f"backprop_baseline: lr_schedule {lr_schedule!r}, expected one of {', '.join(SCHEDULES)}"
+        )
     lr = DEFAULT_LR[units][optimizer] if lr is None else lr
     if epochs < 0 or batch < 1 or not (lr > 0 and np.isfinite(lr)):
-        raise ZoError(f"backprop_baseline: epochs {epochs}, batch {batch}, lr {lr}: expected epochs >= 0, batch >= 1, lr > 0")
-    limit = threadpool_limits(blas_threads, user_api="blas") if blas_threads and threadpool_limits else nullcontext()
+        raise ZoError(
+            f"backprop_baseline: epochs {epochs}, batch {batch}, lr {lr}: expected epochs >= 0, batch >= 1, lr > 0"
+        )
+    limit = (
+        threadpool_limits(blas_threads, user_api="blas")
+        if blas_threads and threadpool_limits
+        else nullcontext()
+    )
     with limit:
-        return _train(model, train_cache, np.asarray(y_train, dtype=np.int64), test_cache, np.asarray(y_test, dtype=np.int64),
-                      epochs, lr, batch, seed, optimizer, units, lr_schedule, project, eval_every_epoch)
+        return _train(
+            model,
+            train_cache,
+            np.asarray(y_train, dtype=np.int64),
+            test_cache,
+            np.asarray(y_test, dtype=np.int64),
+            epochs,
+            lr,
+            batch,
+            seed,
+            optimizer,
+            units,
+            lr_schedule,
+            project,
+            eval_every_epoch,
+        )
 
 
-def _train(model, train_cache, y_train, test_cache, y_test, epochs, lr, batch, seed, optimizer, units, lr_schedule,
-           project, eval_every_epoch) -> dict:
+def _train(
+    model,
+    train_cache,
+    y_train,
+    test_cache,
+    y_test,
+    epochs,
+    lr,
+    batch,
+    seed,
+    optimizer,
+    units,
+    lr_schedule,
+    project,
+    eval_every_epoch,
+) -> dict:
     start, cpu_start = time.perf_counter(), time.process_time()
 
     net = FloatSuffix(model, np.float32)
     # The optimizer moves x = w / unit (unit: real value of one coordinate step); dL/dx = unit * dL/dw.
     if units == "steps":
-        unit = {p.tensor: np.broadcast_to(net.steps[p.tensor] * p.unit, net.params[p.tensor].shape) for p in model.params}
+        unit = {
+            p.tensor: np.broadcast_to(net.steps[p.tensor] * p.unit, net.params[p.tensor].shape)
+            for p in model.params
+        }
     else:
         unit = {t: np.ones(v.shape) for t, v in net.params.items()}
     unit_flat = np.concatenate([unit[t].ravel() for t in net.trainable])
-    bound_flat = np.concatenate([np.broadcast_to(net.bounds[t], unit[t].shape).ravel() for t in net.trainable]) / unit_flat
+    bound_flat = (
+        np.concatenate([np.broadcast_to(net.bounds[t], unit[t].shape).ravel() for t in net.trainable])
+        / unit_flat
+    )
     offsets = np.cumsum([0] + [net.params[t].size for t in net.trainable])
     master = np.concatenate([net.params[t].astype(np.float64).ravel() for t in net.trainable]) / unit_flat
     opt = OPTIMIZERS[optimizer](master.size)
 
     def write_params():
         real = master * unit_flat
-        net.params = {t: real[offsets[i]:offsets[i + 1]].reshape(net.params[t].shape).astype(net.dtype)
-                      for i, t in enumerate(net.trainable)}
+        net.params = {
+            t: real[offsets[i] : offsets[i + 1]].reshape(net.params[t].shape).astype(net.dtype)
+            for i, t in enumerate(net.trainable)
+        }
 
     def test_accuracy_float():
         return float(np.mean(net.predict(test_cache) == y_test))
 
-    result = {"trainable": [p.name for p in model.params], "parameters": int(master.size), "epochs": epochs,
-              "lr": lr, "units": units, "batch": batch, "seed": seed, "optimizer": optimizer, "lr_schedule": lr_schedule,
-              "float_test_accuracy_initial": test_accuracy_float(),
-              "int8_test_accuracy_initial": float(np.mean(model.predict(test_cache) == y_test))}
+    result = {
+        "trainable": [p.name for p in model.params],
+        "parameters": int(master.size),
+        "epochs": epochs,
+        "lr": lr,
+        "units": units,
+        "batch": batch,
+        "seed": seed,
+        "optimizer": optimizer,
+        "lr_schedule": lr_schedule,
+        "float_test_accuracy_initial": test_accuracy_float(),
+        "int8_test_accuracy_initial": float(np.mean(model.predict(test_cache) == y_test)),
+    }
     n = len(y_train)
     b = min(batch, n)
     per_epoch = n // b
@@ -647,7 +768,7 @@ def _train(model, train_cache, y_train, test_cache, y_test, epochs, lr, batch, s
         order = rng.permutation(n)
         losses = np.empty(per_epoch)
         for j in range(per_epoch):
-            index = np.sort(order[j * b:(j + 1) * b])
+            index = np.sort(order[j * b : (j + 1) * b])
             losses[j], grads = net.loss_and_gradient(net.dequantize(train_cache, index), y_train[index])
             g = np.concatenate([grads[t].astype(np.float64).ravel() for t in net.trainable]) * unit_flat
             master += opt.step(g, learning_rate(lr, lr_schedule, step / total))
@@ -659,10 +780,14 @@ def _train(model, train_cache, y_train, test_cache, y_test, epochs, lr, batch, s
         if eval_every_epoch:
             row["float_test_accuracy"] = test_accuracy_float()
         history.append(row)
-    result["float_test_accuracy"] = history[-1]["float_test_accuracy"] if history and eval_every_epoch else test_accuracy_float()
+    result["float_test_accuracy"] = (
+        history[-1]["float_test_accuracy"] if history and eval_every_epoch else test_accuracy_float()
+    )
     result["int8_test_accuracy"] = int8_accuracy(model, net.int_values(), test_cache, y_test)
     result["train_loss"] = history[-1]["train_loss"] if history else float("nan")
     result["history"] = history
     result["seconds"] = time.perf_counter() - start
-    result["cpu_seconds"] = time.process_time() - cpu_start  # all threads; wall time varies on a shared machine
+    result["cpu_seconds"] = (
+        time.process_time() - cpu_start
+    )  # all threads; wall time varies on a shared machine
     return result

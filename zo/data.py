@@ -7,6 +7,7 @@ Three layouts are read (see load_dataset):
 Whatever the source, a Dataset holds uint8 NHWC RGB images and int64 labels in [0, num_classes),
 and every problem is reported as one DataError line naming the file and the key or folder at fault.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -81,7 +82,9 @@ def _load_npz(path: Path) -> Dataset:
         with np.load(path, allow_pickle=False) as z:
             missing = [k for k in NPZ_KEYS if k not in z.files]
             if missing:
-                raise DataError(f"{path}: missing key(s) {', '.join(missing)}, expected {', '.join(NPZ_KEYS)}")
+                raise DataError(
+                    f"{path}: missing key(s) {', '.join(missing)}, expected {', '.join(NPZ_KEYS)}"
+                )
             arrays = {k: z[k] for k in NPZ_KEYS}
             names = z["class_names"] if "class_names" in z.files else None
     except DataError:
@@ -99,11 +102,17 @@ def _load_npz(path: Path) -> Dataset:
         class_names = [str(i) for i in range(top + 1)]
     else:
         if names.ndim != 1 or names.dtype.kind not in "US":
-            raise DataError(f"{path}: class_names has dtype {names.dtype} shape {names.shape}, expected a 1-D array of strings")
+            raise DataError(
+                f"{path}: class_names has dtype {names.dtype} shape {names.shape}, expected a 1-D array of strings"
+            )
         class_names = [str(n) for n in names]
     ds = Dataset(
-        arrays["x_train"], arrays["y_train"].astype(np.int64), arrays["x_test"], arrays["y_test"].astype(np.int64),
-        class_names, path.stem,
+        arrays["x_train"],
+        arrays["y_train"].astype(np.int64),
+        arrays["x_test"],
+        arrays["y_test"].astype(np.int64),
+        class_names,
+        path.stem,
     )
     _check_dataset(ds, where, {k: k for k in NPZ_KEYS})
     return ds
@@ -118,11 +127,20 @@ def _stl10_dir(path: Path) -> Path | None:
 
 
 def _load_stl10(folder: Path) -> Dataset:
-    files = {k: folder / f"{split}_{xy}.bin" for k, split, xy in
-             [("x_train", "train", "X"), ("y_train", "train", "y"), ("x_test", "test", "X"), ("y_test", "test", "y")]}
+    files = {
+        k: folder / f"{split}_{xy}.bin"
+        for k, split, xy in [
+            ("x_train", "train", "X"),
+            ("y_train", "train", "y"),
+            ("x_test", "test", "X"),
+            ("y_test", "test", "y"),
+        ]
+    }
     for f in files.values():
         if not f.is_file():
-            raise DataError(f"{f}: missing, expected STL-10 files train_X.bin, train_y.bin, test_X.bin, test_y.bin in {folder}")
+            raise DataError(
+                f"{f}: missing, expected STL-10 files train_X.bin, train_y.bin, test_X.bin, test_y.bin in {folder}"
+            )
 
     names_file = folder / "class_names.txt"
     class_names = STL10_CLASSES
@@ -143,7 +161,9 @@ def _load_stl10(folder: Path) -> Dataset:
                 f"out of range, expected STL-10 labels 1..{len(class_names)}"
             )
         arrays[f"y_{split}"] = raw.astype(np.int64) - 1
-    ds = Dataset(arrays["x_train"], arrays["y_train"], arrays["x_test"], arrays["y_test"], class_names, "stl10")
+    ds = Dataset(
+        arrays["x_train"], arrays["y_train"], arrays["x_test"], arrays["y_test"], class_names, "stl10"
+    )
     _check_dataset(ds, str(folder), {k: f.name for k, f in files.items()})
     return ds
 
@@ -152,7 +172,9 @@ def _read_stl10_images(f: Path) -> np.ndarray:
     raw = np.fromfile(f, dtype=np.uint8)
     per_image = 3 * STL10_SIDE * STL10_SIDE
     if raw.size % per_image:
-        raise DataError(f"{f}: {raw.size} bytes is not a whole number of 3x96x96 STL-10 images ({per_image} bytes each)")
+        raise DataError(
+            f"{f}: {raw.size} bytes is not a whole number of 3x96x96 STL-10 images ({per_image} bytes each)"
+        )
     # Each image is stored channel by channel, each channel column-major (x outer, y inner).
     # Same as the official stl10_input.py: reshape(-1, 3, 96, 96) then transpose (0, 3, 2, 1),
     # which gives out[n, y, x, c] = raw[n, c, x, y].
@@ -162,14 +184,20 @@ def _read_stl10_images(f: Path) -> np.ndarray:
 
 def _class_folders(path: Path) -> list[Path]:
     """Sub-folders that hold at least one image file (hidden folders ignored)."""
-    return [d for d in sorted(path.iterdir())
-            if d.is_dir() and not d.name.startswith(".") and any(_image_files(d))]
+    return [
+        d
+        for d in sorted(path.iterdir())
+        if d.is_dir() and not d.name.startswith(".") and any(_image_files(d))
+    ]
 
 
 def _image_files(folder: Path) -> list[Path]:
     # Sorted so that the split does not depend on the file system's listing order.
-    return sorted(f for f in folder.iterdir()
-                  if f.is_file() and not f.name.startswith(".") and f.suffix.lower() in IMAGE_SUFFIXES)
+    return sorted(
+        f
+        for f in folder.iterdir()
+        if f.is_file() and not f.name.startswith(".") and f.suffix.lower() in IMAGE_SUFFIXES
+    )
 
 
 def _load_image_folder(path: Path, test_fraction: float, seed: int, image_size) -> Dataset:
@@ -183,7 +211,9 @@ def _load_image_folder(path: Path, test_fraction: float, seed: int, image_size) 
     for label, d in enumerate(class_dirs):
         files = _image_files(d)
         if not files:
-            raise DataError(f"{d}: class folder has no images, expected files ending in {', '.join(IMAGE_SUFFIXES)}")
+            raise DataError(
+                f"{d}: class folder has no images, expected files ending in {', '.join(IMAGE_SUFFIXES)}"
+            )
         order = rng.permutation(len(files))
         # At least one test and one train image per class when the class has two or more.
         n_test = min(len(files) - 1, max(1, round(len(files) * test_fraction))) if len(files) > 1 else 0
@@ -194,12 +224,17 @@ def _load_image_folder(path: Path, test_fraction: float, seed: int, image_size) 
     x_train, y_train = _read_images(train, size)
     x_test, y_test = _read_images(test, size)
     ds = Dataset(x_train, y_train, x_test, y_test, [d.name for d in class_dirs], path.name)
-    _check_dataset(ds, str(path), {"x_train": "train split", "y_train": "train split",
-                                   "x_test": "test split", "y_test": "test split"})
+    _check_dataset(
+        ds,
+        str(path),
+        {"x_train": "train split", "y_train": "train split", "x_test": "test split", "y_test": "test split"},
+    )
     return ds
 
 
-def _read_images(items: list[tuple[Path, int]], size: tuple[int, int] | None) -> tuple[np.ndarray, np.ndarray]:
+def _read_images(
+    items: list[tuple[Path, int]], size: tuple[int, int] | None
+) -> tuple[np.ndarray, np.ndarray]:
     images = []
     for f, _ in items:
         try:
@@ -229,12 +264,16 @@ def _read_images(items: list[tuple[Path, int]], size: tuple[int, int] | None) ->
 def _check_images(x: np.ndarray, where: str, what: str) -> None:
     if x.ndim != 4 or x.shape[-1] != 3 or x.dtype != np.uint8:
         # Grayscale or RGBA arrays are refused rather than guessed at: the models take RGB.
-        raise DataError(f"{where}: {what} has shape {x.shape} dtype {x.dtype}, expected N x H x W x 3 uint8 RGB images")
+        raise DataError(
+            f"{where}: {what} has shape {x.shape} dtype {x.dtype}, expected N x H x W x 3 uint8 RGB images"
+        )
 
 
 def _check_labels_dtype(y: np.ndarray, where: str, what: str) -> None:
     if y.ndim != 1 or y.dtype.kind not in "iu":
-        raise DataError(f"{where}: {what} has shape {y.shape} dtype {y.dtype}, expected a 1-D array of integer labels")
+        raise DataError(
+            f"{where}: {what} has shape {y.shape} dtype {y.dtype}, expected a 1-D array of integer labels"
+        )
 
 
 def _check_dataset(ds: Dataset, where: str, what: dict[str, str]) -> None:
@@ -247,16 +286,22 @@ def _check_dataset(ds: Dataset, where: str, what: dict[str, str]) -> None:
         _check_images(x, where, xk)
         _check_labels_dtype(y, where, yk)
         if len(x) != len(y):
-            raise DataError(f"{where}: {xk} has {len(x)} images but {yk} has {len(y)} labels, expected the same number")
+            raise DataError(
+                f"{where}: {xk} has {len(x)} images but {yk} has {len(y)} labels, expected the same number"
+            )
         if len(x) == 0:
             raise DataError(f"{where}: {xk} is empty, expected at least one {split} image")
         bad = (y < 0) | (y >= ds.num_classes)
         if bad.any():
             i = int(np.argmax(bad))
-            raise DataError(f"{where}: {yk} has label {int(y[i])} at index {i}, expected labels in [0, {ds.num_classes})")
+            raise DataError(
+                f"{where}: {yk} has label {int(y[i])} at index {i}, expected labels in [0, {ds.num_classes})"
+            )
     if ds.x_train.shape[1:] != ds.x_test.shape[1:]:
-        raise DataError(f"{where}: {what['x_train']} images are {ds.x_train.shape[1:]} but {what['x_test']} images are "
-                        f"{ds.x_test.shape[1:]}, expected one image size")
+        raise DataError(
+            f"{where}: {what['x_train']} images are {ds.x_train.shape[1:]} but {what['x_test']} images are "
+            f"{ds.x_test.shape[1:]}, expected one image size"
+        )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -291,8 +336,14 @@ def resize_images(x: np.ndarray, size) -> np.ndarray:
 # Batches and subsets
 
 
-def batches(x: np.ndarray, y: np.ndarray, batch_size: int, rng: np.random.Generator,
-            epochs: int | None = 1, drop_last: bool = False) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+def batches(
+    x: np.ndarray,
+    y: np.ndarray,
+    batch_size: int,
+    rng: np.random.Generator,
+    epochs: int | None = 1,
+    drop_last: bool = False,
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """Yield shuffled (x, y) mini-batches: each epoch is a fresh permutation drawn from rng.
 
     epochs=None repeats forever (for step-budgeted training). drop_last skips the last, shorter
@@ -308,7 +359,7 @@ def batches(x: np.ndarray, y: np.ndarray, batch_size: int, rng: np.random.Genera
     while epochs is None or epoch < epochs:
         perm = rng.permutation(len(x))
         for start in range(0, len(x), batch_size):
-            idx = perm[start:start + batch_size]
+            idx = perm[start : start + batch_size]
             if drop_last and len(idx) < batch_size:
                 break
             yield x[idx], y[idx]

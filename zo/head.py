@@ -11,6 +11,7 @@ compiler would fix it before training; from then on the frozen-scale rule holds:
   (every probe difference zero). The weight range then spans far more than the logits can hold.
 - bias: in_scale * w_scale, as TFLite requires.
 """
+
 from __future__ import annotations
 
 import copy
@@ -44,14 +45,18 @@ def feature_tensor(graph: Graph) -> int:
     if head is not None:
         return head.inputs[0]
     if len(graph.outputs) != 1:
-        raise ZoError(f"cannot append a classifier head: the model has {len(graph.outputs)} outputs, expected one")
+        raise ZoError(
+            f"cannot append a classifier head: the model has {len(graph.outputs)} outputs, expected one"
+        )
     t = graph.outputs[0]
     op = graph.producer().get(t)
     if op is not None and op.kind == "DEQUANTIZE":
         t = op.inputs[0]
     if graph.tensors[t].dtype != np.int8:
-        raise ZoError(f"cannot append a classifier head to output {graph.tensors[t].name!r} of type "
-                      f"{np.dtype(graph.tensors[t].dtype).name}: expected an int8 feature tensor")
+        raise ZoError(
+            f"cannot append a classifier head to output {graph.tensors[t].name!r} of type "
+            f"{np.dtype(graph.tensors[t].dtype).name}: expected an int8 feature tensor"
+        )
     return t
 
 
@@ -59,11 +64,15 @@ def head_quantization(features: np.ndarray, num_classes: int) -> tuple[np.ndarra
     """(per-class weight scales, logits quantization) from real features [N, K] of a calibration batch."""
     rms = float(np.sqrt(np.mean(np.sum(np.square(features, dtype=np.float64), axis=1))))
     if not rms > 0:
-        raise ZoError("the frozen features of the calibration batch are all zero: a new head cannot learn "
-                      "from them (check the input mapping, --input-range or --mean/--std)")
+        raise ZoError(
+            "the frozen features of the calibration batch are all zero: a new head cannot learn "
+            "from them (check the input mapping, --input-range or --mean/--std)"
+        )
     logit_scale = 2 * LOGIT_RANGE / 255
     w_scale = np.full(num_classes, PROBE_CODES * logit_scale / rms, dtype=np.float32)
-    return w_scale, Quantization(scale=np.array([logit_scale], dtype=np.float32), zero_point=np.zeros(1, dtype=np.int64))
+    return w_scale, Quantization(
+        scale=np.array([logit_scale], dtype=np.float32), zero_point=np.zeros(1, dtype=np.int64)
+    )
 
 
 def fresh_head(graph: Graph, num_classes: int, features: np.ndarray) -> Graph:
@@ -75,8 +84,11 @@ def fresh_head(graph: Graph, num_classes: int, features: np.ndarray) -> Graph:
     x = g.tensors[feature_tensor(g)]
     depth = int(np.prod(x.shape[1:]))
     w_quant = Quantization(scale=w_scale, zero_point=np.zeros(num_classes, dtype=np.int64), axis=0)
-    b_quant = Quantization(scale=(np.float64(x.scale) * w_scale.astype(np.float64)).astype(np.float32),
-                           zero_point=np.zeros(num_classes, dtype=np.int64), axis=0)
+    b_quant = Quantization(
+        scale=(np.float64(x.scale) * w_scale.astype(np.float64)).astype(np.float32),
+        zero_point=np.zeros(num_classes, dtype=np.int64),
+        axis=0,
+    )
     if head is None:
         _append_head(g, feature_tensor(g), num_classes, depth, w_quant, b_quant, logits_quant)
         return g
@@ -90,7 +102,7 @@ def fresh_head(graph: Graph, num_classes: int, features: np.ndarray) -> Graph:
     g.tensors[head.outputs[0]].quant = logits_quant
     # Every activation downstream of the head with a class axis of the old size follows.
     frontier = {head.outputs[0]}
-    for op in g.ops[g.ops.index(head):]:
+    for op in g.ops[g.ops.index(head) :]:
         if op is head or any(t in frontier for t in op.inputs):
             for t in op.outputs:
                 tensor = g.tensors[t]
@@ -105,11 +117,26 @@ def _append_head(g: Graph, x: int, num_classes: int, depth: int, w_quant, b_quan
         g.tensors.append(tensor)
         return len(g.tensors) - 1
 
-    w = add(Tensor("zo_head/weights", (num_classes, depth), np.dtype(np.int8), w_quant,
-                   np.zeros((num_classes, depth), dtype=np.int8)))
-    b = add(Tensor("zo_head/bias", (num_classes,), np.dtype(np.int32), b_quant, np.zeros(num_classes, dtype=np.int32)))
+    w = add(
+        Tensor(
+            "zo_head/weights",
+            (num_classes, depth),
+            np.dtype(np.int8),
+            w_quant,
+            np.zeros((num_classes, depth), dtype=np.int8),
+        )
+    )
+    b = add(
+        Tensor(
+            "zo_head/bias", (num_classes,), np.dtype(np.int32), b_quant, np.zeros(num_classes, dtype=np.int32)
+        )
+    )
     y = add(Tensor("zo_head/logits", (1, num_classes), np.dtype(np.int8), logits_quant))
-    options = {"fused_activation_function": "NONE", "weights_format": 0, "keep_num_dims": False,
-               "asymmetric_quantize_inputs": False}
+    options = {
+        "fused_activation_function": "NONE",
+        "weights_format": 0,
+        "keep_num_dims": False,
+        "asymmetric_quantize_inputs": False,
+    }
     g.ops.append(Op("FULLY_CONNECTED", [x, w, b], [y], options, index=len(g.ops)))
     g.outputs = [y]

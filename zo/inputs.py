@@ -9,6 +9,7 @@ the quantization ("auto"): the real interval the input codes cover, (qmin - zp) 
 Beyond the value mapping, the data are fitted to the tensor's geometry: resized to its own height
 and width (bilinear), reduced to BT.601 luma for a 1-channel input, and transposed for NCHW.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -54,8 +55,10 @@ class ImageInput:
         elif len(shape) == 4 and shape[1] in (1, 3):
             nchw, (c, h, w) = True, shape[1:]
         else:
-            raise ZoError(f"model input {t.name!r} has shape {list(shape)}: expected an image, "
-                          "N x H x W x C or N x C x H x W with 1 or 3 channels")
+            raise ZoError(
+                f"model input {t.name!r} has shape {list(shape)}: expected an image, "
+                "N x H x W x C or N x C x H x W with 1 or 3 channels"
+            )
         dtype = np.dtype(t.dtype)
         if dtype not in CODE_LIMITS and dtype != np.float32:
             raise ZoError(f"model input {t.name!r} has dtype {dtype.name}: expected uint8, int8 or float32")
@@ -65,9 +68,18 @@ class ImageInput:
             lo, hi = CODE_LIMITS[np.dtype(quantized.dtype)]
             s, zp = float(quantized.scale), quantized.zero_point
             interval, code = ((lo - zp) * s, (hi - zp) * s), s
-        return cls(t.name, dtype, int(h), int(w), int(c), nchw,
-                   float(t.scale) if dtype in CODE_LIMITS and t.quant is not None else None,
-                   t.zero_point if dtype in CODE_LIMITS else 0, interval, code)
+        return cls(
+            t.name,
+            dtype,
+            int(h),
+            int(w),
+            int(c),
+            nchw,
+            float(t.scale) if dtype in CODE_LIMITS and t.quant is not None else None,
+            t.zero_point if dtype in CODE_LIMITS else 0,
+            interval,
+            code,
+        )
 
 
 def _quantize_reader(graph: Graph):
@@ -102,8 +114,11 @@ class InputMapping:
         return {"range": self.name, "mean": list(self.mean), "std": list(self.std), "source": self.source}
 
     def __str__(self) -> str:
-        what = f"--input-range {self.name}" if self.name in RANGES else \
-            f"--mean {','.join(f'{m:g}' for m in self.mean)} --std {','.join(f'{s:g}' for s in self.std)}"
+        what = (
+            f"--input-range {self.name}"
+            if self.name in RANGES
+            else f"--mean {','.join(f'{m:g}' for m in self.mean)} --std {','.join(f'{s:g}' for s in self.std)}"
+        )
         return f"{what} ({self.source})"
 
 
@@ -113,7 +128,9 @@ def parse_channels(option: str, text: str | None) -> tuple[float, ...] | None:
     try:
         values = tuple(float(v) for v in text.split(","))
     except ValueError:
-        raise ZoError(f"{option} {text!r}: expected comma-separated numbers, one per channel (R,G,B)") from None
+        raise ZoError(
+            f"{option} {text!r}: expected comma-separated numbers, one per channel (R,G,B)"
+        ) from None
     if not all(np.isfinite(values)):
         raise ZoError(f"{option} {text!r}: expected finite numbers")
     return values
@@ -125,15 +142,19 @@ def choose_mapping(image: ImageInput, input_range: str = "auto", mean=None, std=
         raise ZoError(f"--input-range {input_range!r}: expected one of {', '.join(INPUT_RANGES)}")
     if (mean is None) != (std is None):
         given, missing = ("--mean", "--std") if std is None else ("--std", "--mean")
-        raise ZoError(f"{given} given without {missing}: expected both, one value per channel "
-                      "(torchvision's convention: (pixel/255 - mean) / std)")
+        raise ZoError(
+            f"{given} given without {missing}: expected both, one value per channel "
+            "(torchvision's convention: (pixel/255 - mean) / std)"
+        )
     if mean is not None:
         if input_range != "auto":
             raise ZoError(f"--input-range {input_range} and --mean/--std both given: expected one of them")
         for option, values in (("--mean", mean), ("--std", std)):
             if len(values) != image.channels:
-                raise ZoError(f"{option} has {len(values)} value(s), expected {image.channels} "
-                              f"(model input {image.name!r} has {image.channels} channel(s))")
+                raise ZoError(
+                    f"{option} has {len(values)} value(s), expected {image.channels} "
+                    f"(model input {image.name!r} has {image.channels} channel(s))"
+                )
         if any(s <= 0 for s in std):
             raise ZoError(f"--std {','.join(map(str, std))}: expected positive values")
         return InputMapping("mean/std", tuple(mean), tuple(std), "--mean/--std")
@@ -142,21 +163,27 @@ def choose_mapping(image: ImageInput, input_range: str = "auto", mean=None, std=
         mapping = InputMapping(input_range, (m,) * image.channels, (s,) * image.channels, "--input-range")
         if image.interval is not None and _contradicts(mapping.interval(image.channels), image):
             lo, hi = image.interval
-            raise ZoError(f"--input-range {input_range} contradicts model input {image.name!r}: its codes cover "
-                          f"[{lo:.4g}, {hi:.4g}], expected a range that fills it (try --input-range auto)")
+            raise ZoError(
+                f"--input-range {input_range} contradicts model input {image.name!r}: its codes cover "
+                f"[{lo:.4g}, {hi:.4g}], expected a range that fills it (try --input-range auto)"
+            )
         return mapping
     if image.interval is None:
-        raise ZoError(f"model input {image.name!r} is float32 with no quantization to read its range from: "
-                      "pass --input-range 0:255|0:1|-1:1 or --mean R,G,B --std R,G,B")
+        raise ZoError(
+            f"model input {image.name!r} is float32 with no quantization to read its range from: "
+            "pass --input-range 0:255|0:1|-1:1 or --mean R,G,B --std R,G,B"
+        )
     lo, hi = image.interval
     for name, (m, s) in RANGES.items():
         mapping = InputMapping(name, (m,) * image.channels, (s,) * image.channels, "auto")
         want_lo, want_hi = mapping.interval(image.channels)
         if abs(lo - want_lo) <= image.code and abs(hi - want_hi) <= image.code:
             return mapping
-    raise ZoError(f"model input {image.name!r} codes cover [{lo:.4g}, {hi:.4g}], which matches none of "
-                  "[0, 255], [0, 1], [-1, 1]: pass the model's normalization as --mean R,G,B --std R,G,B "
-                  "or choose --input-range")
+    raise ZoError(
+        f"model input {image.name!r} codes cover [{lo:.4g}, {hi:.4g}], which matches none of "
+        "[0, 255], [0, 1], [-1, 1]: pass the model's normalization as --mean R,G,B --std R,G,B "
+        "or choose --input-range"
+    )
 
 
 def _contradicts(wanted: tuple[float, float], image: ImageInput) -> bool:
@@ -167,7 +194,9 @@ def _contradicts(wanted: tuple[float, float], image: ImageInput) -> bool:
     return spills or (wanted[1] - wanted[0]) < 0.5 * (hi - lo)
 
 
-def quantize_real(real: np.ndarray, dtype, scale: float = 1.0, zero_point: int = 0) -> tuple[np.ndarray, float]:
+def quantize_real(
+    real: np.ndarray, dtype, scale: float = 1.0, zero_point: int = 0
+) -> tuple[np.ndarray, float]:
     """Real values -> codes of dtype (round half away from zero, as TFLite's quantize, then clamp),
     and the fraction of values that were clipped to the dtype's limits. float32 passes through."""
     dtype = np.dtype(dtype)
@@ -197,7 +226,9 @@ def model_inputs(x_uint8: np.ndarray, image: ImageInput, mapping: InputMapping) 
     return codes, clipped
 
 
-def prepare_inputs(x_uint8: np.ndarray, graph: Graph, input_range: str = "auto", mean=None, std=None) -> np.ndarray:
+def prepare_inputs(
+    x_uint8: np.ndarray, graph: Graph, input_range: str = "auto", mean=None, std=None
+) -> np.ndarray:
     """uint8 RGB images -> values for graph's input, with the mapping the options choose (see choose_mapping)."""
     image = ImageInput.of(graph)
     return model_inputs(x_uint8, image, choose_mapping(image, input_range, mean, std))[0]

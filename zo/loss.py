@@ -1,4 +1,5 @@
 """Host-side loss: cross-entropy on the dequantized logits, as the Cortex-M55 would compute it."""
+
 from __future__ import annotations
 
 import numpy as np

@@ -3,6 +3,7 @@
 Only weight and bias values of the trainable layers ever change; every scale, zero point and
 multiplier of the deployed graph stays as compiled (the NPU program has them baked in).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -42,8 +43,15 @@ class Parameter:
 class TrainableModel:
     """A prepared model split at its first trainable layer, with the logits as the training output."""
 
-    def __init__(self, graph: Graph, trainable: str = "last:1", profile: str = "tflm", num_classes: int | None = None,
-                 new_head: bool = False, calibration: np.ndarray | None = None):
+    def __init__(
+        self,
+        graph: Graph,
+        trainable: str = "last:1",
+        profile: str = "tflm",
+        num_classes: int | None = None,
+        new_head: bool = False,
+        calibration: np.ndarray | None = None,
+    ):
         """num_classes different from the model's, or new_head, gives a fresh zero head (zo/head.py),
         quantized from the frozen features of calibration (model-input values of a batch)."""
         try:
@@ -52,11 +60,15 @@ class TrainableModel:
             out_classes = graph.output().shape[-1]
             if head is None and not new_head and num_classes is not None and num_classes != out_classes:
                 producer = graph.producer().get(graph.outputs[0])
-                raise ZoError(f"the model ends in {producer.kind if producer else 'its input'} with {out_classes} outputs, "
-                              f"not a FULLY_CONNECTED classifier for {num_classes} classes: pass --new-head to append one")
+                raise ZoError(
+                    f"the model ends in {producer.kind if producer else 'its input'} with {out_classes} outputs, "
+                    f"not a FULLY_CONNECTED classifier for {num_classes} classes: pass --new-head to append one"
+                )
             if new_head or (num_classes is not None and num_classes != out_classes):
                 features = self.features(calibration, feature_tensor(graph))
-                self.interp = Interpreter(fresh_head(graph, num_classes or out_classes, features), profile=profile)
+                self.interp = Interpreter(
+                    fresh_head(graph, num_classes or out_classes, features), profile=profile
+                )
         except NpusimError as e:
             raise ZoError(str(e)) from None
         self.graph = self.interp.graph
@@ -69,11 +81,17 @@ class TrainableModel:
         if end < start:
             raise ZoError("the trainable layers lie after the logits; nothing to train")
         self.prefix = kernels[:start]
-        self.suffix = kernels[start:end + 1]  # up to the op that produces the logits
-        self.tail = kernels[end + 1:]  # SOFTMAX/DEQUANTIZE: only for int8 predictions
+        self.suffix = kernels[start : end + 1]  # up to the op that produces the logits
+        self.tail = kernels[end + 1 :]  # SOFTMAX/DEQUANTIZE: only for int8 predictions
         produced = {t for k in self.suffix for t in k.op.outputs}
-        self.boundary = sorted({t for k in self.suffix for t in k.op.inputs
-                                if t >= 0 and t not in produced and not self.graph.tensors[t].is_constant})
+        self.boundary = sorted(
+            {
+                t
+                for k in self.suffix
+                for t in k.op.inputs
+                if t >= 0 and t not in produced and not self.graph.tensors[t].is_constant
+            }
+        )
         logits = self.graph.tensors[self.logits_tensor]
         self.logits_scale = np.float64(logits.scale)
         self.logits_zero_point = logits.zero_point
@@ -85,10 +103,10 @@ class TrainableModel:
         if x is None:
             return np.ones((1, int(np.prod(t.shape[1:]))))
         producer = {o: i for i, k in enumerate(self.interp.kernels) for o in k.op.outputs}
-        plan = self.interp.kernels[:producer[tensor] + 1] if tensor in producer else []
+        plan = self.interp.kernels[: producer[tensor] + 1] if tensor in producer else []
         parts = []
         for i in range(0, len(x), chunk):
-            values = {self.interp.graph.inputs[0]: self.interp.check_input(x[i:i + chunk])}
+            values = {self.interp.graph.inputs[0]: self.interp.check_input(x[i : i + chunk])}
             self.interp.evaluate(values, plan)
             parts.append(values[tensor].reshape(len(values[tensor]), -1))
         return t.scale * (np.concatenate(parts).astype(np.float64) - t.zero_point)
@@ -107,7 +125,9 @@ class TrainableModel:
             except ValueError:
                 raise ZoError(f"--trainable {spec!r}: expected last:K with an integer K") from None
             if not 1 <= k <= len(mac):
-                raise ZoError(f"--trainable {spec!r}: K must be between 1 and {len(mac)} (the model's trainable layers)")
+                raise ZoError(
+                    f"--trainable {spec!r}: K must be between 1 and {len(mac)} (the model's trainable layers)"
+                )
             chosen, with_weights = mac[-k:], True
         else:
             names = [n.strip() for n in spec.split(",") if n.strip()]
@@ -118,15 +138,22 @@ class TrainableModel:
             missing = [n for n in names if n not in by_name]
             if missing or not names:
                 sample = ", ".join(tensors[op.inputs[1]].name for op in mac[-3:])
-                raise ZoError(f"--trainable: no trainable layer named {missing[0] if missing else spec!r} "
-                              f"(expected last:K, biases, or weight/output tensor names such as {sample})")
-            chosen, with_weights = sorted({id(by_name[n]): by_name[n] for n in names}.values(), key=lambda o: o.index), True
+                raise ZoError(
+                    f"--trainable: no trainable layer named {missing[0] if missing else spec!r} "
+                    f"(expected last:K, biases, or weight/output tensor names such as {sample})"
+                )
+            chosen, with_weights = (
+                sorted({id(by_name[n]): by_name[n] for n in names}.values(), key=lambda o: o.index),
+                True,
+            )
         params = []
         for op in chosen:
             if with_weights:
                 params.append(Parameter(tensors[op.inputs[1]].name, op.inputs[1], op.index, 1, WEIGHT_BOUND))
             if len(op.inputs) > 2 and op.inputs[2] >= 0:
-                params.append(Parameter(tensors[op.inputs[2]].name, op.inputs[2], op.index, BIAS_UNIT, BIAS_BOUND))
+                params.append(
+                    Parameter(tensors[op.inputs[2]].name, op.inputs[2], op.index, BIAS_UNIT, BIAS_BOUND)
+                )
         if not params:
             raise ZoError(f"--trainable {spec!r}: the chosen layers have no bias to train")
         return params
@@ -135,13 +162,19 @@ class TrainableModel:
         """The logits tensor (the input of the final SOFTMAX, else the int8 output) and its producer."""
         producer = {t: i for i, k in enumerate(kernels) for t in k.op.outputs}
         t = self.graph.outputs[0]
-        while producer.get(t) is not None and kernels[producer[t]].kind in ("DEQUANTIZE", "SOFTMAX", "RESHAPE"):
+        while producer.get(t) is not None and kernels[producer[t]].kind in (
+            "DEQUANTIZE",
+            "SOFTMAX",
+            "RESHAPE",
+        ):
             k = kernels[producer[t]]
             t = k.op.inputs[0]
             if k.kind == "SOFTMAX":
                 break
         if self.graph.tensors[t].dtype != np.int8 or t not in producer:
-            raise ZoError("cannot find int8 logits (expected the model to end in SOFTMAX, or in an int8 output)")
+            raise ZoError(
+                "cannot find int8 logits (expected the model to end in SOFTMAX, or in an int8 output)"
+            )
         return t, producer[t]
 
     @property
@@ -161,7 +194,7 @@ class TrainableModel:
         """The frozen prefix's outputs that the suffix reads, for a whole set of inputs (computed once)."""
         parts = []
         for i in range(0, len(x), chunk):
-            values = {self.graph.inputs[0]: self.interp.check_input(x[i:i + chunk])}
+            values = {self.graph.inputs[0]: self.interp.check_input(x[i : i + chunk])}
             self.interp.evaluate(values, self.prefix)
             parts.append({t: values[t] for t in self.boundary})
         return {t: np.concatenate([p[t] for p in parts]) for t in self.boundary}
@@ -181,7 +214,9 @@ class TrainableModel:
         preds = []
         n = len(next(iter(boundary.values())))
         for i in range(0, n, chunk):
-            values = {t: v[i:i + chunk] for t, v in boundary.items()}
+            values = {t: v[i : i + chunk] for t, v in boundary.items()}
             self.interp.evaluate(values, self.suffix + self.tail)
-            preds.append(np.argmax(values[self.graph.outputs[0]].reshape(len(values[self.boundary[0]]), -1), axis=1))
+            preds.append(
+                np.argmax(values[self.graph.outputs[0]].reshape(len(values[self.boundary[0]]), -1), axis=1)
+            )
         return np.concatenate(preds)

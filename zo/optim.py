@@ -3,6 +3,7 @@
 The gradient estimate they receive is in loss per integer step, so the learning rate of SGD is in
 steps per unit gradient, and Adam's is (about) the largest step in integer units per update.
 """
+
 from __future__ import annotations
 
 import math
@@ -55,8 +56,8 @@ class Adam:
         self.t += 1
         self.m = self.beta1 * self.m + (1 - self.beta1) * grad
         self.v = self.beta2 * self.v + (1 - self.beta2) * grad * grad
-        m_hat = self.m / (1 - self.beta1 ** self.t)
-        v_hat = self.v / (1 - self.beta2 ** self.t)
+        m_hat = self.m / (1 - self.beta1**self.t)
+        v_hat = self.v / (1 - self.beta2**self.t)
         return -lr * m_hat / (np.sqrt(v_hat) + self.eps)
 
     def state(self) -> dict:

@@ -3,6 +3,7 @@
 On the device the extra memory of a ZO step is then one seed, as in MeZO, whatever the number of
 trainable parameters.
 """
+
 from __future__ import annotations
 
 import math

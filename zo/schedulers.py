@@ -4,6 +4,7 @@ A scheduler sees what the trainer saw (the probe losses of each step, the step, 
 spent of the budget) and answers q for the next step. Its state is a JSON-able dict, so a resumed
 run continues with exactly the same decisions.
 """
+
 from __future__ import annotations
 
 import math
@@ -86,7 +87,9 @@ class PowerLaw(Scheduler):
 
     def next_q(self, progress):
         e = min(1 + math.floor(progress.fraction * self.epochs), self.epochs)
-        return min(max(math.floor(self.a * e ** self.b + 1e-9), 1), self.q_max)  # 1e-9: e^b may land a hair below an integer
+        return min(
+            max(math.floor(self.a * e**self.b + 1e-9), 1), self.q_max
+        )  # 1e-9: e^b may land a hair below an integer
 
     def describe(self):
         return f"power:{self.q_max}"
@@ -112,10 +115,25 @@ class QScheduler(Scheduler):
 
     name = "qscheduler"
 
-    def __init__(self, q_init: int = 1, q_max: int = 64, window: int = 400, z: float = 2.0, threshold: float = 0.04,
-                 max_windows: int = 10, shrink: float | None = None, q_min: int = 1):
+    def __init__(
+        self,
+        q_init: int = 1,
+        q_max: int = 64,
+        window: int = 400,
+        z: float = 2.0,
+        threshold: float = 0.04,
+        max_windows: int = 10,
+        shrink: float | None = None,
+        q_min: int = 1,
+    ):
         self.q, self.q_max, self.q_min = q_init, q_max, q_min
-        self.window, self.z, self.threshold, self.max_windows, self.shrink = window, z, threshold, max_windows, shrink
+        self.window, self.z, self.threshold, self.max_windows, self.shrink = (
+            window,
+            z,
+            threshold,
+            max_windows,
+            shrink,
+        )
         self.losses: list[float] = []
         self.changes: list[tuple[int, int]] = []  # (step, new q), for plots and logs
 
@@ -132,7 +150,11 @@ class QScheduler(Scheduler):
         slope = float((x * (y - y.mean())).sum() / sxx)
         resid = y - y.mean() - slope * x
         se = math.sqrt(float((resid * resid).sum()) / (y.size - 2) / sxx)
-        return (-slope - self.z * se) * self.window, (-slope + self.z * se) * self.window, float(y[-self.window:].mean())
+        return (
+            (-slope - self.z * se) * self.window,
+            (-slope + self.z * se) * self.window,
+            float(y[-self.window :].mean()),
+        )
 
     def observe(self, progress, q, loss_plus, loss_minus):
         self.losses.append(float(np.mean((np.asarray(loss_plus) + np.asarray(loss_minus)) / 2)))

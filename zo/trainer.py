@@ -6,6 +6,7 @@ stacked perturbed weights, on the frozen prefix's cached activations); d_i = (L+
 g = (1/q) sum d_i u_i / E[u^2]; the optimizer moves a float64 master copy (in integer steps of each
 tensor's unit) and the int8 weights / int32 biases are written back with fixed scales.
 """
+
 from __future__ import annotations
 
 import csv
@@ -36,8 +37,18 @@ from .perturbation import KINDS, direction, second_moment
 from .schedulers import Progress, Scheduler, parse_scheduler
 
 DEFAULT_LR = {"sgd": 0.5, "adam": 0.1}
-METRIC_FIELDS = ["step", "q", "forward_passes", "train_loss", "test_accuracy", "wall_seconds", "macs", "device_seconds", "lr",
-                 "zero_differences"]
+METRIC_FIELDS = [
+    "step",
+    "q",
+    "forward_passes",
+    "train_loss",
+    "test_accuracy",
+    "wall_seconds",
+    "macs",
+    "device_seconds",
+    "lr",
+    "zero_differences",
+]
 # Probe pairs with L+ == L- in every one of this many consecutive steps: the run is dead, say so once.
 DEAD_STEPS = 50
 # Training images whose frozen features fix a fresh head's quantization (evenly spaced, seed-free:
@@ -108,8 +119,9 @@ def file_sha256(path: str) -> str:
 
 def input_mapping(config: TrainConfig, graph) -> tuple[ImageInput, InputMapping]:
     image = ImageInput.of(graph)
-    return image, choose_mapping(image, config.input_range, parse_channels("--mean", config.mean),
-                                 parse_channels("--std", config.std))
+    return image, choose_mapping(
+        image, config.input_range, parse_channels("--mean", config.mean), parse_channels("--std", config.std)
+    )
 
 
 def calibration_indices(n: int) -> np.ndarray:
@@ -120,14 +132,27 @@ def build_model(config: TrainConfig, graph, data: Dataset) -> tuple[TrainableMod
     """The trainable model of a run, with its input mapping and, where asked for, a calibrated fresh head."""
     image, mapping = input_mapping(config, graph)
     calibration = model_inputs(data.x_train[calibration_indices(len(data.y_train))], image, mapping)[0]
-    model = TrainableModel(graph, config.trainable, config.profile, num_classes=data.num_classes,
-                           new_head=config.new_head, calibration=calibration)
+    model = TrainableModel(
+        graph,
+        config.trainable,
+        config.profile,
+        num_classes=data.num_classes,
+        new_head=config.new_head,
+        calibration=calibration,
+    )
     return model, image, mapping
 
 
 class Trainer:
-    def __init__(self, config: TrainConfig, out_dir: str | Path, dataset: Dataset | None = None,
-                 scheduler: Scheduler | None = None, caches: tuple[dict, dict] | None = None, warn=None):
+    def __init__(
+        self,
+        config: TrainConfig,
+        out_dir: str | Path,
+        dataset: Dataset | None = None,
+        scheduler: Scheduler | None = None,
+        caches: tuple[dict, dict] | None = None,
+        warn=None,
+    ):
         """dataset and caches (the prefix activations of train and test) let a sweep share them across runs;
         warn(message) reports what the user should know (default: a line on stderr)."""
         config.validate()
@@ -145,10 +170,12 @@ class Trainer:
         self.data = data
         self.model, self.image, self.mapping = build_model(config, graph, data)
         self.warn = warn or (lambda message: print(f"warning: {message}", file=sys.stderr, flush=True))
-        clipped = model_inputs(data.x_train[:config.batch], self.image, self.mapping)[1]
+        clipped = model_inputs(data.x_train[: config.batch], self.image, self.mapping)[1]
         if clipped > SATURATION_WARNING:
-            self.warn(f"{clipped:.1%} of the first batch's input values are clipped to the {self.image.dtype.name} "
-                      f"limits with the input mapping {self.mapping}; check --input-range or --mean/--std")
+            self.warn(
+                f"{clipped:.1%} of the first batch's input values are clipped to the {self.image.dtype.name} "
+                f"limits with the input mapping {self.mapping}; check --input-range or --mean/--std"
+            )
         self.scheduler = scheduler or parse_scheduler(config.q)
         first_step = 2 * self.scheduler.next_q(Progress(0, 0, config.budget))
         if config.budget < first_step:
@@ -156,11 +183,21 @@ class Trainer:
         # The frozen prefix never changes: its outputs are computed once for the whole data set.
         self.train_cache, self.test_cache = caches or (
             self.model.boundary_activations(self.inputs_of(data.x_train)),
-            self.model.boundary_activations(self.inputs_of(data.x_test)))
-        self.units = np.concatenate([np.full(v.size, p.unit, dtype=np.float64) for p, v in zip(self.model.params, self.model.values())])
+            self.model.boundary_activations(self.inputs_of(data.x_test)),
+        )
+        self.units = np.concatenate(
+            [
+                np.full(v.size, p.unit, dtype=np.float64)
+                for p, v in zip(self.model.params, self.model.values())
+            ]
+        )
         self.master = np.concatenate([v.astype(np.float64).ravel() for v in self.model.values()]) / self.units
-        self.bounds = np.concatenate([np.full(v.size, p.bound / p.unit) for p, v in zip(self.model.params, self.model.values())])
-        self.optimizer = OPTIMIZERS[config.optimizer](self.master.size, **({"momentum": config.momentum} if config.optimizer == "sgd" else {}))
+        self.bounds = np.concatenate(
+            [np.full(v.size, p.bound / p.unit) for p, v in zip(self.model.params, self.model.values())]
+        )
+        self.optimizer = OPTIMIZERS[config.optimizer](
+            self.master.size, **({"momentum": config.momentum} if config.optimizer == "sgd" else {})
+        )
         self.u_moment = second_moment(config.direction)
         self.step = 0
         self.forward_passes = 0
@@ -191,15 +228,17 @@ class Trainer:
         per_epoch = n // b
         epoch, k = divmod(step, per_epoch)
         if epoch != self._perm_epoch:
-            self._perm = np.random.Generator(np.random.PCG64([self.config.seed, epoch, 0xDA7A])).permutation(n)
+            self._perm = np.random.Generator(np.random.PCG64([self.config.seed, epoch, 0xDA7A])).permutation(
+                n
+            )
             self._perm_epoch = epoch
-        return self._perm[k * b:(k + 1) * b]
+        return self._perm[k * b : (k + 1) * b]
 
     # -- the estimator ----------------------------------------------------------------------------
     def split(self, flat: np.ndarray) -> list[np.ndarray]:
         out, i = [], 0
         for v in self.model.values():
-            out.append(flat[i:i + v.size].reshape(v.shape))
+            out.append(flat[i : i + v.size].reshape(v.shape))
             i += v.size
         return out
 
@@ -222,7 +261,7 @@ class Trainer:
             overrides = self.grouped_overrides(stacked)
             groups = stacked.shape[0]
             logits = self.model.logits(boundary, overrides)
-            losses[2 * i0:2 * i1] = group_losses(logits, labels, groups)
+            losses[2 * i0 : 2 * i1] = group_losses(logits, labels, groups)
         return losses[0::2], losses[1::2]
 
     def grouped_overrides(self, stacked: np.ndarray) -> dict:
@@ -232,12 +271,15 @@ class Trainer:
         overrides, i = {}, 0
         tensors = self.model.graph.tensors
         for p, v in zip(self.model.params, self.model.values()):
-            block = stacked[:, i:i + v.size]
+            block = stacked[:, i : i + v.size]
             i += v.size
             overrides[p.tensor] = np.clip(block, -p.bound, p.bound).astype(v.dtype).reshape((g,) + v.shape)
         for k in self.model.suffix:
-            if k.kind in MAC_OPS and k.op.inputs[1] not in overrides \
-                    and any(t in overrides for t in k.op.inputs):
+            if (
+                k.kind in MAC_OPS
+                and k.op.inputs[1] not in overrides
+                and any(t in overrides for t in k.op.inputs)
+            ):
                 w = tensors[k.op.inputs[1]].data
                 overrides[k.op.inputs[1]] = np.broadcast_to(w, (g,) + w.shape)
         return overrides
@@ -268,11 +310,13 @@ class Trainer:
         self.zero_differences = float(np.mean(loss_plus == loss_minus))
         self.dead_steps = self.dead_steps + 1 if self.zero_differences == 1.0 else 0
         if self.dead_steps == DEAD_STEPS:
-            self.warn(f"every probe pair gave L+ == L- for {DEAD_STEPS} consecutive steps (to step {self.step + 1}): "
-                      f"no perturbation moves the logits by a code of their output scale {self.model.logits_scale:.4g}. "
-                      f"Likely: eps {cfg.eps} below that resolution, dead (all-zero) features, or an input saturated by "
-                      f"the mapping {self.mapping}. Try --new-head (a head quantized for its features), a larger --eps, "
-                      "or check --input-range / --mean / --std")
+            self.warn(
+                f"every probe pair gave L+ == L- for {DEAD_STEPS} consecutive steps (to step {self.step + 1}): "
+                f"no perturbation moves the logits by a code of their output scale {self.model.logits_scale:.4g}. "
+                f"Likely: eps {cfg.eps} below that resolution, dead (all-zero) features, or an input saturated by "
+                f"the mapping {self.mapping}. Try --new-head (a head quantized for its features), a larger --eps, "
+                "or check --input-range / --mean / --std"
+            )
         grad = self.gradient(q, derivatives)
         lr = learning_rate(cfg.learning_rate, cfg.lr_schedule, self.forward_passes / cfg.budget)
         self.master += self.optimizer.step(grad, lr)
@@ -319,8 +363,15 @@ class Trainer:
                 if self.forward_passes + 2 * q > cfg.budget:
                     break
                 loss = self.train_step(q)
-                self.log({"step": self.step, "q": q, "forward_passes": self.forward_passes, "train_loss": f"{loss:.6f}",
-                          "zero_differences": f"{self.zero_differences:.4f}"})
+                self.log(
+                    {
+                        "step": self.step,
+                        "q": q,
+                        "forward_passes": self.forward_passes,
+                        "train_loss": f"{loss:.6f}",
+                        "zero_differences": f"{self.zero_differences:.4f}",
+                    }
+                )
                 if self.forward_passes >= self.next_eval:
                     self.log_eval()
                 if on_step:
@@ -342,7 +393,11 @@ class Trainer:
         self.save_checkpoint()
         metrics.close()
         self.export(self.out / "model.tflite")
-        return {"steps": self.step, "forward_passes": self.forward_passes, "test_accuracy": self.final_accuracy}
+        return {
+            "steps": self.step,
+            "forward_passes": self.forward_passes,
+            "test_accuracy": self.final_accuracy,
+        }
 
     def log(self, row: dict):
         row.setdefault("wall_seconds", f"{self.wall():.3f}")
@@ -355,7 +410,9 @@ class Trainer:
     def log_eval(self):
         acc = self.test_accuracy()
         q = self.scheduler.next_q(Progress(self.step, self.forward_passes, self.config.budget))
-        self.log({"step": self.step, "q": q, "forward_passes": self.forward_passes, "test_accuracy": f"{acc:.6f}"})
+        self.log(
+            {"step": self.step, "q": q, "forward_passes": self.forward_passes, "test_accuracy": f"{acc:.6f}"}
+        )
         self.final_accuracy = acc
         self.last_eval_passes = self.forward_passes
         while self.next_eval <= self.forward_passes:
@@ -370,15 +427,25 @@ class Trainer:
     @functools.cached_property
     def identity(self) -> dict:
         """What a checkpoint must have been made with. Hashed once: checkpoints are written often."""
-        return {"model_sha256": file_sha256(self.config.model),
-                "data_sha256": file_sha256(self.config.data) if Path(self.config.data).is_file() else self.config.data,
-                "train_size": len(self.data.y_train), "test_size": len(self.data.y_test)}
+        return {
+            "model_sha256": file_sha256(self.config.model),
+            "data_sha256": file_sha256(self.config.data)
+            if Path(self.config.data).is_file()
+            else self.config.data,
+            "train_size": len(self.data.y_train),
+            "test_size": len(self.data.y_test),
+        }
 
     def write_config(self):
         config = asdict(self.config)
-        config["input_mapping"] = {**self.mapping.describe(), "model_input": self.image.name,
-                                   "model_interval": self.image.interval, "channels": self.image.channels,
-                                   "layout": "NCHW" if self.image.nchw else "NHWC", "size": [self.image.height, self.image.width]}
+        config["input_mapping"] = {
+            **self.mapping.describe(),
+            "model_input": self.image.name,
+            "model_interval": self.image.interval,
+            "channels": self.image.channels,
+            "layout": "NCHW" if self.image.nchw else "NHWC",
+            "size": [self.image.height, self.image.width],
+        }
         config["fingerprint"] = self.identity
         config["scheduler"] = self.scheduler.describe()
         path = self.out / "config.json"
@@ -388,24 +455,40 @@ class Trainer:
 
     def save_checkpoint(self):
         """Write then rename: a crash mid-write (or a full disk) leaves the previous checkpoint intact."""
-        meta = {"step": self.step, "forward_passes": self.forward_passes, "wall": self.wall(),
-                "metric_rows": self.metric_rows, "next_eval": self.next_eval,
-                "last_eval_passes": self.last_eval_passes, "final_accuracy": self.final_accuracy,
-                "scheduler": self.scheduler.state(), "fingerprint": self.identity,
-                "params": [p.name for p in self.model.params], "config": asdict(self.config)}
+        meta = {
+            "step": self.step,
+            "forward_passes": self.forward_passes,
+            "wall": self.wall(),
+            "metric_rows": self.metric_rows,
+            "next_eval": self.next_eval,
+            "last_eval_passes": self.last_eval_passes,
+            "final_accuracy": self.final_accuracy,
+            "scheduler": self.scheduler.state(),
+            "fingerprint": self.identity,
+            "params": [p.name for p in self.model.params],
+            "config": asdict(self.config),
+        }
         arrays = {f"opt_{k}": np.asarray(v) for k, v in self.optimizer.state().items()}
         ints = np.concatenate([v.astype(np.int64).ravel() for v in self.model.values()])
         path = self.out / "checkpoints" / "last.npz"
         tmp = self.out / "checkpoints" / "last.tmp.npz"
         try:
             with open(tmp, "wb") as f:
-                np.savez(f, master=self.master, ints=ints, meta=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8), **arrays)
+                np.savez(
+                    f,
+                    master=self.master,
+                    ints=ints,
+                    meta=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8),
+                    **arrays,
+                )
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, path)
         except OSError as e:
             tmp.unlink(missing_ok=True)
-            raise ZoError(f"cannot write checkpoint {path}: {e.strerror}; the previous checkpoint is kept") from None
+            raise ZoError(
+                f"cannot write checkpoint {path}: {e.strerror}; the previous checkpoint is kept"
+            ) from None
 
     def load_checkpoint(self, directory: Path):
         """Restore a run. Everything is read and checked before anything is applied: a damaged,
@@ -419,26 +502,56 @@ class Trainer:
                 meta = json.loads(bytes(z["meta"]).decode())
                 master, ints = z["master"], z["ints"]
                 opt = {k[4:]: z[k] for k in z.files if k.startswith("opt_")}
-            fingerprint, params, config = dict(meta["fingerprint"]), list(meta["params"]), dict(meta["config"])
+            fingerprint, params, config = (
+                dict(meta["fingerprint"]),
+                list(meta["params"]),
+                dict(meta["config"]),
+            )
         except Exception as e:  # a damaged or foreign file: any decoding failure
             raise ZoError(f"{damaged} ({type(e).__name__})") from None
         mine = self.identity
         for key in mine:
             if fingerprint.get(key) != mine[key]:
-                raise ZoError(f"--resume {directory}: checkpoint was made with a different {key.replace('_', ' ')} ({fingerprint.get(key)} != {mine[key]})")
+                raise ZoError(
+                    f"--resume {directory}: checkpoint was made with a different {key.replace('_', ' ')} ({fingerprint.get(key)} != {mine[key]})"
+                )
         if params != [p.name for p in self.model.params]:
-            raise ZoError(f"--resume {directory}: checkpoint trains other layers than --trainable {self.config.trainable!r}")
-        for key in ("q", "optimizer", "lr", "lr_schedule", "momentum", "eps", "direction", "rounding", "batch", "seed", "profile", "new_head",
-                    "input_range", "mean", "std"):
+            raise ZoError(
+                f"--resume {directory}: checkpoint trains other layers than --trainable {self.config.trainable!r}"
+            )
+        for key in (
+            "q",
+            "optimizer",
+            "lr",
+            "lr_schedule",
+            "momentum",
+            "eps",
+            "direction",
+            "rounding",
+            "batch",
+            "seed",
+            "profile",
+            "new_head",
+            "input_range",
+            "mean",
+            "std",
+        ):
             if config.get(key) != getattr(self.config, key):
-                raise ZoError(f"--resume {directory}: --{key.replace('_', '-')} differs from the checkpoint's ({config.get(key)!r})")
+                raise ZoError(
+                    f"--resume {directory}: --{key.replace('_', '-')} differs from the checkpoint's ({config.get(key)!r})"
+                )
         if master.shape != self.master.shape or ints.shape != self.master.shape:
-            raise ZoError(f"--resume {directory}: checkpoint holds {master.size} parameters, expected {self.master.size}")
+            raise ZoError(
+                f"--resume {directory}: checkpoint holds {master.size} parameters, expected {self.master.size}"
+            )
         # Dry run on fresh objects: every field must decode into the state of this run's kinds.
         try:
             if master.dtype.kind != "f" or ints.dtype.kind not in "iu" or not np.all(np.isfinite(master)):
                 raise ValueError("master copy or integers")
-            optimizer = type(self.optimizer)(self.master.size, **({"momentum": self.config.momentum} if self.config.optimizer == "sgd" else {}))
+            optimizer = type(self.optimizer)(
+                self.master.size,
+                **({"momentum": self.config.momentum} if self.config.optimizer == "sgd" else {}),
+            )
             expected = {k: np.shape(v) for k, v in optimizer.state().items()}
             if set(opt) != set(expected) or any(np.shape(opt[k]) != shape for k, shape in expected.items()):
                 raise ValueError("optimizer state of another shape")
@@ -472,5 +585,5 @@ def truncate_csv(path: Path, rows: int):
         return
     lines = path.read_text().splitlines(keepends=True)
     tmp = path.with_suffix(".tmp")
-    tmp.write_text("".join(lines[:rows + 1]))
+    tmp.write_text("".join(lines[: rows + 1]))
     os.replace(tmp, path)

@@ -14,6 +14,7 @@ Three modules: cost.py (which unit runs each op, epochs, the latency estimate an
 arena.py (the activation memory plan), report.py (the text of `npusim inspect --target stm32n6`
 and the ZO step against back-propagation). Everything is re-exported here.
 """
+
 from .arena import ARENA_ALIGNMENT, ArenaPlan, Buffer, activation_lifetimes, greedy_first_fit, plan_arena
 from .cost import (
     CONV_ACCELERATOR_KINDS,
@@ -42,10 +43,37 @@ from .cost import (
 from .report import format_report, format_zo_step_report, report, trainable_suffix_start, zo_step_report
 
 __all__ = [
-    "ARENA_ALIGNMENT", "CONV_ACCELERATOR_KINDS", "EPOCH_OVERHEAD_S", "M55", "M55_CLOCK_HZ", "M55_CYCLES_PER_ELEMENT",
-    "M55_DEFAULT_CYCLES_PER_ELEMENT", "M55_MACS_PER_CYCLE", "NPU", "NPU_CLOCK_HZ", "NPU_CONV_ACCELERATORS",
-    "NPU_EFFICIENCY", "NPU_ELEMENTS_PER_CYCLE", "NPU_FUSED_ACTIVATIONS", "NPU_KINDS", "NPU_MACS_PER_CYCLE_PER_CA",
-    "ArenaPlan", "Buffer", "CostModel", "DeviceReport", "Epoch", "OpCost", "activation_lifetimes", "format_report",
-    "format_zo_step_report", "greedy_first_fit", "op_seconds", "placement", "plan_arena", "plan_device", "report",
-    "trainable_suffix_start", "zo_step_report",
+    "ARENA_ALIGNMENT",
+    "CONV_ACCELERATOR_KINDS",
+    "EPOCH_OVERHEAD_S",
+    "M55",
+    "M55_CLOCK_HZ",
+    "M55_CYCLES_PER_ELEMENT",
+    "M55_DEFAULT_CYCLES_PER_ELEMENT",
+    "M55_MACS_PER_CYCLE",
+    "NPU",
+    "NPU_CLOCK_HZ",
+    "NPU_CONV_ACCELERATORS",
+    "NPU_EFFICIENCY",
+    "NPU_ELEMENTS_PER_CYCLE",
+    "NPU_FUSED_ACTIVATIONS",
+    "NPU_KINDS",
+    "NPU_MACS_PER_CYCLE_PER_CA",
+    "ArenaPlan",
+    "Buffer",
+    "CostModel",
+    "DeviceReport",
+    "Epoch",
+    "OpCost",
+    "activation_lifetimes",
+    "format_report",
+    "format_zo_step_report",
+    "greedy_first_fit",
+    "op_seconds",
+    "placement",
+    "plan_arena",
+    "plan_device",
+    "report",
+    "trainable_suffix_start",
+    "zo_step_report",
 ]

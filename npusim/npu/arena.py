@@ -9,6 +9,7 @@ buffers, which TFLM also places in its arena, and ST's own buffer placement acro
 banks are not modelled. Weight memory is the bytes of every constant tensor the ops read (int8
 weights, int32 biases, shape operands), each counted once.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -84,7 +85,9 @@ def greedy_first_fit(buffers: list) -> int:
     placed: list = []
     peak = 0
     for b in order:
-        conflicts = sorted((p for p in placed if p.first <= b.last and b.first <= p.last), key=lambda p: p.offset)
+        conflicts = sorted(
+            (p for p in placed if p.first <= b.last and b.first <= p.last), key=lambda p: p.offset
+        )
         offset = 0
         for p in conflicts:
             if p.offset - offset >= b.size:
@@ -102,10 +105,18 @@ def plan_arena(interp, batch: int = 1, alignment: int = ARENA_ALIGNMENT) -> Aren
     if batch < 1:
         raise NpusimError(f"batch must be at least 1, got {batch}")
     tensors = interp.graph.tensors
-    buffers = [Buffer(t, _align(tensor_bytes(tensors[t]) * batch, alignment), a, b)
-               for t, (a, b) in activation_lifetimes(interp).items()]
+    buffers = [
+        Buffer(t, _align(tensor_bytes(tensors[t]) * batch, alignment), a, b)
+        for t, (a, b) in activation_lifetimes(interp).items()
+    ]
     peak = greedy_first_fit(buffers)
     positions = sorted({b.first for b in buffers} | {b.last for b in buffers})
     max_live = max((sum(b.size for b in buffers if b.first <= p <= b.last) for p in positions), default=0)
-    return ArenaPlan(buffers=buffers, peak_bytes=peak, naive_bytes=sum(b.size for b in buffers), max_live_bytes=max_live,
-                     largest_tensor_bytes=max((b.size for b in buffers), default=0), batch=batch)
+    return ArenaPlan(
+        buffers=buffers,
+        peak_bytes=peak,
+        naive_bytes=sum(b.size for b in buffers),
+        max_live_bytes=max_live,
+        largest_tensor_bytes=max((b.size for b in buffers), default=0),
+        batch=batch,
+    )

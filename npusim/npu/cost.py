@@ -34,6 +34,7 @@ element of the op) cycles at 800 MHz (CMSIS-NN with Helium: about 2 int8 MAC per
 assumed). Every epoch adds EPOCH_OVERHEAD_S (interrupt, cache maintenance, reprogramming).
 Images of a batch run one after the other (the device runs batch 1), so time scales with batch.
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
@@ -63,8 +64,9 @@ M55 = "M55"
 
 # Hardware operators of the Neural-ART (see the docstring for the source).
 CONV_ACCELERATOR_KINDS = frozenset(MAC_OPS)
-NPU_KINDS = CONV_ACCELERATOR_KINDS | frozenset({
-    "ADD", "AVERAGE_POOL_2D", "MAX_POOL_2D", "PAD", "PADV2", "RESHAPE", "CONCATENATION", "TRANSPOSE", "MEAN"})
+NPU_KINDS = CONV_ACCELERATOR_KINDS | frozenset(
+    {"ADD", "AVERAGE_POOL_2D", "MAX_POOL_2D", "PAD", "PADV2", "RESHAPE", "CONCATENATION", "TRANSPOSE", "MEAN"}
+)
 # Activations the NPU fuses into the producing layer.
 NPU_FUSED_ACTIVATIONS = frozenset({"NONE", "RELU", "RELU6", "RELU_N1_TO_1"})
 
@@ -86,7 +88,13 @@ class CostModel:
     epoch_overhead_s: float = field(default_factory=lambda: EPOCH_OVERHEAD_S)
 
     def __post_init__(self):
-        for name in ("npu_clock_hz", "npu_macs_per_cycle_per_ca", "npu_elements_per_cycle", "m55_clock_hz", "m55_macs_per_cycle"):
+        for name in (
+            "npu_clock_hz",
+            "npu_macs_per_cycle_per_ca",
+            "npu_elements_per_cycle",
+            "m55_clock_hz",
+            "m55_macs_per_cycle",
+        ):
             if not getattr(self, name) > 0:
                 raise NpusimError(f"cost model: {name} must be positive, got {getattr(self, name)}")
         if not 0 < self.npu_efficiency <= 1:
@@ -99,11 +107,13 @@ class CostModel:
         return self.npu_clock_hz * self.npu_conv_accelerators * self.npu_macs_per_cycle_per_ca
 
     def describe(self) -> str:
-        return (f"NPU {self.npu_peak_macs_per_s / 1e9:g} GMAC/s peak ({self.npu_conv_accelerators} conv accelerators at "
-                f"{self.npu_clock_hz / 1e9:g} GHz) x {self.npu_efficiency:g} efficiency, other NPU layers "
-                f"{self.npu_elements_per_cycle:g} elements/cycle; "
-                f"M55 {self.m55_clock_hz / 1e6:g} MHz x {self.m55_macs_per_cycle:g} MAC/cycle; "
-                f"{self.epoch_overhead_s * 1e6:g} us per epoch")
+        return (
+            f"NPU {self.npu_peak_macs_per_s / 1e9:g} GMAC/s peak ({self.npu_conv_accelerators} conv accelerators at "
+            f"{self.npu_clock_hz / 1e9:g} GHz) x {self.npu_efficiency:g} efficiency, other NPU layers "
+            f"{self.npu_elements_per_cycle:g} elements/cycle; "
+            f"M55 {self.m55_clock_hz / 1e6:g} MHz x {self.m55_macs_per_cycle:g} MAC/cycle; "
+            f"{self.epoch_overhead_s * 1e6:g} us per epoch"
+        )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -127,7 +137,11 @@ def placement(kernel) -> tuple[str, str]:
     if kind == "MEAN":
         x, axes_t = kernel.inputs[0], kernel.inputs[1]
         rank = len(x.shape)
-        axes = sorted({int(a) % rank for a in np.asarray(axes_t.data).ravel()}) if axes_t is not None and axes_t.data is not None else []
+        axes = (
+            sorted({int(a) % rank for a in np.asarray(axes_t.data).ravel()})
+            if axes_t is not None and axes_t.data is not None
+            else []
+        )
         if rank != 4 or axes != [1, 2]:
             return M55, "MEAN maps to the NPU only as global pooling over H and W of a 4-D tensor"
     return NPU, ""
@@ -178,7 +192,14 @@ class Epoch:
 
 def op_seconds(kernel, unit: str, cost: CostModel) -> float:
     macs = int(kernel.macs())
-    elements = max([tensor_elements(t) for t in list(kernel.inputs) + list(kernel.outputs) if t is not None and not t.is_constant] or [0])
+    elements = max(
+        [
+            tensor_elements(t)
+            for t in list(kernel.inputs) + list(kernel.outputs)
+            if t is not None and not t.is_constant
+        ]
+        or [0]
+    )
     kind = kernel.op.kind
     if unit == NPU:
         if kind in CONV_ACCELERATOR_KINDS:
@@ -223,12 +244,26 @@ class DeviceReport:
     def to_dict(self) -> dict:
         return {
             "ops": [asdict(o) for o in self.ops],
-            "epochs": [{"index": e.index, "unit": e.unit, "ops": [o.op_index for o in e.ops], "macs": e.macs,
-                        "weight_bytes": e.weight_bytes, "seconds": e.seconds} for e in self.epochs],
-            "weight_bytes": self.weight_bytes, "total_macs": self.total_macs,
-            "arena_peak_bytes": self.arena.peak_bytes, "arena_naive_bytes": self.arena.naive_bytes,
-            "arena_max_live_bytes": self.arena.max_live_bytes, "largest_tensor_bytes": self.arena.largest_tensor_bytes,
-            "latency_s": self.latency_s(1), "npu_s": self.unit_seconds(NPU), "m55_s": self.unit_seconds(M55),
+            "epochs": [
+                {
+                    "index": e.index,
+                    "unit": e.unit,
+                    "ops": [o.op_index for o in e.ops],
+                    "macs": e.macs,
+                    "weight_bytes": e.weight_bytes,
+                    "seconds": e.seconds,
+                }
+                for e in self.epochs
+            ],
+            "weight_bytes": self.weight_bytes,
+            "total_macs": self.total_macs,
+            "arena_peak_bytes": self.arena.peak_bytes,
+            "arena_naive_bytes": self.arena.naive_bytes,
+            "arena_max_live_bytes": self.arena.max_live_bytes,
+            "largest_tensor_bytes": self.arena.largest_tensor_bytes,
+            "latency_s": self.latency_s(1),
+            "npu_s": self.unit_seconds(NPU),
+            "m55_s": self.unit_seconds(M55),
             "cost_model": asdict(self.cost),
         }
 
@@ -246,19 +281,37 @@ def plan_device(interp, cost: CostModel | None = None) -> DeviceReport:
     constants: set = set()
     for pos, k in enumerate(interp.kernels):
         unit, reason = placement(k)
-        consts = [t for t in dict.fromkeys(k.op.inputs) if t >= 0 and graph.tensors[t].is_constant and t not in constants]
+        consts = [
+            t
+            for t in dict.fromkeys(k.op.inputs)
+            if t >= 0 and graph.tensors[t].is_constant and t not in constants
+        ]
         constants.update(consts)
         acts = [t for t in list(k.inputs) + list(k.outputs) if t is not None and not t.is_constant]
-        ops.append(OpCost(position=pos, op_index=k.op.index, kind=k.op.kind, unit=unit, reason=reason, macs=int(k.macs()),
-                          elements=max([tensor_elements(t) for t in acts] or [0]),
-                          weight_bytes=sum(tensor_bytes(graph.tensors[t]) for t in consts),
-                          seconds=op_seconds(k, unit, cost)))
+        ops.append(
+            OpCost(
+                position=pos,
+                op_index=k.op.index,
+                kind=k.op.kind,
+                unit=unit,
+                reason=reason,
+                macs=int(k.macs()),
+                elements=max([tensor_elements(t) for t in acts] or [0]),
+                weight_bytes=sum(tensor_bytes(graph.tensors[t]) for t in consts),
+                seconds=op_seconds(k, unit, cost),
+            )
+        )
     epochs: list = []
     for o in ops:
         if not epochs or epochs[-1].unit != o.unit:
             epochs.append(Epoch(index=len(epochs), unit=o.unit, ops=[], overhead_s=cost.epoch_overhead_s))
         o.epoch = epochs[-1].index
         epochs[-1].ops.append(o)
-    return DeviceReport(ops=ops, epochs=epochs, arena=plan_arena(interp, 1),
-                        weight_bytes=sum(tensor_bytes(graph.tensors[t]) for t in constants),
-                        total_macs=sum(o.macs for o in ops), cost=cost)
+    return DeviceReport(
+        ops=ops,
+        epochs=epochs,
+        arena=plan_arena(interp, 1),
+        weight_bytes=sum(tensor_bytes(graph.tensors[t]) for t in constants),
+        total_macs=sum(o.macs for o in ops),
+        cost=cost,
+    )

@@ -1,5 +1,6 @@
 """The text of the STM32N6 view (`npusim inspect --target stm32n6`), and a zeroth-order training step
 priced on the device next to one back-propagation step (zo_step_report)."""
+
 from __future__ import annotations
 
 from ..errors import NpusimError
@@ -16,19 +17,49 @@ def _kib(n: int) -> str:
 
 def _table(rows: list, right: set) -> list:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return ["  ".join(c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))).rstrip() for r in rows]
+    return [
+        "  ".join(
+            c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))
+        ).rstrip()
+        for r in rows
+    ]
 
 
 def format_report(dev: DeviceReport, title: str = "") -> str:
-    lines = [f"STM32N6 Neural-ART view{': ' + title if title else ''}", f"cost model: {dev.cost.describe()}", ""]
+    lines = [
+        f"STM32N6 Neural-ART view{': ' + title if title else ''}",
+        f"cost model: {dev.cost.describe()}",
+        "",
+    ]
     rows = [("#", "op", "unit", "epoch", "MACs", "weights B", "est. us", "note")]
     for o in dev.ops:
-        rows.append((str(o.op_index), o.kind, o.unit, str(o.epoch), f"{o.macs:,}", f"{o.weight_bytes:,}", f"{o.seconds * 1e6:.2f}", o.reason))
+        rows.append(
+            (
+                str(o.op_index),
+                o.kind,
+                o.unit,
+                str(o.epoch),
+                f"{o.macs:,}",
+                f"{o.weight_bytes:,}",
+                f"{o.seconds * 1e6:.2f}",
+                o.reason,
+            )
+        )
     lines += _table(rows, {0, 3, 4, 5, 6})
     lines += ["", "epochs (consecutive ops on one unit):"]
     rows = [("epoch", "unit", "ops", "n", "MACs", "weights B", "est. us")]
     for e in dev.epochs:
-        rows.append((str(e.index), e.unit, e.op_range, str(len(e.ops)), f"{e.macs:,}", f"{e.weight_bytes:,}", f"{e.seconds * 1e6:.2f}"))
+        rows.append(
+            (
+                str(e.index),
+                e.unit,
+                e.op_range,
+                str(len(e.ops)),
+                f"{e.macs:,}",
+                f"{e.weight_bytes:,}",
+                f"{e.seconds * 1e6:.2f}",
+            )
+        )
     lines += _table(rows, {0, 3, 4, 5, 6})
     npu, m55 = dev.npu_ops, dev.m55_ops
     npu_macs = sum(o.macs for o in npu)
@@ -67,8 +98,16 @@ def trainable_suffix_start(interp, trainable: set) -> int:
     raise NpusimError("no op reads any of the trainable tensors")
 
 
-def zo_step_report(interp, trainable_tensor_indices, q: int, batch: int, cost: CostModel | None = None,
-                   optimizer_states: int = 2, seed_bytes: int = 8, resident_images: int = 1) -> dict:
+def zo_step_report(
+    interp,
+    trainable_tensor_indices,
+    q: int,
+    batch: int,
+    cost: CostModel | None = None,
+    optimizer_states: int = 2,
+    seed_bytes: int = 8,
+    resident_images: int = 1,
+) -> dict:
     """Device memory and time of one ZO step (2q forward passes over a batch) next to one
     back-propagation step that trains the same tensors.
 
@@ -92,7 +131,9 @@ def zo_step_report(interp, trainable_tensor_indices, q: int, batch: int, cost: C
     trainable = {int(t) for t in trainable_tensor_indices}
     graph = interp.graph
     if q < 1 or batch < 1 or resident_images < 1:
-        raise NpusimError(f"q, batch and resident_images must be at least 1, got q={q}, batch={batch}, resident_images={resident_images}")
+        raise NpusimError(
+            f"q, batch and resident_images must be at least 1, got q={q}, batch={batch}, resident_images={resident_images}"
+        )
     for t in sorted(trainable):
         if not 0 <= t < len(graph.tensors) or not graph.tensors[t].is_constant:
             raise NpusimError(f"tensor {t} is not a constant tensor of the model, so it cannot be trained")
@@ -108,7 +149,17 @@ def zo_step_report(interp, trainable_tensor_indices, q: int, batch: int, cost: C
     suffix = interp.kernels[start:]
     stored = {t for k in suffix for t in list(k.op.inputs) + list(k.op.outputs) if is_activation(t)}
     stored_bytes = sum(tensor_bytes(graph.tensors[t]) for t in stored) * resident_images
-    largest = max(max([tensor_elements(graph.tensors[t]) for t in list(k.op.inputs) + list(k.op.outputs) if is_activation(t)] or [0]) for k in suffix)
+    largest = max(
+        max(
+            [
+                tensor_elements(graph.tensors[t])
+                for t in list(k.op.inputs) + list(k.op.outputs)
+                if is_activation(t)
+            ]
+            or [0]
+        )
+        for k in suffix
+    )
     grad_act_bytes = 2 * 4 * largest * resident_images
     produced_in_suffix = {t for k in suffix for t in k.op.outputs}
     boundary = {t for k in suffix for t in k.op.inputs if is_activation(t) and t not in produced_in_suffix}
@@ -128,14 +179,24 @@ def zo_step_report(interp, trainable_tensor_indices, q: int, batch: int, cost: C
         "gradient_bytes": 4 * params,
         "optimizer_bytes": 4 * params * optimizer_states,
     }
-    bp["total_bytes"] = bp["weight_bytes"] + bp["activation_bytes"] + bp["master_bytes"] + bp["gradient_bytes"] + bp["optimizer_bytes"]
+    bp["total_bytes"] = (
+        bp["weight_bytes"]
+        + bp["activation_bytes"]
+        + bp["master_bytes"]
+        + bp["gradient_bytes"]
+        + bp["optimizer_bytes"]
+    )
     forward = dev.latency_s(1)
     suffix_forward = dev.latency_s(1, first=start)
     suffix_macs = sum(o.macs for o in dev.ops[start:])
     return {
-        "q": q, "batch": batch, "resident_images": resident_images,
-        "trainable_tensors": sorted(trainable), "trainable_params": params,
-        "suffix_first_op": interp.kernels[start].op.index, "suffix_ops": len(suffix),
+        "q": q,
+        "batch": batch,
+        "resident_images": resident_images,
+        "trainable_tensors": sorted(trainable),
+        "trainable_params": params,
+        "suffix_first_op": interp.kernels[start].op.index,
+        "suffix_ops": len(suffix),
         "forward_passes": 2 * q,  # over the batch
         "image_passes": 2 * q * batch,
         "forward_s": forward,  # one image
@@ -143,7 +204,8 @@ def zo_step_report(interp, trainable_tensor_indices, q: int, batch: int, cost: C
         "zo_seconds_suffix_cached": batch * (forward + 2 * q * suffix_forward),
         "suffix_cache_bytes": batch * sum(tensor_bytes(graph.tensors[t]) for t in boundary),
         "bp_seconds": batch * (forward + 2 * suffix_macs / (cost.m55_macs_per_cycle * cost.m55_clock_hz)),
-        "zo_memory": zo, "bp_memory": bp,
+        "zo_memory": zo,
+        "bp_memory": bp,
         "optimizer_states": optimizer_states,
         "cost_model": cost.describe(),
     }
@@ -151,19 +213,21 @@ def zo_step_report(interp, trainable_tensor_indices, q: int, batch: int, cost: C
 
 def format_zo_step_report(r: dict) -> str:
     zo, bp = r["zo_memory"], r["bp_memory"]
-    return "\n".join([
-        f"ZO step on STM32N6: q={r['q']}, batch={r['batch']} ({r['resident_images']} image(s) resident), "
-        f"{r['trainable_params']:,} trainable parameters in "
-        f"{len(r['trainable_tensors'])} tensors (suffix from op {r['suffix_first_op']}, {r['suffix_ops']} ops)",
-        f"cost model: {r['cost_model']}",
-        f"memory, ZO: {_kib(zo['total_bytes'])} = arena {_kib(zo['arena_bytes'])} + weights {_kib(zo['weight_bytes'])} "
-        f"+ seeds {_kib(zo['seed_bytes'])} + float32 masters {_kib(zo['master_bytes'])}",
-        f"memory, back-propagation ({r['optimizer_states']} optimizer states): {_kib(bp['total_bytes'])} = weights {_kib(bp['weight_bytes'])} "
-        f"+ activations {_kib(bp['activation_bytes'])} (stored suffix {_kib(bp['stored_activation_bytes'])}, "
-        f"gradients {_kib(bp['activation_gradient_bytes'])}) + masters {_kib(bp['master_bytes'])} "
-        f"+ gradients {_kib(bp['gradient_bytes'])} + optimizer {_kib(bp['optimizer_bytes'])}",
-        f"time per step: ZO {r['zo_seconds'] * 1e3:.2f} ms ({r['forward_passes']} forward passes x {r['batch']} images "
-        f"x {r['forward_s'] * 1e3:.3f} ms), {r['zo_seconds_suffix_cached'] * 1e3:.2f} ms with the frozen prefix run once "
-        f"(caching {_kib(r['suffix_cache_bytes'])}); "
-        f"back-propagation (backward on the M55) {r['bp_seconds'] * 1e3:.2f} ms",
-    ])
+    return "\n".join(
+        [
+            f"ZO step on STM32N6: q={r['q']}, batch={r['batch']} ({r['resident_images']} image(s) resident), "
+            f"{r['trainable_params']:,} trainable parameters in "
+            f"{len(r['trainable_tensors'])} tensors (suffix from op {r['suffix_first_op']}, {r['suffix_ops']} ops)",
+            f"cost model: {r['cost_model']}",
+            f"memory, ZO: {_kib(zo['total_bytes'])} = arena {_kib(zo['arena_bytes'])} + weights {_kib(zo['weight_bytes'])} "
+            f"+ seeds {_kib(zo['seed_bytes'])} + float32 masters {_kib(zo['master_bytes'])}",
+            f"memory, back-propagation ({r['optimizer_states']} optimizer states): {_kib(bp['total_bytes'])} = weights {_kib(bp['weight_bytes'])} "
+            f"+ activations {_kib(bp['activation_bytes'])} (stored suffix {_kib(bp['stored_activation_bytes'])}, "
+            f"gradients {_kib(bp['activation_gradient_bytes'])}) + masters {_kib(bp['master_bytes'])} "
+            f"+ gradients {_kib(bp['gradient_bytes'])} + optimizer {_kib(bp['optimizer_bytes'])}",
+            f"time per step: ZO {r['zo_seconds'] * 1e3:.2f} ms ({r['forward_passes']} forward passes x {r['batch']} images "
+            f"x {r['forward_s'] * 1e3:.3f} ms), {r['zo_seconds_suffix_cached'] * 1e3:.2f} ms with the frozen prefix run once "
+            f"(caching {_kib(r['suffix_cache_bytes'])}); "
+            f"back-propagation (backward on the M55) {r['bp_seconds'] * 1e3:.2f} ms",
+        ]
+    )

@@ -1,4 +1,5 @@
 """One module per operator; KERNELS maps the TFLite builtin name to its prepared kernel class."""
+
 from .add import Add
 from .conv import Conv2D
 from .depthwise import DepthwiseConv2D
@@ -9,8 +10,25 @@ from .pool import AveragePool2D, MaxPool2D
 from .quantize import Dequantize, Quantize
 from .softmax import Softmax
 
-KERNELS = {k.kind: k for k in (Add, AveragePool2D, Concatenation, Conv2D, DepthwiseConv2D, Dequantize, FullyConnected,
-                               MaxPool2D, Mean, Pad, Quantize, Reshape, Softmax, Transpose)}
+KERNELS = {
+    k.kind: k
+    for k in (
+        Add,
+        AveragePool2D,
+        Concatenation,
+        Conv2D,
+        DepthwiseConv2D,
+        Dequantize,
+        FullyConnected,
+        MaxPool2D,
+        Mean,
+        Pad,
+        Quantize,
+        Reshape,
+        Softmax,
+        Transpose,
+    )
+}
 KERNELS["PADV2"] = Pad
 
 # The multiply-accumulate layers: their weights may carry a leading group axis (many weight

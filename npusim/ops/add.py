@@ -5,6 +5,7 @@ int32, then requantized to the output scale: three MultiplyByQuantizedMultiplier
 Eval runs these steps as vector code, 16 elements at a time (add_run below; generic LLVM vector
 operations, built for any x86). A test runs all 65,536 input pairs through TFLM and npusim.
 """
+
 from __future__ import annotations
 
 import numba as nb
@@ -53,11 +54,18 @@ def add_run(typingctx, a_ptr, b_ptr, out_ptr, count, z1, z2, m1, s1, m2, s2, mo,
         def shifts(shift):  # (left, right) of a shift: max(shift, 0), max(-shift, 0)
             zero = ir.Constant(i64, 0)
             positive = builder.icmp_signed(">", shift, zero)
-            return vec(builder.select(positive, shift, zero)), vec(builder.select(positive, zero, builder.neg(shift)))
+            return vec(builder.select(positive, shift, zero)), vec(
+                builder.select(positive, zero, builder.neg(shift))
+            )
 
         rescale = [(vec(z), vec(m), *shifts(sh)) for z, m, sh in ((z1, m1, s1), (z2, m2, s2))]
         # (offset, M, left, right, xnnpack scale): the scale is never read, the xnnpack profile adding as TFLM
-        out_params = [ir.Constant(v16, 0), vec(mo), *shifts(so), ir.Constant(ir.VectorType(ir.FloatType(), 16), 0.0)]
+        out_params = [
+            ir.Constant(v16, 0),
+            vec(mo),
+            *shifts(so),
+            ir.Constant(ir.VectorType(ir.FloatType(), 16), 0.0),
+        ]
         vectors = builder.sdiv(builder.add(count, ir.Constant(i64, 15)), ir.Constant(i64, 16))
         for pid in each_profile(builder, profile):
             with cgutils.for_range(builder, vectors) as loop:
@@ -69,10 +77,15 @@ def add_run(typingctx, a_ptr, b_ptr, out_ptr, count, z1, z2, m1, s1, m2, s2, mo,
                     xb = load_bytes(builder, builder.gep(src, [first]), valid)
                     x = builder.shl(builder.sub(builder.sext(xb, v16), z), ir.Constant(v16, LEFT_SHIFT))
                     # |x| < 2^28 and the rescale multipliers are at most 1/2: the results fit int32.
-                    y = builder.trunc(single_multiply(builder, x, m, left, right), v16) if pid == SINGLE \
+                    y = (
+                        builder.trunc(single_multiply(builder, x, m, left, right), v16)
+                        if pid == SINGLE
                         else tflm_multiply(builder, x, m, left, right)
+                    )
                     total = builder.add(total, y)
-                y = vector_output_stage(builder, total, out_params, SINGLE if pid == SINGLE else TFLM, zo, lo, hi)
+                y = vector_output_stage(
+                    builder, total, out_params, SINGLE if pid == SINGLE else TFLM, zo, lo, hi
+                )
                 store_bytes(builder, y, builder.gep(out, [first]), remaining)
         return context.get_dummy_value()
 
@@ -86,8 +99,24 @@ def add_vector(a, b, params, profile, out):
     z1, z2, m1, s1, m2, s2, mo, so, zo, lo, hi = params
     for task in nb.prange((fo.size + CHUNK - 1) // CHUNK):
         start = task * CHUNK
-        add_run(fa.ctypes.data + start, fb.ctypes.data + start, fo.ctypes.data + start, min(CHUNK, fo.size - start),
-                z1, z2, m1, s1, m2, s2, mo, so, zo, lo, hi, profile)
+        add_run(
+            fa.ctypes.data + start,
+            fb.ctypes.data + start,
+            fo.ctypes.data + start,
+            min(CHUNK, fo.size - start),
+            z1,
+            z2,
+            m1,
+            s1,
+            m2,
+            s2,
+            mo,
+            so,
+            zo,
+            lo,
+            hi,
+            profile,
+        )
     return out
 
 
@@ -107,17 +136,24 @@ class Add(Kernel):
         except ValueError:
             raise self.error(f"input shapes {list(a.shape)} and {list(b.shape)} do not broadcast") from None
         if tuple(shape) != tuple(y.shape):
-            raise self.error(f"output shape {list(y.shape)} is not the broadcast shape {list(shape)} of the inputs")
+            raise self.error(
+                f"output shape {list(y.shape)} is not the broadcast shape {list(shape)} of the inputs"
+            )
         for t in (a, b):  # an activation's axis 0 is the batch: it must line up with the output's
             if t.data is None and len(t.shape) != len(y.shape):
-                raise self.error(f"input {t.name!r} has rank {len(t.shape)}, expected the output's rank {len(y.shape)}")
+                raise self.error(
+                    f"input {t.name!r} has rank {len(t.shape)}, expected the output's rank {len(y.shape)}"
+                )
         s1, s2, so = (np.float64(t.quant.scale[0]) for t in (a, b, y))
         twice_max = 2.0 * max(s1, s2)
         self.params = (
-            a.zero_point, b.zero_point,
-            *requantization_multiplier(s1 / twice_max), *requantization_multiplier(s2 / twice_max),
+            a.zero_point,
+            b.zero_point,
+            *requantization_multiplier(s1 / twice_max),
+            *requantization_multiplier(s2 / twice_max),
             *requantization_multiplier(twice_max / ((1 << LEFT_SHIFT) * so)),
-            y.zero_point, *output_range(op.options.get("fused_activation_function", "NONE"), y),
+            y.zero_point,
+            *output_range(op.options.get("fused_activation_function", "NONE"), y),
         )
         self.vector_params = tuple(np.int64(p) for p in self.params)
         self.out_shape = tuple(y.shape[1:])

@@ -4,6 +4,7 @@ The VNNI and AMX kernels load filters, parameters and activations 64 bytes at a 
 address that is not 64-byte aligned every such load splits across two cache lines, which made
 the same convolution run at half speed or at full speed depending on where malloc put the filters.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -128,7 +129,7 @@ def empty(shape, dtype) -> np.ndarray:
         first = raw.ctypes.data + start + (-(raw.ctypes.data + start) % PAGE)
         last = (raw.ctypes.data + start + nbytes) // PAGE * PAGE
         madvise(first, last - first, _MADV_POPULATE_WRITE)  # already-mapped pages cost nothing
-    return raw[start:start + nbytes].view(dtype).reshape(shape)
+    return raw[start : start + nbytes].view(dtype).reshape(shape)
 
 
 def zeros(shape, dtype) -> np.ndarray:

@@ -16,6 +16,7 @@ Tiles: C0..C3 = tmm0..3 (2 pixel blocks x 2 channel groups), A = tmm4, tmm5, B =
 The OS must grant the tile data state to the process first (arch_prctl ARCH_REQ_XCOMP_PERM, asked
 by host.has_amx(); backend.py runs this engine only where that was granted).
 """
+
 from __future__ import annotations
 
 import numba as nb
@@ -54,7 +55,9 @@ def _load_config(typingctx, config_ptr):
     sig = types.void(types.int64)
 
     def codegen(context, builder, signature, args):
-        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [_I8.as_pointer()]), "llvm.x86.ldtilecfg")
+        fn = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(ir.VoidType(), [_I8.as_pointer()]), "llvm.x86.ldtilecfg"
+        )
         builder.call(fn, [builder.inttoptr(args[0], _I8.as_pointer())])
         return context.get_dummy_value()
 
@@ -66,7 +69,12 @@ def _release(typingctx):
     sig = types.void()
 
     def codegen(context, builder, signature, args):
-        builder.call(cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), []), "llvm.x86.tilerelease"), [])
+        builder.call(
+            cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(ir.VoidType(), []), "llvm.x86.tilerelease"
+            ),
+            [],
+        )
         return context.get_dummy_value()
 
     return sig, codegen
@@ -77,7 +85,9 @@ def _block_kernel(groups: int):
     x[base_b + 16 * r * a_stride ... ] . w, for pixel blocks b = 0, 1 and channel groups j < groups."""
 
     @intrinsic
-    def kernel(typingctx, x_ptr, a_stride, base0, base1, taps_ptr, n_taps, n_chunks, chunk, w_ptr, w_stride, acc_ptr):
+    def kernel(
+        typingctx, x_ptr, a_stride, base0, base1, taps_ptr, n_taps, n_chunks, chunk, w_ptr, w_stride, acc_ptr
+    ):
         sig = types.void(*([types.int64] * 11))
 
         def codegen(context, builder, signature, args):
@@ -86,9 +96,15 @@ def _block_kernel(groups: int):
             i8p = _I8.as_pointer()
             void = ir.VoidType()
             zero = cgutils.get_or_insert_function(mod, ir.FunctionType(void, [_I8]), "llvm.x86.tilezero")
-            load = cgutils.get_or_insert_function(mod, ir.FunctionType(void, [_I8, i8p, _I64]), "llvm.x86.tileloadd64")
-            dot = cgutils.get_or_insert_function(mod, ir.FunctionType(void, [_I8, _I8, _I8]), "llvm.x86.tdpbssd")
-            store = cgutils.get_or_insert_function(mod, ir.FunctionType(void, [_I8, i8p, _I64]), "llvm.x86.tilestored64")
+            load = cgutils.get_or_insert_function(
+                mod, ir.FunctionType(void, [_I8, i8p, _I64]), "llvm.x86.tileloadd64"
+            )
+            dot = cgutils.get_or_insert_function(
+                mod, ir.FunctionType(void, [_I8, _I8, _I8]), "llvm.x86.tdpbssd"
+            )
+            store = cgutils.get_or_insert_function(
+                mod, ir.FunctionType(void, [_I8, i8p, _I64]), "llvm.x86.tilestored64"
+            )
             x = builder.inttoptr(x_ptr, i8p)
             w = builder.inttoptr(w_ptr, i8p)
             taps = builder.inttoptr(taps_ptr, _I64.as_pointer())
@@ -103,17 +119,33 @@ def _block_kernel(groups: int):
                     builder.call(load, [_tile(4), builder.gep(x, [builder.add(base0, a_off)]), a_stride])
                     builder.call(load, [_tile(5), builder.gep(x, [builder.add(base1, a_off)]), a_stride])
                     # B rows of this chunk: quad index (t * n_chunks + k) * quads, w_stride bytes apart.
-                    quad = builder.mul(builder.add(builder.mul(tap_loop.index, n_chunks), chunk_loop.index), quads)
+                    quad = builder.mul(
+                        builder.add(builder.mul(tap_loop.index, n_chunks), chunk_loop.index), quads
+                    )
                     b_off = builder.mul(quad, w_stride)
                     for j in range(groups):
-                        builder.call(load, [_tile(6 + j), builder.gep(w, [builder.add(b_off, ir.Constant(_I64, 64 * j))]), w_stride])
+                        builder.call(
+                            load,
+                            [
+                                _tile(6 + j),
+                                builder.gep(w, [builder.add(b_off, ir.Constant(_I64, 64 * j))]),
+                                w_stride,
+                            ],
+                        )
                     for b in range(2):
                         for j in range(groups):
                             builder.call(dot, [_tile(2 * b + j), _tile(4 + b), _tile(6 + j)])
             acc = builder.inttoptr(acc_ptr, i8p)
             for b in range(2):
                 for j in range(groups):
-                    builder.call(store, [_tile(2 * b + j), builder.gep(acc, [ir.Constant(_I64, (2 * b + j) * 1024)]), ir.Constant(_I64, 64)])
+                    builder.call(
+                        store,
+                        [
+                            _tile(2 * b + j),
+                            builder.gep(acc, [ir.Constant(_I64, (2 * b + j) * 1024)]),
+                            ir.Constant(_I64, 64),
+                        ],
+                    )
             return context.get_dummy_value()
 
         return sig, codegen
@@ -146,8 +178,27 @@ def _block_start(blk, blocks_per_row, out_w):
 
 
 @parallel_kernel
-def conv_amx(xp, packed, taps, cp, chunk, out_h, out_w, stride_h, stride_w, groups, shared, out_c, params, profile,
-             zero_point, lo, hi, config, out):
+def conv_amx(
+    xp,
+    packed,
+    taps,
+    cp,
+    chunk,
+    out_h,
+    out_w,
+    stride_h,
+    stride_w,
+    groups,
+    shared,
+    out_c,
+    params,
+    profile,
+    zero_point,
+    lo,
+    hi,
+    config,
+    out,
+):
     """As vnni.conv_vnni, on AMX tiles: out[g * P + p, c], P output pixels per group (out_w >= 16).
     cp: the channels of the packed filters (C rounded up to 4); xp holds C per pixel."""
     n_in, hp, wp, pixel = xp.shape
@@ -185,17 +236,51 @@ def conv_amx(xp, packed, taps, cp, chunk, out_h, out_w, stride_h, stride_w, grou
                 for j0 in range(0, nr, 2):
                     w_pair = w_block + j0 * 64
                     if j0 + 1 < nr:
-                        _block2(xp.ctypes.data, a_stride, base0, base1, taps.ctypes.data, taps.size, n_chunks, chunk, w_pair, nr * 64, acc)
+                        _block2(
+                            xp.ctypes.data,
+                            a_stride,
+                            base0,
+                            base1,
+                            taps.ctypes.data,
+                            taps.size,
+                            n_chunks,
+                            chunk,
+                            w_pair,
+                            nr * 64,
+                            acc,
+                        )
                     else:
-                        _block1(xp.ctypes.data, a_stride, base0, base1, taps.ctypes.data, taps.size, n_chunks, chunk, w_pair, nr * 64, acc)
+                        _block1(
+                            xp.ctypes.data,
+                            a_stride,
+                            base0,
+                            base1,
+                            taps.ctypes.data,
+                            taps.size,
+                            n_chunks,
+                            chunk,
+                            w_pair,
+                            nr * 64,
+                            acc,
+                        )
                     for j in range(j0, min(j0 + 2, nr)):
                         c0 = cb + 16 * j
                         for b in range(2):
                             row, ox = (row0, ox0) if b == 0 else (row1, ox1)
                             p_first = g * per_group + row * out_w + ox
-                            output_stage_tile(acc + (2 * b + j - j0) * 1024, p_group + c0 * 4, o16 * 4,
-                                              out.ctypes.data + p_first * out_c + c0, out_c, ROWS, min(16, out_c - c0),
-                                              profile, zero_point, lo, hi)
+                            output_stage_tile(
+                                acc + (2 * b + j - j0) * 1024,
+                                p_group + c0 * 4,
+                                o16 * 4,
+                                out.ctypes.data + p_first * out_c + c0,
+                                out_c,
+                                ROWS,
+                                min(16, out_c - c0),
+                                profile,
+                                zero_point,
+                                lo,
+                                hi,
+                            )
         _release()
     return out
 
@@ -206,7 +291,21 @@ def usable(depth: int, channels: int, row_pixels: int) -> bool:
     return depth <= MAX_DEPTH and chunk_for((channels + 3) // 4 * 4) >= MIN_CHUNK and row_pixels >= ROWS
 
 
-def convolve(x, w, bias, input_zero_point, stride, dilation, pad, out_hw, stage, profile, shared=False, workspace=None, memo=None):
+def convolve(
+    x,
+    w,
+    bias,
+    input_zero_point,
+    stride,
+    dilation,
+    pad,
+    out_hw,
+    stage,
+    profile,
+    shared=False,
+    workspace=None,
+    memo=None,
+):
     """As vnni.convolve (same arguments and result), on AMX tiles; callers check usable() first."""
     groups, o, kh, kw, c = w.shape
     (sh, sw), (out_h, out_w) = stride, out_hw
@@ -223,5 +322,24 @@ def convolve(x, w, bias, input_zero_point, stride, dilation, pad, out_hw, stage,
     packed, params = prepared_filters("amx", w, bias, input_zero_point, stage, memo)
     out = aligned.empty((n * out_h * out_w * (groups if shared else 1), o), np.int8)
     chunk = chunk_for(cp)
-    return conv_amx(xp, packed, taps, cp, chunk, out_h, out_w, sh, sw, groups, shared, o, params, np.int64(profile),
-                    np.int64(stage.zero_point), np.int64(stage.lo), np.int64(stage.hi), tile_config(chunk), out)
+    return conv_amx(
+        xp,
+        packed,
+        taps,
+        cp,
+        chunk,
+        out_h,
+        out_w,
+        sh,
+        sw,
+        groups,
+        shared,
+        o,
+        params,
+        np.int64(profile),
+        np.int64(stage.zero_point),
+        np.int64(stage.lo),
+        np.int64(stage.hi),
+        tile_config(chunk),
+        out,
+    )

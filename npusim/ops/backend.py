@@ -11,6 +11,7 @@ A selection is an engine and the ones after it in that order, which take the sha
 "auto" starts at the first engine this host runs, skipping those that the environment excludes
 (NPUSIM_AMX=0, NPUSIM_VNNI=0; read when a selection is made, not at import).
 """
+
 from __future__ import annotations
 
 import functools
@@ -38,8 +39,19 @@ class Backend:
     def usable(self, g: ConvGeometry) -> bool:
         return True
 
-    def convolve(self, g: ConvGeometry, x, w, bias, input_zero_point, stage, profile, shared=False,
-                 workspace=None, memo=None):
+    def convolve(
+        self,
+        g: ConvGeometry,
+        x,
+        w,
+        bias,
+        input_zero_point,
+        stage,
+        profile,
+        shared=False,
+        workspace=None,
+        memo=None,
+    ):
         raise NotImplementedError
 
 
@@ -54,10 +66,24 @@ class AmxBackend(Backend):
         row_pixels = g.out_h * g.out_w if g.pointwise and g.in_channels % 4 == 0 else g.out_w
         return amx.usable(g.depth, g.in_channels, row_pixels)
 
-    def convolve(self, g, x, w, bias, input_zero_point, stage, profile, shared=False, workspace=None,
-                 memo=None):
-        return amx.convolve(x, w, bias, input_zero_point, g.stride, g.dilation, g.pad, g.out_hw, stage,
-                            profile, shared, workspace, memo)
+    def convolve(
+        self, g, x, w, bias, input_zero_point, stage, profile, shared=False, workspace=None, memo=None
+    ):
+        return amx.convolve(
+            x,
+            w,
+            bias,
+            input_zero_point,
+            g.stride,
+            g.dilation,
+            g.pad,
+            g.out_hw,
+            stage,
+            profile,
+            shared,
+            workspace,
+            memo,
+        )
 
 
 class VnniBackend(Backend):
@@ -69,17 +95,32 @@ class VnniBackend(Backend):
     def usable(self, g: ConvGeometry) -> bool:
         return g.depth <= vnni.MAX_DEPTH
 
-    def convolve(self, g, x, w, bias, input_zero_point, stage, profile, shared=False, workspace=None,
-                 memo=None):
-        return vnni.convolve(x, w, bias, input_zero_point, g.stride, g.dilation, g.pad, g.out_hw, stage,
-                             profile, shared, workspace, memo)
+    def convolve(
+        self, g, x, w, bias, input_zero_point, stage, profile, shared=False, workspace=None, memo=None
+    ):
+        return vnni.convolve(
+            x,
+            w,
+            bias,
+            input_zero_point,
+            g.stride,
+            g.dilation,
+            g.pad,
+            g.out_hw,
+            stage,
+            profile,
+            shared,
+            workspace,
+            memo,
+        )
 
 
 class BlasBackend(Backend):
     name = "blas"
 
-    def convolve(self, g, x, w, bias, input_zero_point, stage, profile, shared=False, workspace=None,
-                 memo=None):
+    def convolve(
+        self, g, x, w, bias, input_zero_point, stage, profile, shared=False, workspace=None, memo=None
+    ):
         return gemm.convolve(x, w, bias, input_zero_point, g, stage, profile, shared)
 
 
@@ -123,4 +164,4 @@ def select(name: str = "auto") -> Selection:
     first = BACKENDS[names.index(name)]
     if not first.available():
         raise NpusimError(f"backend {name!r} does not run on this host (see npusim/host.py)")
-    return Selection(b for b in BACKENDS[names.index(name):] if b.available())
+    return Selection(b for b in BACKENDS[names.index(name) :] if b.available())

@@ -1,4 +1,5 @@
 """What every op module provides: prepare once in __init__, evaluate many times in __call__."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -28,14 +29,20 @@ class Kernel:
         self.graph = graph
         self.profile = profile
         n = len(op.inputs)
-        if n < self.required_inputs or (self.max_inputs is not None and n > self.max_inputs) or len(op.outputs) != 1:
+        if (
+            n < self.required_inputs
+            or (self.max_inputs is not None and n > self.max_inputs)
+            or len(op.outputs) != 1
+        ):
             if self.max_inputs is None:
                 expected = f"at least {self.required_inputs}"
             elif self.max_inputs == self.required_inputs:
                 expected = str(self.required_inputs)
             else:
                 expected = f"{self.required_inputs} to {self.max_inputs}"
-            raise self.error(f"{n} inputs and {len(op.outputs)} outputs, expected {expected} inputs and 1 output")
+            raise self.error(
+                f"{n} inputs and {len(op.outputs)} outputs, expected {expected} inputs and 1 output"
+            )
         for k in range(self.required_inputs):
             if op.inputs[k] < 0:
                 raise self.error(f"input {k} is omitted (-1) but required")
@@ -50,9 +57,13 @@ class Kernel:
             if t.dtype != np.int8:
                 raise self.error(f"tensor {t.name!r} has type {np.dtype(t.dtype).name}, expected int8")
             if t.quant is None:
-                raise self.error(f"tensor {t.name!r} has no quantization parameters, expected int8 with scale and zero point")
+                raise self.error(
+                    f"tensor {t.name!r} has no quantization parameters, expected int8 with scale and zero point"
+                )
             if t.data is None and not np.all(t.quant.scale > 0):
-                raise self.error(f"tensor {t.name!r} has scale {t.quant.scale[0]:g}, expected a positive scale")
+                raise self.error(
+                    f"tensor {t.name!r} has scale {t.quant.scale[0]:g}, expected a positive scale"
+                )
 
     def require_constant(self, t: Tensor, what: str):
         if t.data is None:
@@ -64,7 +75,9 @@ class Kernel:
             return
         self.require_constant(b, "bias")
         if b.dtype not in (np.int32, np.int64) or b.data.size != channels:
-            raise self.error(f"bias {b.name!r} is {np.dtype(b.dtype).name} {list(b.shape)}, expected int32 [{channels}]")
+            raise self.error(
+                f"bias {b.name!r} is {np.dtype(b.dtype).name} {list(b.shape)}, expected int32 [{channels}]"
+            )
 
     def macs(self) -> int:
         """Multiply-accumulates per image (for inspect and the cost model)."""

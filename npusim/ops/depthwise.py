@@ -20,6 +20,7 @@ The interleave follows x86's in-lane unpacks (bytes, then words): accumulator q 
 16 L + 4 q + j of each 128-bit lane L. Weights and output parameters are stored in that order
 (quad_order), and the output bytes are put back in channel order before they are stored.
 """
+
 from __future__ import annotations
 
 import numba as nb
@@ -63,36 +64,88 @@ def _tap_quads_run():
     i8, i32, i64 = ir.IntType(8), ir.IntType(32), ir.IntType(64)
     bytes_t, acc_t = ir.VectorType(i8, LANES), ir.VectorType(i32, 16)
     # x86's in-lane unpacks: the bytes of two taps, then the byte pairs of two pairs of taps.
-    bytes_of = [[v for lane in range(4) for j in range(8 * h, 8 * h + 8) for v in (16 * lane + j, LANES + 16 * lane + j)]
-                for h in range(2)]
-    words_of = [[v for lane in range(4) for j in range(4 * h, 4 * h + 4) for v in (8 * lane + j, 32 + 8 * lane + j)]
-                for h in range(2)]
+    bytes_of = [
+        [
+            v
+            for lane in range(4)
+            for j in range(8 * h, 8 * h + 8)
+            for v in (16 * lane + j, LANES + 16 * lane + j)
+        ]
+        for h in range(2)
+    ]
+    words_of = [
+        [v for lane in range(4) for j in range(4 * h, 4 * h + 4) for v in (8 * lane + j, 32 + 8 * lane + j)]
+        for h in range(2)
+    ]
     to_channels = [int(p) for p in np.argsort(quad_order())]  # output bytes back in channel order
 
     @intrinsic
-    def run(typingctx, x_ptr, x_step, taps_ptr, n_quads, w_ptr, n_pixels, out_ptr, out_step, count,
-            params_ptr, params_stride, profile, zero_point, lo, hi):
+    def run(
+        typingctx,
+        x_ptr,
+        x_step,
+        taps_ptr,
+        n_quads,
+        w_ptr,
+        n_pixels,
+        out_ptr,
+        out_step,
+        count,
+        params_ptr,
+        params_stride,
+        profile,
+        zero_point,
+        lo,
+        hi,
+    ):
         sig = types.void(*([types.int64] * 15))
 
         def codegen(context, builder, signature, args):
-            (x_ptr, x_step, taps_ptr, n_quads, w_ptr, n_pixels, out_ptr, out_step, count,
-             params_ptr, params_stride, profile, zero_point, lo, hi) = args
-            x, w, out, params = (builder.inttoptr(v, i8.as_pointer()) for v in (x_ptr, w_ptr, out_ptr, params_ptr))
+            (
+                x_ptr,
+                x_step,
+                taps_ptr,
+                n_quads,
+                w_ptr,
+                n_pixels,
+                out_ptr,
+                out_step,
+                count,
+                params_ptr,
+                params_stride,
+                profile,
+                zero_point,
+                lo,
+                hi,
+            ) = args
+            x, w, out, params = (
+                builder.inttoptr(v, i8.as_pointer()) for v in (x_ptr, w_ptr, out_ptr, params_ptr)
+            )
             taps = builder.inttoptr(taps_ptr, i64.as_pointer())
             if host.has_vnni():  # taken when Numba compiles the kernel (and cached with it)
-                dpbusd = cgutils.get_or_insert_function(builder.module, ir.FunctionType(acc_t, [acc_t] * 3),
-                                                        "llvm.x86.avx512.vpdpbusd.512")
+                dpbusd = cgutils.get_or_insert_function(
+                    builder.module, ir.FunctionType(acc_t, [acc_t] * 3), "llvm.x86.avx512.vpdpbusd.512"
+                )
 
                 def multiply_add(acc, xs, ws):
                     return builder.call(dpbusd, [acc, builder.bitcast(xs, acc_t), builder.bitcast(ws, acc_t)])
             else:
+
                 def multiply_add(acc, xs, ws):  # the same sums in generic vector code
                     wide = ir.VectorType(i32, LANES)
-                    products = builder.mul(builder.zext(builder.bitcast(xs, bytes_t), wide),
-                                           builder.sext(builder.bitcast(ws, bytes_t), wide))
+                    products = builder.mul(
+                        builder.zext(builder.bitcast(xs, bytes_t), wide),
+                        builder.sext(builder.bitcast(ws, bytes_t), wide),
+                    )
                     for k in range(GROUP):
-                        acc = builder.add(acc, builder.shuffle_vector(products, ir.Constant(wide, ir.Undefined),
-                                                                      ir.Constant(acc_t, list(range(k, LANES, GROUP)))))
+                        acc = builder.add(
+                            acc,
+                            builder.shuffle_vector(
+                                products,
+                                ir.Constant(wide, ir.Undefined),
+                                ir.Constant(acc_t, list(range(k, LANES, GROUP))),
+                            ),
+                        )
                     return acc
 
             valid = lane_mask(builder, count, LANES)
@@ -114,18 +167,31 @@ def _tap_quads_run():
                         builder.store(ir.Constant(acc_t, None), slot)
                     with cgutils.for_range(builder, n_quads) as quad:
                         t = builder.mul(quad.index, ir.Constant(i64, GROUP))
-                        xa, xb, xc, xd = (load_tap(base, builder.add(t, ir.Constant(i64, k))) for k in range(GROUP))
+                        xa, xb, xc, xd = (
+                            load_tap(base, builder.add(t, ir.Constant(i64, k))) for k in range(GROUP)
+                        )
                         words_t = ir.VectorType(ir.IntType(16), LANES // 2)
                         ab = [builder.bitcast(shuffle(xa, xb, bytes_of[h]), words_t) for h in range(2)]
                         cd = [builder.bitcast(shuffle(xc, xd, bytes_of[h]), words_t) for h in range(2)]
                         for q, slot in enumerate(acc_slots):
                             xs = shuffle(ab[q // 2], cd[q // 2], words_of[q % 2])  # 4 taps of 16 channels
-                            w_off = builder.add(builder.mul(quad.index, ir.Constant(i64, 4 * LANES)), ir.Constant(i64, LANES * q))
-                            ws = builder.load(builder.bitcast(builder.gep(w, [w_off]), acc_t.as_pointer()), align=1)
+                            w_off = builder.add(
+                                builder.mul(quad.index, ir.Constant(i64, 4 * LANES)),
+                                ir.Constant(i64, LANES * q),
+                            )
+                            ws = builder.load(
+                                builder.bitcast(builder.gep(w, [w_off]), acc_t.as_pointer()), align=1
+                            )
                             builder.store(multiply_add(builder.load(slot), xs, ws), slot)
-                    ys = [vector_output_stage(builder, builder.load(slot), p, pid, zero_point, lo, hi)
-                          for slot, p in zip(acc_slots, channel_params)]
-                    y = shuffle(shuffle(ys[0], ys[1], list(range(32))), shuffle(ys[2], ys[3], list(range(32))), to_channels)
+                    ys = [
+                        vector_output_stage(builder, builder.load(slot), p, pid, zero_point, lo, hi)
+                        for slot, p in zip(acc_slots, channel_params)
+                    ]
+                    y = shuffle(
+                        shuffle(ys[0], ys[1], list(range(32))),
+                        shuffle(ys[2], ys[3], list(range(32))),
+                        to_channels,
+                    )
                     store_bytes(builder, y, builder.gep(out, [builder.mul(pixel.index, out_step)]), count)
             return context.get_dummy_value()
 
@@ -156,12 +222,32 @@ def tap_offsets(taps, kh, kw, dil_h, dil_w, in_h, in_w, in_c, iy0, ix0, x_first,
                 out[t] = taps[t]
             else:
                 out[t] = pad_row_address + (ix if 0 <= ix < in_w else 0) * in_c - x_first
-    out[kh * kw:] = out[kh * kw - 1]
+    out[kh * kw :] = out[kh * kw - 1]
 
 
 @parallel_kernel
-def depthwise_conv(x, w, wv, replicas, groups, multiplier, stride_h, stride_w, dil_h, dil_w, pad_top, pad_left, in_zp,
-                   params, vparams, profile, out_zp, lo, hi, out):
+def depthwise_conv(
+    x,
+    w,
+    wv,
+    replicas,
+    groups,
+    multiplier,
+    stride_h,
+    stride_w,
+    dil_h,
+    dil_w,
+    pad_top,
+    pad_left,
+    in_zp,
+    params,
+    vparams,
+    profile,
+    out_zp,
+    lo,
+    hi,
+    out,
+):
     """params: the output parameters of the scalar loop (channel order); wv and vparams: the
     weights and parameters of the vector runs (see vector_layout). replicas > 1 (16 or 32
     channels, multiplier 1, stride 1 along the width): wv and vparams hold the channels that many
@@ -182,7 +268,7 @@ def depthwise_conv(x, w, wv, replicas, groups, multiplier, stride_h, stride_w, d
     for ky in range(kh):
         for kx in range(kw):
             taps[ky * kw + kx] = ((ky * dil_h) * in_w + kx * dil_w) * in_c
-    taps[kh * kw:] = taps[kh * kw - 1]
+    taps[kh * kw :] = taps[kh * kw - 1]
     block_bytes = n_quads * GROUP * LANES  # vector weights of one block of 64 channels
     # A row of zero points: the padding taps read it (and so contribute (zp + 128) * w, which the
     # folded bias takes back, as TFLM skips them).
@@ -196,7 +282,7 @@ def depthwise_conv(x, w, wv, replicas, groups, multiplier, stride_h, stride_w, d
         edge_taps = np.empty(GROUP * n_quads, dtype=np.int64)  # the tap offsets of a run or pixel at an edge
         scratch = np.empty(o_padded + 16, dtype=np.int32)
         start = (-scratch.ctypes.data // 4) % 16  # vector loads of the output stage on cache lines
-        a = scratch[start:start + o_padded]  # int32 accumulators, as TFLM's
+        a = scratch[start : start + o_padded]  # int32 accumulators, as TFLM's
         for row in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
             n = row // out_h
             oy = row - n * out_h
@@ -215,21 +301,80 @@ def depthwise_conv(x, w, wv, replicas, groups, multiplier, stride_h, stride_w, d
                 x_first = np.int64(x.ctypes.data) + ((n * in_h + iy0) * in_w + ix0) * in_c
                 run_taps = taps
                 if iy0 < 0 or iy0 + (kh - 1) * dil_h >= in_h:
-                    tap_offsets(taps, kh, kw, dil_h, dil_w, in_h, in_w, in_c, iy0, ix0, x_first, pad_address, edge_taps)
+                    tap_offsets(
+                        taps,
+                        kh,
+                        kw,
+                        dil_h,
+                        dil_w,
+                        in_h,
+                        in_w,
+                        in_c,
+                        iy0,
+                        ix0,
+                        x_first,
+                        pad_address,
+                        edge_taps,
+                    )
                     run_taps = edge_taps
                 out_first = out.ctypes.data + ((n * out_h + oy) * out_w + ox_lo) * out_c
                 run = ox_hi - ox_lo
                 if replicas > 1:  # adjacent pixels in_c bytes apart: `replicas` pixels per vector
-                    tap_quads_run(x_first, replicas * in_c, run_taps.ctypes.data, n_quads, w_group, run // replicas, out_first,
-                                  replicas * out_c, LANES, v_group, v_channels * 4, profile, out_zp, lo, hi)
+                    tap_quads_run(
+                        x_first,
+                        replicas * in_c,
+                        run_taps.ctypes.data,
+                        n_quads,
+                        w_group,
+                        run // replicas,
+                        out_first,
+                        replicas * out_c,
+                        LANES,
+                        v_group,
+                        v_channels * 4,
+                        profile,
+                        out_zp,
+                        lo,
+                        hi,
+                    )
                     left = run % replicas
                     if left:  # the last pixels: the lanes past them are neither read nor stored
-                        tap_quads_run(x_first + (run - left) * in_c, 0, run_taps.ctypes.data, n_quads, w_group, 1,
-                                      out_first + (run - left) * out_c, 0, left * out_c, v_group, v_channels * 4, profile, out_zp, lo, hi)
+                        tap_quads_run(
+                            x_first + (run - left) * in_c,
+                            0,
+                            run_taps.ctypes.data,
+                            n_quads,
+                            w_group,
+                            1,
+                            out_first + (run - left) * out_c,
+                            0,
+                            left * out_c,
+                            v_group,
+                            v_channels * 4,
+                            profile,
+                            out_zp,
+                            lo,
+                            hi,
+                        )
                 else:
                     for c0 in range(0, out_c, LANES):
-                        tap_quads_run(x_first + c0, stride_w * in_c, run_taps.ctypes.data, n_quads, w_group + c0 // LANES * block_bytes,
-                                      run, out_first + c0, out_c, out_c - c0, v_group + c0 * 4, v_channels * 4, profile, out_zp, lo, hi)
+                        tap_quads_run(
+                            x_first + c0,
+                            stride_w * in_c,
+                            run_taps.ctypes.data,
+                            n_quads,
+                            w_group + c0 // LANES * block_bytes,
+                            run,
+                            out_first + c0,
+                            out_c,
+                            out_c - c0,
+                            v_group + c0 * 4,
+                            v_channels * 4,
+                            profile,
+                            out_zp,
+                            lo,
+                            hi,
+                        )
             # The other pixels one by one: with multiplier 1 as a vector run of one pixel (padding
             # taps: the row of zero points); other multipliers in a scalar loop.
             for ox in range(out_w):
@@ -239,10 +384,39 @@ def depthwise_conv(x, w, wv, replicas, groups, multiplier, stride_h, stride_w, d
                 if vector:
                     ix0 = ox * stride_w - pad_left
                     x_first = np.int64(x.ctypes.data) + ((n * in_h + iy0) * in_w + ix0) * in_c
-                    tap_offsets(taps, kh, kw, dil_h, dil_w, in_h, in_w, in_c, iy0, ix0, x_first, pad_address, edge_taps)
+                    tap_offsets(
+                        taps,
+                        kh,
+                        kw,
+                        dil_h,
+                        dil_w,
+                        in_h,
+                        in_w,
+                        in_c,
+                        iy0,
+                        ix0,
+                        x_first,
+                        pad_address,
+                        edge_taps,
+                    )
                     for c0 in range(0, out_c, LANES):  # (replicas > 1: the first out_c lanes)
-                        tap_quads_run(x_first + c0, 0, edge_taps.ctypes.data, n_quads, w_group + c0 // LANES * block_bytes,
-                                      1, out_pixel + c0, out_c, out_c - c0, v_group + c0 * 4, v_channels * 4, profile, out_zp, lo, hi)
+                        tap_quads_run(
+                            x_first + c0,
+                            0,
+                            edge_taps.ctypes.data,
+                            n_quads,
+                            w_group + c0 // LANES * block_bytes,
+                            1,
+                            out_pixel + c0,
+                            out_c,
+                            out_c - c0,
+                            v_group + c0 * 4,
+                            v_channels * 4,
+                            profile,
+                            out_zp,
+                            lo,
+                            hi,
+                        )
                     continue
                 a[:] = 0  # the bias is the stage's offset
                 for ky in range(kh):
@@ -260,7 +434,17 @@ def depthwise_conv(x, w, wv, replicas, groups, multiplier, stride_h, stride_w, d
                             for mi in range(multiplier):
                                 oc = ic * multiplier + mi
                                 a[oc] += xv * np.int32(ws[oc])
-                output_stage_row(a.ctypes.data, params.ctypes.data + g * params.shape[1] * o_padded * 4, o_padded * 4, out_pixel, out_c, profile, out_zp, lo, hi)
+                output_stage_row(
+                    a.ctypes.data,
+                    params.ctypes.data + g * params.shape[1] * o_padded * 4,
+                    o_padded * 4,
+                    out_pixel,
+                    out_c,
+                    profile,
+                    out_zp,
+                    lo,
+                    hi,
+                )
     return out
 
 
@@ -273,18 +457,22 @@ def vector_layout(wg: np.ndarray, params: np.ndarray, replicas: int) -> tuple[np
     groups, _, kh, kw, o = wg.shape
     taps = wg.reshape(groups, kh * kw, o)
     if replicas > 1:
-        taps, params, o = np.concatenate([taps] * replicas, axis=2), np.concatenate([params[:, :, :o]] * replicas, axis=2), o * replicas
+        taps, params, o = (
+            np.concatenate([taps] * replicas, axis=2),
+            np.concatenate([params[:, :, :o]] * replicas, axis=2),
+            o * replicas,
+        )
     o64 = (o + LANES - 1) // LANES * LANES
     quads = (kh * kw + GROUP - 1) // GROUP
     padded = np.zeros((groups, GROUP * quads, o64), dtype=np.int8)
-    padded[:, :kh * kw, :o] = taps
+    padded[:, : kh * kw, :o] = taps
     wv = aligned.zeros((groups, o64 // LANES, quads, 4, LANES), np.int8)
     vparams = aligned.zeros((groups, params.shape[1], o64), np.int32)
     for block, c0 in enumerate(range(0, o64, LANES)):
         channels = c0 + quad_order()
         chosen = padded[:, :, channels].reshape(groups, quads, GROUP, 4, 16)  # [G, quad, k, q, i]
         wv[:, block] = chosen.transpose(0, 1, 3, 4, 2).reshape(groups, quads, 4, LANES)
-        vparams[:, :, c0:c0 + LANES] = params[:, :, channels]
+        vparams[:, :, c0 : c0 + LANES] = params[:, :, channels]
     return wv, vparams
 
 
@@ -298,19 +486,27 @@ class DepthwiseConv2D(SlidingWindow, Kernel):
         self.require_int8(x, w, y)
         self.require_constant(w, "filter")
         if len(x.shape) != 4 or len(w.shape) != 4 or len(y.shape) != 4 or w.shape[0] != 1:
-            raise self.error(f"expected 4-D input and output and a [1, kh, kw, C] filter, got {list(x.shape)}, {list(w.shape)}, {list(y.shape)}")
+            raise self.error(
+                f"expected 4-D input and output and a [1, kh, kw, C] filter, got {list(x.shape)}, {list(w.shape)}, {list(y.shape)}"
+            )
         o = self.options = op.options
         _, kh, kw, self.out_channels = w.shape
         in_c = x.shape[3]
         if self.out_channels % in_c:
-            raise self.error(f"filter channels {self.out_channels} are not a multiple of input channels {in_c}")
+            raise self.error(
+                f"filter channels {self.out_channels} are not a multiple of input channels {in_c}"
+            )
         self.multiplier = self.out_channels // in_c
         self.require_bias(self.inputs[2] if len(self.inputs) > 2 else None, self.out_channels)
         self.in_image_shape = tuple(x.shape[1:])
         self.geometry = ConvGeometry.from_options(o, x.shape, kh, kw)
         if (self.out_h, self.out_w, self.out_channels) != tuple(y.shape[1:]):
-            raise self.error(f"output shape {list(y.shape)} does not match the computed [N, {self.out_h}, {self.out_w}, {self.out_channels}]")
-        self.stage = OutputStage.prepare(x, w, y, self.out_channels, o.get("fused_activation_function", "NONE"))
+            raise self.error(
+                f"output shape {list(y.shape)} does not match the computed [N, {self.out_h}, {self.out_w}, {self.out_channels}]"
+            )
+        self.stage = OutputStage.prepare(
+            x, w, y, self.out_channels, o.get("fused_activation_function", "NONE")
+        )
         self.memo = WeightMemo()
         self.unpadded_shape = None  # see fuse_pad
 
@@ -320,8 +516,14 @@ class DepthwiseConv2D(SlidingWindow, Kernel):
         padded tap then contributes (zp - zp) * w = 0, exactly as a skipped one. Interpreter.run then
         passes the unpadded input and the PAD's copy of a large activation is saved."""
         p = pad.paddings
-        if (len(p) != 4 or p[0].any() or p[3].any() or not p[1:3].any() or pad.value != self.inputs[0].zero_point
-                or pad.inputs[0].dtype != np.int8):
+        if (
+            len(p) != 4
+            or p[0].any()
+            or p[3].any()
+            or not p[1:3].any()
+            or pad.value != self.inputs[0].zero_point
+            or pad.inputs[0].dtype != np.int8
+        ):
             return False
         self.unpadded_shape = tuple(pad.inputs[0].shape[1:])
         self.fused_pad = (int(p[1, 0]), int(p[2, 0]))
@@ -339,27 +541,59 @@ class DepthwiseConv2D(SlidingWindow, Kernel):
         if self.unpadded_shape is not None and x.shape[1:] == self.unpadded_shape:  # the fused PAD's input
             pad_top, pad_left = pad_top + self.fused_pad[0], pad_left + self.fused_pad[1]
         elif x.shape[1:] != self.in_image_shape:  # the Numba loop indexes by the planned shape, unchecked
-            raise self.error(f"input array has shape {list(x.shape)}, expected [N, {', '.join(map(str, self.in_image_shape))}]")
+            raise self.error(
+                f"input array has shape {list(x.shape)}, expected [N, {', '.join(map(str, self.in_image_shape))}]"
+            )
         wg = w if w.ndim == 5 else w[None]
         groups = wg.shape[0]
         if shared:  # no reduction to share: give each group its own copy of the batch
             x = np.concatenate([x] * groups)
-        replicas = LANES // self.out_channels if self.multiplier == 1 and self.out_channels in (16, 32) \
-            and g.stride[1] == 1 else 1
+        replicas = (
+            LANES // self.out_channels
+            if self.multiplier == 1 and self.out_channels in (16, 32) and g.stride[1] == 1
+            else 1
+        )
 
         in_zp = self.inputs[0].zero_point
 
         def prepare():
-            bias = np.zeros((groups, self.out_channels), dtype=np.int64) if b is None else np.ascontiguousarray(
-                np.broadcast_to(b.reshape(-1, self.out_channels), (groups, self.out_channels)), dtype=np.int64)
+            bias = (
+                np.zeros((groups, self.out_channels), dtype=np.int64)
+                if b is None
+                else np.ascontiguousarray(
+                    np.broadcast_to(b.reshape(-1, self.out_channels), (groups, self.out_channels)),
+                    dtype=np.int64,
+                )
+            )
             weight_sums = wg.reshape(groups, -1, self.out_channels).sum(axis=1, dtype=np.int64)
-            return (output_parameters(bias, self.stage, LANES),
-                    *vector_layout(wg, output_parameters(bias - (in_zp + 128) * weight_sums, self.stage, LANES), replicas))
+            return (
+                output_parameters(bias, self.stage, LANES),
+                *vector_layout(
+                    wg, output_parameters(bias - (in_zp + 128) * weight_sums, self.stage, LANES), replicas
+                ),
+            )
 
         params, wv, vparams = self.memo.get("depthwise", wg, b, prepare) if groups == 1 else prepare()
         out = aligned.empty((x.shape[0], self.out_h, self.out_w, self.out_channels), np.int8)
         s = self.stage
-        depthwise_conv(np.ascontiguousarray(x), np.ascontiguousarray(wg), wv, replicas, groups, self.multiplier,
-                       *g.stride, *g.dilation, pad_top, pad_left, np.int64(in_zp), params, vparams, np.int64(self.profile),
-                       np.int64(s.zero_point), np.int64(s.lo), np.int64(s.hi), out)
+        depthwise_conv(
+            np.ascontiguousarray(x),
+            np.ascontiguousarray(wg),
+            wv,
+            replicas,
+            groups,
+            self.multiplier,
+            *g.stride,
+            *g.dilation,
+            pad_top,
+            pad_left,
+            np.int64(in_zp),
+            params,
+            vparams,
+            np.int64(self.profile),
+            np.int64(s.zero_point),
+            np.int64(s.lo),
+            np.int64(s.hi),
+            out,
+        )
         return out

@@ -4,6 +4,7 @@ The input is flattened to [N, K] per image; per-tensor or per-channel weight sca
 carry a leading group axis [G, O, K] (bias [G, O]) as in conv.py. Eval is a 1x1 convolution of one
 pixel per row on the MAC engine that the backend selection picks (backend.py).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -35,16 +36,25 @@ class FullyConnected(Kernel):
             # A row straddling two images would mix the batch.
             raise self.error(f"input {list(x.shape)} does not flatten into rows of {self.depth} per image")
         # Rows per image: TFLM flattens [1, ..., K] into batches of K; usually 1 row per image.
-        self.rows_per_image = max(per_image // self.depth, 1) if x.shape and x.shape[0] == 1 else int(np.prod(x.shape)) // self.depth
+        self.rows_per_image = (
+            max(per_image // self.depth, 1)
+            if x.shape and x.shape[0] == 1
+            else int(np.prod(x.shape)) // self.depth
+        )
         rows = int(np.prod(x.shape)) // self.depth
         # The output holds the rows, and each image's rows fill whole output entries [1:] (several
         # rows per entry with keep_num_dims, or several entries per image as TFLM's [rows, units]).
-        if rows * self.out_channels != int(np.prod(y.shape)) or \
-                (per_image // self.depth * self.out_channels) % int(np.prod(y.shape[1:])):
-            raise self.error(f"output {list(y.shape)} does not hold {rows} rows of {self.out_channels} units, "
-                             f"{per_image // self.depth} per image")
+        if rows * self.out_channels != int(np.prod(y.shape)) or (
+            per_image // self.depth * self.out_channels
+        ) % int(np.prod(y.shape[1:])):
+            raise self.error(
+                f"output {list(y.shape)} does not hold {rows} rows of {self.out_channels} units, "
+                f"{per_image // self.depth} per image"
+            )
         self.out_shape = tuple(y.shape[1:])
-        self.stage = OutputStage.prepare(x, w, y, self.out_channels, op.options.get("fused_activation_function", "NONE"))
+        self.stage = OutputStage.prepare(
+            x, w, y, self.out_channels, op.options.get("fused_activation_function", "NONE")
+        )
         self.geometry = ConvGeometry.dense(self.depth)
         self.engine = (backends or backend.select()).for_geometry(self.geometry)
 
@@ -52,12 +62,16 @@ class FullyConnected(Kernel):
         return self.rows_per_image * self.out_channels * self.depth
 
     def workspace_bytes(self, n: int) -> int:
-        return n * self.rows_per_image * max(self.depth * 4, self.out_channels * 8)  # float32 rows; exact products
+        return (
+            n * self.rows_per_image * max(self.depth * 4, self.out_channels * 8)
+        )  # float32 rows; exact products
 
     def __call__(self, x, w, b=None, shared=False):
         """shared=True: x is one batch seen by every weight group (output: G times the batch)."""
         wg = w if w.ndim == 3 else w[None]
         rows = x.reshape(-1, 1, 1, self.depth)
         filters = wg.reshape(wg.shape[0], self.out_channels, 1, 1, self.depth)
-        out = self.engine.convolve(self.geometry, rows, filters, b, self.inputs[0].zero_point, self.stage, self.profile, shared)
+        out = self.engine.convolve(
+            self.geometry, rows, filters, b, self.inputs[0].zero_point, self.stage, self.profile, shared
+        )
         return out.reshape((-1,) + self.out_shape)

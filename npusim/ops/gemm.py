@@ -9,6 +9,7 @@ results are added in float64. The input zero point is folded out of the product
 (sum w*(x - zp) = sum w*x - zp * sum w), so padding taps, filled with zp, contribute exactly zero,
 as TFLM's kernels skip them.
 """
+
 from __future__ import annotations
 
 import numba as nb
@@ -31,7 +32,7 @@ def exact_matmul(cols: np.ndarray, wt: np.ndarray) -> np.ndarray:
         return np.matmul(cols, wt)
     total = np.zeros(cols.shape[:-1] + (wt.shape[-1],), dtype=np.float64)
     for k0 in range(0, k, CHUNK):
-        total += np.matmul(cols[..., k0:k0 + CHUNK], wt[..., k0:k0 + CHUNK, :])
+        total += np.matmul(cols[..., k0 : k0 + CHUNK], wt[..., k0 : k0 + CHUNK, :])
     return total
 
 
@@ -50,7 +51,11 @@ def accumulator_offset(weights: np.ndarray, bias: np.ndarray | None, input_zero_
     """Per group and channel: bias - zp * sum(w), the part of the accumulator that does not depend on x."""
     g, o = weights.shape[0], weights.shape[1]
     wsum = weights.reshape(g, o, -1).astype(np.int64).sum(axis=2)
-    b = np.zeros((g, o), dtype=np.int64) if bias is None else np.broadcast_to(bias.astype(np.int64).reshape(-1, o), (g, o))
+    b = (
+        np.zeros((g, o), dtype=np.int64)
+        if bias is None
+        else np.broadcast_to(bias.astype(np.int64).reshape(-1, o), (g, o))
+    )
     return b - np.int64(input_zero_point) * wsum
 
 
@@ -62,14 +67,26 @@ def _requantize_products(products, offset, m, shift, real_scale, zero_point, lo,
         r = gr - g * rows
         for c in range(channels):
             acc = np.int64(products[g, r, c]) + offset[g, c]
-            out[g, r, c] = requantize_to_output(acc, m[c], shift[c], real_scale[c], profile, zero_point, lo, hi)
+            out[g, r, c] = requantize_to_output(
+                acc, m[c], shift[c], real_scale[c], profile, zero_point, lo, hi
+            )
     return out
 
 
 def requantize_products(products, offset, m, shift, real_scale, zero_point, lo, hi, profile, out):
     """out[g, r, c] = clamp(requantize(products[g, r, c] + offset[g, c]) + zero_point)."""
-    return _requantize_products(products, offset, m, shift, real_scale, np.int64(zero_point), np.int64(lo), np.int64(hi),
-                                np.int64(profile), out)
+    return _requantize_products(
+        products,
+        offset,
+        m,
+        shift,
+        real_scale,
+        np.int64(zero_point),
+        np.int64(lo),
+        np.int64(hi),
+        np.int64(profile),
+        out,
+    )
 
 
 def grouped_products(cols: np.ndarray, weights: np.ndarray, shared: bool) -> np.ndarray:
@@ -134,10 +151,14 @@ def convolve(x, w, bias, input_zero_point, g, stage, profile, shared=False):
     offset = accumulator_offset(w, bias, input_zero_point)
     s = stage
     if groups == 1:
-        return _tiled(x, g, transposed_weights(w.reshape(1, o, g.depth)), offset, input_zero_point, stage, profile)
+        return _tiled(
+            x, g, transposed_weights(w.reshape(1, o, g.depth)), offset, input_zero_point, stage, profile
+        )
     products = grouped_products(columns(x, g, input_zero_point), w.reshape(groups, o, g.depth), shared)
     out = np.empty(products.shape, dtype=np.int8)
-    requantize_products(products, offset, s.multiplier, s.shift, s.real_scale, s.zero_point, s.lo, s.hi, profile, out)
+    requantize_products(
+        products, offset, s.multiplier, s.shift, s.real_scale, s.zero_point, s.lo, s.hi, profile, out
+    )
     return out.reshape(-1, o)
 
 
@@ -151,10 +172,20 @@ def _tiled(x, g, wt, offset, input_zero_point, stage, profile):
     buffer = None if g.pointwise else np.empty((min(per_tile, n) * pixels, k), dtype=np.float32)
     out = np.empty((n * pixels, o), dtype=np.int8)
     for i in range(0, n, per_tile):
-        xi = x[i:i + per_tile]
+        xi = x[i : i + per_tile]
         rows = len(xi) * pixels
         cols = columns(xi, g, input_zero_point, None if buffer is None else buffer[:rows])
         products = exact_matmul(cols, wt[0])
-        requantize_products(products[None], offset, s.multiplier, s.shift, s.real_scale, s.zero_point, s.lo, s.hi,
-                            profile, out[i * pixels:i * pixels + rows].reshape(1, rows, o))
+        requantize_products(
+            products[None],
+            offset,
+            s.multiplier,
+            s.shift,
+            s.real_scale,
+            s.zero_point,
+            s.lo,
+            s.hi,
+            profile,
+            out[i * pixels : i * pixels + rows].reshape(1, rows, o),
+        )
     return out

@@ -1,5 +1,6 @@
 """The geometry of a sliding-window MAC op (CONV_2D, DEPTHWISE_CONV_2D, and FULLY_CONNECTED as a
 1x1 convolution), read once from the op's options at Prepare, as TFLM's OpData holds it."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -52,8 +53,9 @@ class ConvGeometry:
         return (self.kh, self.kw, *self.stride, *self.pad) == (1, 1, 1, 1, 0, 0)
 
     def with_pad(self, pad) -> ConvGeometry:
-        return ConvGeometry(self.kh, self.kw, self.in_channels, self.stride, self.dilation, tuple(pad),
-                            self.out_hw)
+        return ConvGeometry(
+            self.kh, self.kw, self.in_channels, self.stride, self.dilation, tuple(pad), self.out_hw
+        )
 
 
 class SlidingWindow:

@@ -12,6 +12,7 @@ is one path here. The output elements follow the input's dims with the reduced a
 as 1 with keep_dims); as in TFLM, which never resizes outputs, they take the declared output shape
 (checked to hold as many elements per image).
 """
+
 from __future__ import annotations
 
 import numba as nb
@@ -44,7 +45,9 @@ def mean_requantize(sums, input_offset, multiplier, shift, output_zero_point, ou
     of = out.ravel()
     for i in nb.prange(flat.size):
         shifted = np.int64(np.int32(flat[i] - input_offset))  # static_cast<int32_t> in TFLM
-        of[i] = clamp(multiply_by_quantized_multiplier(shifted, multiplier, shift) + output_zero_point, -128, 127)
+        of[i] = clamp(
+            multiply_by_quantized_multiplier(shifted, multiplier, shift) + output_zero_point, -128, 127
+        )
     return out
 
 
@@ -54,17 +57,28 @@ class Mean(Kernel):
 
     def __init__(self, op, graph, profile):
         super().__init__(op, graph, profile)
-        if len(self.inputs) != 2 or self.inputs[0] is None or self.inputs[1] is None or len(self.outputs) != 1:
-            raise self.error(f"expected 2 inputs (data, axes) and 1 output, got {len(self.inputs)} and {len(self.outputs)}")
+        if (
+            len(self.inputs) != 2
+            or self.inputs[0] is None
+            or self.inputs[1] is None
+            or len(self.outputs) != 1
+        ):
+            raise self.error(
+                f"expected 2 inputs (data, axes) and 1 output, got {len(self.inputs)} and {len(self.outputs)}"
+            )
         inp, axes_t, out = self.inputs[0], self.inputs[1], self.outputs[0]
         self.require_int8(inp, out)
         if axes_t.data is None:
             raise self.error(f"axes tensor {axes_t.name!r} is not a constant, expected constant int32 axes")
         if axes_t.dtype != np.int32:
-            raise self.error(f"axes tensor {axes_t.name!r} has type {np.dtype(axes_t.dtype).name}, expected int32")
+            raise self.error(
+                f"axes tensor {axes_t.name!r} has type {np.dtype(axes_t.dtype).name}, expected int32"
+            )
         rank = len(inp.shape)
         if rank < 2:
-            raise self.error(f"input {inp.name!r} has shape {list(inp.shape)}, expected a batch axis and at least one more")
+            raise self.error(
+                f"input {inp.name!r} has shape {list(inp.shape)}, expected a batch axis and at least one more"
+            )
         # ResolveAxis: negative axes count from the end, duplicates are dropped.
         axes: list[int] = []
         for a in np.asarray(axes_t.data).ravel().tolist():
@@ -74,8 +88,10 @@ class Mean(Kernel):
             if r not in axes:
                 axes.append(r)
         if 0 in axes:
-            raise self.error("reduces the batch axis 0, which the simulator keeps per image; expected axes among 1.."
-                             f"{rank - 1}")
+            raise self.error(
+                "reduces the batch axis 0, which the simulator keeps per image; expected axes among 1.."
+                f"{rank - 1}"
+            )
         if not axes:
             raise self.error("no axis to reduce")
         self.axes = tuple(sorted(axes))
@@ -89,8 +105,14 @@ class Mean(Kernel):
         else:
             kept = [d for i, d in enumerate(self.in_shape) if i not in self.axes]
         declared = tuple(int(d) for d in out.shape)
-        if not declared or declared[0] != kept[0] or int(np.prod(declared[1:], dtype=np.int64)) != int(np.prod(kept[1:], dtype=np.int64)):
-            raise self.error(f"output {out.name!r} has shape {list(declared)}, expected {kept} (or as many elements per image)")
+        if (
+            not declared
+            or declared[0] != kept[0]
+            or int(np.prod(declared[1:], dtype=np.int64)) != int(np.prod(kept[1:], dtype=np.int64))
+        ):
+            raise self.error(
+                f"output {out.name!r} has shape {list(declared)}, expected {kept} (or as many elements per image)"
+            )
         self.out_image_shape = declared[1:]  # per image, batch axis dropped
 
         self.input_zero_point = inp.zero_point
@@ -113,15 +135,23 @@ class Mean(Kernel):
         if x.dtype != np.int8:
             raise self.error(f"input array has type {x.dtype}, expected int8")
         if x.shape[1:] != self.in_shape[1:]:
-            raise self.error(f"input array has shape {list(x.shape)}, expected [N, {', '.join(map(str, self.in_shape[1:]))}]")
+            raise self.error(
+                f"input array has shape {list(x.shape)}, expected [N, {', '.join(map(str, self.in_shape[1:]))}]"
+            )
         axes = self.axes
         if axes == tuple(range(axes[0], axes[-1] + 1)):  # contiguous axes: [outer, reduced, inner]
-            outer = int(np.prod(x.shape[:axes[0]], dtype=np.int64))
+            outer = int(np.prod(x.shape[: axes[0]], dtype=np.int64))
             view = np.ascontiguousarray(x).reshape(outer, self.count, -1)
             sums = sum_middle_axis(view, np.empty((outer, view.shape[2]), dtype=np.int64))
         else:
             sums = np.ascontiguousarray(x.sum(axis=axes, dtype=np.int64))
         out = np.empty(sums.shape, dtype=np.int8)
-        mean_requantize(sums, np.int64(self.input_zero_point) * np.int64(self.count), np.int64(self.multiplier),
-                        np.int64(self.shift), np.int64(self.output_zero_point), out)
+        mean_requantize(
+            sums,
+            np.int64(self.input_zero_point) * np.int64(self.count),
+            np.int64(self.multiplier),
+            np.int64(self.shift),
+            np.int64(self.output_zero_point),
+            out,
+        )
         return out.reshape((x.shape[0],) + self.out_image_shape)

@@ -3,6 +3,7 @@
 Activations carry the batch on axis 0 where the model has 1; each op keeps it there and refuses
 a model that would move it (which only a batch of 1 could run).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -30,9 +31,13 @@ class Reshape(Kernel):
         x, y = self.inputs[0], self.outputs[0]
         _same_dtype(self)
         if int(np.prod(x.shape)) != int(np.prod(y.shape)):
-            raise self.error(f"cannot reshape {list(x.shape)} ({int(np.prod(x.shape))} elements) into {list(y.shape)}")
+            raise self.error(
+                f"cannot reshape {list(x.shape)} ({int(np.prod(x.shape))} elements) into {list(y.shape)}"
+            )
         if not x.shape or not y.shape or int(np.prod(x.shape[1:])) != int(np.prod(y.shape[1:])):
-            raise self.error(f"reshaping {list(x.shape)} into {list(y.shape)} moves elements across the batch axis 0")
+            raise self.error(
+                f"reshaping {list(x.shape)} into {list(y.shape)} moves elements across the batch axis 0"
+            )
         if x.quant is not None and y.quant is not None and (x.scale, x.zero_point) != (y.scale, y.zero_point):
             raise self.error("input and output quantization differ, expected a pure reshape")
         self.per_image = tuple(y.shape[1:])
@@ -52,10 +57,14 @@ class Pad(Kernel):
         if paddings.data is None or paddings.dtype.kind != "i":
             raise self.error("paddings must be a constant integer tensor")
         if paddings.data.size != 2 * len(x.shape):
-            raise self.error(f"paddings {list(paddings.shape)} do not fit an input of rank {len(x.shape)}, expected [{len(x.shape)}, 2]")
+            raise self.error(
+                f"paddings {list(paddings.shape)} do not fit an input of rank {len(x.shape)}, expected [{len(x.shape)}, 2]"
+            )
         self.paddings = paddings.data.astype(np.int64).reshape(-1, 2)
         if np.any(self.paddings < 0):
-            raise self.error(f"paddings {self.paddings.tolist()} are negative, expected [rank, 2] non-negative")
+            raise self.error(
+                f"paddings {self.paddings.tolist()} are negative, expected [rank, 2] non-negative"
+            )
         if np.any(self.paddings[0] != 0):
             raise self.error("padding the batch axis is not supported")
         padded = [int(d + p0 + p1) for d, (p0, p1) in zip(x.shape, self.paddings)]
@@ -71,7 +80,9 @@ class Pad(Kernel):
     def __call__(self, x, paddings=None, value=None):
         p = self.paddings
         if x.ndim == 4 and x.dtype == np.int8 and not p[3].any():  # spatial padding of NHWC: one pass
-            out = aligned.empty((x.shape[0], *(int(d + a + b) for d, (a, b) in zip(x.shape[1:], p[1:]))), np.int8)
+            out = aligned.empty(
+                (x.shape[0], *(int(d + a + b) for d, (a, b) in zip(x.shape[1:], p[1:]))), np.int8
+            )
             return pad_input(np.ascontiguousarray(x), int(p[1, 0]), int(p[2, 0]), np.int8(self.value), out)
         return np.pad(x, [tuple(q) for q in p], constant_values=self.value)
 
@@ -88,7 +99,9 @@ class Transpose(Kernel):
             raise self.error("permutation must be a constant tensor")
         self.perm = [int(p) for p in perm.data.reshape(-1)]
         if sorted(self.perm) != list(range(len(x.shape))):
-            raise self.error(f"permutation {self.perm} is not a permutation of the input's {len(x.shape)} axes")
+            raise self.error(
+                f"permutation {self.perm} is not a permutation of the input's {len(x.shape)} axes"
+            )
         if self.perm[0] != 0:
             raise self.error(f"permutation {self.perm} moves the batch axis, which is not supported")
         permuted = [x.shape[p] for p in self.perm]
@@ -117,18 +130,29 @@ class Concatenation(Kernel):
         if op.options.get("fused_activation_function", "NONE") != "NONE":
             raise self.error("fused activation on CONCATENATION is not supported")
         for t in self.inputs:
-            if len(t.shape) != rank or any(a != b for i, (a, b) in enumerate(zip(t.shape, y.shape)) if i != self.axis):
-                raise self.error(f"input {t.name!r} {list(t.shape)} does not match the output {list(y.shape)} outside axis {self.axis}")
+            if len(t.shape) != rank or any(
+                a != b for i, (a, b) in enumerate(zip(t.shape, y.shape)) if i != self.axis
+            ):
+                raise self.error(
+                    f"input {t.name!r} {list(t.shape)} does not match the output {list(y.shape)} outside axis {self.axis}"
+                )
             if t.dtype == np.int8 and (t.quant is None or (t.scale, t.zero_point) != (y.scale, y.zero_point)):
-                raise self.error(f"input {t.name!r} has scale/zero point different from the output's, expected them shared")
+                raise self.error(
+                    f"input {t.name!r} has scale/zero point different from the output's, expected them shared"
+                )
         if sum(t.shape[self.axis] for t in self.inputs) != y.shape[self.axis]:
-            raise self.error(f"inputs add up to {sum(t.shape[self.axis] for t in self.inputs)} along axis {self.axis}, "
-                             f"the output has {y.shape[self.axis]}")
+            raise self.error(
+                f"inputs add up to {sum(t.shape[self.axis] for t in self.inputs)} along axis {self.axis}, "
+                f"the output has {y.shape[self.axis]}"
+            )
 
     def __call__(self, *xs):
         batches = {x.shape[0] for x, t in zip(xs, self.inputs) if t.data is None}
         if len(batches) != 1:
             raise self.error(f"inputs carry batches of {sorted(batches)}, expected one batch size")
         n = batches.pop()
-        xs = [np.broadcast_to(x, (n,) + x.shape[1:]) if t.data is not None else x for x, t in zip(xs, self.inputs)]
+        xs = [
+            np.broadcast_to(x, (n,) + x.shape[1:]) if t.data is not None else x
+            for x, t in zip(xs, self.inputs)
+        ]
         return np.concatenate(xs, axis=self.axis)

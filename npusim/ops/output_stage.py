@@ -5,6 +5,7 @@ vectors so that they run in registers (Numba does not vectorize the scalar form 
 kernels' loops). The oracle tests hold it to TFLM and LiteRT, and to the scalar form. Only
 generic LLVM vector operations: it compiles for any x86 (AVX-512 gives the best code).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -47,9 +48,11 @@ def tflm_multiply(builder, x, m, left, right):
     even = builder.add(builder.mul(low_half(xq), low_half(mq)), nudge)
     odd = builder.add(builder.mul(builder.ashr(xq, c32), builder.ashr(mq, c32)), nudge)
     # bits 31..62 of each sum: in the low half of the even lanes, in the high half of the odd.
-    high = builder.shuffle_vector(builder.bitcast(builder.lshr(even, ir.Constant(i64x8, 31)), x.type),
-                                  builder.bitcast(builder.shl(odd, ir.Constant(i64x8, 1)), x.type),
-                                  ir.Constant(x.type, [k + 16 * (k % 2) for k in range(16)]))
+    high = builder.shuffle_vector(
+        builder.bitcast(builder.lshr(even, ir.Constant(i64x8, 31)), x.type),
+        builder.bitcast(builder.shl(odd, ir.Constant(i64x8, 1)), x.type),
+        ir.Constant(x.type, [k + 16 * (k % 2) for k in range(16)]),
+    )
     # RoundingDivideByPOT rounds half away from zero: sign(h) * floor((|h| + half) / 2^right),
     # half = 2^right / 2 (0 for right = 0). As unsigned, |h| + half < 2^32 (|INT32_MIN| included),
     # so a logical shift is exact.
@@ -88,10 +91,17 @@ def vector_output_stage(builder, acc, params, profile, zero_point, lo, hi):
     elif profile == SINGLE:
         y = single_multiply(builder, x, m, left, right)  # clamped in 64 bits: it may exceed int32
         y = builder.select(builder.icmp_signed("<", y, builder.sext(y_lo, i64v)), builder.sext(y_lo, i64v), y)
-        y = builder.trunc(builder.select(builder.icmp_signed(">", y, builder.sext(y_hi, i64v)), builder.sext(y_hi, i64v), y), acc.type)
+        y = builder.trunc(
+            builder.select(
+                builder.icmp_signed(">", y, builder.sext(y_hi, i64v)), builder.sext(y_hi, i64v), y
+            ),
+            acc.type,
+        )
     else:
         # XNNPACK: round half to even of float32(x) * scale (float32), in the default rounding mode.
-        rint = cgutils.get_or_insert_function(builder.module, ir.FunctionType(f32v, [f32v]), "llvm.rint.v16f32")
+        rint = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(f32v, [f32v]), "llvm.rint.v16f32"
+        )
         product = builder.call(rint, [builder.fmul(builder.sitofp(x, f32v), scale)])
         f_lo, f_hi = builder.sitofp(y_lo, f32v), builder.sitofp(y_hi, f32v)
         product = builder.select(builder.fcmp_ordered("<", product, f_lo), f_lo, product)
@@ -131,8 +141,11 @@ def each_profile(builder, profile):
 def load_parameters(builder, params, stride, j):
     """The 5 parameter vectors of channels 16j .. 16j + 15 (params: i8* to channel 0 of row 0,
     stride: bytes between rows)."""
+
     def row(k, ty):
-        p = builder.gep(params, [builder.add(builder.mul(stride, ir.Constant(_I64, k)), ir.Constant(_I64, 64 * j))])
+        p = builder.gep(
+            params, [builder.add(builder.mul(stride, ir.Constant(_I64, k)), ir.Constant(_I64, 64 * j))]
+        )
         return builder.load(builder.bitcast(p, ty.as_pointer()), align=1)
 
     return [row(k, _V16) for k in range(4)] + [row(4, _F16)]
@@ -144,23 +157,46 @@ def load_bytes(builder, src, mask):
     lanes = mask.type.count
     vector_type = ir.VectorType(ir.IntType(8), lanes)
     masked_load = cgutils.get_or_insert_function(
-        builder.module, ir.FunctionType(vector_type, [vector_type.as_pointer(), _I32, mask.type, vector_type]),
-        f"llvm.masked.load.v{lanes}i8.p0")
-    return builder.call(masked_load, [builder.bitcast(src, vector_type.as_pointer()), ir.Constant(_I32, 1), mask,
-                                      ir.Constant(vector_type, None)])
+        builder.module,
+        ir.FunctionType(vector_type, [vector_type.as_pointer(), _I32, mask.type, vector_type]),
+        f"llvm.masked.load.v{lanes}i8.p0",
+    )
+    return builder.call(
+        masked_load,
+        [
+            builder.bitcast(src, vector_type.as_pointer()),
+            ir.Constant(_I32, 1),
+            mask,
+            ir.Constant(vector_type, None),
+        ],
+    )
 
 
 def store_bytes(builder, y, dst, count):
     """Store the first `count` (i64, may exceed the lanes) lanes of the <n x i8> y at dst (i8*)."""
     lanes = y.type.count
     masked_store = cgutils.get_or_insert_function(
-        builder.module, ir.FunctionType(ir.VoidType(), [y.type, y.type.as_pointer(), _I32, ir.VectorType(ir.IntType(1), lanes)]),
-        f"llvm.masked.store.v{lanes}i8.p0")
-    builder.call(masked_store, [y, builder.bitcast(dst, y.type.as_pointer()), ir.Constant(_I32, 1), lane_mask(builder, count, lanes)])
+        builder.module,
+        ir.FunctionType(
+            ir.VoidType(), [y.type, y.type.as_pointer(), _I32, ir.VectorType(ir.IntType(1), lanes)]
+        ),
+        f"llvm.masked.store.v{lanes}i8.p0",
+    )
+    builder.call(
+        masked_store,
+        [
+            y,
+            builder.bitcast(dst, y.type.as_pointer()),
+            ir.Constant(_I32, 1),
+            lane_mask(builder, count, lanes),
+        ],
+    )
 
 
 @intrinsic
-def output_stage_row(typingctx, acc_ptr, params_ptr, params_stride, out_ptr, count, profile, zero_point, lo, hi):
+def output_stage_row(
+    typingctx, acc_ptr, params_ptr, params_stride, out_ptr, count, profile, zero_point, lo, hi
+):
     """out[c] = output stage of acc[c] for c < count: int32 acc, int8 out, parameters as
     output_parameters lays them out (params_ptr at channel 0, params_stride bytes per row)."""
     sig = types.void(*([types.int64] * 9))
@@ -173,9 +209,16 @@ def output_stage_row(typingctx, acc_ptr, params_ptr, params_stride, out_ptr, cou
         for pid in each_profile(builder, profile):
             with cgutils.for_range(builder, vectors) as loop:
                 v = loop.index
-                a = builder.load(builder.bitcast(builder.gep(acc, [builder.mul(v, ir.Constant(_I64, 64))]), _V16.as_pointer()), align=1)
+                a = builder.load(
+                    builder.bitcast(
+                        builder.gep(acc, [builder.mul(v, ir.Constant(_I64, 64))]), _V16.as_pointer()
+                    ),
+                    align=1,
+                )
                 p = builder.gep(params, [builder.mul(v, ir.Constant(_I64, 64))])
-                y = vector_output_stage(builder, a, load_parameters(builder, p, params_stride, 0), pid, zero_point, lo, hi)
+                y = vector_output_stage(
+                    builder, a, load_parameters(builder, p, params_stride, 0), pid, zero_point, lo, hi
+                )
                 first = builder.mul(v, ir.Constant(_I64, 16))
                 store_bytes(builder, y, builder.gep(out, [first]), builder.sub(count, first))
         return context.get_dummy_value()
@@ -184,15 +227,29 @@ def output_stage_row(typingctx, acc_ptr, params_ptr, params_stride, out_ptr, cou
 
 
 @intrinsic
-def output_stage_tile(typingctx, acc_ptr, params_ptr, params_stride, out_ptr, out_stride, rows, count, profile,
-                      zero_point, lo, hi):
+def output_stage_tile(
+    typingctx,
+    acc_ptr,
+    params_ptr,
+    params_stride,
+    out_ptr,
+    out_stride,
+    rows,
+    count,
+    profile,
+    zero_point,
+    lo,
+    hi,
+):
     """out[r * out_stride + c] = output stage of acc[16 r + c] for r < rows and c < count (at most
     16 channels, one set of parameters for all rows: an AMX result tile of 16 rows of 64 bytes).
     With 8 channels or fewer, two rows share one vector (half the output stages)."""
     sig = types.void(*([types.int64] * 11))
 
     def codegen(context, builder, signature, args):
-        acc_ptr, params_ptr, params_stride, out_ptr, out_stride, rows, count, profile, zero_point, lo, hi = args
+        acc_ptr, params_ptr, params_stride, out_ptr, out_stride, rows, count, profile, zero_point, lo, hi = (
+            args
+        )
         i8p = ir.IntType(8).as_pointer()
         acc, params, out = (builder.inttoptr(v, i8p) for v in (acc_ptr, params_ptr, out_ptr))
         channel_params = load_parameters(builder, params, params_stride, 0)
@@ -203,7 +260,9 @@ def output_stage_tile(typingctx, acc_ptr, params_ptr, params_stride, out_ptr, ou
             return builder.load(builder.bitcast(p, vector_type.as_pointer()), align=1)
 
         def lanes(v, indices):
-            return builder.shuffle_vector(v, ir.Constant(v.type, ir.Undefined), ir.Constant(ir.VectorType(_I32, len(indices)), indices))
+            return builder.shuffle_vector(
+                v, ir.Constant(v.type, ir.Undefined), ir.Constant(ir.VectorType(_I32, len(indices)), indices)
+            )
 
         narrow = builder.icmp_signed("<=", count, ir.Constant(_I64, 8))
         with builder.if_else(narrow) as (two_rows, one_row):
@@ -214,16 +273,30 @@ def output_stage_tile(typingctx, acc_ptr, params_ptr, params_stride, out_ptr, ou
                     with cgutils.for_range(builder, pairs) as loop:
                         r = builder.mul(loop.index, ir.Constant(_I64, 2))
                         r1 = builder.add(r, ir.Constant(_I64, 1))
-                        a = builder.shuffle_vector(row(r, v8), row(r1, v8), ir.Constant(_V16, list(range(16))))
+                        a = builder.shuffle_vector(
+                            row(r, v8), row(r1, v8), ir.Constant(_V16, list(range(16)))
+                        )
                         y = vector_output_stage(builder, a, pair_params, pid, zero_point, lo, hi)
-                        store_bytes(builder, lanes(y, list(range(8))), builder.gep(out, [builder.mul(r, out_stride)]), count)
+                        store_bytes(
+                            builder,
+                            lanes(y, list(range(8))),
+                            builder.gep(out, [builder.mul(r, out_stride)]),
+                            count,
+                        )
                         with builder.if_then(builder.icmp_signed("<", r1, rows)):
-                            store_bytes(builder, lanes(y, list(range(8, 16))), builder.gep(out, [builder.mul(r1, out_stride)]), count)
+                            store_bytes(
+                                builder,
+                                lanes(y, list(range(8, 16))),
+                                builder.gep(out, [builder.mul(r1, out_stride)]),
+                                count,
+                            )
             with one_row:
                 for pid in each_profile(builder, profile):
                     with cgutils.for_range(builder, rows) as loop:
                         r = loop.index
-                        y = vector_output_stage(builder, row(r, _V16), channel_params, pid, zero_point, lo, hi)
+                        y = vector_output_stage(
+                            builder, row(r, _V16), channel_params, pid, zero_point, lo, hi
+                        )
                         store_bytes(builder, y, builder.gep(out, [builder.mul(r, out_stride)]), count)
         return context.get_dummy_value()
 

@@ -1,5 +1,6 @@
 """Spatial padding: output size and leading padding of a sliding window (TFLite's
 ComputePaddingHeightWidth), and the padded copy of NHWC activations that kernels and PAD use."""
+
 from __future__ import annotations
 
 import numba as nb
@@ -41,7 +42,7 @@ def pad_input(x, pad_top, pad_left, fill, out):
             dst[:] = fill
             continue
         # Whole rows are contiguous on both sides: one flat copy between the two fills.
-        dst[:pad_left * channels] = fill
-        dst[(pad_left + inside) * channels:] = fill
-        dst[pad_left * channels:(pad_left + inside) * channels] = x[n, iy].reshape(-1)[:inside * channels]
+        dst[: pad_left * channels] = fill
+        dst[(pad_left + inside) * channels :] = fill
+        dst[pad_left * channels : (pad_left + inside) * channels] = x[n, iy].reshape(-1)[: inside * channels]
     return out

@@ -5,6 +5,7 @@ input and output quantization must match, activation range from the output quant
 Eval follows reference_integer_ops::AveragePool / MaxPool (kernels/internal/reference/integer_ops/
 pooling.h): only taps inside the image count, padding contributes nothing.
 """
+
 from __future__ import annotations
 
 import numba as nb
@@ -93,8 +94,10 @@ class _Pool2D(Kernel):
             raise self.error(f"input {inp.name!r} has shape {list(inp.shape)}, expected 4-D NHWC")
         # TFLM PoolingPrepare: |s_in - s_out| <= 1e-6 and equal zero points; pooling never rescales.
         if abs(float(inp.scale) - float(out.scale)) > 1e-6 or inp.zero_point != out.zero_point:
-            raise self.error(f"input {inp.name!r} (scale {inp.scale:g}, zero point {inp.zero_point}) and output "
-                             f"{out.name!r} (scale {out.scale:g}, zero point {out.zero_point}) must share quantization")
+            raise self.error(
+                f"input {inp.name!r} (scale {inp.scale:g}, zero point {inp.zero_point}) and output "
+                f"{out.name!r} (scale {out.scale:g}, zero point {out.zero_point}) must share quantization"
+            )
         o = op.options
         try:
             self.kh, self.kw = int(o["filter_height"]), int(o["filter_width"])
@@ -114,7 +117,9 @@ class _Pool2D(Kernel):
         self.in_hw = (in_h, in_w)
         expected = (self.out_h, self.out_w, depth)
         if tuple(int(d) for d in out.shape[1:]) != expected:
-            raise self.error(f"output {out.name!r} has shape {list(out.shape)}, expected [N, {self.out_h}, {self.out_w}, {depth}]")
+            raise self.error(
+                f"output {out.name!r} has shape {list(out.shape)}, expected [N, {self.out_h}, {self.out_w}, {depth}]"
+            )
 
     def macs(self) -> int:
         return self.out_h * self.out_w * self.depth * self.kh * self.kw
@@ -127,10 +132,22 @@ class _Pool2D(Kernel):
         if x.dtype != np.int8:
             raise self.error(f"input array has type {x.dtype}, expected int8")
         if x.ndim != 4 or x.shape[1:] != (*self.in_hw, self.depth):
-            raise self.error(f"input array has shape {list(x.shape)}, expected [N, {self.in_hw[0]}, {self.in_hw[1]}, {self.depth}]")
+            raise self.error(
+                f"input array has shape {list(x.shape)}, expected [N, {self.in_hw[0]}, {self.in_hw[1]}, {self.depth}]"
+            )
         out = np.empty((x.shape[0], self.out_h, self.out_w, self.depth), dtype=np.int8)
-        self._eval(np.ascontiguousarray(x), self.kh, self.kw, self.sh, self.sw, self.pad_h, self.pad_w,
-                         np.int32(self.act_min), np.int32(self.act_max), out)
+        self._eval(
+            np.ascontiguousarray(x),
+            self.kh,
+            self.kw,
+            self.sh,
+            self.sw,
+            self.pad_h,
+            self.pad_w,
+            np.int32(self.act_min),
+            np.int32(self.act_max),
+            out,
+        )
         return out
 
 

@@ -1,5 +1,6 @@
 """QUANTIZE (float32 or uint8 -> int8) and DEQUANTIZE (int8 -> float32) at the graph edges
 (TFLM micro/kernels/quantize_common.cc, dequantize_common.cc)."""
+
 from __future__ import annotations
 
 import math
@@ -70,11 +71,15 @@ class Quantize(Kernel):
         if x.dtype == np.uint8 or x.dtype == np.int8:
             if x.quant is None:
                 raise self.error(f"input {x.name!r} has no quantization parameters")
-            self.requant = requantization_multiplier(np.float64(x.quant.scale[0]) / np.float64(y.quant.scale[0]))
+            self.requant = requantization_multiplier(
+                np.float64(x.quant.scale[0]) / np.float64(y.quant.scale[0])
+            )
             # An 8-bit input has 256 possible values: requantize each once, then eval is a lookup
             # indexed by the input's byte.
             codes = np.arange(256, dtype=np.uint8).view(x.dtype).astype(np.int64)
-            self.table = np.clip(mbqm_array(codes - x.zero_point, *self.requant) + y.zero_point, -128, 127).astype(np.int8)
+            self.table = np.clip(
+                mbqm_array(codes - x.zero_point, *self.requant) + y.zero_point, -128, 127
+            ).astype(np.int8)
             # The usual input QUANTIZE (uint8 to int8 of the same scale) only shifts every code by one
             # constant, with no clamping: eval is then a vector add instead of a gather.
             steps = self.table - codes
@@ -85,24 +90,34 @@ class Quantize(Kernel):
             raise self.error(f"input {x.name!r} has type {x.dtype.name}, expected float32, uint8 or int8")
 
     def workspace_bytes(self, n: int) -> int:
-        return n * 8 * int(np.prod(self.outputs[0].shape[1:], dtype=np.int64))  # float64 / int64 intermediates
+        return (
+            n * 8 * int(np.prod(self.outputs[0].shape[1:], dtype=np.int64))
+        )  # float64 / int64 intermediates
 
     def __call__(self, x):
         y = self.outputs[0]
         if self.requant is not None and self.code_offset is not None:
-            return add_bytes(np.ascontiguousarray(x).view(np.uint8), self.code_offset, np.empty(x.shape, dtype=np.uint8)).view(np.int8)
+            return add_bytes(
+                np.ascontiguousarray(x).view(np.uint8), self.code_offset, np.empty(x.shape, dtype=np.uint8)
+            ).view(np.int8)
         if self.requant is not None:
-            return lookup(self.table, np.ascontiguousarray(x).view(np.uint8), np.empty(x.shape, dtype=np.int8))
+            return lookup(
+                self.table, np.ascontiguousarray(x).view(np.uint8), np.empty(x.shape, dtype=np.int8)
+            )
         scale = np.float32(y.quant.scale[0])
         out = np.empty(x.shape, dtype=np.int8)
         if affine_quantize(np.ascontiguousarray(x, dtype=np.float32), scale, np.int64(y.zero_point), out):
             name = self.inputs[0].name
             if not np.all(np.isfinite(x)):
-                raise NpusimError(f"op {self.op.index} (QUANTIZE): input {name!r} holds NaN or infinite values")
+                raise NpusimError(
+                    f"op {self.op.index} (QUANTIZE): input {name!r} holds NaN or infinite values"
+                )
             with np.errstate(over="ignore"):
                 r = np.abs(x.astype(np.float32) / scale)
-            raise self.error(f"input {name!r} holds {float(x.reshape(-1)[np.argmax(r)]):g}, out of range for scale "
-                             f"{float(scale):g} (|value / scale| must stay below 2^31)")
+            raise self.error(
+                f"input {name!r} holds {float(x.reshape(-1)[np.argmax(r)]):g}, out of range for scale "
+                f"{float(scale):g} (|value / scale| must stay below 2^31)"
+            )
         return out
 
 
@@ -115,10 +130,14 @@ class Dequantize(Kernel):
         if x.dtype not in (np.int8, np.uint8, np.int16) or x.quant is None:
             raise self.error(f"input {x.name!r} has type {x.dtype.name}, expected quantized int8")
         if y.dtype != np.float32 or tuple(y.shape) != tuple(x.shape):
-            raise self.error(f"output {y.name!r} is {y.dtype.name} {list(y.shape)}, expected float32 {list(x.shape)}")
+            raise self.error(
+                f"output {y.name!r} is {y.dtype.name} {list(y.shape)}, expected float32 {list(x.shape)}"
+            )
 
     def workspace_bytes(self, n: int) -> int:
-        return n * 8 * int(np.prod(self.outputs[0].shape[1:], dtype=np.int64))  # int64 / float64 intermediates
+        return (
+            n * 8 * int(np.prod(self.outputs[0].shape[1:], dtype=np.int64))
+        )  # int64 / float64 intermediates
 
     def __call__(self, x):
         t = self.inputs[0]

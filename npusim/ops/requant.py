@@ -1,4 +1,5 @@
 """Prepare-time requantization parameters shared by CONV_2D, DEPTHWISE_CONV_2D and FULLY_CONNECTED."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -18,7 +19,9 @@ def requantization_multiplier(real: float) -> tuple[int, int]:
     """quantize_multiplier, refusing the multipliers whose shift no runtime defines."""
     m, shift = quantize_multiplier(real)
     if shift > MAX_SHIFT:
-        raise NpusimError(f"requantization multiplier {real:g} is 2^{MAX_SHIFT} or more (scales out of proportion)")
+        raise NpusimError(
+            f"requantization multiplier {real:g} is 2^{MAX_SHIFT} or more (scales out of proportion)"
+        )
     return m, shift
 
 
@@ -28,7 +31,9 @@ def output_range(activation: str, y: Tensor) -> tuple[int, int]:
     try:
         return activation_range(activation, float(y.quant.scale[0]), y.zero_point)
     except (OverflowError, ValueError):
-        raise NpusimError(f"output {y.name!r}: scale {float(y.quant.scale[0]):g} is too small for the fused activation {activation}") from None
+        raise NpusimError(
+            f"output {y.name!r}: scale {float(y.quant.scale[0]):g} is too small for the fused activation {activation}"
+        ) from None
 
 
 @dataclass
@@ -46,13 +51,17 @@ class OutputStage:
     @classmethod
     def prepare(cls, x: Tensor, w: Tensor, y: Tensor, channels: int, activation: str) -> "OutputStage":
         if w.quant.scale.size not in (1, channels):
-            raise NpusimError(f"filter {w.name!r} has {w.quant.scale.size} scales, expected 1 or one per output channel ({channels})")
+            raise NpusimError(
+                f"filter {w.name!r} has {w.quant.scale.size} scales, expected 1 or one per output channel ({channels})"
+            )
         w_scale = np.broadcast_to(w.quant.scale, (channels,))
         # TFLM: all multiplier arithmetic in double from the float32 scales of the file.
         real = np.float64(x.quant.scale[0]) * w_scale.astype(np.float64) / np.float64(y.quant.scale[0])
         m, shift = quantize_multipliers(real)
         if np.any(shift > MAX_SHIFT):
-            raise NpusimError(f"requantization multiplier {float(real.max()):g} is 2^{MAX_SHIFT} or more (scales out of proportion)")
+            raise NpusimError(
+                f"requantization multiplier {float(real.max()):g} is 2^{MAX_SHIFT} or more (scales out of proportion)"
+            )
         # XNNPACK computes input_scale * kernel_scale / output_scale in float32 arithmetic.
         real32 = (np.float32(x.quant.scale[0]) * w_scale.astype(np.float32)) / np.float32(y.quant.scale[0])
         lo, hi = output_range(activation, y)

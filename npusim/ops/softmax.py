@@ -8,6 +8,7 @@ Everything after the row maximum is a pure function of d = max - x in [0, 255], 
 exp(-d) once (in Q0.31 and in the Q12.19 accumulation format); eval only sums table entries, takes
 the reciprocal and rescales. This is bit-identical to evaluating exp per element as TFLM does.
 """
+
 from __future__ import annotations
 
 import math
@@ -65,7 +66,9 @@ def _exp_on_interval_between_negative_one_quarter_and_0_excl(a):
     x4_over_4 = rounding_divide_by_pot(x4, 2)
     inner = _wrap32(_fx_mul(_wrap32(x4_over_4 + x3), constant_1_over_3) + x2)
     x4_over_24_plus_x3_over_6_plus_x2_over_2 = rounding_divide_by_pot(inner, 1)
-    return _wrap32(constant_term + _fx_mul(constant_term, _wrap32(x + x4_over_24_plus_x3_over_6_plus_x2_over_2)))
+    return _wrap32(
+        constant_term + _fx_mul(constant_term, _wrap32(x + x4_over_24_plus_x3_over_6_plus_x2_over_2))
+    )
 
 
 @njit()
@@ -77,7 +80,8 @@ def exp_on_negative_values_q5_26(a):
     a_mod_quarter_minus_one_quarter = _wrap32((a & mask) - one_quarter)
     # Rescale<0> from Q5.26 to Q0.31: saturating left shift by 5.
     result = _exp_on_interval_between_negative_one_quarter_and_0_excl(
-        _saturating_shift_left(a_mod_quarter_minus_one_quarter, SCALED_DIFF_INTEGER_BITS))
+        _saturating_shift_left(a_mod_quarter_minus_one_quarter, SCALED_DIFF_INTEGER_BITS)
+    )
     remainder = _wrap32(a_mod_quarter_minus_one_quarter - a)
     # Barrel shifter: exp(-2^k) for k = -2 .. 4 (all below kIntegerBits = 5).
     multipliers = (1672461947, 1302514674, 790015084, 290630308, 39332535, 720401, 242)
@@ -121,7 +125,8 @@ def build_exp_tables(input_multiplier, input_left_shift, diff_min):
         # MultiplyByQuantizedMultiplierGreaterThanOne: x * 2^left_shift stays in int32 because
         # diff_min was chosen (CalculateInputRadius) so that it cannot overflow.
         rescaled = saturating_rounding_doubling_high_mul(
-            _wrap32(np.int64(input_diff) << input_left_shift), np.int64(input_multiplier))
+            _wrap32(np.int64(input_diff) << input_left_shift), np.int64(input_multiplier)
+        )
         e = exp_on_negative_values_q5_26(np.int64(rescaled))
         exp_q0[d] = e
         exp_q12[d] = rounding_divide_by_pot(e, ACCUMULATION_INTEGER_BITS)  # Rescale<12>
@@ -180,10 +185,16 @@ def preprocess_softmax_scaling(beta: float, input_scale: float, input_integer_bi
     return quantize_multiplier(real)
 
 
-def calculate_input_radius(input_integer_bits: int, input_left_shift: int, total_signed_bits: int = 31) -> int:
+def calculate_input_radius(
+    input_integer_bits: int, input_left_shift: int, total_signed_bits: int = 31
+) -> int:
     """CalculateInputRadius: the largest |x - max| whose rescaled value still fits in int32."""
-    max_input_rescaled = (1.0 * ((1 << input_integer_bits) - 1) * float(1 << (total_signed_bits - input_integer_bits))
-                          / float(1 << input_left_shift))
+    max_input_rescaled = (
+        1.0
+        * ((1 << input_integer_bits) - 1)
+        * float(1 << (total_signed_bits - input_integer_bits))
+        / float(1 << input_left_shift)
+    )
     return int(math.floor(max_input_rescaled))
 
 
@@ -197,25 +208,38 @@ class Softmax(Kernel):
         if len(inp.shape) < 1:
             raise self.error(f"input {inp.name!r} is a scalar, expected at least one dimension")
         if tuple(out.shape) != tuple(inp.shape):
-            raise self.error(f"output {out.name!r} has shape {list(out.shape)}, expected the input's {list(inp.shape)}")
+            raise self.error(
+                f"output {out.name!r} has shape {list(out.shape)}, expected the input's {list(inp.shape)}"
+            )
         # TFLM: TF_LITE_ENSURE_EQ(zero_point, -128) and TF_LITE_ENSURE(scale == 1.f / 256), exact float32.
         if out.zero_point != -128 or np.float32(out.scale) != np.float32(1.0 / 256):
-            raise self.error(f"output {out.name!r} has scale {out.scale:g} and zero point {out.zero_point}, "
-                             "expected scale 1/256 and zero point -128 (TFLM int8 softmax)")
+            raise self.error(
+                f"output {out.name!r} has scale {out.scale:g} and zero point {out.zero_point}, "
+                "expected scale 1/256 and zero point -128 (TFLM int8 softmax)"
+            )
         beta = float(np.float32(op.options.get("beta", 1.0)))  # TfLiteSoftmaxParams.beta is a float
         input_scale = float(np.float32(inp.scale))
         real = beta * input_scale * float(1 << (31 - SCALED_DIFF_INTEGER_BITS))
         if not real > 1.0:
             # QuantizeMultiplierGreaterThanOne CHECK-fails in TFLM for these.
-            raise self.error(f"beta {beta:g} * input scale {input_scale:g} is too small (beta*scale*2^26 must exceed 1)")
-        self.input_multiplier, self.input_left_shift = preprocess_softmax_scaling(beta, input_scale, SCALED_DIFF_INTEGER_BITS)
+            raise self.error(
+                f"beta {beta:g} * input scale {input_scale:g} is too small (beta*scale*2^26 must exceed 1)"
+            )
+        self.input_multiplier, self.input_left_shift = preprocess_softmax_scaling(
+            beta, input_scale, SCALED_DIFF_INTEGER_BITS
+        )
         self.diff_min = -calculate_input_radius(SCALED_DIFF_INTEGER_BITS, self.input_left_shift)
         self.exp_q0, self.exp_q12, self.usable = build_exp_tables(
-            np.int64(self.input_multiplier), np.int64(self.input_left_shift), np.int64(self.diff_min))
+            np.int64(self.input_multiplier), np.int64(self.input_left_shift), np.int64(self.diff_min)
+        )
         self.depth = int(inp.shape[-1])
 
     def macs(self) -> int:
-        return int(np.prod(self.inputs[0].shape[1:], dtype=np.int64)) if len(self.inputs[0].shape) > 1 else self.depth
+        return (
+            int(np.prod(self.inputs[0].shape[1:], dtype=np.int64))
+            if len(self.inputs[0].shape) > 1
+            else self.depth
+        )
 
     def __call__(self, x):
         x = np.asarray(x)
@@ -228,6 +252,8 @@ class Softmax(Kernel):
         bad = np.zeros(rows.shape[0], dtype=np.bool_)
         softmax_rows(rows, self.exp_q0, self.exp_q12, self.usable, out, bad)
         if bad.any():
-            raise self.error(f"sum of exponentials reached 512 ({int(bad.sum())} of {bad.size} rows, {self.depth} classes): "
-                             "TFLM aborts on such input (TFLITE_CHECK on the output exponent in reference softmax)")
+            raise self.error(
+                f"sum of exponentials reached 512 ({int(bad.sum())} of {bad.size} rows, {self.depth} classes): "
+                "TFLM aborts on such input (TFLITE_CHECK on the output exponent in reference softmax)"
+            )
         return out.reshape(x.shape)

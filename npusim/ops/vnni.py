@@ -22,6 +22,7 @@ Layouts:
 The micro-kernel (LLVM IR, built below) computes MR output pixels x nr*16 channels over the whole
 reduction in MR * nr ZMM accumulators (24 of the 32 registers at nr = 4).
 """
+
 from __future__ import annotations
 
 import numba as nb
@@ -59,15 +60,49 @@ def _micro_kernel(nr: int):
     for MR pixels and nr vectors of 16 channels."""
 
     @intrinsic
-    def kernel(typingctx, x_ptr, bases_ptr, taps_ptr, n_taps, c4, w_ptr, out_ptr, out_stride, rows, width,
-               params_ptr, params_stride, profile, zero_point, lo, hi):
+    def kernel(
+        typingctx,
+        x_ptr,
+        bases_ptr,
+        taps_ptr,
+        n_taps,
+        c4,
+        w_ptr,
+        out_ptr,
+        out_stride,
+        rows,
+        width,
+        params_ptr,
+        params_stride,
+        profile,
+        zero_point,
+        lo,
+        hi,
+    ):
         sig = types.void(*([types.int64] * 16))
 
         def codegen(context, builder, signature, args):
-            (x_ptr, bases_ptr, taps_ptr, n_taps, c4, w_ptr, out_ptr, out_stride, rows, width,
-             params_ptr, params_stride, profile, zero_point, lo, hi) = args
-            dpbusd = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_V16, [_V16, _V16, _V16]),
-                                                    "llvm.x86.avx512.vpdpbusd.512")
+            (
+                x_ptr,
+                bases_ptr,
+                taps_ptr,
+                n_taps,
+                c4,
+                w_ptr,
+                out_ptr,
+                out_stride,
+                rows,
+                width,
+                params_ptr,
+                params_stride,
+                profile,
+                zero_point,
+                lo,
+                hi,
+            ) = args
+            dpbusd = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(_V16, [_V16, _V16, _V16]), "llvm.x86.avx512.vpdpbusd.512"
+            )
             i8p = ir.IntType(8).as_pointer()
             x = builder.inttoptr(x_ptr, i8p)
             w = builder.inttoptr(w_ptr, i8p)
@@ -75,7 +110,10 @@ def _micro_kernel(nr: int):
             taps = builder.inttoptr(taps_ptr, _I64.as_pointer())
             row_base = [builder.load(builder.gep(bases, [ir.Constant(_I64, r)])) for r in range(MR)]
             # Allocas in the entry block: LLVM promotes them to registers (phis) across the loops.
-            accs = [[cgutils.alloca_once_value(builder, ir.Constant(_V16, None)) for _ in range(nr)] for _ in range(MR)]
+            accs = [
+                [cgutils.alloca_once_value(builder, ir.Constant(_V16, None)) for _ in range(nr)]
+                for _ in range(MR)
+            ]
             step = ir.Constant(_I64, nr * 64)  # bytes of packed filter per channel quad
             with cgutils.for_range(builder, n_taps) as tap_loop:
                 tap = builder.load(builder.gep(taps, [tap_loop.index]))
@@ -84,14 +122,29 @@ def _micro_kernel(nr: int):
                     q = quad_loop.index
                     x_off = builder.add(tap, builder.shl(q, ir.Constant(_I64, 2)))
                     w_off = builder.add(tap_w, builder.mul(q, step))
-                    wv = [builder.load(builder.bitcast(builder.gep(w, [builder.add(w_off, ir.Constant(_I64, 64 * j))]),
-                                                       _V16.as_pointer()), align=1) for j in range(nr)]
+                    wv = [
+                        builder.load(
+                            builder.bitcast(
+                                builder.gep(w, [builder.add(w_off, ir.Constant(_I64, 64 * j))]),
+                                _V16.as_pointer(),
+                            ),
+                            align=1,
+                        )
+                        for j in range(nr)
+                    ]
                     for r in range(MR):
-                        a = builder.load(builder.bitcast(builder.gep(x, [builder.add(row_base[r], x_off)]), _I32.as_pointer()), align=1)
+                        a = builder.load(
+                            builder.bitcast(
+                                builder.gep(x, [builder.add(row_base[r], x_off)]), _I32.as_pointer()
+                            ),
+                            align=1,
+                        )
                         a = builder.xor(a, ir.Constant(_I32, 0x80808080))  # 4 int8 x -> 4 uint8 x + 128
                         av = splat(builder, a, _V16)
                         for j in range(nr):
-                            builder.store(builder.call(dpbusd, [builder.load(accs[r][j]), av, wv[j]]), accs[r][j])
+                            builder.store(
+                                builder.call(dpbusd, [builder.load(accs[r][j]), av, wv[j]]), accs[r][j]
+                            )
             # Output stage on the registers; per-channel parameters: 5 rows of params_stride bytes.
             params = builder.inttoptr(params_ptr, i8p)
             out = builder.inttoptr(out_ptr, i8p)
@@ -100,8 +153,18 @@ def _micro_kernel(nr: int):
                 for pid in each_profile(builder, profile):
                     for r in range(MR):
                         with builder.if_then(builder.icmp_signed("<", ir.Constant(_I64, r), rows)):
-                            y = vector_output_stage(builder, builder.load(accs[r][j]), pj, pid, zero_point, lo, hi)
-                            dst = builder.gep(out, [builder.add(builder.mul(out_stride, ir.Constant(_I64, r)), ir.Constant(_I64, 16 * j))])
+                            y = vector_output_stage(
+                                builder, builder.load(accs[r][j]), pj, pid, zero_point, lo, hi
+                            )
+                            dst = builder.gep(
+                                out,
+                                [
+                                    builder.add(
+                                        builder.mul(out_stride, ir.Constant(_I64, r)),
+                                        ir.Constant(_I64, 16 * j),
+                                    )
+                                ],
+                            )
                             store_bytes(builder, y, dst, builder.sub(width, ir.Constant(_I64, 16 * j)))
             return context.get_dummy_value()
 
@@ -138,8 +201,25 @@ def _pack_filters(w, cp, out):
 
 
 @parallel_kernel
-def conv_vnni(xp, packed, taps, c4, out_h, out_w, stride_h, stride_w, groups, shared, out_c, params, profile,
-              zero_point, lo, hi, out):
+def conv_vnni(
+    xp,
+    packed,
+    taps,
+    c4,
+    out_h,
+    out_w,
+    stride_h,
+    stride_w,
+    groups,
+    shared,
+    out_c,
+    params,
+    profile,
+    zero_point,
+    lo,
+    hi,
+    out,
+):
     """out[g * P + p, c] for P output pixels per group: the output stage (params[g], see
     output_parameters) of the exact sum over taps and channels of xp at pixel p's corner + tap, times
     filter g's channel c. shared: every group reads all N images of xp; else group g reads its
@@ -180,8 +260,24 @@ def conv_vnni(xp, packed, taps, c4, out_h, out_w, stride_h, stride_w, groups, sh
             out_row = out.ctypes.data + (g * per_group + blk * MR) * out_c
             for cb in range(0, out_c, BLOCK):
                 nr = min(BLOCK, o16 - cb) // 16
-                args = (xp.ctypes.data, bases.ctypes.data, taps.ctypes.data, taps.size, c4, w_group + cb * k_bytes,
-                        out_row + cb, out_c, rows, out_c - cb, p_group + cb * 4, o16 * 4, profile, zero_point, lo, hi)
+                args = (
+                    xp.ctypes.data,
+                    bases.ctypes.data,
+                    taps.ctypes.data,
+                    taps.size,
+                    c4,
+                    w_group + cb * k_bytes,
+                    out_row + cb,
+                    out_c,
+                    rows,
+                    out_c - cb,
+                    p_group + cb * 4,
+                    o16 * 4,
+                    profile,
+                    zero_point,
+                    lo,
+                    hi,
+                )
                 if nr == 4:
                     _mk4(*args)
                 elif nr == 3:
@@ -210,9 +306,13 @@ def padded_input(x, kh, kw, stride, dilation, pad, out_hw, zero_point, workspace
     else:
         size = n * hp * wp * c
         flat = (workspace or aligned.Workspace()).get((size + 4,), np.int8)
-        xp = pad_input(np.ascontiguousarray(x), pad_top, pad_left, np.int8(zero_point), flat[:size].reshape(n, hp, wp, c))
+        xp = pad_input(
+            np.ascontiguousarray(x), pad_top, pad_left, np.int8(zero_point), flat[:size].reshape(n, hp, wp, c)
+        )
     wp = xp.shape[2]
-    return xp, np.array([(ky * dh * wp + kx * dw) * c for ky in range(kh) for kx in range(kw)], dtype=np.int64)
+    return xp, np.array(
+        [(ky * dh * wp + kx * dw) * c for ky in range(kh) for kx in range(kw)], dtype=np.int64
+    )
 
 
 def prepared_filters(tag, w, bias, offset_zero_point, stage, memo=None):
@@ -221,13 +321,29 @@ def prepared_filters(tag, w, bias, offset_zero_point, stage, memo=None):
     groups, o, kh, kw, c = w.shape
 
     def prepare():
-        return (pack_filters(np.ascontiguousarray(w).reshape(groups, o, kh * kw, c), (c + 3) // 4 * 4),
-                output_parameters(accumulator_offset(w, bias, offset_zero_point), stage))
+        return (
+            pack_filters(np.ascontiguousarray(w).reshape(groups, o, kh * kw, c), (c + 3) // 4 * 4),
+            output_parameters(accumulator_offset(w, bias, offset_zero_point), stage),
+        )
 
     return memo.get(tag, w, bias, prepare) if memo is not None else prepare()
 
 
-def convolve(x, w, bias, input_zero_point, stride, dilation, pad, out_hw, stage, profile, shared=False, workspace=None, memo=None):
+def convolve(
+    x,
+    w,
+    bias,
+    input_zero_point,
+    stride,
+    dilation,
+    pad,
+    out_hw,
+    stage,
+    profile,
+    shared=False,
+    workspace=None,
+    memo=None,
+):
     """Exact int8 convolution with its output stage.
 
     x [N, H, W, C] int8; w [G, O, kh, kw, C] int8 (G weight groups, see conv.py); bias [G or 1, O]
@@ -242,5 +358,22 @@ def convolve(x, w, bias, input_zero_point, stride, dilation, pad, out_hw, stage,
     xp, taps = padded_input(x, kh, kw, stride, dilation, pad, out_hw, input_zero_point, workspace)
     packed, params = prepared_filters("vnni", w, bias, input_zero_point + 128, stage, memo)
     out = aligned.empty((x.shape[0] * out_h * out_w * (groups if shared else 1), o), np.int8)
-    return conv_vnni(xp, packed, taps, (c + 3) // 4, out_h, out_w, sh, sw, groups, shared, o, params, np.int64(profile),
-                     np.int64(stage.zero_point), np.int64(stage.lo), np.int64(stage.hi), out)
+    return conv_vnni(
+        xp,
+        packed,
+        taps,
+        (c + 3) // 4,
+        out_h,
+        out_w,
+        sh,
+        sw,
+        groups,
+        shared,
+        o,
+        params,
+        np.int64(profile),
+        np.int64(stage.zero_point),
+        np.int64(stage.lo),
+        np.int64(stage.hi),
+        out,
+    )

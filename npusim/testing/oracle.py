@@ -13,6 +13,7 @@ models are made in the tests themselves and no model file lives in the repositor
 All models have batch 1 in the file; the runners feed a batch of N by looping (the oracles) or by
 stacking on axis 0 (npusim). Graph inputs beyond the first are passed as a list of arrays.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -49,9 +50,21 @@ _ACTIVATION = {
 # Operator versions a converter would write for int8 (TFLM ignores them, LiteRT accepts any
 # registered version).
 _OP_VERSIONS = {
-    "CONV_2D": 3, "DEPTHWISE_CONV_2D": 3, "FULLY_CONNECTED": 4, "ADD": 2, "AVERAGE_POOL_2D": 2,
-    "MAX_POOL_2D": 2, "MEAN": 2, "SOFTMAX": 2, "RESHAPE": 1, "PAD": 2, "PADV2": 2, "TRANSPOSE": 2,
-    "CONCATENATION": 2, "QUANTIZE": 2, "DEQUANTIZE": 2,
+    "CONV_2D": 3,
+    "DEPTHWISE_CONV_2D": 3,
+    "FULLY_CONNECTED": 4,
+    "ADD": 2,
+    "AVERAGE_POOL_2D": 2,
+    "MAX_POOL_2D": 2,
+    "MEAN": 2,
+    "SOFTMAX": 2,
+    "RESHAPE": 1,
+    "PAD": 2,
+    "PADV2": 2,
+    "TRANSPOSE": 2,
+    "CONCATENATION": 2,
+    "QUANTIZE": 2,
+    "DEQUANTIZE": 2,
 }
 
 
@@ -71,8 +84,9 @@ class ModelBuilder:
         self.operators: list = []
 
     # -- tensors --------------------------------------------------------------------------------
-    def add_tensor(self, shape, dtype=np.int8, scale=None, zero_point=None, data=None, axis=0,
-                   name=None) -> int:
+    def add_tensor(
+        self, shape, dtype=np.int8, scale=None, zero_point=None, data=None, axis=0, name=None
+    ) -> int:
         """Add a tensor; `data` makes it a constant. scale/zero_point: scalar (per-tensor) or
         sequence (per-channel along `axis`). Returns the tensor index."""
         dtype = np.dtype(dtype)
@@ -110,8 +124,14 @@ class ModelBuilder:
         return tuple(self.tensors[t].shape)
 
     # -- operators ------------------------------------------------------------------------------
-    def add_op(self, kind: str, inputs: Sequence[int], outputs: Sequence[int], options=None,
-               version: int | None = None) -> int:
+    def add_op(
+        self,
+        kind: str,
+        inputs: Sequence[int],
+        outputs: Sequence[int],
+        options=None,
+        version: int | None = None,
+    ) -> int:
         """kind: builtin operator name ("CONV_2D"); options: a schema *OptionsT object or None."""
         code = getattr(schema.BuiltinOperator, kind)
         version = version if version is not None else _OP_VERSIONS.get(kind, 1)
@@ -163,6 +183,7 @@ def model_inputs(model_bytes: bytes) -> list[tuple[tuple, np.dtype]]:
 # Quantization helpers (mirroring the converter, not the kernels)
 # ----------------------------------------------------------------------------------------------
 
+
 def f32(x):
     return np.asarray(x, dtype=np.float32)
 
@@ -178,8 +199,25 @@ def conv_out_size(n: int, k: int, stride: int, dilation: int, padding: str) -> i
     return (n - (k - 1) * dilation - 1) // stride + 1
 
 
-def _conv_like(kind, input_shape, weights, bias, in_scale, in_zp, w_scale, out_scale, out_zp,
-               stride, padding, dilation, activation, w_axis, out_channels, options, bias_axis=0):
+def _conv_like(
+    kind,
+    input_shape,
+    weights,
+    bias,
+    in_scale,
+    in_zp,
+    w_scale,
+    out_scale,
+    out_zp,
+    stride,
+    padding,
+    dilation,
+    activation,
+    w_axis,
+    out_channels,
+    options,
+    bias_axis=0,
+):
     b = ModelBuilder()
     n, h, w, _ = input_shape
     kh, kw = weights.shape[1], weights.shape[2]
@@ -189,12 +227,22 @@ def _conv_like(kind, input_shape, weights, bias, in_scale, in_zp, w_scale, out_s
         raise ValueError("empty output")
     ws = np.atleast_1d(f32(w_scale))
     x = b.add_tensor(input_shape, np.int8, in_scale, in_zp, name="input")
-    wt = b.add_const(np.asarray(weights, np.int8), scale=ws, zero_point=np.zeros(ws.size, np.int64),
-                     axis=w_axis if ws.size > 1 else 0, name="weights")
+    wt = b.add_const(
+        np.asarray(weights, np.int8),
+        scale=ws,
+        zero_point=np.zeros(ws.size, np.int64),
+        axis=w_axis if ws.size > 1 else 0,
+        name="weights",
+    )
     if bias is not None:
         bs = bias_scale(in_scale, ws)
-        bt = b.add_const(np.asarray(bias, np.int32), scale=bs, zero_point=np.zeros(bs.size, np.int64),
-                         axis=bias_axis, name="bias")
+        bt = b.add_const(
+            np.asarray(bias, np.int32),
+            scale=bs,
+            zero_point=np.zeros(bs.size, np.int64),
+            axis=bias_axis,
+            name="bias",
+        )
     else:
         bt = -1
     y = b.add_tensor((n, oh, ow, out_channels), np.int8, out_scale, out_zp, name="output")
@@ -206,31 +254,97 @@ def _conv_like(kind, input_shape, weights, bias, in_scale, in_zp, w_scale, out_s
     return b.build([x], [y])
 
 
-def conv2d_model(input_shape, weights, bias, in_scale, in_zp, w_scale, out_scale, out_zp,
-                 stride=(1, 1), padding="SAME", dilation=(1, 1), activation="NONE") -> bytes:
+def conv2d_model(
+    input_shape,
+    weights,
+    bias,
+    in_scale,
+    in_zp,
+    w_scale,
+    out_scale,
+    out_zp,
+    stride=(1, 1),
+    padding="SAME",
+    dilation=(1, 1),
+    activation="NONE",
+) -> bytes:
     """CONV_2D. weights int8 [O, kh, kw, I]; bias int32 [O] or None; w_scale scalar or [O] (axis 0)."""
     weights = np.asarray(weights, np.int8)
-    return _conv_like("CONV_2D", input_shape, weights, bias, in_scale, in_zp, w_scale, out_scale,
-                      out_zp, stride, padding, dilation, activation, 0, weights.shape[0],
-                      schema.Conv2DOptionsT())
+    return _conv_like(
+        "CONV_2D",
+        input_shape,
+        weights,
+        bias,
+        in_scale,
+        in_zp,
+        w_scale,
+        out_scale,
+        out_zp,
+        stride,
+        padding,
+        dilation,
+        activation,
+        0,
+        weights.shape[0],
+        schema.Conv2DOptionsT(),
+    )
 
 
-def depthwise_model(input_shape, weights, bias, in_scale, in_zp, w_scale, out_scale, out_zp,
-                    stride=(1, 1), padding="SAME", dilation=(1, 1), activation="NONE",
-                    depth_multiplier=1, bias_axis=0) -> bytes:
+def depthwise_model(
+    input_shape,
+    weights,
+    bias,
+    in_scale,
+    in_zp,
+    w_scale,
+    out_scale,
+    out_zp,
+    stride=(1, 1),
+    padding="SAME",
+    dilation=(1, 1),
+    activation="NONE",
+    depth_multiplier=1,
+    bias_axis=0,
+) -> bytes:
     """DEPTHWISE_CONV_2D. weights int8 [1, kh, kw, C*m]; w_scale scalar or [C*m] (axis 3).
     bias_axis=3 writes the 1-D bias with quantized_dimension 3, as some real files do (TFLM runs
     them, LiteRT refuses them). Note: TFLM segfaults on DEPTHWISE_CONV_2D without bias."""
     weights = np.asarray(weights, np.int8)
     opt = schema.DepthwiseConv2DOptionsT()
     opt.depthMultiplier = int(depth_multiplier)
-    return _conv_like("DEPTHWISE_CONV_2D", input_shape, weights, bias, in_scale, in_zp, w_scale,
-                      out_scale, out_zp, stride, padding, dilation, activation, 3, weights.shape[3], opt,
-                      bias_axis=bias_axis)
+    return _conv_like(
+        "DEPTHWISE_CONV_2D",
+        input_shape,
+        weights,
+        bias,
+        in_scale,
+        in_zp,
+        w_scale,
+        out_scale,
+        out_zp,
+        stride,
+        padding,
+        dilation,
+        activation,
+        3,
+        weights.shape[3],
+        opt,
+        bias_axis=bias_axis,
+    )
 
 
-def fully_connected_model(input_shape, weights, bias, in_scale, in_zp, w_scale, out_scale, out_zp,
-                          activation="NONE", keep_num_dims=False) -> bytes:
+def fully_connected_model(
+    input_shape,
+    weights,
+    bias,
+    in_scale,
+    in_zp,
+    w_scale,
+    out_scale,
+    out_zp,
+    activation="NONE",
+    keep_num_dims=False,
+) -> bytes:
     """FULLY_CONNECTED. weights int8 [U, K] with K = prod(input_shape[1:]); w_scale scalar or [U]."""
     weights = np.asarray(weights, np.int8)
     units, k = weights.shape
@@ -240,11 +354,14 @@ def fully_connected_model(input_shape, weights, bias, in_scale, in_zp, w_scale, 
     wt = b.add_const(weights, scale=ws, zero_point=np.zeros(ws.size, np.int64), axis=0, name="weights")
     if bias is not None:
         bs = bias_scale(in_scale, ws)
-        bt = b.add_const(np.asarray(bias, np.int32), scale=bs, zero_point=np.zeros(bs.size, np.int64),
-                         name="bias")
+        bt = b.add_const(
+            np.asarray(bias, np.int32), scale=bs, zero_point=np.zeros(bs.size, np.int64), name="bias"
+        )
     else:
         bt = -1
-    out_shape = tuple(input_shape[:-1]) + (units,) if keep_num_dims else (int(np.prod(input_shape)) // k, units)
+    out_shape = (
+        tuple(input_shape[:-1]) + (units,) if keep_num_dims else (int(np.prod(input_shape)) // k, units)
+    )
     y = b.add_tensor(out_shape, np.int8, out_scale, out_zp, name="output")
     opt = schema.FullyConnectedOptionsT()
     opt.fusedActivationFunction = _ACTIVATION[activation]
@@ -253,8 +370,7 @@ def fully_connected_model(input_shape, weights, bias, in_scale, in_zp, w_scale, 
     return b.build([x], [y])
 
 
-def add_model(shape1, shape2, s1, z1, s2, z2, out_scale, out_zp, activation="NONE",
-              const2=None) -> bytes:
+def add_model(shape1, shape2, s1, z1, s2, z2, out_scale, out_zp, activation="NONE", const2=None) -> bytes:
     """ADD with numpy-style broadcasting. The second operand is a graph input, or a constant when
     const2 (int8 data of shape2) is given."""
     b = ModelBuilder()
@@ -262,7 +378,9 @@ def add_model(shape1, shape2, s1, z1, s2, z2, out_scale, out_zp, activation="NON
     if const2 is None:
         x2 = b.add_tensor(shape2, np.int8, s2, z2, name="input2")
     else:
-        x2 = b.add_tensor(shape2, np.int8, s2, z2, data=np.asarray(const2, np.int8).reshape(shape2), name="const2")
+        x2 = b.add_tensor(
+            shape2, np.int8, s2, z2, data=np.asarray(const2, np.int8).reshape(shape2), name="const2"
+        )
     out_shape = np.broadcast_shapes(tuple(shape1), tuple(shape2))
     y = b.add_tensor(out_shape, np.int8, out_scale, out_zp, name="output")
     opt = schema.AddOptionsT()
@@ -289,13 +407,15 @@ def _pool_model(kind, input_shape, scale, zp, filter_size, stride, padding, acti
     return b.build([x], [y])
 
 
-def avg_pool_model(input_shape, scale, zp, filter_size=(2, 2), stride=(2, 2), padding="VALID",
-                   activation="NONE") -> bytes:
+def avg_pool_model(
+    input_shape, scale, zp, filter_size=(2, 2), stride=(2, 2), padding="VALID", activation="NONE"
+) -> bytes:
     return _pool_model("AVERAGE_POOL_2D", input_shape, scale, zp, filter_size, stride, padding, activation)
 
 
-def max_pool_model(input_shape, scale, zp, filter_size=(2, 2), stride=(2, 2), padding="VALID",
-                   activation="NONE") -> bytes:
+def max_pool_model(
+    input_shape, scale, zp, filter_size=(2, 2), stride=(2, 2), padding="VALID", activation="NONE"
+) -> bytes:
     return _pool_model("MAX_POOL_2D", input_shape, scale, zp, filter_size, stride, padding, activation)
 
 
@@ -351,8 +471,9 @@ def pad_model(input_shape, paddings, scale, zp, v2=False) -> bytes:
     p = b.add_const(paddings, name="paddings")
     inputs = [x, p]
     if v2:
-        inputs.append(b.add_const(np.asarray([zp], np.int8).reshape(()), scale=scale, zero_point=zp,
-                                  name="pad_value"))
+        inputs.append(
+            b.add_const(np.asarray([zp], np.int8).reshape(()), scale=scale, zero_point=zp, name="pad_value")
+        )
     out_shape = tuple(int(d + p0 + p1) for d, (p0, p1) in zip(input_shape, paddings))
     y = b.add_tensor(out_shape, np.int8, scale, zp, name="output")
     if v2:
@@ -383,7 +504,9 @@ def concat_model(shapes, axis, scale, zp, consts=None) -> bytes:
             t = b.add_tensor(shape, np.int8, scale, zp, name=f"input{i}")
             graph_inputs.append(t)
         else:
-            t = b.add_tensor(shape, np.int8, scale, zp, data=np.asarray(c, np.int8).reshape(shape), name=f"const{i}")
+            t = b.add_tensor(
+                shape, np.int8, scale, zp, data=np.asarray(c, np.int8).reshape(shape), name=f"const{i}"
+            )
         ins.append(t)
     rank = len(shapes[0])
     ax = axis % rank
@@ -421,6 +544,7 @@ def dequantize_model(input_shape, scale, zp) -> bytes:
 # Runners
 # ----------------------------------------------------------------------------------------------
 
+
 def _as_inputs(x_batch) -> list[np.ndarray]:
     xs = list(x_batch) if isinstance(x_batch, (list, tuple)) else [x_batch]
     n = xs[0].shape[0]
@@ -448,15 +572,20 @@ def run_tflm(model_bytes: bytes, x_batch, arena_size: int | None = None) -> np.n
     outs = []
     for i in range(xs[0].shape[0]):
         for k, x in enumerate(xs):
-            interp.set_input(np.ascontiguousarray(x[i:i + 1]), k)
+            interp.set_input(np.ascontiguousarray(x[i : i + 1]), k)
         interp.invoke()
         outs.append(np.array(interp.get_output(0), copy=True))
     return np.concatenate(outs, axis=0)
 
 
-_RESOLVERS = {"AUTO": "AUTO", "REF": "BUILTIN_REF", "BUILTIN_REF": "BUILTIN_REF",
-              "BUILTIN": "BUILTIN", "BUILTIN_WITHOUT_DEFAULT_DELEGATES": "BUILTIN_WITHOUT_DEFAULT_DELEGATES",
-              "NODELEGATE": "BUILTIN_WITHOUT_DEFAULT_DELEGATES"}
+_RESOLVERS = {
+    "AUTO": "AUTO",
+    "REF": "BUILTIN_REF",
+    "BUILTIN_REF": "BUILTIN_REF",
+    "BUILTIN": "BUILTIN",
+    "BUILTIN_WITHOUT_DEFAULT_DELEGATES": "BUILTIN_WITHOUT_DEFAULT_DELEGATES",
+    "NODELEGATE": "BUILTIN_WITHOUT_DEFAULT_DELEGATES",
+}
 
 
 def run_litert(model_bytes: bytes, x_batch, resolver: str = "AUTO", threads: int = 1) -> np.ndarray:
@@ -465,16 +594,18 @@ def run_litert(model_bytes: bytes, x_batch, resolver: str = "AUTO", threads: int
     from ai_edge_litert.interpreter import Interpreter, OpResolverType
 
     xs = _as_inputs(x_batch)
-    interp = Interpreter(model_content=bytes(model_bytes),
-                         experimental_op_resolver_type=getattr(OpResolverType, _RESOLVERS[resolver.upper()]),
-                         num_threads=threads)
+    interp = Interpreter(
+        model_content=bytes(model_bytes),
+        experimental_op_resolver_type=getattr(OpResolverType, _RESOLVERS[resolver.upper()]),
+        num_threads=threads,
+    )
     interp.allocate_tensors()
     ins = interp.get_input_details()
     out = interp.get_output_details()[0]["index"]
     outs = []
     for i in range(xs[0].shape[0]):
         for k, x in enumerate(xs):
-            interp.set_tensor(ins[k]["index"], np.ascontiguousarray(x[i:i + 1]))
+            interp.set_tensor(ins[k]["index"], np.ascontiguousarray(x[i : i + 1]))
         interp.invoke()
         outs.append(np.array(interp.get_tensor(out), copy=True))
     return np.concatenate(outs, axis=0)
@@ -514,7 +645,7 @@ class BatchedLiteRT:
             return self.it.get_tensor(self.out_index)
         outs = []
         for i in range(x.shape[0]):
-            self.it.set_tensor(self.in_index, x[i:i + 1])
+            self.it.set_tensor(self.in_index, x[i : i + 1])
             self.it.invoke()
             outs.append(self.it.get_tensor(self.out_index))
         return np.concatenate(outs)
@@ -562,19 +693,23 @@ def first_difference(a: np.ndarray, b: np.ndarray) -> str:
         return "equal"
     idx = tuple(int(i) for i in diff[0])
     d = a.astype(np.float64) - b.astype(np.float64)
-    return (f"{len(diff)}/{a.size} elements differ; first at {idx}: {a[idx]} vs {b[idx]}; "
-            f"max |diff| {np.nanmax(np.abs(d))}")
+    return (
+        f"{len(diff)}/{a.size} elements differ; first at {idx}: {a[idx]} vs {b[idx]}; "
+        f"max |diff| {np.nanmax(np.abs(d))}"
+    )
 
 
 def assert_same(expected: np.ndarray, actual: np.ndarray, context: str = ""):
-    if not (expected.shape == actual.shape and expected.dtype == actual.dtype
-            and np.array_equal(expected, actual)):
+    if not (
+        expected.shape == actual.shape and expected.dtype == actual.dtype and np.array_equal(expected, actual)
+    ):
         raise AssertionError(f"{context}\n  {first_difference(expected, actual)}")
 
 
 # ----------------------------------------------------------------------------------------------
 # Random parameters (shared by the test files)
 # ----------------------------------------------------------------------------------------------
+
 
 def log_uniform(rng: np.random.Generator, lo: float, hi: float, size=None):
     return np.exp(rng.uniform(math.log(lo), math.log(hi), size))
@@ -642,7 +777,8 @@ def litert_delegated(model_bytes: bytes) -> bool:
     in the execution plan). One-op models only: any delegated node counts."""
     from ai_edge_litert.interpreter import Interpreter, OpResolverType
 
-    interp = Interpreter(model_content=bytes(model_bytes), experimental_op_resolver_type=OpResolverType.AUTO,
-                         num_threads=1)
+    interp = Interpreter(
+        model_content=bytes(model_bytes), experimental_op_resolver_type=OpResolverType.AUTO, num_threads=1
+    )
     interp.allocate_tensors()
     return any(d["op_name"] == "DELEGATE" for d in interp._get_ops_details())
