@@ -99,6 +99,10 @@ def backprop_bounds(grid, shared: Path, cache_dir: Path) -> dict:
     return out
 
 
+def fmt_passes(v: float) -> str:
+    return "n/a" if not np.isfinite(v) else str(int(v))
+
+
 def fmt_pct(v: float) -> str:
     return "n/a" if not np.isfinite(v) else f"{100 * v:.1f}"
 
@@ -135,22 +139,27 @@ def write_report(
         lines += [
             f"## {cell.name}",
             "",
-            f"{cell.model} on {cell.data}, trainable `{cell.trainable}` (fresh zero head), {cell.optimizer} lr {cell.lr}, "
+            f"{cell.model} on {cell.data}, trainable `{cell.trainable}` (fresh zero head), "
+            f"{cell.optimizer} lr {cell.lr}, "
             f"eps {cell.eps}, batch {cell.batch}, budget {cell.budget} passes."
             + (
-                f" Back-propagation bound (same layers, float): {fmt_pct(bounds[cell.name]['float_test_accuracy'])}%, "
-                f"written back to int8 with the fixed scales: {fmt_pct(bounds[cell.name]['int8_test_accuracy'])}%."
+                " Back-propagation bound (same layers, float): "
+                f"{fmt_pct(bounds[cell.name]['float_test_accuracy'])}%, "
+                "written back to int8 with the fixed scales: "
+                f"{fmt_pct(bounds[cell.name]['int8_test_accuracy'])}%."
                 if cell.name in bounds
                 else ""
             ),
             "",
-            "| scheduler | final accuracy | passes to 95% of best | seeds reaching | AUC (mean acc) | mean q |",
+            "| scheduler | final accuracy | passes to 95% of best | seeds reaching | AUC (mean "
+            "acc) | mean q |",
             "|---|---|---|---|---|---|",
         ]
         for r in cr:
             lines.append(
-                f"| {r['scheduler']} | {fmt_pct(r['final_accuracy_mean'])} ± {100 * r['final_accuracy_std']:.1f} | "
-                f"{'n/a' if not np.isfinite(r['passes_to_95pct_best_mean']) else int(r['passes_to_95pct_best_mean'])} | "
+                f"| {r['scheduler']} | {fmt_pct(r['final_accuracy_mean'])} ± "
+                f"{100 * r['final_accuracy_std']:.1f} | "
+                f"{fmt_passes(r['passes_to_95pct_best_mean'])} | "
                 f"{r['seeds_reaching_95pct']}/{r['seeds']} | {fmt_pct(r['auc'])} | {r['mean_q']:.1f} |"
             )
         fixed = [r for r in cr if r["scheduler"].startswith("fixed:")]
@@ -160,7 +169,8 @@ def write_report(
             gap = 100 * (best["final_accuracy_mean"] - adaptive[0]["final_accuracy_mean"])
             ok = gap <= 1.0
             verdicts.append(
-                f"- {cell.name}: QScheduler {fmt_pct(adaptive[0]['final_accuracy_mean'])}% vs best fixed q in hindsight "
+                f"- {cell.name}: QScheduler {fmt_pct(adaptive[0]['final_accuracy_mean'])}% vs best "
+                "fixed q in hindsight "
                 f"({best['scheduler']}) {fmt_pct(best['final_accuracy_mean'])}%: "
                 f"{'within' if ok else 'NOT within'} 1 point (gap {gap:+.1f})."
             )

@@ -632,9 +632,9 @@ def backprop_baseline(
     the ZO trainer's (Adam: about the largest change per update, in steps) and one lr fits layers
     whose weight scales differ by 50x (ResNet-8's last block and head); default lr 1.0 (adam, best
     of 0.1, 0.3, 1.0 on each of the three runs in the report) or 10 (sgd with momentum, whose
-    step is lr times a gradient per step: 30 was best and 100 diverged on ResNet-8's head). "real": real units, the
-    textbook float setting; default lr 1e-3. lr_schedule ("constant", "cosine", "linear") runs over
-    all steps. project keeps each tensor inside its int8 / int32 range after every step, so the
+    step is lr times a gradient per step: 30 was best and 100 diverged on ResNet-8's head).
+    "real": real units, the textbook float setting; default lr 1e-3. lr_schedule ("constant",
+    "cosine", "linear") runs over all steps. project keeps each tensor inside its int8 / int32 range after every step, so the
     float model stays deployable with the fixed scales. blas_threads caps the BLAS threads while
     training (needs threadpoolctl; None leaves them): the GEMMs of a batch of 32 are small, and on
     2 shared cores a second OpenBLAS thread made a ResNet-8 last:4 step 1.2x slower (load ~3), and
@@ -656,14 +656,17 @@ def backprop_baseline(
         y_test = tr.data.y_test if y_test is None else y_test
     else:
         raise ZoError(
-            f"backprop_baseline: expected a Trainer or a TrainableModel, got {type(trainer_or_model).__name__}"
+            "backprop_baseline: expected a Trainer or a TrainableModel, got "
+            f"{type(trainer_or_model).__name__}"
         )
     if train_cache is None or y_train is None or test_cache is None or y_test is None:
         raise ZoError(
-            "backprop_baseline: train_cache, y_train, test_cache and y_test are required with a TrainableModel"
+            "backprop_baseline: train_cache, y_train, test_cache and y_test are required with a "
+            "TrainableModel"
         )
-    if optimizer not in OPTIMIZERS:
-        raise ZoError(f"backprop_baseline: optimizer {optimizer!r}, expected one of {', '.join(OPTIMIZERS)}")
+    if optimizer not in DEFAULT_LR["steps"]:
+        expected = ", ".join(DEFAULT_LR["steps"])
+        raise ZoError(f"backprop_baseline: optimizer {optimizer!r}, expected one of {expected}")
     if units not in DEFAULT_LR:
         raise ZoError(f"backprop_baseline: units {units!r}, expected one of {', '.join(DEFAULT_LR)}")
     if lr_schedule not in SCHEDULES:
@@ -673,7 +676,8 @@ def backprop_baseline(
     lr = DEFAULT_LR[units][optimizer] if lr is None else lr
     if epochs < 0 or batch < 1 or not (lr > 0 and np.isfinite(lr)):
         raise ZoError(
-            f"backprop_baseline: epochs {epochs}, batch {batch}, lr {lr}: expected epochs >= 0, batch >= 1, lr > 0"
+            f"backprop_baseline: epochs {epochs}, batch {batch}, lr {lr}: expected epochs >= 0, "
+            "batch >= 1, lr > 0"
         )
     limit = (
         threadpool_limits(blas_threads, user_api="blas")

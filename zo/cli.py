@@ -46,7 +46,7 @@ def main():
     show_default=True,
     help="fixed:N | qscheduler[:QMAX] | linear[:QMAX] | power[:QMAX]",
 )
-@click.option("--optimizer", type=click.Choice(["sgd", "adam"]), default="adam", show_default=True)
+@click.option("--optimizer", type=click.Choice(["nsgd", "sgd", "adam"]), default="adam", show_default=True)
 @click.option(
     "--lr",
     type=float,
@@ -186,7 +186,8 @@ def train(
             trainer.load_checkpoint(Path(resume))
         elif (Path(out_dir) / "checkpoints" / "last.npz").exists():
             raise ZoError(
-                f"--out {out_dir}: already holds a run; pass --resume {out_dir} to continue it, or choose a new directory"
+                f"--out {out_dir}: already holds a run; pass --resume {out_dir} to continue it, or "
+                "choose a new directory"
             )
         before = trainer.test_accuracy()
         bar = (
@@ -220,7 +221,8 @@ def train(
         fail(str(e))
     except OSError as e:  # metrics.csv, config.json or the exported model could not be written
         fail(
-            f"cannot write {e.filename or out_dir}: {e.strerror or e}; the last checkpoint is kept, continue with --resume"
+            f"cannot write {e.filename or out_dir}: {e.strerror or e}; the last checkpoint is "
+            "kept, continue with --resume"
         )
     except KeyboardInterrupt:
         checkpoints = Path(resume or out_dir) / "checkpoints"

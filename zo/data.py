@@ -103,7 +103,8 @@ def _load_npz(path: Path) -> Dataset:
     else:
         if names.ndim != 1 or names.dtype.kind not in "US":
             raise DataError(
-                f"{path}: class_names has dtype {names.dtype} shape {names.shape}, expected a 1-D array of strings"
+                f"{path}: class_names has dtype {names.dtype} shape {names.shape}, expected a 1-D "
+                "array of strings"
             )
         class_names = [str(n) for n in names]
     ds = Dataset(
@@ -139,7 +140,8 @@ def _load_stl10(folder: Path) -> Dataset:
     for f in files.values():
         if not f.is_file():
             raise DataError(
-                f"{f}: missing, expected STL-10 files train_X.bin, train_y.bin, test_X.bin, test_y.bin in {folder}"
+                f"{f}: missing, expected STL-10 files train_X.bin, train_y.bin, test_X.bin, "
+                f"test_y.bin in {folder}"
             )
 
     names_file = folder / "class_names.txt"
@@ -248,7 +250,8 @@ def _read_images(
             raise DataError(f"{f}: cannot read as an RGB image ({type(e).__name__}: {e})") from None
         if images and a.shape != images[0].shape:
             raise DataError(
-                f"{f}: image is {a.shape[1]}x{a.shape[0]} but {items[0][0]} is {images[0].shape[1]}x{images[0].shape[0]}, "
+                f"{f}: image is {a.shape[1]}x{a.shape[0]} but {items[0][0]} is "
+                f"{images[0].shape[1]}x{images[0].shape[0]}, "
                 f"expected one size (pass image_size= to resize on load)"
             )
         images.append(a)

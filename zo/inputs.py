@@ -114,10 +114,11 @@ class InputMapping:
         return {"range": self.name, "mean": list(self.mean), "std": list(self.std), "source": self.source}
 
     def __str__(self) -> str:
+        values = lambda v: ",".join(f"{x:g}" for x in v)  # noqa: E731
         what = (
             f"--input-range {self.name}"
             if self.name in RANGES
-            else f"--mean {','.join(f'{m:g}' for m in self.mean)} --std {','.join(f'{s:g}' for s in self.std)}"
+            else f"--mean {values(self.mean)} --std {values(self.std)}"
         )
         return f"{what} ({self.source})"
 
@@ -229,6 +230,7 @@ def model_inputs(x_uint8: np.ndarray, image: ImageInput, mapping: InputMapping) 
 def prepare_inputs(
     x_uint8: np.ndarray, graph: Graph, input_range: str = "auto", mean=None, std=None
 ) -> np.ndarray:
-    """uint8 RGB images -> values for graph's input, with the mapping the options choose (see choose_mapping)."""
+    """uint8 RGB images -> values for graph's input, with the mapping the options choose (see "
+    "choose_mapping)."""
     image = ImageInput.of(graph)
     return model_inputs(x_uint8, image, choose_mapping(image, input_range, mean, std))[0]

@@ -61,8 +61,10 @@ class TrainableModel:
             if head is None and not new_head and num_classes is not None and num_classes != out_classes:
                 producer = graph.producer().get(graph.outputs[0])
                 raise ZoError(
-                    f"the model ends in {producer.kind if producer else 'its input'} with {out_classes} outputs, "
-                    f"not a FULLY_CONNECTED classifier for {num_classes} classes: pass --new-head to append one"
+                    f"the model ends in {producer.kind if producer else 'its input'} with "
+                    f"{out_classes} outputs, "
+                    f"not a FULLY_CONNECTED classifier for {num_classes} classes: pass --new-head "
+                    "to append one"
                 )
             if new_head or (num_classes is not None and num_classes != out_classes):
                 features = self.features(calibration, feature_tensor(graph))

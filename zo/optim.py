@@ -32,9 +32,24 @@ class SGD:
         self.momentum = momentum
         self.velocity = np.zeros(size)
 
-    def step(self, grad: np.ndarray, lr: float) -> np.ndarray:
+    def step(self, grad: np.ndarray, lr: float, derivatives: np.ndarray | None = None) -> np.ndarray:
         self.velocity = self.momentum * self.velocity + grad
         return -lr * self.velocity
+
+
+class NormalizedSGD(SGD):
+    """SGD with momentum on the estimate divided by the RMS of its own directional derivatives d_i.
+
+    FZOO's scale-free step: E[d_i^2] = |grad|^2 (+ data noise) for Rademacher directions, so the
+    normalized estimate has a size that does not depend on the loss's scale, the model or the
+    layer's units; lr is then (up to momentum) the direction noise's step per coordinate times
+    sqrt(q). One lr fits models whose raw gradients differ by orders of magnitude, and unlike
+    Adam, coordinates whose estimate is pure noise are not blown up to a full step each.
+    """
+
+    def step(self, grad: np.ndarray, lr: float, derivatives: np.ndarray | None = None) -> np.ndarray:
+        rms = float(np.sqrt(np.mean(np.square(derivatives)))) if derivatives is not None else 0.0
+        return super().step(grad / rms if rms > 0 else grad, lr)
 
     def state(self) -> dict:
         return {"velocity": self.velocity}
@@ -52,7 +67,7 @@ class Adam:
         self.v = np.zeros(size)
         self.t = 0
 
-    def step(self, grad: np.ndarray, lr: float) -> np.ndarray:
+    def step(self, grad: np.ndarray, lr: float, derivatives: np.ndarray | None = None) -> np.ndarray:
         self.t += 1
         self.m = self.beta1 * self.m + (1 - self.beta1) * grad
         self.v = self.beta2 * self.v + (1 - self.beta2) * grad * grad
@@ -69,4 +84,4 @@ class Adam:
         self.t = int(state["t"])
 
 
-OPTIMIZERS = {"sgd": SGD, "adam": Adam}
+OPTIMIZERS = {"nsgd": NormalizedSGD, "sgd": SGD, "adam": Adam}

@@ -73,7 +73,8 @@ class LinearRamp(Scheduler):
 
 
 class PowerLaw(Scheduler):
-    """AdaZeta's power law by epoch, q_e = min(max(floor(a * e^b), 1), q_max) with b = ln(q_target / a) / ln(E).
+    """AdaZeta's power law by epoch, q_e = min(max(floor(a * e^b), 1), q_max),
+    with b = ln(q_target / a) / ln(E).
 
     An "epoch" here is one of E equal slices of the forward-pass budget (the number of data epochs
     a budget buys depends on q itself, so it cannot be the clock of q)."""

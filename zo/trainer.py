@@ -36,7 +36,7 @@ from .optim import OPTIMIZERS, SCHEDULES, learning_rate
 from .perturbation import KINDS, direction, second_moment
 from .schedulers import Progress, Scheduler, parse_scheduler
 
-DEFAULT_LR = {"sgd": 0.5, "adam": 0.1}
+DEFAULT_LR = {"nsgd": 0.03, "sgd": 0.5, "adam": 0.1}
 METRIC_FIELDS = [
     "step",
     "q",
@@ -196,7 +196,7 @@ class Trainer:
             [np.full(v.size, p.bound / p.unit) for p, v in zip(self.model.params, self.model.values())]
         )
         self.optimizer = OPTIMIZERS[config.optimizer](
-            self.master.size, **({"momentum": config.momentum} if config.optimizer == "sgd" else {})
+            self.master.size, **({"momentum": config.momentum} if config.optimizer != "adam" else {})
         )
         self.u_moment = second_moment(config.direction)
         self.step = 0
@@ -311,15 +311,19 @@ class Trainer:
         self.dead_steps = self.dead_steps + 1 if self.zero_differences == 1.0 else 0
         if self.dead_steps == DEAD_STEPS:
             self.warn(
-                f"every probe pair gave L+ == L- for {DEAD_STEPS} consecutive steps (to step {self.step + 1}): "
-                f"no perturbation moves the logits by a code of their output scale {self.model.logits_scale:.4g}. "
-                f"Likely: eps {cfg.eps} below that resolution, dead (all-zero) features, or an input saturated by "
-                f"the mapping {self.mapping}. Try --new-head (a head quantized for its features), a larger --eps, "
+                f"every probe pair gave L+ == L- for {DEAD_STEPS} consecutive steps (to step "
+                f"{self.step + 1}): "
+                "no perturbation moves the logits by a code of their output scale "
+                f"{self.model.logits_scale:.4g}. "
+                f"Likely: eps {cfg.eps} below that resolution, dead (all-zero) features, or an "
+                "input saturated by "
+                f"the mapping {self.mapping}. Try --new-head (a head quantized for its features), "
+                "a larger --eps, "
                 "or check --input-range / --mean / --std"
             )
         grad = self.gradient(q, derivatives)
         lr = learning_rate(cfg.learning_rate, cfg.lr_schedule, self.forward_passes / cfg.budget)
-        self.master += self.optimizer.step(grad, lr)
+        self.master += self.optimizer.step(grad, lr, derivatives)
         # Parameters stay inside what int8 / int32 can hold; the master copy must not drift beyond.
         np.clip(self.master, -self.bounds, self.bounds, out=self.master)
         self.write_back()
@@ -513,11 +517,13 @@ class Trainer:
         for key in mine:
             if fingerprint.get(key) != mine[key]:
                 raise ZoError(
-                    f"--resume {directory}: checkpoint was made with a different {key.replace('_', ' ')} ({fingerprint.get(key)} != {mine[key]})"
+                    f"--resume {directory}: checkpoint was made with a different "
+                    f"{key.replace('_', ' ')} ({fingerprint.get(key)} != {mine[key]})"
                 )
         if params != [p.name for p in self.model.params]:
             raise ZoError(
-                f"--resume {directory}: checkpoint trains other layers than --trainable {self.config.trainable!r}"
+                f"--resume {directory}: checkpoint trains other layers than --trainable "
+                f"{self.config.trainable!r}"
             )
         for key in (
             "q",
@@ -538,11 +544,13 @@ class Trainer:
         ):
             if config.get(key) != getattr(self.config, key):
                 raise ZoError(
-                    f"--resume {directory}: --{key.replace('_', '-')} differs from the checkpoint's ({config.get(key)!r})"
+                    f"--resume {directory}: --{key.replace('_', '-')} differs from the "
+                    f"checkpoint's ({config.get(key)!r})"
                 )
         if master.shape != self.master.shape or ints.shape != self.master.shape:
             raise ZoError(
-                f"--resume {directory}: checkpoint holds {master.size} parameters, expected {self.master.size}"
+                f"--resume {directory}: checkpoint holds {master.size} parameters, expected "
+                f"{self.master.size}"
             )
         # Dry run on fresh objects: every field must decode into the state of this run's kinds.
         try:
@@ -550,7 +558,7 @@ class Trainer:
                 raise ValueError("master copy or integers")
             optimizer = type(self.optimizer)(
                 self.master.size,
-                **({"momentum": self.config.momentum} if self.config.optimizer == "sgd" else {}),
+                **({"momentum": self.config.momentum} if self.config.optimizer != "adam" else {}),
             )
             expected = {k: np.shape(v) for k, v in optimizer.state().items()}
             if set(opt) != set(expected) or any(np.shape(opt[k]) != shape for k, shape in expected.items()):
