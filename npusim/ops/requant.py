@@ -32,7 +32,8 @@ def output_range(activation: str, y: Tensor) -> tuple[int, int]:
         return activation_range(activation, float(y.quant.scale[0]), y.zero_point)
     except (OverflowError, ValueError):
         raise NpusimError(
-            f"output {y.name!r}: scale {float(y.quant.scale[0]):g} is too small for the fused activation {activation}"
+            f"output {y.name!r}: scale {float(y.quant.scale[0]):g} "
+            f"is too small for the fused activation {activation}"
         ) from None
 
 
@@ -52,7 +53,8 @@ class OutputStage:
     def prepare(cls, x: Tensor, w: Tensor, y: Tensor, channels: int, activation: str) -> "OutputStage":
         if w.quant.scale.size not in (1, channels):
             raise NpusimError(
-                f"filter {w.name!r} has {w.quant.scale.size} scales, expected 1 or one per output channel ({channels})"
+                f"filter {w.name!r} has {w.quant.scale.size} scales, "
+                f"expected 1 or one per output channel ({channels})"
             )
         w_scale = np.broadcast_to(w.quant.scale, (channels,))
         # TFLM: all multiplier arithmetic in double from the float32 scales of the file.
@@ -60,7 +62,8 @@ class OutputStage:
         m, shift = quantize_multipliers(real)
         if np.any(shift > MAX_SHIFT):
             raise NpusimError(
-                f"requantization multiplier {float(real.max()):g} is 2^{MAX_SHIFT} or more (scales out of proportion)"
+                f"requantization multiplier {float(real.max()):g} "
+                f"is 2^{MAX_SHIFT} or more (scales out of proportion)"
             )
         # XNNPACK computes input_scale * kernel_scale / output_scale in float32 arithmetic.
         real32 = (np.float32(x.quant.scale[0]) * w_scale.astype(np.float32)) / np.float32(y.quant.scale[0])
