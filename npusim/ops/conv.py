@@ -46,7 +46,7 @@ class Conv2D(SlidingWindow, Kernel):
                 f"[N, {self.out_h}, {self.out_w}, {self.out_channels}]"
             )
         self.stage = OutputStage.prepare(
-            x, w, y, self.out_channels, o.get("fused_activation_function", "NONE")
+            x, w, y, self.out_channels, o.get("fused_activation_function", "NONE"), self.profile
         )
         self.engine = (backends or backend.select()).for_geometry(self.geometry)
         self.workspace = aligned.Workspace()  # the padded input of the AMX and VNNI engines

@@ -507,7 +507,7 @@ class DepthwiseConv2D(SlidingWindow, Kernel):
                 f"[N, {self.out_h}, {self.out_w}, {self.out_channels}]"
             )
         self.stage = OutputStage.prepare(
-            x, w, y, self.out_channels, o.get("fused_activation_function", "NONE")
+            x, w, y, self.out_channels, o.get("fused_activation_function", "NONE"), self.profile
         )
         self.memo = WeightMemo()
         self.unpadded_shape = None  # see fuse_pad
