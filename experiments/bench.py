@@ -224,8 +224,9 @@ def bench_workload(
         if not lrt.batched:
             row.notes.append("LiteRT could not resize the batch; images fed one by one")
         log(
-            f"  batch {n}: npusim {t_sim * 1e3:.1f} ms [{min(ts) * 1e3:.1f}-{max(ts) * 1e3:.1f}] (first call {first * 1e3:.0f} ms), "
-            f"npusim 1 thread {t_1t * 1e3:.1f} ms, LiteRT {t_lrt * 1e3:.2f} ms [{min(tl) * 1e3:.2f}-{max(tl) * 1e3:.2f}], "
+            f"  batch {n}: npusim {t_sim * 1e3:.1f} ms [{min(ts) * 1e3:.1f}-{max(ts) * 1e3:.1f}] "
+            f"(first call {first * 1e3:.0f} ms), npusim 1 thread {t_1t * 1e3:.1f} ms, "
+            f"LiteRT {t_lrt * 1e3:.2f} ms [{min(tl) * 1e3:.2f}-{max(tl) * 1e3:.2f}], "
             f"exact TFLM {row.exact_tflm}, exact LiteRT {row.exact_litert}"
         )
         rows.append(row)
@@ -339,8 +340,8 @@ def conv_stages(model: bytes, x: np.ndarray, reps: int) -> list[tuple[str, float
         what = {
             "AMX": "AMX",
             "VNNI": "VNNI",
-            "BLAS": "float32 BLAS (im2col + sgemm; here under Numba's OpenMP layer, which fights OpenBLAS's threads: "
-            "a host without VNNI runs it under the workqueue layer)",
+            "BLAS": "float32 BLAS (im2col + sgemm; here under Numba's OpenMP layer, which fights "
+            "OpenBLAS's threads: a host without VNNI runs it under the workqueue layer)",
         }[name]
         on_path = npusim.Interpreter(model, profile="tflm", backend=name.lower()).kernels[0]
         stages.append((f"whole Conv2D.__call__, {what} path", lambda k=on_path: k(x, w, b)))
@@ -412,7 +413,10 @@ def memory_of_run(shared: Path, name: str, batch: int, calls: int = 10) -> dict:
     import json
     import subprocess
 
-    code = f"from experiments.bench import memory_child; memory_child({str(shared)!r}, {name!r}, {batch}, {calls})"
+    code = (
+        "from experiments.bench import memory_child; "
+        f"memory_child({str(shared)!r}, {name!r}, {batch}, {calls})"
+    )
     done = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1]
     )
@@ -463,17 +467,19 @@ def fmt_ms(s: float) -> str:
 
 def table(rows: list[Row]) -> list[str]:
     head = (
-        "| workload | batch | MMAC/img | npusim ms | npusim min ms | npusim 1T ms | LiteRT ms | TFLM ms* | npusim GMAC/s | LiteRT GMAC/s | TFLM GMAC/s "
-        "| npusim img/s | LiteRT img/s | TFLM img/s | npusim/TFLM | npusim/LiteRT | exact vs TFLM | exact vs LiteRT** |"
+        "| workload | batch | MMAC/img | npusim ms | npusim min ms | npusim 1T ms | LiteRT ms | TFLM ms* | "
+        "npusim GMAC/s | LiteRT GMAC/s | TFLM GMAC/s | npusim img/s | LiteRT img/s | TFLM img/s | "
+        "npusim/TFLM | npusim/LiteRT | exact vs TFLM | exact vs LiteRT** |"
     )
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
         lrt_note = "" if r.litert_batched else " (1-by-1)"
         lines.append(
-            f"| {r.workload} | {r.batch} | {r.macs / 1e6:.1f} | {fmt_ms(r.npusim)} | {fmt_ms(r.npusim_min)} | {fmt_ms(r.npusim_1t)} | {fmt_ms(r.litert)}{lrt_note} | "
-            f"{fmt_ms(r.tflm)} | {r.gmacs(r.npusim):.2f} | {r.gmacs(r.litert):.2f} | {r.gmacs(r.tflm):.2f} | "
-            f"{r.ips(r.npusim):.0f} | {r.ips(r.litert):.0f} | {r.ips(r.tflm):.1f} | "
-            f"{r.tflm / r.npusim:.1f}x | {r.litert / r.npusim:.2f}x | {r.exact_tflm} | {r.exact_litert} |"
+            f"| {r.workload} | {r.batch} | {r.macs / 1e6:.1f} | {fmt_ms(r.npusim)} | {fmt_ms(r.npusim_min)} "
+            f"| {fmt_ms(r.npusim_1t)} | {fmt_ms(r.litert)}{lrt_note} | {fmt_ms(r.tflm)} | "
+            f"{r.gmacs(r.npusim):.2f} | {r.gmacs(r.litert):.2f} | {r.gmacs(r.tflm):.2f} | "
+            f"{r.ips(r.npusim):.0f} | {r.ips(r.litert):.0f} | {r.ips(r.tflm):.1f} | {r.tflm / r.npusim:.1f}x "
+            f"| {r.litert / r.npusim:.2f}x | {r.exact_tflm} | {r.exact_litert} |"
         )
     return lines
 
@@ -567,15 +573,17 @@ def bench_zo_step(shared: Path, reps: int, q: int = 16, batch: int = 32) -> list
     return [
         "## ZO step against plain forward passes",
         "",
-        "| workload | batch | q | ZO step ms | one forward pass of the batch ms | 2q forward passes ms | ratio (target < 0.5) |",
+        "| workload | batch | q | ZO step ms | one forward pass of "
+        "the batch ms | 2q forward passes ms | ratio (target < 0.5) |",
         "|---|---|---|---|---|---|---|",
-        f"| ResNet-8 last:4 (last residual block + classifier) | {batch} | {q} | {fmt_ms(step)} | {fmt_ms(forward)} | "
-        f"{fmt_ms(2 * q * forward)} | {ratio:.3f} {'(met)' if ratio < 0.5 else '(MISSED)'} |",
+        f"| ResNet-8 last:4 (last residual block + classifier) | {batch} | {q} | {fmt_ms(step)} | "
+        f"{fmt_ms(forward)} | {fmt_ms(2 * q * forward)} | {ratio:.3f} "
+        f"{'(met)' if ratio < 0.5 else '(MISSED)'} |",
         "",
         f"Trainable tensors: {names}. The step includes gathering the batch, the 2q perturbed passes of the "
-        "trainable suffix on the cached prefix activations (one batched call), the host loss, regenerating the "
-        "directions, the Adam update and the int8 write-back. Median of "
-        f"{len(step_times)} steps; forward: median of `Interpreter.run` on the batch.",
+        "trainable suffix on the cached prefix activations (one batched call), the host loss, regenerating "
+        f"the directions, the Adam update and the int8 write-back. Median of {len(step_times)} steps; "
+        "forward: median of `Interpreter.run` on the batch.",
         "",
     ]
 
@@ -609,9 +617,10 @@ def run_conv(args, results: Results, log):
         "conv", model, x, args.conv_batches, reps, tflm_images=1 if args.quick else 3, log=log
     )
     results.notes.append(
-        f"conv: {results.rows[-1].macs / 1e6:.1f} MMAC per image = 56*56*64*3*3*64 (npusim Interpreter.macs(); the "
-        "'231 MMAC' of int8-numerics.md is twice that, 2 operations per MAC: if its GMAC/s anchors divide 231 M by the "
-        "time, they are twice the MAC rates of this table); random int8 input, per-channel weights, RELU."
+        f"conv: {results.rows[-1].macs / 1e6:.1f} MMAC per image = 56*56*64*3*3*64 (npusim "
+        "Interpreter.macs(); the '231 MMAC' of int8-numerics.md is twice that, 2 operations per MAC: if its "
+        "GMAC/s anchors divide 231 M by the time, they are twice the MAC rates of this table); random int8 "
+        "input, per-channel weights, RELU."
     )
     if args.quick or args.no_breakdown:
         return
@@ -656,7 +665,8 @@ def run_models(args, results: Results, log):
         growth = max(mem["after"]) - mem["after"][0]
         results.memory.append(
             f"| {name} | {nb_} | {mem['input_mb']:.1f} | {mem['setup']:.0f} | {mem['peak']:.0f} | "
-            f"{mem['peak'] - mem['setup']:.0f} | {' '.join(f'{v:.0f}' for v in mem['after'])} | {growth:+.1f} |"
+            f"{mem['peak'] - mem['setup']:.0f} | "
+            f"{' '.join(f'{v:.0f}' for v in mem['after'])} | {growth:+.1f} |"
         )
         if args.quick or args.no_breakdown:
             continue
@@ -690,12 +700,14 @@ def render(results: Results, command: str, quick: bool, started, load_start) -> 
         "# npusim speed benchmark",
         "",
         f"- date: {started.isoformat(timespec='seconds')}",
-        f"- machine: {os.cpu_count()} CPUs (nproc {len(os.sched_getaffinity(0))}), {cpu_model()}; {cpu_flags()}; {platform.platform()}",
+        f"- machine: {os.cpu_count()} CPUs (nproc {len(os.sched_getaffinity(0))}), {cpu_model()}; "
+        f"{cpu_flags()}; {platform.platform()}",
         f"- command: `{command}`"
         + (" (--quick: a smoke test, few repetitions; not a measurement)" if quick else ""),
         f"- versions: {versions()}",
         f"- load average (1/5/15 min) at start {' '.join(f'{v:.2f}' for v in load_start)}, at end "
-        f"{' '.join(f'{v:.2f}' for v in os.getloadavg())} (other processes on the machine skew every time here)",
+        f"{' '.join(f'{v:.2f}' for v in os.getloadavg())} "
+        "(other processes on the machine skew every time here)",
         f"- threads: LiteRT num_threads={LITERT_THREADS}; numba.get_num_threads()={numba.get_num_threads()} "
         f"(layer {numba.threading_layer() if rows else 'n/a'}); BLAS: {blas_threads()}",
         f"- npusim MAC kernels (CONV_2D, FULLY_CONNECTED): {kernel_path()}",
@@ -703,18 +715,19 @@ def render(results: Results, command: str, quick: bool, started, load_start) -> 
         *table(rows),
         "",
         "Times are medians over repetitions after one untimed warm-up call, for the whole batch, including "
-        "set_tensor/get_tensor (LiteRT) and the input check (npusim). npusim: `Interpreter(model, profile='tflm').run(x)` "
-        "on the whole batch. LiteRT: default interpreter (XNNPACK delegate), input resized to the batch.",
+        "set_tensor/get_tensor (LiteRT) and the input check (npusim). npusim: `Interpreter(model, "
+        "profile='tflm').run(x)` on the whole batch. LiteRT: default "
+        "interpreter (XNNPACK delegate), input resized to the batch.",
         "*TFLM runs batch 1 per invoke: its time is the median per image over "
         + ", ".join(f"{n} image(s) ({w})" for w, n in tflm_imgs)
         + ", multiplied by the batch (extrapolated, not measured on the whole batch).",
         "npusim 1T: the same run with numba.set_num_threads(1) and OpenBLAS set to 1 thread (diagnostic; "
         "the ratios use the default threads).",
         "Ratios are throughput ratios (other runtime's time / npusim's time): >1 means npusim is faster.",
-        "exact vs TFLM: npusim (tflm profile) output == TFLM output on the images TFLM ran. "
-        "**exact vs LiteRT: npusim (xnnpack profile) output == LiteRT output on the whole timed batch; the claim "
-        "for the conv, informational for whole models (the xnnpack profile is XNNPACK's requantization of the MAC "
-        "ops; other ops such as ADD, MEAN and SOFTMAX may round differently in XNNPACK).",
+        "exact vs TFLM: npusim (tflm profile) output == TFLM output on the images TFLM ran. **exact vs "
+        "LiteRT: npusim (xnnpack profile) output == LiteRT output on the whole timed batch; the claim for "
+        "the conv, informational for whole models (the xnnpack profile is XNNPACK's requantization of the "
+        "MAC ops; other ops such as ADD, MEAN and SOFTMAX may round differently in XNNPACK).",
         *[f"- {n}" for n in results.notes],
         *[f"- {r.workload} batch {r.batch}: {n}" for r in rows for n in r.notes],
         "",
@@ -726,9 +739,9 @@ def render(results: Results, command: str, quick: bool, started, load_start) -> 
         lines += [
             "## Memory of a model run",
             "",
-            "Each model at the largest batch, alone in a fresh process (`memory_child`): resident memory after "
-            "loading the model and the input, the peak of the first run (VmHWM), and the resident memory after "
-            "each of 10 further runs. A flat last column means no allocation outlives a call.",
+            "Each model at the largest batch, alone in a fresh process (`memory_child`): resident memory "
+            "after loading the model and the input, the peak of the first run (VmHWM), and the resident "
+            "memory after each of 10 further runs. A flat last column means no allocation outlives a call.",
             "",
             "| model | batch | input MB | RSS after setup MB | peak RSS of the run MB | peak - setup MB | "
             "RSS after each further run MB | growth over 10 runs MB |",

@@ -102,7 +102,10 @@ def blas_threads() -> str:
         pass
     ob = _openblas()
     if ob is not None:
-        return f"OpenBLAS ({' '.join(ob[2].split())}): {ob[0]()} threads (read via ctypes; threadpoolctl not installed)"
+        return (
+            f"OpenBLAS ({' '.join(ob[2].split())}): {ob[0]()} threads "
+            "(read via ctypes; threadpoolctl not installed)"
+        )
     try:
         blas = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
         return f"{blas.get('name')} {blas.get('version')} (threads unknown: threadpoolctl not installed)"

@@ -30,7 +30,8 @@ def main(argv=None):
     for path in (model, data):
         if not path.exists():
             sys.exit(
-                f"error: {path} not found; pass --shared DIR (or SHARED=DIR to make) pointing at the shared data"
+                f"error: {path} not found; pass --shared DIR (or "
+                "SHARED=DIR to make) pointing at the shared data"
             )
     shutil.rmtree(a.out, ignore_errors=True)
     zo_main(

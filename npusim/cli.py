@@ -20,7 +20,10 @@ PROFILE = click.option(
     type=click.Choice(["tflm", "xnnpack", "single"]),
     default="tflm",
     show_default=True,
-    help="Rounding profile: tflm (TFLite Micro), xnnpack (LiteRT's default CPU path), single (CMSIS-NN single rounding).",
+    help=(
+        "Rounding profile: tflm (TFLite Micro), xnnpack (LiteRT's "
+        "default CPU path), single (CMSIS-NN single rounding)."
+    ),
 )
 
 
@@ -121,13 +124,19 @@ def shape_text(shape) -> str:
     "--npu-efficiency",
     type=float,
     default=None,
-    help="stm32n6: fraction of the NPU's 300 GMAC/s peak sustained on convolutions [default: npusim.npu.NPU_EFFICIENCY].",
+    help=(
+        "stm32n6: fraction of the NPU's 300 GMAC/s peak sustained on convolutions [default: "
+        "npusim.npu.NPU_EFFICIENCY]."
+    ),
 )
 @click.option(
     "--m55-macs-per-cycle",
     type=float,
     default=None,
-    help="stm32n6: int8 MACs per cycle of software epochs on the Cortex-M55 [default: npusim.npu.M55_MACS_PER_CYCLE].",
+    help=(
+        "stm32n6: int8 MACs per cycle of software epochs on the Cortex-M55 [default: "
+        "npusim.npu.M55_MACS_PER_CYCLE]."
+    ),
 )
 @friendly_errors
 def inspect(model, target, npu_efficiency, m55_macs_per_cycle):
@@ -200,7 +209,10 @@ def golden():
     type=int,
     default=None,
     metavar="BYTES",
-    help="Store an intermediate tensor's values (whole batch) up to this size; larger ones keep only their hash. [default: 1 MiB]",
+    help=(
+        "Store an intermediate tensor's values (whole batch) up to "
+        "this size; larger ones keep only their hash. [default: 1 MiB]"
+    ),
 )
 @friendly_errors
 def golden_record(model, input_path, output_path, profile, store_limit):
@@ -217,8 +229,8 @@ def golden_record(model, input_path, output_path, profile, store_limit):
     )
     stored = sum(1 for e in meta["tensors"] if e["stored"])
     click.echo(
-        f"recorded {len(meta['tensors'])} tensors ({stored} with values, {len(meta['tensors']) - stored} hash only) "
-        f"of {meta['model_name']}, profile {profile}, batch {meta['batch']} -> {output_path}"
+        f"recorded {len(meta['tensors'])} tensors ({stored} with values, {len(meta['tensors']) - stored} "
+        f"hash only) of {meta['model_name']}, profile {profile}, batch {meta['batch']} -> {output_path}"
     )
 
 

@@ -187,7 +187,8 @@ def compare_reference(model, x: np.ndarray, directory, profile: str = "tflm") ->
                 ref = np.load(files[t], allow_pickle=False)
             except (OSError, ValueError, EOFError) as e:
                 raise NpusimError(
-                    f"--reference {files[t]}: cannot read as .npy ({str(e).splitlines()[0] if str(e) else type(e).__name__})"
+                    f"--reference {files[t]}: cannot read as .npy "
+                    f"({str(e).splitlines()[0] if str(e) else type(e).__name__})"
                 ) from None
             if not isinstance(ref, np.ndarray) or ref.dtype.kind not in "iubf":
                 raise NpusimError(f"--reference {files[t]}: expected a numeric .npy array")
@@ -251,8 +252,8 @@ def format_comparison(c: Comparison, name_width: int = 40) -> str:
         )
         name = f.name if len(f.name) <= 80 else f.name[:77] + "..."
         lines.append(
-            f"first difference: {where}, tensor {f.tensor} {name!r}: {f.mismatches:,} of {f.elements:,} elements differ, "
-            f"{size}{'; ' + f.note if f.note else ''}"
+            f"first difference: {where}, tensor {f.tensor} {name!r}: {f.mismatches:,} of {f.elements:,} "
+            f"elements differ, {size}{'; ' + f.note if f.note else ''}"
         )
         lines.append(f"{len(differing)} of {c.compared} compared tensors differ")
     if c.ignored_files:

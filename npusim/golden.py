@@ -62,7 +62,8 @@ def file_sha256(path) -> str:
 
 
 def _execution_tensors(interp: Interpreter) -> list:
-    """(tensor index, op index or None, op kind or None) for graph inputs then op outputs, in execution order."""
+    """(tensor index, op index or None, op kind or None) for graph inputs then op outputs,
+    in execution order."""
     out = [(t, None, None) for t in interp.graph.inputs]
     for k in interp.kernels:
         out += [(t, k.op.index, k.op.kind) for t in k.op.outputs]
@@ -276,7 +277,8 @@ def load_golden(path) -> Golden:
             missing = [k for k in needed if k not in keys]
             _require(
                 not missing,
-                f"{where}: damaged golden file: missing entr{'y' if len(missing) == 1 else 'ies'} {', '.join(missing[:5])}",
+                f"{where}: damaged golden file: missing "
+                f"entr{'y' if len(missing) == 1 else 'ies'} {', '.join(missing[:5])}",
             )
             inputs = [_numeric(archive["input_0"], "input_0", where)]
             outputs = [_numeric(archive[f"output_{k}"], f"output_{k}", where) for k in range(meta["outputs"])]
@@ -327,7 +329,10 @@ class CheckResult:
 
     def message(self) -> str:
         m = self.meta
-        what = f"{m['model_name']}, profile {m['profile']}, batch {m['batch']}, recorded with npusim {m['npusim_version']}"
+        what = (
+            f"{m['model_name']}, profile {m['profile']}, batch {m['batch']}, "
+            f"recorded with npusim {m['npusim_version']}"
+        )
         if self.ok:
             return f"OK: {self.checked} tensors match the golden ({what})"
         f = self.mismatches[0]
@@ -347,8 +352,8 @@ class CheckResult:
         later = len(self.mismatches) - 1
         name = f.name if len(f.name) <= 60 else f.name[:57] + "..."
         return (
-            f"MISMATCH: first diverging op (execution order): {where}, output tensor {f.tensor} {name!r}: {detail}"
-            f"{f'; {later} later tensor(s) also differ' if later else ''} ({what})"
+            f"MISMATCH: first diverging op (execution order): {where}, output tensor {f.tensor} {name!r}: "
+            f"{detail}{f'; {later} later tensor(s) also differ' if later else ''} ({what})"
         )
 
 
@@ -370,7 +375,8 @@ def check(model_path, golden_path) -> CheckResult:
     extra = sorted(set(entries) - {t for t, _, _ in produced})
     _require(
         not extra,
-        f"{golden_path}: damaged golden file: tensor {extra[0] if extra else ''} is not an activation of the model",
+        f"{golden_path}: damaged golden file: tensor "
+        f"{extra[0] if extra else ''} is not an activation of the model",
     )
     x = golden.inputs[0]
     t_in = graph.inputs[0]

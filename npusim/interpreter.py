@@ -26,12 +26,14 @@ def execution_order(graph: Graph) -> list:
         for t in op.inputs:
             if t >= 0 and t not in ready:
                 raise NpusimError(
-                    f"op {op.index} ({op.kind}): input tensor {t} ({graph.tensors[t].name!r}) is read before any op produces it"
+                    f"op {op.index} ({op.kind}): input tensor {t} "
+                    f"({graph.tensors[t].name!r}) is read before any op produces it"
                 )
         for t in op.outputs:
             if t in ready:
                 raise NpusimError(
-                    f"op {op.index} ({op.kind}): output tensor {t} ({graph.tensors[t].name!r}) is written twice or is a constant"
+                    f"op {op.index} ({op.kind}): output tensor {t} "
+                    f"({graph.tensors[t].name!r}) is written twice or is a constant"
                 )
             ready.add(t)
     for t in graph.outputs:
@@ -48,7 +50,8 @@ def check_activations(graph: Graph):
         for t in indices:
             if graph.tensors[t].is_constant:
                 raise NpusimError(
-                    f"graph {which} tensor {t} ({graph.tensors[t].name!r}) is a constant, expected an activation"
+                    f"graph {which} tensor {t} ({graph.tensors[t].name!r}) "
+                    "is a constant, expected an activation"
                 )
     active = set(graph.inputs)
     for op in graph.ops:
@@ -122,7 +125,8 @@ class Interpreter:
         need, what = self.largest_allocation(1)
         if need > tflite_io.MAX_TENSOR_BYTES:
             raise NpusimError(
-                f"{what} needs {need} bytes for one image, more than the limit of {tflite_io.MAX_TENSOR_BYTES}"
+                f"{what} needs {need} bytes for one image, more than the limit of "
+                f"{tflite_io.MAX_TENSOR_BYTES}"
             )
 
     def largest_allocation(self, n: int) -> tuple[int, str]:
@@ -203,8 +207,8 @@ class Interpreter:
                     args.append(tensors[t].data)
                 else:
                     raise NpusimError(
-                        f"op {kernel.op.index} ({kernel.kind}): no value for tensor {t} ({tensors[t].name!r}); "
-                        "expected every graph input to be given"
+                        f"op {kernel.op.index} ({kernel.kind}): no value for tensor {t} "
+                        f"({tensors[t].name!r}); expected every graph input to be given"
                     )
             if shared_batch is None:
                 result = kernel(*args)
@@ -220,8 +224,9 @@ class Interpreter:
             ):
                 declared = ", ".join(["N", *map(str, out.shape[1:])])
                 raise NpusimError(
-                    f"op {kernel.op.index} ({kernel.kind}): computed {result.dtype.name} {list(result.shape)}, "
-                    f"the model declares {np.dtype(out.dtype).name} [{declared}] for {out.name!r}"
+                    f"op {kernel.op.index} ({kernel.kind}): computed {result.dtype.name} "
+                    f"{list(result.shape)}, the model declares "
+                    f"{np.dtype(out.dtype).name} [{declared}] for {out.name!r}"
                 )
             values[kernel.op.outputs[0]] = result
             for t in kernel.op.inputs:

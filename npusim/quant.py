@@ -51,14 +51,27 @@ def round_half_away(x: float) -> int:
     return int(math.floor(abs(x) + 0.5)) * (1 if x >= 0 else -1)
 
 
-def activation_range(activation: str, scale: float, zero_point: int) -> tuple[int, int]:
-    """CalculateActivationRangeQuantized for int8 outputs."""
+def activation_range(activation: str, scale: float, zero_point: int, profile: int = TFLM) -> tuple[int, int]:
+    """Clamp range of a fused activation on an int8 output, as the profile's runtime computes it.
+
+    TFLM and single rounding: CalculateActivationRangeQuantized, zero_point + round_half_away(f / scale).
+    XNNPACK: the LiteRT delegate passes the real bounds (0, 6, -1, 1) and XNNPACK quantizes them
+    with xnn_qs8_quantize, lrintf(clamp(f / scale + (float) zero_point, -128, 127)): the zero point
+    is added in float32 before rounding, and rounding is half to even. The two differ on ties, e.g.
+    6 / scale = 1.5 with zero point 1: TFLM 1 + 2 = 3, XNNPACK rint(2.5) = 2.
+    """
     lo, hi = -128, 127
 
     # TFLM divides in float32 (f / scale with both float); in double a quotient can land on the
     # other side of .5 and move the RELU6 bound by one.
     def quantize(f: float) -> int:
-        return zero_point + round_half_away(float(np.float32(f) / np.float32(scale)))
+        q = np.float32(f) / np.float32(scale)
+        if profile == XNNPACK:
+            v = np.float32(q + np.float32(zero_point))
+            if not np.isfinite(v):  # refused as for TFLM (see ops/requant.output_range)
+                raise OverflowError(f"{f} / {scale} is not finite in float32")
+            return int(np.rint(min(max(v, np.float32(-128.0)), np.float32(127.0))))
+        return zero_point + round_half_away(float(q))
 
     if activation == "RELU":
         lo = max(lo, zero_point)

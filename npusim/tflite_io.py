@@ -73,7 +73,8 @@ def _quantization(t, dtype: np.dtype) -> Quantization | None:
         zp = np.zeros(scale.size, dtype=np.int64) + zp[0]
     if zp.size != scale.size:
         raise NpusimError(
-            f"tensor {_name(t)!r}: {scale.size} scales but {zp.size} zero points, expected one zero point per scale"
+            f"tensor {_name(t)!r}: {scale.size} scales but {zp.size} "
+            "zero points, expected one zero point per scale"
         )
     if not np.all(np.isfinite(scale)) or np.any(scale < 0):
         raise NpusimError(f"tensor {_name(t)!r}: quantization scale is negative or not finite")
@@ -81,7 +82,8 @@ def _quantization(t, dtype: np.dtype) -> Quantization | None:
         info = np.iinfo(dtype)
         if np.any(zp < info.min) or np.any(zp > info.max):
             raise NpusimError(
-                f"tensor {_name(t)!r}: zero point {int(zp[(zp < info.min) | (zp > info.max)][0])} is outside the range of {dtype.name}"
+                f"tensor {_name(t)!r}: zero point {int(zp[(zp < info.min) | (zp > info.max)][0])} is outside "
+                f"the range of {dtype.name}"
             )
     return Quantization(scale=scale, zero_point=zp, axis=int(q.quantizedDimension))
 
@@ -253,12 +255,14 @@ def _to_graph(model, where: str) -> Graph:
         size = int(np.prod(shape, dtype=np.float64)) * dtype.itemsize
         if size > MAX_TENSOR_BYTES:
             raise NpusimError(
-                f"tensor {i} ({name!r}): shape {list(shape)} needs {size} bytes, more than the limit of {MAX_TENSOR_BYTES}"
+                f"tensor {i} ({name!r}): shape {list(shape)} needs "
+                f"{size} bytes, more than the limit of {MAX_TENSOR_BYTES}"
             )
         data = None
         if t.buffer < 0 or t.buffer >= max(len(buffers), 1) and t.buffer != 0:
             raise NpusimError(
-                f"tensor {i} ({name!r}): buffer index {t.buffer} out of range (model has {len(buffers)} buffers)"
+                f"tensor {i} ({name!r}): buffer index {t.buffer} "
+                f"out of range (model has {len(buffers)} buffers)"
             )
         buf = buffers[t.buffer] if t.buffer < len(buffers) else None
         if buf is not None and buf.offset > 1:
@@ -270,13 +274,15 @@ def _to_graph(model, where: str) -> Graph:
             raw = np.asarray(buf.data, dtype=np.uint8)
             if raw.size != size:
                 raise NpusimError(
-                    f"tensor {i} ({name!r}): buffer holds {raw.size} bytes, expected {size} for shape {list(shape)} {dtype.name}"
+                    f"tensor {i} ({name!r}): buffer holds {raw.size} bytes, expected {size} for shape "
+                    f"{list(shape)} {dtype.name}"
                 )
             # Tensors may share a buffer and each gets its own copy: bound the sum, not just each one.
             constant_bytes += size
             if constant_bytes > MAX_TENSOR_BYTES:
                 raise NpusimError(
-                    f"{where}: constant data exceeds the limit of {MAX_TENSOR_BYTES} bytes at tensor {i} ({name!r})"
+                    f"{where}: constant data exceeds the limit of "
+                    f"{MAX_TENSOR_BYTES} bytes at tensor {i} ({name!r})"
                 )
             data = raw.view(dtype).reshape(shape).copy()
         tensors.append(Tensor(name=name, shape=shape, dtype=dtype, quant=_quantization(t, dtype), data=data))

@@ -35,7 +35,8 @@ def need(*paths: Path):
     missing = [str(p) for p in paths if not p.exists()]
     if missing:
         pytest.skip(
-            f"SHARED DATA MISSING: {', '.join(missing)} (set NPU_SHARED to the folder holding models/ and data/)"
+            f"SHARED DATA MISSING: {', '.join(missing)} (set "
+            "NPU_SHARED to the folder holding models/ and data/)"
         )
 
 

@@ -808,7 +808,8 @@ def need_real_seeds() -> dict[str, bytes]:
     seeds = real_seeds()
     if not seeds:
         pytest.skip(
-            f"SHARED DATA MISSING: no .tflite in {SHARED / 'models'} (set NPU_SHARED); real-model fuzzing skipped"
+            f"SHARED DATA MISSING: no .tflite in {SHARED / 'models'} "
+            "(set NPU_SHARED); real-model fuzzing skipped"
         )
     return seeds
 

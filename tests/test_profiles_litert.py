@@ -18,6 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from npusim import quant
 from npusim.testing import oracle as O
 
 import cases as C
@@ -108,6 +109,138 @@ def test_fully_connected_long_xnnpack(path, p, seed):
     """|acc| beyond 2^24: XNNPACK's float32(acc) is itself rounded there."""
     with kernel_path(path):
         check_xnnpack(C.make_fc(p, seed))
+
+
+# ----------------------------------------------------------------------------------------------
+# The clamp range of the fused activation under XNNPACK
+# ----------------------------------------------------------------------------------------------
+# The LiteRT delegate hands XNNPACK the real bounds (RELU6: 0 and 6) and XNNPACK quantizes them
+# with xnn_qs8_quantize, lrintf(clamp(f / scale + (float) zero_point, -128, 127)): the zero point
+# is added before rounding, and ties go to even. TFLM rounds 6 / scale half away from zero and
+# then adds the zero point. Scales that make f / scale a tie separate the two rules.
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_fully_connected_relu6_bound_xnnpack(path):
+    """Regression: K = 3, 6 units, RELU6, power-of-two scales (multiplier 2^-8), output scale 4 and
+    zero point 1: 6 / 4 + 1 = 2.5, so XNNPACK clamps at rint(2.5) = 2 where TFLM's rule gives
+    1 + round(1.5) = 3. npusim's xnnpack profile used TFLM's bound and gave 3 on every backend."""
+    rng = np.random.default_rng(0)
+    w = O.random_weights(rng, (6, 3))
+    x = O.random_int8(rng, (8, 3))
+    model = O.fully_connected_model((1, 3), w, None, 0.0625, 0, 0.25, 4.0, 1, activation="RELU6")
+    assert O.litert_delegated(model)
+    expected = O.run_litert(model, x, "AUTO")
+    assert expected.max() == 2  # the case reaches the bound
+    with kernel_path(path):
+        got = O.run_npusim(model, x, "xnnpack")
+    O.assert_same(expected, got, f"profile xnnpack vs LiteRT AUTO, backend {path}")
+
+
+@pytest.mark.parametrize(
+    "activation, scale, zero_point, tflm, xnnpack",
+    [
+        ("RELU6", 4.0, 1, (1, 3), (1, 2)),  # 6/4 + 1 = 2.5
+        ("RELU6", 4.0, 0, (0, 2), (0, 2)),  # 1.5: both round up
+        ("RELU6", 2.4, 0, (0, 3), (0, 2)),  # float32(6) / float32(2.4) = 2.5
+        ("RELU_N1_TO_1", 2.0, 0, (-1, 1), (0, 0)),  # -0.5 and 0.5
+        ("RELU_N1_TO_1", 2.0, 1, (0, 2), (0, 2)),  # 0.5 and 1.5
+        ("RELU", 0.1, -128, (-128, 127), (-128, 127)),
+        ("NONE", 0.1, 5, (-128, 127), (-128, 127)),
+        ("RELU6", 0.01, 100, (100, 127), (100, 127)),  # 700 clamped
+    ],
+)
+def test_activation_range_profiles(activation, scale, zero_point, tflm, xnnpack):
+    assert quant.activation_range(activation, scale, zero_point) == tflm
+    assert quant.activation_range(activation, scale, zero_point, quant.SINGLE) == tflm
+    assert quant.activation_range(activation, scale, zero_point, quant.XNNPACK) == xnnpack
+
+
+# Output scales whose 6 / scale or 1 / scale is a tie in float32 (x.5), and ordinary ones; with
+# power-of-two scales only 4 (RELU6: 1.5) and 2 (RELU_N1_TO_1: 0.5) make ties.
+TIE_SCALES = [4.0, 2.0, 2.4, 12 / 7, 4 / 3, 12 / 11, 2 / 3, 0.4, 12 / 13, 0.8]
+PLAIN_SCALES = [0.05, 0.0123]
+POW2_SCALES = [4.0, 2.0, 4.0, 2.0, 1.0, 0.25]
+
+
+@st.composite
+def bound_params(draw, conv: bool):
+    p = {"conv": conv, "n": draw(st.integers(1, 3))}
+    if conv:
+        p["cin"], p["k"] = draw(st.integers(1, 8)), draw(st.sampled_from([1, 3]))
+        p["hw"] = (draw(st.integers(p["k"], 6)), draw(st.integers(p["k"], 6)))
+        taps = p["cin"] * p["k"] ** 2
+    else:
+        p["depth"] = draw(st.integers(1, 64))
+        taps = p["depth"]
+    p["units"] = draw(st.integers(1, 16))
+    p["activation"] = draw(st.sampled_from(["RELU6", "RELU_N1_TO_1"] * 2 + ["RELU", "NONE"]))
+    p["pow2"] = draw(st.booleans())
+    p["per_channel"] = draw(st.booleans())
+    scales = POW2_SCALES if p["pow2"] else TIE_SCALES + PLAIN_SCALES
+    p["out_scale"] = float(np.float32(draw(st.sampled_from(scales))))
+    p["out_zp"] = draw(st.one_of(st.integers(-8, 8), st.integers(-128, 127)))
+    p["in_zp"] = draw(st.integers(-8, 8))
+    # the multiplier puts the typical accumulator at 2^-2 to 2^3 times 64 output steps: the
+    # bounds of RELU6 and RELU_N1_TO_1 (a few steps from the zero point) are reached
+    typical = 64.0 / (127.0 * 75.0 * math.sqrt(taps))
+    p["log2_mult"] = math.log2(typical) + draw(st.floats(-2.0, 3.0))
+    if p["pow2"]:
+        p["log2_mult"] = float(round(p["log2_mult"]))
+    p["bias"] = conv or draw(st.booleans())  # LiteRT's CONV_2D requires a bias
+    return p
+
+
+def make_bound_case(p: dict, seed: int) -> C.Case:
+    rng = np.random.default_rng(seed)
+    s_in = 0.125 if p["pow2"] else float(np.float32(0.0371))
+    channels = p["units"]
+    mult = 2.0 ** p["log2_mult"]
+    ws = np.float32(mult * p["out_scale"] / s_in)
+    if p["per_channel"]:  # per-channel factors 1, 1/2, 1/4: power-of-two multipliers stay so
+        ws = O.f32(ws * 2.0 ** -rng.integers(0, 3, channels).astype(np.float64))
+    taps = p["cin"] * p["k"] ** 2 if p["conv"] else p["depth"]
+    bias = O.random_bias(rng, channels, taps) if p["bias"] else None
+    if p["conv"]:
+        w = O.random_weights(rng, (channels, p["k"], p["k"], p["cin"]))
+        model = O.conv2d_model(
+            (1, *p["hw"], p["cin"]),
+            w,
+            bias,
+            s_in,
+            p["in_zp"],
+            ws,
+            p["out_scale"],
+            p["out_zp"],
+            activation=p["activation"],
+        )
+        x = O.random_int8(rng, (p["n"], *p["hw"], p["cin"]))
+    else:
+        w = O.random_weights(rng, (channels, p["depth"]))
+        model = O.fully_connected_model(
+            (1, p["depth"]),
+            w,
+            bias,
+            s_in,
+            p["in_zp"],
+            ws,
+            p["out_scale"],
+            p["out_zp"],
+            activation=p["activation"],
+        )
+        x = O.random_int8(rng, (p["n"], p["depth"]))
+    return C.Case(model, x, f"{'CONV_2D' if p['conv'] else 'FULLY_CONNECTED'} {p}, seed={seed}")
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("conv", [False, True], ids=["fully_connected", "conv2d"])
+@settings(max_examples=examples(60))
+@given(data=st.data(), seed=C.seeds)
+def test_activation_bounds_xnnpack(conv, path, data, seed):
+    """FC and CONV_2D, profile xnnpack vs LiteRT, on scales where the activation bounds are ties:
+    K, units, every fused activation, power-of-two multipliers and not, odd and even zero points."""
+    with kernel_path(path):
+        check_xnnpack(make_bound_case(data.draw(bound_params(conv)), seed))
 
 
 # ----------------------------------------------------------------------------------------------

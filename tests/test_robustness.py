@@ -455,7 +455,8 @@ def test_full_disk_while_writing_a_checkpoint_keeps_the_previous_one(run, monkey
 
 
 def test_full_disk_during_training_exits_2_and_resume_continues(run, monkeypatch):
-    """Through the CLI: the run stops with one line, and --resume later finishes it from the last good checkpoint."""
+    """Through the CLI: the run stops with one line, and --resume later finishes it from the last good
+    checkpoint."""
     model, data, run = run
     shutil.rmtree(run)
     calls = {"n": 0}

@@ -108,11 +108,10 @@ class CostModel:
 
     def describe(self) -> str:
         return (
-            f"NPU {self.npu_peak_macs_per_s / 1e9:g} GMAC/s peak ({self.npu_conv_accelerators} conv accelerators at "
-            f"{self.npu_clock_hz / 1e9:g} GHz) x {self.npu_efficiency:g} efficiency, other NPU layers "
-            f"{self.npu_elements_per_cycle:g} elements/cycle; "
-            f"M55 {self.m55_clock_hz / 1e6:g} MHz x {self.m55_macs_per_cycle:g} MAC/cycle; "
-            f"{self.epoch_overhead_s * 1e6:g} us per epoch"
+            f"NPU {self.npu_peak_macs_per_s / 1e9:g} GMAC/s peak ({self.npu_conv_accelerators} conv "
+            f"accelerators at {self.npu_clock_hz / 1e9:g} GHz) x {self.npu_efficiency:g} efficiency, other "
+            f"NPU layers {self.npu_elements_per_cycle:g} elements/cycle; M55 {self.m55_clock_hz / 1e6:g} MHz "
+            f"x {self.m55_macs_per_cycle:g} MAC/cycle; {self.epoch_overhead_s * 1e6:g} us per epoch"
         )
 
 

@@ -70,10 +70,11 @@ def format_report(dev: DeviceReport, title: str = "") -> str:
         "",
         f"ops: {len(npu)} on NPU, {len(m55)} on M55 ({', '.join(sorted({o.kind for o in m55})) or 'none'})",
         f"epochs: {len(dev.epochs)} ({n_npu_epochs} NPU, {len(dev.epochs) - n_npu_epochs} M55 software)",
-        f"MACs: {dev.total_macs:,} per image, {npu_macs:,} on NPU ({100.0 * npu_macs / max(dev.total_macs, 1):.2f} %)",
+        f"MACs: {dev.total_macs:,} per image, {npu_macs:,} on NPU "
+        f"({100.0 * npu_macs / max(dev.total_macs, 1):.2f} %)",
         f"weight memory: {_kib(dev.weight_bytes)} (constant tensors)",
-        f"activation arena: peak {_kib(a.peak_bytes)} (greedy first-fit by lifetime), naive sum {_kib(a.naive_bytes)}, "
-        f"largest tensor {_kib(a.largest_tensor_bytes)}",
+        f"activation arena: peak {_kib(a.peak_bytes)} (greedy first-fit by lifetime), naive sum "
+        f"{_kib(a.naive_bytes)}, largest tensor {_kib(a.largest_tensor_bytes)}",
         f"estimated latency: {lat * 1e3:.3f} ms per image (NPU {dev.unit_seconds(NPU) * 1e3:.3f} ms, "
         f"M55 {dev.unit_seconds(M55) * 1e3:.3f} ms, {len(dev.epochs)} epoch overheads included), "
         f"{1.0 / lat if lat > 0 else float('inf'):.0f} images/s",
@@ -132,7 +133,8 @@ def zo_step_report(
     graph = interp.graph
     if q < 1 or batch < 1 or resident_images < 1:
         raise NpusimError(
-            f"q, batch and resident_images must be at least 1, got q={q}, batch={batch}, resident_images={resident_images}"
+            f"q, batch and resident_images must be at least 1, got q={q}, batch={batch}, "
+            f"resident_images={resident_images}"
         )
     for t in sorted(trainable):
         if not 0 <= t < len(graph.tensors) or not graph.tensors[t].is_constant:
@@ -216,18 +218,21 @@ def format_zo_step_report(r: dict) -> str:
     return "\n".join(
         [
             f"ZO step on STM32N6: q={r['q']}, batch={r['batch']} ({r['resident_images']} image(s) resident), "
-            f"{r['trainable_params']:,} trainable parameters in "
-            f"{len(r['trainable_tensors'])} tensors (suffix from op {r['suffix_first_op']}, {r['suffix_ops']} ops)",
+            f"{r['trainable_params']:,} trainable parameters in {len(r['trainable_tensors'])} tensors "
+            f"(suffix from op {r['suffix_first_op']}, {r['suffix_ops']} ops)",
             f"cost model: {r['cost_model']}",
-            f"memory, ZO: {_kib(zo['total_bytes'])} = arena {_kib(zo['arena_bytes'])} + weights {_kib(zo['weight_bytes'])} "
-            f"+ seeds {_kib(zo['seed_bytes'])} + float32 masters {_kib(zo['master_bytes'])}",
-            f"memory, back-propagation ({r['optimizer_states']} optimizer states): {_kib(bp['total_bytes'])} = weights {_kib(bp['weight_bytes'])} "
-            f"+ activations {_kib(bp['activation_bytes'])} (stored suffix {_kib(bp['stored_activation_bytes'])}, "
-            f"gradients {_kib(bp['activation_gradient_bytes'])}) + masters {_kib(bp['master_bytes'])} "
-            f"+ gradients {_kib(bp['gradient_bytes'])} + optimizer {_kib(bp['optimizer_bytes'])}",
-            f"time per step: ZO {r['zo_seconds'] * 1e3:.2f} ms ({r['forward_passes']} forward passes x {r['batch']} images "
-            f"x {r['forward_s'] * 1e3:.3f} ms), {r['zo_seconds_suffix_cached'] * 1e3:.2f} ms with the frozen prefix run once "
-            f"(caching {_kib(r['suffix_cache_bytes'])}); "
-            f"back-propagation (backward on the M55) {r['bp_seconds'] * 1e3:.2f} ms",
+            f"memory, ZO: {_kib(zo['total_bytes'])} = arena {_kib(zo['arena_bytes'])} + weights "
+            f"{_kib(zo['weight_bytes'])} + seeds {_kib(zo['seed_bytes'])} + float32 masters "
+            f"{_kib(zo['master_bytes'])}",
+            f"memory, back-propagation ({r['optimizer_states']} optimizer states): {_kib(bp['total_bytes'])} "
+            f"= weights {_kib(bp['weight_bytes'])} + activations {_kib(bp['activation_bytes'])} (stored "
+            f"suffix {_kib(bp['stored_activation_bytes'])}, gradients "
+            f"{_kib(bp['activation_gradient_bytes'])}) + masters {_kib(bp['master_bytes'])} + gradients "
+            f"{_kib(bp['gradient_bytes'])} + optimizer {_kib(bp['optimizer_bytes'])}",
+            f"time per step: ZO {r['zo_seconds'] * 1e3:.2f} ms ({r['forward_passes']} forward passes x "
+            f"{r['batch']} images x {r['forward_s'] * 1e3:.3f} ms), "
+            f"{r['zo_seconds_suffix_cached'] * 1e3:.2f} ms with the frozen prefix run once (caching "
+            f"{_kib(r['suffix_cache_bytes'])}); back-propagation (backward on the M55) "
+            f"{r['bp_seconds'] * 1e3:.2f} ms",
         ]
     )

@@ -58,7 +58,8 @@ class Kernel:
                 raise self.error(f"tensor {t.name!r} has type {np.dtype(t.dtype).name}, expected int8")
             if t.quant is None:
                 raise self.error(
-                    f"tensor {t.name!r} has no quantization parameters, expected int8 with scale and zero point"
+                    f"tensor {t.name!r} has no quantization parameters, "
+                    "expected int8 with scale and zero point"
                 )
             if t.data is None and not np.all(t.quant.scale > 0):
                 raise self.error(

@@ -27,23 +27,26 @@ class Conv2D(SlidingWindow, Kernel):
         self.require_constant(w, "filter")
         if len(x.shape) != 4 or len(w.shape) != 4 or len(y.shape) != 4:
             raise self.error(
-                f"expected 4-D input, filter and output, got {list(x.shape)}, {list(w.shape)}, {list(y.shape)}"
+                "expected 4-D input, filter and output, got "
+                f"{list(x.shape)}, {list(w.shape)}, {list(y.shape)}"
             )
         o = self.options = op.options
         self.out_channels, kh, kw, in_c = w.shape
         if in_c != x.shape[3]:
             raise self.error(
-                f"filter depth {in_c} does not match input channels {x.shape[3]} (grouped conv is not supported)"
+                f"filter depth {in_c} does not match input channels "
+                f"{x.shape[3]} (grouped conv is not supported)"
             )
         self.require_bias(self.inputs[2] if len(self.inputs) > 2 else None, self.out_channels)
         self.in_image_shape = tuple(x.shape[1:])
         self.geometry = ConvGeometry.from_options(o, x.shape, kh, kw)
         if (self.out_h, self.out_w, self.out_channels) != tuple(y.shape[1:]):
             raise self.error(
-                f"output shape {list(y.shape)} does not match the computed [N, {self.out_h}, {self.out_w}, {self.out_channels}]"
+                f"output shape {list(y.shape)} does not match the computed "
+                f"[N, {self.out_h}, {self.out_w}, {self.out_channels}]"
             )
         self.stage = OutputStage.prepare(
-            x, w, y, self.out_channels, o.get("fused_activation_function", "NONE")
+            x, w, y, self.out_channels, o.get("fused_activation_function", "NONE"), self.profile
         )
         self.engine = (backends or backend.select()).for_geometry(self.geometry)
         self.workspace = aligned.Workspace()  # the padded input of the AMX and VNNI engines
@@ -63,7 +66,8 @@ class Conv2D(SlidingWindow, Kernel):
         """shared=True: x is one batch seen by every weight group (output: G times the batch)."""
         if x.shape[1:] != self.in_image_shape:  # the kernels index by the planned shape, unchecked
             raise self.error(
-                f"input array has shape {list(x.shape)}, expected [N, {', '.join(map(str, self.in_image_shape))}]"
+                f"input array has shape {list(x.shape)}, expected [N, "
+                f"{', '.join(map(str, self.in_image_shape))}]"
             )
         wg = w if w.ndim == 5 else w[None]
         out = self.engine.convolve(

@@ -487,7 +487,8 @@ class DepthwiseConv2D(SlidingWindow, Kernel):
         self.require_constant(w, "filter")
         if len(x.shape) != 4 or len(w.shape) != 4 or len(y.shape) != 4 or w.shape[0] != 1:
             raise self.error(
-                f"expected 4-D input and output and a [1, kh, kw, C] filter, got {list(x.shape)}, {list(w.shape)}, {list(y.shape)}"
+                f"expected 4-D input and output and a [1, kh, kw, C] filter, got {list(x.shape)}, "
+                f"{list(w.shape)}, {list(y.shape)}"
             )
         o = self.options = op.options
         _, kh, kw, self.out_channels = w.shape
@@ -502,10 +503,11 @@ class DepthwiseConv2D(SlidingWindow, Kernel):
         self.geometry = ConvGeometry.from_options(o, x.shape, kh, kw)
         if (self.out_h, self.out_w, self.out_channels) != tuple(y.shape[1:]):
             raise self.error(
-                f"output shape {list(y.shape)} does not match the computed [N, {self.out_h}, {self.out_w}, {self.out_channels}]"
+                f"output shape {list(y.shape)} does not match the computed "
+                f"[N, {self.out_h}, {self.out_w}, {self.out_channels}]"
             )
         self.stage = OutputStage.prepare(
-            x, w, y, self.out_channels, o.get("fused_activation_function", "NONE")
+            x, w, y, self.out_channels, o.get("fused_activation_function", "NONE"), self.profile
         )
         self.memo = WeightMemo()
         self.unpadded_shape = None  # see fuse_pad
@@ -542,7 +544,8 @@ class DepthwiseConv2D(SlidingWindow, Kernel):
             pad_top, pad_left = pad_top + self.fused_pad[0], pad_left + self.fused_pad[1]
         elif x.shape[1:] != self.in_image_shape:  # the Numba loop indexes by the planned shape, unchecked
             raise self.error(
-                f"input array has shape {list(x.shape)}, expected [N, {', '.join(map(str, self.in_image_shape))}]"
+                f"input array has shape {list(x.shape)}, expected [N, "
+                f"{', '.join(map(str, self.in_image_shape))}]"
             )
         wg = w if w.ndim == 5 else w[None]
         groups = wg.shape[0]

@@ -53,7 +53,7 @@ class FullyConnected(Kernel):
             )
         self.out_shape = tuple(y.shape[1:])
         self.stage = OutputStage.prepare(
-            x, w, y, self.out_channels, op.options.get("fused_activation_function", "NONE")
+            x, w, y, self.out_channels, op.options.get("fused_activation_function", "NONE"), self.profile
         )
         self.geometry = ConvGeometry.dense(self.depth)
         self.engine = (backends or backend.select()).for_geometry(self.geometry)

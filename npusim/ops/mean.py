@@ -111,7 +111,8 @@ class Mean(Kernel):
             or int(np.prod(declared[1:], dtype=np.int64)) != int(np.prod(kept[1:], dtype=np.int64))
         ):
             raise self.error(
-                f"output {out.name!r} has shape {list(declared)}, expected {kept} (or as many elements per image)"
+                f"output {out.name!r} has shape {list(declared)}, "
+                f"expected {kept} (or as many elements per image)"
             )
         self.out_image_shape = declared[1:]  # per image, batch axis dropped
 
@@ -136,7 +137,8 @@ class Mean(Kernel):
             raise self.error(f"input array has type {x.dtype}, expected int8")
         if x.shape[1:] != self.in_shape[1:]:
             raise self.error(
-                f"input array has shape {list(x.shape)}, expected [N, {', '.join(map(str, self.in_shape[1:]))}]"
+                f"input array has shape {list(x.shape)}, expected [N, "
+                f"{', '.join(map(str, self.in_shape[1:]))}]"
             )
         axes = self.axes
         if axes == tuple(range(axes[0], axes[-1] + 1)):  # contiguous axes: [outer, reduced, inner]

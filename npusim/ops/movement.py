@@ -58,7 +58,8 @@ class Pad(Kernel):
             raise self.error("paddings must be a constant integer tensor")
         if paddings.data.size != 2 * len(x.shape):
             raise self.error(
-                f"paddings {list(paddings.shape)} do not fit an input of rank {len(x.shape)}, expected [{len(x.shape)}, 2]"
+                f"paddings {list(paddings.shape)} do not fit an input "
+                f"of rank {len(x.shape)}, expected [{len(x.shape)}, 2]"
             )
         self.paddings = paddings.data.astype(np.int64).reshape(-1, 2)
         if np.any(self.paddings < 0):
@@ -134,7 +135,8 @@ class Concatenation(Kernel):
                 a != b for i, (a, b) in enumerate(zip(t.shape, y.shape)) if i != self.axis
             ):
                 raise self.error(
-                    f"input {t.name!r} {list(t.shape)} does not match the output {list(y.shape)} outside axis {self.axis}"
+                    f"input {t.name!r} {list(t.shape)} does not match "
+                    f"the output {list(y.shape)} outside axis {self.axis}"
                 )
             if t.dtype == np.int8 and (t.quant is None or (t.scale, t.zero_point) != (y.scale, y.zero_point)):
                 raise self.error(

@@ -118,7 +118,8 @@ class _Pool2D(Kernel):
         expected = (self.out_h, self.out_w, depth)
         if tuple(int(d) for d in out.shape[1:]) != expected:
             raise self.error(
-                f"output {out.name!r} has shape {list(out.shape)}, expected [N, {self.out_h}, {self.out_w}, {depth}]"
+                f"output {out.name!r} has shape {list(out.shape)}, "
+                f"expected [N, {self.out_h}, {self.out_w}, {depth}]"
             )
 
     def macs(self) -> int:
@@ -133,7 +134,8 @@ class _Pool2D(Kernel):
             raise self.error(f"input array has type {x.dtype}, expected int8")
         if x.ndim != 4 or x.shape[1:] != (*self.in_hw, self.depth):
             raise self.error(
-                f"input array has shape {list(x.shape)}, expected [N, {self.in_hw[0]}, {self.in_hw[1]}, {self.depth}]"
+                f"input array has shape {list(x.shape)}, expected "
+                f"[N, {self.in_hw[0]}, {self.in_hw[1]}, {self.depth}]"
             )
         out = np.empty((x.shape[0], self.out_h, self.out_w, self.depth), dtype=np.int8)
         self._eval(

@@ -8,7 +8,7 @@ import numpy as np
 
 from ..errors import NpusimError
 from ..graph import Tensor
-from ..quant import activation_range, quantize_multiplier, quantize_multipliers
+from ..quant import TFLM, activation_range, quantize_multiplier, quantize_multipliers
 
 # MultiplyByQuantizedMultiplier shifts left by `shift` and, with single rounding, right by 31 - shift
 # (TFLM saturates that shift at 30): a real multiplier of 2^30 or more has no defined result.
@@ -25,14 +25,16 @@ def requantization_multiplier(real: float) -> tuple[int, int]:
     return m, shift
 
 
-def output_range(activation: str, y: Tensor) -> tuple[int, int]:
-    """Clamp range of a fused activation on int8 output y. A scale so small that 6 / scale overflows
-    float32 (TFLM would cast inf to int32, undefined behaviour) is refused."""
+def output_range(activation: str, y: Tensor, profile: int = TFLM) -> tuple[int, int]:
+    """Clamp range of a fused activation on int8 output y, by the rule of the rounding profile's
+    runtime (quant.activation_range). A scale so small that 6 / scale overflows float32 (TFLM would
+    cast inf to int32, undefined behaviour) is refused."""
     try:
-        return activation_range(activation, float(y.quant.scale[0]), y.zero_point)
+        return activation_range(activation, float(y.quant.scale[0]), y.zero_point, profile)
     except (OverflowError, ValueError):
         raise NpusimError(
-            f"output {y.name!r}: scale {float(y.quant.scale[0]):g} is too small for the fused activation {activation}"
+            f"output {y.name!r}: scale {float(y.quant.scale[0]):g} "
+            f"is too small for the fused activation {activation}"
         ) from None
 
 
@@ -49,10 +51,15 @@ class OutputStage:
     hi: int
 
     @classmethod
-    def prepare(cls, x: Tensor, w: Tensor, y: Tensor, channels: int, activation: str) -> "OutputStage":
+    def prepare(
+        cls, x: Tensor, w: Tensor, y: Tensor, channels: int, activation: str, profile: int = TFLM
+    ) -> "OutputStage":
+        """profile: the rounding profile id (quant.PROFILES); it decides the clamp range, whose
+        bounds XNNPACK rounds differently from TFLM (quant.activation_range)."""
         if w.quant.scale.size not in (1, channels):
             raise NpusimError(
-                f"filter {w.name!r} has {w.quant.scale.size} scales, expected 1 or one per output channel ({channels})"
+                f"filter {w.name!r} has {w.quant.scale.size} scales, "
+                f"expected 1 or one per output channel ({channels})"
             )
         w_scale = np.broadcast_to(w.quant.scale, (channels,))
         # TFLM: all multiplier arithmetic in double from the float32 scales of the file.
@@ -60,9 +67,10 @@ class OutputStage:
         m, shift = quantize_multipliers(real)
         if np.any(shift > MAX_SHIFT):
             raise NpusimError(
-                f"requantization multiplier {float(real.max()):g} is 2^{MAX_SHIFT} or more (scales out of proportion)"
+                f"requantization multiplier {float(real.max()):g} "
+                f"is 2^{MAX_SHIFT} or more (scales out of proportion)"
             )
         # XNNPACK computes input_scale * kernel_scale / output_scale in float32 arithmetic.
         real32 = (np.float32(x.quant.scale[0]) * w_scale.astype(np.float32)) / np.float32(y.quant.scale[0])
-        lo, hi = output_range(activation, y)
+        lo, hi = output_range(activation, y, profile)
         return cls(m.astype(np.int32), shift, real32.astype(np.float32), y.zero_point, lo, hi)

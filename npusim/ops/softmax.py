@@ -253,7 +253,8 @@ class Softmax(Kernel):
         softmax_rows(rows, self.exp_q0, self.exp_q12, self.usable, out, bad)
         if bad.any():
             raise self.error(
-                f"sum of exponentials reached 512 ({int(bad.sum())} of {bad.size} rows, {self.depth} classes): "
-                "TFLM aborts on such input (TFLITE_CHECK on the output exponent in reference softmax)"
+                f"sum of exponentials reached 512 ({int(bad.sum())} of {bad.size} rows, {self.depth} "
+                "classes): TFLM aborts on such input (TFLITE_CHECK "
+                "on the output exponent in reference softmax)"
             )
         return out.reshape(x.shape)

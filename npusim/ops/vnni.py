@@ -13,9 +13,9 @@ Every int32 sum is exact while the depth K stays at most MAX_DEPTH (K * 255 * 12
 Layouts:
 - activations: the int8 input itself when every tap falls inside the image and C is a multiple
   of 4; else a padded copy [N, Hp, Wp, C] (with C not a multiple of 4, a pixel's last 4-byte
-  read takes bytes of the next pixel, which meet zero weights). A convolution then reads its taps straight from this copy: the
-  reduction index is (tap, channel), and a tap is a fixed offset from the output pixel's corner
-  (no im2col).
+  read takes bytes of the next pixel, which meet zero weights). A convolution then reads its taps
+  straight from this copy: the reduction index is (tap, channel), and a tap is a fixed offset from
+  the output pixel's corner (no im2col).
 - filters: per block of up to 64 output channels, [K4, nr, 16, 4] bytes (K4 = taps * Cp / 4,
   nr = block width / 16), so one 64-byte load holds 4 reduction steps of 16 channels.
 
