@@ -631,14 +631,14 @@ def backprop_baseline(
     integer units (one weight LSB, BIAS_UNIT bias LSB, scales as deployed), so lr means the same as
     the ZO trainer's (Adam: about the largest change per update, in steps) and one lr fits layers
     whose weight scales differ by 50x (ResNet-8's last block and head); default lr 1.0 (adam, best
-    of 0.1, 0.3, 1.0 on each of the three runs in the report) or 10 (sgd with momentum, whose
-    step is lr times a gradient per step: 30 was best and 100 diverged on ResNet-8's head).
-    "real": real units, the textbook float setting; default lr 1e-3. lr_schedule ("constant",
-    "cosine", "linear") runs over all steps. project keeps each tensor inside its int8 / int32
-    range after every step, so the float model stays deployable with the fixed scales. blas_threads caps the BLAS threads while
-    training (needs threadpoolctl; None leaves them): the GEMMs of a batch of 32 are small, and on
-    2 shared cores a second OpenBLAS thread made a ResNet-8 last:4 step 1.2x slower (load ~3), and
-    float64 checks on a loaded machine (load ~7) 5x slower.
+    of 0.1, 0.3, 1.0 on each of the three runs in the report) or 10 (sgd with momentum, whose step
+    is lr times a gradient per step: 30 was best and 100 diverged on ResNet-8's head). "real": real
+    units, the textbook float setting; default lr 1e-3. lr_schedule ("constant", "cosine", "linear")
+    runs over all steps. project keeps each tensor inside its int8 / int32 range after every step,
+    so the float model stays deployable with the fixed scales. blas_threads caps the BLAS threads
+    while training (needs threadpoolctl; None leaves them): the GEMMs of a batch of 32 are small,
+    and on 2 shared cores a second OpenBLAS thread made a ResNet-8 last:4 step 1.2x slower (load
+    ~3), and float64 checks on a loaded machine (load ~7) 5x slower.
 
     Returns float_test_accuracy; int8_test_accuracy (the trained float values written back with the
     deployed scales fixed: round to nearest, weights clamped to [-127, 127], biases to int32; run on
