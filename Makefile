@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 SHARED ?= ../shared
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run lint test bench fuzz paper-quick paper clean
+.PHONY: setup run lint test bench fuzz paper-quick paper defaults clean
 
 setup: $(STAMP)
 
@@ -35,6 +35,9 @@ paper-quick: setup
 
 paper: setup
 	$(PY) -m experiments.study --grid full --shared $(SHARED) --readme
+
+defaults: setup
+	$(PY) -m experiments.defaults_table --shared $(SHARED) --readme
 
 clean:
 	rm -rf $(VENV) build *.egg-info

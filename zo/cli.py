@@ -46,12 +46,18 @@ def main():
     show_default=True,
     help="fixed:N | qscheduler[:QMAX] | linear[:QMAX] | power[:QMAX]",
 )
-@click.option("--optimizer", type=click.Choice(["nsgd", "sgd", "adam"]), default="adam", show_default=True)
+@click.option(
+    "--optimizer",
+    type=click.Choice(["nsgd", "sgd", "adam"]),
+    default="nsgd",
+    show_default=True,
+    help="nsgd: SGD with momentum on the estimate normalized by its own probes (scale-free); sgd; adam (ZO-Adam).",
+)
 @click.option(
     "--lr",
     type=float,
     default=None,
-    help="Learning rate in integer steps (default: 0.1 for adam, 0.5 for sgd).",
+    help="Learning rate in integer steps (default: 0.03 for nsgd, 0.1 for adam, 0.5 for sgd).",
 )
 @click.option(
     "--lr-schedule",

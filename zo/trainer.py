@@ -64,7 +64,7 @@ class TrainConfig:
     data: str
     trainable: str = "last:1"
     q: str = "qscheduler"
-    optimizer: str = "adam"
+    optimizer: str = "nsgd"
     lr: float | None = None
     lr_schedule: str = "constant"
     momentum: float = 0.9
