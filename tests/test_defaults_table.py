@@ -1,0 +1,50 @@
+"""experiments/defaults_table.py: one row end to end on the real ResNet-8 (a short budget), its
+resume, and the generated table."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from experiments import defaults_table
+
+from shared_paths import SHARED
+
+pytestmark = pytest.mark.skipif(
+    not (SHARED / "models").exists(), reason=f"SHARED DATA MISSING: {SHARED} not found (set NPU_SHARED)"
+)
+
+
+def test_one_row_trains_records_and_resumes(tmp_path, capsys):
+    args = [
+        "--shared",
+        str(SHARED),
+        "--budget",
+        "400",
+        "--workers",
+        "1",
+        "--rows",
+        "resnet8-eurosat32_subset-last1",
+        "--runs",
+        str(tmp_path / "runs"),
+        "--results",
+        str(tmp_path / "results"),
+    ]
+    defaults_table.main(args)
+    row = json.loads((tmp_path / "runs" / "resnet8-eurosat32_subset-last1-seed0.json").read_text())
+    assert row["forward_passes"] <= 400 and row["chance"] == pytest.approx(0.1)
+    assert row["mapping"].startswith("--input-range 0:255 (auto)")  # ResNet-8: int8, scale 1, zp -128
+    assert row["start_accuracy"] == pytest.approx(0.1)  # a zero head predicts one class
+    assert row["bound_accuracy"] > 0.5 and row["zo_accuracy"] > row["start_accuracy"]
+    assert row["fraction"] == pytest.approx((row["zo_accuracy"] - 0.1) / (row["bound_accuracy"] - 0.1))
+    table = (tmp_path / "results" / "table.md").read_text()
+    assert "| resnet8 | eurosat32_subset | `last:1` | 650 |" in table
+    # A finished row is read back, not trained again.
+    (tmp_path / "runs" / "resnet8-eurosat32_subset-last1-seed0.json").write_text(
+        json.dumps({**row, "zo_accuracy": 0.5})
+    )
+    defaults_table.main(args)
+    assert "| 50.0 |" in (tmp_path / "results" / "table.md").read_text()
+    with pytest.raises(SystemExit, match="no such row"):
+        defaults_table.main(["--shared", str(SHARED), "--rows", "nope"])
