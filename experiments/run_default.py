@@ -3,7 +3,7 @@
 Equivalent to
     zo train --model SHARED/models/resnet8_cifar10_int8.tflite --data SHARED/data/eurosat32_subset.npz \
              --q qscheduler --new-head --budget 60000 --out runs/default
-(the defaults of `zo train` otherwise: the classifier head, ZO-Adam lr 0.1, batch 32): a fresh
+(the defaults of `zo train` otherwise: the classifier head, nsgd lr 0.03, batch 32): a fresh
 10-class head on the frozen int8 features, as in the study. A finished run directory is started afresh.
 """
 
