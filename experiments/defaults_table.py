@@ -231,7 +231,9 @@ def main(argv=None):
     if a.readme:
         from .report import update_readme
 
-        update_readme(ROOT / "README.md", a.results / "table.md", "<!-- defaults:begin -->", "<!-- defaults:end -->")
+        update_readme(
+            ROOT / "README.md", a.results / "table.md", "<!-- defaults:begin -->", "<!-- defaults:end -->"
+        )
 
 
 if __name__ == "__main__":

@@ -215,22 +215,33 @@ def quantize_real(
     return np.clip(q, lo, hi).astype(dtype), clipped
 
 
-def model_inputs(x_uint8: np.ndarray, image: ImageInput, mapping: InputMapping) -> tuple[np.ndarray, float]:
-    """uint8 N x H x W x 3 RGB images -> the model input tensor's values, and the clipped fraction."""
-    x = resize_images(x_uint8, (image.height, image.width))
-    pixels = x @ LUMA_BT601 if image.channels == 1 else x.astype(np.float64)
-    if image.channels == 1:
-        pixels = pixels[..., None]
-    codes, clipped = quantize_real(mapping.real(pixels), image.dtype, image.scale or 1.0, image.zero_point)
-    if image.nchw:
-        codes = np.ascontiguousarray(codes.transpose(0, 3, 1, 2))
-    return codes, clipped
+def model_inputs(
+    x_uint8: np.ndarray, image: ImageInput, mapping: InputMapping, chunk: int = 256
+) -> tuple[np.ndarray, float]:
+    """uint8 N x H x W x 3 RGB images -> the model input tensor's values, and the clipped fraction.
+    In chunks: the real values are float64, 8 bytes a pixel, too many for a whole data set at once."""
+    shape = (
+        (image.channels, image.height, image.width)
+        if image.nchw
+        else (image.height, image.width, image.channels)
+    )
+    codes = np.empty((len(x_uint8),) + shape, dtype=image.dtype)
+    clipped = 0.0
+    for i in range(0, len(x_uint8), chunk):
+        x = resize_images(x_uint8[i : i + chunk], (image.height, image.width))
+        pixels = (x @ LUMA_BT601)[..., None] if image.channels == 1 else x
+        part, fraction = quantize_real(
+            mapping.real(pixels), image.dtype, image.scale or 1.0, image.zero_point
+        )
+        codes[i : i + chunk] = part.transpose(0, 3, 1, 2) if image.nchw else part
+        clipped += fraction * len(x)
+    return codes, clipped / max(len(x_uint8), 1)
 
 
 def prepare_inputs(
     x_uint8: np.ndarray, graph: Graph, input_range: str = "auto", mean=None, std=None
 ) -> np.ndarray:
-    """uint8 RGB images -> values for graph's input, with the mapping the options choose (see "
-    "choose_mapping)."""
+    """uint8 RGB images -> values for graph's input, with the mapping the options choose
+    (see choose_mapping)."""
     image = ImageInput.of(graph)
     return model_inputs(x_uint8, image, choose_mapping(image, input_range, mean, std))[0]
