@@ -51,7 +51,8 @@ def main():
     type=click.Choice(["nsgd", "sgd", "adam"]),
     default="nsgd",
     show_default=True,
-    help="nsgd: SGD with momentum on the estimate normalized by its own probes (scale-free); sgd; adam (ZO-Adam).",
+    help="nsgd: SGD with momentum on the estimate normalized by its own probes (scale-free); sgd; "
+    "adam (ZO-Adam).",
 )
 @click.option(
     "--lr",
