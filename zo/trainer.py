@@ -23,7 +23,6 @@ import numpy as np
 
 from npusim import NpusimError, load_model, write_model
 from npusim.npu import plan_device
-from npusim.ops import MAC_OPS
 
 from . import checkpoint
 from .data import Dataset, load_dataset, subset
@@ -244,23 +243,14 @@ class Trainer:
         return losses[0::2], losses[1::2]
 
     def grouped_overrides(self, stacked: np.ndarray) -> dict:
-        """Per trainable tensor a [G, ...] array; an op with a trainable bias but frozen weights gets
-        its weights broadcast over the groups, since a grouped kernel takes grouped weights."""
+        """Per trainable tensor a [G, ...] array of its G versions (rows of stacked), clipped to the
+        tensor's bounds; the interpreter groups what else the grouped ops read (run_grouped)."""
         g = stacked.shape[0]
         overrides, i = {}, 0
-        tensors = self.model.graph.tensors
         for p, v in zip(self.model.params, self.model.values()):
             block = stacked[:, i : i + v.size]
             i += v.size
             overrides[p.tensor] = np.clip(block, -p.bound, p.bound).astype(v.dtype).reshape((g,) + v.shape)
-        for k in self.model.suffix:
-            if (
-                k.kind in MAC_OPS
-                and k.op.inputs[1] not in overrides
-                and any(t in overrides for t in k.op.inputs)
-            ):
-                w = tensors[k.op.inputs[1]].data
-                overrides[k.op.inputs[1]] = np.broadcast_to(w, (g,) + w.shape)
         return overrides
 
     def gradient(self, q: int, derivatives: np.ndarray) -> np.ndarray:
