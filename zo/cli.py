@@ -257,8 +257,8 @@ def cost(model, trainable, q, batch, classes):
     """STM32N6 memory and time of one ZO step, next to back-propagation on the same layers."""
     from npusim import load_model
     from npusim.errors import NpusimError
-    from npusim.npu import format_zo_step_report, zo_step_report
 
+    from .cost import format_zo_step_report, zo_step_report
     from .model import TrainableModel
 
     if q < 1 or batch < 1:
