@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from npusim.graph import Graph, Op
+from npusim.ops.geometry import ConvGeometry
 from npusim.quant import activation_range
 
 INT8_MIN, INT8_MAX = -128, 127
@@ -62,7 +64,9 @@ def _unbroadcast(grad, shape):
 # ----------------------------------------------------------------------------------------------
 # Float ops: forward(args) -> (output, saved), backward(saved, dy, wanted) -> one grad per input.
 # `args` are the op's inputs in op.inputs order (None for an omitted optional input); `wanted[i]`
-# says whether input i needs a gradient.
+# says whether input i needs a gradient. An op reads what it needs from the graph (the op's
+# options, its tensors' shapes, quantization and constants; window geometry through npusim's
+# ConvGeometry), never from the simulator's prepared kernel.
 
 
 class FloatOp:
@@ -70,11 +74,12 @@ class FloatOp:
     # every op that computes new values; data movement (RESHAPE, PAD, CONCATENATION) cannot leave it.
     clamps = True
 
-    def __init__(self, kernel):
-        self.kernel = kernel
-        self.op = kernel.op
+    def __init__(self, op: Op, graph: Graph):
+        self.op = op
+        self.inputs = [graph.tensors[t] if t >= 0 else None for t in op.inputs]
+        self.outputs = [graph.tensors[t] for t in op.outputs]
         self.clamp = None  # real (lo, hi) applied to the output, with its gradient mask
-        out = kernel.outputs[0]
+        out = self.outputs[0]
         if self.clamps and out.dtype == np.int8 and out.quant is not None:
             lo, hi = activation_range(
                 self.op.options.get("fused_activation_function", "NONE"), float(out.scale), out.zero_point
@@ -91,49 +96,41 @@ class FloatOp:
 class Conv2D(FloatOp):
     """im2col + GEMM; the backward scatters the column gradient back tap by tap (col2im)."""
 
-    def __init__(self, kernel):
-        super().__init__(kernel)
-        o = kernel.options
-        self.sh, self.sw = o.get("stride_h", 1), o.get("stride_w", 1)
-        self.dh, self.dw = o.get("dilation_h_factor", 1), o.get("dilation_w_factor", 1)
-        self.pointwise = (kernel.kh, kernel.kw, self.sh, self.sw, kernel.pad_top, kernel.pad_left) == (
-            1,
-            1,
-            1,
-            1,
-            0,
-            0,
-        )
+    def __init__(self, op: Op, graph: Graph):
+        super().__init__(op, graph)
+        self.out_channels, kh, kw, _ = self.inputs[1].shape  # filter [O, kh, kw, C]
+        self.geometry = g = ConvGeometry.from_options(op.options, self.inputs[0].shape, kh, kw)
+        self.sh, self.sw = g.stride
+        self.dh, self.dw = g.dilation
+        self.pointwise = g.pointwise
 
     def columns(self, x):
-        k = self.kernel
+        g = self.geometry
         if self.pointwise:
             return x.reshape(-1, x.shape[3]), None
-        xp = _pad_spatial(
-            x, k.pad_top, k.pad_left, k.out_h, k.out_w, k.kh, k.kw, self.sh, self.sw, self.dh, self.dw
-        )
-        cols = np.empty((x.shape[0], k.out_h, k.out_w, k.kh, k.kw, x.shape[3]), dtype=x.dtype)
-        for ky in range(k.kh):
-            for kx in range(k.kw):
+        xp = _pad_spatial(x, *g.pad, g.out_h, g.out_w, g.kh, g.kw, self.sh, self.sw, self.dh, self.dw)
+        cols = np.empty((x.shape[0], g.out_h, g.out_w, g.kh, g.kw, x.shape[3]), dtype=x.dtype)
+        for ky in range(g.kh):
+            for kx in range(g.kw):
                 cols[:, :, :, ky, kx, :] = _tap(
-                    xp, ky, kx, k.out_h, k.out_w, self.sh, self.sw, self.dh, self.dw
+                    xp, ky, kx, g.out_h, g.out_w, self.sh, self.sw, self.dh, self.dw
                 )
-        return cols.reshape(-1, k.kh * k.kw * x.shape[3]), xp.shape
+        return cols.reshape(-1, g.kh * g.kw * x.shape[3]), xp.shape
 
     def forward(self, args):
         x, w, b = args[0], args[1], args[2] if len(args) > 2 else None
-        k = self.kernel
+        g = self.geometry
         cols, padded_shape = self.columns(x)
         wm = w.reshape(w.shape[0], -1)
         y = cols @ wm.T
         if b is not None:
             y += b
-        return y.reshape(x.shape[0], k.out_h, k.out_w, k.out_channels), (x.shape, cols, padded_shape, w)
+        return y.reshape(x.shape[0], g.out_h, g.out_w, self.out_channels), (x.shape, cols, padded_shape, w)
 
     def backward(self, saved, dy, wanted):
         x_shape, cols, padded_shape, w = saved
-        k = self.kernel
-        dyf = dy.reshape(-1, k.out_channels)
+        g = self.geometry
+        dyf = dy.reshape(-1, self.out_channels)
         grads = [None] * len(wanted)
         if len(wanted) > 1 and wanted[1]:
             grads[1] = (dyf.T @ cols).reshape(w.shape)
@@ -144,14 +141,14 @@ class Conv2D(FloatOp):
             if self.pointwise:
                 grads[0] = dcols.reshape(x_shape)
             else:
-                dcols = dcols.reshape(x_shape[0], k.out_h, k.out_w, k.kh, k.kw, x_shape[3])
+                dcols = dcols.reshape(x_shape[0], g.out_h, g.out_w, g.kh, g.kw, x_shape[3])
                 dxp = np.zeros(padded_shape, dtype=dy.dtype)
-                for ky in range(k.kh):
-                    for kx in range(k.kw):
-                        _tap(dxp, ky, kx, k.out_h, k.out_w, self.sh, self.sw, self.dh, self.dw)[...] += dcols[
+                for ky in range(g.kh):
+                    for kx in range(g.kw):
+                        _tap(dxp, ky, kx, g.out_h, g.out_w, self.sh, self.sw, self.dh, self.dw)[...] += dcols[
                             :, :, :, ky, kx, :
                         ]
-                grads[0] = _unpad(dxp, k.pad_top, k.pad_left, x_shape[1], x_shape[2])
+                grads[0] = _unpad(dxp, *g.pad, x_shape[1], x_shape[2])
         return grads
 
 
@@ -159,37 +156,38 @@ class DepthwiseConv2D(FloatOp):
     """Output channel ic * multiplier + m reads input channel ic: the input is repeated along the
     channel axis, then each tap is an elementwise multiply-add."""
 
-    def __init__(self, kernel):
-        super().__init__(kernel)
-        o = kernel.options
-        self.sh, self.sw = o.get("stride_h", 1), o.get("stride_w", 1)
-        self.dh, self.dw = o.get("dilation_h_factor", 1), o.get("dilation_w_factor", 1)
+    def __init__(self, op: Op, graph: Graph):
+        super().__init__(op, graph)
+        x = self.inputs[0]
+        _, kh, kw, self.out_channels = self.inputs[1].shape  # filter [1, kh, kw, C * multiplier]
+        self.multiplier = self.out_channels // x.shape[3]
+        self.geometry = g = ConvGeometry.from_options(op.options, x.shape, kh, kw)
+        self.sh, self.sw = g.stride
+        self.dh, self.dw = g.dilation
 
     def forward(self, args):
         x, w, b = args[0], args[1], args[2] if len(args) > 2 else None
-        k = self.kernel
-        xr = np.repeat(x, k.multiplier, axis=3) if k.multiplier > 1 else x
-        xp = _pad_spatial(
-            xr, k.pad_top, k.pad_left, k.out_h, k.out_w, k.kh, k.kw, self.sh, self.sw, self.dh, self.dw
-        )
-        y = np.zeros((x.shape[0], k.out_h, k.out_w, k.out_channels), dtype=x.dtype)
-        for ky in range(k.kh):
-            for kx in range(k.kw):
-                y += _tap(xp, ky, kx, k.out_h, k.out_w, self.sh, self.sw, self.dh, self.dw) * w[0, ky, kx]
+        g = self.geometry
+        xr = np.repeat(x, self.multiplier, axis=3) if self.multiplier > 1 else x
+        xp = _pad_spatial(xr, *g.pad, g.out_h, g.out_w, g.kh, g.kw, self.sh, self.sw, self.dh, self.dw)
+        y = np.zeros((x.shape[0], g.out_h, g.out_w, self.out_channels), dtype=x.dtype)
+        for ky in range(g.kh):
+            for kx in range(g.kw):
+                y += _tap(xp, ky, kx, g.out_h, g.out_w, self.sh, self.sw, self.dh, self.dw) * w[0, ky, kx]
         if b is not None:
             y += b
         return y, (x.shape, xp, w)
 
     def backward(self, saved, dy, wanted):
         x_shape, xp, w = saved
-        k = self.kernel
+        g = self.geometry
         grads = [None] * len(wanted)
-        taps = [(ky, kx) for ky in range(k.kh) for kx in range(k.kw)]
+        taps = [(ky, kx) for ky in range(g.kh) for kx in range(g.kw)]
         if len(wanted) > 1 and wanted[1]:
             dw = np.empty_like(w)
             for ky, kx in taps:
                 dw[0, ky, kx] = np.einsum(
-                    "nhwc,nhwc->c", _tap(xp, ky, kx, k.out_h, k.out_w, self.sh, self.sw, self.dh, self.dw), dy
+                    "nhwc,nhwc->c", _tap(xp, ky, kx, g.out_h, g.out_w, self.sh, self.sw, self.dh, self.dw), dy
                 )
             grads[1] = dw
         if len(wanted) > 2 and wanted[2]:
@@ -197,24 +195,29 @@ class DepthwiseConv2D(FloatOp):
         if wanted[0]:
             dxp = np.zeros(xp.shape, dtype=dy.dtype)
             for ky, kx in taps:
-                _tap(dxp, ky, kx, k.out_h, k.out_w, self.sh, self.sw, self.dh, self.dw)[...] += (
+                _tap(dxp, ky, kx, g.out_h, g.out_w, self.sh, self.sw, self.dh, self.dw)[...] += (
                     dy * w[0, ky, kx]
                 )
-            dxr = _unpad(dxp, k.pad_top, k.pad_left, x_shape[1], x_shape[2])
-            if k.multiplier > 1:
-                dxr = dxr.reshape(x_shape + (k.multiplier,)).sum(axis=4)
+            dxr = _unpad(dxp, *g.pad, x_shape[1], x_shape[2])
+            if self.multiplier > 1:
+                dxr = dxr.reshape(x_shape + (self.multiplier,)).sum(axis=4)
             grads[0] = dxr
         return grads
 
 
 class FullyConnected(FloatOp):
+    def __init__(self, op: Op, graph: Graph):
+        super().__init__(op, graph)
+        self.out_channels, self.depth = self.inputs[1].shape  # weights [O, K]; the input in rows of K
+        self.out_shape = tuple(self.outputs[0].shape[1:])
+
     def forward(self, args):
         x, w, b = args[0], args[1], args[2] if len(args) > 2 else None
-        x2 = x.reshape(-1, self.kernel.depth)
+        x2 = x.reshape(-1, self.depth)
         y = x2 @ w.T
         if b is not None:
             y += b
-        return y.reshape((-1,) + self.kernel.out_shape), (x.shape, x2, w)
+        return y.reshape((-1,) + self.out_shape), (x.shape, x2, w)
 
     def backward(self, saved, dy, wanted):
         x_shape, x2, w = saved
@@ -238,22 +241,28 @@ class Add(FloatOp):
         return [_unbroadcast(dy, shape) if want else None for shape, want in zip(saved, wanted)]
 
 
+def _pool_geometry(op: Op, x) -> ConvGeometry:
+    """A pool's window: Pool2DOptions name the window filter_height x filter_width (no dilation)."""
+    o = op.options
+    return ConvGeometry.from_options(o, x.shape, int(o["filter_height"]), int(o["filter_width"]))
+
+
 class AveragePool2D(FloatOp):
     """Only taps inside the image count (TFLite's reference pooling): divide by the in-image count."""
 
-    def __init__(self, kernel):
-        super().__init__(kernel)
-        k = kernel
-        ones = np.ones((1,) + k.in_hw + (1,))
+    def __init__(self, op: Op, graph: Graph):
+        super().__init__(op, graph)
+        self.geometry = _pool_geometry(op, self.inputs[0])
+        ones = np.ones((1,) + tuple(int(d) for d in self.inputs[0].shape[1:3]) + (1,))
         self.count = self._window_sum(ones)[0]
 
     def _window_sum(self, x):
-        k = self.kernel
-        xp = _pad_spatial(x, k.pad_h, k.pad_w, k.out_h, k.out_w, k.kh, k.kw, k.sh, k.sw, 1, 1)
-        total = np.zeros((x.shape[0], k.out_h, k.out_w, x.shape[3]), dtype=x.dtype)
-        for ky in range(k.kh):
-            for kx in range(k.kw):
-                total += _tap(xp, ky, kx, k.out_h, k.out_w, k.sh, k.sw, 1, 1)
+        g = self.geometry
+        xp = _pad_spatial(x, *g.pad, g.out_h, g.out_w, g.kh, g.kw, *g.stride, 1, 1)
+        total = np.zeros((x.shape[0], g.out_h, g.out_w, x.shape[3]), dtype=x.dtype)
+        for ky in range(g.kh):
+            for kx in range(g.kw):
+                total += _tap(xp, ky, kx, g.out_h, g.out_w, *g.stride, 1, 1)
         return total, xp.shape
 
     def forward(self, args):
@@ -262,27 +271,31 @@ class AveragePool2D(FloatOp):
         return total / self.count.astype(x.dtype), (x.shape, padded_shape)
 
     def backward(self, saved, dy, wanted):
-        k = self.kernel
+        g = self.geometry
         x_shape, padded_shape = saved
         if not wanted[0]:
             return [None]
         d = dy / self.count.astype(dy.dtype)
         dxp = np.zeros(padded_shape, dtype=dy.dtype)
-        for ky in range(k.kh):
-            for kx in range(k.kw):
-                _tap(dxp, ky, kx, k.out_h, k.out_w, k.sh, k.sw, 1, 1)[...] += d
-        return [_unpad(dxp, k.pad_h, k.pad_w, x_shape[1], x_shape[2])]
+        for ky in range(g.kh):
+            for kx in range(g.kw):
+                _tap(dxp, ky, kx, g.out_h, g.out_w, *g.stride, 1, 1)[...] += d
+        return [_unpad(dxp, *g.pad, x_shape[1], x_shape[2])]
 
 
 class MaxPool2D(FloatOp):
     """Padding is -inf (taps outside the image never win); the gradient goes to the first maximum."""
 
+    def __init__(self, op: Op, graph: Graph):
+        super().__init__(op, graph)
+        self.geometry = _pool_geometry(op, self.inputs[0])
+
     def forward(self, args):
         x = args[0]
-        k = self.kernel
-        xp = _pad_spatial(x, k.pad_h, k.pad_w, k.out_h, k.out_w, k.kh, k.kw, k.sh, k.sw, 1, 1, value=-np.inf)
+        g = self.geometry
+        xp = _pad_spatial(x, *g.pad, g.out_h, g.out_w, g.kh, g.kw, *g.stride, 1, 1, value=-np.inf)
         taps = np.stack(
-            [_tap(xp, ky, kx, k.out_h, k.out_w, k.sh, k.sw, 1, 1) for ky in range(k.kh) for kx in range(k.kw)]
+            [_tap(xp, ky, kx, g.out_h, g.out_w, *g.stride, 1, 1) for ky in range(g.kh) for kx in range(g.kw)]
         )
         winner = taps.argmax(axis=0)
         return np.take_along_axis(taps, winner[None], axis=0)[0], (x.shape, xp.shape, winner)
@@ -291,35 +304,51 @@ class MaxPool2D(FloatOp):
         if not wanted[0]:
             return [None]
         x_shape, padded_shape, winner = saved
-        k = self.kernel
+        g = self.geometry
         dxp = np.zeros(padded_shape, dtype=dy.dtype)
-        for t in range(k.kh * k.kw):
-            ky, kx = divmod(t, k.kw)
-            _tap(dxp, ky, kx, k.out_h, k.out_w, k.sh, k.sw, 1, 1)[...] += np.where(winner == t, dy, 0)
-        return [_unpad(dxp, k.pad_h, k.pad_w, x_shape[1], x_shape[2])]
+        for t in range(g.kh * g.kw):
+            ky, kx = divmod(t, g.kw)
+            _tap(dxp, ky, kx, g.out_h, g.out_w, *g.stride, 1, 1)[...] += np.where(winner == t, dy, 0)
+        return [_unpad(dxp, *g.pad, x_shape[1], x_shape[2])]
 
 
 class Mean(FloatOp):
+    def __init__(self, op: Op, graph: Graph):
+        super().__init__(op, graph)
+        shape = tuple(int(d) for d in self.inputs[0].shape)
+        # The axes tensor as TFLite's ResolveAxis reads it: negative axes count from the end,
+        # duplicates are dropped.
+        axes: list[int] = []
+        for a in np.asarray(self.inputs[1].data).ravel().tolist():
+            a = a + len(shape) if a < 0 else a
+            if a not in axes:
+                axes.append(a)
+        self.axes = tuple(sorted(axes))
+        self.count = int(np.prod([shape[a] for a in self.axes], dtype=np.int64))
+        self.out_image_shape = tuple(int(d) for d in self.outputs[0].shape[1:])
+
     def forward(self, args):
         x = args[0]
-        k = self.kernel
-        return x.mean(axis=k.axes).reshape((x.shape[0],) + k.out_image_shape), x.shape
+        return x.mean(axis=self.axes).reshape((x.shape[0],) + self.out_image_shape), x.shape
 
     def backward(self, saved, dy, wanted):
         if not wanted[0]:
             return [None]
         x_shape = saved
-        k = self.kernel
-        kept = tuple(1 if i in k.axes else d for i, d in enumerate(x_shape))
-        return [np.broadcast_to(dy.reshape(kept) / k.count, x_shape)] + [None] * (len(wanted) - 1)
+        kept = tuple(1 if i in self.axes else d for i, d in enumerate(x_shape))
+        return [np.broadcast_to(dy.reshape(kept) / self.count, x_shape)] + [None] * (len(wanted) - 1)
 
 
 class Reshape(FloatOp):
     clamps = False
 
+    def __init__(self, op: Op, graph: Graph):
+        super().__init__(op, graph)
+        self.per_image = tuple(self.outputs[0].shape[1:])
+
     def forward(self, args):
         x = args[0]
-        return x.reshape((x.shape[0],) + self.kernel.per_image), x.shape
+        return x.reshape((x.shape[0],) + self.per_image), x.shape
 
     def backward(self, saved, dy, wanted):
         return [dy.reshape(saved) if wanted[0] else None] + [None] * (len(wanted) - 1)
@@ -328,41 +357,49 @@ class Reshape(FloatOp):
 class Pad(FloatOp):
     clamps = False
 
-    def __init__(self, kernel):
-        super().__init__(kernel)
-        out = kernel.outputs[0]
+    def __init__(self, op: Op, graph: Graph):
+        super().__init__(op, graph)
+        self.paddings = self.inputs[1].data.astype(np.int64).reshape(-1, 2)  # [rank, (before, after)]
+        out = self.outputs[0]
         # The int8 pad value (the zero point, or PADV2's constant) as a real number.
+        value = self.inputs[2] if len(self.inputs) > 2 else None
+        code = (
+            value.data.reshape(-1)[0] if value is not None else out.zero_point if out.dtype == np.int8 else 0
+        )
         self.value = (
-            float(out.scale) * (int(kernel.value) - out.zero_point)
+            float(out.scale) * (int(code) - out.zero_point)
             if out.dtype == np.int8 and out.quant
-            else float(kernel.value)
+            else float(code)
         )
 
     def forward(self, args):
         x = args[0]
-        return np.pad(x, [tuple(p) for p in self.kernel.paddings], constant_values=self.value), x.shape
+        return np.pad(x, [tuple(p) for p in self.paddings], constant_values=self.value), x.shape
 
     def backward(self, saved, dy, wanted):
         if not wanted[0]:
             return [None] * len(wanted)
-        index = tuple(slice(int(p[0]), int(p[0]) + n) for p, n in zip(self.kernel.paddings, saved))
+        index = tuple(slice(int(p[0]), int(p[0]) + n) for p, n in zip(self.paddings, saved))
         return [dy[index]] + [None] * (len(wanted) - 1)
 
 
 class Concatenation(FloatOp):
     clamps = False
 
+    def __init__(self, op: Op, graph: Graph):
+        super().__init__(op, graph)
+        self.axis = int(op.options.get("axis", 0)) % len(self.outputs[0].shape)
+
     def forward(self, args):
-        k = self.kernel
-        n = max(x.shape[0] for x, t in zip(args, k.inputs) if t.data is None)
+        n = max(x.shape[0] for x, t in zip(args, self.inputs) if t.data is None)
         xs = [
             np.broadcast_to(x, (n,) + x.shape[1:]) if t.data is not None else x
-            for x, t in zip(args, k.inputs)
+            for x, t in zip(args, self.inputs)
         ]
-        return np.concatenate(xs, axis=k.axis), [x.shape[k.axis] for x in xs]
+        return np.concatenate(xs, axis=self.axis), [x.shape[self.axis] for x in xs]
 
     def backward(self, saved, dy, wanted):
-        parts = np.split(dy, np.cumsum(saved)[:-1], axis=self.kernel.axis)
+        parts = np.split(dy, np.cumsum(saved)[:-1], axis=self.axis)
         return [p if want else None for p, want in zip(parts, wanted)]
 
 

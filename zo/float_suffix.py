@@ -35,29 +35,29 @@ class FloatSuffix:
         graph = model.graph
         tensors = graph.tensors
         self.ops: list[FloatOp] = []
-        for k in model.suffix:
-            if k.kind not in FLOAT_OPS:
+        for op in (k.op for k in model.suffix):
+            if op.kind not in FLOAT_OPS:
                 raise ZoError(
-                    f"op {k.op.index} ({k.kind}): no float implementation for the back-propagation baseline "
+                    f"op {op.index} ({op.kind}): no float implementation for the back-propagation baseline "
                     f"(supported: {', '.join(sorted(FLOAT_OPS))})"
                 )
-            self.ops.append(FLOAT_OPS[k.kind](k))
+            self.ops.append(FLOAT_OPS[op.kind](op, graph))
         # Real value of one integer step of each constant: the weight scale (per channel along the
         # quantized axis) and in_scale * w_scale for a MAC op's bias (one accumulator LSB).
         self.steps: dict[int, np.ndarray] = {}
         self.constants: dict[int, np.ndarray] = {}
-        for k in model.suffix:
-            for pos, t in enumerate(k.op.inputs):
+        for f in self.ops:
+            for pos, t in enumerate(f.op.inputs):
                 if t < 0 or not tensors[t].is_constant or t in self.constants:
                     continue
                 tensor = tensors[t]
-                if k.kind in MAC_KINDS and pos in (1, 2):
-                    step = self._mac_step(k, pos)
+                if f.op.kind in MAC_KINDS and pos in (1, 2):
+                    step = self._mac_step(f, pos)
                 elif tensor.dtype == np.int8 and tensor.quant is not None:
                     step = self._along_axis(tensor, tensor.quant.scale)
                 else:
-                    continue  # shapes, axes, paddings: read by the prepared kernel, not computed with
-                zp = 0 if k.kind in MAC_KINDS else self._along_axis(tensor, tensor.quant.zero_point)
+                    continue  # shapes, axes, paddings: read by the float op, not computed with
+                zp = 0 if f.op.kind in MAC_KINDS else self._along_axis(tensor, tensor.quant.zero_point)
                 self.steps[t] = step
                 self.constants[t] = ((tensor.data.astype(np.float64) - zp) * step).astype(self.dtype)
         self.trainable = [p.tensor for p in model.params]
@@ -86,15 +86,15 @@ class FloatSuffix:
         shape[tensor.quant.axis] = -1
         return v.reshape(shape)
 
-    def _mac_step(self, kernel, pos: int) -> np.ndarray:
-        w = kernel.inputs[1]
+    def _mac_step(self, f: FloatOp, pos: int) -> np.ndarray:
+        w = f.inputs[1]
         if w.quant is None:
-            raise ZoError(f"op {kernel.op.index} ({kernel.kind}): weights {w.name!r} have no quantization")
+            raise ZoError(f"op {f.op.index} ({f.op.kind}): weights {w.name!r} have no quantization")
         w_step = self._along_axis(w, w.quant.scale)
         if pos == 1:
             return w_step
-        in_scale = np.float64(kernel.inputs[0].quant.scale[0])
-        return in_scale * np.broadcast_to(w.quant.scale.astype(np.float64), (kernel.out_channels,))
+        in_scale = np.float64(f.inputs[0].quant.scale[0])
+        return in_scale * np.broadcast_to(w.quant.scale.astype(np.float64), (f.out_channels,))
 
     # -- data -----------------------------------------------------------------------------------
     def dequantize(self, boundary: dict, index=None) -> dict:
