@@ -235,6 +235,22 @@ class Interpreter:
                     values.pop(t, None)
         return values
 
+    def run_grouped(self, values: dict, kernels, weights: dict, shared_batch: int) -> dict:
+        """evaluate() with G versions of some constants in one call: weights maps constant tensor
+        indices to [G, ...] arrays (a trainer's perturbed weights and biases), and values holds
+        activations of batch shared_batch (B), shared by all groups. A MAC op that reads a grouped
+        tensor gets its own weights grouped too (the frozen ones broadcast over the groups, as a
+        grouped kernel takes grouped weights), so that an op whose bias alone varies runs grouped.
+        Outputs computed after the first grouped op have batch G*B, group-major."""
+        tensors = self.graph.tensors
+        overrides = dict(weights)
+        groups = next(iter(weights.values())).shape[0] if weights else 1
+        for kernel in kernels:
+            w = kernel.op.inputs[1] if kernel.kind in MAC_OPS else None
+            if w is not None and w not in overrides and any(t in overrides for t in kernel.op.inputs):
+                overrides[w] = np.broadcast_to(tensors[w].data, (groups,) + tensors[w].data.shape)
+        return self.evaluate(values, kernels, overrides, shared_batch=shared_batch)
+
     def _last_reader(self, fused: dict) -> dict:
         """{tensor index: position in the plan of the last kernel that reads it}, reading a fused
         PAD's input where its output is named."""

@@ -1,5 +1,5 @@
 """The STM32N6 Neural-ART view: placement, epochs, MACs, memory plan and latency estimate, through
-`npusim inspect --target stm32n6` and the importable API (plan_device, zo_step_report)."""
+`npusim inspect --target stm32n6` and the importable API (plan_device, plan_arena)."""
 
 from __future__ import annotations
 
@@ -19,12 +19,10 @@ from npusim.npu import (
     Buffer,
     CostModel,
     activation_lifetimes,
-    format_zo_step_report,
     greedy_first_fit,
     placement,
     plan_arena,
     plan_device,
-    zo_step_report,
 )
 
 from shared_paths import MOBILENET, RESNET, need
@@ -246,57 +244,3 @@ def test_cost_model_validation():
     c = CostModel()
     assert c.npu_peak_macs_per_s == pytest.approx(300e9)
     assert "300 GMAC/s" in c.describe()
-
-
-# -- ZO step against back-propagation ----------------------------------------------------------------
-
-
-def test_zo_step_report_resnet_head():
-    interp = Interpreter(need(RESNET))
-    fc = next(k for k in interp.kernels if k.op.kind == "FULLY_CONNECTED")
-    trainable = [t for t in fc.op.inputs[1:] if t >= 0]
-    r = zo_step_report(interp, trainable, q=4, batch=8)
-    params = sum(interp.graph.tensors[t].data.size for t in trainable)
-    assert r["trainable_params"] == params == 650
-    assert r["forward_passes"] == 2 * 4 and r["image_passes"] == 2 * 4 * 8
-    assert r["zo_seconds"] == pytest.approx(64 * plan_device(interp).latency_s(1))
-    assert r["zo_seconds_suffix_cached"] < r["zo_seconds"]
-    assert r["suffix_cache_bytes"] == 8 * 64  # the FC's 64-wide int8 input, for 8 images
-    zo, bp = r["zo_memory"], r["bp_memory"]
-    assert zo["master_bytes"] == 4 * params and zo["seed_bytes"] == 4 * 12
-    assert zo["arena_bytes"] == plan_arena(interp, 1).peak_bytes  # one image at a time
-    held = zo_step_report(interp, trainable, q=4, batch=8, resident_images=8)
-    assert held["zo_memory"]["arena_bytes"] == plan_arena(interp, 8).peak_bytes
-    assert held["zo_seconds"] == r["zo_seconds"]
-    assert bp["optimizer_bytes"] == 2 * 4 * params and bp["gradient_bytes"] == 4 * params
-    assert zo["total_bytes"] == zo["arena_bytes"] + zo["weight_bytes"] + zo["seed_bytes"] + zo["master_bytes"]
-    assert bp["total_bytes"] > zo["total_bytes"]
-    text = format_zo_step_report(r)
-    assert "ZO step on STM32N6: q=4, batch=8" in text and "back-propagation" in text
-
-
-def test_zo_step_report_whole_network_stores_more_activations():
-    interp = Interpreter(need(RESNET))
-    weights = sorted(
-        {
-            t
-            for k in interp.kernels
-            for t in k.op.inputs[1:]
-            if t >= 0 and interp.graph.tensors[t].is_constant and k.op.kind in ("CONV_2D", "FULLY_CONNECTED")
-        }
-    )
-    head = [t for t in interp.kernels[-2].op.inputs[1:] if t >= 0]
-    full, small = zo_step_report(interp, weights, q=2, batch=4), zo_step_report(interp, head, q=2, batch=4)
-    assert full["bp_memory"]["stored_activation_bytes"] > small["bp_memory"]["stored_activation_bytes"]
-    assert full["suffix_first_op"] == 0 and full["zo_seconds_suffix_cached"] == pytest.approx(
-        full["batch"] * full["forward_s"] * (1 + 2 * full["q"])
-    )
-    assert full["bp_memory"]["total_bytes"] > full["zo_memory"]["total_bytes"]
-
-
-def test_zo_step_report_rejects_activations():
-    interp = Interpreter(need(RESNET))
-    with pytest.raises(NpusimError):
-        zo_step_report(interp, [interp.graph.inputs[0]], q=1, batch=1)
-    with pytest.raises(NpusimError):
-        zo_step_report(interp, [7], q=0, batch=1)

@@ -1,4 +1,5 @@
-"""zo: the estimator, the batched probes, determinism, checkpoints, export and the CLI contract."""
+"""zo: the estimator, the batched probes, determinism, checkpoints, export, the CLI contract and the
+device cost of a step (zo.cost)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,10 @@ import pytest
 from tflite_micro.python.tflite_micro import runtime
 
 import npusim
+from npusim.npu import plan_arena, plan_device
 from npusim.testing.oracle import run_tflm
+from zo.cost import format_zo_step_report, zo_step_report
+from zo.errors import ZoError
 from zo.model import TrainableModel
 from zo.perturbation import direction, second_moment
 from zo.trainer import TrainConfig, Trainer
@@ -62,15 +66,7 @@ def perturbed_overrides(m, groups, rng):
         v = m.graph.tensors[p.tensor].data
         step = rng.integers(-3, 4, (groups,) + v.shape) * p.unit
         overrides[p.tensor] = np.clip(v[None].astype(np.int64) + step, -p.bound, p.bound).astype(v.dtype)
-    for k in m.suffix:  # a grouped kernel takes grouped weights even when only its bias trains
-        if (
-            k.kind in ("CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED")
-            and k.op.inputs[1] not in overrides
-            and any(t in overrides for t in k.op.inputs)
-        ):
-            w = m.graph.tensors[k.op.inputs[1]].data
-            overrides[k.op.inputs[1]] = np.broadcast_to(w, (groups,) + w.shape)
-    return overrides
+    return overrides  # the frozen weights of an op whose bias alone trains: grouped by run_grouped
 
 
 @pytest.mark.parametrize("trainable", ["last:4", "last:1", "biases"])
@@ -332,3 +328,60 @@ def test_cost_report_and_device_time_column(tiny, tmp_path):
     rows = read_metrics(tmp_path / "run")
     seconds = [float(r["device_seconds"]) for r in rows]
     assert seconds == sorted(seconds) and seconds[-1] > 0  # accumulates with the forward passes
+
+
+# -- ZO step against back-propagation ----------------------------------------------------------------
+
+
+def test_zo_step_report_resnet_head():
+    need_shared()
+    interp = npusim.Interpreter(str(RESNET))
+    fc = next(k for k in interp.kernels if k.op.kind == "FULLY_CONNECTED")
+    trainable = [t for t in fc.op.inputs[1:] if t >= 0]
+    r = zo_step_report(interp, trainable, q=4, batch=8)
+    params = sum(interp.graph.tensors[t].data.size for t in trainable)
+    assert r["trainable_params"] == params == 650
+    assert r["forward_passes"] == 2 * 4 and r["image_passes"] == 2 * 4 * 8
+    assert r["zo_seconds"] == pytest.approx(64 * plan_device(interp).latency_s(1))
+    assert r["zo_seconds_suffix_cached"] < r["zo_seconds"]
+    assert r["suffix_cache_bytes"] == 8 * 64  # the FC's 64-wide int8 input, for 8 images
+    zo, bp = r["zo_memory"], r["bp_memory"]
+    assert zo["master_bytes"] == 4 * params and zo["seed_bytes"] == 4 * 12
+    assert zo["arena_bytes"] == plan_arena(interp, 1).peak_bytes  # one image at a time
+    held = zo_step_report(interp, trainable, q=4, batch=8, resident_images=8)
+    assert held["zo_memory"]["arena_bytes"] == plan_arena(interp, 8).peak_bytes
+    assert held["zo_seconds"] == r["zo_seconds"]
+    assert bp["optimizer_bytes"] == 2 * 4 * params and bp["gradient_bytes"] == 4 * params
+    assert zo["total_bytes"] == zo["arena_bytes"] + zo["weight_bytes"] + zo["seed_bytes"] + zo["master_bytes"]
+    assert bp["total_bytes"] > zo["total_bytes"]
+    text = format_zo_step_report(r)
+    assert "ZO step on STM32N6: q=4, batch=8" in text and "back-propagation" in text
+
+
+def test_zo_step_report_whole_network_stores_more_activations():
+    need_shared()
+    interp = npusim.Interpreter(str(RESNET))
+    weights = sorted(
+        {
+            t
+            for k in interp.kernels
+            for t in k.op.inputs[1:]
+            if t >= 0 and interp.graph.tensors[t].is_constant and k.op.kind in ("CONV_2D", "FULLY_CONNECTED")
+        }
+    )
+    head = [t for t in interp.kernels[-2].op.inputs[1:] if t >= 0]
+    full, small = zo_step_report(interp, weights, q=2, batch=4), zo_step_report(interp, head, q=2, batch=4)
+    assert full["bp_memory"]["stored_activation_bytes"] > small["bp_memory"]["stored_activation_bytes"]
+    assert full["suffix_first_op"] == 0 and full["zo_seconds_suffix_cached"] == pytest.approx(
+        full["batch"] * full["forward_s"] * (1 + 2 * full["q"])
+    )
+    assert full["bp_memory"]["total_bytes"] > full["zo_memory"]["total_bytes"]
+
+
+def test_zo_step_report_rejects_activations():
+    need_shared()
+    interp = npusim.Interpreter(str(RESNET))
+    with pytest.raises(ZoError):
+        zo_step_report(interp, [interp.graph.inputs[0]], q=1, batch=1)
+    with pytest.raises(ZoError):
+        zo_step_report(interp, [7], q=0, batch=1)

@@ -51,7 +51,8 @@ def main():
     type=click.Choice(["nsgd", "sgd", "adam"]),
     default="nsgd",
     show_default=True,
-    help="nsgd: SGD with momentum on the estimate normalized by its own probes (scale-free); sgd; adam (ZO-Adam).",
+    help="nsgd: SGD with momentum on the estimate normalized by its own probes (scale-free); sgd; "
+    "adam (ZO-Adam).",
 )
 @click.option(
     "--lr",
@@ -256,8 +257,8 @@ def cost(model, trainable, q, batch, classes):
     """STM32N6 memory and time of one ZO step, next to back-propagation on the same layers."""
     from npusim import load_model
     from npusim.errors import NpusimError
-    from npusim.npu import format_zo_step_report, zo_step_report
 
+    from .cost import format_zo_step_report, zo_step_report
     from .model import TrainableModel
 
     if q < 1 or batch < 1:

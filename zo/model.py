@@ -201,13 +201,15 @@ class TrainableModel:
             parts.append({t: values[t] for t in self.boundary})
         return {t: np.concatenate([p[t] for p in parts]) for t in self.boundary}
 
-    def logits(self, boundary: dict, overrides: dict | None = None) -> np.ndarray:
-        """Dequantized logits [N, C] from boundary activations of a batch B. With grouped weights
-        (G versions) in overrides, the result is [G*B, C], group-major; the frozen part of the suffix
-        runs once on B."""
+    def logits(self, boundary: dict, grouped: dict | None = None) -> np.ndarray:
+        """Dequantized logits [N, C] from boundary activations of a batch B. With grouped trainable
+        tensors ({tensor index: [G, ...]}: G versions), the result is [G*B, C], group-major; the
+        frozen part of the suffix runs once on B (Interpreter.run_grouped)."""
         values = dict(boundary)
-        batch = len(next(iter(boundary.values())))
-        self.interp.evaluate(values, self.suffix, overrides, shared_batch=batch if overrides else None)
+        if grouped:
+            self.interp.run_grouped(values, self.suffix, grouped, len(next(iter(boundary.values()))))
+        else:
+            self.interp.evaluate(values, self.suffix)
         q = values[self.logits_tensor].reshape(-1, self.num_classes)
         return self.logits_scale * (q.astype(np.float64) - self.logits_zero_point)
 

@@ -9,9 +9,7 @@ tensor's unit) and the int8 weights / int32 biases are written back with fixed s
 
 from __future__ import annotations
 
-import csv
 import functools
-import hashlib
 import json
 import os
 import signal
@@ -25,30 +23,19 @@ import numpy as np
 
 from npusim import NpusimError, load_model, write_model
 from npusim.npu import plan_device
-from npusim.ops import MAC_OPS
 
+from . import checkpoint
 from .data import Dataset, load_dataset, subset
 from .errors import ZoError
 from .inputs import SATURATION_WARNING, ImageInput, InputMapping, choose_mapping, model_inputs, parse_channels
 from .loss import group_losses
+from .metrics import MetricsLog
 from .model import TrainableModel
 from .optim import OPTIMIZERS, SCHEDULES, learning_rate
 from .perturbation import KINDS, direction, second_moment
 from .schedulers import Progress, Scheduler, parse_scheduler
 
 DEFAULT_LR = {"nsgd": 0.03, "sgd": 0.5, "adam": 0.1}
-METRIC_FIELDS = [
-    "step",
-    "q",
-    "forward_passes",
-    "train_loss",
-    "test_accuracy",
-    "wall_seconds",
-    "macs",
-    "device_seconds",
-    "lr",
-    "zero_differences",
-]
 # Probe pairs with L+ == L- in every one of this many consecutive steps: the run is dead, say so once.
 DEAD_STEPS = 50
 # Training images whose frozen features fix a fresh head's quantization (evenly spaced, seed-free:
@@ -107,14 +94,6 @@ class TrainConfig:
     @property
     def learning_rate(self) -> float:
         return self.lr if self.lr is not None else DEFAULT_LR[self.optimizer]
-
-
-def file_sha256(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def input_mapping(config: TrainConfig, graph) -> tuple[ImageInput, InputMapping]:
@@ -202,7 +181,6 @@ class Trainer:
         self.step = 0
         self.forward_passes = 0
         self.wall_offset = 0.0
-        self.metric_rows = 0
         # What the device pays per forward pass of a mini-batch, kept apart from simulator wall time.
         self.macs_per_pass = self.model.interp.macs() * config.batch
         self.device_seconds_per_pass = plan_device(self.model.interp).latency_s(batch=config.batch)
@@ -214,7 +192,7 @@ class Trainer:
         self.last_lr = learning_rate(config.learning_rate, config.lr_schedule, 0.0)
         self.last_eval_passes, self.final_accuracy = -1, float("nan")
         self.wall = lambda: self.wall_offset
-        self.metrics = None
+        self.metrics = MetricsLog(self.out / "metrics.csv")
 
     # -- data ---------------------------------------------------------------------------------
     def inputs_of(self, x_uint8: np.ndarray) -> np.ndarray:
@@ -265,23 +243,14 @@ class Trainer:
         return losses[0::2], losses[1::2]
 
     def grouped_overrides(self, stacked: np.ndarray) -> dict:
-        """Per trainable tensor a [G, ...] array; an op with a trainable bias but frozen weights gets
-        its weights broadcast over the groups, since a grouped kernel takes grouped weights."""
+        """Per trainable tensor a [G, ...] array of its G versions (rows of stacked), clipped to the
+        tensor's bounds; the interpreter groups what else the grouped ops read (run_grouped)."""
         g = stacked.shape[0]
         overrides, i = {}, 0
-        tensors = self.model.graph.tensors
         for p, v in zip(self.model.params, self.model.values()):
             block = stacked[:, i : i + v.size]
             i += v.size
             overrides[p.tensor] = np.clip(block, -p.bound, p.bound).astype(v.dtype).reshape((g,) + v.shape)
-        for k in self.model.suffix:
-            if (
-                k.kind in MAC_OPS
-                and k.op.inputs[1] not in overrides
-                and any(t in overrides for t in k.op.inputs)
-            ):
-                w = tensors[k.op.inputs[1]].data
-                overrides[k.op.inputs[1]] = np.broadcast_to(w, (g,) + w.shape)
         return overrides
 
     def gradient(self, q: int, derivatives: np.ndarray) -> np.ndarray:
@@ -347,10 +316,8 @@ class Trainer:
         start = time.perf_counter() - self.wall_offset
         self.wall = lambda: time.perf_counter() - start
         self.last_lr = learning_rate(cfg.learning_rate, cfg.lr_schedule, self.forward_passes / cfg.budget)
-        metrics = open(self.out / "metrics.csv", "a", newline="")
-        self.metrics = csv.DictWriter(metrics, fieldnames=METRIC_FIELDS)
-        if self.metric_rows == 0:
-            self.metrics.writeheader()
+        metrics = self.metrics
+        metrics.open()
         # Ctrl-C is taken between steps: an interrupt landing inside a Numba compilation or a BLAS
         # call could otherwise surface as another exception and skip the checkpoint.
         interrupted = []
@@ -408,8 +375,7 @@ class Trainer:
         row.setdefault("macs", self.forward_passes * self.macs_per_pass)
         row.setdefault("device_seconds", f"{self.forward_passes * self.device_seconds_per_pass:.4f}")
         row.setdefault("lr", f"{self.last_lr:.6g}")
-        self.metrics.writerow(row)
-        self.metric_rows += 1
+        self.metrics.write(row)
 
     def log_eval(self):
         acc = self.test_accuracy()
@@ -431,14 +397,9 @@ class Trainer:
     @functools.cached_property
     def identity(self) -> dict:
         """What a checkpoint must have been made with. Hashed once: checkpoints are written often."""
-        return {
-            "model_sha256": file_sha256(self.config.model),
-            "data_sha256": file_sha256(self.config.data)
-            if Path(self.config.data).is_file()
-            else self.config.data,
-            "train_size": len(self.data.y_train),
-            "test_size": len(self.data.y_test),
-        }
+        return checkpoint.fingerprint(
+            self.config.model, self.config.data, len(self.data.y_train), len(self.data.y_test)
+        )
 
     def write_config(self):
         config = asdict(self.config)
@@ -458,12 +419,12 @@ class Trainer:
         os.replace(tmp, path)
 
     def save_checkpoint(self):
-        """Write then rename: a crash mid-write (or a full disk) leaves the previous checkpoint intact."""
+        """checkpoints/last.npz from the current state (zo/checkpoint.py)."""
         meta = {
             "step": self.step,
             "forward_passes": self.forward_passes,
             "wall": self.wall(),
-            "metric_rows": self.metric_rows,
+            "metric_rows": self.metrics.rows,
             "next_eval": self.next_eval,
             "last_eval_passes": self.last_eval_passes,
             "final_accuracy": self.final_accuracy,
@@ -472,126 +433,29 @@ class Trainer:
             "params": [p.name for p in self.model.params],
             "config": asdict(self.config),
         }
-        arrays = {f"opt_{k}": np.asarray(v) for k, v in self.optimizer.state().items()}
         ints = np.concatenate([v.astype(np.int64).ravel() for v in self.model.values()])
-        path = self.out / "checkpoints" / "last.npz"
-        tmp = self.out / "checkpoints" / "last.tmp.npz"
-        try:
-            with open(tmp, "wb") as f:
-                np.savez(
-                    f,
-                    master=self.master,
-                    ints=ints,
-                    meta=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8),
-                    **arrays,
-                )
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except OSError as e:
-            tmp.unlink(missing_ok=True)
-            raise ZoError(
-                f"cannot write checkpoint {path}: {e.strerror}; the previous checkpoint is kept"
-            ) from None
+        checkpoint.save(self.out, meta, self.master, ints, self.optimizer.state())
 
     def load_checkpoint(self, directory: Path):
         """Restore a run. Everything is read and checked before anything is applied: a damaged,
         foreign or mismatched checkpoint is a one-line ZoError and leaves the file untouched."""
-        path = Path(directory) / "checkpoints" / "last.npz"
-        if not path.exists():
-            raise ZoError(f"--resume {directory}: no checkpoint at {path}")
-        damaged = f"--resume {directory}: checkpoint {path} is damaged or not a zo checkpoint"
-        try:
-            with np.load(path, allow_pickle=False) as z:
-                meta = json.loads(bytes(z["meta"]).decode())
-                master, ints = z["master"], z["ints"]
-                opt = {k[4:]: z[k] for k in z.files if k.startswith("opt_")}
-            fingerprint, params, config = (
-                dict(meta["fingerprint"]),
-                list(meta["params"]),
-                dict(meta["config"]),
-            )
-        except Exception as e:  # a damaged or foreign file: any decoding failure
-            raise ZoError(f"{damaged} ({type(e).__name__})") from None
-        mine = self.identity
-        for key in mine:
-            if fingerprint.get(key) != mine[key]:
-                raise ZoError(
-                    f"--resume {directory}: checkpoint was made with a different "
-                    f"{key.replace('_', ' ')} ({fingerprint.get(key)} != {mine[key]})"
-                )
-        if params != [p.name for p in self.model.params]:
-            raise ZoError(
-                f"--resume {directory}: checkpoint trains other layers than --trainable "
-                f"{self.config.trainable!r}"
-            )
-        for key in (
-            "q",
-            "optimizer",
-            "lr",
-            "lr_schedule",
-            "momentum",
-            "eps",
-            "direction",
-            "rounding",
-            "batch",
-            "seed",
-            "profile",
-            "new_head",
-            "input_range",
-            "mean",
-            "std",
-        ):
-            if config.get(key) != getattr(self.config, key):
-                raise ZoError(
-                    f"--resume {directory}: --{key.replace('_', '-')} differs from the "
-                    f"checkpoint's ({config.get(key)!r})"
-                )
-        if master.shape != self.master.shape or ints.shape != self.master.shape:
-            raise ZoError(
-                f"--resume {directory}: checkpoint holds {master.size} parameters, expected "
-                f"{self.master.size}"
-            )
-        # Dry run on fresh objects: every field must decode into the state of this run's kinds.
-        try:
-            if master.dtype.kind != "f" or ints.dtype.kind not in "iu" or not np.all(np.isfinite(master)):
-                raise ValueError("master copy or integers")
-            optimizer = type(self.optimizer)(
-                self.master.size,
-                **({"momentum": self.config.momentum} if self.config.optimizer != "adam" else {}),
-            )
-            expected = {k: np.shape(v) for k, v in optimizer.state().items()}
-            if set(opt) != set(expected) or any(np.shape(opt[k]) != shape for k, shape in expected.items()):
-                raise ValueError("optimizer state of another shape")
-            optimizer.load(opt)
-            if not all(np.all(np.isfinite(v)) for v in optimizer.state().values()):
-                raise ValueError("optimizer state not finite")
-            scheduler = parse_scheduler(self.config.q)
-            scheduler.load(meta["scheduler"])
-            if set(meta["scheduler"]) != set(scheduler.state()):
-                raise KeyError("scheduler state")
-            counters = {k: int(meta[k]) for k in ("step", "forward_passes", "metric_rows", "next_eval")}
-            wall = float(meta["wall"])
-            last_eval, final_accuracy = int(meta["last_eval_passes"]), float(meta["final_accuracy"])
-            if min(counters.values()) < 0 or not np.isfinite(wall):
-                raise ValueError("counters")
-        except (KeyError, TypeError, ValueError, AttributeError) as e:
-            raise ZoError(f"{damaged} ({type(e).__name__}: {e})") from None
-        self.master = master.astype(np.float64)
-        self.model.set_values(self.split(ints))
-        self.optimizer = optimizer
-        self.scheduler.load(meta["scheduler"])
-        self.step, self.forward_passes = counters["step"], counters["forward_passes"]
-        self.metric_rows, self.next_eval = counters["metric_rows"], counters["next_eval"]
-        self.wall_offset, self.last_eval_passes, self.final_accuracy = wall, last_eval, final_accuracy
-        truncate_csv(self.out / "metrics.csv", self.metric_rows)
-
-
-def truncate_csv(path: Path, rows: int):
-    """Keep the header and the first `rows` data rows: rows written after the checkpoint are redone."""
-    if not path.exists():
-        return
-    lines = path.read_text().splitlines(keepends=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text("".join(lines[: rows + 1]))
-    os.replace(tmp, path)
+        r = checkpoint.validate(
+            checkpoint.load(directory),
+            self.config,
+            self.identity,
+            [p.name for p in self.model.params],
+            self.master.size,
+            type(self.optimizer),
+        )
+        self.master = r.master
+        self.model.set_values(self.split(r.ints))
+        self.optimizer = r.optimizer
+        self.scheduler.load(r.scheduler_state)
+        self.step, self.forward_passes = r.step, r.forward_passes
+        self.metrics.rows, self.next_eval = r.metric_rows, r.next_eval
+        self.wall_offset, self.last_eval_passes, self.final_accuracy = (
+            r.wall,
+            r.last_eval_passes,
+            r.final_accuracy,
+        )
+        checkpoint.truncate_csv(self.metrics.path, self.metrics.rows)

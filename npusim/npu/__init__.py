@@ -3,16 +3,16 @@ Cortex-M55 as software epochs, with MACs, memory and an estimated latency.
 
 Everything here is computed from the prepared plan (the kernels' tensors, shapes and macs()),
 never from the values the kernels produce, so it costs nothing to evaluate and another package
-(the zo trainer) can import it to price a forward pass or a training step on the device:
+(the zo trainer) can import it to price a forward pass or a training step on the device (zo.cost
+prices a ZO step against back-propagation from it):
 
     dev = plan_device(interp)            # DeviceReport
     dev.latency_s(batch=8)               # estimated seconds for 8 images, one after the other
     dev.arena.peak_bytes, dev.weight_bytes
-    zo_step_report(interp, trainable_tensor_indices, q=4, batch=8)   # ZO step vs back-propagation
 
 Three modules: cost.py (which unit runs each op, epochs, the latency estimate and its constants),
-arena.py (the activation memory plan), report.py (the text of `npusim inspect --target stm32n6`
-and the ZO step against back-propagation). Everything is re-exported here.
+arena.py (the activation memory plan), report.py (the text of `npusim inspect --target stm32n6`).
+Everything is re-exported here.
 """
 
 from .arena import ARENA_ALIGNMENT, ArenaPlan, Buffer, activation_lifetimes, greedy_first_fit, plan_arena
@@ -40,7 +40,7 @@ from .cost import (
     placement,
     plan_device,
 )
-from .report import format_report, format_zo_step_report, report, trainable_suffix_start, zo_step_report
+from .report import format_report, report
 
 __all__ = [
     "ARENA_ALIGNMENT",
@@ -67,13 +67,10 @@ __all__ = [
     "OpCost",
     "activation_lifetimes",
     "format_report",
-    "format_zo_step_report",
     "greedy_first_fit",
     "op_seconds",
     "placement",
     "plan_arena",
     "plan_device",
     "report",
-    "trainable_suffix_start",
-    "zo_step_report",
 ]

@@ -1,5 +1,7 @@
 """The geometry of a sliding-window MAC op (CONV_2D, DEPTHWISE_CONV_2D, and FULLY_CONNECTED as a
-1x1 convolution), read once from the op's options at Prepare, as TFLM's OpData holds it."""
+1x1 convolution), read once from the op's options at Prepare, as TFLM's OpData holds it. A pool's
+window reads the same way (Pool2DOptions name stride and padding alike; no dilation): code outside
+the simulator (zo's float ops) computes window geometry from here, not from prepared kernels."""
 
 from __future__ import annotations
 
@@ -60,7 +62,7 @@ class ConvGeometry:
 
 class SlidingWindow:
     """The geometry's numbers under the names TFLM's OpData gives them, for a kernel that holds a
-    ConvGeometry as self.geometry (and for readers of prepared kernels, such as zo.backprop)."""
+    ConvGeometry as self.geometry."""
 
     geometry: ConvGeometry
 

@@ -1,0 +1,160 @@
+"""A zeroth-order training step priced on the STM32N6 next to one back-propagation step that trains
+the same tensors (`zo cost`), from npusim's device model (npusim.npu: placement, latency, arena)."""
+
+from __future__ import annotations
+
+from npusim.npu import CostModel, plan_arena, plan_device
+from npusim.npu.arena import tensor_bytes, tensor_elements
+
+from .errors import ZoError
+
+
+def _kib(n: int) -> str:
+    return f"{n:,} B ({n / 1024:.1f} KiB)"
+
+
+def trainable_suffix_start(interp, trainable: set) -> int:
+    """Execution position of the first op that reads a trainable tensor."""
+    for pos, k in enumerate(interp.kernels):
+        if trainable & set(k.op.inputs):
+            return pos
+    raise ZoError("no op reads any of the trainable tensors")
+
+
+def zo_step_report(
+    interp,
+    trainable_tensor_indices,
+    q: int,
+    batch: int,
+    cost: CostModel | None = None,
+    optimizer_states: int = 2,
+    seed_bytes: int = 8,
+    resident_images: int = 1,
+) -> dict:
+    """Device memory and time of one ZO step (2q forward passes over a batch) next to one
+    back-propagation step that trains the same tensors.
+
+    The device runs one image at a time (as latency_s assumes); `resident_images` is how many
+    images' activations are held at once (1: losses and gradients are accumulated image by image;
+    pass `batch` to model a device that holds the whole batch).
+    ZO memory: inference arena + model weights + per probe one seed (`seed_bytes`; perturbations are
+    regenerated from it, never stored) and one float32 directional derivative + float32 master copies
+    of the trainable tensors; the perturbed int8 weights are written in place.
+    Back-propagation memory: model weights + max(inference arena, activations of the trainable suffix
+    kept for the backward pass + two float32 activation-gradient buffers of the largest suffix op)
+    + float32 master copies, float32 gradients and `optimizer_states` float32 states per trainable
+    parameter (Adam: 2).
+    Time: ZO runs 2q whole forward passes of every image (`zo_seconds`, the count the tables report);
+    `zo_seconds_suffix_cached` runs the frozen prefix once per image and only the trainable suffix 2q
+    times, at the cost of keeping the suffix's input activations for the batch (`suffix_cache_bytes`).
+    Back-propagation time, a path the NPU cannot run, is one forward pass plus a backward pass of the
+    suffix on the M55 at twice the suffix's MACs, per image.
+    Returns a plain dict; format_zo_step_report() turns it into text.
+    """
+    trainable = {int(t) for t in trainable_tensor_indices}
+    graph = interp.graph
+    if q < 1 or batch < 1 or resident_images < 1:
+        raise ZoError(
+            f"q, batch and resident_images must be at least 1, got q={q}, batch={batch}, "
+            f"resident_images={resident_images}"
+        )
+    for t in sorted(trainable):
+        if not 0 <= t < len(graph.tensors) or not graph.tensors[t].is_constant:
+            raise ZoError(f"tensor {t} is not a constant tensor of the model, so it cannot be trained")
+    cost = cost or CostModel()
+    dev = plan_device(interp, cost)
+    arena = plan_arena(interp, resident_images)
+    start = trainable_suffix_start(interp, trainable)
+    params = sum(tensor_elements(graph.tensors[t]) for t in trainable)
+
+    def is_activation(t):
+        return t >= 0 and not graph.tensors[t].is_constant
+
+    suffix = interp.kernels[start:]
+    stored = {t for k in suffix for t in list(k.op.inputs) + list(k.op.outputs) if is_activation(t)}
+    stored_bytes = sum(tensor_bytes(graph.tensors[t]) for t in stored) * resident_images
+    largest = max(
+        max(
+            [
+                tensor_elements(graph.tensors[t])
+                for t in list(k.op.inputs) + list(k.op.outputs)
+                if is_activation(t)
+            ]
+            or [0]
+        )
+        for k in suffix
+    )
+    grad_act_bytes = 2 * 4 * largest * resident_images
+    produced_in_suffix = {t for k in suffix for t in k.op.outputs}
+    boundary = {t for k in suffix for t in k.op.inputs if is_activation(t) and t not in produced_in_suffix}
+    zo = {
+        "arena_bytes": arena.peak_bytes,
+        "weight_bytes": dev.weight_bytes,
+        "seed_bytes": q * (seed_bytes + 4),
+        "master_bytes": 4 * params,
+    }
+    zo["total_bytes"] = sum(zo.values())
+    bp = {
+        "weight_bytes": dev.weight_bytes,
+        "activation_bytes": max(arena.peak_bytes, stored_bytes + grad_act_bytes),
+        "stored_activation_bytes": stored_bytes,
+        "activation_gradient_bytes": grad_act_bytes,
+        "master_bytes": 4 * params,
+        "gradient_bytes": 4 * params,
+        "optimizer_bytes": 4 * params * optimizer_states,
+    }
+    bp["total_bytes"] = (
+        bp["weight_bytes"]
+        + bp["activation_bytes"]
+        + bp["master_bytes"]
+        + bp["gradient_bytes"]
+        + bp["optimizer_bytes"]
+    )
+    forward = dev.latency_s(1)
+    suffix_forward = dev.latency_s(1, first=start)
+    suffix_macs = sum(o.macs for o in dev.ops[start:])
+    return {
+        "q": q,
+        "batch": batch,
+        "resident_images": resident_images,
+        "trainable_tensors": sorted(trainable),
+        "trainable_params": params,
+        "suffix_first_op": interp.kernels[start].op.index,
+        "suffix_ops": len(suffix),
+        "forward_passes": 2 * q,  # over the batch
+        "image_passes": 2 * q * batch,
+        "forward_s": forward,  # one image
+        "zo_seconds": 2 * q * batch * forward,
+        "zo_seconds_suffix_cached": batch * (forward + 2 * q * suffix_forward),
+        "suffix_cache_bytes": batch * sum(tensor_bytes(graph.tensors[t]) for t in boundary),
+        "bp_seconds": batch * (forward + 2 * suffix_macs / (cost.m55_macs_per_cycle * cost.m55_clock_hz)),
+        "zo_memory": zo,
+        "bp_memory": bp,
+        "optimizer_states": optimizer_states,
+        "cost_model": cost.describe(),
+    }
+
+
+def format_zo_step_report(r: dict) -> str:
+    zo, bp = r["zo_memory"], r["bp_memory"]
+    return "\n".join(
+        [
+            f"ZO step on STM32N6: q={r['q']}, batch={r['batch']} ({r['resident_images']} image(s) resident), "
+            f"{r['trainable_params']:,} trainable parameters in {len(r['trainable_tensors'])} tensors "
+            f"(suffix from op {r['suffix_first_op']}, {r['suffix_ops']} ops)",
+            f"cost model: {r['cost_model']}",
+            f"memory, ZO: {_kib(zo['total_bytes'])} = arena {_kib(zo['arena_bytes'])} + weights "
+            f"{_kib(zo['weight_bytes'])} + seeds {_kib(zo['seed_bytes'])} + float32 masters "
+            f"{_kib(zo['master_bytes'])}",
+            f"memory, back-propagation ({r['optimizer_states']} optimizer states): {_kib(bp['total_bytes'])} "
+            f"= weights {_kib(bp['weight_bytes'])} + activations {_kib(bp['activation_bytes'])} (stored "
+            f"suffix {_kib(bp['stored_activation_bytes'])}, gradients "
+            f"{_kib(bp['activation_gradient_bytes'])}) + masters {_kib(bp['master_bytes'])} + gradients "
+            f"{_kib(bp['gradient_bytes'])} + optimizer {_kib(bp['optimizer_bytes'])}",
+            f"time per step: ZO {r['zo_seconds'] * 1e3:.2f} ms ({r['forward_passes']} forward passes x "
+            f"{r['batch']} images x {r['forward_s'] * 1e3:.3f} ms), "
+            f"{r['zo_seconds_suffix_cached'] * 1e3:.2f} ms with the frozen prefix run once (caching "
+            f"{_kib(r['suffix_cache_bytes'])}); back-propagation (backward on the M55) "
+            f"{r['bp_seconds'] * 1e3:.2f} ms",
+        ]
+    )
