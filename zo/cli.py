@@ -253,7 +253,8 @@ def train(
     default=None,
     help="Class count of the new task (replaces the head when it differs).",
 )
-def cost(model, trainable, q, batch, classes):
+@click.option("--new-head", is_flag=True, help="A fresh head (appended to a model without a classifier).")
+def cost(model, trainable, q, batch, classes, new_head):
     """STM32N6 memory and time of one ZO step, next to back-propagation on the same layers."""
     from npusim import load_model
     from npusim.errors import NpusimError
@@ -264,7 +265,7 @@ def cost(model, trainable, q, batch, classes):
     if q < 1 or batch < 1:
         fail(f"--q {q} --batch {batch}: expected both >= 1")
     try:
-        m = TrainableModel(load_model(model), trainable, num_classes=classes)
+        m = TrainableModel(load_model(model), trainable, num_classes=classes, new_head=new_head)
     except (ZoError, NpusimError) as e:
         fail(str(e))
     click.echo(format_zo_step_report(zo_step_report(m.interp, [p.tensor for p in m.params], q, batch)))
