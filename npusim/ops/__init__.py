@@ -4,11 +4,14 @@ from .add import Add
 from .conv import Conv2D
 from .depthwise import DepthwiseConv2D
 from .fully_connected import FullyConnected
+from .logistic import Logistic
 from .mean import Mean
 from .movement import Concatenation, Pad, Reshape, Transpose
+from .mul import Mul
 from .pool import AveragePool2D, MaxPool2D
 from .quantize import Dequantize, Quantize
 from .softmax import Softmax
+from .sub import Sub
 
 KERNELS = {
     k.kind: k
@@ -20,12 +23,15 @@ KERNELS = {
         DepthwiseConv2D,
         Dequantize,
         FullyConnected,
+        Logistic,
         MaxPool2D,
         Mean,
+        Mul,
         Pad,
         Quantize,
         Reshape,
         Softmax,
+        Sub,
         Transpose,
     )
 }

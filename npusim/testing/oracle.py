@@ -65,6 +65,15 @@ _OP_VERSIONS = {
     "CONCATENATION": 2,
     "QUANTIZE": 2,
     "DEQUANTIZE": 2,
+    "LOGISTIC": 2,
+    "MUL": 2,
+    "SUB": 2,
+    "STRIDED_SLICE": 2,
+    "SPLIT": 2,
+    "SPLIT_V": 2,
+    "PACK": 2,
+    "RESIZE_NEAREST_NEIGHBOR": 2,
+    "TRANSPOSE_CONV": 3,
 }
 
 
@@ -387,6 +396,35 @@ def add_model(shape1, shape2, s1, z1, s2, z2, out_scale, out_zp, activation="NON
     opt.fusedActivationFunction = _ACTIVATION[activation]
     b.add_op("ADD", [x1, x2], [y], opt)
     return b.build([x1] if const2 is not None else [x1, x2], [y])
+
+
+def binary_model(
+    kind, shape1, shape2, s1, z1, s2, z2, out_scale, out_zp, activation="NONE", const2=None
+) -> bytes:
+    """MUL or SUB (as add_model): numpy-style broadcasting, the second operand a graph input or,
+    with const2, a constant."""
+    b = ModelBuilder()
+    x1 = b.add_tensor(shape1, np.int8, s1, z1, name="input1")
+    if const2 is None:
+        x2 = b.add_tensor(shape2, np.int8, s2, z2, name="input2")
+    else:
+        x2 = b.add_tensor(
+            shape2, np.int8, s2, z2, data=np.asarray(const2, np.int8).reshape(shape2), name="const2"
+        )
+    out_shape = np.broadcast_shapes(tuple(shape1), tuple(shape2))
+    y = b.add_tensor(out_shape, np.int8, out_scale, out_zp, name="output")
+    opt = {"MUL": schema.MulOptionsT, "SUB": schema.SubOptionsT, "ADD": schema.AddOptionsT}[kind]()
+    opt.fusedActivationFunction = _ACTIVATION[activation]
+    b.add_op(kind, [x1, x2], [y], opt)
+    return b.build([x1] if const2 is not None else [x1, x2], [y])
+
+
+def logistic_model(input_shape, in_scale, in_zp, out_scale=1.0 / 256.0, out_zp=-128) -> bytes:
+    b = ModelBuilder()
+    x = b.add_tensor(input_shape, np.int8, in_scale, in_zp, name="input")
+    y = b.add_tensor(input_shape, np.int8, out_scale, out_zp, name="output")
+    b.add_op("LOGISTIC", [x], [y])
+    return b.build([x], [y])
 
 
 def _pool_model(kind, input_shape, scale, zp, filter_size, stride, padding, activation):
