@@ -8,9 +8,13 @@ from .logistic import Logistic
 from .mean import Mean
 from .movement import Concatenation, Pad, Reshape, Transpose
 from .mul import Mul
+from .pack import Pack
 from .pool import AveragePool2D, MaxPool2D
 from .quantize import Dequantize, Quantize
+from .resize import ResizeNearestNeighbor
 from .softmax import Softmax
+from .split import Split, SplitV
+from .strided_slice import StridedSlice
 from .sub import Sub
 
 KERNELS = {
@@ -27,10 +31,15 @@ KERNELS = {
         MaxPool2D,
         Mean,
         Mul,
+        Pack,
         Pad,
         Quantize,
         Reshape,
+        ResizeNearestNeighbor,
         Softmax,
+        Split,
+        SplitV,
+        StridedSlice,
         Sub,
         Transpose,
     )
