@@ -16,6 +16,7 @@ from .softmax import Softmax
 from .split import Split, SplitV
 from .strided_slice import StridedSlice
 from .sub import Sub
+from .transpose_conv import TransposeConv
 
 KERNELS = {
     k.kind: k
@@ -42,6 +43,7 @@ KERNELS = {
         StridedSlice,
         Sub,
         Transpose,
+        TransposeConv,
     )
 }
 KERNELS["PADV2"] = Pad

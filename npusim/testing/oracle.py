@@ -379,6 +379,48 @@ def fully_connected_model(
     return b.build([x], [y])
 
 
+def transpose_conv_model(
+    input_shape,
+    out_hw,
+    weights,
+    bias,
+    in_scale,
+    in_zp,
+    w_scale,
+    out_scale,
+    out_zp,
+    stride=(2, 2),
+    padding="SAME",
+    activation=None,
+) -> bytes:
+    """TRANSPOSE_CONV. weights int8 [O, kh, kw, I]; bias int32 [O] or None; w_scale scalar or [O]
+    (axis 0); out_hw the output's (H, W). activation None leaves the option at its default."""
+    weights = np.asarray(weights, np.int8)
+    n = input_shape[0]
+    o = weights.shape[0]
+    b = ModelBuilder()
+    ws = np.atleast_1d(f32(w_scale))
+    shape = b.add_const(np.asarray([n, *out_hw, o], np.int32), name="output_shape")
+    wt = b.add_const(weights, scale=ws, zero_point=np.zeros(ws.size, np.int64), axis=0, name="weights")
+    x = b.add_tensor(input_shape, np.int8, in_scale, in_zp, name="input")
+    inputs = [shape, wt, x]
+    if bias is not None:
+        bs = bias_scale(in_scale, ws)
+        inputs.append(
+            b.add_const(
+                np.asarray(bias, np.int32), scale=bs, zero_point=np.zeros(bs.size, np.int64), name="bias"
+            )
+        )
+    y = b.add_tensor((n, *out_hw, o), np.int8, out_scale, out_zp, name="output")
+    opt = schema.TransposeConvOptionsT()
+    opt.padding = _PADDING[padding]
+    opt.strideH, opt.strideW = int(stride[0]), int(stride[1])
+    if activation is not None:
+        opt.fusedActivationFunction = _ACTIVATION[activation]
+    b.add_op("TRANSPOSE_CONV", inputs, [y], opt)
+    return b.build([x], [y])
+
+
 def add_model(shape1, shape2, s1, z1, s2, z2, out_scale, out_zp, activation="NONE", const2=None) -> bytes:
     """ADD with numpy-style broadcasting. The second operand is a graph input, or a constant when
     const2 (int8 data of shape2) is given."""
