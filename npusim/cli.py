@@ -84,7 +84,10 @@ def main():
     "output_path",
     required=True,
     type=click.Path(dir_okay=False),
-    help="Where to write the N outputs (.npy).",
+    help=(
+        "Where to write the N outputs: .npy (a model with one output) or .npz (every output, keys "
+        "output_0, output_1, ... in the graph's output order)."
+    ),
 )
 @PROFILE
 @click.option(
@@ -96,11 +99,20 @@ def main():
 def run(model, input_path, output_path, profile, dump):
     """Run MODEL on a batch of inputs."""
     interp = Interpreter(load_model(model), profile=profile)
+    outputs = interp.graph.outputs
+    archive = output_path.lower().endswith(".npz")
+    if not archive and len(outputs) > 1:
+        raise NpusimError(
+            f"model has {len(outputs)} outputs, --output {output_path} holds one: "
+            "give an .npz path to write them all (keys output_0, output_1, ...)"
+        )
     x = load_array(input_path, "--input")
     values = interp.run_all(x)
-    y = values[interp.graph.outputs[0]]
     try:
-        np.save(output_path, y)
+        if archive:
+            np.savez(output_path, **{f"output_{k}": values[t] for k, t in enumerate(outputs)})
+        else:
+            np.save(output_path, values[outputs[0]])
         if dump:
             write_dump(interp, values, Path(dump))
     except OSError as e:

@@ -214,21 +214,28 @@ class Interpreter:
                 result = kernel(*args)
             else:
                 result = self._call_grouped(kernel, args, shared_batch)
-            out = tensors[kernel.op.outputs[0]]
-            # Cheap, and the kernels after this one index by the planned shape: a file whose declared
-            # shapes lie stops here with a message instead of corrupting memory further on.
-            if (
-                result.dtype != out.dtype
-                or result.ndim != len(out.shape)
-                or result.shape[1:] != out.shape[1:]
-            ):
-                declared = ", ".join(["N", *map(str, out.shape[1:])])
+            results = result if isinstance(result, tuple) else (result,)
+            if len(results) != len(kernel.op.outputs):
                 raise NpusimError(
-                    f"op {kernel.op.index} ({kernel.kind}): computed {result.dtype.name} "
-                    f"{list(result.shape)}, the model declares "
-                    f"{np.dtype(out.dtype).name} [{declared}] for {out.name!r}"
+                    f"op {kernel.op.index} ({kernel.kind}): computed {len(results)} outputs, "
+                    f"the model declares {len(kernel.op.outputs)}"
                 )
-            values[kernel.op.outputs[0]] = result
+            for t, result in zip(kernel.op.outputs, results):
+                out = tensors[t]
+                # Cheap, and the kernels after this one index by the planned shape: a file whose
+                # declared shapes lie stops here with a message instead of corrupting memory further on.
+                if (
+                    result.dtype != out.dtype
+                    or result.ndim != len(out.shape)
+                    or result.shape[1:] != out.shape[1:]
+                ):
+                    declared = ", ".join(["N", *map(str, out.shape[1:])])
+                    raise NpusimError(
+                        f"op {kernel.op.index} ({kernel.kind}): computed {result.dtype.name} "
+                        f"{list(result.shape)}, the model declares "
+                        f"{np.dtype(out.dtype).name} [{declared}] for {out.name!r}"
+                    )
+                values[t] = result
             for t in kernel.op.inputs:
                 t = fused.get(t, t)
                 if last_reader.get(t) == position and t not in keep:

@@ -252,6 +252,30 @@ def generated_seeds() -> dict[str, bytes]:
         "quantize_float": O.quantize_model((1, 4, 3), np.float32, 0.05, 1),
         "quantize_uint8": O.quantize_model((1, 4, 3), np.uint8, 0.05, 1, 0.05, 129),
         "dequantize": O.dequantize_model((1, 2, 5), 0.05, 3),
+        "quantize_int8": O.quantize_model((1, 4, 3), np.int8, 0.05, 1, 0.07, -3),
+        "logistic": O.logistic_model((1, 3, 5), 0.05, 2),
+        "mul_broadcast": O.binary_model("MUL", (1, 3, 3, 4), (1, 1, 1, 4), 0.05, 1, 0.07, -2, 0.01, 0),
+        "sub_const": O.binary_model(
+            "SUB", (1, 3, 4), (4,), 0.05, 1, 0.07, -2, 0.1, 0, const2=rng.integers(-128, 128, 4)
+        ),
+        "strided_slice": O.strided_slice_model(
+            (1, 5, 6, 3), [0, 4, 1, 0], [1, 0, 6, 3], [1, -2, 2, 1], 0.05, 1, end_mask=8, shrink_axis_mask=8
+        ),
+        "split": O.split_model((1, 2, 6), 2, 3, 0.05, 0),
+        "split_v": O.split_v_model((1, 7, 2), [2, -1, 1], 1, 0.05, 0),
+        "pack": O.pack_model((1, 2, 3), 3, -1, 0.05, 0),
+        "resize_nearest": O.resize_nearest_model((1, 3, 4, 2), (6, 7), 0.05, 0, half_pixel_centers=True),
+        "transpose_conv": O.transpose_conv_model(
+            (1, 3, 3, 2),
+            (6, 6),
+            rng.integers(-127, 128, (3, 2, 2, 2)),
+            rng.integers(-99, 99, 3),
+            0.05,
+            1,
+            np.full(3, 0.02),
+            0.1,
+            0,
+        ),
     }
     return seeds
 

@@ -4,11 +4,19 @@ from .add import Add
 from .conv import Conv2D
 from .depthwise import DepthwiseConv2D
 from .fully_connected import FullyConnected
+from .logistic import Logistic
 from .mean import Mean
 from .movement import Concatenation, Pad, Reshape, Transpose
+from .mul import Mul
+from .pack import Pack
 from .pool import AveragePool2D, MaxPool2D
 from .quantize import Dequantize, Quantize
+from .resize import ResizeNearestNeighbor
 from .softmax import Softmax
+from .split import Split, SplitV
+from .strided_slice import StridedSlice
+from .sub import Sub
+from .transpose_conv import TransposeConv
 
 KERNELS = {
     k.kind: k
@@ -20,13 +28,22 @@ KERNELS = {
         DepthwiseConv2D,
         Dequantize,
         FullyConnected,
+        Logistic,
         MaxPool2D,
         Mean,
+        Mul,
+        Pack,
         Pad,
         Quantize,
         Reshape,
+        ResizeNearestNeighbor,
         Softmax,
+        Split,
+        SplitV,
+        StridedSlice,
+        Sub,
         Transpose,
+        TransposeConv,
     )
 }
 KERNELS["PADV2"] = Pad

@@ -13,14 +13,17 @@ class Kernel:
 
     __call__ receives the op's input arrays in op.inputs order (None for an omitted optional input);
     activations carry a leading batch axis N, constants come as stored in the model.
-    It returns one array per op output (a single array when the op has one output).
+    It returns one array per op output: a single array when the op has one output, else a tuple in
+    op.outputs order.
     """
 
     kind = ""
     # The first `required_inputs` inputs must be present (not -1); at most `max_inputs` (None: any
-    # number). Every op here has exactly one output.
+    # number). `num_outputs` outputs (None: one or more; __call__ then returns a tuple, one array
+    # per output, as it does for any fixed number above 1).
     required_inputs = 1
     max_inputs: int | None = 1
+    num_outputs: int | None = 1
     # Whether __init__ takes backends=, the MAC engines chosen by the interpreter (backend.py).
     takes_backends = False
 
@@ -29,10 +32,11 @@ class Kernel:
         self.graph = graph
         self.profile = profile
         n = len(op.inputs)
+        outputs_ok = len(op.outputs) >= 1 if self.num_outputs is None else len(op.outputs) == self.num_outputs
         if (
             n < self.required_inputs
             or (self.max_inputs is not None and n > self.max_inputs)
-            or len(op.outputs) != 1
+            or not outputs_ok
         ):
             if self.max_inputs is None:
                 expected = f"at least {self.required_inputs}"
@@ -40,8 +44,10 @@ class Kernel:
                 expected = str(self.required_inputs)
             else:
                 expected = f"{self.required_inputs} to {self.max_inputs}"
+            outputs = "at least 1 output" if self.num_outputs is None else f"{self.num_outputs} output"
+            outputs += "" if self.num_outputs == 1 else "s"
             raise self.error(
-                f"{n} inputs and {len(op.outputs)} outputs, expected {expected} inputs and 1 output"
+                f"{n} inputs and {len(op.outputs)} outputs, expected {expected} inputs and {outputs}"
             )
         for k in range(self.required_inputs):
             if op.inputs[k] < 0:

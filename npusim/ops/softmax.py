@@ -72,28 +72,37 @@ def _exp_on_interval_between_negative_one_quarter_and_0_excl(a):
 
 
 @njit()
-def exp_on_negative_values_q5_26(a):
-    """gemmlowp exp_on_negative_values for FixedPoint<int32, 5> input; returns Q0.31 raw."""
-    fractional_bits = 31 - SCALED_DIFF_INTEGER_BITS
+def exp_on_negative_values(a, integer_bits):
+    """gemmlowp exp_on_negative_values for FixedPoint<int32, integer_bits> input (a <= 0);
+    returns Q0.31 raw. Softmax uses Q5.26 input, LOGISTIC Q4.27."""
+    fractional_bits = 31 - integer_bits
     one_quarter = np.int64(1) << (fractional_bits - 2)
     mask = one_quarter - 1
     a_mod_quarter_minus_one_quarter = _wrap32((a & mask) - one_quarter)
-    # Rescale<0> from Q5.26 to Q0.31: saturating left shift by 5.
+    # Rescale<0> from Q(integer_bits) to Q0.31: saturating left shift by integer_bits.
     result = _exp_on_interval_between_negative_one_quarter_and_0_excl(
-        _saturating_shift_left(a_mod_quarter_minus_one_quarter, SCALED_DIFF_INTEGER_BITS)
+        _saturating_shift_left(a_mod_quarter_minus_one_quarter, integer_bits)
     )
     remainder = _wrap32(a_mod_quarter_minus_one_quarter - a)
-    # Barrel shifter: exp(-2^k) for k = -2 .. 4 (all below kIntegerBits = 5).
+    # Barrel shifter: exp(-2^k) for k = -2 .. 4, those below kIntegerBits.
     multipliers = (1672461947, 1302514674, 790015084, 290630308, 39332535, 720401, 242)
     for i in range(7):
         exponent = i - 2
-        shift_amount = fractional_bits + exponent
-        if remainder & (np.int64(1) << shift_amount):
-            result = _fx_mul(result, np.int64(multipliers[i]))
-    # kIntegerBits == 5: no clamp below -32 (that branch only exists for kIntegerBits > 5).
+        if integer_bits > exponent:
+            shift_amount = fractional_bits + exponent
+            if remainder & (np.int64(1) << shift_amount):
+                result = _fx_mul(result, np.int64(multipliers[i]))
+    if integer_bits > 5 and a < -(np.int64(1) << (36 - integer_bits)):  # below -32: zero
+        result = np.int64(0)
     if a == 0:
         result = np.int64(INT32_MAX)  # FixedPoint<int32, 0>::One()
     return result
+
+
+@njit()
+def exp_on_negative_values_q5_26(a):
+    """gemmlowp exp_on_negative_values for FixedPoint<int32, 5> input; returns Q0.31 raw."""
+    return exp_on_negative_values(a, SCALED_DIFF_INTEGER_BITS)
 
 
 @njit()

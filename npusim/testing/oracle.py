@@ -65,6 +65,15 @@ _OP_VERSIONS = {
     "CONCATENATION": 2,
     "QUANTIZE": 2,
     "DEQUANTIZE": 2,
+    "LOGISTIC": 2,
+    "MUL": 2,
+    "SUB": 2,
+    "STRIDED_SLICE": 2,
+    "SPLIT": 2,
+    "SPLIT_V": 2,
+    "PACK": 2,
+    "RESIZE_NEAREST_NEIGHBOR": 2,
+    "TRANSPOSE_CONV": 3,
 }
 
 
@@ -370,6 +379,48 @@ def fully_connected_model(
     return b.build([x], [y])
 
 
+def transpose_conv_model(
+    input_shape,
+    out_hw,
+    weights,
+    bias,
+    in_scale,
+    in_zp,
+    w_scale,
+    out_scale,
+    out_zp,
+    stride=(2, 2),
+    padding="SAME",
+    activation=None,
+) -> bytes:
+    """TRANSPOSE_CONV. weights int8 [O, kh, kw, I]; bias int32 [O] or None; w_scale scalar or [O]
+    (axis 0); out_hw the output's (H, W). activation None leaves the option at its default."""
+    weights = np.asarray(weights, np.int8)
+    n = input_shape[0]
+    o = weights.shape[0]
+    b = ModelBuilder()
+    ws = np.atleast_1d(f32(w_scale))
+    shape = b.add_const(np.asarray([n, *out_hw, o], np.int32), name="output_shape")
+    wt = b.add_const(weights, scale=ws, zero_point=np.zeros(ws.size, np.int64), axis=0, name="weights")
+    x = b.add_tensor(input_shape, np.int8, in_scale, in_zp, name="input")
+    inputs = [shape, wt, x]
+    if bias is not None:
+        bs = bias_scale(in_scale, ws)
+        inputs.append(
+            b.add_const(
+                np.asarray(bias, np.int32), scale=bs, zero_point=np.zeros(bs.size, np.int64), name="bias"
+            )
+        )
+    y = b.add_tensor((n, *out_hw, o), np.int8, out_scale, out_zp, name="output")
+    opt = schema.TransposeConvOptionsT()
+    opt.padding = _PADDING[padding]
+    opt.strideH, opt.strideW = int(stride[0]), int(stride[1])
+    if activation is not None:
+        opt.fusedActivationFunction = _ACTIVATION[activation]
+    b.add_op("TRANSPOSE_CONV", inputs, [y], opt)
+    return b.build([x], [y])
+
+
 def add_model(shape1, shape2, s1, z1, s2, z2, out_scale, out_zp, activation="NONE", const2=None) -> bytes:
     """ADD with numpy-style broadcasting. The second operand is a graph input, or a constant when
     const2 (int8 data of shape2) is given."""
@@ -387,6 +438,35 @@ def add_model(shape1, shape2, s1, z1, s2, z2, out_scale, out_zp, activation="NON
     opt.fusedActivationFunction = _ACTIVATION[activation]
     b.add_op("ADD", [x1, x2], [y], opt)
     return b.build([x1] if const2 is not None else [x1, x2], [y])
+
+
+def binary_model(
+    kind, shape1, shape2, s1, z1, s2, z2, out_scale, out_zp, activation="NONE", const2=None
+) -> bytes:
+    """MUL or SUB (as add_model): numpy-style broadcasting, the second operand a graph input or,
+    with const2, a constant."""
+    b = ModelBuilder()
+    x1 = b.add_tensor(shape1, np.int8, s1, z1, name="input1")
+    if const2 is None:
+        x2 = b.add_tensor(shape2, np.int8, s2, z2, name="input2")
+    else:
+        x2 = b.add_tensor(
+            shape2, np.int8, s2, z2, data=np.asarray(const2, np.int8).reshape(shape2), name="const2"
+        )
+    out_shape = np.broadcast_shapes(tuple(shape1), tuple(shape2))
+    y = b.add_tensor(out_shape, np.int8, out_scale, out_zp, name="output")
+    opt = {"MUL": schema.MulOptionsT, "SUB": schema.SubOptionsT, "ADD": schema.AddOptionsT}[kind]()
+    opt.fusedActivationFunction = _ACTIVATION[activation]
+    b.add_op(kind, [x1, x2], [y], opt)
+    return b.build([x1] if const2 is not None else [x1, x2], [y])
+
+
+def logistic_model(input_shape, in_scale, in_zp, out_scale=1.0 / 256.0, out_zp=-128) -> bytes:
+    b = ModelBuilder()
+    x = b.add_tensor(input_shape, np.int8, in_scale, in_zp, name="input")
+    y = b.add_tensor(input_shape, np.int8, out_scale, out_zp, name="output")
+    b.add_op("LOGISTIC", [x], [y])
+    return b.build([x], [y])
 
 
 def _pool_model(kind, input_shape, scale, zp, filter_size, stride, padding, activation):
@@ -519,8 +599,107 @@ def concat_model(shapes, axis, scale, zp, consts=None) -> bytes:
     return b.build(graph_inputs, [y])
 
 
+def strided_slice_model(
+    input_shape,
+    begin,
+    end,
+    strides,
+    scale,
+    zp,
+    begin_mask=0,
+    end_mask=0,
+    shrink_axis_mask=0,
+    ellipsis_mask=0,
+    new_axis_mask=0,
+    output_shape=None,
+) -> bytes:
+    """STRIDED_SLICE with constant int32 begin/end/strides. output_shape: by default the shape of
+    the slice as TFLite defines it (masks per input axis, ellipsis and new axis ignored as TFLM does)."""
+    if output_shape is None:  # TFLM checks the declared shape against its own (CheckOutputSize)
+        from npusim.ops.strided_slice import axis_indices
+
+        output_shape = []
+        for k, d in enumerate(input_shape):
+            flags = (begin_mask >> k & 1, end_mask >> k & 1, shrink_axis_mask >> k & 1)
+            n = len(axis_indices(d, int(begin[k]), int(end[k]), int(strides[k]), *map(bool, flags)))
+            if not flags[2]:
+                output_shape.append(n)
+    b = ModelBuilder()
+    x = b.add_tensor(input_shape, np.int8, scale, zp, name="input")
+    ts = [
+        b.add_const(np.asarray(v, np.int32), name=n)
+        for v, n in ((begin, "begin"), (end, "end"), (strides, "strides"))
+    ]
+    y = b.add_tensor(output_shape, np.int8, scale, zp, name="output")
+    opt = schema.StridedSliceOptionsT()
+    opt.beginMask, opt.endMask, opt.shrinkAxisMask = int(begin_mask), int(end_mask), int(shrink_axis_mask)
+    opt.ellipsisMask, opt.newAxisMask = int(ellipsis_mask), int(new_axis_mask)
+    b.add_op("STRIDED_SLICE", [x, *ts], [y], opt)
+    return b.build([x], [y])
+
+
+def split_model(input_shape, axis, num_splits, scale, zp) -> bytes:
+    """SPLIT into num_splits equal parts: inputs (axis, input), num_splits outputs."""
+    b = ModelBuilder()
+    a = b.add_const(np.asarray(axis, np.int32).reshape(()), name="axis")
+    x = b.add_tensor(input_shape, np.int8, scale, zp, name="input")
+    part = list(input_shape)
+    part[axis] //= num_splits
+    ys = [b.add_tensor(part, np.int8, scale, zp, name=f"output{i}") for i in range(num_splits)]
+    opt = schema.SplitOptionsT()
+    opt.numSplits = int(num_splits)
+    b.add_op("SPLIT", [a, x], ys, opt)
+    return b.build([x], ys)
+
+
+def split_v_model(input_shape, size_splits, axis, scale, zp) -> bytes:
+    """SPLIT_V: inputs (input, size_splits, axis); size_splits may hold one -1."""
+    sizes = list(size_splits)
+    if -1 in sizes:
+        sizes[sizes.index(-1)] = input_shape[axis] - (sum(sizes) + 1)
+    b = ModelBuilder()
+    x = b.add_tensor(input_shape, np.int8, scale, zp, name="input")
+    s = b.add_const(np.asarray(size_splits, np.int32), name="size_splits")
+    a = b.add_const(np.asarray(axis, np.int32).reshape(()), name="axis")
+    ys = []
+    for i, n in enumerate(sizes):
+        shape = list(input_shape)
+        shape[axis] = n
+        ys.append(b.add_tensor(shape, np.int8, scale, zp, name=f"output{i}"))
+    opt = schema.SplitVOptionsT()
+    opt.numSplits = len(sizes)
+    b.add_op("SPLIT_V", [x, s, a], ys, opt)
+    return b.build([x], ys)
+
+
+def pack_model(shape, count, axis, scale, zp) -> bytes:
+    """PACK of `count` graph inputs of one shape along a new axis."""
+    b = ModelBuilder()
+    xs = [b.add_tensor(shape, np.int8, scale, zp, name=f"input{i}") for i in range(count)]
+    out = list(shape)
+    out.insert(axis % (len(shape) + 1), count)
+    y = b.add_tensor(out, np.int8, scale, zp, name="output")
+    opt = schema.PackOptionsT()
+    opt.valuesCount, opt.axis = int(count), int(axis)
+    b.add_op("PACK", xs, [y], opt)
+    return b.build(xs, [y])
+
+
+def resize_nearest_model(
+    input_shape, size, scale, zp, align_corners=False, half_pixel_centers=False
+) -> bytes:
+    b = ModelBuilder()
+    x = b.add_tensor(input_shape, np.int8, scale, zp, name="input")
+    s = b.add_const(np.asarray(size, np.int32), name="size")
+    y = b.add_tensor((input_shape[0], *size, input_shape[3]), np.int8, scale, zp, name="output")
+    opt = schema.ResizeNearestNeighborOptionsT()
+    opt.alignCorners, opt.halfPixelCenters = bool(align_corners), bool(half_pixel_centers)
+    b.add_op("RESIZE_NEAREST_NEIGHBOR", [x, s], [y], opt)
+    return b.build([x], [y])
+
+
 def quantize_model(input_shape, in_dtype, out_scale, out_zp, in_scale=None, in_zp=None) -> bytes:
-    """QUANTIZE float32 -> int8 (no input quantization) or uint8 -> int8 (in_scale, in_zp)."""
+    """QUANTIZE float32 -> int8 (no input quantization), or uint8 / int8 -> int8 (in_scale, in_zp)."""
     in_dtype = np.dtype(in_dtype)
     b = ModelBuilder()
     if in_dtype == np.float32:
@@ -576,6 +755,21 @@ def run_tflm(model_bytes: bytes, x_batch, arena_size: int | None = None) -> np.n
         interp.invoke()
         outs.append(np.array(interp.get_output(0), copy=True))
     return np.concatenate(outs, axis=0)
+
+
+def run_tflm_outputs(model_bytes: bytes, x_batch, arena_size: int | None = None) -> list[np.ndarray]:
+    """Every TFLM graph output for a batch, in the graph's output order."""
+    xs = _as_inputs(x_batch)
+    interp = tflm_interpreter(model_bytes, xs, arena_size)
+    count = len(schema.ModelT.InitFromPackedBuf(bytes(model_bytes), 0).subgraphs[0].outputs)
+    outs: list[list[np.ndarray]] = [[] for _ in range(count)]
+    for i in range(xs[0].shape[0]):
+        for k, x in enumerate(xs):
+            interp.set_input(np.ascontiguousarray(x[i : i + 1]), k)
+        interp.invoke()
+        for k in range(count):
+            outs[k].append(np.array(interp.get_output(k), copy=True))
+    return [np.concatenate(o, axis=0) for o in outs]
 
 
 _RESOLVERS = {
@@ -679,6 +873,17 @@ def run_npusim(model_bytes, x_batch, profile: str = "tflm", backend: str | None 
         return interp.run(xs[0])
     values = {graph.inputs[k]: np.ascontiguousarray(x) for k, x in enumerate(xs)}
     return interp.evaluate(values)[graph.outputs[0]]
+
+
+def run_npusim_outputs(model_bytes, x_batch, profile: str = "tflm") -> list[np.ndarray]:
+    """Every npusim graph output for the whole batch, in the graph's output order."""
+    import npusim
+
+    graph = npusim.load_model(model_bytes)
+    interp = npusim.Interpreter(graph, profile=profile, backend=_BACKEND.get())
+    values = {graph.inputs[k]: np.ascontiguousarray(x) for k, x in enumerate(_as_inputs(x_batch))}
+    values = interp.evaluate(values)
+    return [values[t] for t in graph.outputs]
 
 
 def first_difference(a: np.ndarray, b: np.ndarray) -> str:

@@ -1,0 +1,87 @@
+"""LOGISTIC, int8 in -> int8 out (zero point -128), TFLM micro/kernels/logistic_common.cc (Prepare)
+and reference_integer_ops::Logistic (kernels/internal/reference/integer_ops/logistic.h).
+
+TFLM's int8 path is not a lookup table: the input is rescaled to Q4.27 with (input_multiplier,
+input_left_shift), gemmlowp's fixed-point logistic gives a Q0.31 result, and a rounding shift by 23
+brings it to the output with zero point -128 (the output scale is taken to be 1/256; TFLM does not
+check it). Inputs at or beyond input_range_radius from the zero point saturate to -128 / 127.
+The result depends only on the input byte: prepare runs TFLM's arithmetic on all 256 codes and eval
+is a table lookup.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..jit import njit
+from ..quant import INT32_MAX, multiply_by_quantized_multiplier, rounding_divide_by_pot
+from .base import Kernel
+from .quantize import lookup
+from .softmax import calculate_input_radius, exp_on_negative_values, one_over_one_plus_x_for_x_in_0_1
+
+INPUT_INTEGER_BITS = 4  # Q4.27 input to the fixed-point logistic
+OUTPUT_INTEGER_BITS = 8
+
+
+@njit()
+def fixed_point_logistic_q4(a):
+    """gemmlowp::logistic for FixedPoint<int32, 4> raw a; returns Q0.31 raw."""
+    if a == 0:
+        return np.int64(1 << 30)  # one half
+    abs_a = a if a > 0 else -a
+    result_if_positive = one_over_one_plus_x_for_x_in_0_1(exp_on_negative_values(-abs_a, INPUT_INTEGER_BITS))
+    if a > 0:
+        return result_if_positive
+    return np.int64(INT32_MAX) - result_if_positive  # ResultF::One() - result_if_positive
+
+
+@njit()
+def build_logistic_table(zero_point, radius, multiplier, left_shift):
+    """The int8 output for each input byte (index: the byte as uint8)."""
+    table = np.empty(256, dtype=np.int8)
+    for code in range(256):
+        q = code - 256 if code >= 128 else code
+        x = np.int64(q) - zero_point
+        if x <= -radius:
+            table[code] = -128
+        elif x >= radius:
+            table[code] = 127
+        else:
+            in_q4 = multiply_by_quantized_multiplier(x, multiplier, left_shift)
+            out_q0 = fixed_point_logistic_q4(np.int64(in_q4))
+            v = rounding_divide_by_pot(out_q0, 31 - OUTPUT_INTEGER_BITS) - 128
+            table[code] = max(-128, min(127, v))
+    return table
+
+
+class Logistic(Kernel):
+    kind = "LOGISTIC"
+
+    def __init__(self, op, graph, profile):
+        super().__init__(op, graph, profile)
+        x, y = self.inputs[0], self.outputs[0]
+        self.require_int8(x, y)
+        for t in (x, y):
+            if t.quant.per_channel:
+                raise self.error(f"tensor {t.name!r} is quantized per channel, expected per-tensor")
+        if tuple(y.shape) != tuple(x.shape):
+            raise self.error(f"output shape {list(y.shape)} differs from the input shape {list(x.shape)}")
+        if y.zero_point != -128:  # TF_LITE_ENSURE_EQ in TFLM's Prepare
+            raise self.error(
+                f"output {y.name!r} has zero point {y.zero_point}, expected -128 (TFLM int8 logistic)"
+            )
+        # input_real_multiplier = double(scale) * 2^27; frexp and TfLiteRound(q * 2^31) (exact for a
+        # float32 scale: q has 24 significant bits).
+        q, left_shift = math.frexp(float(np.float32(x.scale)) * float(1 << (31 - INPUT_INTEGER_BITS)))
+        if left_shift < 0:
+            raise self.error(f"input {x.name!r} has scale {x.scale:g}, expected at least 2^-28")
+        multiplier = int(math.floor(q * 2.0**31 + 0.5))
+        radius = calculate_input_radius(INPUT_INTEGER_BITS, left_shift)
+        self.table = build_logistic_table(
+            np.int64(x.zero_point), np.int64(radius), np.int64(multiplier), np.int64(left_shift)
+        )
+
+    def __call__(self, x):
+        return lookup(self.table, np.ascontiguousarray(x).view(np.uint8), np.empty(x.shape, dtype=np.int8))

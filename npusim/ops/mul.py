@@ -1,0 +1,43 @@
+"""MUL: int8 elementwise multiplication with broadcasting (TFLM micro/kernels/mul_common.cc,
+reference_integer_ops::Mul / BroadcastMul4DSlow).
+
+y = clamp(z_out + MBQM((x1 - z1) * (x2 - z2), M, shift), act range), with (M, shift) =
+QuantizeMultiplier(double(s1) * double(s2) / double(s_out)). Eval is a lookup over the two input
+bytes (pairwise.py).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..jit import njit
+from ..quant import requantize_to_output
+from .pairwise import BinaryKernel, every_pair
+from .requant import output_range, requantization_multiplier
+
+
+@njit()
+def mul_table(a, b, z1, z2, m, shift, real_scale, profile, zo, lo, hi):
+    out = np.empty(a.size, dtype=np.int8)
+    for i in range(a.size):
+        # |product| <= 255 * 255: int32, as in TFLM.
+        out[i] = requantize_to_output((a[i] - z1) * (b[i] - z2), m, shift, real_scale, profile, zo, lo, hi)
+    return out
+
+
+class Mul(BinaryKernel):
+    kind = "MUL"
+    max_rank = 4  # BroadcastMul4DSlow
+
+    def __init__(self, op, graph, profile):
+        super().__init__(op, graph, profile)
+        a, b, y = self.prepare_operands()
+        s1, s2, so = (np.float64(t.quant.scale[0]) for t in (a, b, y))
+        m, shift = requantization_multiplier(s1 * s2 / so)
+        # The xnnpack profile: float32 product and scale, round half to even (quant.requantize_one).
+        real32 = np.float32(np.float32(s1) * np.float32(s2) / np.float32(so))
+        lo, hi = output_range(op.options.get("fused_activation_function", "NONE"), y, profile)
+        xa, xb = every_pair()
+        self.table = mul_table(
+            xa, xb, a.zero_point, b.zero_point, m, shift, real32, profile, y.zero_point, lo, hi
+        )

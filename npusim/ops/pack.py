@@ -1,0 +1,54 @@
+"""PACK: N tensors of one shape stacked along a new axis (TFLM micro/kernels/pack.cc). Data
+movement; int8 inputs must share the output's quantization (TFLM copies the bytes)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .base import Kernel
+from .movement import _same_dtype
+
+
+class Pack(Kernel):
+    kind = "PACK"
+    required_inputs, max_inputs, data_inputs = 1, None, None
+
+    def __init__(self, op, graph, profile):
+        super().__init__(op, graph, profile)
+        y = self.outputs[0]
+        _same_dtype(self)
+        shape = tuple(self.inputs[0].shape)
+        n = int(op.options.get("values_count", len(self.inputs)))
+        if n != len(self.inputs):
+            raise self.error(f"values_count {n} differs from the {len(self.inputs)} inputs")
+        rank = len(shape) + 1
+        axis = int(op.options.get("axis", 0))
+        if not -rank <= axis < rank:
+            raise self.error(f"axis {axis} is out of range for an output of rank {rank}")
+        self.axis = axis % rank
+        if self.axis == 0:
+            raise self.error("packing along the batch axis 0 is not supported")
+        for t in self.inputs:
+            if tuple(t.shape) != shape:
+                raise self.error(f"input {t.name!r} has shape {list(t.shape)}, expected {list(shape)}")
+            if (
+                t.quant is not None
+                and y.quant is not None
+                and (t.scale, t.zero_point) != (y.scale, y.zero_point)
+            ):
+                raise self.error(f"input {t.name!r} has quantization different from the output's")
+        expected = list(shape)
+        expected.insert(self.axis, len(self.inputs))
+        if list(y.shape) != expected:
+            raise self.error(f"output shape {list(y.shape)} is not the packed shape {expected}")
+
+    def __call__(self, *xs):
+        batches = {x.shape[0] for x, t in zip(xs, self.inputs) if t.data is None}
+        if len(batches) != 1:
+            raise self.error(f"inputs carry batches of {sorted(batches)}, expected one batch size")
+        n = batches.pop()
+        xs = [
+            np.broadcast_to(x, (n,) + x.shape[1:]) if t.data is not None else x
+            for x, t in zip(xs, self.inputs)
+        ]
+        return np.stack(xs, axis=self.axis)

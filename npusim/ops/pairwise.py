@@ -1,0 +1,81 @@
+"""Shared by the int8 binary elementwise ops (MUL, SUB): operand checks and broadcasting as ADD does
+them, and eval as a lookup in a 65,536-entry table.
+
+An int8 binary op of fixed quantization is a function of its two input bytes, so prepare runs the
+op's exact TFLM arithmetic on every pair once and eval gathers table[a, b]: bit-identical to
+computing each element, and vector code whatever the arithmetic.
+"""
+
+from __future__ import annotations
+
+import numba as nb
+import numpy as np
+
+from ..jit import parallel_kernel
+from . import aligned
+from .base import Kernel
+
+
+@parallel_kernel
+def pair_lookup(table, a, b, out):
+    """out[i] = table[a[i] * 256 + b[i]] for bytes a, b (uint8 views of the int8 operands)."""
+    fa, fb, fo = a.reshape(-1), b.reshape(-1), out.reshape(-1)
+    for i in nb.prange(fo.size):
+        fo[i] = table[(np.int64(fa[i]) << 8) | np.int64(fb[i])]
+    return out
+
+
+def every_pair() -> tuple[np.ndarray, np.ndarray]:
+    """(a, b) as int64 values over all 65,536 pairs, a major: index a_byte * 256 + b_byte."""
+    codes = np.arange(256, dtype=np.uint8).view(np.int8).astype(np.int64)
+    return np.repeat(codes, 256), np.tile(codes, 256)
+
+
+class BinaryKernel(Kernel):
+    """Two int8 per-tensor operands that broadcast (numpy rules) to the int8 output; subclasses set
+    self.table (int8 [65536]) in __init__ after calling prepare_operands()."""
+
+    required_inputs, max_inputs = 2, 2
+    max_rank: int | None = None  # TFLM's broadcasting kernels stop at rank 4 for some ops
+
+    def prepare_operands(self):
+        a, b, y = self.inputs[0], self.inputs[1], self.outputs[0]
+        self.require_int8(a, b, y)
+        for t in (a, b, y):
+            if t.quant.per_channel:
+                raise self.error(f"tensor {t.name!r} is quantized per channel, expected per-tensor")
+        try:
+            shape = np.broadcast_shapes(a.shape, b.shape)
+        except ValueError:
+            raise self.error(f"input shapes {list(a.shape)} and {list(b.shape)} do not broadcast") from None
+        if tuple(shape) != tuple(y.shape):
+            raise self.error(
+                f"output shape {list(y.shape)} is not the broadcast shape {list(shape)} of the inputs"
+            )
+        if self.max_rank is not None and tuple(a.shape) != tuple(b.shape) and len(shape) > self.max_rank:
+            raise self.error(
+                f"broadcasting over {len(shape)} dimensions, TFLM supports at most {self.max_rank}"
+            )
+        for t in (a, b):  # an activation's axis 0 is the batch: it must line up with the output's
+            if t.data is None and len(t.shape) != len(y.shape):
+                raise self.error(
+                    f"input {t.name!r} has rank {len(t.shape)}, expected the output's rank {len(y.shape)}"
+                )
+        self.out_shape = tuple(y.shape[1:])
+        return a, b, y
+
+    def macs(self) -> int:
+        return int(np.prod(self.out_shape))
+
+    def workspace_bytes(self, n: int) -> int:
+        return 2 * n * int(np.prod(self.out_shape))  # each operand broadcast to the output shape
+
+    def __call__(self, a, b):
+        a_is_batched = len(a.shape) == len(self.inputs[0].shape) and self.inputs[0].data is None
+        b_is_batched = len(b.shape) == len(self.inputs[1].shape) and self.inputs[1].data is None
+        if a_is_batched and b_is_batched and a.shape[0] != b.shape[0]:
+            raise self.error(f"inputs carry batches of {a.shape[0]} and {b.shape[0]}, expected the same")
+        n = a.shape[0] if a_is_batched else b.shape[0]
+        shape = (n,) + self.out_shape
+        a, b = (np.ascontiguousarray(np.broadcast_to(t, shape)).view(np.uint8) for t in (a, b))
+        return pair_lookup(self.table, a, b, aligned.empty(shape, np.int8))

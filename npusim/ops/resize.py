@@ -1,0 +1,69 @@
+"""RESIZE_NEAREST_NEIGHBOR on NHWC (TFLM micro/kernels/resize_nearest_neighbor.cc and
+reference_ops::ResizeNearestNeighbor). Data movement: output pixel (y, x) copies input pixel
+(GetNearestNeighbor(y), GetNearestNeighbor(x)), computed in float32 as TFLM does:
+scale = (in - 1) / (out - 1) with align_corners (and out > 1), else in / out;
+v = (i + (0.5 if half_pixel_centers else 0)) * scale; index = round half away from zero (v) with
+align_corners, floor(v) without; then min(index, in - 1), and max(index, 0) with half_pixel_centers.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .base import Kernel
+from .movement import _same_dtype
+
+
+def nearest_indices(in_size: int, out_size: int, align_corners: bool, half_pixel_centers: bool) -> np.ndarray:
+    f32 = np.float32
+    if align_corners and out_size > 1:
+        scale = f32(in_size - 1) / f32(out_size - 1)
+    else:
+        scale = f32(in_size) / f32(out_size)
+    offset = f32(0.5) if half_pixel_centers else f32(0.0)
+    v = (np.arange(out_size, dtype=np.float32) + offset) * scale  # float32 throughout
+    if align_corners:
+        r = np.floor(np.abs(v) + f32(0.5)) * np.sign(v)  # TfLiteRound: half away from zero
+    else:
+        r = np.floor(v)
+    idx = np.minimum(r.astype(np.int64), in_size - 1)
+    if half_pixel_centers:
+        idx = np.maximum(idx, 0)
+    return idx
+
+
+class ResizeNearestNeighbor(Kernel):
+    kind = "RESIZE_NEAREST_NEIGHBOR"
+    required_inputs, max_inputs, data_inputs = 2, 2, 1
+
+    def __init__(self, op, graph, profile):
+        super().__init__(op, graph, profile)
+        x, size, y = self.inputs[0], self.inputs[1], self.outputs[0]
+        _same_dtype(self)
+        if len(x.shape) != 4:
+            raise self.error(f"input {x.name!r} has shape {list(x.shape)}, expected NHWC (rank 4)")
+        if x.quant is not None and y.quant is not None and (x.scale, x.zero_point) != (y.scale, y.zero_point):
+            raise self.error("input and output quantization differ, expected a pure resize")
+        self.require_constant(size, "size")
+        if size.dtype != np.int32 or size.data.size != 2:
+            raise self.error(f"size {size.name!r} is not two int32 values")
+        oh, ow = (int(v) for v in size.data.reshape(-1))
+        if oh <= 0 or ow <= 0:
+            raise self.error(f"output size {[oh, ow]} is not positive")
+        expected = [x.shape[0], oh, ow, x.shape[3]]
+        if list(y.shape) != expected:
+            raise self.error(f"output shape {list(y.shape)} is not the resized shape {expected}")
+        align = bool(op.options.get("align_corners", False))
+        half = bool(op.options.get("half_pixel_centers", False))
+        self.rows = nearest_indices(x.shape[1], oh, align, half)
+        self.cols = nearest_indices(x.shape[2], ow, align, half)
+        # Each axis an integer repeat of the input (the 2x upsampling of detection necks): np.repeat.
+        self.repeats = tuple(
+            out // n if out % n == 0 and np.array_equal(idx, np.repeat(np.arange(n), out // n)) else None
+            for idx, n, out in ((self.rows, x.shape[1], oh), (self.cols, x.shape[2], ow))
+        )
+
+    def __call__(self, x, size=None):
+        if self.repeats[0] is not None and self.repeats[1] is not None:
+            return np.repeat(np.repeat(x, self.repeats[0], axis=1), self.repeats[1], axis=2)
+        return np.ascontiguousarray(x[:, self.rows][:, :, self.cols])

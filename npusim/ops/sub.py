@@ -1,0 +1,69 @@
+"""SUB: int8 elementwise subtraction with broadcasting (TFLM micro/kernels/sub_common.cc,
+reference_ops::SubElementwise / BroadcastQuantSubSlow).
+
+The rescale scheme of ADD (left_shift 20, both inputs to twice the larger scale, then to the output
+scale) with QuantizeMultiplierSmallerThanOneExp. The multipliers are computed in double from the
+float32 scales, as for ADD: the tflite-micro build on PyPI matches that and not the float32
+arithmetic of some sub_common.cc versions (tests/test_ops_elementwise.py has scales where the two
+differ). Eval is a lookup over the two input bytes (pairwise.py).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..jit import njit
+from ..quant import (
+    SINGLE,
+    clamp,
+    multiply_by_quantized_multiplier,
+    multiply_by_quantized_multiplier_single,
+)
+from .pairwise import BinaryKernel, every_pair
+from .requant import output_range, requantization_multiplier
+
+LEFT_SHIFT = 20
+
+
+@njit(inline="always")
+def _rescale(x, m, shift, profile):
+    if profile == SINGLE:
+        return multiply_by_quantized_multiplier_single(x, m, shift)
+    return multiply_by_quantized_multiplier(x, m, shift)
+
+
+@njit()
+def sub_table(a, b, params, profile):
+    """All pairs; the xnnpack profile subtracts as TFLM does (as ADD)."""
+    z1, z2, m1, s1, m2, s2, mo, so, zo, lo, hi = params
+    out = np.empty(a.size, dtype=np.int8)
+    for i in range(a.size):
+        x1 = _rescale((a[i] - z1) << LEFT_SHIFT, m1, s1, profile)
+        x2 = _rescale((b[i] - z2) << LEFT_SHIFT, m2, s2, profile)
+        out[i] = clamp(_rescale(x1 - x2, mo, so, profile) + zo, lo, hi)
+    return out
+
+
+class Sub(BinaryKernel):
+    kind = "SUB"
+    max_rank = 5  # BroadcastQuantSubSlow handles up to 5 dimensions
+
+    def __init__(self, op, graph, profile):
+        super().__init__(op, graph, profile)
+        a, b, y = self.prepare_operands()
+        f1, f2, fo = (np.float64(t.quant.scale[0]) for t in (a, b, y))
+        twice_max = 2.0 * max(f1, f2)
+        reals = (float(f1 / twice_max), float(f2 / twice_max), float(twice_max / ((1 << LEFT_SHIFT) * fo)))
+        if not 0.0 < reals[2] < 1.0:
+            # QuantizeMultiplierSmallerThanOneExp CHECK-fails in TFLM.
+            raise self.error(
+                f"output multiplier {reals[2]:g} is not below 1 (output scale {float(fo):g} too small "
+                "for the input scales)"
+            )
+        params = []
+        for r in reals:
+            params += requantization_multiplier(r)
+        params = (a.zero_point, b.zero_point, *params, y.zero_point)
+        params += output_range(op.options.get("fused_activation_function", "NONE"), y)
+        xa, xb = every_pair()
+        self.table = sub_table(xa, xb, tuple(np.int64(p) for p in params), np.int64(profile))

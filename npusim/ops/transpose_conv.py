@@ -1,0 +1,115 @@
+"""TRANSPOSE_CONV: int8 NHWC transposed convolution with per-channel requantization (TFLM
+micro/kernels/transpose_conv.cc, reference_integer_ops::TransposeConv).
+
+Inputs (output_shape int32 [4], filter int8 [O, kh, kw, I] per channel on axis 0, input, optional
+int32 bias [O]). TFLM scatters: input pixel (y, x) adds (x - in_zp) * w[o, fy, fx, i] to output pixel
+(y * stride - pad + fy, x * stride - pad + fx) when that lies in the output; the padding is
+ComputePaddingHeightWidth run on the *output* size (as if the op were the convolution from the
+output back to the input). Then bias, MultiplyByQuantizedMultiplier per channel, zero point and the
+clamp of the fused activation.
+
+Eval: one exact float64 matrix product per filter tap (x - in_zp is at most 255 in magnitude, so
+every partial sum is an integer far below 2^53) added into a strided view of the accumulator, then
+the output stage of the MAC ops (gemm.requantize_products).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import gemm
+from .base import Kernel, WeightMemo
+from .requant import OutputStage
+
+
+def _padding(size: int, k: int, stride: int, padding: str) -> int:
+    """The leading padding ComputePaddingHeightWidth gives for a window k over `size` (here the
+    output's size): ComputeOutSize with C's truncating division, then half the total, rounded down."""
+    num = size + stride - 1 if padding == "SAME" else size + stride - k
+    out = abs(num) // stride * (1 if num >= 0 else -1)
+    return max((out - 1) * stride + k - size, 0) // 2
+
+
+def _taps(w: np.ndarray) -> np.ndarray:
+    """Per tap (fy, fx): the weights [O, kh, kw, I] as [kh, kw, I, O] float64 for the products."""
+    return np.ascontiguousarray(w.astype(np.float64).transpose(1, 2, 3, 0))
+
+
+class TransposeConv(Kernel):
+    kind = "TRANSPOSE_CONV"
+    required_inputs, max_inputs = 3, 4
+
+    def __init__(self, op, graph, profile):
+        super().__init__(op, graph, profile)
+        shape_t, w, x = self.inputs[0], self.inputs[1], self.inputs[2]
+        b = self.inputs[3] if len(self.inputs) > 3 else None
+        y = self.outputs[0]
+        self.require_int8(x, w, y)
+        self.require_constant(w, "filter")
+        self.require_constant(shape_t, "output_shape")
+        if len(x.shape) != 4 or len(w.shape) != 4 or len(y.shape) != 4:
+            shapes = ", ".join(str(list(t.shape)) for t in (x, w, y))
+            raise self.error(f"expected 4-D input, filter and output, got {shapes}")
+        if shape_t.dtype != np.int32 or shape_t.data.size != 4:
+            raise self.error(f"output_shape {shape_t.name!r} is not four int32 values")
+        declared = [int(v) for v in shape_t.data.reshape(-1)]
+        if declared[1:] != list(y.shape[1:]):
+            raise self.error(f"output_shape {declared} differs from the output tensor's {list(y.shape)}")
+        self.out_channels, self.kh, self.kw, in_c = w.shape
+        if in_c != x.shape[3] or self.out_channels != y.shape[3]:
+            raise self.error(
+                f"filter {list(w.shape)} does not map {x.shape[3]} input to {y.shape[3]} output channels"
+            )
+        self.require_bias(b, self.out_channels)
+        o = op.options
+        self.stride = (int(o.get("stride_h", 1)), int(o.get("stride_w", 1)))
+        padding = o.get("padding")
+        if padding not in ("SAME", "VALID"):
+            raise self.error(f"padding {padding!r} is not supported, expected SAME or VALID")
+        if min(self.stride) < 1:
+            raise self.error(f"stride {list(self.stride)}, expected at least 1")
+        self.pad = (
+            _padding(y.shape[1], self.kh, self.stride[0], padding),
+            _padding(y.shape[2], self.kw, self.stride[1], padding),
+        )
+        self.in_hw = tuple(x.shape[1:3])
+        self.out_hw = tuple(y.shape[1:3])
+        self.stage = OutputStage.prepare(
+            x, w, y, self.out_channels, o.get("fused_activation_function", "NONE"), self.profile
+        )
+        self.memo = WeightMemo()
+
+    def macs(self) -> int:
+        return self.in_hw[0] * self.in_hw[1] * self.kh * self.kw * self.out_channels * self.inputs[1].shape[3]
+
+    def workspace_bytes(self, n: int) -> int:
+        (h, w), (sh, sw) = self.in_hw, self.stride
+        full = ((h - 1) * sh + self.kh + self.pad[0]) * ((w - 1) * sw + self.kw + self.pad[1])
+        return n * 8 * (full * self.out_channels + h * w * (self.inputs[1].shape[3] + self.out_channels))
+
+    def __call__(self, output_shape, w, x, b=None):
+        if w.shape != self.inputs[1].shape:
+            raise self.error(f"filter has shape {list(w.shape)}, expected {list(self.inputs[1].shape)}")
+        taps = self.memo.get("taps", w, None, lambda: _taps(w))
+        n = x.shape[0]
+        (h, wd), (sh, sw), (ph, pw) = self.in_hw, self.stride, self.pad
+        oh, ow = self.out_hw
+        # Accumulator over every position a tap reaches, shifted by the padding; cropped after.
+        full_h = max((h - 1) * sh + self.kh, ph + oh)
+        full_w = max((wd - 1) * sw + self.kw, pw + ow)
+        acc = np.zeros((n, full_h, full_w, self.out_channels), dtype=np.float64)
+        xs = (x.astype(np.float64) - self.inputs[2].zero_point).reshape(n * h * wd, -1)
+        for fy in range(self.kh):
+            for fx in range(self.kw):
+                contribution = (xs @ taps[fy, fx]).reshape(n, h, wd, self.out_channels)
+                acc[:, fy : fy + (h - 1) * sh + 1 : sh, fx : fx + (wd - 1) * sw + 1 : sw] += contribution
+        acc = np.ascontiguousarray(acc[:, ph : ph + oh, pw : pw + ow]).reshape(1, n * oh * ow, -1)
+        offset = (
+            np.zeros((1, self.out_channels), np.int64) if b is None else b.astype(np.int64).reshape(1, -1)
+        )
+        out = np.empty(acc.shape, dtype=np.int8)
+        s = self.stage
+        gemm.requantize_products(
+            acc, offset, s.multiplier, s.shift, s.real_scale, s.zero_point, s.lo, s.hi, self.profile, out
+        )
+        return out.reshape(n, oh, ow, self.out_channels)

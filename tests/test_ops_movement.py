@@ -1,0 +1,268 @@
+"""STRIDED_SLICE, SPLIT, SPLIT_V, PACK, CONCATENATION (many inputs), RESIZE_NEAREST_NEIGHBOR and
+QUANTIZE int8 -> int8: npusim against TFLite Micro, bit for bit (multi-output ops on every output).
+"""
+
+import numpy as np
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+from test_ops_tflm import check, examples
+
+from npusim.ops.strided_slice import axis_indices
+from npusim.testing import oracle as O
+
+import cases as C
+
+
+def check_outputs(case: C.Case):
+    expected = O.run_tflm_outputs(case.model, case.xs)
+    got = O.run_npusim_outputs(case.model, case.xs)
+    assert len(expected) == len(got), case.desc
+    for k, (e, g) in enumerate(zip(expected, got)):
+        O.assert_same(e, g, f"output {k}: {case.desc}")
+
+
+def tflm_refuses(model: bytes, x) -> bool:
+    try:
+        O.run_tflm(model, x)
+    except Exception:  # noqa: BLE001 - any failure to prepare or run
+        return True
+    return False
+
+
+# ----------------------------------------------------------------------------------------------
+# STRIDED_SLICE
+# ----------------------------------------------------------------------------------------------
+
+
+@st.composite
+def strided_slice_params(draw):
+    rank = draw(st.integers(2, 4))
+    shape = [1] + [draw(st.integers(1, 7)) for _ in range(rank - 1)]
+    begin, end, strides = [0], [1], [1]
+    for d in shape[1:]:
+        begin.append(draw(st.integers(-d - 2, d + 2)))
+        end.append(draw(st.integers(-d - 2, d + 2)))
+        strides.append(draw(st.sampled_from([1, 1, 2, 3, -1, -1, -2, -3])))
+    masks = {}
+    for name in ("begin_mask", "end_mask", "shrink_axis_mask"):
+        bits = draw(st.integers(0, (1 << rank) - 1))
+        masks[name] = bits & ~1 if name == "shrink_axis_mask" else bits
+    for k in range(1, rank):
+        b, e, s = (masks[n] >> k & 1 for n in ("begin_mask", "end_mask", "shrink_axis_mask"))
+        idx = axis_indices(shape[k], begin[k], end[k], strides[k], bool(b), bool(e), bool(s))
+        assume(idx and 0 <= idx[0] < shape[k])  # no empty axis, no read outside a shrunk axis
+    return dict(
+        shape=tuple(shape), begin=begin, end=end, strides=strides, q=draw(C.qparams), n=draw(C.batch), **masks
+    )
+
+
+@settings(max_examples=examples(150))
+@given(p=strided_slice_params(), seed=C.seeds)
+def test_strided_slice(p, seed):
+    rng = np.random.default_rng(seed)
+    model = O.strided_slice_model(
+        p["shape"],
+        p["begin"],
+        p["end"],
+        p["strides"],
+        *p["q"],
+        begin_mask=p["begin_mask"],
+        end_mask=p["end_mask"],
+        shrink_axis_mask=p["shrink_axis_mask"],
+    )
+    x = O.random_int8(rng, (p["n"], *p["shape"][1:]))
+    check(C.Case(model, x, f"STRIDED_SLICE {p}, seed={seed}"))
+
+
+def test_strided_slice_yolo_channel_split():
+    """The YOLOv8 head's slices: channels [0:64] and [64:] of [1, 5376, 80]-like tensors."""
+    cases = (([0, 0, 0], [1, 4, 21], 0, 0), ([0, 4, 0], [1, 6, 21], 0, 4), ([0, 0, 7], [1, 0, 0], 3, 7))
+    for begin, end, begin_mask, end_mask in cases:
+        model = O.strided_slice_model(
+            (1, 6, 21), begin, end, [1, 1, 1], 0.05, 3, begin_mask=begin_mask, end_mask=end_mask
+        )
+        check(C.Case(model, O.random_int8(np.random.default_rng(0), (2, 6, 21)), f"{begin} {end}"))
+
+
+def test_strided_slice_refuses_shrink_outside_axis():
+    """begin = size on a shrunk axis: start is clamped to size and TFLM reads past the axis."""
+    import npusim
+
+    model = O.strided_slice_model((1, 3, 4), [0, 3, 0], [1, 4, 4], [1, 1, 1], 0.1, 0, shrink_axis_mask=2)
+    with pytest.raises(npusim.NpusimError, match="out of bounds"):
+        npusim.Interpreter(npusim.load_model(model))
+
+
+@pytest.mark.parametrize("mask", ["ellipsis_mask", "new_axis_mask"])
+def test_strided_slice_ellipsis_and_new_axis_as_tflm(mask):
+    """TFLM ignores ellipsis_mask and new_axis_mask (its Prepare zeroes them): with the output shape
+    TFLM computes, both run and agree; with the shape TensorFlow would give, TFLM refuses the model
+    and npusim raises a clear NpusimError."""
+    import npusim
+
+    shape, begin, end, strides = (1, 4, 5, 3), [0, 1, 0, 0], [1, 3, 4, 2], [1, 1, 2, 1]
+    x = O.random_int8(np.random.default_rng(1), (2, 4, 5, 3))
+    model = O.strided_slice_model(shape, begin, end, strides, 0.1, 0, **{mask: 2})
+    check(C.Case(model, x, f"STRIDED_SLICE with {mask}=2 (ignored)"))
+    tf_shape = (1, 1, 4, 5, 3) if mask == "new_axis_mask" else (1, 2, 5, 3)  # [:, None] / [:, ...]
+    bad = O.strided_slice_model(shape, begin, end, strides, 0.1, 0, output_shape=tf_shape, **{mask: 2})
+    assert tflm_refuses(bad, x)
+    with pytest.raises(npusim.NpusimError, match="ignored, as TFLM does"):
+        npusim.Interpreter(npusim.load_model(bad))
+
+
+def test_strided_slice_refuses_batch_slice():
+    import npusim
+
+    model = O.strided_slice_model((2, 4), [1, 0], [2, 4], [1, 1], 0.1, 0)
+    with pytest.raises(npusim.NpusimError, match="batch axis"):
+        npusim.Interpreter(npusim.load_model(model))
+
+
+# ----------------------------------------------------------------------------------------------
+# SPLIT, SPLIT_V, PACK
+# ----------------------------------------------------------------------------------------------
+
+
+@settings(max_examples=examples(50))
+@given(
+    dims=st.lists(st.integers(1, 5), min_size=1, max_size=3),
+    data=st.data(),
+    q=C.qparams,
+    n=C.batch,
+    seed=C.seeds,
+)
+def test_split(dims, data, q, n, seed):
+    shape = [1, *dims]
+    axis = data.draw(st.integers(1, len(shape) - 1))
+    parts = data.draw(st.integers(1, 4))
+    shape[axis] *= parts
+    model = O.split_model(shape, axis - len(shape) if data.draw(st.booleans()) else axis, parts, *q)
+    x = O.random_int8(np.random.default_rng(seed), (n, *shape[1:]))
+    check_outputs(C.Case(model, x, f"SPLIT shape={shape} axis={axis} parts={parts}, seed={seed}"))
+
+
+@settings(max_examples=examples(50))
+@given(
+    dims=st.lists(st.integers(1, 5), min_size=1, max_size=3),
+    data=st.data(),
+    q=C.qparams,
+    n=C.batch,
+    seed=C.seeds,
+)
+def test_split_v(dims, data, q, n, seed):
+    shape = [1, *dims]
+    axis = data.draw(st.integers(1, len(shape) - 1))
+    sizes = data.draw(st.lists(st.integers(1, 4), min_size=1, max_size=4))
+    shape[axis] = sum(sizes)
+    if data.draw(st.booleans()):
+        sizes[data.draw(st.integers(0, len(sizes) - 1))] = -1
+    model = O.split_v_model(shape, sizes, axis, *q)
+    x = O.random_int8(np.random.default_rng(seed), (n, *shape[1:]))
+    check_outputs(C.Case(model, x, f"SPLIT_V shape={shape} sizes={sizes} axis={axis}, seed={seed}"))
+
+
+@settings(max_examples=examples(40))
+@given(
+    dims=st.lists(st.integers(1, 5), min_size=0, max_size=3),
+    count=st.integers(1, 5),
+    data=st.data(),
+    q=C.qparams,
+    n=C.batch,
+    seed=C.seeds,
+)
+def test_pack(dims, count, data, q, n, seed):
+    shape = (1, *dims)
+    rank = len(shape) + 1
+    axis = data.draw(st.integers(1, rank - 1))
+    if data.draw(st.booleans()):
+        axis -= rank
+    model = O.pack_model(shape, count, axis, *q)
+    rng = np.random.default_rng(seed)
+    xs = [O.random_int8(rng, (n, *shape[1:])) for _ in range(count)]
+    check(C.Case(model, xs if count > 1 else xs[0], f"PACK shape={shape} count={count} axis={axis}"))
+
+
+# ----------------------------------------------------------------------------------------------
+# CONCATENATION of many inputs
+# ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("count", [2, 5, 10])
+def test_concatenation_many_inputs(count):
+    shapes = [(1, 3, 2, k + 1) for k in range(count)]
+    rng = np.random.default_rng(count)
+    xs = [O.random_int8(rng, (2, *s[1:])) for s in shapes]
+    check(C.Case(O.concat_model(shapes, 3, 0.05, -3), xs, f"CONCATENATION of {count} inputs"))
+
+
+@pytest.mark.parametrize("count", [11, 25])
+def test_concatenation_beyond_tflm_limit(count):
+    """TFLM's CONCATENATION takes at most 10 inputs (kMaxInputNum); npusim takes any number and
+    equals numpy's concatenation (the op moves bytes only)."""
+    shapes = [(1, 2, k % 3 + 1) for k in range(count)]
+    rng = np.random.default_rng(count)
+    xs = [O.random_int8(rng, (2, *s[1:])) for s in shapes]
+    model = O.concat_model(shapes, -1, 0.05, -3)
+    assert tflm_refuses(model, xs)
+    O.assert_same(np.concatenate(xs, axis=-1), O.run_npusim(model, xs), f"CONCATENATION of {count}")
+
+
+# ----------------------------------------------------------------------------------------------
+# RESIZE_NEAREST_NEIGHBOR
+# ----------------------------------------------------------------------------------------------
+
+
+@settings(max_examples=examples(120))
+@given(
+    hw=st.tuples(st.integers(1, 9), st.integers(1, 9)),
+    out=st.tuples(st.integers(1, 20), st.integers(1, 20)),
+    c=st.integers(1, 4),
+    align=st.booleans(),
+    half=st.booleans(),
+    q=C.qparams,
+    n=C.batch,
+    seed=C.seeds,
+)
+def test_resize_nearest_neighbor(hw, out, c, align, half, q, n, seed):
+    assume(not (align and half))  # TFLite refuses both at once
+    model = O.resize_nearest_model((1, *hw, c), out, *q, align_corners=align, half_pixel_centers=half)
+    x = O.random_int8(np.random.default_rng(seed), (n, *hw, c))
+    check(C.Case(model, x, f"RESIZE_NEAREST_NEIGHBOR {hw}->{out} c={c} align={align} half={half}"))
+
+
+@pytest.mark.parametrize("half", [False, True])
+def test_resize_nearest_neighbor_2x(half):
+    """The 2x upsampling of YOLOv8's neck (the np.repeat path)."""
+    model = O.resize_nearest_model((1, 8, 8, 16), (16, 16), 0.1, 5, half_pixel_centers=half)
+    check(C.Case(model, O.random_int8(np.random.default_rng(0), (2, 8, 8, 16)), f"2x half={half}"))
+
+
+# ----------------------------------------------------------------------------------------------
+# QUANTIZE int8 -> int8 (requantize); uint8 -> int8 is in test_ops_tflm.py
+# ----------------------------------------------------------------------------------------------
+
+
+@settings(max_examples=examples(60))
+@given(
+    in_q=C.qparams,
+    ratio=st.floats(-1.5, 1.5),
+    out_zp=C.zero_points,
+    pow2=st.booleans(),
+)
+def test_quantize_int8_to_int8_every_code(in_q, ratio, out_zp, pow2):
+    in_scale = in_q[0]
+    out_scale = float(np.float32(in_scale * 10.0**ratio))
+    if pow2:
+        in_scale, out_scale = C.pow2(in_scale), C.pow2(out_scale)
+    model = O.quantize_model((1, 256), np.int8, out_scale, out_zp, in_scale, in_q[1])
+    x = np.arange(-128, 128, dtype=np.int8).reshape(1, 256)
+    check(C.Case(model, x, f"QUANTIZE int8 ({in_scale}, {in_q[1]}) -> ({out_scale}, {out_zp})"))
+
+
+@pytest.mark.parametrize("in_zp,out_zp", [(128, 0), (0, -128), (100, -20)])
+def test_quantize_uint8_to_int8_same_scale(in_zp, out_zp):
+    model = O.quantize_model((1, 256), np.uint8, 0.0039215689, out_zp, 0.0039215689, in_zp)
+    x = np.arange(256, dtype=np.uint8).reshape(1, 256)
+    check(C.Case(model, x, f"QUANTIZE uint8 zp {in_zp} -> int8 zp {out_zp}"))
