@@ -55,8 +55,11 @@ PILOTS = {
     "resnet8-eurosat32_subset-last1",
     "resnet8-cifar10_subset-last1",
     "resnet8-eurosat32_subset-last3",
+    "resnet8-cifar10_subset-last3",
     "mobilenetv2-0.35-eurosat64_subset-last1",
     "mobilenetv2-0.35-eurosat64_subset-last3",
+    "mobilenetv2-0.35-cifar10_subset-last1",
+    "mobilenetv2-0.35-cifar10_subset-last3",
     "reid-mobilenetv2-eurosat64_subset-last1",
 }
 
@@ -156,7 +159,7 @@ def write_table(results: list[dict], path: Path, command: str, budget: int, seed
         lines.append(
             f"| {r['model']} | {Path(r['data']).stem} | `{r['trainable']}` | {r['parameters']:,} "
             f"| {r['mapping']} | {'yes' if r['key'] in PILOTS else 'no'} | {100 * r['start_accuracy']:.1f} | "
-            f"{100 * r['zo_accuracy']:.1f} | {100 * r['bound_accuracy']:.1f} | {r['fraction']:.2f} | "
+            f"{100 * r['zo_accuracy']:.1f} | {100 * r['bound_accuracy']:.1f} | {r['fraction']:.3f} | "
             f"{'met' if r['fraction'] >= GOAL else 'missed'} |"
         )
     met = [r for r in results if r["fraction"] >= GOAL]

@@ -23,8 +23,20 @@ def test_normalized_step_is_free_of_the_loss_scale():
     assert 0.003 < np.sqrt(np.mean(steps[0][0] ** 2)) < 0.1
 
 
-def test_every_optimizer_takes_the_derivatives_argument():
+def test_every_optimizer_steps_and_its_state_round_trips():
     for name, kind in OPTIMIZERS.items():
         opt = kind(3)
         step = opt.step(np.array([1.0, -1.0, 0.0]), 0.1, np.array([0.5, -0.5]))
         assert step.shape == (3,) and step[0] < 0 < step[1], name
+        twin = kind(3)
+        twin.load(opt.state())
+        grad = np.array([0.2, 0.3, -0.4])
+        assert np.array_equal(twin.step(grad, 0.1, np.ones(2)), opt.step(grad, 0.1, np.ones(2))), name
+
+
+def test_normalized_step_grows_linearly_with_q():
+    """The same normalized estimate from q = 4 and from q = 16 probes: the q = 16 step is 4 times larger."""
+    grad = np.array([0.5, -1.0, 2.0])
+    small = NormalizedSGD(3, momentum=0.0).step(grad, 0.03, np.ones(4))
+    large = NormalizedSGD(3, momentum=0.0).step(grad, 0.03, np.ones(16))
+    assert np.allclose(large, 4 * small) and np.allclose(small, -0.03 * grad)

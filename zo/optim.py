@@ -23,6 +23,7 @@ def learning_rate(base: float, schedule: str, progress: float) -> float:
 
 
 SCHEDULES = ("constant", "cosine", "linear")
+Q_REFERENCE = 4  # the q at which NormalizedSGD's lr is the rate itself
 
 
 class SGD:
@@ -36,26 +37,35 @@ class SGD:
         self.velocity = self.momentum * self.velocity + grad
         return -lr * self.velocity
 
-
-class NormalizedSGD(SGD):
-    """SGD with momentum on the estimate divided by the RMS of its own directional derivatives d_i.
-
-    FZOO's scale-free step: E[d_i^2] = |grad|^2 (+ data noise) for Rademacher directions, so the
-    normalized estimate has a size that does not depend on the loss's scale, the model or the
-    layer's units; lr is then (up to momentum) the direction noise's step per coordinate times
-    sqrt(q). One lr fits models whose raw gradients differ by orders of magnitude, and unlike
-    Adam, coordinates whose estimate is pure noise are not blown up to a full step each.
-    """
-
-    def step(self, grad: np.ndarray, lr: float, derivatives: np.ndarray | None = None) -> np.ndarray:
-        rms = float(np.sqrt(np.mean(np.square(derivatives)))) if derivatives is not None else 0.0
-        return super().step(grad / rms if rms > 0 else grad, lr)
-
     def state(self) -> dict:
         return {"velocity": self.velocity}
 
     def load(self, state: dict):
         self.velocity = np.array(state["velocity"], dtype=np.float64)
+
+
+class NormalizedSGD(SGD):
+    """SGD with momentum on the estimate divided by the RMS of its own directional derivatives d_i,
+    with a step that grows linearly with q.
+
+    FZOO's scale-free step: E[d_i^2] = |grad|^2 (+ data noise) for Rademacher directions, so the
+    normalized estimate has a size that does not depend on the loss's scale, the model or the
+    layer's units. One lr fits models whose raw gradients differ by orders of magnitude, and unlike
+    Adam, coordinates whose estimate is pure noise are not blown up to a full step each.
+
+    lr is the rate at q = Q_REFERENCE; at q it is lr * q / Q_REFERENCE: the linear scaling rule of
+    batch size (Goyal et al. 2017; Smith et al. 2018), with the q directions as the batch. A step
+    averages q estimates, so its noise variance falls as 1/q while steps per forward pass fall as
+    1/q too: the q-fold step keeps the signal and the noise per forward pass where they were, and a
+    scheduler that raises q trades many small steps for fewer clean ones instead of slowing down.
+    """
+
+    def step(self, grad: np.ndarray, lr: float, derivatives: np.ndarray | None = None) -> np.ndarray:
+        if derivatives is None or not len(derivatives):
+            return super().step(grad, lr)
+        rms = float(np.sqrt(np.mean(np.square(derivatives))))
+        scaled = lr * len(derivatives) / Q_REFERENCE
+        return super().step(grad / rms if rms > 0 else grad, scaled)
 
 
 class Adam:
