@@ -171,7 +171,7 @@ def choose_mapping(image: ImageInput, input_range: str = "auto", mean=None, std=
         return mapping
     if image.interval is None:
         raise ZoError(
-            f"model input {image.name!r} is float32 with no quantization to read its range from: "
+            f"model input {image.name!r} is {image.dtype.name} with no quantization to read its range from: "
             "pass --input-range 0:255|0:1|-1:1 or --mean R,G,B --std R,G,B"
         )
     lo, hi = image.interval
