@@ -19,6 +19,7 @@ from zo.head import LOGIT_RANGE, PROBE_CODES
 from zo.inputs import ImageInput, choose_mapping, model_inputs, quantize_real
 from zo.trainer import TrainConfig, Trainer, calibration_indices
 
+from shared_paths import SHARED, need
 from zo_fixtures import color_dataset, tiny_classifier
 
 ZO = [sys.executable, "-m", "zo.cli"]
@@ -246,3 +247,18 @@ def test_appended_head_trains_and_exports_bit_exact_in_tflm(tmp_path):
     assert np.any(graph.tensors[graph.ops[-1].inputs[1]].data)  # trained
     x = np.random.default_rng(0).integers(-128, 128, (8, 4, 4, 3), dtype=np.int8)
     assert np.array_equal(run_tflm(exported, x), npusim.Interpreter(exported).run(x))
+
+
+@pytest.mark.parametrize(
+    "name,dtype,expected",
+    [
+        ("blazeface_front_128_quant_pc_ff_od_widerface.tflite", np.float32, "0:1"),  # float, then QUANTIZE
+        ("yolov8n_256_quant_pc_uf_od_coco-person.tflite", np.uint8, "0:1"),
+        ("yolov8n_256_quant_pc_ii_seg_coco-st.tflite", np.int8, "0:1"),
+        ("mobilenetv2_a100_256_128_fft_int8.tflite", np.uint8, "-1:1"),
+    ],
+)
+def test_auto_reads_the_stm32n6_models(name, dtype, expected):
+    path = need(SHARED / "models" / "stm32n6" / name)
+    image = ImageInput.of(load_model(path))
+    assert image.dtype == dtype and choose_mapping(image).name == expected
