@@ -74,8 +74,9 @@ def check_activations(graph: Graph):
 class Interpreter:
     """A prepared model. `run(x)` evaluates a batch: x has the model input's shape with N on axis 0.
 
-    backend: the MAC engines of CONV_2D and FULLY_CONNECTED, "auto" (the fastest this host runs) or
-    an engine's name, "amx", "vnni" or "blas" (see ops/backend.py); every choice gives the same bits.
+    backend: the MAC engines of CONV_2D and FULLY_CONNECTED, and so the vector code of
+    DEPTHWISE_CONV_2D, "auto" (the fastest this host runs) or an engine's name, "amx", "vnni" or
+    "blas" (see ops/backend.py); every choice gives the same bits.
     """
 
     def __init__(self, graph: Graph | str | bytes, profile: str = "tflm", backend: str = "auto"):

@@ -124,15 +124,22 @@ def njit(fn=None, **flags):
     return decorate if fn is None else decorate(fn)
 
 
+def renamed(fn, suffix: str, **globals_):
+    """A copy of fn whose qualified name ends in __suffix, with the given global names bound to other
+    objects (the rest of its module's globals as they are now). Numba's cache is keyed by a
+    function's qualified name and signature, not by its flags or by what its globals hold: two
+    compilations of one function would load each other's machine code, the copy gets its own entry."""
+    namespace = dict(fn.__globals__, **globals_) if globals_ else fn.__globals__
+    copy = types.FunctionType(fn.__code__, namespace, fn.__name__, fn.__defaults__, fn.__closure__)
+    copy.__qualname__ = f"{fn.__qualname__}__{suffix}"
+    copy.__doc__ = fn.__doc__
+    return copy
+
+
 class ParallelKernel:
     def __init__(self, fn):
         self.serial = njit(fn)
-        # Numba's cache is keyed by the function's qualified name and signature, not its flags: the
-        # two twins of one function would load each other's machine code. A copy of the function
-        # under another name gets its own cache entry.
-        twin = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
-        twin.__qualname__ = fn.__qualname__ + "__threaded"
-        self.threaded = njit(twin, parallel=True)
+        self.threaded = njit(renamed(fn, "threaded"), parallel=True)  # its own cache entry (renamed)
         self.__doc__ = fn.__doc__
         self.__name__ = fn.__name__
 

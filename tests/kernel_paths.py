@@ -1,7 +1,7 @@
 """The MAC backends (npusim/ops/backend.py): exact int32 on AMX tiles (CONV_2D with output rows of
 16 pixels or more) and on AVX-512 VNNI where the host has them, and the chunked float32 BLAS GEMM
 everywhere. The oracle tests run on each: `with kernel_path(name):` makes run_npusim build its
-Interpreter with backend=name.
+Interpreter with backend=name (DEPTHWISE_CONV_2D's vector code follows it too, see DEPTHWISE_PATHS).
 """
 
 import pytest
@@ -24,3 +24,6 @@ VNNI = pytest.param(
     ),
 )
 PATHS = [AMX, VNNI, "blas"]
+# DEPTHWISE_CONV_2D follows the selection with its vector code in one of two forms: VNNI on the amx
+# and vnni selections alike, generic on blas (the code a host without VNNI runs). These cover both.
+DEPTHWISE_PATHS = [VNNI, "blas"]

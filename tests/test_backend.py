@@ -1,5 +1,5 @@
 """The MAC backend selection (npusim/ops/backend.py): what "auto" and each name choose, and that
-an op runs on the engine chosen for its geometry."""
+an op runs on the engine chosen for its geometry; DEPTHWISE_CONV_2D's vector code follows it."""
 
 from __future__ import annotations
 
@@ -8,9 +8,11 @@ import pytest
 
 import npusim
 from npusim import host
-from npusim.ops import backend
+from npusim.ops import backend, depthwise
 from npusim.ops.geometry import ConvGeometry
 from npusim.testing import oracle as O
+
+import cases as C
 
 
 def conv_model(hw=20, cin=16, cout=16, k=3) -> bytes:
@@ -57,3 +59,29 @@ def test_geometry_from_options():
     assert (g.out_hw, g.pad, g.depth, g.pointwise) == ((5, 8), (1, 1), 45, False)
     assert ConvGeometry.dense(7).pointwise and ConvGeometry.dense(7).depth == 7
     assert not backend.AmxBackend().usable(ConvGeometry.dense(64))  # rows of one pixel: never AMX
+
+
+@pytest.mark.parametrize("name", ["auto", "blas", pytest.param("vnni", marks=NO_VNNI)])
+def test_depthwise_vector_code_follows_the_selection(name):
+    """DEPTHWISE_CONV_2D takes its VNNI form where the selection has an engine that runs VNNI, the
+    generic one on "blas"; the bits are the same (the oracle tests hold each form to TFLM)."""
+    case = C.depthwise_case(32, (5, 9), (1, 1))
+    sim = npusim.Interpreter(case.model, backend=name)
+    (dw,) = [k for k in sim.kernels if k.kind == "DEPTHWISE_CONV_2D"]
+    vnni = name != "blas" and host.has_vnni()
+    assert sim.backends.runs_vnni() == vnni
+    assert dw.variant == ("vnni" if vnni else "generic")
+    O.assert_same(O.run_tflm(case.model, case.xs), sim.run(case.xs), f"{name}: {case.desc}")
+
+
+def test_depthwise_variants_have_their_own_cache_entries():
+    """Numba's cache is keyed by qualified name: each variant, serial and threaded, has its own."""
+    variants = ["generic"] + (["vnni"] if host.has_vnni() else [])
+    kernels = [depthwise.depthwise_kernel(v) for v in variants]
+    names = [f.py_func.__qualname__ for k in kernels for f in (k.serial, k.threaded)]
+    assert len(set(names)) == len(names) == 2 * len(variants)
+    intrinsics = {id(k.serial.py_func.__globals__["tap_quads_run"]) for k in kernels}
+    assert len(intrinsics) == len(variants)
+    if not host.has_vnni():
+        with pytest.raises(npusim.NpusimError, match="does not run on this host"):
+            depthwise.depthwise_kernel("vnni")

@@ -1,9 +1,10 @@
 """The generic vector code, as a host without AVX-512 VNNI runs it.
 
-The depthwise and ADD kernels pick VNNI instructions or generic LLVM vector code when Numba compiles
-them, by the host's features; on this machine every other test runs the VNNI form. Here a fresh
-process compiles them for a plain x86-64 (NUMBA_CPU_NAME=generic, in a temporary Numba cache) and
-its outputs are held to TFLM's.
+The ADD kernel picks VNNI instructions or generic LLVM vector code when Numba compiles it, by the
+host's features; DEPTHWISE_CONV_2D takes its generic form from the backend selection (the oracle
+tests run it in-process with backend="blas"), but on a VNNI host that code is still compiled for a
+CPU with AVX-512. Here a fresh process compiles both for a plain x86-64 (NUMBA_CPU_NAME=generic, in
+a temporary Numba cache), where "auto" selects the generic forms, and its outputs are held to TFLM's.
 """
 
 from __future__ import annotations
@@ -21,9 +22,11 @@ import cases as C
 CHILD = """
 import pickle
 from npusim import host
+from npusim.ops import backend
 from npusim.testing import oracle as O
 
 assert not host.has_vnni() and not host.has_amx(), "the generic code path was not selected"
+assert not backend.select().runs_vnni(), "the depthwise kernel would take its VNNI form"
 with open({cases!r}, "rb") as f:
     cases = pickle.load(f)
 for name, model, xs, expected, profile in cases:

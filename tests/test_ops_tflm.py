@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from npusim.testing import oracle as O
 
 import cases as C
-from kernel_paths import PATHS, kernel_path
+from kernel_paths import DEPTHWISE_PATHS, PATHS, kernel_path
 
 SCALE = float(os.environ.get("NPUSIM_TEST_SCALE", "1"))
 
@@ -65,43 +65,53 @@ def test_conv2d_wide(path, p, seed):
         check(C.make_conv(p, seed))
 
 
+@pytest.mark.parametrize("path", DEPTHWISE_PATHS)
 @settings(max_examples=examples(300))
 @given(p=C.conv_params(depthwise=True), seed=C.seeds)
-def test_depthwise_conv2d(p, seed):
-    check(C.make_depthwise(p, seed))
+def test_depthwise_conv2d(path, p, seed):
+    with kernel_path(path):
+        check(C.make_depthwise(p, seed))
 
 
+@pytest.mark.parametrize("path", DEPTHWISE_PATHS)
 @settings(max_examples=examples(40))
 @given(p=C.conv_params(depthwise=True, max_hw=20, max_ch=80), seed=C.seeds)
-def test_depthwise_conv2d_wide(p, seed):
+def test_depthwise_conv2d_wide(path, p, seed):
     """Up to 80 channels (times the multiplier) and 20 x 20 images: whole and partial 64-channel blocks and
     long runs of interior pixels for the vector path."""
-    check(C.make_depthwise(p, seed))
+    with kernel_path(path):
+        check(C.make_depthwise(p, seed))
 
 
+@pytest.mark.parametrize("path", DEPTHWISE_PATHS)
 @settings(max_examples=examples(60))
 @given(p=C.conv_params(depthwise=True, max_hw=20, max_ch=32, channel_step=16), seed=C.seeds)
-def test_depthwise_conv2d_16_and_32_channels(p, seed):
+def test_depthwise_conv2d_16_and_32_channels(path, p, seed):
     """16 or 32 channels: with multiplier 1 and stride 1 along the width, 4 or 2 adjacent pixels
     share one 64-lane vector (runs of interior pixels of every length modulo 4)."""
-    check(C.make_depthwise(p, seed))
+    with kernel_path(path):
+        check(C.make_depthwise(p, seed))
 
 
+@pytest.mark.parametrize("path", DEPTHWISE_PATHS)
 @pytest.mark.parametrize("channels", [16, 32])
 @pytest.mark.parametrize("run", range(1, 10))
-def test_depthwise_pixels_per_vector(channels, run):
+def test_depthwise_pixels_per_vector(path, channels, run):
     """16 or 32 channels, stride 1 along the width: 4 or 2 pixels per vector. Interior runs of 1
     to 9 pixels (every remainder, after none or some full vectors), and border rows as runs (SAME,
     stride 1 and 2 along the height)."""
-    for stride_h in (1, 2):
-        check(C.depthwise_case(channels, (5, run + 2), (stride_h, 1)))
+    with kernel_path(path):
+        for stride_h in (1, 2):
+            check(C.depthwise_case(channels, (5, run + 2), (stride_h, 1)))
 
 
+@pytest.mark.parametrize("path", DEPTHWISE_PATHS)
 @pytest.mark.parametrize("channels", [48, 80, 128])
 @pytest.mark.parametrize("stride", [(1, 1), (2, 2)])
-def test_depthwise_channel_blocks(channels, stride):
+def test_depthwise_channel_blocks(path, channels, stride):
     """A partial 64-channel block, a full one and a partial one, and two full ones."""
-    check(C.depthwise_case(channels, (6, 9), stride))
+    with kernel_path(path):
+        check(C.depthwise_case(channels, (6, 9), stride))
 
 
 @pytest.mark.parametrize("path", PATHS)
@@ -370,9 +380,10 @@ def test_public_api_batch():
 # ----------------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("path", DEPTHWISE_PATHS)
 @settings(max_examples=examples(10))
 @given(p=C.conv_params(depthwise=True, mult_modes=["typical"]), seed=C.seeds)
-def test_depthwise_bias_quantized_dimension_3(p, seed):
+def test_depthwise_bias_quantized_dimension_3(path, p, seed):
     """person_detect carries a 1-D per-channel bias with quantized_dimension = 3: TFLM runs it, and
     so must npusim."""
     p = dict(p, per_channel=True)
@@ -397,9 +408,12 @@ def test_depthwise_bias_quantized_dimension_3(p, seed):
         depth_multiplier=m,
         bias_axis=3,
     )
-    check(
-        C.Case(model, O.random_int8(rng, (p["n"], *p["hw"], c)), f"DEPTHWISE bias axis 3, {p}, seed={seed}")
-    )
+    with kernel_path(path):
+        check(
+            C.Case(
+                model, O.random_int8(rng, (p["n"], *p["hw"], c)), f"DEPTHWISE bias axis 3, {p}, seed={seed}"
+            )
+        )
 
 
 def test_uint8_model_refused():

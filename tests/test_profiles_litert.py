@@ -22,7 +22,7 @@ from npusim import quant
 from npusim.testing import oracle as O
 
 import cases as C
-from kernel_paths import PATHS, kernel_path
+from kernel_paths import DEPTHWISE_PATHS, PATHS, kernel_path
 
 SCALE = float(os.environ.get("NPUSIM_TEST_SCALE", "1"))
 
@@ -78,20 +78,24 @@ def test_conv2d_large_xnnpack(path, p, seed):
         check_xnnpack(C.make_conv(p, seed))
 
 
+@pytest.mark.parametrize("path", DEPTHWISE_PATHS)
 @settings(max_examples=examples(80))
 @given(p=C.conv_params(depthwise=True, mult_modes=LITERT_MODES), seed=C.seeds)
-def test_depthwise_conv2d_xnnpack(p, seed):
-    check_xnnpack(C.make_depthwise(p, seed))
+def test_depthwise_conv2d_xnnpack(path, p, seed):
+    with kernel_path(path):
+        check_xnnpack(C.make_depthwise(p, seed))
 
 
+@pytest.mark.parametrize("path", DEPTHWISE_PATHS)
 @pytest.mark.parametrize(
     "channels, hw, stride",
     [(16, (5, 10), (1, 1)), (32, (5, 9), (2, 1)), (80, (6, 9), (2, 2)), (128, (5, 6), (1, 1))],
 )
-def test_depthwise_vector_layouts_xnnpack(channels, hw, stride):
+def test_depthwise_vector_layouts_xnnpack(path, channels, hw, stride):
     """The xnnpack output stage in every depthwise vector layout: 4 and 2 pixels per vector, a
     partial second block, two full blocks."""
-    check_xnnpack(C.depthwise_case(channels, hw, stride))
+    with kernel_path(path):
+        check_xnnpack(C.depthwise_case(channels, hw, stride))
 
 
 @pytest.mark.parametrize("path", PATHS)

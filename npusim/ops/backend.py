@@ -10,6 +10,11 @@ A selection is an engine and the ones after it in that order, which take the sha
 "amx" is AMX where it applies, then VNNI, then BLAS; "vnni" is VNNI, then BLAS; "blas" is BLAS alone.
 "auto" starts at the first engine this host runs, skipping those that the environment excludes
 (NPUSIM_AMX=0, NPUSIM_VNNI=0; read when a selection is made, not at import).
+
+DEPTHWISE_CONV_2D has no reduction for an engine, but its vector code follows the selection too: its
+VNNI form where the selection holds an engine that runs VNNI (amx, vnni), else the generic form, as a
+host without VNNI runs it (so "blas" runs no VNNI instruction at all, and tests can hold each form to
+TFLM in one process).
 """
 
 from __future__ import annotations
@@ -39,6 +44,11 @@ class Backend:
     def usable(self, g: ConvGeometry) -> bool:
         return True
 
+    def runs_vnni(self) -> bool:
+        """Whether a selection with this engine may run AVX-512 VNNI code outside the engines too (the
+        vector code of DEPTHWISE_CONV_2D): the engine uses VNNI, or needs a CPU that has it."""
+        return False
+
     def convolve(
         self,
         g: ConvGeometry,
@@ -60,6 +70,9 @@ class AmxBackend(Backend):
 
     def available(self) -> bool:
         return host.has_amx()
+
+    def runs_vnni(self) -> bool:
+        return host.has_vnni()  # every CPU with AMX-INT8 has it; asked all the same
 
     def usable(self, g: ConvGeometry) -> bool:
         # amx.convolve runs a pointwise convolution over whole images as rows (if C needs no padding).
@@ -90,6 +103,9 @@ class VnniBackend(Backend):
     name, env_switch = "vnni", "NPUSIM_VNNI"
 
     def available(self) -> bool:
+        return host.has_vnni()
+
+    def runs_vnni(self) -> bool:
         return host.has_vnni()
 
     def usable(self, g: ConvGeometry) -> bool:
@@ -137,6 +153,11 @@ class Selection:
     @property
     def name(self) -> str:
         return self.backends[0].name
+
+    def runs_vnni(self) -> bool:
+        """Whether ops outside the engines (DEPTHWISE_CONV_2D) take their VNNI form: "blas" holds
+        them to their generic vector code, as a host without VNNI runs it."""
+        return any(b.runs_vnni() for b in self.backends)
 
     def for_geometry(self, g: ConvGeometry) -> Backend:
         return next(b for b in self.backends if b.usable(g))  # blas, last in every selection, runs any shape

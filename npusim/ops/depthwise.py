@@ -11,8 +11,8 @@ loop.
 
 The vector code takes the taps four at a time, as VNNI convolutions take channels: the bytes of
 taps t..t+3 are interleaved channel by channel, so that one VPDPBUSD (AVX-512 VNNI; elsewhere
-generic vector code) adds the four products of each of 16 channels to its int32 accumulator.
-Activations are made unsigned as they load (u = x + 128), so
+generic vector code, see depthwise_kernel) adds the four products of each of 16 channels to its
+int32 accumulator. Activations are made unsigned as they load (u = x + 128), so
 sum (x - zp) * w = sum u * w - (zp + 128) * sum w, the second term folded into the bias. This holds
 on the border too, where a padding tap reads x = zp: its terms cancel, as TFLM skips the tap.
 
@@ -23,6 +23,8 @@ The interleave follows x86's in-lane unpacks (bytes, then words): accumulator q 
 
 from __future__ import annotations
 
+import functools
+
 import numba as nb
 import numpy as np
 from llvmlite import ir
@@ -31,8 +33,9 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from .. import host
-from ..jit import njit, parallel_kernel
-from . import aligned
+from ..errors import NpusimError
+from ..jit import ParallelKernel, njit, parallel_kernel, renamed
+from . import aligned, backend
 from .base import Kernel, WeightMemo
 from .geometry import ConvGeometry, SlidingWindow
 from .output_stage import (
@@ -60,7 +63,7 @@ def quad_order() -> np.ndarray:
     return 16 * (i // 4) + 4 * q + i % 4
 
 
-def _tap_quads_run():
+def _tap_quads_run(vnni: bool):
     i8, i32, i64 = ir.IntType(8), ir.IntType(32), ir.IntType(64)
     bytes_t, acc_t = ir.VectorType(i8, LANES), ir.VectorType(i32, 16)
     # x86's in-lane unpacks: the bytes of two taps, then the byte pairs of two pairs of taps.
@@ -122,7 +125,7 @@ def _tap_quads_run():
                 builder.inttoptr(v, i8.as_pointer()) for v in (x_ptr, w_ptr, out_ptr, params_ptr)
             )
             taps = builder.inttoptr(taps_ptr, i64.as_pointer())
-            if host.has_vnni():  # taken when Numba compiles the kernel (and cached with it)
+            if vnni:
                 dpbusd = cgutils.get_or_insert_function(
                     builder.module, ir.FunctionType(acc_t, [acc_t] * 3), "llvm.x86.avx512.vpdpbusd.512"
                 )
@@ -200,11 +203,30 @@ def _tap_quads_run():
     return run
 
 
-# A run of n_pixels output pixels of a depthwise convolution (multiplier 1), for 64 channels (count
-# of them valid): out[p * out_step + c] = the output stage of the sum over taps t of
-# (x[p * x_step + taps[t] + c] + 128) * w(t, c), w in the layout of vector_layout and the parameters
-# (offset - (zp + 128) * sum w) in quad_order. x is read with masked loads (never past the valid channels).
-tap_quads_run = _tap_quads_run()
+def tap_quads_run(
+    x_ptr,
+    x_step,
+    taps_ptr,
+    n_quads,
+    w_ptr,
+    n_pixels,
+    out_ptr,
+    out_step,
+    count,
+    params_ptr,
+    params_stride,
+    profile,
+    zero_point,
+    lo,
+    hi,
+):
+    """A run of n_pixels output pixels of a depthwise convolution (multiplier 1), for 64 channels
+    (count of them valid): out[p * out_step + c] = the output stage of the sum over taps t of
+    (x[p * x_step + taps[t] + c] + 128) * w(t, c), w in the layout of vector_layout and the parameters
+    (offset - (zp + 128) * sum w) in quad_order. x is read with masked loads (never past the valid
+    channels). A placeholder: each variant of depthwise_conv (depthwise_kernel) binds this name to
+    the intrinsic _tap_quads_run(vnni) of its own."""
+    raise NotImplementedError("tap_quads_run runs only inside a variant compiled by depthwise_kernel")
 
 
 @njit(inline="always")
@@ -225,7 +247,6 @@ def tap_offsets(taps, kh, kw, dil_h, dil_w, in_h, in_w, in_c, iy0, ix0, x_first,
     out[kh * kw :] = out[kh * kw - 1]
 
 
-@parallel_kernel
 def depthwise_conv(
     x,
     w,
@@ -251,7 +272,8 @@ def depthwise_conv(
     """params: the output parameters of the scalar loop (channel order); wv and vparams: the
     weights and parameters of the vector runs (see vector_layout). replicas > 1 (16 or 32
     channels, multiplier 1, stride 1 along the width): wv and vparams hold the channels that many
-    times, and one 64-lane vector computes as many adjacent output pixels."""
+    times, and one 64-lane vector computes as many adjacent output pixels. The template of the
+    kernels that depthwise_kernel compiles, not called itself."""
     n_batch, in_h, in_w, in_c = x.shape
     _, out_h, out_w, out_c = out.shape
     kh, kw = w.shape[2], w.shape[3]
@@ -448,6 +470,23 @@ def depthwise_conv(
     return out
 
 
+VARIANTS = ("vnni", "generic")
+
+
+@functools.cache
+def depthwise_kernel(variant: str) -> ParallelKernel:
+    """depthwise_conv compiled with tap_quads_run on VPDPBUSD ("vnni") or in generic LLVM vector code
+    ("generic"), made on first use only (Numba compiles it at its first call): a host without
+    AVX-512 VNNI never compiles the VNNI form. Each variant carries its own qualified name, so that
+    Numba's cache, keyed by name, never serves one for the other."""
+    if variant not in VARIANTS:
+        raise ValueError(f"depthwise variant {variant!r}, expected one of {VARIANTS}")
+    if variant == "vnni" and not host.has_vnni():
+        raise NpusimError("the VNNI depthwise kernel does not run on this host (see npusim/host.py)")
+    fn = renamed(depthwise_conv, variant, tap_quads_run=_tap_quads_run(variant == "vnni"))
+    return parallel_kernel(fn)
+
+
 def vector_layout(wg: np.ndarray, params: np.ndarray, replicas: int) -> tuple[np.ndarray, np.ndarray]:
     """The weights [G, 1, kh, kw, O] int8 and output parameters [G, 5, O64] (the offset with
     -(zp + 128) * sum w folded in) of the vector runs: weights [G, O64 / 64, quads, 4 (q), 64] int8,
@@ -477,11 +516,16 @@ def vector_layout(wg: np.ndarray, params: np.ndarray, replicas: int) -> tuple[np
 
 
 class DepthwiseConv2D(SlidingWindow, Kernel):
+    """variant: the form of the vector code, "vnni" where the interpreter's backend selection has
+    an engine that runs AVX-512 VNNI (amx, vnni), else "generic" (backend="blas" runs it too)."""
+
     kind = "DEPTHWISE_CONV_2D"
     required_inputs, max_inputs = 2, 3
+    takes_backends = True
 
-    def __init__(self, op, graph, profile):
+    def __init__(self, op, graph, profile, backends: backend.Selection | None = None):
         super().__init__(op, graph, profile)
+        self.variant = "vnni" if (backends or backend.select()).runs_vnni() else "generic"
         x, w, y = self.inputs[0], self.inputs[1], self.outputs[0]
         self.require_int8(x, w, y)
         self.require_constant(w, "filter")
@@ -579,7 +623,7 @@ class DepthwiseConv2D(SlidingWindow, Kernel):
         params, wv, vparams = self.memo.get("depthwise", wg, b, prepare) if groups == 1 else prepare()
         out = aligned.empty((x.shape[0], self.out_h, self.out_w, self.out_channels), np.int8)
         s = self.stage
-        depthwise_conv(
+        depthwise_kernel(self.variant)(
             np.ascontiguousarray(x),
             np.ascontiguousarray(wg),
             wv,
