@@ -1,15 +1,18 @@
 """One module per operator; KERNELS maps the TFLite builtin name to its prepared kernel class."""
 
+from .activations import HardSwish, LeakyRelu, Tanh
 from .add import Add
 from .conv import Conv2D
 from .depthwise import DepthwiseConv2D
 from .fully_connected import FullyConnected
 from .logistic import Logistic
 from .mean import Mean
+from .minmax import Maximum, Minimum
 from .movement import Concatenation, Pad, Reshape, Transpose
 from .mul import Mul
 from .pack import Pack
 from .pool import AveragePool2D, MaxPool2D
+from .prelu import Prelu
 from .quantize import Dequantize, Quantize
 from .resize import ResizeNearestNeighbor
 from .softmax import Softmax
@@ -28,12 +31,17 @@ KERNELS = {
         DepthwiseConv2D,
         Dequantize,
         FullyConnected,
+        HardSwish,
+        LeakyRelu,
         Logistic,
         MaxPool2D,
+        Maximum,
         Mean,
+        Minimum,
         Mul,
         Pack,
         Pad,
+        Prelu,
         Quantize,
         Reshape,
         ResizeNearestNeighbor,
@@ -42,6 +50,7 @@ KERNELS = {
         SplitV,
         StridedSlice,
         Sub,
+        Tanh,
         Transpose,
         TransposeConv,
     )

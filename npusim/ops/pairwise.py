@@ -38,11 +38,15 @@ class BinaryKernel(Kernel):
     required_inputs, max_inputs = 2, 2
     max_rank: int | None = None  # TFLM's broadcasting kernels stop at rank 4 for some ops
 
-    def prepare_operands(self):
+    def prepare_operands(self, quantized: bool = True):
+        """quantized False: int8 operands whose quantization the op ignores (MAXIMUM, MINIMUM)."""
         a, b, y = self.inputs[0], self.inputs[1], self.outputs[0]
-        self.require_int8(a, b, y)
+        if quantized:
+            self.require_int8(a, b, y)
         for t in (a, b, y):
-            if t.quant.per_channel:
+            if not quantized and t.dtype != np.int8:
+                raise self.error(f"tensor {t.name!r} has type {np.dtype(t.dtype).name}, expected int8")
+            if quantized and t.quant.per_channel:
                 raise self.error(f"tensor {t.name!r} is quantized per channel, expected per-tensor")
         try:
             shape = np.broadcast_shapes(a.shape, b.shape)

@@ -74,6 +74,23 @@ _OP_VERSIONS = {
     "PACK": 2,
     "RESIZE_NEAREST_NEIGHBOR": 2,
     "TRANSPOSE_CONV": 3,
+    "TANH": 2,
+    "HARD_SWISH": 1,
+    "LEAKY_RELU": 2,
+    "MAXIMUM": 2,
+    "MINIMUM": 2,
+    "PRELU": 1,
+    "SLICE": 2,
+    "UNPACK": 2,
+    "SQUEEZE": 1,
+    "EXPAND_DIMS": 1,
+    "SHAPE": 1,
+    "TILE": 1,
+    "GATHER": 2,
+    "REDUCE_MAX": 2,
+    "SUM": 2,
+    "RESIZE_BILINEAR": 3,
+    "BATCH_MATMUL": 4,
 }
 
 
@@ -467,6 +484,38 @@ def logistic_model(input_shape, in_scale, in_zp, out_scale=1.0 / 256.0, out_zp=-
     y = b.add_tensor(input_shape, np.int8, out_scale, out_zp, name="output")
     b.add_op("LOGISTIC", [x], [y])
     return b.build([x], [y])
+
+
+def unary_model(kind, input_shape, in_scale, in_zp, out_scale, out_zp, options=None) -> bytes:
+    """A one-input elementwise op (TANH, HARD_SWISH, LEAKY_RELU with options=LeakyReluOptionsT)."""
+    b = ModelBuilder()
+    x = b.add_tensor(input_shape, np.int8, in_scale, in_zp, name="input")
+    y = b.add_tensor(input_shape, np.int8, out_scale, out_zp, name="output")
+    b.add_op(kind, [x], [y], options)
+    return b.build([x], [y])
+
+
+def leaky_relu_model(input_shape, in_scale, in_zp, out_scale, out_zp, alpha) -> bytes:
+    opt = schema.LeakyReluOptionsT()
+    opt.alpha = float(np.float32(alpha))
+    return unary_model("LEAKY_RELU", input_shape, in_scale, in_zp, out_scale, out_zp, opt)
+
+
+def plain_binary_model(kind, shape1, shape2, q1, q2, q_out, const2=None) -> bytes:
+    """MAXIMUM, MINIMUM or PRELU (no options): numpy-style broadcasting; q* = (scale, zero point);
+    the second operand a graph input or, with const2, a constant."""
+    b = ModelBuilder()
+    x1 = b.add_tensor(shape1, np.int8, *q1, name="input1")
+    if const2 is None:
+        x2 = b.add_tensor(shape2, np.int8, *q2, name="input2")
+    else:
+        x2 = b.add_tensor(
+            shape2, np.int8, *q2, data=np.asarray(const2, np.int8).reshape(shape2), name="const2"
+        )
+    out_shape = np.broadcast_shapes(tuple(shape1), tuple(shape2))
+    y = b.add_tensor(out_shape, np.int8, *q_out, name="output")
+    b.add_op(kind, [x1, x2], [y])
+    return b.build([x1] if const2 is not None else [x1, x2], [y])
 
 
 def _pool_model(kind, input_shape, scale, zp, filter_size, stride, padding, activation):
