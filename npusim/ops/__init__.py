@@ -15,6 +15,7 @@ from .pool import AveragePool2D, MaxPool2D
 from .prelu import Prelu
 from .quantize import Dequantize, Quantize
 from .resize import ResizeNearestNeighbor
+from .shapes import ExpandDims, Gather, Shape, Slice, Squeeze, Tile, Unpack
 from .softmax import Softmax
 from .split import Split, SplitV
 from .strided_slice import StridedSlice
@@ -30,7 +31,9 @@ KERNELS = {
         Conv2D,
         DepthwiseConv2D,
         Dequantize,
+        ExpandDims,
         FullyConnected,
+        Gather,
         HardSwish,
         LeakyRelu,
         Logistic,
@@ -45,14 +48,19 @@ KERNELS = {
         Quantize,
         Reshape,
         ResizeNearestNeighbor,
+        Shape,
+        Slice,
         Softmax,
         Split,
         SplitV,
+        Squeeze,
         StridedSlice,
         Sub,
         Tanh,
+        Tile,
         Transpose,
         TransposeConv,
+        Unpack,
     )
 }
 KERNELS["PADV2"] = Pad

@@ -747,6 +747,97 @@ def resize_nearest_model(
     return b.build([x], [y])
 
 
+def slice_model(input_shape, begin, size, scale, zp, index_dtype=np.int32) -> bytes:
+    """SLICE with constant begin and size (size may hold -1: to the end of the axis)."""
+    out = [d - b if s == -1 else s for d, b, s in zip(input_shape, begin, size)]
+    b = ModelBuilder()
+    x = b.add_tensor(input_shape, np.int8, scale, zp, name="input")
+    bt = b.add_const(np.asarray(begin, index_dtype), name="begin")
+    st = b.add_const(np.asarray(size, index_dtype), name="size")
+    y = b.add_tensor(out, np.int8, scale, zp, name="output")
+    b.add_op("SLICE", [x, bt, st], [y], schema.SliceOptionsT())
+    return b.build([x], [y])
+
+
+def unpack_model(input_shape, axis, scale, zp) -> bytes:
+    b = ModelBuilder()
+    x = b.add_tensor(input_shape, np.int8, scale, zp, name="input")
+    ax = axis % len(input_shape)
+    part = list(input_shape[:ax]) + list(input_shape[ax + 1 :])
+    ys = [b.add_tensor(part, np.int8, scale, zp, name=f"output{i}") for i in range(input_shape[ax])]
+    opt = schema.UnpackOptionsT()
+    opt.num, opt.axis = int(input_shape[ax]), int(axis)
+    b.add_op("UNPACK", [x], ys, opt)
+    return b.build([x], ys)
+
+
+def squeeze_model(input_shape, squeeze_dims, scale, zp) -> bytes:
+    rank = len(input_shape)
+    dims = (
+        {d % rank for d in squeeze_dims} if squeeze_dims else {i for i, s in enumerate(input_shape) if s == 1}
+    )
+    b = ModelBuilder()
+    x = b.add_tensor(input_shape, np.int8, scale, zp, name="input")
+    y = b.add_tensor(
+        [s for i, s in enumerate(input_shape) if i not in dims], np.int8, scale, zp, name="output"
+    )
+    opt = schema.SqueezeOptionsT()
+    opt.squeezeDims = [int(d) for d in squeeze_dims]
+    b.add_op("SQUEEZE", [x], [y], opt)
+    return b.build([x], [y])
+
+
+def expand_dims_model(input_shape, axis, scale, zp) -> bytes:
+    out = list(input_shape)
+    out.insert(axis % (len(input_shape) + 1), 1)
+    b = ModelBuilder()
+    x = b.add_tensor(input_shape, np.int8, scale, zp, name="input")
+    a = b.add_const(np.asarray([axis], np.int32), name="axis")
+    y = b.add_tensor(out, np.int8, scale, zp, name="output")
+    b.add_op("EXPAND_DIMS", [x, a], [y], schema.ExpandDimsOptionsT())
+    return b.build([x], [y])
+
+
+def shape_model(input_shape, scale, zp, reshape=False) -> bytes:
+    """SHAPE (int32 output); reshape=True feeds it to a RESHAPE of the input as its shape tensor and
+    returns both outputs (the reshape first)."""
+    b = ModelBuilder()
+    x = b.add_tensor(input_shape, np.int8, scale, zp, name="input")
+    s = b.add_tensor([len(input_shape)], np.int32, name="shape")
+    opt = schema.ShapeOptionsT()
+    opt.outType = schema.TensorType.INT32
+    b.add_op("SHAPE", [x], [s], opt)
+    if not reshape:
+        return b.build([x], [s])
+    y = b.add_tensor(input_shape, np.int8, scale, zp, name="output")
+    b.add_op("RESHAPE", [x, s], [y], schema.ReshapeOptionsT())
+    return b.build([x], [y, s])
+
+
+def tile_model(input_shape, multiples, scale, zp) -> bytes:
+    b = ModelBuilder()
+    x = b.add_tensor(input_shape, np.int8, scale, zp, name="input")
+    m = b.add_const(np.asarray(multiples, np.int32), name="multiples")
+    y = b.add_tensor([d * r for d, r in zip(input_shape, multiples)], np.int8, scale, zp, name="output")
+    b.add_op("TILE", [x, m], [y], schema.TileOptionsT())
+    return b.build([x], [y])
+
+
+def gather_model(input_shape, indices, axis, scale, zp) -> bytes:
+    """GATHER of an int8 graph input with constant int32 indices (any shape) along axis."""
+    indices = np.asarray(indices, np.int32)
+    ax = axis % len(input_shape)
+    out = list(input_shape[:ax]) + list(indices.shape) + list(input_shape[ax + 1 :])
+    b = ModelBuilder()
+    x = b.add_tensor(input_shape, np.int8, scale, zp, name="input")
+    i = b.add_const(indices, name="indices")
+    y = b.add_tensor(out, np.int8, scale, zp, name="output")
+    opt = schema.GatherOptionsT()
+    opt.axis = int(axis)
+    b.add_op("GATHER", [x, i], [y], opt)
+    return b.build([x], [y])
+
+
 def quantize_model(input_shape, in_dtype, out_scale, out_zp, in_scale=None, in_zp=None) -> bytes:
     """QUANTIZE float32 -> int8 (no input quantization), or uint8 / int8 -> int8 (in_scale, in_zp)."""
     in_dtype = np.dtype(in_dtype)
