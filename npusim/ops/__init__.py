@@ -14,6 +14,7 @@ from .pack import Pack
 from .pool import AveragePool2D, MaxPool2D
 from .prelu import Prelu
 from .quantize import Dequantize, Quantize
+from .reduce import ReduceMax, Sum
 from .resize import ResizeNearestNeighbor
 from .shapes import ExpandDims, Gather, Shape, Slice, Squeeze, Tile, Unpack
 from .softmax import Softmax
@@ -46,6 +47,7 @@ KERNELS = {
         Pad,
         Prelu,
         Quantize,
+        ReduceMax,
         Reshape,
         ResizeNearestNeighbor,
         Shape,
@@ -56,6 +58,7 @@ KERNELS = {
         Squeeze,
         StridedSlice,
         Sub,
+        Sum,
         Tanh,
         Tile,
         Transpose,

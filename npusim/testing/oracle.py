@@ -548,7 +548,10 @@ def max_pool_model(
     return _pool_model("MAX_POOL_2D", input_shape, scale, zp, filter_size, stride, padding, activation)
 
 
-def mean_model(input_shape, in_scale, in_zp, out_scale, out_zp, axes=(1, 2), keep_dims=True) -> bytes:
+def mean_model(
+    input_shape, in_scale, in_zp, out_scale, out_zp, axes=(1, 2), keep_dims=True, kind="MEAN"
+) -> bytes:
+    """MEAN, or with kind SUM / REDUCE_MAX the other int8 reducers (same inputs and options)."""
     b = ModelBuilder()
     x = b.add_tensor(input_shape, np.int8, in_scale, in_zp, name="input")
     ax = b.add_const(np.asarray(axes, np.int32), name="axes")
@@ -560,7 +563,7 @@ def mean_model(input_shape, in_scale, in_zp, out_scale, out_zp, axes=(1, 2), kee
     y = b.add_tensor(out_shape, np.int8, out_scale, out_zp, name="output")
     opt = schema.ReducerOptionsT()
     opt.keepDims = bool(keep_dims)
-    b.add_op("MEAN", [x, ax], [y], opt)
+    b.add_op(kind, [x, ax], [y], opt)
     return b.build([x], [y])
 
 
