@@ -15,7 +15,7 @@ from .pool import AveragePool2D, MaxPool2D
 from .prelu import Prelu
 from .quantize import Dequantize, Quantize
 from .reduce import ReduceMax, Sum
-from .resize import ResizeNearestNeighbor
+from .resize import ResizeBilinear, ResizeNearestNeighbor
 from .shapes import ExpandDims, Gather, Shape, Slice, Squeeze, Tile, Unpack
 from .softmax import Softmax
 from .split import Split, SplitV
@@ -49,6 +49,7 @@ KERNELS = {
         Quantize,
         ReduceMax,
         Reshape,
+        ResizeBilinear,
         ResizeNearestNeighbor,
         Shape,
         Slice,

@@ -738,15 +738,16 @@ def pack_model(shape, count, axis, scale, zp) -> bytes:
 
 
 def resize_nearest_model(
-    input_shape, size, scale, zp, align_corners=False, half_pixel_centers=False
+    input_shape, size, scale, zp, align_corners=False, half_pixel_centers=False, bilinear=False
 ) -> bytes:
+    """RESIZE_NEAREST_NEIGHBOR, or RESIZE_BILINEAR with bilinear=True (same inputs and options)."""
     b = ModelBuilder()
     x = b.add_tensor(input_shape, np.int8, scale, zp, name="input")
     s = b.add_const(np.asarray(size, np.int32), name="size")
     y = b.add_tensor((input_shape[0], *size, input_shape[3]), np.int8, scale, zp, name="output")
-    opt = schema.ResizeNearestNeighborOptionsT()
+    opt = schema.ResizeBilinearOptionsT() if bilinear else schema.ResizeNearestNeighborOptionsT()
     opt.alignCorners, opt.halfPixelCenters = bool(align_corners), bool(half_pixel_centers)
-    b.add_op("RESIZE_NEAREST_NEIGHBOR", [x, s], [y], opt)
+    b.add_op("RESIZE_BILINEAR" if bilinear else "RESIZE_NEAREST_NEIGHBOR", [x, s], [y], opt)
     return b.build([x], [y])
 
 
