@@ -2,6 +2,7 @@
 
 from .activations import HardSwish, LeakyRelu, Tanh
 from .add import Add
+from .batch_matmul import BatchMatMul
 from .conv import Conv2D
 from .depthwise import DepthwiseConv2D
 from .fully_connected import FullyConnected
@@ -28,6 +29,7 @@ KERNELS = {
     for k in (
         Add,
         AveragePool2D,
+        BatchMatMul,
         Concatenation,
         Conv2D,
         DepthwiseConv2D,

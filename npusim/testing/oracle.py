@@ -842,6 +842,27 @@ def gather_model(input_shape, indices, axis, scale, zp) -> bytes:
     return b.build([x], [y])
 
 
+def batch_matmul_model(lhs_shape, rhs_shape, ql, qr, qo, adj_x=False, adj_y=False, rhs_const=None) -> bytes:
+    """BATCH_MATMUL int8; q* = (scale, zero point); rhs a graph input or, with rhs_const, a constant."""
+    ls, rs = list(lhs_shape), list(rhs_shape)
+    if adj_x:
+        ls[-2], ls[-1] = ls[-1], ls[-2]
+    if adj_y:
+        rs[-2], rs[-1] = rs[-1], rs[-2]
+    out = [*np.broadcast_shapes(tuple(ls[:-2]), tuple(rs[:-2])), ls[-2], rs[-1]]
+    b = ModelBuilder()
+    x = b.add_tensor(lhs_shape, np.int8, *ql, name="lhs")
+    if rhs_const is None:
+        r = b.add_tensor(rhs_shape, np.int8, *qr, name="rhs")
+    else:
+        r = b.add_tensor(rhs_shape, np.int8, *qr, data=np.asarray(rhs_const, np.int8), name="rhs")
+    y = b.add_tensor(out, np.int8, *qo, name="output")
+    opt = schema.BatchMatMulOptionsT()
+    opt.adjX, opt.adjY = bool(adj_x), bool(adj_y)
+    b.add_op("BATCH_MATMUL", [x, r], [y], opt)
+    return b.build([x] if rhs_const is not None else [x, r], [y])
+
+
 def quantize_model(input_shape, in_dtype, out_scale, out_zp, in_scale=None, in_zp=None) -> bytes:
     """QUANTIZE float32 -> int8 (no input quantization), or uint8 / int8 -> int8 (in_scale, in_zp)."""
     in_dtype = np.dtype(in_dtype)
