@@ -202,10 +202,17 @@ class HardSwish(UnaryTableKernel):
         super().__init__(op, graph, profile)
         x, y = self.prepare_operands()
         f32 = np.float32
-        hires_input_scale = f32(1.0 / 128.0) * f32(x.scale)
-        reluish_scale = f32(3.0) / f32(32768.0)
-        out_m, out_exp = quantize_multiplier(float(hires_input_scale / f32(y.scale)))
-        rel_m, rel_exp = quantize_multiplier(float(hires_input_scale / reluish_scale))
+        with np.errstate(over="ignore", under="ignore"):
+            hires_input_scale = f32(1.0 / 128.0) * f32(x.scale)
+            reluish_scale = f32(3.0) / f32(32768.0)
+            real_out = hires_input_scale / f32(y.scale)
+            real_reluish = hires_input_scale / reluish_scale
+        if not (np.isfinite(real_out) and np.isfinite(real_reluish)):
+            raise self.error(
+                f"scales {x.scale:g} and {y.scale:g} give a multiplier that is not finite in float32"
+            )
+        out_m, out_exp = quantize_multiplier(float(real_out))
+        rel_m, rel_exp = quantize_multiplier(float(real_reluish))
         if out_exp > 0:  # TF_LITE_ENSURE(output_multiplier_exponent <= 0)
             raise self.error(
                 f"input scale {x.scale:g} / 128 over output scale {y.scale:g} is 1 or more "
@@ -252,8 +259,9 @@ class LeakyRelu(UnaryTableKernel):
         alpha = op.options.get("alpha", 0.0)
         f32 = np.float32
         # float32 arithmetic, as TFLM writes it (scale * alpha / scale on floats)
-        real_alpha = f32(f32(x.scale) * f32(alpha) / f32(y.scale))
-        real_id = f32(f32(x.scale) / f32(y.scale))
+        with np.errstate(over="ignore", under="ignore", invalid="ignore"):
+            real_alpha = f32(f32(x.scale) * f32(alpha) / f32(y.scale))
+            real_id = f32(f32(x.scale) / f32(y.scale))
         if not (np.isfinite(real_alpha) and np.isfinite(real_id)):
             raise self.error(f"alpha {alpha:g} and the scales give a multiplier that is not finite")
         m_alpha, s_alpha = requantization_multiplier(float(real_alpha))

@@ -56,8 +56,11 @@ class Slice(Kernel):
             raise self.error(
                 f"begin {begin.tolist()} and size {size.tolist()} do not have one value per axis"
             )
-        size = np.where(size == -1, np.asarray(x.shape) - begin, size)
-        if np.any(begin < 0) or np.any(size < 0) or np.any(begin + size > np.asarray(x.shape)):
+        dims = np.asarray(x.shape, dtype=np.int64)
+        if np.any(begin < 0) or np.any(begin > dims):
+            raise self.error(f"begin {begin.tolist()} reaches outside the input {list(x.shape)}")
+        size = np.where(size == -1, dims - begin, size)
+        if np.any(size < 0) or np.any(size > dims - begin):
             raise self.error(
                 f"begin {begin.tolist()} and size {size.tolist()} reach outside the input {list(x.shape)}"
             )
