@@ -201,3 +201,15 @@ def test_maximum_refuses_float():
     b.add_op("MAXIMUM", [x, x2], [y])
     with pytest.raises(npusim.NpusimError, match="float32, expected int8"):
         npusim.Interpreter(npusim.load_model(b.build([x, x2], [y])))
+
+
+@pytest.mark.parametrize("kind", ["PRELU", "MAXIMUM"])
+def test_refuses_constant_across_the_batch_axis(kind):
+    """A constant [2, ...] against an activation [1, ...]: the simulator's batch axis would not
+    line up; a clear NpusimError, not a broadcasting crash at run time."""
+    import npusim
+
+    c = np.zeros((2, 3), np.int8)
+    model = O.plain_binary_model(kind, (1, 3), (2, 3), (0.1, 0), (0.1, 0), (0.1, 0), const2=c)
+    with pytest.raises(npusim.NpusimError, match="spans the batch axis"):
+        npusim.Interpreter(npusim.load_model(model))

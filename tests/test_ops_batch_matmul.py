@@ -73,3 +73,12 @@ def test_batch_matmul_refuses_rank_2_activation():
     model = O.batch_matmul_model((3, 4), (4, 5), (0.1, 0), (0.1, 0), (0.1, 0))
     with pytest.raises(npusim.NpusimError, match="batch axis"):
         npusim.Interpreter(npusim.load_model(model))
+
+
+def test_batch_matmul_refuses_constant_across_the_batch_axis():
+    import npusim
+
+    c = np.zeros((2, 4, 5), np.int8)
+    model = O.batch_matmul_model((1, 3, 4), (2, 4, 5), (0.1, 0), (0.1, 0), (0.1, 0), rhs_const=c)
+    with pytest.raises(npusim.NpusimError, match="spans the batch axis"):
+        npusim.Interpreter(npusim.load_model(model))

@@ -69,6 +69,10 @@ class BatchMatMul(Kernel):
                     f"activation {t.name!r} of shape {list(t.shape)}: expected a batch axis in front of "
                     f"its matrix axes and the output's rank {len(y.shape)}"
                 )
+        if len(rhs.shape) == len(y.shape) and rhs.data is not None and rhs.shape[0] != 1:
+            raise self.error(f"constant {rhs.name!r} of shape {list(rhs.shape)} spans the batch axis 0")
+        if len(lhs.shape) == len(y.shape) and lhs.data is not None and lhs.shape[0] != 1:
+            raise self.error(f"constant {lhs.name!r} of shape {list(lhs.shape)} spans the batch axis 0")
         self.depth = ls[-1]
         if self.depth > MAX_DEPTH:
             raise self.error(f"depth {self.depth} could overflow TFLM's int32 accumulator")

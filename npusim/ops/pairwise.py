@@ -60,6 +60,11 @@ class BinaryKernel(Kernel):
             raise self.error(
                 f"broadcasting over {len(shape)} dimensions, TFLM supports at most {self.max_rank}"
             )
+        for t in (a, b):  # a constant may not broadcast along the batch axis 0
+            if t.data is not None and len(t.shape) == len(y.shape) and len(t.shape) and t.shape[0] != 1:
+                raise self.error(
+                    f"constant {t.name!r} of shape {list(t.shape)} spans the batch axis 0 (size 1 expected)"
+                )
         for t in (a, b):  # an activation's axis 0 is the batch: it must line up with the output's
             if t.data is None and len(t.shape) != len(y.shape):
                 raise self.error(
