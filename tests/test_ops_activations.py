@@ -102,6 +102,17 @@ def test_leaky_relu_every_code(q, alpha):
     check_or_both_refuse(unary_case("LEAKY_RELU", q, alpha))
 
 
+@pytest.mark.parametrize("alpha", [-0.125, -0.25, -0.5, -1.5, -3.0, -0.3, -7.0])
+def test_leaky_relu_negative_alpha_ties(alpha):
+    """Exact multipliers (scales 1, powers of two): the products of a negative alpha land on ties,
+    which TFLM rounds toward zero."""
+    for s_in, z_in, s_out, z_out in ((1.0, 0, 1.0, 0), (0.5, 127, 0.25, -3), (2.0**-5, -20, 2.0**-6, 9)):
+        model = O.leaky_relu_model((1, 256), s_in, z_in, s_out, z_out, alpha)
+        check(
+            C.Case(model, EVERY_CODE, f"LEAKY_RELU alpha={alpha} in=({s_in}, {z_in}) out=({s_out}, {z_out})")
+        )
+
+
 @settings(max_examples=examples(20))
 @given(
     kind=st.sampled_from(["TANH", "HARD_SWISH", "LEAKY_RELU"]),
