@@ -276,6 +276,35 @@ def generated_seeds() -> dict[str, bytes]:
             0.1,
             0,
         ),
+        "tanh": O.unary_model("TANH", (1, 3, 5), 0.05, 2, 1.0 / 128, 0),
+        "hard_swish": O.unary_model("HARD_SWISH", (1, 3, 5), 0.05, 2, 0.03, -20),
+        "leaky_relu": O.leaky_relu_model((1, 3, 5), 0.05, 2, 0.04, -3, 0.2),
+        "maximum": O.plain_binary_model("MAXIMUM", (1, 3, 4), (1, 1, 4), (0.05, 1), (0.05, 1), (0.05, 1)),
+        "minimum_const": O.plain_binary_model(
+            "MINIMUM", (1, 3, 4), (4,), (0.05, 1), (0.05, 1), (0.05, 1), const2=rng.integers(-128, 128, 4)
+        ),
+        "prelu": O.plain_binary_model(
+            "PRELU",
+            (1, 3, 3, 4),
+            (1, 1, 4),
+            (0.05, 1),
+            (0.01, 0),
+            (0.04, -2),
+            const2=rng.integers(-128, 128, 4),
+        ),
+        "slice": O.slice_model((1, 4, 5, 2), [0, 1, 0, 1], [-1, 2, -1, 1], 0.05, 1),
+        "unpack": O.unpack_model((1, 3, 2), 1, 0.05, 1),
+        "squeeze": O.squeeze_model((1, 1, 4, 1), [1, 3], 0.05, 1),
+        "expand_dims": O.expand_dims_model((1, 3, 4), -1, 0.05, 1),
+        "shape_reshape": O.shape_model((1, 3, 4), 0.05, 1, reshape=True),
+        "tile": O.tile_model((1, 2, 3), [1, 2, 2], 0.05, 1),
+        "gather": O.gather_model((1, 5, 3), [[4, 0], [1, 1]], 1, 0.05, 1),
+        "sum": O.mean_model((1, 3, 4, 5), 0.05, 1, 0.4, -1, axes=(1, 3), keep_dims=False, kind="SUM"),
+        "reduce_max": O.mean_model((1, 3, 4, 5), 0.05, 1, 0.05, 1, axes=(2,), kind="REDUCE_MAX"),
+        "resize_bilinear": O.resize_nearest_model((1, 3, 4, 2), (6, 7), 0.05, 0, bilinear=True),
+        "batch_matmul": O.batch_matmul_model(
+            (1, 2, 3, 4), (4, 5), (0.05, 1), (0.02, 0), (0.1, 2), rhs_const=rng.integers(-127, 128, (4, 5))
+        ),
     }
     return seeds
 

@@ -25,7 +25,7 @@ from npusim.npu import (
     plan_device,
 )
 
-from shared_paths import MOBILENET, RESNET, need
+from shared_paths import MOBILENET, RESNET, SHARED, need
 
 # Ops that must fall back to the Cortex-M55 on each real model.
 EXPECTED_M55 = {RESNET.name: {"SOFTMAX"}, MOBILENET.name: {"QUANTIZE", "SOFTMAX", "DEQUANTIZE"}}
@@ -244,3 +244,57 @@ def test_cost_model_validation():
     c = CostModel()
     assert c.npu_peak_macs_per_s == pytest.approx(300e9)
     assert "300 GMAC/s" in c.describe()
+
+
+# -- the STM32N6 deployment models: every op placed, with its source ------------------------------
+
+STM32N6 = SHARED / "models" / "stm32n6"
+YOLO_DETECT = STM32N6 / "yolov8n_256_quant_pc_uf_od_coco-person.tflite"
+YOLO_SEGMENT = STM32N6 / "yolov8n_256_quant_pc_ii_seg_coco-st.tflite"
+# The YOLOv8n models' software epochs: the graph-edge conversions and the DFL softmax.
+YOLO_M55 = {
+    YOLO_DETECT.name: {"DEQUANTIZE", "QUANTIZE", "SOFTMAX"},
+    YOLO_SEGMENT.name: {"QUANTIZE", "SOFTMAX"},
+}
+
+
+@pytest.mark.parametrize("path", [YOLO_DETECT, YOLO_SEGMENT], ids=["detect", "segment"])
+def test_inspect_stm32n6_yolo(path):
+    """`npusim inspect --target stm32n6` on ST's YOLOv8n models: LOGISTIC, MUL, SUB, STRIDED_SLICE,
+    RESIZE_NEAREST_NEIGHBOR, TRANSPOSE_CONV, CONCATENATION on the NPU, the rest on the M55."""
+    p = need(path)
+    result = cli("inspect", p, "--target", "stm32n6")
+    assert result.exit_code == 0, result.output
+    interp = Interpreter(p)
+    dev = plan_device(interp)
+    m55 = {o.kind for o in dev.m55_ops}
+    assert m55 == YOLO_M55[path.name]
+    n_m55 = len(dev.m55_ops)
+    line = f"ops: {len(interp.kernels) - n_m55} on NPU, {n_m55} on M55 ({', '.join(sorted(m55))})"
+    assert line in result.stdout
+    npu = {o.kind for o in dev.npu_ops}
+    assert {"LOGISTIC", "MUL", "SUB", "STRIDED_SLICE", "CONCATENATION", "RESIZE_NEAREST_NEIGHBOR"} <= npu
+    if path == YOLO_SEGMENT:
+        assert "TRANSPOSE_CONV" in npu
+        tc = [o for o in dev.npu_ops if o.kind == "TRANSPOSE_CONV"]
+        assert all(o.macs > 0 for o in tc)  # costed on the convolution accelerators
+
+
+def test_every_kernel_has_a_placement_source():
+    """Every op the simulator runs is placed on purpose: in NPU_KIND_SOURCES or M55_KIND_SOURCES."""
+    from npusim.npu.cost import M55_KIND_SOURCES, NPU_KIND_SOURCES
+    from npusim.ops import KERNELS
+
+    missing = set(KERNELS) - set(NPU_KIND_SOURCES) - set(M55_KIND_SOURCES)
+    assert not missing, f"no placement source for {sorted(missing)}"
+    assert not set(NPU_KIND_SOURCES) & set(M55_KIND_SOURCES)
+
+
+def test_placement_of_the_new_ops():
+    x, y = _t((1, 8, 8, 4)), _t((1, 8, 8, 4))
+    for kind in ("TANH", "HARD_SWISH", "LEAKY_RELU", "LOGISTIC", "MUL", "SUB", "PRELU", "MAXIMUM", "SLICE"):
+        assert placement(_kernel(kind, [x], [y]))[0] == NPU, kind
+    for kind in ("RESIZE_BILINEAR", "GATHER", "TILE", "SUM", "REDUCE_MAX", "BATCH_MATMUL"):
+        unit, reason = placement(_kernel(kind, [x], [y]))
+        assert unit == M55 and kind in reason, kind
+    assert placement(_kernel("SHAPE", [x], [_t((4,), np.int32)]))[0] == M55

@@ -13,6 +13,8 @@ Softmax and DequantizeLinear; ST community thread "Why are some layers executed 
 X-CUBE-AI on STM32N6570-DK"). The per-operator shape limits of the ST table are not modelled
 (assumption: the layers of the models used here are all within them); TRANSPOSE is placed on the
 NPU up to rank 4 only, and any op not named above, or with a float operand, goes to the M55.
+NPU_KIND_SOURCES and M55_KIND_SOURCES give the source of every placement, op by op; the ones
+marked ASSUMPTION were not checked against ST's table.
 
 Epochs. ST's compiler emits one hardware epoch per (fused) layer and a software epoch per CPU
 operator; here consecutive ops on the same unit are grouped into one epoch (an "epoch block" in
@@ -62,11 +64,62 @@ EPOCH_OVERHEAD_S = 5e-6  # per epoch: start, end-of-epoch interrupt, cache clean
 NPU = "NPU"
 M55 = "M55"
 
-# Hardware operators of the Neural-ART (see the docstring for the source).
-CONV_ACCELERATOR_KINDS = frozenset(MAC_OPS)
-NPU_KINDS = CONV_ACCELERATOR_KINDS | frozenset(
-    {"ADD", "AVERAGE_POOL_2D", "MAX_POOL_2D", "PAD", "PADV2", "RESHAPE", "CONCATENATION", "TRANSPOSE", "MEAN"}
-)
+# Hardware operators of the Neural-ART, each with the source of its placement. "ST table": the ST
+# Edge AI Core page cited in the module docstring. "ASSUMPTION": not checked against that table in
+# this code base (its operator rows were not at hand when the op was added); the placement follows
+# the Neural-ART's hardware units (convolution accelerators, arithmetic and activation units,
+# stream-engine data movement) and is the first thing to correct from a `stedgeai analyze` report.
+NPU_KIND_SOURCES = {
+    "CONV_2D": "ST table (convolution)",
+    "DEPTHWISE_CONV_2D": "ST table (depthwise convolution)",
+    "FULLY_CONNECTED": "ST table (dense)",
+    "ADD": "ST table (element-wise add)",
+    "AVERAGE_POOL_2D": "ST table (pooling)",
+    "MAX_POOL_2D": "ST table (pooling)",
+    "MEAN": "ST table (global average pooling; H and W only, see placement())",
+    "PAD": "ST table (padding)",
+    "PADV2": "ST table (padding)",
+    "RESHAPE": "ST table (reshape)",
+    "CONCATENATION": "ST table (concatenation)",
+    "TRANSPOSE": "ST table (limited transpose; rank <= 4, see placement())",
+    "SQUEEZE": "as RESHAPE (ST table): a reshape of the same bytes",
+    "EXPAND_DIMS": "as RESHAPE (ST table): a reshape of the same bytes",
+    "SUB": "ASSUMPTION: element-wise arithmetic unit, as ADD",
+    "MUL": "ASSUMPTION: element-wise arithmetic unit, as ADD",
+    "MAXIMUM": "ASSUMPTION: element-wise arithmetic unit, as ADD",
+    "MINIMUM": "ASSUMPTION: element-wise arithmetic unit, as ADD",
+    "LOGISTIC": "ASSUMPTION: activation unit (as the fused RELU family)",
+    "TANH": "ASSUMPTION: activation unit",
+    "HARD_SWISH": "ASSUMPTION: activation unit",
+    "LEAKY_RELU": "ASSUMPTION: activation unit",
+    "PRELU": "ASSUMPTION: activation unit",
+    "STRIDED_SLICE": "ASSUMPTION: stream-engine data movement (as CONCATENATION)",
+    "SLICE": "ASSUMPTION: stream-engine data movement (as CONCATENATION)",
+    "SPLIT": "ASSUMPTION: stream-engine data movement (as CONCATENATION)",
+    "SPLIT_V": "ASSUMPTION: stream-engine data movement (as CONCATENATION)",
+    "PACK": "ASSUMPTION: stream-engine data movement (as CONCATENATION)",
+    "UNPACK": "ASSUMPTION: stream-engine data movement (as CONCATENATION)",
+    "RESIZE_NEAREST_NEIGHBOR": "ASSUMPTION: stream-engine data movement (pixel copies)",
+    "TRANSPOSE_CONV": "ASSUMPTION: convolution accelerators (a strided scatter convolution)",
+}
+# Ops the simulator runs that are placed on the Cortex-M55 on purpose, and why.
+M55_KIND_SOURCES = {
+    "SOFTMAX": "ST validate report (software epoch; see the docstring)",
+    "QUANTIZE": "ST toolchain (software epoch, see the docstring)",
+    "DEQUANTIZE": "ST validate report (DequantizeLinear software epoch)",
+    # ST Edge AI Core 2.1 reports of MoveNet Lightning on the STM32N6 list its Resize bilinear layers
+    # as software epochs (Politecnico di Milano STM32N6 case studies,
+    # giacomocolosio02.github.io/stm32n6-docs/casestudies_page.html).
+    "RESIZE_BILINEAR": "software epoch in ST Edge AI Core reports (MoveNet's Resize bilinear)",
+    "GATHER": "ASSUMPTION: index-driven gather, no NPU unit for it",
+    "TILE": "ASSUMPTION: software epoch",
+    "SHAPE": "int32 output: the NPU runs int8 only",
+    "SUM": "ASSUMPTION: reduction other than global pooling",
+    "REDUCE_MAX": "ASSUMPTION: reduction other than global pooling",
+    "BATCH_MATMUL": "ASSUMPTION: a product of two activations, not a convolution with constant weights",
+}
+CONV_ACCELERATOR_KINDS = frozenset(MAC_OPS) | {"TRANSPOSE_CONV"}
+NPU_KINDS = frozenset(NPU_KIND_SOURCES)
 # Activations the NPU fuses into the producing layer.
 NPU_FUSED_ACTIVATIONS = frozenset({"NONE", "RELU", "RELU6", "RELU_N1_TO_1"})
 
@@ -124,6 +177,8 @@ def placement(kernel) -> tuple[str, str]:
     kind = kernel.op.kind
     acts = [t for t in kernel.inputs if t is not None and not t.is_constant] + list(kernel.outputs)
     if kind not in NPU_KINDS:
+        if kind in M55_KIND_SOURCES:
+            return M55, f"{kind} on the M55: {M55_KIND_SOURCES[kind]}"
         return M55, f"{kind} is not a Neural-ART operator (software epoch)"
     bad = [t for t in acts if np.dtype(t.dtype) != np.int8]
     if bad:

@@ -38,11 +38,15 @@ class BinaryKernel(Kernel):
     required_inputs, max_inputs = 2, 2
     max_rank: int | None = None  # TFLM's broadcasting kernels stop at rank 4 for some ops
 
-    def prepare_operands(self):
+    def prepare_operands(self, quantized: bool = True):
+        """quantized False: int8 operands whose quantization the op ignores (MAXIMUM, MINIMUM)."""
         a, b, y = self.inputs[0], self.inputs[1], self.outputs[0]
-        self.require_int8(a, b, y)
+        if quantized:
+            self.require_int8(a, b, y)
         for t in (a, b, y):
-            if t.quant.per_channel:
+            if not quantized and t.dtype != np.int8:
+                raise self.error(f"tensor {t.name!r} has type {np.dtype(t.dtype).name}, expected int8")
+            if quantized and t.quant.per_channel:
                 raise self.error(f"tensor {t.name!r} is quantized per channel, expected per-tensor")
         try:
             shape = np.broadcast_shapes(a.shape, b.shape)
@@ -56,6 +60,11 @@ class BinaryKernel(Kernel):
             raise self.error(
                 f"broadcasting over {len(shape)} dimensions, TFLM supports at most {self.max_rank}"
             )
+        for t in (a, b):  # a constant may not broadcast along the batch axis 0
+            if t.data is not None and len(t.shape) == len(y.shape) and len(t.shape) and t.shape[0] != 1:
+                raise self.error(
+                    f"constant {t.name!r} of shape {list(t.shape)} spans the batch axis 0 (size 1 expected)"
+                )
         for t in (a, b):  # an activation's axis 0 is the batch: it must line up with the output's
             if t.data is None and len(t.shape) != len(y.shape):
                 raise self.error(

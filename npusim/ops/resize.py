@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..quant import SINGLE
 from .base import Kernel
 from .movement import _same_dtype
 
@@ -67,3 +68,79 @@ class ResizeNearestNeighbor(Kernel):
         if self.repeats[0] is not None and self.repeats[1] is not None:
             return np.repeat(np.repeat(x, self.repeats[0], axis=1), self.repeats[1], axis=2)
         return np.ascontiguousarray(x[:, self.rows][:, :, self.cols])
+
+
+def _trunc_div(v: np.ndarray, d: int) -> np.ndarray:
+    """C++ integer division (toward zero) by a positive d."""
+    return np.where(v >= 0, v // d, -((-v) // d))
+
+
+def bilinear_taps(in_size: int, out_size: int, align_corners: bool, half_pixel_centers: bool):
+    """ComputeInterpolationValuesInteger along one axis: (i0, i1, w1) with the weight of i1 in
+    1/1024 (that of i0 is 1024 - w1; negative at a half-pixel edge, where i0 == i1)."""
+    scale_10 = ((1 << 10) * in_size + out_size // 2) // out_size
+    if align_corners and out_size > 1:
+        scale_10 = ((1 << 10) * (in_size - 1) + (out_size - 1) // 2) // (out_size - 1)
+    v = np.arange(out_size, dtype=np.int64)
+    if half_pixel_centers:
+        scaled = v * scale_10 + scale_10 // 2 - (1 << 9)
+    else:
+        scaled = v * scale_10
+    i0 = np.maximum(_trunc_div(scaled, 1 << 10), 0)
+    i1 = np.minimum(_trunc_div(scaled + (1 << 10) - 1, 1 << 10), in_size - 1)
+    return i0, i1, scaled - (1 << 10) * i0
+
+
+class ResizeBilinear(Kernel):
+    """RESIZE_BILINEAR, int8 (TFLM micro/kernels/resize_bilinear.cc, reference_ops::
+    ResizeBilinearInteger): scales in 1/1024 rounded to nearest, per output pixel the four corner
+    codes weighted in 1/2^20 (int64), then (sum + sign(sum) * 2^19) / 2^20 truncated toward zero
+    (with TFLITE_SINGLE_ROUNDING, the "single" profile: (sum + 2^19) >> 20), cast to int8. TFLM
+    interpolates the raw codes and checks neither quantization: npusim follows it."""
+
+    kind = "RESIZE_BILINEAR"
+    required_inputs, max_inputs, data_inputs = 2, 2, 1
+
+    def __init__(self, op, graph, profile):
+        super().__init__(op, graph, profile)
+        x, size, y = self.inputs[0], self.inputs[1], self.outputs[0]
+        _same_dtype(self)
+        if x.dtype != np.int8:
+            raise self.error(f"input {x.name!r} is {np.dtype(x.dtype).name}, expected int8")
+        if len(x.shape) != 4:
+            raise self.error(f"input {x.name!r} has shape {list(x.shape)}, expected NHWC (rank 4)")
+        self.require_constant(size, "size")
+        if size.dtype != np.int32 or size.data.size != 2 or size.data.ndim != 1:
+            raise self.error(f"size {size.name!r} is not a 1-D tensor of two int32 values")
+        oh, ow = (int(v) for v in size.data.reshape(-1))
+        if oh <= 0 or ow <= 0:
+            raise self.error(f"output size {[oh, ow]} is not positive")
+        expected = [x.shape[0], oh, ow, x.shape[3]]
+        if list(y.shape) != expected:
+            raise self.error(f"output shape {list(y.shape)} is not the resized shape {expected}")
+        align = bool(op.options.get("align_corners", False))
+        half = bool(op.options.get("half_pixel_centers", False))
+        if align and half:
+            raise self.error("align_corners and half_pixel_centers are both set (TFLM refuses it)")
+        self.rows = bilinear_taps(x.shape[1], oh, align, half)
+        self.cols = bilinear_taps(x.shape[2], ow, align, half)
+        self.single = profile == SINGLE
+        self.out_image = (oh, ow, x.shape[3])
+
+    def workspace_bytes(self, n: int) -> int:
+        return 4 * 8 * n * int(np.prod(self.out_image))
+
+    def __call__(self, x, size=None):
+        y0, y1, wy = self.rows
+        x0, x1, wx = self.cols
+        one = np.int64(1 << 10)
+        wy, wx = wy[None, :, None, None], wx[None, None, :, None]
+        top = x[:, y0].astype(np.int64)
+        bottom = x[:, y1].astype(np.int64)
+        acc = (top[:, :, x0] * (one - wx) + top[:, :, x1] * wx) * (one - wy)
+        acc += (bottom[:, :, x0] * (one - wx) + bottom[:, :, x1] * wx) * wy
+        if self.single:
+            out = (acc + (1 << 19)) >> 20
+        else:
+            out = _trunc_div(acc + np.where(acc > 0, 1 << 19, -(1 << 19)), 1 << 20)
+        return out.astype(np.int8)

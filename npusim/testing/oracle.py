@@ -74,6 +74,23 @@ _OP_VERSIONS = {
     "PACK": 2,
     "RESIZE_NEAREST_NEIGHBOR": 2,
     "TRANSPOSE_CONV": 3,
+    "TANH": 2,
+    "HARD_SWISH": 1,
+    "LEAKY_RELU": 2,
+    "MAXIMUM": 2,
+    "MINIMUM": 2,
+    "PRELU": 1,
+    "SLICE": 2,
+    "UNPACK": 2,
+    "SQUEEZE": 1,
+    "EXPAND_DIMS": 1,
+    "SHAPE": 1,
+    "TILE": 1,
+    "GATHER": 2,
+    "REDUCE_MAX": 2,
+    "SUM": 2,
+    "RESIZE_BILINEAR": 3,
+    "BATCH_MATMUL": 4,
 }
 
 
@@ -469,6 +486,38 @@ def logistic_model(input_shape, in_scale, in_zp, out_scale=1.0 / 256.0, out_zp=-
     return b.build([x], [y])
 
 
+def unary_model(kind, input_shape, in_scale, in_zp, out_scale, out_zp, options=None) -> bytes:
+    """A one-input elementwise op (TANH, HARD_SWISH, LEAKY_RELU with options=LeakyReluOptionsT)."""
+    b = ModelBuilder()
+    x = b.add_tensor(input_shape, np.int8, in_scale, in_zp, name="input")
+    y = b.add_tensor(input_shape, np.int8, out_scale, out_zp, name="output")
+    b.add_op(kind, [x], [y], options)
+    return b.build([x], [y])
+
+
+def leaky_relu_model(input_shape, in_scale, in_zp, out_scale, out_zp, alpha) -> bytes:
+    opt = schema.LeakyReluOptionsT()
+    opt.alpha = float(np.float32(alpha))
+    return unary_model("LEAKY_RELU", input_shape, in_scale, in_zp, out_scale, out_zp, opt)
+
+
+def plain_binary_model(kind, shape1, shape2, q1, q2, q_out, const2=None) -> bytes:
+    """MAXIMUM, MINIMUM or PRELU (no options): numpy-style broadcasting; q* = (scale, zero point);
+    the second operand a graph input or, with const2, a constant."""
+    b = ModelBuilder()
+    x1 = b.add_tensor(shape1, np.int8, *q1, name="input1")
+    if const2 is None:
+        x2 = b.add_tensor(shape2, np.int8, *q2, name="input2")
+    else:
+        x2 = b.add_tensor(
+            shape2, np.int8, *q2, data=np.asarray(const2, np.int8).reshape(shape2), name="const2"
+        )
+    out_shape = np.broadcast_shapes(tuple(shape1), tuple(shape2))
+    y = b.add_tensor(out_shape, np.int8, *q_out, name="output")
+    b.add_op(kind, [x1, x2], [y])
+    return b.build([x1] if const2 is not None else [x1, x2], [y])
+
+
 def _pool_model(kind, input_shape, scale, zp, filter_size, stride, padding, activation):
     b = ModelBuilder()
     n, h, w, c = input_shape
@@ -499,7 +548,10 @@ def max_pool_model(
     return _pool_model("MAX_POOL_2D", input_shape, scale, zp, filter_size, stride, padding, activation)
 
 
-def mean_model(input_shape, in_scale, in_zp, out_scale, out_zp, axes=(1, 2), keep_dims=True) -> bytes:
+def mean_model(
+    input_shape, in_scale, in_zp, out_scale, out_zp, axes=(1, 2), keep_dims=True, kind="MEAN"
+) -> bytes:
+    """MEAN, or with kind SUM / REDUCE_MAX the other int8 reducers (same inputs and options)."""
     b = ModelBuilder()
     x = b.add_tensor(input_shape, np.int8, in_scale, in_zp, name="input")
     ax = b.add_const(np.asarray(axes, np.int32), name="axes")
@@ -511,7 +563,7 @@ def mean_model(input_shape, in_scale, in_zp, out_scale, out_zp, axes=(1, 2), kee
     y = b.add_tensor(out_shape, np.int8, out_scale, out_zp, name="output")
     opt = schema.ReducerOptionsT()
     opt.keepDims = bool(keep_dims)
-    b.add_op("MEAN", [x, ax], [y], opt)
+    b.add_op(kind, [x, ax], [y], opt)
     return b.build([x], [y])
 
 
@@ -686,16 +738,129 @@ def pack_model(shape, count, axis, scale, zp) -> bytes:
 
 
 def resize_nearest_model(
-    input_shape, size, scale, zp, align_corners=False, half_pixel_centers=False
+    input_shape, size, scale, zp, align_corners=False, half_pixel_centers=False, bilinear=False
 ) -> bytes:
+    """RESIZE_NEAREST_NEIGHBOR, or RESIZE_BILINEAR with bilinear=True (same inputs and options)."""
     b = ModelBuilder()
     x = b.add_tensor(input_shape, np.int8, scale, zp, name="input")
     s = b.add_const(np.asarray(size, np.int32), name="size")
     y = b.add_tensor((input_shape[0], *size, input_shape[3]), np.int8, scale, zp, name="output")
-    opt = schema.ResizeNearestNeighborOptionsT()
+    opt = schema.ResizeBilinearOptionsT() if bilinear else schema.ResizeNearestNeighborOptionsT()
     opt.alignCorners, opt.halfPixelCenters = bool(align_corners), bool(half_pixel_centers)
-    b.add_op("RESIZE_NEAREST_NEIGHBOR", [x, s], [y], opt)
+    b.add_op("RESIZE_BILINEAR" if bilinear else "RESIZE_NEAREST_NEIGHBOR", [x, s], [y], opt)
     return b.build([x], [y])
+
+
+def slice_model(input_shape, begin, size, scale, zp, index_dtype=np.int32) -> bytes:
+    """SLICE with constant begin and size (size may hold -1: to the end of the axis)."""
+    out = [d - b if s == -1 else s for d, b, s in zip(input_shape, begin, size)]
+    b = ModelBuilder()
+    x = b.add_tensor(input_shape, np.int8, scale, zp, name="input")
+    bt = b.add_const(np.asarray(begin, index_dtype), name="begin")
+    st = b.add_const(np.asarray(size, index_dtype), name="size")
+    y = b.add_tensor(out, np.int8, scale, zp, name="output")
+    b.add_op("SLICE", [x, bt, st], [y], schema.SliceOptionsT())
+    return b.build([x], [y])
+
+
+def unpack_model(input_shape, axis, scale, zp) -> bytes:
+    b = ModelBuilder()
+    x = b.add_tensor(input_shape, np.int8, scale, zp, name="input")
+    ax = axis % len(input_shape)
+    part = list(input_shape[:ax]) + list(input_shape[ax + 1 :])
+    ys = [b.add_tensor(part, np.int8, scale, zp, name=f"output{i}") for i in range(input_shape[ax])]
+    opt = schema.UnpackOptionsT()
+    opt.num, opt.axis = int(input_shape[ax]), int(axis)
+    b.add_op("UNPACK", [x], ys, opt)
+    return b.build([x], ys)
+
+
+def squeeze_model(input_shape, squeeze_dims, scale, zp) -> bytes:
+    rank = len(input_shape)
+    dims = (
+        {d % rank for d in squeeze_dims} if squeeze_dims else {i for i, s in enumerate(input_shape) if s == 1}
+    )
+    b = ModelBuilder()
+    x = b.add_tensor(input_shape, np.int8, scale, zp, name="input")
+    y = b.add_tensor(
+        [s for i, s in enumerate(input_shape) if i not in dims], np.int8, scale, zp, name="output"
+    )
+    opt = schema.SqueezeOptionsT()
+    opt.squeezeDims = [int(d) for d in squeeze_dims]
+    b.add_op("SQUEEZE", [x], [y], opt)
+    return b.build([x], [y])
+
+
+def expand_dims_model(input_shape, axis, scale, zp) -> bytes:
+    out = list(input_shape)
+    out.insert(axis % (len(input_shape) + 1), 1)
+    b = ModelBuilder()
+    x = b.add_tensor(input_shape, np.int8, scale, zp, name="input")
+    a = b.add_const(np.asarray([axis], np.int32), name="axis")
+    y = b.add_tensor(out, np.int8, scale, zp, name="output")
+    b.add_op("EXPAND_DIMS", [x, a], [y], schema.ExpandDimsOptionsT())
+    return b.build([x], [y])
+
+
+def shape_model(input_shape, scale, zp, reshape=False) -> bytes:
+    """SHAPE (int32 output); reshape=True feeds it to a RESHAPE of the input as its shape tensor and
+    returns both outputs (the reshape first)."""
+    b = ModelBuilder()
+    x = b.add_tensor(input_shape, np.int8, scale, zp, name="input")
+    s = b.add_tensor([len(input_shape)], np.int32, name="shape")
+    opt = schema.ShapeOptionsT()
+    opt.outType = schema.TensorType.INT32
+    b.add_op("SHAPE", [x], [s], opt)
+    if not reshape:
+        return b.build([x], [s])
+    y = b.add_tensor(input_shape, np.int8, scale, zp, name="output")
+    b.add_op("RESHAPE", [x, s], [y], schema.ReshapeOptionsT())
+    return b.build([x], [y, s])
+
+
+def tile_model(input_shape, multiples, scale, zp) -> bytes:
+    b = ModelBuilder()
+    x = b.add_tensor(input_shape, np.int8, scale, zp, name="input")
+    m = b.add_const(np.asarray(multiples, np.int32), name="multiples")
+    y = b.add_tensor([d * r for d, r in zip(input_shape, multiples)], np.int8, scale, zp, name="output")
+    b.add_op("TILE", [x, m], [y], schema.TileOptionsT())
+    return b.build([x], [y])
+
+
+def gather_model(input_shape, indices, axis, scale, zp) -> bytes:
+    """GATHER of an int8 graph input with constant int32 indices (any shape) along axis."""
+    indices = np.asarray(indices, np.int32)
+    ax = axis % len(input_shape)
+    out = list(input_shape[:ax]) + list(indices.shape) + list(input_shape[ax + 1 :])
+    b = ModelBuilder()
+    x = b.add_tensor(input_shape, np.int8, scale, zp, name="input")
+    i = b.add_const(indices, name="indices")
+    y = b.add_tensor(out, np.int8, scale, zp, name="output")
+    opt = schema.GatherOptionsT()
+    opt.axis = int(axis)
+    b.add_op("GATHER", [x, i], [y], opt)
+    return b.build([x], [y])
+
+
+def batch_matmul_model(lhs_shape, rhs_shape, ql, qr, qo, adj_x=False, adj_y=False, rhs_const=None) -> bytes:
+    """BATCH_MATMUL int8; q* = (scale, zero point); rhs a graph input or, with rhs_const, a constant."""
+    ls, rs = list(lhs_shape), list(rhs_shape)
+    if adj_x:
+        ls[-2], ls[-1] = ls[-1], ls[-2]
+    if adj_y:
+        rs[-2], rs[-1] = rs[-1], rs[-2]
+    out = [*np.broadcast_shapes(tuple(ls[:-2]), tuple(rs[:-2])), ls[-2], rs[-1]]
+    b = ModelBuilder()
+    x = b.add_tensor(lhs_shape, np.int8, *ql, name="lhs")
+    if rhs_const is None:
+        r = b.add_tensor(rhs_shape, np.int8, *qr, name="rhs")
+    else:
+        r = b.add_tensor(rhs_shape, np.int8, *qr, data=np.asarray(rhs_const, np.int8), name="rhs")
+    y = b.add_tensor(out, np.int8, *qo, name="output")
+    opt = schema.BatchMatMulOptionsT()
+    opt.adjX, opt.adjY = bool(adj_x), bool(adj_y)
+    b.add_op("BATCH_MATMUL", [x, r], [y], opt)
+    return b.build([x] if rhs_const is not None else [x, r], [y])
 
 
 def quantize_model(input_shape, in_dtype, out_scale, out_zp, in_scale=None, in_zp=None) -> bytes:

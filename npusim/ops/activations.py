@@ -1,0 +1,287 @@
+"""TANH, HARD_SWISH and LEAKY_RELU, int8 in -> int8 out, as 256-entry tables.
+
+Each op's int8 output is a function of the input byte alone: prepare runs TFLM's exact integer
+arithmetic on all 256 codes and eval is a table lookup (bit-identical to TFLM's per-element loop).
+
+TANH: micro/kernels/tanh.cc (CalculateArithmeticOpData) and reference_integer_ops::Tanh: the input
+is rescaled to Q4.27 as for LOGISTIC, gemmlowp's fixed-point tanh gives Q0.31, and a rounding shift
+by 24 brings it to the output scale 1/128, zero point 0. TFLM checks neither the output scale nor
+the output zero point: the output bytes are the same whatever they are, and npusim follows it.
+
+HARD_SWISH: micro/kernels/hard_swish_common.cc (HardSwishPrepare) and reference_ops::HardSwish:
+int16 fixed point with float32 scale ratios, multipliers downscaled to 16 bits, gemmlowp's int16
+SaturatingRoundingDoublingHighMul and RoundingDivideByPOT (whose mask is cast to int16: a shift of
+16 or more rounds every non-negative value to 1 and every negative one to -1), and a truncating
+doubling high multiply for the final product.
+
+LEAKY_RELU: micro/kernels/leaky_relu_common.cc and reference_ops::QuantizeLeakyRelu: two
+multipliers, scale_in / scale_out and scale_in * alpha / scale_out, both computed in float32 (alpha
+may be negative or above 1), MultiplyByQuantizedMultiplier, output zero point, clamp. With a
+negative alpha the PyPI build does not round as MultiplyByQuantizedMultiplier(x, M < 0, s) would
+(ties of the positive product go up there): it matches -MultiplyByQuantizedMultiplier(x, -M, s),
+ties toward zero, on every code of 400 random scale / zero point / alpha sets (equally, the
+multiplier M + 1 in gemmlowp's formula; no case was found where the two differ). npusim computes
+the former; tests/test_ops_activations.py checks it on every code.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..jit import njit
+from ..quant import INT32_MAX, multiply_by_quantized_multiplier, quantize_multiplier, requantize_one
+from .base import Kernel
+from .quantize import lookup
+from .requant import requantization_multiplier
+from .softmax import _fx_mul, _saturating_shift_left, _wrap32, calculate_input_radius, exp_on_negative_values
+
+INPUT_INTEGER_BITS = 4  # Q4.27 input to the fixed-point tanh
+TANH_OUTPUT_SCALE_BITS = 7  # output scale 2^-7
+
+EVERY_CODE = np.arange(256, dtype=np.uint8).view(np.int8).astype(np.int64)  # index: the byte as uint8
+
+
+class UnaryTableKernel(Kernel):
+    """An int8 per-tensor input and output of the same shape; subclasses set self.table (int8 [256],
+    indexed by the input byte) in __init__ after calling prepare_operands()."""
+
+    def prepare_operands(self):
+        x, y = self.inputs[0], self.outputs[0]
+        self.require_int8(x, y)
+        for t in (x, y):
+            if t.quant.per_channel:
+                raise self.error(f"tensor {t.name!r} is quantized per channel, expected per-tensor")
+        if tuple(y.shape) != tuple(x.shape):
+            raise self.error(f"output shape {list(y.shape)} differs from the input shape {list(x.shape)}")
+        return x, y
+
+    def __call__(self, x):
+        return lookup(self.table, np.ascontiguousarray(x).view(np.uint8), np.empty(x.shape, dtype=np.int8))
+
+
+# ----------------------------------------------------------------------------------------------
+# TANH
+# ----------------------------------------------------------------------------------------------
+
+
+@njit()
+def one_minus_x_over_one_plus_x_for_x_in_0_1(a):
+    """gemmlowp's Newton-Raphson (1 - x) / (1 + x) for x in [0, 1], Q0.31 raw in and out."""
+    s = np.int64(a) + np.int64(INT32_MAX)  # RoundingHalfSum(a, One())
+    half_denominator = (s + 1) // 2 if s >= 0 else -((-(s - 1)) // 2)
+    constant_48_over_17 = np.int64(1515870810)  # Q2.29
+    constant_neg_32_over_17 = np.int64(-1010580540)
+    one_q2 = np.int64(1) << 29
+    x = _wrap32(constant_48_over_17 + _fx_mul(half_denominator, constant_neg_32_over_17))
+    for _ in range(3):
+        half_denominator_times_x = _fx_mul(half_denominator, x)
+        one_minus_half_denominator_times_x = _wrap32(one_q2 - half_denominator_times_x)
+        x = _wrap32(x + _saturating_shift_left(_fx_mul(x, one_minus_half_denominator_times_x), 2))
+    return _saturating_shift_left(_wrap32(x - one_q2), 2)  # Rescale<0>(x - F2::One())
+
+
+@njit()
+def fixed_point_tanh_q4(a):
+    """gemmlowp::tanh for FixedPoint<int32, 4> raw a; returns Q0.31 raw."""
+    if a == 0:
+        return np.int64(0)
+    n = a if a < 0 else -a
+    # neg_tanh_on_negative_values: exp of ExactMulByPot<1>(n), a Q5.26 value with n's raw bits.
+    t = one_minus_x_over_one_plus_x_for_x_in_0_1(exp_on_negative_values(n, INPUT_INTEGER_BITS + 1))
+    return -t if a < 0 else t
+
+
+@njit()
+def build_tanh_table(zero_point, radius, multiplier, left_shift):
+    table = np.empty(256, dtype=np.int8)
+    for code in range(256):
+        q = code - 256 if code >= 128 else code
+        x = np.int64(q) - zero_point
+        if x <= -radius:
+            table[code] = -128
+        elif x >= radius:
+            table[code] = 127
+        else:
+            in_q4 = multiply_by_quantized_multiplier(x, multiplier, left_shift)
+            out_q0 = fixed_point_tanh_q4(np.int64(in_q4))
+            # gemmlowp RoundingDivideByPOT on int32
+            e = 31 - TANH_OUTPUT_SCALE_BITS
+            mask = (np.int64(1) << e) - 1
+            threshold = (mask >> 1) + (1 if out_q0 < 0 else 0)
+            v = (out_q0 >> e) + (1 if (out_q0 & mask) > threshold else 0)
+            table[code] = max(-128, min(127, v))
+    return table
+
+
+class Tanh(UnaryTableKernel):
+    kind = "TANH"
+
+    def __init__(self, op, graph, profile):
+        super().__init__(op, graph, profile)
+        x, _ = self.prepare_operands()
+        # As LOGISTIC: double(scale) * 2^27, frexp, TfLiteRound(q * 2^31).
+        q, left_shift = math.frexp(float(np.float32(x.scale)) * float(1 << (31 - INPUT_INTEGER_BITS)))
+        if left_shift < 0:
+            raise self.error(f"input {x.name!r} has scale {x.scale:g}, expected at least 2^-28")
+        multiplier = int(math.floor(q * 2.0**31 + 0.5))
+        radius = calculate_input_radius(INPUT_INTEGER_BITS, left_shift)
+        self.table = build_tanh_table(
+            np.int64(x.zero_point), np.int64(radius), np.int64(multiplier), np.int64(left_shift)
+        )
+
+
+# ----------------------------------------------------------------------------------------------
+# HARD_SWISH (int16 fixed point, vectorized over the 256 codes)
+# ----------------------------------------------------------------------------------------------
+
+I16_MIN, I16_MAX = -(1 << 15), (1 << 15) - 1
+
+
+def _wrap16(x):
+    return ((np.asarray(x, np.int64) + (1 << 15)) & 0xFFFF) - (1 << 15)
+
+
+def _trunc_div(x, d: int):
+    """C++ integer division (toward zero) of an int64 array by a positive d."""
+    return np.where(x >= 0, x // d, -((-x) // d))
+
+
+def srdhm16(a, b):
+    """gemmlowp SaturatingRoundingDoublingHighMul on int16."""
+    a, b = np.asarray(a, np.int64), np.asarray(b, np.int64)
+    ab = a * b
+    nudge = np.where(ab >= 0, 1 << 14, 1 - (1 << 14))
+    q = _wrap16(_trunc_div(ab + nudge, 1 << 15))
+    return np.where((a == I16_MIN) & (b == I16_MIN), I16_MAX, q)
+
+
+def sdhm16(a, b):
+    """reference_ops::SaturatingDoublingHighMul: as srdhm16 but truncating toward zero."""
+    a, b = np.asarray(a, np.int64), np.asarray(b, np.int64)
+    q = _wrap16(_trunc_div(a * b, 1 << 15))
+    return np.where((a == I16_MIN) & (b == I16_MIN), I16_MAX, q)
+
+
+def rdbpot16(x, exponent: int):
+    """gemmlowp RoundingDivideByPOT on int16, mask Dup<int16>((1 << exponent) - 1) included."""
+    x = np.asarray(x, np.int64)
+    mask = int(_wrap16((1 << exponent) - 1))
+    threshold = (mask >> 1) + (x < 0).astype(np.int64)
+    return _wrap16((x >> exponent) + ((x & mask) > threshold).astype(np.int64))
+
+
+def saturating_left_shift16(x, amount: int):
+    return np.clip(np.asarray(x, np.int64) << amount, I16_MIN, I16_MAX)
+
+
+def downscale_multiplier16(m: int) -> int:
+    """DownScaleInt32ToInt16Multiplier."""
+    if m >= INT32_MAX - (1 << 15):
+        return I16_MAX
+    return (m + (1 << 15)) >> 16
+
+
+def hard_swish_table(x_zp: int, y_zp: int, out_m: int, out_exp: int, rel_m: int, rel_exp: int) -> np.ndarray:
+    v = EVERY_CODE - x_zp
+    hires = _wrap16(v * 128)
+    preshift = srdhm16(hires, out_m)
+    r = hires
+    if rel_exp > 0:
+        r = saturating_left_shift16(r, rel_exp - 1)
+    r = srdhm16(r, rel_m)
+    if rel_exp > 0:
+        r = saturating_left_shift16(r, 1)
+    if rel_exp < 0:
+        r = rdbpot16(r, -rel_exp)
+    r = (r + (1 << 15)) >> 1
+    out = _wrap16(rdbpot16(sdhm16(r, preshift), -out_exp) + y_zp)
+    return np.clip(out, -128, 127).astype(np.int8)
+
+
+class HardSwish(UnaryTableKernel):
+    kind = "HARD_SWISH"
+
+    def __init__(self, op, graph, profile):
+        super().__init__(op, graph, profile)
+        x, y = self.prepare_operands()
+        f32 = np.float32
+        with np.errstate(over="ignore", under="ignore"):
+            hires_input_scale = f32(1.0 / 128.0) * f32(x.scale)
+            reluish_scale = f32(3.0) / f32(32768.0)
+            real_out = hires_input_scale / f32(y.scale)
+            real_reluish = hires_input_scale / reluish_scale
+        if not (np.isfinite(real_out) and np.isfinite(real_reluish)):
+            raise self.error(
+                f"scales {x.scale:g} and {y.scale:g} give a multiplier that is not finite in float32"
+            )
+        out_m, out_exp = quantize_multiplier(float(real_out))
+        rel_m, rel_exp = quantize_multiplier(float(real_reluish))
+        if out_exp > 0:  # TF_LITE_ENSURE(output_multiplier_exponent <= 0)
+            raise self.error(
+                f"input scale {x.scale:g} / 128 over output scale {y.scale:g} is 1 or more "
+                "(TFLM refuses HARD_SWISH with an output multiplier exponent above 0)"
+            )
+        if rel_exp > 16:  # the left shifts would run past int64 in no real model
+            raise self.error(f"input scale {x.scale:g} is too large for TFLM's int16 HARD_SWISH")
+        self.table = hard_swish_table(
+            x.zero_point,
+            y.zero_point,
+            downscale_multiplier16(out_m),
+            out_exp,
+            downscale_multiplier16(rel_m),
+            rel_exp,
+        )
+
+
+# ----------------------------------------------------------------------------------------------
+# LEAKY_RELU
+# ----------------------------------------------------------------------------------------------
+
+
+@njit()
+def leaky_relu_table(x_zp, y_zp, m_id, s_id, r_id, m_alpha, s_alpha, r_alpha, profile):
+    table = np.empty(256, dtype=np.int8)
+    for code in range(256):
+        q = code - 256 if code >= 128 else code
+        v = np.int64(q) - x_zp
+        if v >= 0:
+            out = requantize_one(v, m_id, s_id, r_id, profile)
+        elif m_alpha < 0:  # a negative alpha: as the PyPI TFLM rounds it (module docstring)
+            out = -requantize_one(v, -m_alpha, s_alpha, -r_alpha, profile)
+        else:
+            out = requantize_one(v, m_alpha, s_alpha, r_alpha, profile)
+        out += y_zp
+        table[code] = max(-128, min(127, out))
+    return table
+
+
+class LeakyRelu(UnaryTableKernel):
+    kind = "LEAKY_RELU"
+
+    def __init__(self, op, graph, profile):
+        super().__init__(op, graph, profile)
+        x, y = self.prepare_operands()
+        alpha = op.options.get("alpha", 0.0)
+        f32 = np.float32
+        # float32 arithmetic, as TFLM writes it (scale * alpha / scale on floats)
+        with np.errstate(over="ignore", under="ignore", invalid="ignore"):
+            real_alpha = f32(f32(x.scale) * f32(alpha) / f32(y.scale))
+            real_id = f32(f32(x.scale) / f32(y.scale))
+        if not (np.isfinite(real_alpha) and np.isfinite(real_id)):
+            raise self.error(f"alpha {alpha:g} and the scales give a multiplier that is not finite")
+        m_alpha, s_alpha = requantization_multiplier(float(real_alpha))
+        m_id, s_id = requantization_multiplier(float(real_id))
+        i64 = np.int64
+        self.table = leaky_relu_table(
+            i64(x.zero_point),
+            i64(y.zero_point),
+            i64(m_id),
+            i64(s_id),
+            real_id,
+            i64(m_alpha),
+            i64(s_alpha),
+            real_alpha,
+            i64(profile),
+        )

@@ -1,0 +1,62 @@
+"""PRELU, int8 input and int8 alpha (a tensor, usually a constant [1, 1, C]) with broadcasting
+(TFLM micro/kernels/prelu_common.cc CalculatePreluParams, reference_ops::BroadcastPrelu4DSlow,
+which in the PyPI build broadcasts over any rank through ForEachBroadcastedElement: rank 5 and 6 tested).
+
+x' = x - z_x; y = z_y + MBQM(x', M1, s1) when x' >= 0, else z_y + MBQM(x' * (alpha - z_a), M2, s2),
+clamped to int8; (M1, s1) = QuantizeMultiplier(double(s_x) / double(s_y)) and
+(M2, s2) = QuantizeMultiplier(double(s_x) * double(s_a) / double(s_y)). Eval is a lookup over the
+(input, alpha) byte pair (pairwise.py).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..jit import njit
+from ..quant import requantize_one
+from .pairwise import BinaryKernel, every_pair
+from .requant import requantization_multiplier
+
+
+@njit()
+def prelu_table(x, a, zx, za, zy, m1, s1, r1, m2, s2, r2, profile):
+    out = np.empty(x.size, dtype=np.int8)
+    for i in range(x.size):
+        v = x[i] - zx
+        if v >= 0:
+            o = requantize_one(v, m1, s1, r1, profile)
+        else:
+            o = requantize_one(v * (a[i] - za), m2, s2, r2, profile)
+        o += zy
+        out[i] = max(-128, min(127, o))
+    return out
+
+
+class Prelu(BinaryKernel):
+    kind = "PRELU"
+
+    def __init__(self, op, graph, profile):
+        super().__init__(op, graph, profile)
+        x, alpha, y = self.prepare_operands()
+        sx, sa, sy = (np.float64(t.quant.scale[0]) for t in (x, alpha, y))
+        m1, s1 = requantization_multiplier(float(sx / sy))
+        m2, s2 = requantization_multiplier(float(sx * sa / sy))
+        f32 = np.float32
+        with np.errstate(over="ignore", under="ignore"):  # the xnnpack profile's float32 scales
+            r1, r2 = f32(f32(sx) / f32(sy)), f32(f32(sx) * f32(sa) / f32(sy))
+        xa, xb = every_pair()
+        i64 = np.int64
+        self.table = prelu_table(
+            xa,
+            xb,
+            i64(x.zero_point),
+            i64(alpha.zero_point),
+            i64(y.zero_point),
+            i64(m1),
+            i64(s1),
+            r1,
+            i64(m2),
+            i64(s2),
+            r2,
+            i64(profile),
+        )
