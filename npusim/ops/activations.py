@@ -31,11 +31,18 @@ import math
 import numpy as np
 
 from ..jit import njit
-from ..quant import INT32_MAX, multiply_by_quantized_multiplier, quantize_multiplier, requantize_one
+from ..quant import INT32_MAX, quantize_multiplier, requantize_one
 from .base import Kernel
+from .logistic import q4_activation_table
 from .quantize import lookup
 from .requant import requantization_multiplier
-from .softmax import _fx_mul, _saturating_shift_left, _wrap32, calculate_input_radius, exp_on_negative_values
+from .softmax import (
+    _saturating_shift_left,
+    _wrap32,
+    calculate_input_radius,
+    exp_on_negative_values,
+    reciprocal_of_half_sum,
+)
 
 INPUT_INTEGER_BITS = 4  # Q4.27 input to the fixed-point tanh
 TANH_OUTPUT_SCALE_BITS = 7  # output scale 2^-7
@@ -68,18 +75,9 @@ class UnaryTableKernel(Kernel):
 
 @njit()
 def one_minus_x_over_one_plus_x_for_x_in_0_1(a):
-    """gemmlowp's Newton-Raphson (1 - x) / (1 + x) for x in [0, 1], Q0.31 raw in and out."""
-    s = np.int64(a) + np.int64(INT32_MAX)  # RoundingHalfSum(a, One())
-    half_denominator = (s + 1) // 2 if s >= 0 else -((-(s - 1)) // 2)
-    constant_48_over_17 = np.int64(1515870810)  # Q2.29
-    constant_neg_32_over_17 = np.int64(-1010580540)
+    """gemmlowp's (1 - x) / (1 + x) for x in [0, 1], Q0.31 raw in and out: 2 / (1 + x) - 1."""
     one_q2 = np.int64(1) << 29
-    x = _wrap32(constant_48_over_17 + _fx_mul(half_denominator, constant_neg_32_over_17))
-    for _ in range(3):
-        half_denominator_times_x = _fx_mul(half_denominator, x)
-        one_minus_half_denominator_times_x = _wrap32(one_q2 - half_denominator_times_x)
-        x = _wrap32(x + _saturating_shift_left(_fx_mul(x, one_minus_half_denominator_times_x), 2))
-    return _saturating_shift_left(_wrap32(x - one_q2), 2)  # Rescale<0>(x - F2::One())
+    return _saturating_shift_left(_wrap32(reciprocal_of_half_sum(a) - one_q2), 2)  # Rescale<0>(x - F2::One())
 
 
 @njit()
@@ -91,28 +89,6 @@ def fixed_point_tanh_q4(a):
     # neg_tanh_on_negative_values: exp of ExactMulByPot<1>(n), a Q5.26 value with n's raw bits.
     t = one_minus_x_over_one_plus_x_for_x_in_0_1(exp_on_negative_values(n, INPUT_INTEGER_BITS + 1))
     return -t if a < 0 else t
-
-
-@njit()
-def build_tanh_table(zero_point, radius, multiplier, left_shift):
-    table = np.empty(256, dtype=np.int8)
-    for code in range(256):
-        q = code - 256 if code >= 128 else code
-        x = np.int64(q) - zero_point
-        if x <= -radius:
-            table[code] = -128
-        elif x >= radius:
-            table[code] = 127
-        else:
-            in_q4 = multiply_by_quantized_multiplier(x, multiplier, left_shift)
-            out_q0 = fixed_point_tanh_q4(np.int64(in_q4))
-            # gemmlowp RoundingDivideByPOT on int32
-            e = 31 - TANH_OUTPUT_SCALE_BITS
-            mask = (np.int64(1) << e) - 1
-            threshold = (mask >> 1) + (1 if out_q0 < 0 else 0)
-            v = (out_q0 >> e) + (1 if (out_q0 & mask) > threshold else 0)
-            table[code] = max(-128, min(127, v))
-    return table
 
 
 class Tanh(UnaryTableKernel):
@@ -127,8 +103,8 @@ class Tanh(UnaryTableKernel):
             raise self.error(f"input {x.name!r} has scale {x.scale:g}, expected at least 2^-28")
         multiplier = int(math.floor(q * 2.0**31 + 0.5))
         radius = calculate_input_radius(INPUT_INTEGER_BITS, left_shift)
-        self.table = build_tanh_table(
-            np.int64(x.zero_point), np.int64(radius), np.int64(multiplier), np.int64(left_shift)
+        self.table = q4_activation_table(
+            x.zero_point, radius, multiplier, left_shift, fixed_point_tanh_q4, 31 - TANH_OUTPUT_SCALE_BITS, 0
         )
 
 

@@ -37,22 +37,20 @@ def fixed_point_logistic_q4(a):
     return np.int64(INT32_MAX) - result_if_positive  # ResultF::One() - result_if_positive
 
 
-@njit()
-def build_logistic_table(zero_point, radius, multiplier, left_shift):
-    """The int8 output for each input byte (index: the byte as uint8)."""
+def q4_activation_table(zero_point, radius, multiplier, left_shift, function, output_shift, output_offset):
+    """TFLM's int8 LOGISTIC or TANH on every input byte (index: the byte as uint8): -128 / 127 at or
+    beyond the input radius from the zero point, else the input rescaled to Q4.27, gemmlowp's
+    fixed-point function (Q0.31 out) and a rounding shift to the output. Runs once, at prepare."""
     table = np.empty(256, dtype=np.int8)
     for code in range(256):
-        q = code - 256 if code >= 128 else code
-        x = np.int64(q) - zero_point
+        x = np.int64(code - 256 if code >= 128 else code) - zero_point
         if x <= -radius:
             table[code] = -128
         elif x >= radius:
             table[code] = 127
         else:
-            in_q4 = multiply_by_quantized_multiplier(x, multiplier, left_shift)
-            out_q0 = fixed_point_logistic_q4(np.int64(in_q4))
-            v = rounding_divide_by_pot(out_q0, 31 - OUTPUT_INTEGER_BITS) - 128
-            table[code] = max(-128, min(127, v))
+            out_q0 = function(np.int64(multiply_by_quantized_multiplier(x, multiplier, left_shift)))
+            table[code] = max(-128, min(127, rounding_divide_by_pot(out_q0, output_shift) + output_offset))
     return table
 
 
@@ -79,8 +77,14 @@ class Logistic(Kernel):
             raise self.error(f"input {x.name!r} has scale {x.scale:g}, expected at least 2^-28")
         multiplier = int(math.floor(q * 2.0**31 + 0.5))
         radius = calculate_input_radius(INPUT_INTEGER_BITS, left_shift)
-        self.table = build_logistic_table(
-            np.int64(x.zero_point), np.int64(radius), np.int64(multiplier), np.int64(left_shift)
+        self.table = q4_activation_table(
+            x.zero_point,
+            radius,
+            multiplier,
+            left_shift,
+            fixed_point_logistic_q4,
+            31 - OUTPUT_INTEGER_BITS,
+            -128,
         )
 
     def __call__(self, x):

@@ -106,8 +106,10 @@ def exp_on_negative_values_q5_26(a):
 
 
 @njit()
-def one_over_one_plus_x_for_x_in_0_1(a):
-    """gemmlowp Newton-Raphson 1/(1+x) for x in [0, 1), Q0.31 raw in and out."""
+def reciprocal_of_half_sum(a):
+    """gemmlowp's Newton-Raphson 1 / ((1 + x) / 2) for x in [0, 1]: Q0.31 raw in, Q2.29 raw out.
+    The shared core of one_over_one_plus_x_for_x_in_0_1 and one_minus_x_over_one_plus_x_for_x_in_0_1,
+    which differ only in how they rescale it."""
     s = np.int64(a) + np.int64(INT32_MAX)  # RoundingHalfSum(a, One())
     half_denominator = (s + 1) // 2 if s >= 0 else -((-(s - 1)) // 2)
     constant_48_over_17 = np.int64(1515870810)  # Q2.29
@@ -118,7 +120,13 @@ def one_over_one_plus_x_for_x_in_0_1(a):
         half_denominator_times_x = _fx_mul(half_denominator, x)
         one_minus_half_denominator_times_x = _wrap32(one_q2 - half_denominator_times_x)
         x = _wrap32(x + _saturating_shift_left(_fx_mul(x, one_minus_half_denominator_times_x), 2))
-    return _saturating_shift_left(x, 1)  # Rescale<0>(ExactMulByPot<-1>(x))
+    return x
+
+
+@njit()
+def one_over_one_plus_x_for_x_in_0_1(a):
+    """gemmlowp Newton-Raphson 1/(1+x) for x in [0, 1), Q0.31 raw in and out."""
+    return _saturating_shift_left(reciprocal_of_half_sum(a), 1)  # Rescale<0>(ExactMulByPot<-1>(x))
 
 
 @njit()
