@@ -1,12 +1,15 @@
 """Speed benchmark: npusim against LiteRT (XNNPACK) and TFLite Micro, with exactness checks.
 
     python -m experiments.bench --shared ../shared [--quick] [--out experiments/results/bench.md]
-                                [--only all|conv|models] [--conv-batches 1,16] [--model-batches 64,256]
+                                [--only all|conv|models|yolo|zo] [--conv-batches 1,16]
+                                [--model-batches 64,256] [--yolo-batches 8]
 
 One run times
   1. a one-op CONV_2D 1x56x56x64 -> 64, 3x3, SAME, stride 1, per-channel int8 weights, RELU (built
      by npusim.testing.oracle, the builder of the tests) at batch 1 and 16;
   2. each shared model (ResNet-8 CIFAR-10, MobileNetV2 0.35 128 flowers) at batch 64 and 256;
+  3. ST's YOLOv8n-256 person detector for the STM32N6 (uint8 input, float output) at batch 8, on
+     EuroSAT-64 images resized to 256x256 (PIL bilinear);
 with npusim (profile tflm, `Interpreter.run` on the whole batch), LiteRT's default interpreter
 (XNNPACK, 2 threads, input resized to the batch) and TFLM (batch 1 per invoke: a few single images
 are timed and the per-image median is multiplied by N). Every time is the median over repetitions
@@ -54,6 +57,10 @@ MODELS = {
     "resnet8": "resnet8_cifar10_int8.tflite",
     "mobilenet_v2": "mobilenet_v2_0.35_128_flowers_int8.tflite",
 }
+YOLO_MODELS = {"yolov8n_256": "stm32n6/yolov8n_256_quant_pc_uf_od_coco-person.tflite"}
+ALL_MODELS = {**MODELS, **YOLO_MODELS}  # name -> path under <shared>/models
+# TFLM arena per model where the default (oracle.tflm_interpreter) is too small
+TFLM_ARENA = {"yolov8n_256": 64 << 20}
 LITERT_THREADS = 2
 
 # Floors and targets of the speed issue (throughput ratios, higher is better for npusim).
@@ -115,10 +122,12 @@ def median_time(fn, reps: int, warmup: int = 1) -> float:
     return statistics.median(timings(fn, reps, warmup))
 
 
-def tflm_run(model: bytes, x: np.ndarray, images: int) -> tuple[float, np.ndarray]:
+def tflm_run(
+    model: bytes, x: np.ndarray, images: int, arena_size: int | None = None
+) -> tuple[float, np.ndarray]:
     """TFLM on the first `images` images of x, one invoke each (after one untimed warm-up invoke).
     Returns the median seconds per image and the outputs."""
-    it = oracle.tflm_interpreter(model, x)
+    it = oracle.tflm_interpreter(model, x, arena_size)
     it.set_input(np.ascontiguousarray(x[:1]), 0)
     it.invoke()
     times, outs = [], []
@@ -173,7 +182,14 @@ class Row:
 
 
 def bench_workload(
-    name: str, model: bytes, inputs: np.ndarray, batches, reps: dict, tflm_images: int, log
+    name: str,
+    model: bytes,
+    inputs: np.ndarray,
+    batches,
+    reps: dict,
+    tflm_images: int,
+    log,
+    tflm_arena: int | None = None,
 ) -> list[Row]:
     import npusim
 
@@ -181,7 +197,7 @@ def bench_workload(
     sim_x = npusim.Interpreter(model, profile="xnnpack")
     macs = sim.macs()
     tflm_images = min(tflm_images, inputs.shape[0])
-    t_img, tflm_out = tflm_run(model, inputs, tflm_images)
+    t_img, tflm_out = tflm_run(model, inputs, tflm_images, tflm_arena)
     log(f"  TFLM: {t_img * 1e3:.2f} ms/image over {tflm_images} image(s)")
     rows = []
     for n in batches:
@@ -391,7 +407,7 @@ def memory_child(shared: str, name: str, batch: int, calls: int) -> None:
     import npusim
 
     npusim.tune_process()
-    model = (Path(shared) / "models" / MODELS[name]).read_bytes()
+    model = (Path(shared) / "models" / ALL_MODELS[name]).read_bytes()
     sim = npusim.Interpreter(model, profile="tflm")
     t_in = sim.graph.input(0)
     x, _ = model_inputs(Path(shared), name, batch, t_in.shape, t_in.dtype)
@@ -432,21 +448,38 @@ def memory_of_run(shared: Path, name: str, batch: int, calls: int = 10) -> dict:
 # ----------------------------------------------------------------------------------------------
 
 
+# name -> (file under <shared>/data, how x_test reaches the model's input size)
+INPUT_DATA = {
+    "resnet8": ("cifar10_subset.npz", "as is"),
+    "mobilenet_v2": ("eurosat64_subset.npz", "nearest 2x"),
+    "yolov8n_256": ("eurosat64_subset.npz", "bilinear"),
+}
+
+
 def model_inputs(shared: Path, name: str, n: int, shape, dtype) -> tuple[np.ndarray, str]:
     """Real images when the shared data is there (CIFAR-10 for ResNet-8, EuroSAT-64 upsampled 2x for
-    MobileNetV2, cycled to n), random pixels otherwise."""
+    MobileNetV2, EuroSAT-64 resized to 256x256 with PIL bilinear for YOLOv8n, cycled to n), random
+    pixels otherwise."""
     h, w = shape[1], shape[2]
-    src = {"resnet8": ("cifar10_subset.npz", 1), "mobilenet_v2": ("eurosat64_subset.npz", 2)}[name]
-    path = shared / "data" / src[0]
+    fname, how = INPUT_DATA[name]
+    path = shared / "data" / fname
     if path.exists():
         with np.load(path) as d:
             imgs = d["x_test"]
-        f = src[1]
-        if f > 1:
-            imgs = imgs.repeat(f, axis=1).repeat(f, axis=2)
+        desc = f"{fname} x_test"
+        if how == "nearest 2x":
+            imgs = imgs.repeat(2, axis=1).repeat(2, axis=2)
+            desc += " upsampled 2x (nearest)"
+        elif how == "bilinear" and imgs.shape[1:3] != (h, w):
+            from PIL import Image
+
+            imgs = imgs[:n]  # only the images the batch uses
+            imgs = np.stack(
+                [np.asarray(Image.fromarray(i).resize((w, h), Image.BILINEAR), dtype=np.uint8) for i in imgs]
+            )
+            desc += f" resized to {h}x{w} (PIL bilinear)"
         if imgs.shape[1:3] == (h, w):
             imgs = np.resize(imgs, (n,) + imgs.shape[1:])
-            desc = f"{src[0]} x_test" + (f" upsampled {f}x (nearest)" if f > 1 else "")
             if dtype == np.int8:
                 return (imgs.astype(np.int16) - 128).astype(np.int8), desc + ", pixel - 128"
             return imgs.astype(dtype), desc
@@ -530,10 +563,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--out", type=Path, default=DEFAULT_OUT, help="Markdown report (default experiments/results/bench.md)"
     )
     p.add_argument(
-        "--only", choices=("all", "conv", "models", "zo"), default="all", help="which workloads to run"
+        "--only",
+        choices=("all", "conv", "models", "yolo", "zo"),
+        default="all",
+        help="which workloads to run",
     )
     p.add_argument("--conv-batches", type=parse_batches, default=[1, 16], help="default 1,16")
     p.add_argument("--model-batches", type=parse_batches, default=[64, 256], help="default 64,256")
+    p.add_argument("--yolo-batches", type=parse_batches, default=[8], help="YOLOv8n-256, default 8")
     p.add_argument("--no-breakdown", action="store_true", help="skip the per-stage / per-op breakdown")
     return p
 
@@ -642,52 +679,75 @@ def run_conv(args, results: Results, log):
 
 
 def run_models(args, results: Results, log):
+    for name, fname in MODELS.items():
+        run_model(args, results, log, name, fname, args.model_batches, tflm_images=2 if args.quick else 16)
+
+
+def run_yolo(args, results: Results, log):
+    """YOLOv8n-256 (STM32N6 person detector) at --yolo-batches: TFLM runs every image of the largest
+    batch (about half a second each), 1 with --quick."""
+    for name, fname in YOLO_MODELS.items():
+        run_model(
+            args,
+            results,
+            log,
+            name,
+            fname,
+            args.yolo_batches,
+            tflm_images=1 if args.quick else max(args.yolo_batches),
+            fast=5,
+        )
+        results.notes.append(
+            f"{name}: float32 output (DEQUANTIZE of the int8 head): exact means bit-equal floats; LiteRT "
+            "is fed image by image if its RESHAPEs keep batch 1 (see the row's note)."
+        )
+
+
+def run_model(args, results: Results, log, name, fname, batches, tflm_images: int, fast: int = 7):
+    """One shared model: its rows of the main table, its memory row and (unless --quick or
+    --no-breakdown) its per-op breakdown at the largest batch."""
     import npusim
 
-    for name, fname in MODELS.items():
-        path = args.shared / "models" / fname
-        if not path.exists():
-            raise SystemExit(f"{path}: not found (pass --shared, the folder that holds models/)")
-        model = path.read_bytes()
-        t_in = npusim.load_model(model).input(0)
-        x, desc = model_inputs(args.shared, name, max(args.model_batches), t_in.shape, t_in.dtype)
-        results.notes.append(f"{name} inputs: {desc}.")
-        log(f"{name} ({fname}), inputs: {desc}")
-        reps = {
-            "npusim": repetitions(args, args.model_batches, 7, 3),
-            "litert": repetitions(args, args.model_batches, 7, 3),
-        }
-        results.rows += bench_workload(
-            name, model, x, args.model_batches, reps, tflm_images=2 if args.quick else 16, log=log
-        )
-        nb_ = max(args.model_batches)
-        mem = memory_of_run(args.shared, name, nb_)
-        growth = max(mem["after"]) - mem["after"][0]
-        results.memory.append(
-            f"| {name} | {nb_} | {mem['input_mb']:.1f} | {mem['setup']:.0f} | {mem['peak']:.0f} | "
-            f"{mem['peak'] - mem['setup']:.0f} | "
-            f"{' '.join(f'{v:.0f}' for v in mem['after'])} | {growth:+.1f} |"
-        )
-        if args.quick or args.no_breakdown:
-            continue
-        log(f"  per-op breakdown at batch {nb_}")
-        ops = op_breakdown(model, np.ascontiguousarray(x[:nb_]), reps=3)
-        total = sum(t for _, _, t, _ in ops)
-        total1 = sum(t1 for _, _, _, t1 in ops)
-        results.breakdown += [
-            f"### {name} per op kind at batch {nb_} (median ms, one kernel at a time)",
-            "",
-            "| op kind | count | ms | share | ms, 1 thread | share, 1 thread |",
-            "|---|---|---|---|---|---|",
-        ]
-        results.breakdown += [
-            f"| {k} | {c} | {fmt_ms(t)} | {100 * t / total:.0f}% | {fmt_ms(t1)} | {100 * t1 / total1:.0f}% |"
-            for k, c, t, t1 in ops
-        ]
-        results.breakdown += [
-            f"| total | {sum(c for _, c, _, _ in ops)} | {fmt_ms(total)} | | {fmt_ms(total1)} | |",
-            "",
-        ]
+    path = args.shared / "models" / fname
+    if not path.exists():
+        raise SystemExit(f"{path}: not found (pass --shared, the folder that holds models/)")
+    model = path.read_bytes()
+    t_in = npusim.load_model(model).input(0)
+    x, desc = model_inputs(args.shared, name, max(batches), t_in.shape, t_in.dtype)
+    results.notes.append(f"{name} inputs: {desc}.")
+    log(f"{name} ({fname}), inputs: {desc}")
+    reps = {"npusim": repetitions(args, batches, fast, 3), "litert": repetitions(args, batches, fast, 3)}
+    results.rows += bench_workload(
+        name, model, x, batches, reps, tflm_images=tflm_images, log=log, tflm_arena=TFLM_ARENA.get(name)
+    )
+    nb_ = max(batches)
+    mem = memory_of_run(args.shared, name, nb_)
+    growth = max(mem["after"]) - mem["after"][0]
+    results.memory.append(
+        f"| {name} | {nb_} | {mem['input_mb']:.1f} | {mem['setup']:.0f} | {mem['peak']:.0f} | "
+        f"{mem['peak'] - mem['setup']:.0f} | "
+        f"{' '.join(f'{v:.0f}' for v in mem['after'])} | {growth:+.1f} |"
+    )
+    if args.quick or args.no_breakdown:
+        return
+    log(f"  per-op breakdown at batch {nb_}")
+    ops = op_breakdown(model, np.ascontiguousarray(x[:nb_]), reps=3)
+    total = sum(t for _, _, t, _ in ops)
+    total1 = sum(t1 for _, _, _, t1 in ops)
+    results.breakdown += [
+        f"### {name} per op kind at batch {nb_} (median ms, one kernel at a time)",
+        "",
+        "| op kind | count | ms | share | ms, 1 thread | share, 1 thread |",
+        "|---|---|---|---|---|---|",
+    ]
+    results.breakdown += [
+        f"| {k} | {c} | {fmt_ms(t)} | {100 * t / total:.0f}% | {fmt_ms(t1)} | {100 * t1 / total1:.0f}% |"
+        for k, c, t, t1 in ops
+    ]
+    results.breakdown += [
+        f"| total | {sum(c for _, c, _, _ in ops)} | {fmt_ms(total)} | | {fmt_ms(total1)} | |",
+        "",
+    ]
 
 
 def render(results: Results, command: str, quick: bool, started, load_start) -> str:
@@ -773,6 +833,8 @@ def main(argv: list[str] | None = None) -> int:
         run_conv(args, results, log)
     if args.only in ("all", "models"):
         run_models(args, results, log)
+    if args.only in ("all", "yolo"):
+        run_yolo(args, results, log)
     if args.only in ("all", "zo"):
         log("ZO step: ResNet-8, last residual block + classifier (last:4), batch 32, q = 16")
         results.zo = bench_zo_step(args.shared, reps=3 if args.quick else 10)

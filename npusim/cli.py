@@ -251,8 +251,9 @@ def golden_record(model, input_path, output_path, profile, store_limit):
 @click.argument("golden_file", metavar="GOLDEN", type=click.Path(dir_okay=False))
 @friendly_errors
 def golden_check(model, golden_file):
-    """Re-run MODEL on the golden input. Exit 0: all match; 1: mismatch (first diverging op printed);
-    2: another model, or a damaged or foreign golden file."""
+    """Re-run MODEL on the golden input and check every tensor and every graph output. Exit 0: all
+    match; 1: mismatch (first diverging op and the differing outputs printed); 2: another model, or a
+    damaged or foreign golden file."""
     from .golden import check
 
     result = check(model, golden_file)
@@ -290,8 +291,8 @@ def golden_check(model, golden_file):
 )
 @friendly_errors
 def compare(model, input_path, a, b, reference):
-    """Per-op differences between two profiles (--a, --b) or against --reference DIR, and the first op
-    where they part. A report: exit 0 whenever it runs, 2 on bad input."""
+    """Per-op differences between two profiles (--a, --b) or against --reference DIR, the first op
+    where they part and a summary per graph output. A report: exit 0 whenever it runs, 2 on bad input."""
     from .compare import compare_profiles, compare_reference, format_comparison
 
     if (b is None) == (reference is None):

@@ -7,8 +7,9 @@ way (what a script dumping TFLM's preserved intermediates would write).
 
 Differences are reported per op output in execution order: how many elements differ, the largest
 absolute difference in LSB of the tensor and in real units (scale * LSB), and the first op where
-the two part. For two profiles, an "isolated" count also feeds B's kernel with A's inputs, which
-tells an op that rounds differently itself from one that only inherits a difference.
+the two part, then a summary per graph output (every output of the model). For two profiles, an
+"isolated" count also feeds B's kernel with A's inputs, which tells an op that rounds differently
+itself from one that only inherits a difference.
 """
 
 from __future__ import annotations
@@ -70,6 +71,13 @@ class Comparison:
     batch: int
     rows: list  # list[TensorDiff] in execution order
     ignored_files: list = field(default_factory=list)  # reference files that match no tensor
+    outputs: list = field(default_factory=list)  # graph output tensor indices, in the graph's order
+
+    @property
+    def output_rows(self) -> list:
+        """(k, TensorDiff or None) for every graph output k: its row in `rows`."""
+        by_tensor = {r.tensor: r for r in self.rows}
+        return [(k, by_tensor.get(t)) for k, t in enumerate(self.outputs)]
 
     @property
     def first(self) -> TensorDiff | None:
@@ -133,7 +141,7 @@ def compare_profiles(model, x: np.ndarray, a: str = "tflm", b: str = "xnnpack") 
             ib.evaluate(local, kernels=[kernel])
             row.isolated = array_difference(va[t], local[t])[0]
         rows.append(row)
-    return Comparison(a, b, int(x.shape[0]), rows)
+    return Comparison(a, b, int(x.shape[0]), rows, outputs=list(graph.outputs))
 
 
 def reference_files(directory: Path, graph) -> tuple[dict, list]:
@@ -197,7 +205,12 @@ def compare_reference(model, x: np.ndarray, directory, profile: str = "tflm") ->
             row.note = "no reference file"
         rows.append(row)
     return Comparison(
-        f"npusim ({profile})", f"reference {directory}", int(x.shape[0]), rows, ignored_files=ignored
+        f"npusim ({profile})",
+        f"reference {directory}",
+        int(x.shape[0]),
+        rows,
+        ignored_files=ignored,
+        outputs=list(interp.graph.outputs),
     )
 
 
@@ -207,6 +220,37 @@ def _fmt(v: float | None, digits: int = 4) -> str:
     if float(v).is_integer():
         return f"{int(v):,}"
     return f"{v:.{digits}g}"
+
+
+def _size_text(r: TensorDiff) -> str:
+    if r.max_lsb is not None:
+        return f"up to {_fmt(r.max_lsb)} LSB ({_fmt(r.max_real)} real)"
+    return f"up to {_fmt(r.max_real)}"
+
+
+def format_outputs(c: Comparison, name_width: int = 40) -> list:
+    """One line per graph output: whether A and B differ there, and by how much."""
+    if not c.outputs:
+        return []
+    rows = c.output_rows
+    differ = sum(1 for _, r in rows if r is not None and r.differs)
+    compared = sum(1 for _, r in rows if r is not None and r.mismatches is not None)
+    lines = [f"graph outputs: {differ} of {len(rows)} differ ({compared} compared)"]
+    for k, r in rows:
+        if r is None:  # an output that is no activation of the run (not expected in practice)
+            lines.append(f"  output {k}: tensor {c.outputs[k]}, not compared")
+            continue
+        name = r.name if len(r.name) <= name_width else r.name[: name_width - 3] + "..."
+        where = "graph input" if r.op_index is None else f"op {r.op_index} ({r.kind})"
+        head = f"  output {k}: tensor {r.tensor} {name!r} from {where}: "
+        if r.mismatches is None:
+            lines.append(head + (r.note or "not compared"))
+        elif r.differs:
+            note = f"; {r.note}" if r.note else ""
+            lines.append(head + f"{r.mismatches:,} of {r.elements:,} elements differ, {_size_text(r)}{note}")
+        else:
+            lines.append(head + "no difference")
+    return lines
 
 
 def format_comparison(c: Comparison, name_width: int = 40) -> str:
@@ -245,17 +289,14 @@ def format_comparison(c: Comparison, name_width: int = 40) -> str:
         lines.append(f"no difference: A and B agree on all {c.compared} compared tensors")
     else:
         where = "graph input" if f.op_index is None else f"op {f.op_index} ({f.kind})"
-        size = (
-            f"up to {_fmt(f.max_lsb)} LSB ({_fmt(f.max_real)} real)"
-            if f.max_lsb is not None
-            else f"up to {_fmt(f.max_real)}"
-        )
+        size = _size_text(f)
         name = f.name if len(f.name) <= 80 else f.name[:77] + "..."
         lines.append(
             f"first difference: {where}, tensor {f.tensor} {name!r}: {f.mismatches:,} of {f.elements:,} "
             f"elements differ, {size}{'; ' + f.note if f.note else ''}"
         )
         lines.append(f"{len(differing)} of {c.compared} compared tensors differ")
+    lines += format_outputs(c, name_width)
     if c.ignored_files:
         shown = ", ".join(c.ignored_files[:5]) + (", ..." if len(c.ignored_files) > 5 else "")
         lines.append(

@@ -2,9 +2,11 @@
 
 A golden file is an .npz written with np.savez_compressed and read with allow_pickle=False:
 
-    meta        uint8 array: UTF-8 JSON (format, versions, model SHA-256, profile, tensor list)
+    meta        uint8 array: UTF-8 JSON (format, versions, model SHA-256, profile, tensor list, the
+                number of graph outputs and their tensor indices in "output_tensors"; files
+                written before that key was added still check)
     input_<k>   the k-th graph input, the whole batch
-    output_<k>  the k-th graph output
+    output_<k>  the k-th graph output, for every output of the graph (k = 0, 1, ...)
     tensor_<i>  the value of activation tensor i, stored when it is at most `store_limit` bytes
                 (and the running total allows); larger tensors keep only their hash
 
@@ -13,7 +15,8 @@ metadata: SHA-256 over dtype.str, b"|", the shape as comma-separated decimals, b
 C-order bytes of the whole batch (tensor_hash). A check re-runs the model with the recorded profile
 on the recorded input and walks the tensors in execution order; the first tensor whose hash or
 stored value differs names the first diverging op. Stored values give the count of mismatching
-elements and the largest difference; for a hash-only tensor the op is still named.
+elements and the largest difference; for a hash-only tensor the op is still named. Every graph
+output is checked against its output_<k> and its hash, and the result says which outputs differ.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import json
 import os
 import re
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -124,6 +127,7 @@ def record(
         "batch": int(values[graph.inputs[0]].shape[0]),
         "inputs": 1,
         "outputs": len(graph.outputs),
+        "output_tensors": [int(t) for t in graph.outputs],
         "store_limit": store_limit,
         "tensors": entries,
     }
@@ -203,6 +207,14 @@ def _check_meta(meta, where: str) -> dict:
     _require(bool(_HEX64.match(meta["model_sha256"])), f"{bad} model_sha256 is not a SHA-256 hex digest")
     _require(meta["profile"] in PROFILES, f"{bad} unknown profile {meta['profile']!r}")
     _require(meta["inputs"] == 1 and meta["outputs"] >= 1, f"{bad} expected 1 input and at least 1 output")
+    if "output_tensors" in meta:  # absent from files written before it was recorded
+        ot = meta["output_tensors"]
+        _require(
+            isinstance(ot, list)
+            and len(ot) == meta["outputs"]
+            and all(isinstance(t, int) and not isinstance(t, bool) for t in ot),
+            f"{bad} output_tensors is not a list of {meta['outputs']} tensor indices",
+        )
     seen = set()
     for e in meta["tensors"]:
         _require(isinstance(e, dict), f"{bad} a tensor entry is not an object")
@@ -318,14 +330,57 @@ class Mismatch:
 
 
 @dataclass
+class OutputStatus:
+    index: int  # k of output_<k>, the graph's output order
+    tensor: int
+    name: str
+    mismatch: Mismatch | None  # None: the output matches the golden
+
+
+def _diff_text(f: Mismatch) -> str:
+    if f.count is None:
+        return "values differ from the recorded hash"
+    unit = " LSB" if f.integer else ""
+    diff = (
+        "-"
+        if f.max_diff is None
+        else (f"{int(f.max_diff)}" if float(f.max_diff).is_integer() else f"{f.max_diff:.6g}")
+    )
+    return f"{f.count:,} of {f.elements:,} elements differ, largest difference {diff}{unit}"
+
+
+@dataclass
 class CheckResult:
     meta: dict
     checked: int  # tensors compared
     mismatches: list  # list[Mismatch] in execution order
+    outputs: list = field(default_factory=list)  # list[OutputStatus], one per graph output
 
     @property
     def ok(self) -> bool:
         return not self.mismatches
+
+    @property
+    def differing_outputs(self) -> list:
+        return [o for o in self.outputs if o.mismatch is not None]
+
+    def outputs_text(self) -> str:
+        """Which graph outputs differ, e.g. 'output 1 (tensor 5 'head1'): 3 of 64 elements differ,
+        ...; output 0 matches'."""
+        n = len(self.outputs)
+        bad = self.differing_outputs
+        if not bad:
+            return f"{'the output matches' if n == 1 else f'all {n} outputs match'} the golden"
+        parts = []
+        for o in bad:
+            name = o.name if len(o.name) <= 40 else o.name[:37] + "..."
+            parts.append(f"output {o.index} (tensor {o.tensor} {name!r}): {_diff_text(o.mismatch)}")
+        good = [str(o.index) for o in self.outputs if o.mismatch is None]
+        text = f"{len(bad)} of {n} graph output(s) differ: " + "; ".join(parts)
+        if good:
+            many = len(good) > 1
+            text += f"; output{'s' if many else ''} {', '.join(good)} match{'' if many else 'es'}"
+        return text
 
     def message(self) -> str:
         m = self.meta
@@ -333,27 +388,24 @@ class CheckResult:
             f"{m['model_name']}, profile {m['profile']}, batch {m['batch']}, "
             f"recorded with npusim {m['npusim_version']}"
         )
+        n = len(self.outputs)
         if self.ok:
-            return f"OK: {self.checked} tensors match the golden ({what})"
+            outs = f", including {'the output' if n == 1 else f'all {n} outputs'}" if n else ""
+            return f"OK: {self.checked} tensors match the golden{outs} ({what})"
         f = self.mismatches[0]
         where = "the graph input" if f.op_index is None else f"op {f.op_index} ({f.kind})"
         if f.count is None:
-            detail = f"values differ from the recorded hash; {f.reason}"
+            detail = f"{_diff_text(f)}; {f.reason}"
         else:
-            unit = " LSB" if f.integer else ""
-            diff = (
-                "-"
-                if f.max_diff is None
-                else (f"{int(f.max_diff)}" if float(f.max_diff).is_integer() else f"{f.max_diff:.6g}")
-            )
-            detail = f"{f.count:,} of {f.elements:,} elements differ, largest difference {diff}{unit}"
+            detail = _diff_text(f)
             if f.reason:
                 detail += f" ({f.reason})"
         later = len(self.mismatches) - 1
         name = f.name if len(f.name) <= 60 else f.name[:57] + "..."
+        outs = f"; {self.outputs_text()}" if self.outputs else ""
         return (
             f"MISMATCH: first diverging op (execution order): {where}, output tensor {f.tensor} {name!r}: "
-            f"{detail}{f'; {later} later tensor(s) also differ' if later else ''} ({what})"
+            f"{detail}{f'; {later} later tensor(s) also differ' if later else ''}{outs} ({what})"
         )
 
 
@@ -369,6 +421,16 @@ def check(model_path, golden_path) -> CheckResult:
             f"({meta['model_name']}, sha256 {meta['model_sha256'][:12]}...)"
         )
     graph = load_model(model_path)
+    _require(
+        meta["outputs"] == len(graph.outputs),
+        f"{golden_path}: damaged golden file: {meta['outputs']} output(s) recorded, "
+        f"the model has {len(graph.outputs)}",
+    )
+    _require(
+        meta.get("output_tensors", list(graph.outputs)) == list(graph.outputs),
+        f"{golden_path}: damaged golden file: output_tensors {meta.get('output_tensors')} "
+        f"are not the model's outputs {list(graph.outputs)}",
+    )
     interp = Interpreter(graph, profile=meta["profile"])
     entries = {e["index"]: e for e in meta["tensors"]}
     produced = _execution_tensors(interp)
@@ -422,4 +484,28 @@ def check(model_path, golden_path) -> CheckResult:
         mismatches.append(
             Mismatch(op_index, kind, t, graph.tensors[t].name, int(v.size), count, largest, integer, reason)
         )
-    return CheckResult(meta=meta, checked=checked, mismatches=mismatches)
+    by_tensor = {m.tensor: m for m in mismatches}
+    outputs = []
+    for k, t in enumerate(graph.outputs):
+        m = by_tensor.get(t)
+        if (
+            m is None and t not in entries and t in values
+        ):  # an output that is no activation (not hashed): values only
+            v, ref = np.ascontiguousarray(values[t]), golden.outputs[k]
+            same_shape = ref.shape == v.shape
+            count, largest = array_difference(v, ref) if same_shape else (int(v.size), None)
+            if count:
+                m = Mismatch(
+                    None,
+                    None,
+                    t,
+                    graph.tensors[t].name,
+                    int(v.size),
+                    count,
+                    largest,
+                    v.dtype.kind in "iub",
+                    "" if same_shape else f"stored shape {list(ref.shape)}, computed {list(v.shape)}",
+                )
+                mismatches.append(m)
+        outputs.append(OutputStatus(k, t, graph.tensors[t].name, m))
+    return CheckResult(meta=meta, checked=checked, mismatches=mismatches, outputs=outputs)

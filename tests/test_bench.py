@@ -92,3 +92,27 @@ def test_models_quick_small_batch(tmp_path):
 def test_bad_batches_rejected(tmp_path):
     with pytest.raises(SystemExit):
         bench.main(["--only", "conv", "--conv-batches", "0", "--out", str(tmp_path / "x.md")])
+
+
+def test_yolo_quick_batch1(tmp_path):
+    """YOLOv8n-256 (uint8 input, float output) through the same row code as the other models."""
+    if not (SHARED / "models" / bench.YOLO_MODELS["yolov8n_256"]).exists():
+        msg = f"YOLOv8n-256 not found under {SHARED} (set NPU_SHARED): bench on YOLO NOT tested"
+        warnings.warn(msg, stacklevel=1)
+        pytest.skip(msg)
+    out = tmp_path / "bench.md"
+    args = ["--shared", str(SHARED), "--quick", "--only", "yolo", "--yolo-batches", "1", "--out", str(out)]
+    assert bench.main(args) == 0
+    rows = _read_table(out)
+    assert len(rows) == 1 and rows[0].startswith("| yolov8n_256 | 1 |"), rows
+    assert "| yes (1 img) |" in rows[0], rows[0]  # npusim (tflm) == TFLM, bit-equal float output
+    text = out.read_text()
+    if (SHARED / "data" / "eurosat64_subset.npz").exists():
+        assert "yolov8n_256 inputs: eurosat64_subset.npz x_test resized to 256x256 (PIL bilinear)" in text
+    assert "| yolov8n_256 | 1 |" in text.split("## Memory of a model run", 1)[1]
+
+
+def test_yolo_in_the_default_workloads():
+    args = bench.build_parser().parse_args([])
+    assert args.yolo_batches == [8] and args.only == "all"
+    assert bench.YOLO_MODELS["yolov8n_256"].endswith("yolov8n_256_quant_pc_uf_od_coco-person.tflite")

@@ -188,3 +188,75 @@ def test_bad_input_exits_2(resnet_dump, tmp_path):
     assert_one_line_error(cli("compare", model, "--input", x_path, "--reference", broken))
     result = CliRunner().invoke(main, ["compare", model, "--input", str(x_path), "--b", "fast"])
     assert result.exit_code == 2  # click's own usage error
+
+
+# -- a model with two outputs, through the installed CLI (subprocess) --------------------------
+
+
+def npusim_cli(*args):
+    import subprocess
+    import sys
+
+    return subprocess.run(
+        [sys.executable, "-m", "npusim.cli", *map(str, args)], capture_output=True, text=True, timeout=300
+    )
+
+
+@pytest.fixture(scope="module")
+def two_head(tmp_path_factory):
+    """O.two_head_model: output 0 'head_conv' (op 1 CONV_2D, tensor 4; tflm and xnnpack part there),
+    output 1 'head_pool' (op 0 MAX_POOL_2D, tensor 3)."""
+    from npusim.testing.oracle import two_head_model
+
+    d = tmp_path_factory.mktemp("two")
+    model = d / "two.tflite"
+    model.write_bytes(two_head_model())
+    x = np.random.default_rng(1).integers(-128, 128, (3, 8, 8, 4)).astype(np.int8)
+    np.save(d / "x.npy", x)
+    return model, d / "x.npy", x
+
+
+def test_two_outputs_profiles_summary(two_head):
+    model, x_path, x = two_head
+    r = npusim_cli("compare", model, "--input", x_path, "--a", "tflm", "--b", "xnnpack")
+    assert r.returncode == 0, r.stderr
+    va = Interpreter(str(model), "tflm").run_all(x)[4]
+    vb = Interpreter(str(model), "xnnpack").run_all(x)[4]
+    n = int(np.count_nonzero(va != vb))
+    assert n > 0
+    lines = r.stdout.strip().splitlines()
+    assert f"first difference: op 1 (CONV_2D), tensor 4 'head_conv': {n} of 1,536 elements differ" in r.stdout
+    assert lines[-3:] == [
+        "graph outputs: 1 of 2 differ (2 compared)",
+        f"  output 0: tensor 4 'head_conv' from op 1 (CONV_2D): {n} of 1,536 elements differ, "
+        f"up to {int(np.abs(va.astype(int) - vb).max())} LSB (0.037 real)",
+        "  output 1: tensor 3 'head_pool' from op 0 (MAX_POOL_2D): no difference",
+    ]
+    c = compare_profiles(load_model(str(model)), x, "tflm", "xnnpack")
+    assert c.outputs == [4, 3]
+    assert [(k, r.differs) for k, r in c.output_rows] == [(0, True), (1, False)]
+
+
+def test_two_outputs_same_profile_and_reference(two_head, tmp_path):
+    model, x_path, _ = two_head
+    r = npusim_cli("compare", model, "--input", x_path, "--a", "tflm", "--b", "tflm")
+    assert r.returncode == 0, r.stderr
+    assert "graph outputs: 0 of 2 differ (2 compared)" in r.stdout
+    assert "  output 0: tensor 4 'head_conv' from op 1 (CONV_2D): no difference" in r.stdout
+    # a dump with the second output tampered and the first one missing
+    dump = tmp_path / "dump"
+    r = npusim_cli("run", model, "--input", x_path, "--output", tmp_path / "y.npz", "--dump", dump)
+    assert r.returncode == 0, r.stderr
+    pool = next(dump.glob("0003_*.npy"))
+    v = np.load(pool)
+    v.flat[:2] = np.where(v.flat[:2] > 0, v.flat[:2] - 1, v.flat[:2] + 1)
+    np.save(pool, v)
+    next(dump.glob("0004_*.npy")).unlink()
+    r = npusim_cli("compare", model, "--input", x_path, "--reference", dump)
+    assert r.returncode == 0, r.stderr
+    assert "graph outputs: 1 of 2 differ (1 compared)" in r.stdout
+    assert "  output 0: tensor 4 'head_conv' from op 1 (CONV_2D): no reference file" in r.stdout
+    assert (
+        "  output 1: tensor 3 'head_pool' from op 0 (MAX_POOL_2D): 2 of 192 elements differ, up to 1 LSB"
+        in r.stdout
+    )

@@ -341,3 +341,139 @@ def test_check_api_returns_all_mismatches(resnet_golden, tmp_path):
     assert result.ok and result.checked == 17
     golden_obj = load_golden(golden)
     assert golden_obj.meta["batch"] == 3 and len(golden_obj.values) == 17
+
+
+# -- a model with two outputs, through the installed CLI (subprocess) --------------------------
+
+
+def npusim_cli(*args):
+    import subprocess
+    import sys
+
+    return subprocess.run(
+        [sys.executable, "-m", "npusim.cli", *map(str, args)], capture_output=True, text=True, timeout=300
+    )
+
+
+@pytest.fixture(scope="module")
+def two_head_golden(tmp_path_factory):
+    """O.two_head_model: output 0 'head_conv' (op 1 CONV_2D, tensor 4), output 1 'head_pool' (op 0
+    MAX_POOL_2D, tensor 3); a golden of 3 random inputs recorded by a subprocess."""
+    from npusim.testing.oracle import two_head_model
+
+    d = tmp_path_factory.mktemp("two")
+    model = d / "two.tflite"
+    model.write_bytes(two_head_model())
+    x = np.random.default_rng(1).integers(-128, 128, (3, 8, 8, 4)).astype(np.int8)
+    np.save(d / "x.npy", x)
+    r = npusim_cli("golden", "record", model, "--input", d / "x.npy", "-o", d / "two.golden.npz")
+    assert r.returncode == 0, r.stderr
+    return model, d / "two.golden.npz", x
+
+
+def test_two_outputs_recorded_and_checked(two_head_golden):
+    model, golden, x = two_head_golden
+    arrays = read_npz(golden)
+    meta = meta_of(arrays)
+    assert meta["outputs"] == 2 and meta["output_tensors"] == [4, 3]
+    values = npusim.Interpreter(str(model)).run_all(x)
+    np.testing.assert_array_equal(arrays["output_0"], values[4])
+    np.testing.assert_array_equal(arrays["output_1"], values[3])
+    r = npusim_cli("golden", "check", model, golden)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.startswith("OK: 3 tensors match the golden, including all 2 outputs")
+
+
+def _tamper(a: np.ndarray, flat) -> np.ndarray:
+    a = a.copy()
+    a.flat[flat] = np.where(a.flat[flat] > 0, a.flat[flat] - 3, a.flat[flat] + 3)
+    return a
+
+
+def test_two_outputs_tampered_second_output_is_named(two_head_golden, tmp_path):
+    model, golden, _ = two_head_golden
+    arrays = read_npz(golden)
+    arrays["output_1"] = _tamper(arrays["output_1"], [5, 9])
+    r = npusim_cli("golden", "check", model, write_npz(tmp_path / "g.npz", arrays))
+    assert r.returncode == 1, r.stdout + r.stderr
+    out = r.stdout
+    assert len(out.strip().splitlines()) == 1
+    assert "first diverging op (execution order): op 0 (MAX_POOL_2D), output tensor 3 'head_pool'" in out
+    assert "1 of 2 graph output(s) differ: output 1 (tensor 3 'head_pool'): 2 of 192 elements differ" in out
+    assert "largest difference 3 LSB" in out and "output 0 matches" in out
+
+
+def test_two_outputs_tampered_first_output_is_named(two_head_golden, tmp_path):
+    model, golden, _ = two_head_golden
+    arrays = read_npz(golden)
+    arrays["output_0"] = _tamper(arrays["output_0"], [0])
+    r = npusim_cli("golden", "check", model, write_npz(tmp_path / "g.npz", arrays))
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "op 1 (CONV_2D), output tensor 4 'head_conv'" in r.stdout
+    assert "output 0 (tensor 4 'head_conv'): 1 of 1,536 elements differ" in r.stdout
+    assert "output 1 matches" in r.stdout
+
+
+def test_two_outputs_numerics_change_names_the_output(two_head_golden, tmp_path):
+    """Recorded under tflm, checked as xnnpack: only the CONV_2D head (output 0) parts."""
+    model, golden, x = two_head_golden
+    arrays = read_npz(golden)
+    meta = meta_of(arrays)
+    meta["profile"] = "xnnpack"
+    r = npusim_cli("golden", "check", model, write_npz(tmp_path / "g.npz", with_meta(arrays, meta)))
+    assert r.returncode == 1, r.stdout + r.stderr
+    va = npusim.Interpreter(str(model), profile="xnnpack").run_all(x)[4]
+    n = int(np.count_nonzero(va != arrays["output_0"]))
+    assert n > 0
+    assert "first diverging op (execution order): op 1 (CONV_2D)" in r.stdout
+    assert f"output 0 (tensor 4 'head_conv'): {n} of 1,536 elements differ" in r.stdout
+    assert "output 1 matches" in r.stdout
+
+
+def test_two_outputs_hash_only_output_is_named(two_head_golden, tmp_path):
+    model, _, x = two_head_golden
+    out = tmp_path / "h.npz"
+    np.save(tmp_path / "x.npy", x)
+    r = npusim_cli("golden", "record", model, "--input", tmp_path / "x.npy", "-o", out, "--store-limit", 0)
+    assert r.returncode == 0, r.stderr
+    arrays = read_npz(out)
+    meta = meta_of(arrays)
+    next(e for e in meta["tensors"] if e["index"] == 3)["sha256"] = "0" * 64
+    r = npusim_cli("golden", "check", model, write_npz(tmp_path / "g.npz", with_meta(arrays, meta)))
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "op 0 (MAX_POOL_2D)" in r.stdout and "output 1 (tensor 3 'head_pool')" in r.stdout
+
+
+def test_golden_without_output_tensors_still_checks(two_head_golden, tmp_path):
+    """A file written before output_tensors was recorded (same format version) checks as before."""
+    model, golden, _ = two_head_golden
+    arrays = read_npz(golden)
+    meta = meta_of(arrays)
+    del meta["output_tensors"]
+    path = write_npz(tmp_path / "old.npz", with_meta(arrays, meta))
+    r = npusim_cli("golden", "check", model, path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    arrays["output_1"] = _tamper(arrays["output_1"], [1])
+    r = npusim_cli("golden", "check", model, write_npz(tmp_path / "old2.npz", with_meta(arrays, meta)))
+    assert r.returncode == 1 and "output 1 (tensor 3 'head_pool')" in r.stdout
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda a, m: (a.pop("output_1"), None),  # an output missing
+        lambda a, m: (a.pop("output_1"), m.update(outputs=1, output_tensors=[4])),  # recorded as one
+        lambda a, m: (None, m.update(output_tensors=[3, 4])),  # outputs swapped
+        lambda a, m: (None, m.update(output_tensors=[4])),  # wrong length
+        lambda a, m: (None, m.update(output_tensors="4,3")),
+    ],
+)
+def test_two_outputs_damaged_exit_2(two_head_golden, tmp_path, damage):
+    model, golden, _ = two_head_golden
+    arrays = read_npz(golden)
+    meta = meta_of(arrays)
+    damage(arrays, meta)
+    r = npusim_cli("golden", "check", model, write_npz(tmp_path / "g.npz", with_meta(arrays, meta)))
+    assert r.returncode == 2, r.stdout + r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "damaged" in lines[0], r.stderr

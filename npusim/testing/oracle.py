@@ -1152,3 +1152,27 @@ def litert_delegated(model_bytes: bytes) -> bool:
     )
     interp.allocate_tensors()
     return any(d["op_name"] == "DELEGATE" for d in interp._get_ops_details())
+
+
+def two_head_model(seed: int = 7) -> bytes:
+    """Two heads on one [1, 8, 8, 4] input: op 0 MAX_POOL_2D 2x2 (tensor 'head_pool', exact under every
+    profile) and op 1 CONV_2D 3x3 SAME to 8 channels (tensor 'head_conv', where tflm and xnnpack part).
+    Graph outputs (head_conv, head_pool): output 0 comes from the later op."""
+    rng = np.random.default_rng(seed)
+    b = ModelBuilder()
+    x = b.add_tensor((1, 8, 8, 4), np.int8, 0.05, 3, name="input")
+    w = b.add_const(rng.integers(-127, 128, (8, 3, 3, 4)).astype(np.int8), scale=0.01, zero_point=0, name="w")
+    bias = b.add_const(
+        rng.integers(-500, 500, 8).astype(np.int32), scale=bias_scale(0.05, 0.01), zero_point=0, name="bias"
+    )
+    pool = b.add_tensor((1, 4, 4, 4), np.int8, 0.05, 3, name="head_pool")
+    p = schema.Pool2DOptionsT()
+    p.padding = _PADDING["VALID"]
+    p.strideH = p.strideW = p.filterHeight = p.filterWidth = 2
+    b.add_op("MAX_POOL_2D", [x], [pool], p)
+    conv = b.add_tensor((1, 8, 8, 8), np.int8, 0.037, -5, name="head_conv")
+    opt = schema.Conv2DOptionsT()
+    opt.padding = _PADDING["SAME"]
+    opt.strideH = opt.strideW = opt.dilationHFactor = opt.dilationWFactor = 1
+    b.add_op("CONV_2D", [x, w, bias], [conv], opt)
+    return b.build([x], [conv, pool])
