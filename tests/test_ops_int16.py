@@ -229,3 +229,64 @@ def test_int16_refusals():
     ]:
         with pytest.raises(npusim.NpusimError, match=match):
             O.run_npusim(model, xs, profile)
+
+
+@st.composite
+def binary_params(draw):
+    rank = draw(st.integers(1, 4))
+    shape = [draw(st.integers(1, 5)) for _ in range(rank)]
+    shape[0] = 1
+    other = [d if draw(st.booleans()) else 1 for d in shape]
+    if draw(st.booleans()):
+        shape, other = other, shape
+    return dict(
+        n=draw(st.integers(1, 3)),
+        shape1=tuple(shape),
+        shape2=tuple(other),
+        const2=draw(st.sampled_from([False, False, True])),
+        s1=draw(st.floats(-5, 0).map(lambda e: float(np.float32(10.0**e)))),
+        ratio2=draw(st.sampled_from([1.0, 0.5, 2.0]) | st.floats(-2, 2).map(lambda e: 10.0**e)),
+        ratio_out=draw(st.floats(-2.5, 2.5).map(lambda e: 10.0**e)),
+        activation=draw(st.sampled_from(["NONE", "NONE", "RELU", "RELU6", "RELU_N1_TO_1"])),
+        x_mode=draw(data_modes),
+    )
+
+
+def make_binary(kind, p, seed):
+    rng = np.random.default_rng(seed)
+    s1 = p["s1"]
+    s2 = float(np.float32(s1 * p["ratio2"]))
+    so = float(np.float32((max(s1, s2) if kind == "ADD" else s1 * s2 * 32768.0) * p["ratio_out"]))
+    const = random_int16(rng, p["shape2"], p["x_mode"]) if p["const2"] else None
+    model = O.binary_model(
+        kind, p["shape1"], p["shape2"], s1, 0, s2, 0, so, 0, p["activation"], const, dtype=np.int16
+    )
+    x1 = random_int16(rng, (p["n"],) + p["shape1"][1:], p["x_mode"])
+    if const is not None:
+        return model, x1, f"{kind} {p} seed={seed}"
+    x2 = random_int16(rng, (p["n"],) + p["shape2"][1:], p["x_mode"])
+    return model, [x1, x2], f"{kind} {p} seed={seed}"
+
+
+@settings(max_examples=examples(200), deadline=None)
+@given(p=binary_params(), seed=seeds)
+def test_add_int16(p, seed):
+    check(*make_binary("ADD", p, seed))
+
+
+@settings(max_examples=examples(200), deadline=None)
+@given(p=binary_params(), seed=seeds)
+def test_mul_int16(p, seed):
+    check(*make_binary("MUL", p, seed))
+
+
+@pytest.mark.parametrize("kind", ["ADD", "MUL"])
+@pytest.mark.parametrize("ratio", [1.0, 0.37, 3.1])
+def test_binary_int16_every_extreme_pair(kind, ratio):
+    """The int16 extremes and their neighbours against each other, both operands."""
+    v = np.array([-32768, -32767, -16384, -1, 0, 1, 16383, 32766, 32767], np.int16)
+    a, b = np.repeat(v, v.size), np.tile(v, v.size)
+    s = 0.001
+    so = float(np.float32((s if kind == "ADD" else s * s * 32768.0) * ratio))
+    model = O.binary_model(kind, (1, a.size), (1, a.size), s, 0, s * 0.7, 0, so, 0, dtype=np.int16)
+    check(model, [a[None], b[None]], f"{kind} ratio={ratio}")

@@ -51,6 +51,43 @@ def require_tflm(kernel):
         raise kernel.error("int16 activations are supported with the tflm rounding profile only")
 
 
+def range16(kernel, activation: str, y: Tensor) -> tuple[int, int]:
+    """The int16 clamp range of a fused activation (CalculateActivationRangeQuantized)."""
+    try:
+        return activation_range(activation, float(y.quant.scale[0]), 0, TFLM, INT16_MIN, INT16_MAX)
+    except (OverflowError, ValueError):
+        raise kernel.error(
+            f"output {y.name!r}: scale {float(y.quant.scale[0]):g} is too small for {activation}"
+        ) from None
+
+
+def mbqm(x: np.ndarray, m: int, shift: int) -> np.ndarray:
+    """The int32 MultiplyByQuantizedMultiplier (double rounding) over an int64 array of any shape."""
+    x = np.ascontiguousarray(x, dtype=np.int64)
+    return mbqm_array(x.reshape(-1), int(m), int(shift)).reshape(x.shape)
+
+
+# ADD: both inputs to twice the larger scale with 15 bits of headroom (TFLM: left_shift 15 for
+# int16 outputs, 20 for int8), added in int32, then to the output scale.
+ADD_LEFT_SHIFT = 15
+
+
+def add16(a, b, params) -> np.ndarray:
+    """ADD on int16 operands already broadcast to the output shape; params as Add.params16."""
+    m1, s1, m2, s2, mo, so, lo, hi = params
+    total = mbqm(a.astype(np.int64) << ADD_LEFT_SHIFT, m1, s1) + mbqm(
+        b.astype(np.int64) << ADD_LEFT_SHIFT, m2, s2
+    )
+    return np.clip(mbqm(total, mo, so), lo, hi).astype(np.int16)
+
+
+def mul16(a, b, params) -> np.ndarray:
+    """MUL (reference_integer_ops::MulElementwise) on int16 operands broadcast to the output shape:
+    the int32 product (at most 2^30) requantized once."""
+    m, shift, lo, hi = params
+    return np.clip(mbqm(a.astype(np.int64) * b.astype(np.int64), m, shift), lo, hi).astype(np.int16)
+
+
 @dataclasses.dataclass
 class Stage16:
     """The output stage of a 16x8 MAC op: per-channel (M, shift), the accumulator's type (that of
@@ -83,12 +120,7 @@ class Stage16:
             raise kernel.error(
                 f"requantization multiplier 2^{int(stage.shift.max()) - 1} or more is out of range for int16"
             )
-        try:
-            lo, hi = activation_range(activation, float(y.quant.scale[0]), 0, TFLM, INT16_MIN, INT16_MAX)
-        except (OverflowError, ValueError):
-            raise kernel.error(
-                f"output {y.name!r}: scale {float(y.quant.scale[0]):g} is too small for {activation}"
-            ) from None
+        lo, hi = range16(kernel, activation, y)
         acc = np.int32 if b is not None and b.dtype == np.int32 else np.int64
         return cls(stage.multiplier.astype(np.int64), stage.shift.astype(np.int64), acc, lo, hi)
 
@@ -101,9 +133,7 @@ class Stage16:
                 a = (a + np.asarray(b, np.int64)).astype(np.int32).astype(np.int64)
             out = np.empty_like(a)
             for c in range(a.shape[-1]):
-                out[..., c] = mbqm_array(
-                    np.ascontiguousarray(a[..., c]), int(self.multiplier[c]), int(self.shift[c])
-                )
+                out[..., c] = mbqm(a[..., c], self.multiplier[c], self.shift[c])
         else:
             a = acc if b is None else acc + np.asarray(b, np.int64)
             out = multiply_by_quantized_multiplier_int64(a, self.multiplier, self.shift)

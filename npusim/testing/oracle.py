@@ -456,19 +456,21 @@ def transpose_conv_model(
     return b.build([x], [y])
 
 
-def add_model(shape1, shape2, s1, z1, s2, z2, out_scale, out_zp, activation="NONE", const2=None) -> bytes:
+def add_model(
+    shape1, shape2, s1, z1, s2, z2, out_scale, out_zp, activation="NONE", const2=None, dtype=np.int8
+) -> bytes:
     """ADD with numpy-style broadcasting. The second operand is a graph input, or a constant when
-    const2 (int8 data of shape2) is given."""
+    const2 (data of shape2) is given. dtype: of both inputs and the output (int8 or int16)."""
     b = ModelBuilder()
-    x1 = b.add_tensor(shape1, np.int8, s1, z1, name="input1")
+    x1 = b.add_tensor(shape1, dtype, s1, z1, name="input1")
     if const2 is None:
-        x2 = b.add_tensor(shape2, np.int8, s2, z2, name="input2")
+        x2 = b.add_tensor(shape2, dtype, s2, z2, name="input2")
     else:
         x2 = b.add_tensor(
-            shape2, np.int8, s2, z2, data=np.asarray(const2, np.int8).reshape(shape2), name="const2"
+            shape2, dtype, s2, z2, data=np.asarray(const2, dtype).reshape(shape2), name="const2"
         )
     out_shape = np.broadcast_shapes(tuple(shape1), tuple(shape2))
-    y = b.add_tensor(out_shape, np.int8, out_scale, out_zp, name="output")
+    y = b.add_tensor(out_shape, dtype, out_scale, out_zp, name="output")
     opt = schema.AddOptionsT()
     opt.fusedActivationFunction = _ACTIVATION[activation]
     b.add_op("ADD", [x1, x2], [y], opt)
@@ -476,20 +478,20 @@ def add_model(shape1, shape2, s1, z1, s2, z2, out_scale, out_zp, activation="NON
 
 
 def binary_model(
-    kind, shape1, shape2, s1, z1, s2, z2, out_scale, out_zp, activation="NONE", const2=None
+    kind, shape1, shape2, s1, z1, s2, z2, out_scale, out_zp, activation="NONE", const2=None, dtype=np.int8
 ) -> bytes:
     """MUL or SUB (as add_model): numpy-style broadcasting, the second operand a graph input or,
-    with const2, a constant."""
+    with const2, a constant. dtype: of both inputs and the output (int8 or int16)."""
     b = ModelBuilder()
-    x1 = b.add_tensor(shape1, np.int8, s1, z1, name="input1")
+    x1 = b.add_tensor(shape1, dtype, s1, z1, name="input1")
     if const2 is None:
-        x2 = b.add_tensor(shape2, np.int8, s2, z2, name="input2")
+        x2 = b.add_tensor(shape2, dtype, s2, z2, name="input2")
     else:
         x2 = b.add_tensor(
-            shape2, np.int8, s2, z2, data=np.asarray(const2, np.int8).reshape(shape2), name="const2"
+            shape2, dtype, s2, z2, data=np.asarray(const2, dtype).reshape(shape2), name="const2"
         )
     out_shape = np.broadcast_shapes(tuple(shape1), tuple(shape2))
-    y = b.add_tensor(out_shape, np.int8, out_scale, out_zp, name="output")
+    y = b.add_tensor(out_shape, dtype, out_scale, out_zp, name="output")
     opt = {"MUL": schema.MulOptionsT, "SUB": schema.SubOptionsT, "ADD": schema.AddOptionsT}[kind]()
     opt.fusedActivationFunction = _ACTIVATION[activation]
     b.add_op(kind, [x1, x2], [y], opt)
