@@ -51,8 +51,11 @@ def round_half_away(x: float) -> int:
     return int(math.floor(abs(x) + 0.5)) * (1 if x >= 0 else -1)
 
 
-def activation_range(activation: str, scale: float, zero_point: int, profile: int = TFLM) -> tuple[int, int]:
-    """Clamp range of a fused activation on an int8 output, as the profile's runtime computes it.
+def activation_range(
+    activation: str, scale: float, zero_point: int, profile: int = TFLM, qmin: int = -128, qmax: int = 127
+) -> tuple[int, int]:
+    """Clamp range of a fused activation on an int8 output (int16: qmin, qmax = -32768, 32767), as
+    the profile's runtime computes it.
 
     TFLM and single rounding: CalculateActivationRangeQuantized, zero_point + round_half_away(f / scale).
     XNNPACK: the LiteRT delegate passes the real bounds (0, 6, -1, 1) and XNNPACK quantizes them
@@ -60,7 +63,7 @@ def activation_range(activation: str, scale: float, zero_point: int, profile: in
     is added in float32 before rounding, and rounding is half to even. The two differ on ties, e.g.
     6 / scale = 1.5 with zero point 1: TFLM 1 + 2 = 3, XNNPACK rint(2.5) = 2.
     """
-    lo, hi = -128, 127
+    lo, hi = qmin, qmax
 
     # TFLM divides in float32 (f / scale with both float); in double a quotient can land on the
     # other side of .5 and move the RELU6 bound by one.
@@ -70,7 +73,7 @@ def activation_range(activation: str, scale: float, zero_point: int, profile: in
             v = np.float32(q + np.float32(zero_point))
             if not np.isfinite(v):  # refused as for TFLM (see ops/requant.output_range)
                 raise OverflowError(f"{f} / {scale} is not finite in float32")
-            return int(np.rint(min(max(v, np.float32(-128.0)), np.float32(127.0))))
+            return int(np.rint(min(max(v, np.float32(qmin)), np.float32(qmax))))
         return zero_point + round_half_away(float(q))
 
     if activation == "RELU":
@@ -134,6 +137,23 @@ def requantize_one(acc, m, shift, real_scale, profile):
         return multiply_by_quantized_multiplier_single(acc, m, shift)
     # XNNPACK fp32 requantization: float32 product, round half to even.
     return np.int64(np.rint(np.float32(acc) * real_scale))
+
+
+def multiply_by_quantized_multiplier_int64(x: np.ndarray, m, shift) -> np.ndarray:
+    """TFLM's MultiplyByQuantizedMultiplier(int64_t x, int32_t M, int shift), the overload of the
+    16x8 kernels' int64 accumulators (common.cc), elementwise; M and shift broadcast against x.
+
+    M is first reduced to 16 bits, (M + 2^15) >> 16 (0x7FFF from M >= 0x7FFF0000 on), then one
+    rounding: (x * M16 + 2^(total - 1)) >> total with total = 15 - shift, ties toward +inf. The
+    result is cast to int32 as C does (TFLM assumes |x| < 2^47; larger products wrap in int64)."""
+    x = np.asarray(x, dtype=np.int64)
+    m = np.asarray(m, dtype=np.int64)
+    shift = np.asarray(shift, dtype=np.int64)
+    reduced = np.where(m < 0x7FFF0000, (m + (1 << 15)) >> 16, 0x7FFF)
+    total = 15 - shift
+    with np.errstate(over="ignore"):
+        v = (x * reduced + (np.int64(1) << (total - 1))) >> total
+    return v.astype(np.int32).astype(np.int64)
 
 
 @njit()

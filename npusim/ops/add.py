@@ -19,6 +19,7 @@ from ..jit import parallel_kernel
 from ..quant import SINGLE, TFLM
 from . import aligned
 from .base import Kernel
+from .int16 import ADD_LEFT_SHIFT, add16, is_int16, range16, require_int16, require_tflm
 from .output_stage import (
     each_profile,
     lane_mask,
@@ -127,7 +128,12 @@ class Add(Kernel):
     def __init__(self, op, graph, profile):
         super().__init__(op, graph, profile)
         a, b, y = self.inputs[0], self.inputs[1], self.outputs[0]
-        self.require_int8(a, b, y)
+        self.params16 = None
+        if is_int16(a):  # int16 operands and output (int16.add16)
+            require_tflm(self)
+            require_int16(self, a, b, y)
+        else:
+            self.require_int8(a, b, y)
         for t in (a, b, y):
             if t.quant.per_channel:
                 raise self.error(f"tensor {t.name!r} is quantized per channel, expected per-tensor")
@@ -146,6 +152,15 @@ class Add(Kernel):
                 )
         s1, s2, so = (np.float64(t.quant.scale[0]) for t in (a, b, y))
         twice_max = 2.0 * max(s1, s2)
+        self.out_shape = tuple(y.shape[1:])
+        if is_int16(a):
+            self.params16 = (
+                *requantization_multiplier(s1 / twice_max),
+                *requantization_multiplier(s2 / twice_max),
+                *requantization_multiplier(twice_max / ((1 << ADD_LEFT_SHIFT) * so)),
+                *range16(self, op.options.get("fused_activation_function", "NONE"), y),
+            )
+            return
         self.params = (
             a.zero_point,
             b.zero_point,
@@ -156,7 +171,6 @@ class Add(Kernel):
             *output_range(op.options.get("fused_activation_function", "NONE"), y),
         )
         self.vector_params = tuple(np.int64(p) for p in self.params)
-        self.out_shape = tuple(y.shape[1:])
 
     def macs(self) -> int:
         return int(np.prod(self.out_shape))
@@ -172,4 +186,6 @@ class Add(Kernel):
         n = a.shape[0] if a_is_batched else b.shape[0]
         shape = (n,) + self.out_shape
         a, b = (np.ascontiguousarray(np.broadcast_to(t, shape)) for t in (a, b))
+        if self.params16 is not None:
+            return add16(a, b, self.params16)
         return add_vector(a, b, self.vector_params, np.int64(self.profile), aligned.empty(shape, np.int8))

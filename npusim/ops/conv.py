@@ -12,6 +12,7 @@ from __future__ import annotations
 from . import aligned, backend, gemm
 from .base import Kernel, WeightMemo
 from .geometry import ConvGeometry, SlidingWindow
+from .int16 import Stage16, conv16, is_int16
 from .requant import OutputStage
 
 
@@ -23,7 +24,9 @@ class Conv2D(SlidingWindow, Kernel):
     def __init__(self, op, graph, profile, backends: backend.Selection | None = None):
         super().__init__(op, graph, profile)
         x, w, y = self.inputs[0], self.inputs[1], self.outputs[0]
-        self.require_int8(x, w, y)
+        self.int16: Stage16 | None = None
+        if not is_int16(x):
+            self.require_int8(x, w, y)
         self.require_constant(w, "filter")
         if len(x.shape) != 4 or len(w.shape) != 4 or len(y.shape) != 4:
             raise self.error(
@@ -37,7 +40,9 @@ class Conv2D(SlidingWindow, Kernel):
                 f"filter depth {in_c} does not match input channels "
                 f"{x.shape[3]} (grouped conv is not supported)"
             )
-        self.require_bias(self.inputs[2] if len(self.inputs) > 2 else None, self.out_channels)
+        bias = self.inputs[2] if len(self.inputs) > 2 else None
+        if not is_int16(x):
+            self.require_bias(bias, self.out_channels)
         self.in_image_shape = tuple(x.shape[1:])
         self.geometry = ConvGeometry.from_options(o, x.shape, kh, kw)
         if (self.out_h, self.out_w, self.out_channels) != tuple(y.shape[1:]):
@@ -45,6 +50,10 @@ class Conv2D(SlidingWindow, Kernel):
                 f"output shape {list(y.shape)} does not match the computed "
                 f"[N, {self.out_h}, {self.out_w}, {self.out_channels}]"
             )
+        if is_int16(x):  # 16x8: int16 activations, int8 weights (int16.py)
+            activation = o.get("fused_activation_function", "NONE")
+            self.int16 = Stage16.prepare(self, x, w, bias, y, self.out_channels, activation)
+            return
         self.stage = OutputStage.prepare(
             x, w, y, self.out_channels, o.get("fused_activation_function", "NONE"), self.profile
         )
@@ -69,6 +78,10 @@ class Conv2D(SlidingWindow, Kernel):
                 f"input array has shape {list(x.shape)}, expected [N, "
                 f"{', '.join(map(str, self.in_image_shape))}]"
             )
+        if self.int16 is not None:
+            if w.ndim != 4:
+                raise self.error("grouped weights are not supported with int16 activations")
+            return self.int16(conv16(x, w, self.geometry), b)
         wg = w if w.ndim == 5 else w[None]
         out = self.engine.convolve(
             self.geometry,

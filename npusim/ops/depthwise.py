@@ -38,6 +38,7 @@ from ..jit import ParallelKernel, njit, parallel_kernel, renamed
 from . import aligned, backend
 from .base import Kernel, WeightMemo
 from .geometry import ConvGeometry, SlidingWindow
+from .int16 import Stage16, depthwise16, is_int16
 from .output_stage import (
     each_profile,
     lane_mask,
@@ -527,7 +528,9 @@ class DepthwiseConv2D(SlidingWindow, Kernel):
         super().__init__(op, graph, profile)
         self.variant = "vnni" if (backends or backend.select()).runs_vnni() else "generic"
         x, w, y = self.inputs[0], self.inputs[1], self.outputs[0]
-        self.require_int8(x, w, y)
+        self.int16: Stage16 | None = None
+        if not is_int16(x):
+            self.require_int8(x, w, y)
         self.require_constant(w, "filter")
         if len(x.shape) != 4 or len(w.shape) != 4 or len(y.shape) != 4 or w.shape[0] != 1:
             raise self.error(
@@ -542,7 +545,12 @@ class DepthwiseConv2D(SlidingWindow, Kernel):
                 f"filter channels {self.out_channels} are not a multiple of input channels {in_c}"
             )
         self.multiplier = self.out_channels // in_c
-        self.require_bias(self.inputs[2] if len(self.inputs) > 2 else None, self.out_channels)
+        bias = self.inputs[2] if len(self.inputs) > 2 else None
+        if not is_int16(x):
+            self.require_bias(bias, self.out_channels)
+        elif bias is not None and bias.dtype != np.int64:
+            # TFLM's int16 depthwise reads the bias as int64 whatever its type.
+            raise self.error(f"bias {bias.name!r} is {np.dtype(bias.dtype).name}, expected int64 (16x8)")
         self.in_image_shape = tuple(x.shape[1:])
         self.geometry = ConvGeometry.from_options(o, x.shape, kh, kw)
         if (self.out_h, self.out_w, self.out_channels) != tuple(y.shape[1:]):
@@ -550,11 +558,15 @@ class DepthwiseConv2D(SlidingWindow, Kernel):
                 f"output shape {list(y.shape)} does not match the computed "
                 f"[N, {self.out_h}, {self.out_w}, {self.out_channels}]"
             )
+        self.unpadded_shape = None  # see fuse_pad
+        if is_int16(x):  # 16x8: int16 activations, int8 weights (int16.py)
+            activation = o.get("fused_activation_function", "NONE")
+            self.int16 = Stage16.prepare(self, x, w, bias, y, self.out_channels, activation)
+            return
         self.stage = OutputStage.prepare(
             x, w, y, self.out_channels, o.get("fused_activation_function", "NONE"), self.profile
         )
         self.memo = WeightMemo()
-        self.unpadded_shape = None  # see fuse_pad
 
     def fuse_pad(self, pad) -> bool:
         """Take over the spatial padding of the PAD kernel that feeds this op (as converters write
@@ -583,6 +595,14 @@ class DepthwiseConv2D(SlidingWindow, Kernel):
 
     def __call__(self, x, w, b=None, shared=False):
         g = self.geometry
+        if self.int16 is not None:
+            if w.ndim != 4:
+                raise self.error("grouped weights are not supported with int16 activations")
+            if x.shape[1:] != self.in_image_shape:
+                raise self.error(
+                    f"input array has shape {list(x.shape)}, expected [N, {self.in_image_shape}]"
+                )
+            return self.int16(depthwise16(x, w, g, self.multiplier), b)
         pad_top, pad_left = g.pad
         if self.unpadded_shape is not None and x.shape[1:] == self.unpadded_shape:  # the fused PAD's input
             pad_top, pad_left = pad_top + self.fused_pad[0], pad_left + self.fused_pad[1]

@@ -12,6 +12,7 @@ import numpy as np
 from . import backend
 from .base import Kernel
 from .geometry import ConvGeometry
+from .int16 import Stage16, is_int16
 from .requant import OutputStage
 
 
@@ -23,14 +24,18 @@ class FullyConnected(Kernel):
     def __init__(self, op, graph, profile, backends: backend.Selection | None = None):
         super().__init__(op, graph, profile)
         x, w, y = self.inputs[0], self.inputs[1], self.outputs[0]
-        self.require_int8(x, w, y)
+        self.int16: Stage16 | None = None
+        if not is_int16(x):
+            self.require_int8(x, w, y)
         self.require_constant(w, "weights")
         if len(w.shape) != 2:
             raise self.error(f"expected a 2-D weight matrix, got shape {list(w.shape)}")
         if op.options.get("weights_format", 0) != 0:
             raise self.error("shuffled weights format is not supported, expected DEFAULT")
         self.out_channels, self.depth = w.shape
-        self.require_bias(self.inputs[2] if len(self.inputs) > 2 else None, self.out_channels)
+        bias = self.inputs[2] if len(self.inputs) > 2 else None
+        if not is_int16(x):
+            self.require_bias(bias, self.out_channels)
         per_image = int(np.prod(x.shape[1:])) if len(x.shape) > 1 else 1
         if int(np.prod(x.shape)) % self.depth or per_image % self.depth:
             # A row straddling two images would mix the batch.
@@ -52,10 +57,14 @@ class FullyConnected(Kernel):
                 f"{per_image // self.depth} per image"
             )
         self.out_shape = tuple(y.shape[1:])
+        self.geometry = ConvGeometry.dense(self.depth)
+        if is_int16(x):  # 16x8: int16 activations, int8 weights (int16.py)
+            activation = op.options.get("fused_activation_function", "NONE")
+            self.int16 = Stage16.prepare(self, x, w, bias, y, self.out_channels, activation)
+            return
         self.stage = OutputStage.prepare(
             x, w, y, self.out_channels, op.options.get("fused_activation_function", "NONE"), self.profile
         )
-        self.geometry = ConvGeometry.dense(self.depth)
         self.engine = (backends or backend.select()).for_geometry(self.geometry)
 
     def macs(self) -> int:
@@ -68,6 +77,11 @@ class FullyConnected(Kernel):
 
     def __call__(self, x, w, b=None, shared=False):
         """shared=True: x is one batch seen by every weight group (output: G times the batch)."""
+        if self.int16 is not None:
+            if w.ndim != 2:
+                raise self.error("grouped weights are not supported with int16 activations")
+            acc = x.reshape(-1, self.depth).astype(np.int64) @ w.astype(np.int64).T
+            return self.int16(acc, b).reshape((-1,) + self.out_shape)
         wg = w if w.ndim == 3 else w[None]
         rows = x.reshape(-1, 1, 1, self.depth)
         filters = wg.reshape(wg.shape[0], self.out_channels, 1, 1, self.depth)

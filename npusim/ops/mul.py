@@ -12,6 +12,7 @@ import numpy as np
 
 from ..jit import njit
 from ..quant import requantize_to_output
+from .int16 import is_int16, mul16, range16
 from .pairwise import BinaryKernel, every_pair
 from .requant import output_range, requantization_multiplier
 
@@ -31,9 +32,13 @@ class Mul(BinaryKernel):
 
     def __init__(self, op, graph, profile):
         super().__init__(op, graph, profile)
-        a, b, y = self.prepare_operands()
+        a, b, y = self.prepare_operands(int16=True)
         s1, s2, so = (np.float64(t.quant.scale[0]) for t in (a, b, y))
         m, shift = requantization_multiplier(s1 * s2 / so)
+        if is_int16(a):  # int16 operands and output (int16.mul16)
+            params = (m, shift, *range16(self, op.options.get("fused_activation_function", "NONE"), y))
+            self.int16 = lambda a, b: mul16(a, b, params)
+            return
         # The xnnpack profile: float32 product and scale, round half to even (quant.requantize_one).
         real32 = np.float32(np.float32(s1) * np.float32(s2) / np.float32(so))
         lo, hi = output_range(op.options.get("fused_activation_function", "NONE"), y, profile)

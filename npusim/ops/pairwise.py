@@ -14,6 +14,7 @@ import numpy as np
 from ..jit import parallel_kernel
 from . import aligned
 from .base import Kernel
+from .int16 import is_int16, require_int16, require_tflm
 
 
 @parallel_kernel
@@ -37,11 +38,18 @@ class BinaryKernel(Kernel):
 
     required_inputs, max_inputs = 2, 2
     max_rank: int | None = None  # TFLM's broadcasting kernels stop at rank 4 for some ops
+    # An op with an int16 path sets it in __init__: f(a, b) of the int16 operands broadcast to the
+    # output shape, returning the int16 output (the table is then unused).
+    int16 = None
 
-    def prepare_operands(self, quantized: bool = True):
-        """quantized False: int8 operands whose quantization the op ignores (MAXIMUM, MINIMUM)."""
+    def prepare_operands(self, quantized: bool = True, int16: bool = False):
+        """quantized False: int8 operands whose quantization the op ignores (MAXIMUM, MINIMUM).
+        int16 True: int16 operands and output are accepted as well (symmetric, tflm profile)."""
         a, b, y = self.inputs[0], self.inputs[1], self.outputs[0]
-        if quantized:
+        if int16 and is_int16(a):
+            require_tflm(self)
+            require_int16(self, a, b, y)
+        elif quantized:
             self.require_int8(a, b, y)
         for t in (a, b, y):
             if not quantized and t.dtype != np.int8:
@@ -86,5 +94,7 @@ class BinaryKernel(Kernel):
             raise self.error(f"inputs carry batches of {a.shape[0]} and {b.shape[0]}, expected the same")
         n = a.shape[0] if a_is_batched else b.shape[0]
         shape = (n,) + self.out_shape
+        if self.int16 is not None:
+            return self.int16(*(np.broadcast_to(t, shape) for t in (a, b)))
         a, b = (np.ascontiguousarray(np.broadcast_to(t, shape)).view(np.uint8) for t in (a, b))
         return pair_lookup(self.table, a, b, aligned.empty(shape, np.int8))

@@ -243,8 +243,12 @@ def _conv_like(
     out_channels,
     options,
     bias_axis=0,
+    dtype=np.int8,
+    bias_dtype=None,
 ):
     b = ModelBuilder()
+    dtype = np.dtype(dtype)
+    bias_dtype = np.dtype(bias_dtype or (np.int64 if dtype == np.int16 else np.int32))
     n, h, w, _ = input_shape
     kh, kw = weights.shape[1], weights.shape[2]
     oh = conv_out_size(h, kh, stride[0], dilation[0], padding)
@@ -252,7 +256,7 @@ def _conv_like(
     if oh <= 0 or ow <= 0:
         raise ValueError("empty output")
     ws = np.atleast_1d(f32(w_scale))
-    x = b.add_tensor(input_shape, np.int8, in_scale, in_zp, name="input")
+    x = b.add_tensor(input_shape, dtype, in_scale, in_zp, name="input")
     wt = b.add_const(
         np.asarray(weights, np.int8),
         scale=ws,
@@ -263,7 +267,7 @@ def _conv_like(
     if bias is not None:
         bs = bias_scale(in_scale, ws)
         bt = b.add_const(
-            np.asarray(bias, np.int32),
+            np.asarray(bias, bias_dtype),
             scale=bs,
             zero_point=np.zeros(bs.size, np.int64),
             axis=bias_axis,
@@ -271,7 +275,7 @@ def _conv_like(
         )
     else:
         bt = -1
-    y = b.add_tensor((n, oh, ow, out_channels), np.int8, out_scale, out_zp, name="output")
+    y = b.add_tensor((n, oh, ow, out_channels), dtype, out_scale, out_zp, name="output")
     options.padding = _PADDING[padding]
     options.strideH, options.strideW = int(stride[0]), int(stride[1])
     options.dilationHFactor, options.dilationWFactor = int(dilation[0]), int(dilation[1])
@@ -293,8 +297,11 @@ def conv2d_model(
     padding="SAME",
     dilation=(1, 1),
     activation="NONE",
+    dtype=np.int8,
+    bias_dtype=None,
 ) -> bytes:
-    """CONV_2D. weights int8 [O, kh, kw, I]; bias int32 [O] or None; w_scale scalar or [O] (axis 0)."""
+    """CONV_2D. weights int8 [O, kh, kw, I]; bias int32 [O] or None; w_scale scalar or [O] (axis 0).
+    dtype int16: int16 input and output (16x8), the bias int64 unless bias_dtype says otherwise."""
     weights = np.asarray(weights, np.int8)
     return _conv_like(
         "CONV_2D",
@@ -313,6 +320,8 @@ def conv2d_model(
         0,
         weights.shape[0],
         schema.Conv2DOptionsT(),
+        dtype=dtype,
+        bias_dtype=bias_dtype,
     )
 
 
@@ -331,6 +340,8 @@ def depthwise_model(
     activation="NONE",
     depth_multiplier=1,
     bias_axis=0,
+    dtype=np.int8,
+    bias_dtype=None,
 ) -> bytes:
     """DEPTHWISE_CONV_2D. weights int8 [1, kh, kw, C*m]; w_scale scalar or [C*m] (axis 3).
     bias_axis=3 writes the 1-D bias with quantized_dimension 3, as some real files do (TFLM runs
@@ -356,6 +367,8 @@ def depthwise_model(
         weights.shape[3],
         opt,
         bias_axis=bias_axis,
+        dtype=dtype,
+        bias_dtype=bias_dtype,
     )
 
 
@@ -370,25 +383,30 @@ def fully_connected_model(
     out_zp,
     activation="NONE",
     keep_num_dims=False,
+    dtype=np.int8,
+    bias_dtype=None,
 ) -> bytes:
-    """FULLY_CONNECTED. weights int8 [U, K] with K = prod(input_shape[1:]); w_scale scalar or [U]."""
+    """FULLY_CONNECTED. weights int8 [U, K] with K = prod(input_shape[1:]); w_scale scalar or [U].
+    dtype int16: int16 input and output (16x8), the bias int64 unless bias_dtype says otherwise."""
     weights = np.asarray(weights, np.int8)
     units, k = weights.shape
     b = ModelBuilder()
+    dtype = np.dtype(dtype)
+    bias_dtype = np.dtype(bias_dtype or (np.int64 if dtype == np.int16 else np.int32))
     ws = np.atleast_1d(f32(w_scale))
-    x = b.add_tensor(input_shape, np.int8, in_scale, in_zp, name="input")
+    x = b.add_tensor(input_shape, dtype, in_scale, in_zp, name="input")
     wt = b.add_const(weights, scale=ws, zero_point=np.zeros(ws.size, np.int64), axis=0, name="weights")
     if bias is not None:
         bs = bias_scale(in_scale, ws)
         bt = b.add_const(
-            np.asarray(bias, np.int32), scale=bs, zero_point=np.zeros(bs.size, np.int64), name="bias"
+            np.asarray(bias, bias_dtype), scale=bs, zero_point=np.zeros(bs.size, np.int64), name="bias"
         )
     else:
         bt = -1
     out_shape = (
         tuple(input_shape[:-1]) + (units,) if keep_num_dims else (int(np.prod(input_shape)) // k, units)
     )
-    y = b.add_tensor(out_shape, np.int8, out_scale, out_zp, name="output")
+    y = b.add_tensor(out_shape, dtype, out_scale, out_zp, name="output")
     opt = schema.FullyConnectedOptionsT()
     opt.fusedActivationFunction = _ACTIVATION[activation]
     opt.keepNumDims = bool(keep_num_dims)
@@ -438,19 +456,21 @@ def transpose_conv_model(
     return b.build([x], [y])
 
 
-def add_model(shape1, shape2, s1, z1, s2, z2, out_scale, out_zp, activation="NONE", const2=None) -> bytes:
+def add_model(
+    shape1, shape2, s1, z1, s2, z2, out_scale, out_zp, activation="NONE", const2=None, dtype=np.int8
+) -> bytes:
     """ADD with numpy-style broadcasting. The second operand is a graph input, or a constant when
-    const2 (int8 data of shape2) is given."""
+    const2 (data of shape2) is given. dtype: of both inputs and the output (int8 or int16)."""
     b = ModelBuilder()
-    x1 = b.add_tensor(shape1, np.int8, s1, z1, name="input1")
+    x1 = b.add_tensor(shape1, dtype, s1, z1, name="input1")
     if const2 is None:
-        x2 = b.add_tensor(shape2, np.int8, s2, z2, name="input2")
+        x2 = b.add_tensor(shape2, dtype, s2, z2, name="input2")
     else:
         x2 = b.add_tensor(
-            shape2, np.int8, s2, z2, data=np.asarray(const2, np.int8).reshape(shape2), name="const2"
+            shape2, dtype, s2, z2, data=np.asarray(const2, dtype).reshape(shape2), name="const2"
         )
     out_shape = np.broadcast_shapes(tuple(shape1), tuple(shape2))
-    y = b.add_tensor(out_shape, np.int8, out_scale, out_zp, name="output")
+    y = b.add_tensor(out_shape, dtype, out_scale, out_zp, name="output")
     opt = schema.AddOptionsT()
     opt.fusedActivationFunction = _ACTIVATION[activation]
     b.add_op("ADD", [x1, x2], [y], opt)
@@ -458,20 +478,20 @@ def add_model(shape1, shape2, s1, z1, s2, z2, out_scale, out_zp, activation="NON
 
 
 def binary_model(
-    kind, shape1, shape2, s1, z1, s2, z2, out_scale, out_zp, activation="NONE", const2=None
+    kind, shape1, shape2, s1, z1, s2, z2, out_scale, out_zp, activation="NONE", const2=None, dtype=np.int8
 ) -> bytes:
     """MUL or SUB (as add_model): numpy-style broadcasting, the second operand a graph input or,
-    with const2, a constant."""
+    with const2, a constant. dtype: of both inputs and the output (int8 or int16)."""
     b = ModelBuilder()
-    x1 = b.add_tensor(shape1, np.int8, s1, z1, name="input1")
+    x1 = b.add_tensor(shape1, dtype, s1, z1, name="input1")
     if const2 is None:
-        x2 = b.add_tensor(shape2, np.int8, s2, z2, name="input2")
+        x2 = b.add_tensor(shape2, dtype, s2, z2, name="input2")
     else:
         x2 = b.add_tensor(
-            shape2, np.int8, s2, z2, data=np.asarray(const2, np.int8).reshape(shape2), name="const2"
+            shape2, dtype, s2, z2, data=np.asarray(const2, dtype).reshape(shape2), name="const2"
         )
     out_shape = np.broadcast_shapes(tuple(shape1), tuple(shape2))
-    y = b.add_tensor(out_shape, np.int8, out_scale, out_zp, name="output")
+    y = b.add_tensor(out_shape, dtype, out_scale, out_zp, name="output")
     opt = {"MUL": schema.MulOptionsT, "SUB": schema.SubOptionsT, "ADD": schema.AddOptionsT}[kind]()
     opt.fusedActivationFunction = _ACTIVATION[activation]
     b.add_op(kind, [x1, x2], [y], opt)
