@@ -335,6 +335,8 @@ def write_model(graph: Graph) -> bytes:
         raise NpusimError("graph has no source model to write back")
     model = copy.deepcopy(graph.source)  # the graph stays reusable and writable again
     sg = model.subgraphs[0]
+    for op_t, op in zip(sg.operators, graph.ops):
+        _sync_options(op_t, op)
     _append_new(model, sg, graph)
     users: dict[int, int] = {}
     for t in sg.tensors:
@@ -379,14 +381,38 @@ def _append_new(model, sg, graph: Graph):
         table = "".join(part.title() for part in op.kind.split("_")) + "Options"
         op_t.builtinOptionsType = getattr(schema.BuiltinOptions, table)
         op_t.builtinOptions = getattr(schema, table + "T")()
-        for key, value in op.options.items():
-            if key == "padding":
-                value = getattr(schema.Padding, value)
-            elif key == "fused_activation_function":
-                value = getattr(schema.ActivationFunctionType, value)
-            setattr(op_t.builtinOptions, re.sub(r"_(.)", lambda m: m.group(1).upper(), key), value)
+        _set_options(op_t, op.options)
         sg.operators.append(op_t)
-    sg.outputs = np.asarray(graph.outputs, dtype=np.int32)
+    if list(np.asarray(sg.outputs if sg.outputs is not None else []).tolist()) != list(graph.outputs):
+        sg.outputs = np.asarray(graph.outputs, dtype=np.int32)
+        # LiteRT's signature runner reads the outputs from the signature, not the subgraph.
+        for signature in model.signatureDefs or []:
+            if signature.subgraphIndex == 0:
+                signature.outputs = []
+                for k, t in enumerate(graph.outputs):
+                    entry = schema.TensorMapT()
+                    entry.name, entry.tensorIndex = "logits" if len(graph.outputs) == 1 else f"output_{k}", t
+                    signature.outputs.append(entry)
+
+
+def _set_options(op_t, options: dict):
+    """Builtin options from the graph's plain dict (the inverse of _options)."""
+    for key, value in options.items():
+        if key == "padding":
+            value = getattr(schema.Padding, value)
+        elif key == "fused_activation_function":
+            value = getattr(schema.ActivationFunctionType, value)
+        setattr(op_t.builtinOptions, re.sub(r"_(.)", lambda m: m.group(1).upper(), key), value)
+
+
+def _sync_options(op_t, op: Op):
+    """Carry option edits (a fresh head's activation, a reshape of its logits) into the file's op."""
+    if op_t.builtinOptions is None:
+        return
+    current = _options(op_t)
+    changed = {k: v for k, v in op.options.items() if k in current and current[k] != v}
+    if changed:
+        _set_options(op_t, changed)
 
 
 def _opcode_index(model, kind: str) -> int:

@@ -262,3 +262,85 @@ def test_auto_reads_the_stm32n6_models(name, dtype, expected):
     path = need(SHARED / "models" / "stm32n6" / name)
     image = ImageInput.of(load_model(path))
     assert image.dtype == dtype and choose_mapping(image).name == expected
+
+
+def test_fresh_head_behind_a_reshape_exports_a_model_every_runtime_loads(tmp_path):
+    """FC -> RESHAPE -> SOFTMAX (as converters write it), 4 classes, trained on 6: the reshape
+    carries the new logits' quantization and class count, and LiteRT and TFLM both run the export."""
+    from ai_edge_litert.interpreter import Interpreter as LiteRT
+
+    model, data = write(tmp_path, tiny_classifier(classes=4, reshape_logits=True), classes=6)
+    r = run_cli(train_args(model, data, tmp_path / "run", "--budget", "120"))
+    assert r.returncode == 0, r.stderr
+    exported = (tmp_path / "run" / "model.tflite").read_bytes()
+    x = np.random.default_rng(1).integers(-128, 128, (4, 4, 4, 3), dtype=np.int8)
+    assert np.array_equal(run_tflm(exported, x), npusim.Interpreter(exported).run(x))
+    lite = LiteRT(model_content=exported)
+    lite.allocate_tensors()
+    lite.set_tensor(lite.get_input_details()[0]["index"], x[:1])
+    lite.invoke()
+    assert lite.get_tensor(lite.get_output_details()[0]["index"]).shape == (1, 1, 6)
+
+
+def test_one_class_data_and_bad_class_counts_exit_2(tmp_path):
+    model, data = write(tmp_path, tiny_classifier())
+    d = dict(np.load(data))
+    d["y_train"][:] = 0
+    d["y_test"][:] = 0
+    d["class_names"] = d["class_names"][:1]
+    np.savez(tmp_path / "one.npz", **d)
+    r = run_cli(train_args(model, tmp_path / "one.npz", tmp_path / "run"))
+    assert r.returncode == 2 and "at least 2 classes" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    for classes in ("0", "-3"):
+        r = run_cli(["cost", "--model", str(model), "--classes", classes])
+        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+
+
+def test_resume_compares_the_resolved_mapping(tmp_path):
+    model, data = write(tmp_path, tiny_classifier())  # raw pixels: auto resolves to 0:255
+    out = tmp_path / "run"
+    assert run_cli(train_args(model, data, out, "--budget", "80", "--checkpoint-every", "5")).returncode == 0
+    r = run_cli(
+        train_args(model, data, out, "--budget", "160", "--input-range", "0:255", "--resume", str(out))
+    )
+    assert r.returncode == 0, r.stderr  # the same mapping, spelled out
+    r = run_cli(
+        train_args(
+            model, data, out, "--budget", "240", "--mean", "0,0,0", "--std", "1,1,1", "--resume", str(out)
+        )
+    )
+    assert r.returncode == 2 and "input mapping" in r.stderr, r.stderr
+
+
+def test_appended_head_keeps_litert_signature_runner_working(tmp_path):
+    """The ReID MobileNetV2 ends in MEAN; with an appended head its export's signature names the logits."""
+    from ai_edge_litert.interpreter import Interpreter as LiteRT
+
+    path = need(SHARED / "models" / "stm32n6" / "mobilenetv2_a100_256_128_fft_int8.tflite")
+    data = tmp_path / "data.npz"
+    np.savez(data, **color_dataset(side=16, n_train=40, n_test=20))
+    r = run_cli(
+        [
+            "train",
+            "--model",
+            path,
+            "--data",
+            str(data),
+            "--out",
+            str(tmp_path / "run"),
+            "--new-head",
+            "--q",
+            "fixed:1",
+            "--batch",
+            "8",
+            "--budget",
+            "8",
+            "--quiet",
+        ]
+    )
+    assert r.returncode == 0, r.stderr
+    lite = LiteRT(model_path=str(tmp_path / "run" / "model.tflite"))
+    runner = lite.get_signature_runner()
+    x = np.random.default_rng(0).integers(0, 256, (1, 256, 128, 3), dtype=np.uint8)
+    outputs = runner(**{lite.get_signature_list()["serving_default"]["inputs"][0]: x})
+    assert list(outputs) == ["logits"] and outputs["logits"].shape == (1, 4)

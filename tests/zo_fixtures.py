@@ -21,6 +21,7 @@ def tiny_classifier(
     channels: int = 3,
     width: int | None = None,
     nchw: bool = False,
+    reshape_logits: bool = False,
 ) -> bytes:
     """[1, side, width, channels] input (default int8, scale 1, zp -128: raw pixels, like the shared
     ResNet-8) -> CONV_2D 1x1 + RELU -> AVERAGE_POOL_2D (global) -> RESHAPE -> FULLY_CONNECTED ->
@@ -98,6 +99,17 @@ def tiny_classifier(
     )
     logits = b.add_tensor((1, classes), np.int8, logits_scale, 0, name="head/logits")
     b.add_op("FULLY_CONNECTED", [flat, w2, b2], [logits], schema.FullyConnectedOptionsT())
+    if reshape_logits:  # as converters write it: FC -> RESHAPE (same quantization) -> SOFTMAX
+        shape3 = b.add_const(np.array([1, 1, classes], np.int32), name="logits/shape")
+        reshaped = b.add_tensor((1, 1, classes), np.int8, logits_scale, 0, name="logits/reshaped")
+        ropt3 = schema.ReshapeOptionsT()
+        ropt3.newShape = [1, 1, classes]
+        b.add_op("RESHAPE", [logits, shape3], [reshaped], ropt3)
+        probs = b.add_tensor((1, 1, classes), np.int8, 1 / 256, -128, name="probs")
+        sopt = schema.SoftmaxOptionsT()
+        sopt.beta = 1.0
+        b.add_op("SOFTMAX", [reshaped], [probs], sopt)
+        return b.build([x], [probs])
     probs = b.add_tensor((1, classes), np.int8, 1 / 256, -128, name="probs")
     sopt = schema.SoftmaxOptionsT()
     sopt.beta = 1.0

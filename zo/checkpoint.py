@@ -34,9 +34,6 @@ RESUME_KEYS = (
     "seed",
     "profile",
     "new_head",
-    "input_range",
-    "mean",
-    "std",
 )
 COUNTERS = ("step", "forward_passes", "metric_rows", "next_eval")
 

@@ -100,7 +100,11 @@ def fresh_head(graph: Graph, num_classes: int, features: np.ndarray) -> Graph:
         b = g.tensors[head.inputs[2]]
         b.shape, b.data, b.quant = (num_classes,), np.zeros(num_classes, dtype=np.int32), b_quant
     g.tensors[head.outputs[0]].quant = logits_quant
-    # Every activation downstream of the head with a class axis of the old size follows.
+    # A zero head must be able to give every class a negative logit too: no fused activation.
+    head.options["fused_activation_function"] = "NONE"
+    # Every activation downstream of the head with a class axis of the old size follows; the logits'
+    # pure reshapes (as converters write FC -> RESHAPE -> SOFTMAX) carry the new logits quantization,
+    # and their shape operand and option name the new class count.
     frontier = {head.outputs[0]}
     for op in g.ops[g.ops.index(head) :]:
         if op is head or any(t in frontier for t in op.inputs):
@@ -109,7 +113,25 @@ def fresh_head(graph: Graph, num_classes: int, features: np.ndarray) -> Graph:
                 if tensor.shape and tensor.shape[-1] == old:
                     tensor.shape = tensor.shape[:-1] + (num_classes,)
                 frontier.add(t)
+            if op.kind in ("RESHAPE", "SQUEEZE") and op.inputs[0] in frontier and op.outputs[0] in frontier:
+                g.tensors[op.outputs[0]].quant = logits_quant
+                _follow_class_count(g, op, old, num_classes)
     return g
+
+
+def _follow_class_count(g: Graph, op: Op, old: int, num_classes: int):
+    """A RESHAPE of the logits: its target shape (operand and option) with the new class count."""
+    if op.kind != "RESHAPE":
+        return
+    if len(op.inputs) > 1 and op.inputs[1] >= 0 and g.tensors[op.inputs[1]].data is not None:
+        shape = g.tensors[op.inputs[1]]
+        data = np.array(shape.data)
+        if data.size and data[-1] == old:
+            data[-1] = num_classes
+            shape.data = data.astype(shape.data.dtype)
+    new_shape = list(op.options.get("new_shape") or [])
+    if new_shape and new_shape[-1] == old:
+        op.options["new_shape"] = new_shape[:-1] + [num_classes]
 
 
 def _append_head(g: Graph, x: int, num_classes: int, depth: int, w_quant, b_quant, logits_quant):

@@ -230,9 +230,11 @@ def model_inputs(
     for i in range(0, len(x_uint8), chunk):
         x = resize_images(x_uint8[i : i + chunk], (image.height, image.width))
         pixels = (x @ LUMA_BT601)[..., None] if image.channels == 1 else x
-        part, fraction = quantize_real(
-            mapping.real(pixels), image.dtype, image.scale or 1.0, image.zero_point
-        )
+        real = mapping.real(pixels)
+        part, fraction = quantize_real(real, image.dtype, image.scale or 1.0, image.zero_point)
+        if image.dtype == np.float32 and image.interval is not None:  # clipped by the QUANTIZE behind it
+            lo, hi = image.interval
+            fraction = float(np.mean((real < lo - image.code / 2) | (real > hi + image.code / 2)))
         codes[i : i + chunk] = part.transpose(0, 3, 1, 2) if image.nchw else part
         clipped += fraction * len(x)
     return codes, clipped / max(len(x_uint8), 1)

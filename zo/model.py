@@ -54,6 +54,8 @@ class TrainableModel:
     ):
         """num_classes different from the model's, or new_head, gives a fresh zero head (zo/head.py),
         quantized from the frozen features of calibration (model-input values of a batch)."""
+        if num_classes is not None and num_classes < 2:
+            raise ZoError(f"{num_classes} class(es): a classifier needs at least 2 classes")
         try:
             self.interp = Interpreter(graph, profile=profile)
             head = find_head(graph)

@@ -397,9 +397,13 @@ class Trainer:
     @functools.cached_property
     def identity(self) -> dict:
         """What a checkpoint must have been made with. Hashed once: checkpoints are written often."""
-        return checkpoint.fingerprint(
+        identity = checkpoint.fingerprint(
             self.config.model, self.config.data, len(self.data.y_train), len(self.data.y_test)
         )
+        # The mapping as resolved, not the options' spelling: "auto" and the range it found are one.
+        mapping = self.mapping.describe()
+        identity["input_mapping"] = {k: mapping[k] for k in ("range", "mean", "std")}
+        return identity
 
     def write_config(self):
         config = asdict(self.config)
