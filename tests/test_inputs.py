@@ -344,3 +344,15 @@ def test_appended_head_keeps_litert_signature_runner_working(tmp_path):
     x = np.random.default_rng(0).integers(0, 256, (1, 256, 128, 3), dtype=np.uint8)
     outputs = runner(**{lite.get_signature_list()["serving_default"]["inputs"][0]: x})
     assert list(outputs) == ["logits"] and outputs["logits"].shape == (1, 4)
+
+
+def test_dead_run_warning_counts_across_a_resume(tmp_path):
+    model, data = write(tmp_path, tiny_classifier(logits_scale=50.0))
+    out = tmp_path / "run"
+    args = train_args(model, data, out, "--checkpoint-every", "1")
+    args[args.index("--budget") + 1] = "120"  # 30 steps: no warning yet
+    r = run_cli(args)
+    assert r.returncode == 0 and "warning" not in r.stderr, r.stderr
+    args[args.index("--budget") + 1] = "200"  # 20 more: the 50th consecutive dead step
+    r = run_cli(args + ["--resume", str(out)])
+    assert r.returncode == 0 and r.stderr.count("50 consecutive steps") == 1, r.stderr

@@ -35,7 +35,8 @@ RESUME_KEYS = (
     "profile",
     "new_head",
 )
-COUNTERS = ("step", "forward_passes", "metric_rows", "next_eval")
+# dead_steps: the run of steps whose probe pairs were all equal, so the dead-run warning resumes too.
+COUNTERS = ("step", "forward_passes", "metric_rows", "next_eval", "dead_steps")
 
 
 def file_sha256(path: str) -> str:
@@ -138,6 +139,7 @@ class Resumed:
     step: int
     forward_passes: int
     metric_rows: int
+    dead_steps: int
     next_eval: int
     wall: float
     last_eval_passes: int

@@ -429,6 +429,7 @@ class Trainer:
             "forward_passes": self.forward_passes,
             "wall": self.wall(),
             "metric_rows": self.metrics.rows,
+            "dead_steps": self.dead_steps,
             "next_eval": self.next_eval,
             "last_eval_passes": self.last_eval_passes,
             "final_accuracy": self.final_accuracy,
@@ -456,7 +457,7 @@ class Trainer:
         self.optimizer = r.optimizer
         self.scheduler.load(r.scheduler_state)
         self.step, self.forward_passes = r.step, r.forward_passes
-        self.metrics.rows, self.next_eval = r.metric_rows, r.next_eval
+        self.metrics.rows, self.next_eval, self.dead_steps = r.metric_rows, r.next_eval, r.dead_steps
         self.wall_offset, self.last_eval_passes, self.final_accuracy = (
             r.wall,
             r.last_eval_passes,
