@@ -256,7 +256,7 @@ def make_binary(kind, p, seed):
     rng = np.random.default_rng(seed)
     s1 = p["s1"]
     s2 = float(np.float32(s1 * p["ratio2"]))
-    so = float(np.float32((max(s1, s2) if kind == "ADD" else s1 * s2 * 32768.0) * p["ratio_out"]))
+    so = float(np.float32((s1 * s2 * 32768.0 if kind == "MUL" else max(s1, s2)) * p["ratio_out"]))
     const = random_int16(rng, p["shape2"], p["x_mode"]) if p["const2"] else None
     model = O.binary_model(
         kind, p["shape1"], p["shape2"], s1, 0, s2, 0, so, 0, p["activation"], const, dtype=np.int16
@@ -280,13 +280,19 @@ def test_mul_int16(p, seed):
     check(*make_binary("MUL", p, seed))
 
 
-@pytest.mark.parametrize("kind", ["ADD", "MUL"])
+@settings(max_examples=examples(200), deadline=None)
+@given(p=binary_params(), seed=seeds)
+def test_sub_int16(p, seed):
+    check(*make_binary("SUB", p, seed))
+
+
+@pytest.mark.parametrize("kind", ["ADD", "MUL", "SUB"])
 @pytest.mark.parametrize("ratio", [1.0, 0.37, 3.1])
 def test_binary_int16_every_extreme_pair(kind, ratio):
     """The int16 extremes and their neighbours against each other, both operands."""
     v = np.array([-32768, -32767, -16384, -1, 0, 1, 16383, 32766, 32767], np.int16)
     a, b = np.repeat(v, v.size), np.tile(v, v.size)
     s = 0.001
-    so = float(np.float32((s if kind == "ADD" else s * s * 32768.0) * ratio))
+    so = float(np.float32((s * s * 32768.0 if kind == "MUL" else s) * ratio))
     model = O.binary_model(kind, (1, a.size), (1, a.size), s, 0, s * 0.7, 0, so, 0, dtype=np.int16)
     check(model, [a[None], b[None]], f"{kind} ratio={ratio}")

@@ -81,6 +81,16 @@ def add16(a, b, params) -> np.ndarray:
     return np.clip(mbqm(total, mo, so), lo, hi).astype(np.int16)
 
 
+def sub16(a, b, params) -> np.ndarray:
+    """SUB (TFLM sub.cc, int16 output: left_shift 15) on int16 operands broadcast to the output
+    shape; params as add16's. The steps of add16 with the rescaled operands subtracted."""
+    m1, s1, m2, s2, mo, so, lo, hi = params
+    diff = mbqm(a.astype(np.int64) << ADD_LEFT_SHIFT, m1, s1) - mbqm(
+        b.astype(np.int64) << ADD_LEFT_SHIFT, m2, s2
+    )
+    return np.clip(mbqm(diff, mo, so), lo, hi).astype(np.int16)
+
+
 def mul16(a, b, params) -> np.ndarray:
     """MUL (reference_integer_ops::MulElementwise) on int16 operands broadcast to the output shape:
     the int32 product (at most 2^30) requantized once."""

@@ -5,7 +5,8 @@ The rescale scheme of ADD (left_shift 20, both inputs to twice the larger scale,
 scale) with QuantizeMultiplierSmallerThanOneExp. The multipliers are computed in double from the
 float32 scales, as for ADD: the tflite-micro build on PyPI matches that and not the float32
 arithmetic of some sub_common.cc versions (tests/test_ops_elementwise.py has scales where the two
-differ). Eval is a lookup over the two input bytes (pairwise.py).
+differ). Eval is a lookup over the two input bytes (pairwise.py). int16 operands and output (symmetric,
+tflm profile) take TFLM's int16 path: left_shift 15, the rest as above (int16.sub16).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from ..quant import (
     multiply_by_quantized_multiplier,
     multiply_by_quantized_multiplier_single,
 )
+from .int16 import ADD_LEFT_SHIFT, is_int16, range16, sub16
 from .pairwise import BinaryKernel, every_pair
 from .requant import output_range, requantization_multiplier
 
@@ -50,10 +52,11 @@ class Sub(BinaryKernel):
 
     def __init__(self, op, graph, profile):
         super().__init__(op, graph, profile)
-        a, b, y = self.prepare_operands()
+        a, b, y = self.prepare_operands(int16=True)
         f1, f2, fo = (np.float64(t.quant.scale[0]) for t in (a, b, y))
         twice_max = 2.0 * max(f1, f2)
-        reals = (float(f1 / twice_max), float(f2 / twice_max), float(twice_max / ((1 << LEFT_SHIFT) * fo)))
+        left_shift = ADD_LEFT_SHIFT if is_int16(a) else LEFT_SHIFT
+        reals = (float(f1 / twice_max), float(f2 / twice_max), float(twice_max / ((1 << left_shift) * fo)))
         if not 0.0 < reals[2] < 1.0:
             # QuantizeMultiplierSmallerThanOneExp CHECK-fails in TFLM.
             raise self.error(
@@ -63,7 +66,12 @@ class Sub(BinaryKernel):
         params = []
         for r in reals:
             params += requantization_multiplier(r)
+        activation = op.options.get("fused_activation_function", "NONE")
+        if is_int16(a):  # int16 operands and output (int16.sub16)
+            params16 = (*params, *range16(self, activation, y))
+            self.int16 = lambda a, b: sub16(a, b, params16)
+            return
         params = (a.zero_point, b.zero_point, *params, y.zero_point)
-        params += output_range(op.options.get("fused_activation_function", "NONE"), y)
+        params += output_range(activation, y)
         xa, xb = every_pair()
         self.table = sub_table(xa, xb, tuple(np.int64(p) for p in params), np.int64(profile))
