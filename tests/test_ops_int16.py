@@ -296,3 +296,57 @@ def test_binary_int16_every_extreme_pair(kind, ratio):
     so = float(np.float32((s * s * 32768.0 if kind == "MUL" else s) * ratio))
     model = O.binary_model(kind, (1, a.size), (1, a.size), s, 0, s * 0.7, 0, so, 0, dtype=np.int16)
     check(model, [a[None], b[None]], f"{kind} ratio={ratio}")
+
+
+ALL_INT16 = np.arange(-32768, 32768, dtype=np.int16)[None]
+
+
+@pytest.mark.parametrize(
+    "scale,beta", [(10.0 / 65535.0, 1.0), (5e-5, 1.0), (1e-3, 1.0), (2e-5, 3.0), (4e-4, 0.25)]
+)
+def test_softmax_int16_every_difference(scale, beta):
+    """Rows [32767, c] for every int16 code c: every input difference (at scale 10/65535 every entry
+    and interpolation step of the exp table), and the reciprocal table over the sums they give."""
+    c = ALL_INT16.reshape(256, 256, 1)
+    x = np.concatenate([np.full_like(c, 32767), c], axis=-1)
+    model = O.softmax_model((1, 256, 2), scale, 0, beta=beta, dtype=np.int16)
+    check(model, x, f"scale={scale} beta={beta}")
+
+
+@settings(max_examples=examples(150), deadline=None)
+@given(
+    outer=st.lists(st.integers(1, 4), min_size=0, max_size=2),
+    depth=st.integers(1, 300),
+    n=st.integers(1, 3),
+    scale=st.floats(-6, -1).map(lambda e: float(np.float32(10.0**e))),
+    beta=st.sampled_from([1.0, 1.0, 0.5, 2.0]) | st.floats(0.1, 10.0),
+    mode=st.sampled_from(["uniform", "extreme", "mixed", "narrow", "ties"]),
+    seed=seeds,
+)
+def test_softmax_int16(outer, depth, n, scale, beta, mode, seed):
+    rng = np.random.default_rng(seed)
+    shape = (1, *outer, depth)
+    if mode == "ties":  # many equal maxima: large sums of exponentials
+        x = np.full((n, *shape[1:]), int(rng.integers(-32768, 32768)), np.int16)
+        x[rng.random(x.shape) < 0.2] = -32768
+    else:
+        x = random_int16(rng, (n, *shape[1:]), mode)
+    check(
+        O.softmax_model(shape, scale, 0, beta=beta, dtype=np.int16),
+        x,
+        f"shape={shape} scale={scale} beta={beta}",
+    )
+
+
+def test_softmax_int16_refusals():
+    x = np.zeros((1, 4), np.int16)
+    for model, match in [
+        (O.softmax_model((1, 4), 0.001, 0, dtype=np.int16, out_scale=1.0 / 256), "1/32768"),
+        (O.softmax_model((1, 4), 0.001, 0, dtype=np.int16, out_scale=1.0 / 32700), "1/32768"),
+        (O.softmax_model((1, 4), 0.001, 7, dtype=np.int16), "zero point 7"),
+    ]:
+        with pytest.raises(npusim.NpusimError, match=match):
+            O.run_npusim(model, x)
+    # within TF_LITE_ENSURE_NEAR's tolerance of 1/32768: accepted, as by TFLM
+    model = O.softmax_model((1, 4), 0.001, 0, dtype=np.int16, out_scale=1.0005 / 32768)
+    check(model, np.array([[1, 2, 3, -32768]], np.int16), "near 1/32768")

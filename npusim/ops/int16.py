@@ -12,12 +12,22 @@ accumulators (wrapping) and the int32 one (double rounding).
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import dataclasses
+import functools
 
 import numpy as np
 
 from ..graph import Tensor
-from ..quant import TFLM, activation_range, mbqm_array, multiply_by_quantized_multiplier_int64
+from ..quant import (
+    TFLM,
+    activation_range,
+    mbqm_array,
+    multiply_by_quantized_multiplier_int64,
+    quantize_multiplier,
+    round_half_away,
+)
 from .requant import OutputStage
 
 INT16_MIN, INT16_MAX = -(2**15), 2**15 - 1
@@ -195,3 +205,109 @@ def depthwise16(x, w, geometry, multiplier: int) -> np.ndarray:
         for j in range(g.kw):
             acc += taps(xp, i, j, g.out_h, g.out_w, g.stride, g.dilation) * w64[0, i, j, :]
     return acc
+
+
+# SOFTMAX: TFLM's int16 kernel (reference_ops::SoftmaxInt16) looks exp and 1 / (1 + x) up in two
+# 513-entry tables that Prepare fills (LUTPopulate<int16_t>, float arithmetic) and interpolates
+# between entries (LUTLookup: 9 index bits, 7 fraction bits).
+SOFTMAX_OUTPUT_SCALE = 1.0 / 32768
+LUT_STEPS = 512
+
+
+@functools.cache
+def _expf():
+    """The C library's expf (std::exp on a float), which TFLM's tables are built with."""
+    try:
+        f = ctypes.CDLL(ctypes.util.find_library("m") or "libm.so.6").expf
+    except (OSError, AttributeError):  # pragma: no cover - no C math library
+        return lambda v: np.float32(np.exp(np.float32(v)))
+    f.restype, f.argtypes = ctypes.c_float, [ctypes.c_float]
+    return lambda v: np.float32(f(float(v)))
+
+
+def _round_f32(v) -> np.float32:
+    """TfLiteRound on a float (half away from zero)."""
+    return np.float32(round_half_away(float(v)))
+
+
+def lut_populate_int16(
+    input_scale, input_zero_point, output_scale, output_zero_point, transform
+) -> np.ndarray:
+    """LUTPopulate<int16_t> (detail::LUTPopulateInt16<float>): 512 samples of transform over the int16
+    input range, each biased by half the interpolation error at its midpoint, and the last value."""
+    f = np.float32
+    input_scale, output_scale = f(input_scale), f(output_scale)
+    input_min = input_scale * f(INT16_MIN - input_zero_point)
+    input_max = input_scale * f(INT16_MAX - input_zero_point)
+    output_min = output_scale * f(INT16_MIN - output_zero_point)
+    output_max = output_scale * f(INT16_MAX - output_zero_point)
+    step = (input_max - input_min) / f(LUT_STEPS)
+    half_step = step / f(2)
+    scaling_inv = f(65536) / (output_max - output_min)
+    lut = np.empty(LUT_STEPS + 1, dtype=np.int64)
+    for i in range(LUT_STEPS):
+        val = transform(input_min + f(i) * step)
+        val_midpoint = transform(input_min + f(i) * step + half_step)
+        val_next = transform(input_min + f(i + 1) * step)
+        sample_val = _round_f32(val * scaling_inv)
+        midpoint_interp_val = _round_f32((val_next * scaling_inv + _round_f32(val * scaling_inv)) / f(2))
+        midpoint_err = midpoint_interp_val - _round_f32(val_midpoint * scaling_inv)
+        bias = _round_f32(midpoint_err / f(2))
+        lut[i] = int(min(max(sample_val - bias, f(INT16_MIN)), f(INT16_MAX)))
+    lut[LUT_STEPS] = int(min(max(_round_f32(transform(input_max) * scaling_inv), f(INT16_MIN)), f(INT16_MAX)))
+    return lut
+
+
+@functools.cache
+def softmax16_tables() -> tuple[np.ndarray, np.ndarray]:
+    """(exp LUT over [-10, 0], 1 / (1 + x) LUT over [0, 1]), as TFLM's SoftmaxPrepare fills them."""
+    span = np.float32(INT16_MAX - INT16_MIN)  # 65535
+    one = np.float32(1.0)
+    exp_lut = lut_populate_int16(np.float32(10.0) / span, INT16_MAX, np.float32(2.0) / span, 0, _expf())
+    recip_lut = lut_populate_int16(
+        one / span, INT16_MIN, np.float32(2.0) / span, 0, lambda v: one / (one + v)
+    )
+    exp_lut.flags.writeable = recip_lut.flags.writeable = False
+    return exp_lut, recip_lut
+
+
+def lut_lookup16(v: np.ndarray, lut: np.ndarray) -> np.ndarray:
+    """LUTLookup(int16_t, const int16_t*): v int64 in the int16 range -> int64 in the int16 range."""
+    index = 256 + (v >> 7)
+    base = lut[index]
+    slope = wrap16(lut[index + 1] - base)
+    return wrap16(base + ((slope * (v & 0x7F) + 64) >> 7))
+
+
+def wrap16(v: np.ndarray) -> np.ndarray:
+    return ((v + (1 << 15)) & 0xFFFF) - (1 << 15)
+
+
+def softmax16_params(kernel, x: Tensor, y: Tensor, beta: float) -> tuple[int, int]:
+    """(input_multiplier, input_left_shift) of TFLM's int16 SOFTMAX: input differences rescaled so
+    that [-65535, 0] stands for [-10, 0]."""
+    require_int16(kernel, x, y)
+    out_scale = np.float32(y.quant.scale[0])
+    if not abs(out_scale - np.float32(SOFTMAX_OUTPUT_SCALE)) <= np.float32(0.001) * np.float32(
+        SOFTMAX_OUTPUT_SCALE
+    ):
+        raise kernel.error(
+            f"output {y.name!r} has scale {float(out_scale):g}, expected 1/32768 (TFLM int16 softmax)"
+        )
+    return quantize_multiplier(float(np.float32(x.quant.scale[0])) * float(beta) / (10.0 / 65535.0))
+
+
+def softmax16(x: np.ndarray, multiplier: int, shift: int) -> np.ndarray:
+    """reference_ops::SoftmaxInt16 over the last axis of int16 x."""
+    exp_lut, recip_lut = softmax16_tables()
+    v = x.astype(np.int64)
+    diff = v - v.max(axis=-1, keepdims=True)
+    scaled = np.clip(mbqm(diff, multiplier, shift) + 32767, INT16_MIN, INT16_MAX)
+    exps = lut_lookup16(scaled, exp_lut)  # Q0.15
+    total = exps.sum(axis=-1, keepdims=True) & 0xFFFFFFFF  # int32 sum, as uint32 for the clz
+    headroom_plus_one = 32 - np.frexp(total.astype(np.float64))[1]  # clz (exact: total < 2^53)
+    shifted_sum = ((total << (headroom_plus_one - 1)) + (1 << 13)) >> 14
+    recip = lut_lookup16(np.clip(shifted_sum - ((1 << 15) + (1 << 16)), INT16_MIN, INT16_MAX), recip_lut)
+    right_shift = 31 - headroom_plus_one
+    out = (exps * recip + (np.int64(1) << (right_shift - 1))) >> right_shift
+    return np.clip(out, 0, INT16_MAX).astype(np.int16)

@@ -7,6 +7,9 @@ fixed-point exp_on_negative_values and one_over_one_plus_x_for_x_in_0_1 (fixedpo
 Everything after the row maximum is a pure function of d = max - x in [0, 255], so prepare tabulates
 exp(-d) once (in Q0.31 and in the Q12.19 accumulation format); eval only sums table entries, takes
 the reciprocal and rescales. This is bit-identical to evaluating exp per element as TFLM does.
+
+int16 in and out (output scale 1/32768, zero point 0, tflm profile) takes TFLM's int16 path: exp and
+1 / (1 + x) from interpolated lookup tables built as TFLM's Prepare builds them (int16.softmax16).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from ..quant import (
     saturating_rounding_doubling_high_mul,
 )
 from .base import Kernel
+from .int16 import is_int16, require_tflm, softmax16, softmax16_params
 
 # Q5.26 input to exp (TFLM's kScaledDiffIntegerBits), Q12.19 sum (kAccumulationIntegerBits).
 SCALED_DIFF_INTEGER_BITS = 5
@@ -221,13 +225,22 @@ class Softmax(Kernel):
     def __init__(self, op, graph, profile):
         super().__init__(op, graph, profile)
         inp, out = self.inputs[0], self.outputs[0]
-        self.require_int8(inp, out)
+        self.params16 = None
+        if is_int16(inp):
+            require_tflm(self)
+        else:
+            self.require_int8(inp, out)
         if len(inp.shape) < 1:
             raise self.error(f"input {inp.name!r} is a scalar, expected at least one dimension")
         if tuple(out.shape) != tuple(inp.shape):
             raise self.error(
                 f"output {out.name!r} has shape {list(out.shape)}, expected the input's {list(inp.shape)}"
             )
+        self.depth = int(inp.shape[-1])
+        if is_int16(inp):  # int16 in and out (int16.softmax16)
+            beta = float(np.float32(op.options.get("beta", 1.0)))
+            self.params16 = softmax16_params(self, inp, out, beta)
+            return
         # TFLM: TF_LITE_ENSURE_EQ(zero_point, -128) and TF_LITE_ENSURE(scale == 1.f / 256), exact float32.
         if out.zero_point != -128 or np.float32(out.scale) != np.float32(1.0 / 256):
             raise self.error(
@@ -260,6 +273,12 @@ class Softmax(Kernel):
 
     def __call__(self, x):
         x = np.asarray(x)
+        if self.params16 is not None:
+            if x.ndim < 1 or x.shape[-1] != self.depth:
+                raise self.error(
+                    f"input array has shape {list(x.shape)}, expected last dimension {self.depth}"
+                )
+            return softmax16(x, *self.params16)
         if x.dtype != np.int8:
             raise self.error(f"input array has type {x.dtype}, expected int8")
         if x.ndim < 1 or x.shape[-1] != self.depth:

@@ -587,11 +587,15 @@ def mean_model(
     return b.build([x], [y])
 
 
-def softmax_model(input_shape, in_scale, in_zp, beta=1.0) -> bytes:
-    """SOFTMAX int8 -> int8 with the fixed output quantization (1/256, -128)."""
+def softmax_model(input_shape, in_scale, in_zp, beta=1.0, dtype=np.int8, out_scale=None) -> bytes:
+    """SOFTMAX int8 -> int8 with the fixed output quantization (1/256, -128), or with dtype int16
+    int16 -> int16 with (2^-15, 0) unless out_scale says otherwise."""
+    int16 = np.dtype(dtype) == np.int16
+    if out_scale is None:
+        out_scale = 2.0**-15 if int16 else 1.0 / 256.0
     b = ModelBuilder()
-    x = b.add_tensor(input_shape, np.int8, in_scale, in_zp, name="input")
-    y = b.add_tensor(input_shape, np.int8, 1.0 / 256.0, -128, name="output")
+    x = b.add_tensor(input_shape, dtype, in_scale, in_zp, name="input")
+    y = b.add_tensor(input_shape, dtype, out_scale, 0 if int16 else -128, name="output")
     opt = schema.SoftmaxOptionsT()
     opt.beta = float(beta)
     b.add_op("SOFTMAX", [x], [y], opt)
