@@ -16,12 +16,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from .study import ONE_THREAD, one_thread_worker
 
 ROOT = Path(__file__).resolve().parents[1]
 GOAL = 0.75  # fraction of the bound's gain over chance that every row should reach
@@ -76,8 +79,8 @@ def execute(row: Row, shared: str, runs: str, budget: int, seed: int) -> dict:
         return json.loads(done.read_text())
     shared = Path(shared)
     out = Path(runs) / f"{row.key}-seed{seed}"
-    for f in sorted(out.rglob("*"), reverse=True) if out.exists() else []:  # an interrupted run starts afresh
-        f.unlink() if f.is_file() else f.rmdir()
+    if out.exists():  # an interrupted run starts afresh
+        shutil.rmtree(out)
     config = TrainConfig(
         model=str(shared / MODELS[row.model]),
         data=str(shared / "data" / row.data),
@@ -120,12 +123,6 @@ def execute(row: Row, shared: str, runs: str, budget: int, seed: int) -> dict:
     tmp.write_text(json.dumps(result, indent=1))
     os.replace(tmp, done)
     return result
-
-
-def _worker_init():
-    import numba
-
-    numba.set_num_threads(1)
 
 
 def row_minutes(rows: list[dict]) -> float:
@@ -235,9 +232,9 @@ def main(argv=None):
             import multiprocessing as mp
             from concurrent.futures import ProcessPoolExecutor
 
-            os.environ.update({"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1"})
+            os.environ.update(ONE_THREAD)  # inherited by the spawned workers before they load numpy
             with ProcessPoolExecutor(
-                a.workers, mp_context=mp.get_context("spawn"), initializer=_worker_init
+                a.workers, mp_context=mp.get_context("spawn"), initializer=one_thread_worker
             ) as pool:
                 futures = {
                     pool.submit(execute, r, str(a.shared), str(a.runs), a.budget, s): (r, s) for r, s in jobs

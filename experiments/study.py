@@ -13,6 +13,7 @@ import argparse
 import hashlib
 import json
 import os
+import shutil
 import sys
 import time
 from dataclasses import dataclass, replace
@@ -225,8 +226,7 @@ def execute(run: Run, shared: str, runs_dir: str, cache_dir: str) -> dict:
         shared, q=run.scheduler, seed=run.seed, eval_every=c.budget // run.evals, checkpoint_every=10**9
     )
     if out.exists():  # an interrupted run: start it again from scratch
-        for f in sorted(out.rglob("*"), reverse=True):
-            f.unlink() if f.is_file() else f.rmdir()
+        shutil.rmtree(out)
     start = time.perf_counter()
     trainer = Trainer(config, out, dataset=data, scheduler=parse_scheduler(run.scheduler), caches=caches)
     summary = trainer.run()
@@ -250,7 +250,7 @@ def execute(run: Run, shared: str, runs_dir: str, cache_dir: str) -> dict:
 ONE_THREAD = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1"}
 
 
-def _worker_init():
+def one_thread_worker():
     # Two workers on two cores: each keeps to one thread so they do not fight over the cores.
     import numba
 
@@ -301,14 +301,16 @@ def sweep(
     for r in {r.cell.name: r for r in todo}.values():  # build each cell's cache before fanning out
         prefix_caches(r.cell, shared, cache_dir)
     os.environ.update(ONE_THREAD)  # inherited by the spawned workers before they load numpy
-    with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"), initializer=_worker_init) as pool:
+    with ProcessPoolExecutor(
+        workers, mp_context=mp.get_context("spawn"), initializer=one_thread_worker
+    ) as pool:
         futures = [pool.submit(execute, r, *args) for r in todo]
         for i, f in enumerate(as_completed(futures), 1):
             report_progress(i, len(todo), f.result())
 
 
 def _ray_execute(run, shared, runs_dir, cache_dir):
-    _worker_init()
+    one_thread_worker()
     return execute(run, shared, runs_dir, cache_dir)
 
 

@@ -72,7 +72,7 @@ def backprop_baseline(
 
     trainer_or_model: a zo Trainer (its model, caches and labels are the defaults) or a
     TrainableModel with the caches and labels given. Training starts from the values currently in
-    the model (the deployed weights, or replace_head's zero head), so call it before ZO training
+    the model (the deployed weights, or a fresh head's zero weights), so call it before ZO training
     changes them; the model itself is left unchanged.
 
     units: what the optimizer's coordinates are. "steps" (default): each tensor in the ZO trainer's

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import ZoError
+from .optim import make_optimizer
 from .schedulers import parse_scheduler
 
 # Settings a resumed run must share with its checkpoint (the budget, eval and checkpoint intervals
@@ -146,11 +147,11 @@ class Resumed:
     final_accuracy: float
 
 
-def validate(ck: Checkpoint, config, identity: dict, params: list, size: int, optimizer_type) -> Resumed:
+def validate(ck: Checkpoint, config, identity: dict, params: list, size: int) -> Resumed:
     """Check a checkpoint against the run resuming it (config: its TrainConfig; identity: its
-    fingerprint; params: the names of its trainable tensors; size: its parameter count;
-    optimizer_type: its optimizer's class). Every field is decoded into fresh objects: a mismatch
-    or a damaged field is a one-line ZoError and nothing of the run is touched."""
+    fingerprint; params: the names of its trainable tensors; size: its parameter count). Every
+    field is decoded into fresh objects: a mismatch or a damaged field is a one-line ZoError and
+    nothing of the run is touched."""
     directory = ck.directory
     for key in identity:
         if ck.fingerprint.get(key) != identity[key]:
@@ -175,9 +176,7 @@ def validate(ck: Checkpoint, config, identity: dict, params: list, size: int, op
     try:
         if master.dtype.kind != "f" or ints.dtype.kind not in "iu" or not np.all(np.isfinite(master)):
             raise ValueError("master copy or integers")
-        optimizer = optimizer_type(
-            size, **({"momentum": config.momentum} if config.optimizer != "adam" else {})
-        )
+        optimizer = make_optimizer(config.optimizer, size, config.momentum)
         expected = {k: np.shape(v) for k, v in optimizer.state().items()}
         opt = ck.optimizer
         if set(opt) != set(expected) or any(np.shape(opt[k]) != shape for k, shape in expected.items()):

@@ -81,8 +81,8 @@ def fresh_head(graph: Graph, num_classes: int, features: np.ndarray) -> Graph:
     g = copy.deepcopy(graph)
     head = find_head(g)
     w_scale, logits_quant = head_quantization(features.reshape(len(features), -1), num_classes)
-    x = g.tensors[feature_tensor(g)]
-    depth = int(np.prod(x.shape[1:]))
+    x_index = feature_tensor(g)
+    x = g.tensors[x_index]
     w_quant = Quantization(scale=w_scale, zero_point=np.zeros(num_classes, dtype=np.int64), axis=0)
     b_quant = Quantization(
         scale=(np.float64(x.scale) * w_scale.astype(np.float64)).astype(np.float32),
@@ -90,7 +90,8 @@ def fresh_head(graph: Graph, num_classes: int, features: np.ndarray) -> Graph:
         axis=0,
     )
     if head is None:
-        _append_head(g, feature_tensor(g), num_classes, depth, w_quant, b_quant, logits_quant)
+        depth = int(np.prod(x.shape[1:]))
+        _append_head(g, x_index, num_classes, depth, w_quant, b_quant, logits_quant)
         return g
     w = g.tensors[head.inputs[1]]
     old = w.shape[0]

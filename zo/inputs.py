@@ -107,8 +107,9 @@ class InputMapping:
         return (pixels.astype(np.float64) / 255.0 - mean) / std
 
     def interval(self, channels: int) -> tuple[float, float]:
-        lo = self.real(np.zeros(channels)), self.real(np.full(channels, 255.0))
-        return float(min(lo[0].min(), lo[1].min())), float(max(lo[0].max(), lo[1].max()))
+        """The real interval pixels 0..255 map to, over all channels."""
+        ends = np.concatenate([self.real(np.zeros(channels)), self.real(np.full(channels, 255.0))])
+        return float(ends.min()), float(ends.max())
 
     def describe(self) -> dict:
         return {"range": self.name, "mean": list(self.mean), "std": list(self.std), "source": self.source}

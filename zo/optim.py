@@ -95,3 +95,8 @@ class Adam:
 
 
 OPTIMIZERS = {"nsgd": NormalizedSGD, "sgd": SGD, "adam": Adam}
+
+
+def make_optimizer(name: str, size: int, momentum: float):
+    """A fresh optimizer of the named kind over size coordinates (momentum for the SGD kinds)."""
+    return OPTIMIZERS[name](size) if name == "adam" else OPTIMIZERS[name](size, momentum=momentum)

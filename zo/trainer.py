@@ -31,7 +31,7 @@ from .inputs import SATURATION_WARNING, ImageInput, InputMapping, choose_mapping
 from .loss import group_losses
 from .metrics import MetricsLog
 from .model import TrainableModel
-from .optim import OPTIMIZERS, SCHEDULES, learning_rate
+from .optim import OPTIMIZERS, SCHEDULES, learning_rate, make_optimizer
 from .perturbation import KINDS, direction, second_moment
 from .schedulers import Progress, Scheduler, parse_scheduler
 
@@ -174,9 +174,7 @@ class Trainer:
         self.bounds = np.concatenate(
             [np.full(v.size, p.bound / p.unit) for p, v in zip(self.model.params, self.model.values())]
         )
-        self.optimizer = OPTIMIZERS[config.optimizer](
-            self.master.size, **({"momentum": config.momentum} if config.optimizer != "adam" else {})
-        )
+        self.optimizer = make_optimizer(config.optimizer, self.master.size, config.momentum)
         self.u_moment = second_moment(config.direction)
         self.step = 0
         self.forward_passes = 0
@@ -281,14 +279,11 @@ class Trainer:
         if self.dead_steps == DEAD_STEPS:
             self.warn(
                 f"every probe pair gave L+ == L- for {DEAD_STEPS} consecutive steps (to step "
-                f"{self.step + 1}): "
-                "no perturbation moves the logits by a code of their output scale "
-                f"{self.model.logits_scale:.4g}. "
-                f"Likely: eps {cfg.eps} below that resolution, dead (all-zero) features, or an "
-                "input saturated by "
-                f"the mapping {self.mapping}. Try --new-head (a head quantized for its features), "
-                "a larger --eps, "
-                "or check --input-range / --mean / --std"
+                f"{self.step + 1}): no perturbation moves the logits by a code of their output scale "
+                f"{self.model.logits_scale:.4g}. Likely: eps {cfg.eps} below that resolution, dead "
+                f"(all-zero) features, or an input saturated by the mapping {self.mapping}. Try "
+                "--new-head (a head quantized for its features), a larger --eps, or check "
+                "--input-range / --mean / --std"
             )
         grad = self.gradient(q, derivatives)
         lr = learning_rate(cfg.learning_rate, cfg.lr_schedule, self.forward_passes / cfg.budget)
@@ -450,7 +445,6 @@ class Trainer:
             self.identity,
             [p.name for p in self.model.params],
             self.master.size,
-            type(self.optimizer),
         )
         self.master = r.master
         self.model.set_values(self.split(r.ints))
