@@ -137,14 +137,7 @@ class Add(Kernel):
         for t in (a, b, y):
             if t.quant.per_channel:
                 raise self.error(f"tensor {t.name!r} is quantized per channel, expected per-tensor")
-        try:
-            shape = np.broadcast_shapes(a.shape, b.shape)
-        except ValueError:
-            raise self.error(f"input shapes {list(a.shape)} and {list(b.shape)} do not broadcast") from None
-        if tuple(shape) != tuple(y.shape):
-            raise self.error(
-                f"output shape {list(y.shape)} is not the broadcast shape {list(shape)} of the inputs"
-            )
+        self.require_broadcast(a, b, y)
         for t in (a, b):  # an activation's axis 0 is the batch: it must line up with the output's
             if t.data is None and len(t.shape) != len(y.shape):
                 raise self.error(

@@ -76,6 +76,30 @@ class Kernel:
         if t.data is None:
             raise self.error(f"{what} {t.name!r} is not a constant, expected constant data in the model")
 
+    def require_broadcast(self, a: Tensor, b: Tensor, y: Tensor) -> tuple[int, ...]:
+        """The output of a binary elementwise op has the broadcast shape of its two inputs."""
+        try:
+            shape = np.broadcast_shapes(a.shape, b.shape)
+        except ValueError:
+            raise self.error(f"input shapes {list(a.shape)} and {list(b.shape)} do not broadcast") from None
+        if tuple(shape) != tuple(y.shape):
+            raise self.error(
+                f"output shape {list(y.shape)} is not the broadcast shape {list(shape)} of the inputs"
+            )
+        return tuple(shape)
+
+    def batch_aligned(self, xs) -> list:
+        """The inputs of a joining op (CONCATENATION, PACK) on one batch: constants, stored with a
+        batch of 1, are broadcast to the activations' batch."""
+        batches = {x.shape[0] for x, t in zip(xs, self.inputs) if t.data is None}
+        if len(batches) != 1:
+            raise self.error(f"inputs carry batches of {sorted(batches)}, expected one batch size")
+        n = batches.pop()
+        return [
+            np.broadcast_to(x, (n,) + x.shape[1:]) if t.data is not None else x
+            for x, t in zip(xs, self.inputs)
+        ]
+
     def require_bias(self, b: Tensor | None, channels: int):
         """An optional int32/int64 constant bias with one value per output channel."""
         if b is None:

@@ -149,12 +149,4 @@ class Concatenation(Kernel):
             )
 
     def __call__(self, *xs):
-        batches = {x.shape[0] for x, t in zip(xs, self.inputs) if t.data is None}
-        if len(batches) != 1:
-            raise self.error(f"inputs carry batches of {sorted(batches)}, expected one batch size")
-        n = batches.pop()
-        xs = [
-            np.broadcast_to(x, (n,) + x.shape[1:]) if t.data is not None else x
-            for x, t in zip(xs, self.inputs)
-        ]
-        return np.concatenate(xs, axis=self.axis)
+        return np.concatenate(self.batch_aligned(xs), axis=self.axis)

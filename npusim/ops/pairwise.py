@@ -56,14 +56,7 @@ class BinaryKernel(Kernel):
                 raise self.error(f"tensor {t.name!r} has type {np.dtype(t.dtype).name}, expected int8")
             if quantized and t.quant.per_channel:
                 raise self.error(f"tensor {t.name!r} is quantized per channel, expected per-tensor")
-        try:
-            shape = np.broadcast_shapes(a.shape, b.shape)
-        except ValueError:
-            raise self.error(f"input shapes {list(a.shape)} and {list(b.shape)} do not broadcast") from None
-        if tuple(shape) != tuple(y.shape):
-            raise self.error(
-                f"output shape {list(y.shape)} is not the broadcast shape {list(shape)} of the inputs"
-            )
+        shape = self.require_broadcast(a, b, y)
         if self.max_rank is not None and tuple(a.shape) != tuple(b.shape) and len(shape) > self.max_rank:
             raise self.error(
                 f"broadcasting over {len(shape)} dimensions, TFLM supports at most {self.max_rank}"
