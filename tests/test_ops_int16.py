@@ -302,6 +302,42 @@ ALL_INT16 = np.arange(-32768, 32768, dtype=np.int16)[None]
 
 
 @pytest.mark.parametrize(
+    "scale",
+    [2.0**-12, 2.0**-12 * 1.0004, 2.0**-10, 2.0**-15, 0.001, 1e-4, 3.7e-6, 1e-9, 0.5, 3.0, 30.0],
+)
+def test_logistic_int16_every_code(scale):
+    """Every int16 input code; 2^-12 (and within CheckedLog2's tolerance of it) is TFLM's power-of-two
+    case, large scales overflow the int32 rescale (wrapping in TFLM too)."""
+    check(O.logistic_model(ALL_INT16.shape, scale, 0, dtype=np.int16), ALL_INT16, f"scale={scale}")
+
+
+@settings(max_examples=examples(60), deadline=None)
+@given(
+    shape=st.lists(st.integers(1, 6), min_size=1, max_size=4),
+    n=st.integers(1, 3),
+    scale=st.floats(-7, 1.5).map(lambda e: float(np.float32(10.0**e))),
+    mode=data_modes,
+    seed=seeds,
+)
+def test_logistic_int16(shape, n, scale, mode, seed):
+    shape = (1, *shape[1:])
+    x = random_int16(np.random.default_rng(seed), (n, *shape[1:]), mode)
+    check(O.logistic_model(shape, scale, 0, dtype=np.int16), x, f"shape={shape} scale={scale}")
+
+
+def test_logistic_int16_refusals():
+    x = np.zeros((1, 4), np.int16)
+    for model, match in [
+        (O.logistic_model((1, 4), 0.001, 0, out_scale=2.0**-14, dtype=np.int16), "2\\^-15"),
+        (O.logistic_model((1, 4), 0.001, 0, out_scale=1.0 / 30000, dtype=np.int16), "2\\^-15"),
+        (O.logistic_model((1, 4), 0.001, 5, dtype=np.int16), "zero point 5"),
+        (O.logistic_model((1, 4), 0.001, 0, out_zp=3, dtype=np.int16), "zero point 3"),
+    ]:
+        with pytest.raises(npusim.NpusimError, match=match):
+            O.run_npusim(model, x)
+
+
+@pytest.mark.parametrize(
     "scale,beta", [(10.0 / 65535.0, 1.0), (5e-5, 1.0), (1e-3, 1.0), (2e-5, 3.0), (4e-4, 0.25)]
 )
 def test_softmax_int16_every_difference(scale, beta):

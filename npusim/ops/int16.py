@@ -207,6 +207,81 @@ def depthwise16(x, w, geometry, multiplier: int) -> np.ndarray:
     return acc
 
 
+# LOGISTIC: TFLM's int16 kernel (reference_integer_ops::Logistic, int16 overload) interpolates
+# linearly in a 256-entry table of sigmoid(i / 24) in 0.16 format and saturates beyond its end.
+SIGMOID_TABLE_STEPS = 256
+SIGMOID_TABLE_STEP = 1.0 / 24.0  # table entries per unit of input: 24
+LOGISTIC_OUTPUT_LOG2_SCALE = -15  # the output scale TFLM requires: 2^-15, zero point 0
+
+
+def scaled_sigmoid(t: np.ndarray) -> np.ndarray:
+    return 65536.0 / (1.0 + np.exp(-t))
+
+
+@functools.cache
+def sigmoid_table_uint16() -> np.ndarray:
+    """The table as its construction reads: each sample of 65536 * sigmoid(i / 24) moved by half of
+    the linear interpolation's error at the middle of its interval (the chord between two samples
+    lies under the concave curve, so raising both ends halves the largest error), rounded; the last
+    entry is the value the kernel saturates to beyond the table, 1.0 clipped to 65535. The tests hold
+    every int16 input code at scales that reach the table's end to TFLM (the last entry is the only
+    one they cannot tell from its neighbour value: 65534 and 65535 interpolate to the same outputs)."""
+    i = np.arange(SIGMOID_TABLE_STEPS, dtype=np.float64)
+    at, mid, after = (scaled_sigmoid((i + d) * SIGMOID_TABLE_STEP) for d in (0.0, 0.5, 1.0))
+    table = np.round(at + (mid - (at + after) / 2.0) / 2.0).astype(np.int64)
+    table[-1] = 65535
+    table.flags.writeable = False
+    return table
+
+
+def checked_log2(x: float) -> tuple[int, bool]:
+    """CheckedLog2 (kernels/internal/common.h) in float32: (round(log2 x), |fraction| < 1e-3)."""
+    x_log2 = np.float32(np.log(np.float32(x))) * (np.float32(1.0) / np.float32(np.log(np.float32(2.0))))
+    rounded = np.float32(np.copysign(np.floor(abs(x_log2) + np.float32(0.5)), x_log2))  # std::round
+    return int(rounded), bool(abs(np.float32(x_log2 - rounded)) < np.float32(1e-3))
+
+
+def logistic16_params(kernel, x: Tensor, y: Tensor) -> tuple[int, int]:
+    """(input_multiplier, input_left_shift) as TFLM's LOGISTIC Prepare computes them for int16, the
+    eval's power-of-two case (multiplier 0: 3 << shift, shift 0) already resolved."""
+    require_int16(kernel, x, y)
+    log2_out, out_pot = checked_log2(float(np.float32(y.quant.scale[0])))
+    if not out_pot or log2_out != LOGISTIC_OUTPUT_LOG2_SCALE:
+        raise kernel.error(
+            f"output {y.name!r} has scale {float(y.quant.scale[0]):g}, expected 2^-15 (TFLM int16 logistic)"
+        )
+    scale = float(np.float32(x.quant.scale[0]))
+    log2_in, pot = checked_log2(scale)
+    shift = 12 + log2_in  # (15 - kInputIntegerBits) + round(log2 scale), kInputIntegerBits 3
+    if pot and shift == 0:
+        return 3, 0
+    multiplier, shift = scale * 4096.0 * 3.0, 0  # to an input scale of 1 / (3 * 4096)
+    while multiplier <= 32767.0 / 2.0 and shift <= 30:
+        shift += 1
+        multiplier *= 2.0
+    return int(multiplier), shift
+
+
+def wrap32(v: np.ndarray) -> np.ndarray:
+    """int64 -> the int32 two's-complement value, as int64."""
+    return ((v + (1 << 31)) & 0xFFFFFFFF) - (1 << 31)
+
+
+def logistic16(x: np.ndarray, multiplier: int, shift: int) -> np.ndarray:
+    """reference_integer_ops::Logistic on int16: rescale (int32 arithmetic), interpolate in the
+    sigmoid table on |x| (9 fraction bits), mirror for negative inputs, back to 16 bits."""
+    rounding = (1 << (shift - 1)) if shift > 0 else 0
+    d = wrap32(x.astype(np.int64) * multiplier + rounding) >> shift
+    a = np.abs(d)  # as uint32: |INT32_MIN| = 2^31
+    uh = a >> 9
+    idx = np.minimum(uh, 254)
+    table = sigmoid_table_uint16()
+    ua, ub = table[idx], table[idx + 1]
+    result = np.where(uh >= 255, 0x7FFF << 10, (ua << 9) + (a & 0x1FF) * (ub - ua))
+    result = np.where(d >= 0, result + (1 << 9), (1 << 25) - result + (1 << 9) - 1) & 0xFFFFFFFF
+    return (result >> 10).astype(np.int16)
+
+
 # SOFTMAX: TFLM's int16 kernel (reference_ops::SoftmaxInt16) looks exp and 1 / (1 + x) up in two
 # 513-entry tables that Prepare fills (LUTPopulate<int16_t>, float arithmetic) and interpolates
 # between entries (LUTLookup: 9 index bits, 7 fraction bits).

@@ -6,7 +6,8 @@ input_left_shift), gemmlowp's fixed-point logistic gives a Q0.31 result, and a r
 brings it to the output with zero point -128 (the output scale is taken to be 1/256; TFLM does not
 check it). Inputs at or beyond input_range_radius from the zero point saturate to -128 / 127.
 The result depends only on the input byte: prepare runs TFLM's arithmetic on all 256 codes and eval
-is a table lookup.
+is a table lookup. int16 in and out (zero point 0, output scale 2^-15, tflm profile) takes TFLM's
+int16 path instead, an interpolation in a sigmoid table (int16.logistic16).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import numpy as np
 from ..jit import njit
 from ..quant import INT32_MAX, multiply_by_quantized_multiplier, rounding_divide_by_pot
 from .base import Kernel
+from .int16 import is_int16, logistic16, logistic16_params, require_tflm
 from .quantize import lookup
 from .softmax import calculate_input_radius, exp_on_negative_values, one_over_one_plus_x_for_x_in_0_1
 
@@ -60,12 +62,19 @@ class Logistic(Kernel):
     def __init__(self, op, graph, profile):
         super().__init__(op, graph, profile)
         x, y = self.inputs[0], self.outputs[0]
-        self.require_int8(x, y)
+        self.params16 = None
+        if is_int16(x):
+            require_tflm(self)
+        else:
+            self.require_int8(x, y)
         for t in (x, y):
             if t.quant.per_channel:
                 raise self.error(f"tensor {t.name!r} is quantized per channel, expected per-tensor")
         if tuple(y.shape) != tuple(x.shape):
             raise self.error(f"output shape {list(y.shape)} differs from the input shape {list(x.shape)}")
+        if is_int16(x):  # int16 in and out (int16.logistic16)
+            self.params16 = logistic16_params(self, x, y)
+            return
         if y.zero_point != -128:  # TF_LITE_ENSURE_EQ in TFLM's Prepare
             raise self.error(
                 f"output {y.name!r} has zero point {y.zero_point}, expected -128 (TFLM int8 logistic)"
@@ -88,4 +97,6 @@ class Logistic(Kernel):
         )
 
     def __call__(self, x):
+        if self.params16 is not None:
+            return logistic16(np.asarray(x), *self.params16)
         return lookup(self.table, np.ascontiguousarray(x).view(np.uint8), np.empty(x.shape, dtype=np.int8))

@@ -498,10 +498,15 @@ def binary_model(
     return b.build([x1] if const2 is not None else [x1, x2], [y])
 
 
-def logistic_model(input_shape, in_scale, in_zp, out_scale=1.0 / 256.0, out_zp=-128) -> bytes:
+def logistic_model(input_shape, in_scale, in_zp, out_scale=None, out_zp=None, dtype=np.int8) -> bytes:
+    """LOGISTIC; the output quantization defaults to TFLM's: (1/256, -128) for int8, (2^-15, 0) for
+    int16 (dtype of the input and the output)."""
+    int16 = np.dtype(dtype) == np.int16
+    out_scale = (2.0**-15 if int16 else 1.0 / 256.0) if out_scale is None else out_scale
+    out_zp = (0 if int16 else -128) if out_zp is None else out_zp
     b = ModelBuilder()
-    x = b.add_tensor(input_shape, np.int8, in_scale, in_zp, name="input")
-    y = b.add_tensor(input_shape, np.int8, out_scale, out_zp, name="output")
+    x = b.add_tensor(input_shape, dtype, in_scale, in_zp, name="input")
+    y = b.add_tensor(input_shape, dtype, out_scale, out_zp, name="output")
     b.add_op("LOGISTIC", [x], [y])
     return b.build([x], [y])
 
