@@ -305,6 +305,33 @@ def generated_seeds() -> dict[str, bytes]:
         "batch_matmul": O.batch_matmul_model(
             (1, 2, 3, 4), (4, 5), (0.05, 1), (0.02, 0), (0.1, 2), rhs_const=rng.integers(-127, 128, (4, 5))
         ),
+        # int16 activations (16x8): the int16 paths of the ops that have one
+        "conv2d_int16": O.conv2d_model(
+            (1, 4, 4, 3), w, rng.integers(-99, 99, 4), 0.001, 0, np.full(4, 0.01), 0.01, 0, dtype=np.int16
+        ),
+        "depthwise_int16": O.depthwise_model(
+            (1, 4, 4, 2),
+            rng.integers(-127, 128, (1, 3, 3, 4)),
+            rng.integers(-99, 99, 4),
+            0.001,
+            0,
+            np.full(4, 0.02),
+            0.01,
+            0,
+            depth_multiplier=2,
+            dtype=np.int16,
+        ),
+        "fully_connected_int16": O.fully_connected_model(
+            (1, 8), rng.integers(-127, 128, (3, 8)), None, 0.001, 0, 0.01, 0.01, 0, dtype=np.int16
+        ),
+        "add_int16": O.binary_model(
+            "ADD", (1, 3, 4), (1, 1, 4), 0.001, 0, 0.002, 0, 0.003, 0, dtype=np.int16
+        ),
+        "mul_int16": O.binary_model(
+            "MUL", (1, 3, 4), (1, 3, 4), 0.001, 0, 0.002, 0, 0.003, 0, dtype=np.int16
+        ),
+        "logistic_int16": O.logistic_model((1, 3, 5), 0.001, 0, dtype=np.int16),
+        "softmax_int16": O.softmax_model((1, 3, 7), 0.001, 0, dtype=np.int16),
     }
     return seeds
 

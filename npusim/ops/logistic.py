@@ -19,7 +19,7 @@ import numpy as np
 from ..jit import njit
 from ..quant import INT32_MAX, multiply_by_quantized_multiplier, rounding_divide_by_pot
 from .base import Kernel
-from .int16 import is_int16, logistic16, logistic16_params, require_tflm
+from .int16 import is_int16, logistic16, logistic16_params, require_int16, require_tflm
 from .quantize import lookup
 from .softmax import calculate_input_radius, exp_on_negative_values, one_over_one_plus_x_for_x_in_0_1
 
@@ -65,6 +65,7 @@ class Logistic(Kernel):
         self.params16 = None
         if is_int16(x):
             require_tflm(self)
+            require_int16(self, x, y)
         else:
             self.require_int8(x, y)
         for t in (x, y):
