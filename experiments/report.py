@@ -34,7 +34,22 @@ def area_under_curve(evals: np.ndarray, budget: int) -> float:
     return float(np.sum((x[1:] - x[:-1]) * (y[1:] + y[:-1]) / 2) / budget)
 
 
+def paired_interval(diffs: np.ndarray, level: float = 0.95) -> tuple[float, float, float]:
+    """Mean of paired differences (one per seed) with its two-sided t confidence interval."""
+    from scipy import stats
+
+    diffs = np.asarray(diffs, dtype=np.float64)
+    mean = float(diffs.mean())
+    if diffs.size < 2:
+        return mean, float("nan"), float("nan")
+    half = float(stats.t.ppf(0.5 + level / 2, diffs.size - 1) * diffs.std(ddof=1) / np.sqrt(diffs.size))
+    return mean, mean - half, mean + half
+
+
 def summarize(grid, runs_dir: Path) -> list[dict]:
+    """One row per (cell, scheduler). Every scheduler of a cell ran on the same seeds, and a seed fixes
+    the mini-batch and the directions of each step (zo.trainer), so differences are paired by seed:
+    gap_to_best_fixed is the mean over seeds of (this scheduler - the best fixed q in hindsight)."""
     rows = []
     for cell in grid.cells:
         runs = {
@@ -42,21 +57,35 @@ def summarize(grid, runs_dir: Path) -> list[dict]:
             for s in grid.schedulers
         }
         finals = {s: np.array([r["test_accuracy"] for r in rs]) for s, rs in runs.items()}
+        aucs = {
+            s: np.array([area_under_curve(r["evals"], cell.budget) for r in rs]) for s, rs in runs.items()
+        }
+        fixed = [s for s in grid.schedulers if s.startswith("fixed:")] or list(grid.schedulers)
+        best_fixed = max(fixed, key=lambda s: finals[s].mean())
+        worst_fixed = min(fixed, key=lambda s: finals[s].mean())
         best = max(v.mean() for v in finals.values())
         for s, rs in runs.items():
             reach = np.array([passes_to_reach(r["evals"], 0.95 * best) for r in rs])
+            gap, gap_lo, gap_hi = paired_interval(finals[s] - finals[best_fixed])
             rows.append(
                 {
                     "cell": cell.name,
+                    "role": cell.role,
                     "scheduler": s,
                     "final_accuracy_mean": finals[s].mean(),
                     "final_accuracy_std": finals[s].std(),
+                    "best_fixed": best_fixed,
+                    "gap_to_best_fixed": gap,
+                    "gap_ci_low": gap_lo,
+                    "gap_ci_high": gap_hi,
+                    "fixed_spread": finals[best_fixed].mean() - finals[worst_fixed].mean(),
                     "passes_to_95pct_best_mean": float(np.nanmean(reach))
                     if np.isfinite(reach).any()
                     else float("nan"),
                     "seeds_reaching_95pct": int(np.isfinite(reach).sum()),
                     "seeds": len(rs),
-                    "auc": float(np.mean([area_under_curve(r["evals"], cell.budget) for r in rs])),
+                    "auc": float(aucs[s].mean()),
+                    "auc_best_fixed": float(aucs[best_fixed].mean()),
                     "mean_q": float(
                         np.mean(
                             [
@@ -66,6 +95,7 @@ def summarize(grid, runs_dir: Path) -> list[dict]:
                         )
                     ),
                     "budget": cell.budget,
+                    "wall_seconds_mean": float(np.mean([r["wall_seconds"] for r in rs])),
                 }
             )
     return rows
@@ -99,6 +129,103 @@ def backprop_bounds(grid, shared: Path, cache_dir: Path) -> dict:
     return out
 
 
+ROLES = ("design", "evaluation")
+ROLE_TITLES = {
+    "design": "Design cells (the rule and its defaults were chosen on these)",
+    "evaluation": "Evaluation cells (the claim is judged on these only)",
+}
+HEADLINE = "qscheduler"  # the scheduler the claim is about: `zo train`'s default
+
+
+def cell_table(cell, rows: list[dict], bound: dict | None) -> list[str]:
+    first = rows[0]
+    lines = [
+        f"### {cell.name}",
+        "",
+        f"{cell.model} on {cell.data}, trainable `{cell.trainable}` ({cell.describe_settings()}), "
+        f"batch {cell.batch}, budget {cell.budget} passes. Best fixed q in hindsight: "
+        f"{first['best_fixed']}; spread between the best and the worst fixed q: "
+        f"{100 * first['fixed_spread']:.1f} points."
+        + (
+            " Back-propagation bound (same layers, float): "
+            f"{fmt_pct(bound['float_test_accuracy'])}%, written back to int8 with the fixed scales: "
+            f"{fmt_pct(bound['int8_test_accuracy'])}%."
+            if bound
+            else ""
+        ),
+        "",
+        "| scheduler | final accuracy | gap to best fixed [95% CI] | AUC (mean acc) | passes to 95% of "
+        "best | seeds reaching | mean q | s / run |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['scheduler']} | {fmt_pct(r['final_accuracy_mean'])} "
+            f"± {100 * r['final_accuracy_std']:.1f} | "
+            f"{fmt_gap(r)} | {fmt_pct(r['auc'])} | {fmt_passes(r['passes_to_95pct_best_mean'])} | "
+            f"{r['seeds_reaching_95pct']}/{r['seeds']} | {r['mean_q']:.1f} | {r['wall_seconds_mean']:.0f} |"
+        )
+    return lines + [""]
+
+
+def fmt_gap(r: dict) -> str:
+    if r["scheduler"] == r["best_fixed"]:
+        return "0 (best)"
+    ci = (
+        f" [{100 * r['gap_ci_low']:+.1f}, {100 * r['gap_ci_high']:+.1f}]"
+        if np.isfinite(r["gap_ci_low"])
+        else ""
+    )
+    return f"{100 * r['gap_to_best_fixed']:+.1f}{ci}"
+
+
+def verdict(grid, rows: list[dict]) -> list[str]:
+    """Per role: every adaptive rule against the best fixed q in hindsight over the cells, then the
+    claim for the headline scheduler: its mean final accuracy within 1 point of the best fixed q in
+    every cell, and its AUC at least the best fixed q's in most cells."""
+    lines = []
+    adaptive = [s for s in grid.schedulers if not s.startswith("fixed:")]
+    for role in ROLES:
+        cells = [c.name for c in grid.cells if c.role == role]
+        if not cells or not adaptive:
+            continue
+        lines += [
+            f"## Verdict: {role} cells ({len(cells)})",
+            "",
+            "| scheduler | mean gap to best fixed | cells within 1 point | of those with a fixed-q spread "
+            ">= 5 points | cells with AUC >= best fixed |",
+            "|---|---|---|---|---|",
+        ]
+        for s in adaptive:
+            mine = [r for r in rows if r["cell"] in cells and r["scheduler"] == s]
+            within = [r["gap_to_best_fixed"] >= -0.01 for r in mine]
+            wide = [w for w, r in zip(within, mine) if r["fixed_spread"] >= 0.05]
+            gap = 100 * np.mean([r["gap_to_best_fixed"] for r in mine])
+            auc = sum(r["auc"] >= r["auc_best_fixed"] for r in mine)
+            lines.append(
+                f"| {s} | {gap:+.1f} | {sum(within)}/{len(mine)} | {sum(wide)}/{len(wide)} | "
+                f"{auc}/{len(mine)} |"
+            )
+        mine = [r for r in rows if r["cell"] in cells and r["scheduler"] == HEADLINE]
+        if mine:
+            met = all(r["gap_to_best_fixed"] >= -0.01 for r in mine)
+            auc = sum(r["auc"] >= r["auc_best_fixed"] for r in mine)
+            lines += [
+                "",
+                f"Goal for `{HEADLINE}` (within 1 point of the best fixed q in every cell, AUC at least the "
+                f"best fixed q's in most): {'met' if met and 2 * auc > len(mine) else 'not met'}.",
+            ]
+            lines += [
+                f"- {r['cell']}: {fmt_pct(r['final_accuracy_mean'])}% vs {r['best_fixed']} "
+                f"{fmt_pct(r['final_accuracy_mean'] - r['gap_to_best_fixed'])}%, gap {fmt_gap(r)}; AUC "
+                f"{fmt_pct(r['auc'])} vs {fmt_pct(r['auc_best_fixed'])}; fixed-q spread "
+                f"{100 * r['fixed_spread']:.1f} points."
+                for r in mine
+            ]
+        lines.append("")
+    return lines
+
+
 def fmt_passes(v: float) -> str:
     return "n/a" if not np.isfinite(v) else str(int(v))
 
@@ -130,53 +257,18 @@ def write_report(
         f"{__import__('os').cpu_count()} cores)"
         + (f"; sweep wall time {sweep_seconds / 60:.1f} min" if sweep_seconds else "")
         + ".",
-        "Accuracies in %, mean ± std over seeds; passes = forward passes of one mini-batch.",
+        "Accuracies in %, mean ± std over seeds; passes = forward passes of one mini-batch. Gap: the mean"
+        " over seeds of (scheduler - best fixed q in hindsight), paired by seed (a seed fixes every step's"
+        " mini-batch and directions), with a 95% t interval. AUC: mean test accuracy over the budget.",
         "",
     ]
-    verdicts = []
-    for cell in grid.cells:
-        cr = [r for r in rows if r["cell"] == cell.name]
-        lines += [
-            f"## {cell.name}",
-            "",
-            f"{cell.model} on {cell.data}, trainable `{cell.trainable}` (fresh zero head), "
-            f"{cell.optimizer} lr {cell.lr}, "
-            f"eps {cell.eps}, batch {cell.batch}, budget {cell.budget} passes."
-            + (
-                " Back-propagation bound (same layers, float): "
-                f"{fmt_pct(bounds[cell.name]['float_test_accuracy'])}%, "
-                "written back to int8 with the fixed scales: "
-                f"{fmt_pct(bounds[cell.name]['int8_test_accuracy'])}%."
-                if cell.name in bounds
-                else ""
-            ),
-            "",
-            "| scheduler | final accuracy | passes to 95% of best | seeds reaching | AUC (mean "
-            "acc) | mean q |",
-            "|---|---|---|---|---|---|",
-        ]
-        for r in cr:
-            lines.append(
-                f"| {r['scheduler']} | {fmt_pct(r['final_accuracy_mean'])} ± "
-                f"{100 * r['final_accuracy_std']:.1f} | "
-                f"{fmt_passes(r['passes_to_95pct_best_mean'])} | "
-                f"{r['seeds_reaching_95pct']}/{r['seeds']} | {fmt_pct(r['auc'])} | {r['mean_q']:.1f} |"
-            )
-        fixed = [r for r in cr if r["scheduler"].startswith("fixed:")]
-        adaptive = [r for r in cr if r["scheduler"] == "qscheduler"]
-        if fixed and adaptive:
-            best = max(fixed, key=lambda r: r["final_accuracy_mean"])
-            gap = 100 * (best["final_accuracy_mean"] - adaptive[0]["final_accuracy_mean"])
-            ok = gap <= 1.0
-            verdicts.append(
-                f"- {cell.name}: QScheduler {fmt_pct(adaptive[0]['final_accuracy_mean'])}% vs best "
-                "fixed q in hindsight "
-                f"({best['scheduler']}) {fmt_pct(best['final_accuracy_mean'])}%: "
-                f"{'within' if ok else 'NOT within'} 1 point (gap {gap:+.1f})."
-            )
-        lines.append("")
-    if verdicts:
-        lines += ["## Verdict", ""] + verdicts + [""]
+    for role in ROLES:
+        cells = [c for c in grid.cells if c.role == role]
+        if cells:
+            lines += [f"## {ROLE_TITLES[role]}", ""]
+        for cell in cells:
+            lines += cell_table(cell, [r for r in rows if r["cell"] == cell.name], bounds.get(cell.name))
+    lines += verdict(grid, rows)
     (results / "table.md").write_text("\n".join(lines))
     plot(grid, runs_dir, results)
     print("\n".join(lines))

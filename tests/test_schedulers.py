@@ -1,4 +1,4 @@
-"""The q schedulers: formulas, QScheduler's plateau test, budget awareness and resumable state."""
+"""The q schedulers: formulas, SlopeTest's plateau test, budget awareness and resumable state."""
 
 import json
 import math
@@ -6,7 +6,16 @@ import math
 import numpy as np
 import pytest
 
-from zo.schedulers import FixedQ, LinearRamp, PowerLaw, Progress, QScheduler, parse_scheduler
+from zo.schedulers import (
+    CoupledSlopeTest,
+    FixedQ,
+    LinearRamp,
+    PowerLaw,
+    Progress,
+    SignalToNoise,
+    SlopeTest,
+    parse_scheduler,
+)
 
 
 def test_fixed_linear_power_formulas():
@@ -21,7 +30,7 @@ def test_fixed_linear_power_formulas():
     assert power.next_q(Progress(0, 999, 1000)) == 32
 
 
-def feed(s: QScheduler, losses, budget=10**9):
+def feed(s: SlopeTest, losses, budget=10**9):
     passes = 0
     for step, loss in enumerate(losses, 1):
         q = s.next_q(Progress(step - 1, passes, budget))
@@ -32,7 +41,7 @@ def feed(s: QScheduler, losses, budget=10**9):
 
 def test_qscheduler_holds_q_while_the_noisy_loss_still_falls():
     rng = np.random.default_rng(0)
-    s = QScheduler(q_init=2, window=400)
+    s = SlopeTest(q_init=2, window=400)
     # 0.08 per window (4% of the loss) against a step-to-step noise of 0.1 (a batch of 32 on EuroSAT)
     feed(s, 2.0 - 0.0002 * np.arange(2000) + rng.normal(0, 0.1, 2000))
     assert s.q == 2 and s.changes == []
@@ -40,7 +49,7 @@ def test_qscheduler_holds_q_while_the_noisy_loss_still_falls():
 
 def test_qscheduler_doubles_q_on_a_plateau_up_to_q_max():
     rng = np.random.default_rng(1)
-    s = QScheduler(q_init=1, q_max=8, window=400)
+    s = SlopeTest(q_init=1, q_max=8, window=400)
     feed(s, 1.5 + rng.normal(0, 0.1, 2000))
     assert s.q == 8
     assert [q for _, q in s.changes] == [2, 4, 8]
@@ -50,7 +59,7 @@ def test_qscheduler_does_not_escalate_on_noise_alone():
     """A very noisy loss that still improves by 6% a window: the interval stays wide, then
     confirms the progress; q holds (the naive rule fires here)."""
     rng = np.random.default_rng(3)
-    s = QScheduler(q_init=1, window=400)
+    s = SlopeTest(q_init=1, window=400)
     feed(s, 1.5 - 0.00025 * np.arange(6000) + rng.normal(0, 0.6, 6000))
     assert s.q == 1
 
@@ -59,7 +68,7 @@ def test_qscheduler_waits_for_a_decision_on_a_low_noisy_plateau():
     """Loss 0.5 with noise 0.13 (MobileNetV2's head late in training): one window cannot bound the
     improvement below 4% of the loss; the growing collection can, and then q doubles."""
     rng = np.random.default_rng(4)
-    s = QScheduler(q_init=1, q_max=2, window=400)
+    s = SlopeTest(q_init=1, q_max=2, window=400)
     feed(s, 0.5 + rng.normal(0, 0.13, 400))
     assert s.q == 1
     feed(s, 0.5 + rng.normal(0, 0.13, 3600))
@@ -67,7 +76,7 @@ def test_qscheduler_waits_for_a_decision_on_a_low_noisy_plateau():
 
 
 def test_qscheduler_keeps_budget_for_a_window_at_the_new_q():
-    s = QScheduler(q_init=4, window=10)
+    s = SlopeTest(q_init=4, window=10)
     # Flat loss, but only 100 forward passes left after the window: a doubled q (8) cannot run 10 steps.
     feed(s, np.full(10, 1.0) + np.linspace(0, 1e-9, 10), budget=10 * 8 + 100)
     assert s.q == 4
@@ -75,9 +84,9 @@ def test_qscheduler_keeps_budget_for_a_window_at_the_new_q():
 
 def test_qscheduler_state_round_trips_through_json():
     rng = np.random.default_rng(2)
-    a = QScheduler(window=20)
+    a = SlopeTest(window=20)
     feed(a, 1 + rng.normal(0, 0.1, 130))
-    b = QScheduler(window=20)
+    b = SlopeTest(window=20)
     b.load(json.loads(json.dumps(a.state())))
     tail = 1 + rng.normal(0, 0.1, 100)
     feed(a, tail)
@@ -87,7 +96,15 @@ def test_qscheduler_state_round_trips_through_json():
 
 @pytest.mark.parametrize(
     "spec, cls",
-    [("fixed:4", FixedQ), ("qscheduler", QScheduler), ("linear:16", LinearRamp), ("power", PowerLaw)],
+    [
+        ("fixed:4", FixedQ),
+        ("qscheduler", SlopeTest),
+        ("slope:32", SlopeTest),
+        ("coupled", CoupledSlopeTest),
+        ("snr:16", SignalToNoise),
+        ("linear:16", LinearRamp),
+        ("power", PowerLaw),
+    ],
 )
 def test_parse(spec, cls):
     assert isinstance(parse_scheduler(spec), cls)
@@ -97,3 +114,63 @@ def test_parse(spec, cls):
 def test_parse_rejects(spec):
     with pytest.raises(ValueError, match="--q"):
         parse_scheduler(spec)
+
+
+def test_coupled_holds_the_step_of_q_init_while_q_doubles():
+    rng = np.random.default_rng(1)
+    s = CoupledSlopeTest(q_init=4, q_max=16, window=400)
+    feed(s, 1.5 + rng.normal(0, 0.1, 2000))
+    assert s.q == 16 and [q for _, q in s.changes] == [8, 16]
+    assert s.step_q(s.q) == 4 and SlopeTest().step_q(8) == 8
+
+
+def feed_paired(s: SignalToNoise, signal: float, noise: float, steps: int, rng, budget=10**9, passes=0):
+    """Steps whose paired probes have directional derivatives d_i = a_i + n_i on batch A and
+    a_i + n'_i on batch B: a_i ~ N(0, signal) shared (the true gradient along u_i), n ~ N(0, noise)."""
+    for step in range(steps):
+        progress = Progress(step, passes, budget)
+        q, batches = s.next_q(progress), s.probe_batches(progress)
+        a = rng.normal(0, np.sqrt(signal), q)
+        d = a + rng.normal(0, np.sqrt(noise), (batches, q))
+        passes += 2 * q * batches
+        s.observe(Progress(step + 1, passes, budget), q, d if batches == 2 else d[0], np.zeros_like(d))
+    return passes
+
+
+def test_snr_pairs_every_few_steps_and_grows_q_with_the_noise_to_signal_ratio():
+    rng = np.random.default_rng(0)
+    s = SignalToNoise(q_init=4, q_max=64, every=4, window=400)  # a long window: a precise ratio
+    assert [s.probe_batches(Progress(k, 0, 1)) for k in range(8)] == [1, 1, 1, 2, 1, 1, 1, 2]
+    passes = feed_paired(s, 1.0, 1.0, 4 * 400, rng)  # baseline: 1 + R_0 = 2
+    assert s.q == 4 and s.baseline == pytest.approx(2.0, rel=0.1)
+    passes = feed_paired(s, 1.0, 1.0, 4 * 800, rng, passes=passes)  # unchanged ratio: q holds
+    assert s.q == 4
+    feed_paired(s, 0.25, 1.75, 4 * 400, rng, passes=passes)  # 1 + R = 8, four times the baseline
+    assert s.q == 16 and s.step_q(16) == 4
+
+
+def test_snr_keeps_budget_for_a_window_at_the_new_q():
+    rng = np.random.default_rng(0)
+    s = SignalToNoise(q_init=4, every=4, window=50)
+    passes = feed_paired(s, 1.0, 1.0, 200, rng)
+    # The signal collapses, but too little budget is left for one window at a larger q.
+    feed_paired(s, 0.1, 1.9, 200, rng, budget=passes + 2000 * 4 + 1000, passes=passes)
+    assert s.q == 4
+
+
+def test_adaptive_states_round_trip_through_json():
+    for make in (lambda: CoupledSlopeTest(window=20), lambda: SignalToNoise(every=2, window=7)):
+        a, b = make(), make()
+        feed_paired(a, 1.0, 1.0, 95, np.random.default_rng(5)) if isinstance(a, SignalToNoise) else feed(
+            a, 1 + np.random.default_rng(2).normal(0, 0.1, 130)
+        )
+        b.load(json.loads(json.dumps(a.state())))
+        assert a.state() == b.state()
+        if isinstance(a, SignalToNoise):
+            feed_paired(a, 0.2, 1.0, 60, np.random.default_rng(6), passes=10**4)
+            feed_paired(b, 0.2, 1.0, 60, np.random.default_rng(6), passes=10**4)
+        else:
+            tail = 1 + np.random.default_rng(3).normal(0, 0.1, 100)
+            feed(a, tail)
+            feed(b, tail)
+        assert a.state() == b.state()

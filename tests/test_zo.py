@@ -159,6 +159,42 @@ def test_training_learns_and_same_seed_same_result(tiny, tmp_path):
     assert read_metrics(tmp_path / "a") == read_metrics(tmp_path / "b")
 
 
+def test_paired_steps_probe_two_batches_and_resume_bit_for_bit(tiny, tmp_path):
+    """SignalToNoise's paired steps: the same q directions on a second mini-batch, 4q passes; its
+    decisions and the weights are the same after an interrupt and a resume from the checkpoint."""
+    from zo.schedulers import SignalToNoise
+
+    model, data = tiny
+
+    def trainer(out):
+        t = Trainer(config(model, data, budget=2000, checkpoint_every=7, q="snr"), out)
+        t.scheduler = SignalToNoise(q_init=2, q_max=16, every=2, window=5)
+        return t
+
+    reference = trainer(tmp_path / "reference")
+    seen = []
+    reference.run(on_step=lambda t, q, loss: seen.append((t.step, q, t.forward_passes)))
+    steps = dict((s, (q, p)) for s, q, p in seen)
+    paired = [s for s in steps if s % 2 == 0]
+    assert paired and all(steps[s][1] - steps.get(s - 1, (0, 0))[1] == 4 * steps[s][0] for s in paired[1:])
+    assert reference.scheduler.baseline is not None
+
+    def stop(t, q, loss):
+        if t.step == 23:
+            raise KeyboardInterrupt
+
+    interrupted = trainer(tmp_path / "run")
+    with pytest.raises(KeyboardInterrupt):
+        interrupted.run(on_step=stop)
+    resumed = trainer(tmp_path / "run")
+    resumed.load_checkpoint(tmp_path / "run")
+    resumed.run()
+    assert resumed.scheduler.state() == reference.scheduler.state()
+    assert (tmp_path / "run" / "model.tflite").read_bytes() == (
+        tmp_path / "reference" / "model.tflite"
+    ).read_bytes()
+
+
 def test_export_runs_in_tflm_with_original_quantization(tiny, tmp_path):
     model, data = tiny
     t = Trainer(config(model, data, trainable="last:2"), tmp_path / "run")

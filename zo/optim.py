@@ -33,7 +33,9 @@ class SGD:
         self.momentum = momentum
         self.velocity = np.zeros(size)
 
-    def step(self, grad: np.ndarray, lr: float, derivatives: np.ndarray | None = None) -> np.ndarray:
+    def step(
+        self, grad: np.ndarray, lr: float, derivatives: np.ndarray | None = None, step_q: int | None = None
+    ) -> np.ndarray:
         self.velocity = self.momentum * self.velocity + grad
         return -lr * self.velocity
 
@@ -60,11 +62,14 @@ class NormalizedSGD(SGD):
     scheduler that raises q trades many small steps for fewer clean ones instead of slowing down.
     """
 
-    def step(self, grad: np.ndarray, lr: float, derivatives: np.ndarray | None = None) -> np.ndarray:
+    def step(
+        self, grad: np.ndarray, lr: float, derivatives: np.ndarray | None = None, step_q: int | None = None
+    ) -> np.ndarray:
+        """step_q: the q whose step to take (default: the q of the estimate, len(derivatives))."""
         if derivatives is None or not len(derivatives):
             return super().step(grad, lr)
         rms = float(np.sqrt(np.mean(np.square(derivatives))))
-        scaled = lr * len(derivatives) / Q_REFERENCE
+        scaled = lr * (step_q or len(derivatives)) / Q_REFERENCE
         return super().step(grad / rms if rms > 0 else grad, scaled)
 
 
@@ -77,7 +82,9 @@ class Adam:
         self.v = np.zeros(size)
         self.t = 0
 
-    def step(self, grad: np.ndarray, lr: float, derivatives: np.ndarray | None = None) -> np.ndarray:
+    def step(
+        self, grad: np.ndarray, lr: float, derivatives: np.ndarray | None = None, step_q: int | None = None
+    ) -> np.ndarray:
         self.t += 1
         self.m = self.beta1 * self.m + (1 - self.beta1) * grad
         self.v = self.beta2 * self.v + (1 - self.beta2) * grad * grad

@@ -30,8 +30,18 @@ class Scheduler:
     def next_q(self, progress: Progress) -> int:
         raise NotImplementedError
 
+    def probe_batches(self, progress: Progress) -> int:
+        """Mini-batches the next step probes with the same q directions: 1, or 2 for a paired step
+        (whose update averages both batches; it costs 4q passes)."""
+        return 1
+
+    def step_q(self, q: int) -> int:
+        """The q whose step length the optimizer should take (NormalizedSGD's linear scaling): q
+        itself, or a fixed q for a rule that holds the step length while q grows (coupled)."""
+        return q
+
     def observe(self, progress: Progress, q: int, loss_plus: np.ndarray, loss_minus: np.ndarray):
-        """Called after every step with the 2q probe losses of that step."""
+        """Called after every step with its probe losses: shape [q], or [batches, q] for a paired step."""
 
     def state(self) -> dict:
         return {}
@@ -96,8 +106,9 @@ class PowerLaw(Scheduler):
         return f"power:{self.q_max}"
 
 
-class QScheduler(Scheduler):
-    """Adaptive q: start small, double q once the loss has *confidently* stopped improving.
+class SlopeTest(Scheduler):
+    """Adaptive q (QScheduler v2): start small, double q once the loss has *confidently* stopped
+    improving.
 
     The per-step training loss (the mean of each probe pair's L+ and L-, free: those passes are run
     anyway) is collected since the last decision. Every `window` steps a line is fitted to all of it;
@@ -114,7 +125,7 @@ class QScheduler(Scheduler):
     halves while the lower bound exceeds shrink x the loss.
     """
 
-    name = "qscheduler"
+    name = "slope"
 
     def __init__(
         self,
@@ -183,11 +194,118 @@ class QScheduler(Scheduler):
         self.changes = [tuple(c) for c in state["changes"]]
 
     def describe(self):
-        return "qscheduler"
+        return f"{self.name}:{self.q_max}"
+
+
+class CoupledSlopeTest(SlopeTest):
+    """The slope test with the step length held: q doubles on a confident plateau, but the optimizer
+    keeps the step of q_init (step_q), so a doubling halves the noise of every step instead of
+    doubling its length. Under NormalizedSGD's linear scaling a larger q keeps signal and noise per
+    forward pass where they were (q alone changes nothing to first order); holding the step makes
+    the doubling what "increase the batch size instead of decaying the learning rate" means: the
+    drift per pass halves and the noise per pass falls fourfold, at the same cost per pass."""
+
+    name = "coupled"
+
+    def __init__(self, q_init: int = 4, q_max: int = 64, **kw):
+        super().__init__(q_init=q_init, q_max=q_max, **kw)
+        self.q_init = q_init
+
+    def step_q(self, q: int) -> int:
+        return self.q_init
+
+
+class SignalToNoise(Scheduler):
+    """q from the gradient's signal-to-noise ratio, measured with the probes' own directional
+    derivatives (a norm test in the spirit of Byrd et al. 2012, adapted to random directions).
+
+    Every `every`-th step is paired: the same q directions u_i are probed on two mini-batches A and
+    B, giving d_i and d'_i (the update averages both, so the passes are not lost). For Rademacher
+    directions E[d_i d'_i] = g_A . g_B, whose expectation over batches is |g|^2 (the signal: data
+    noise of independent batches cancels), while E[(d_i - d'_i)^2] / 2 is the data noise of one
+    batch, tr(Sigma) / B. Their ratio R = noise / signal is the gradient noise scale over the batch
+    (McCandlish et al. 2018), summed over `window` paired steps. The naive vector norm test would
+    compare the estimate's variance with |g|^2; for random directions that variance is dominated by
+    direction noise ~ (d / q) (|g|^2 + noise), so it would ask for q ~ d. Instead q keeps the
+    estimate's noise-to-signal ratio where it was at the first measurement (big-batch SGD, De et al.
+    2017): (d / q) (1 + R) constant gives q = q_init (1 + R) / (1 + R_0), as a power of two, never
+    decreasing, within q_max, and only while the budget left pays for one window at the new q. The
+    step length is held at q_init's (step_q), as in CoupledSlopeTest: the growth of q is the
+    annealing."""
+
+    name = "snr"
+
+    def __init__(self, q_init: int = 4, q_max: int = 64, every: int = 4, window: int = 50):
+        self.q, self.q_init, self.q_max, self.every, self.window = q_init, q_init, q_max, every, window
+        self.signal, self.noise, self.paired = 0.0, 0.0, 0
+        self.baseline: float | None = None  # 1 + R_0
+        self.steps = 0
+        self.changes: list[tuple[int, int]] = []
+
+    def next_q(self, progress):
+        return self.q
+
+    def probe_batches(self, progress):
+        return 2 if progress.step % self.every == self.every - 1 else 1
+
+    def step_q(self, q):
+        return self.q_init
+
+    def observe(self, progress, q, loss_plus, loss_minus):
+        d = np.asarray(loss_plus, dtype=np.float64) - np.asarray(loss_minus, dtype=np.float64)
+        if d.ndim != 2 or d.shape[0] != 2:
+            return
+        # eps cancels in the ratio: (L+ - L-) stands for 2 eps d_i
+        self.signal += float(np.mean(d[0] * d[1]))
+        self.noise += float(np.mean((d[0] - d[1]) ** 2)) / 2.0
+        self.paired += 1
+        if self.paired < self.window:
+            return
+        ratio = 1.0 + self.noise / self.signal if self.signal > 0 else math.inf
+        self.signal, self.noise, self.paired = 0.0, 0.0, 0
+        if self.baseline is None:
+            self.baseline = ratio if math.isfinite(ratio) else None
+            return
+        target = self.q_init * ratio / self.baseline if math.isfinite(ratio) else self.q_max
+        new_q = self.q
+        while 2 * new_q <= min(target * math.sqrt(2), self.q_max):  # the power of two nearest target
+            new_q *= 2
+        remaining = progress.budget - progress.forward_passes
+        window_passes = 2 * new_q * self.every * self.window  # about one window of steps at new_q
+        if new_q > self.q and window_passes <= remaining:
+            self.q = new_q
+            self.changes.append((progress.step, self.q))
+
+    def state(self):
+        return {
+            "q": self.q,
+            "signal": self.signal,
+            "noise": self.noise,
+            "paired": self.paired,
+            "baseline": self.baseline,
+            "changes": self.changes,
+        }
+
+    def load(self, state):
+        self.q = int(state["q"])
+        self.signal, self.noise, self.paired = (
+            float(state["signal"]),
+            float(state["noise"]),
+            int(state["paired"]),
+        )
+        self.baseline = None if state["baseline"] is None else float(state["baseline"])
+        self.changes = [tuple(c) for c in state["changes"]]
+
+    def describe(self):
+        return f"{self.name}:{self.q_max}"
+
+
+ADAPTIVE = {"slope": SlopeTest, "coupled": CoupledSlopeTest, "snr": SignalToNoise}
+QSCHEDULER = "slope"  # the rule `--q qscheduler` names (docs/study.md: how it was chosen)
 
 
 def parse_scheduler(spec: str) -> Scheduler:
-    """fixed:N | qscheduler[:q_max] | linear[:q_max] | power[:q_max]"""
+    """fixed:N | qscheduler[:q_max] | slope|coupled|snr[:q_max] | linear[:q_max] | power[:q_max]"""
     kind, _, arg = spec.partition(":")
     try:
         n = int(arg) if arg else None
@@ -200,9 +318,14 @@ def parse_scheduler(spec: str) -> Scheduler:
             raise ValueError(f"--q {spec!r}: expected fixed:N with N >= 1")
         return FixedQ(n)
     if kind == "qscheduler":
-        return QScheduler(q_max=n or 64)
+        kind = QSCHEDULER
+    if kind in ADAPTIVE:
+        return ADAPTIVE[kind](q_max=n or 64)
     if kind == "linear":
         return LinearRamp(q_max=n or 32)
     if kind == "power":
         return PowerLaw(q_max=n or 32)
-    raise ValueError(f"--q {spec!r}: expected fixed:N, qscheduler[:QMAX], linear[:QMAX] or power[:QMAX]")
+    raise ValueError(
+        f"--q {spec!r}: expected fixed:N, qscheduler[:QMAX], slope|coupled|snr[:QMAX], linear[:QMAX] "
+        "or power[:QMAX]"
+    )

@@ -210,6 +210,13 @@ class Trainer:
             self._perm_epoch = epoch
         return self._perm[k * b : (k + 1) * b]
 
+    def second_batch_indices(self, step: int) -> np.ndarray:
+        """The other mini-batch of a paired step (a scheduler's probe of the data noise): drawn from
+        (seed, step) alone, apart from the epoch order, so it is the same in every run of the seed."""
+        n = len(self.data.y_train)
+        rng = np.random.Generator(np.random.PCG64([self.config.seed, step, 0xB2]))
+        return rng.choice(n, min(self.config.batch, n), replace=False)
+
     # -- the estimator ----------------------------------------------------------------------------
     def split(self, flat: np.ndarray) -> list[np.ndarray]:
         out, i = [], 0
@@ -269,11 +276,14 @@ class Trainer:
             ints = np.rint(scaled)
         self.model.set_values(self.split(ints))
 
-    def train_step(self, q: int) -> float:
+    def train_step(self, q: int, batches: int = 1) -> float:
+        """One step: q directions probed on the step's mini-batch, and with batches=2 on a second one
+        too (a paired step: the update averages both)."""
         cfg = self.config
-        indices = self.batch_indices(self.step)
-        loss_plus, loss_minus = self.probe_losses(q, indices)
-        derivatives = (loss_plus - loss_minus) / (2.0 * cfg.eps)
+        indices = [self.batch_indices(self.step), self.second_batch_indices(self.step)][:batches]
+        probes = np.array([self.probe_losses(q, i) for i in indices])  # [batches, 2 (L+, L-), q]
+        loss_plus, loss_minus = (probes[0, 0], probes[0, 1]) if batches == 1 else (probes[:, 0], probes[:, 1])
+        derivatives = np.atleast_2d((loss_plus - loss_minus) / (2.0 * cfg.eps)).mean(axis=0)
         self.zero_differences = float(np.mean(loss_plus == loss_minus))
         self.dead_steps = self.dead_steps + 1 if self.zero_differences == 1.0 else 0
         if self.dead_steps == DEAD_STEPS:
@@ -287,11 +297,11 @@ class Trainer:
             )
         grad = self.gradient(q, derivatives)
         lr = learning_rate(cfg.learning_rate, cfg.lr_schedule, self.forward_passes / cfg.budget)
-        self.master += self.optimizer.step(grad, lr, derivatives)
+        self.master += self.optimizer.step(grad, lr, derivatives, step_q=self.scheduler.step_q(q))
         # Parameters stay inside what int8 / int32 can hold; the master copy must not drift beyond.
         np.clip(self.master, -self.bounds, self.bounds, out=self.master)
         self.write_back()
-        self.forward_passes += 2 * q
+        self.forward_passes += 2 * q * batches
         self.step += 1
         self.scheduler.observe(Progress(self.step, self.forward_passes, cfg.budget), q, loss_plus, loss_minus)
         self.last_lr = lr
@@ -325,10 +335,12 @@ class Trainer:
             while True:
                 if interrupted:
                     raise KeyboardInterrupt
-                q = self.scheduler.next_q(Progress(self.step, self.forward_passes, cfg.budget))
-                if self.forward_passes + 2 * q > cfg.budget:
+                progress = Progress(self.step, self.forward_passes, cfg.budget)
+                q = self.scheduler.next_q(progress)
+                batches = self.scheduler.probe_batches(progress)
+                if self.forward_passes + 2 * q * batches > cfg.budget:
                     break
-                loss = self.train_step(q)
+                loss = self.train_step(q, batches)
                 self.log(
                     {
                         "step": self.step,
