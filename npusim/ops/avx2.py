@@ -173,8 +173,9 @@ _mk1, _mk2 = _MICRO_KERNELS
 
 
 def pack_filters(w, c2p):
-    """w [G, O, T, C] int8 (T taps) -> [G, K2 * O8 * 2] int16 in the block layout above, 64-byte
-    aligned (K2 = T * c2p / 2, O8 = O rounded up to 8; padding channels hold zero weights)."""
+    """w [G, O, T, C] int8 (T taps of C weights) -> [G, K2 * O8 * 2] int16 in the block layout above,
+    64-byte aligned (K2 = T * c2p / 2, c2p = C rounded up to even, O8 = O rounded up to 8; padding
+    channels and the weight past an odd C hold zero)."""
     groups, o, t, _ = w.shape
     return _pack_filters(w, c2p, aligned.zeros((groups, t * c2p * ((o + 7) // 8 * 8)), np.int16))
 
@@ -204,24 +205,27 @@ def widen_input(x, pad_top, pad_left, zero_point, out):
     n_batch, in_h, in_w, channels = x.shape
     _, hp, wp, cp = out.shape
     zp = np.int16(zero_point)
+    inside = max(0, min(in_w, wp - pad_left))  # image columns that land in out
     for row in nb.prange(n_batch * hp):
         n = row // hp
         y = row - n * hp
         iy = y - pad_top
-        dst = out[n, y]
+        dst = out[n, y].reshape(-1)
         if iy < 0 or iy >= in_h:
             dst[:] = 0
             continue
-        for ox in range(wp):
-            ix = ox - pad_left
-            if ix < 0 or ix >= in_w:
-                dst[ox] = 0
-                continue
-            src = x[n, iy, ix]
-            for c in range(channels):
-                dst[ox, c] = np.int16(src[c]) - zp
-            for c in range(channels, cp):
-                dst[ox, c] = 0
+        src = x[n, iy].reshape(-1)
+        first = pad_left * cp
+        dst[:first] = 0
+        dst[first + inside * cp :] = 0
+        if cp == channels:  # the row's pixels are contiguous on both sides: one flat loop
+            for k in range(inside * cp):
+                dst[first + k] = np.int16(src[k]) - zp
+        else:
+            for ix in range(inside):
+                for c in range(channels):
+                    dst[first + ix * cp + c] = np.int16(src[ix * channels + c]) - zp
+                dst[first + ix * cp + channels] = 0
     return out
 
 
@@ -246,8 +250,8 @@ def conv_avx2(
     out,
 ):
     """out[g * P + p, c] for P output pixels per group: the output stage (params[g], see
-    output_parameters) of the exact sum over taps and channels of xp (int16) at pixel p's corner +
-    tap, times filter g's channel c. shared: every group reads all N images of xp; else group g
+    output_parameters) of the exact sum over taps and their c2 channel pairs of xp (int16) at pixel
+    p's corner + tap, times filter g's channel c. shared: every group reads all N images of xp; else group g
     reads its slice of N / groups. As vnni.conv_vnni, with pairs of int16 channels for quads of bytes."""
     n_in, hp, wp, cp = xp.shape
     pixel = cp * 2  # bytes per input pixel
@@ -256,7 +260,7 @@ def conv_avx2(
     per_group = images * pixels
     n_blocks = (per_group + MR - 1) // MR
     tasks_per_group = (n_blocks + BLOCKS_PER_TASK - 1) // BLOCKS_PER_TASK
-    k_bytes = taps.size * c2 * 4  # packed bytes per output channel
+    k_bytes = taps.size * c2 * 4  # packed bytes per output channel (c2 pairs of int16 per tap)
     o8 = (out_c + 7) // 8 * 8
     for task in nb.prange(groups * tasks_per_group):
         g = task // tasks_per_group
@@ -311,35 +315,57 @@ def conv_avx2(
     return out
 
 
+def row_runs(kw: int, dilation_w: int) -> bool:
+    """Whether the kernel reads each filter row as one tap: with no dilation along the width, the kw
+    taps of a row are kw * C contiguous int16 of the copy, and kw * C contiguous weights of the filter
+    (whose reduction index is (ky, kx, c)). Fewer, longer loops where C is small, and no padding
+    channel for odd C (an odd run reads one int16 past its end, which meets a zero weight)."""
+    return dilation_w == 1 and kw > 1
+
+
 def widened_input(x, kh, kw, stride, dilation, pad, out_hw, zero_point, workspace=None):
     """The int16 input x - zero_point that the kernel reads, padded with 0 out to the rows and
-    columns the taps reach and to an even channel count, and its tap offsets in bytes.
-    workspace: an aligned.Workspace for the copy (or None)."""
+    columns the taps reach (and, without row runs, to an even channel count), its tap offsets in
+    bytes and the channel pairs that each tap reads. workspace: an aligned.Workspace for the copy
+    (or None)."""
     (sh, sw), (dh, dw), (pad_top, pad_left), (out_h, out_w) = stride, dilation, pad, out_hw
     n, _, _, c = x.shape
     hp, wp = (out_h - 1) * sh + (kh - 1) * dh + 1, (out_w - 1) * sw + (kw - 1) * dw + 1
-    cp = c + c % 2
-    shape = (n, hp, wp, cp)
-    xp = (workspace or aligned.Workspace()).get(shape, np.int16)
-    widen_input(np.ascontiguousarray(x), pad_top, pad_left, np.int64(zero_point), xp)
-    return xp, np.array(
-        [(ky * dh * wp + kx * dw) * cp * 2 for ky in range(kh) for kx in range(kw)], dtype=np.int64
+    rows = row_runs(kw, dw)
+    cp = c if rows else c + c % 2
+    size = n * hp * wp * cp
+    flat = (workspace or aligned.Workspace()).get((size + 2,), np.int16)  # slack: an odd run's last pair
+    flat[size:] = 0
+    xp = widen_input(
+        np.ascontiguousarray(x), pad_top, pad_left, np.int64(zero_point), flat[:size].reshape(n, hp, wp, cp)
     )
+    if rows:
+        taps, pairs = [ky * dh * wp * cp * 2 for ky in range(kh)], (kw * cp + 1) // 2
+    else:
+        taps, pairs = [(ky * dh * wp + kx * dw) * cp * 2 for ky in range(kh) for kx in range(kw)], cp // 2
+    return xp, np.array(taps, dtype=np.int64), pairs
 
 
-def prepared_filters(w, bias, stage, memo=None):
-    """(packed filters, output parameters) of weights w [G, O, kh, kw, C]; the accumulator offset is
-    the bias (the activations carry their zero point); from memo (a base.WeightMemo, or None)
-    while w and bias are unchanged."""
+def prepared_filters(w, bias, stage, rows: bool, memo=None):
+    """(packed filters, output parameters) of weights w [G, O, kh, kw, C], as taps of C or, with
+    rows (row_runs), as filter rows of kw * C weights; the accumulator offset is the bias (the
+    activations carry their zero point); from memo (a base.WeightMemo, or None) while w and bias
+    are unchanged."""
     groups, o, kh, kw, c = w.shape
 
     def prepare():
+        taps = (
+            np.ascontiguousarray(w).reshape(groups, o, kh, kw * c)
+            if rows
+            else w.reshape(groups, o, kh * kw, c)
+        )
+        run = taps.shape[3]
         return (
-            pack_filters(np.ascontiguousarray(w).reshape(groups, o, kh * kw, c), c + c % 2),
+            pack_filters(np.ascontiguousarray(taps), run + run % 2),
             output_parameters(accumulator_offset(w, bias, 0), stage, 8),
         )
 
-    return memo.get("avx2", w, bias, prepare) if memo is not None else prepare()
+    return memo.get("avx2 rows" if rows else "avx2", w, bias, prepare) if memo is not None else prepare()
 
 
 def convolve(
@@ -361,14 +387,14 @@ def convolve(
     int8 [G * P, O]), on AVX2."""
     groups, o, kh, kw, c = w.shape
     (sh, sw), (out_h, out_w) = stride, out_hw
-    xp, taps = widened_input(x, kh, kw, stride, dilation, pad, out_hw, input_zero_point, workspace)
-    packed, params = prepared_filters(w, bias, stage, memo)
+    xp, taps, pairs = widened_input(x, kh, kw, stride, dilation, pad, out_hw, input_zero_point, workspace)
+    packed, params = prepared_filters(w, bias, stage, row_runs(kw, dilation[1]), memo)
     out = aligned.empty((x.shape[0] * out_h * out_w * (groups if shared else 1), o), np.int8)
     return conv_avx2(
         xp,
         packed,
         taps,
-        xp.shape[3] // 2,
+        pairs,
         out_h,
         out_w,
         sh,
