@@ -5,13 +5,14 @@ On int8 operands widened to int16 it is exact (it saturates only when both produ
 (-32768)^2), which is how XNNPACK's AVX2 qs8 kernels use it; VPMADDUBSW, which multiplies bytes,
 saturates its int16 pair sums and is not exact. Here the activations are widened as x - zp:
 
-- activations: an int16 copy [N, Hp, Wp, C2] of x - zp (C2 = C rounded up to even), padded with 0
-  out to the rows and columns the taps reach and in the extra channel, so padding taps contribute
-  exactly zero, as TFLM skips them, and the accumulator offset is the bias alone. A convolution
-  reads its taps from this copy: the reduction index is (tap, channel), a tap is a fixed offset
-  from the output pixel's corner (no im2col), and one 4-byte load is a pair of channels.
-- filters: per block of up to BLOCK output channels, [K2, nr, 8, 2] int16 (K2 = taps * C2 / 2,
-  nr = block width / 8): one 32-byte load holds 2 reduction steps of 8 channels.
+- activations: an int16 copy [N, Hp, Wp, C'] of x - zp, padded with 0 out to the rows and columns
+  the taps reach, so padding taps contribute exactly zero, as TFLM skips them, and the accumulator
+  offset is the bias alone. A convolution reads its taps from this copy: the reduction index is
+  (tap, channel), a tap is a fixed offset from the output pixel's corner (no im2col), and one
+  4-byte load is a pair of int16. A filter row without dilation along the width is one tap of
+  kw * C contiguous int16 (row_runs; C' = C); otherwise each tap reads C' = C rounded up to even.
+- filters: per block of up to BLOCK output channels, [K2, nr, 8, 2] int16 (K2: the pairs of the
+  whole reduction, nr = block width / 8): one 32-byte load holds 2 reduction steps of 8 channels.
 
 Every int32 sum is exact while the depth K stays at most MAX_DEPTH (|x - zp| <= 255, |w| <= 128,
 K * 255 * 128 < 2^31). The micro-kernel (LLVM IR, below) computes MR output pixels x nr * 8
