@@ -1,7 +1,7 @@
 """Speed benchmark: npusim against LiteRT (XNNPACK) and TFLite Micro, with exactness checks.
 
     python -m experiments.bench --shared ../shared [--quick] [--out experiments/results/bench.md]
-                                [--only all|conv|models|yolo|zo] [--conv-batches 1,16]
+                                [--only all|conv|paths|models|yolo|zo] [--conv-batches 1,16]
                                 [--model-batches 64,256] [--yolo-batches 8]
 
 One run times
@@ -42,6 +42,7 @@ from npusim.testing import oracle
 
 from .machine import (
     blas_threads,
+    compile_target,
     cpu_flags,
     cpu_model,
     current_rss_mb,
@@ -368,6 +369,75 @@ def conv_stages(model: bytes, x: np.ndarray, reps: int) -> list[tuple[str, float
     return [(label, t, t1) for (label, _), t, t1 in zip(stages, default, one)]
 
 
+def path_models(seed: int = 1) -> list[tuple[str, bytes, tuple]]:
+    """One-op models that each kernel path runs: the conv of the main table, a MobileNet-style 3x3
+    depthwise layer and a fully connected layer; (label, model, input shape per image, batch
+    relative to the conv's: a fully connected layer needs many rows to be worth threads)."""
+    rng = np.random.default_rng(seed)
+    c = 96
+    dw = oracle.depthwise_model(
+        (1, 28, 28, c),
+        rng.integers(-127, 128, (1, 3, 3, c), dtype=np.int8),
+        rng.integers(-5000, 5000, c).astype(np.int32),
+        0.05,
+        -10,
+        np.exp(rng.uniform(np.log(0.002), np.log(0.01), c)).astype(np.float32),
+        0.1,
+        -20,
+        activation="RELU6",
+    )
+    k, units = 1024, 1000
+    fc = oracle.fully_connected_model(
+        (1, k),
+        rng.integers(-127, 128, (units, k), dtype=np.int8),
+        rng.integers(-50000, 50000, units).astype(np.int32),
+        0.05,
+        -10,
+        0.004,
+        4.0,
+        3,
+    )
+    return [
+        ("CONV_2D 56x56x64 -> 64, 3x3", conv_model(), (56, 56, 64), 1),
+        (f"DEPTHWISE_CONV_2D 28x28x{c}, 3x3", dw, (28, 28, c), 1),
+        (f"FULLY_CONNECTED {k} -> {units}", fc, (k,), 16),
+    ]
+
+
+def kernel_path_rates(batch: int, reps: int, log) -> list[str]:
+    """One line per kernel path that this host runs (each backend forced in turn; DEPTHWISE_CONV_2D's
+    vector form follows it): GMAC/s with the default threads and with one thread, and whether the
+    output has the same bits as the BLAS path's (itself held to TFLM by the tests)."""
+    import npusim
+    from npusim.ops import backend
+
+    names = [b.name for b in backend.BACKENDS if b.available()]
+    lines = [
+        "| op | kernel path | batch | GMAC/s | GMAC/s, 1 thread | same bits as blas |",
+        "|---|---|---|---|---|---|",
+    ]
+    for label, model, shape, scale in path_models():
+        n = batch * scale
+        x = np.random.default_rng(2).integers(-128, 128, (n, *shape), dtype=np.int8)
+        reference = npusim.Interpreter(model, profile="tflm", backend="blas").run(x)
+        seen = set()
+        for name in names:
+            sim = npusim.Interpreter(model, profile="tflm", backend=name)
+            kern = sim.kernels[0]
+            path = kern.engine.name if hasattr(kern, "engine") else f"{kern.variant} form"
+            if path in seen:  # e.g. DEPTHWISE_CONV_2D on amx and vnni: the same VNNI form
+                continue
+            seen.add(path)
+            log(f"  kernel path {path}: {label}")
+            same = "yes" if equal(sim.run(x), reference) else "NO"
+            t = median_time(lambda s=sim, x=x: s.run(x), reps)
+            with single_thread():
+                t1 = median_time(lambda s=sim, x=x: s.run(x), reps)
+            rate, rate1 = sim.macs() * n / t / 1e9, sim.macs() * n / t1 / 1e9
+            lines.append(f"| {label} | {path} | {n} | {rate:.1f} | {rate1:.1f} | {same} |")
+    return lines
+
+
 def op_breakdown(model: bytes, x: np.ndarray, reps: int) -> list[tuple[str, int, float, float]]:
     """Median time per op kind, running the plan one kernel at a time (Interpreter.evaluate), with the
     default threads and with one Numba and one BLAS thread."""
@@ -564,7 +634,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--only",
-        choices=("all", "conv", "models", "yolo", "zo"),
+        choices=("all", "conv", "paths", "models", "yolo", "zo"),
         default="all",
         help="which workloads to run",
     )
@@ -633,6 +703,7 @@ class Results:
     notes: list = field(default_factory=list)
     memory: list = field(default_factory=list)  # table lines of "Memory of a model run"
     breakdown: list = field(default_factory=list)  # lines of "Where npusim's time goes"
+    paths: list = field(default_factory=list)  # lines of "Kernel paths"
     zo: list = field(default_factory=list)  # lines of the ZO step section
 
 
@@ -771,6 +842,7 @@ def render(results: Results, command: str, quick: bool, started, load_start) -> 
         f"- threads: LiteRT num_threads={LITERT_THREADS}; numba.get_num_threads()={numba.get_num_threads()} "
         f"(layer {numba.threading_layer() if rows else 'n/a'}); BLAS: {blas_threads()}",
         f"- npusim MAC kernels (CONV_2D, FULLY_CONNECTED): {kernel_path()}",
+        f"- npusim kernels compiled for: {compile_target()}",
         "",
         *table(rows),
         "",
@@ -809,6 +881,18 @@ def render(results: Results, command: str, quick: bool, started, load_start) -> 
             *results.memory,
             "",
         ]
+    if results.paths:
+        lines += [
+            "## Kernel paths",
+            "",
+            f"CPU features: {cpu_flags()}; kernels compiled for {compile_target()}. Each path that this "
+            "host runs, forced with `Interpreter(model, backend=...)` (median of whole `run` calls, tflm "
+            "profile; DEPTHWISE_CONV_2D takes the vector form of the selection). A path missing here "
+            "does not run on this host and was not measured.",
+            "",
+            *results.paths,
+            "",
+        ]
     if results.breakdown:
         lines += ["## Where npusim's time goes", "", *results.breakdown]
     lines.append(f"Peak RSS of the bench process: {peak_rss_mb():.0f} MB (resource.getrusage ru_maxrss).")
@@ -829,6 +913,9 @@ def main(argv: list[str] | None = None) -> int:
         print(msg, file=sys.stderr, flush=True)
 
     results = Results()
+    if args.only in ("all", "conv", "paths"):
+        log("kernel paths")
+        results.paths = kernel_path_rates(1 if args.quick else 16, 2 if args.quick else 7, log)
     if args.only in ("all", "conv"):
         run_conv(args, results, log)
     if args.only in ("all", "models"):

@@ -23,10 +23,26 @@ def kernel_path() -> str:
         parts.append("AMX-INT8 tiles for CONV_2D with output rows of 16+ pixels (npusim/ops/amx.py)")
     if "vnni" in chosen:
         parts.append("AVX-512 VNNI for the other CONV_2D and FULLY_CONNECTED (npusim/ops/vnni.py)")
+    elif "avx2" in chosen:
+        why = "NPUSIM_VNNI=0" if host.has_vnni() else "no AVX-512 VNNI in the compile target"
+        parts.append(f"AVX2 VPMADDWD on int16-widened operands (npusim/ops/avx2.py; {why})")
     else:
-        why = "NPUSIM_VNNI=0" if host.has_vnni() else "this CPU has no AVX-512 VNNI"
+        why = "NPUSIM_VNNI=0 and NPUSIM_AVX2=0" if host.has_avx2() else "no AVX2 in the compile target"
         parts.append(f"float32 BLAS GEMM, exact by chunking ({why})")
-    return "; ".join(parts) + ", all with exact integer accumulation"
+    variant = backend.select().depthwise_variant()
+    return "; ".join(parts) + f", all with exact integer accumulation; DEPTHWISE_CONV_2D: its {variant} form"
+
+
+def compile_target() -> str:
+    """The CPU that Numba compiles npusim's kernels for: this host, or NUMBA_CPU_NAME (with
+    NUMBA_CPU_FEATURES), as when an AVX2-only CPU's code is measured on a newer one."""
+    import numba
+
+    name, features = numba.config.CPU_NAME, numba.config.CPU_FEATURES
+    if not (name or features):
+        return "this host's CPU (Numba's default)"
+    shown = "its own features only" if features == "" else (features or "this host's features")
+    return f"NUMBA_CPU_NAME={name or 'host'} ({shown}): an emulation on this host, not that CPU"
 
 
 def cpu_model() -> str:
@@ -44,7 +60,8 @@ def cpu_flags() -> str:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("flags"):
                 flags = set(line.split(":", 1)[1].split())
-                keep = ["avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "amx_int8"]
+                keep = ["avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx_vnni"]
+                keep.append("amx_int8")
                 return " ".join(f for f in keep if f in flags) or "none of avx2/avx512/vnni"
     except OSError:
         pass

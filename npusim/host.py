@@ -25,6 +25,35 @@ def _has_features(*names: str) -> bool:
     return all(features.get(f, False) for f in names)
 
 
+# LLVM's names of x86 CPUs with AVX2 (and FMA), for NUMBA_CPU_NAME: compiling for one of them on a
+# newer host is how an AVX2-only machine's code is built and run here (tests/test_avx2_cpu.py).
+AVX2_CPU_NAMES = frozenset(
+    "haswell broadwell skylake skylake-avx512 cascadelake cooperlake cannonlake icelake-client "
+    "icelake-server tigerlake rocketlake alderlake raptorlake meteorlake arrowlake gracemont "
+    "sapphirerapids emeraldrapids graniterapids znver1 znver2 znver3 znver4 znver5 x86-64-v3 "
+    "x86-64-v4".split()
+)
+
+
+def _target_has(feature: str, cpu_names) -> bool:
+    """Whether the CPU that Numba compiles for has `feature`: this host's, or the one that
+    NUMBA_CPU_NAME names (one of cpu_names) with NUMBA_CPU_FEATURES' +feature / -feature on top."""
+    if _compiling_for_host():
+        return True
+    features = (nb.config.CPU_FEATURES or "").split(",")
+    if f"-{feature}" in features:
+        return False
+    return f"+{feature}" in features or (nb.config.CPU_NAME or "") in cpu_names | {"host"}
+
+
+@functools.cache
+def has_avx2() -> bool:
+    """Whether VPMADDWD on YMM registers (AVX2) can be compiled and run here: this CPU has AVX2, and
+    Numba compiles for it or for a named CPU that has it (NUMBA_CPU_NAME=haswell builds on an
+    AVX-512 host the code that an AVX2-only CPU runs)."""
+    return _has_features("avx2") and _target_has("avx2", AVX2_CPU_NAMES)
+
+
 @functools.cache
 def has_vnni() -> bool:
     """Whether VPDPBUSD (AVX-512 VNNI, with AVX-512 VL for its 256-bit form, which every VNNI CPU

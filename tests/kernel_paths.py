@@ -1,7 +1,8 @@
 """The MAC backends (npusim/ops/backend.py): exact int32 on AMX tiles (CONV_2D with output rows of
-16 pixels or more) and on AVX-512 VNNI where the host has them, and the chunked float32 BLAS GEMM
-everywhere. The oracle tests run on each: `with kernel_path(name):` makes run_npusim build its
-Interpreter with backend=name (DEPTHWISE_CONV_2D's vector code follows it too, see DEPTHWISE_PATHS).
+16 pixels or more), on AVX-512 VNNI and on AVX2 (VPMADDWD) where the host has them, and the
+chunked float32 BLAS GEMM everywhere. The oracle tests run on each: `with kernel_path(name):` makes
+run_npusim build its Interpreter with backend=name (DEPTHWISE_CONV_2D's vector code follows it too,
+see DEPTHWISE_PATHS).
 """
 
 import pytest
@@ -23,7 +24,16 @@ VNNI = pytest.param(
         reason="this CPU has no AVX-512 VNNI: the VNNI kernel path is NOT tested on this machine",
     ),
 )
-PATHS = [AMX, VNNI, "blas"]
-# DEPTHWISE_CONV_2D follows the selection with its vector code in one of two forms: VNNI on the amx
-# and vnni selections alike, generic on blas (the code a host without VNNI runs). These cover both.
-DEPTHWISE_PATHS = [VNNI, "blas"]
+AVX2 = pytest.param(
+    "avx2",
+    marks=pytest.mark.skipif(
+        not host.has_avx2(),
+        reason="this CPU has no AVX2: the AVX2 kernel path is NOT tested on this machine",
+    ),
+)
+PATHS = [AMX, VNNI, AVX2, "blas"]
+# DEPTHWISE_CONV_2D follows the selection with its vector code in one of three forms: VNNI on the
+# amx and vnni selections alike, AVX2 on avx2, generic on blas (the code a host without either
+# runs). These cover all three. On an AVX-512 host the avx2 paths are compiled for that host (LLVM
+# may fuse VPMADDWD and its add into VPDPWSSD): tests/test_avx2_cpu.py compiles them for Haswell.
+DEPTHWISE_PATHS = [VNNI, AVX2, "blas"]

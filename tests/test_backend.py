@@ -22,30 +22,42 @@ def conv_model(hw=20, cin=16, cout=16, k=3) -> bytes:
 
 
 def test_names_and_fallbacks():
-    assert backend.select("blas").backends == (backend.BACKENDS[2],)
+    assert [b.name for b in backend.BACKENDS] == ["amx", "vnni", "avx2", "blas"]
+    assert backend.select("blas").backends == (backend.BACKENDS[3],)
     with pytest.raises(npusim.NpusimError, match="not known"):
         backend.select("gpu")
     if host.has_vnni():
-        assert [b.name for b in backend.select("vnni").backends] == ["vnni", "blas"]
+        assert [b.name for b in backend.select("vnni").backends] == ["vnni", "avx2", "blas"]
         assert backend.select().name in ("amx", "vnni")
     else:
         with pytest.raises(npusim.NpusimError, match="does not run on this host"):
             backend.select("vnni")
-        assert backend.select().name == "blas"
+        assert backend.select().name == ("avx2" if host.has_avx2() else "blas")
+    if host.has_avx2():
+        assert [b.name for b in backend.select("avx2").backends] == ["avx2", "blas"]
+    else:
+        with pytest.raises(npusim.NpusimError, match="does not run on this host"):
+            backend.select("avx2")
 
 
 def test_environment_excludes_from_auto(monkeypatch):
     monkeypatch.setenv("NPUSIM_AMX", "0")
     monkeypatch.setenv("NPUSIM_VNNI", "0")
+    monkeypatch.setenv("NPUSIM_AVX2", "0")
     assert backend.select().name == "blas"
+    monkeypatch.delenv("NPUSIM_AVX2")
+    assert backend.select().name == ("avx2" if host.has_avx2() else "blas")
     monkeypatch.delenv("NPUSIM_VNNI")
-    assert backend.select().name == ("vnni" if host.has_vnni() else "blas")
+    assert backend.select().name == ("vnni" if host.has_vnni() else "avx2" if host.has_avx2() else "blas")
 
 
 NO_VNNI = pytest.mark.skipif(not host.has_vnni(), reason="no VNNI")
+NO_AVX2 = pytest.mark.skipif(not host.has_avx2(), reason="no AVX2")
 
 
-@pytest.mark.parametrize("name", ["blas", pytest.param("vnni", marks=NO_VNNI)])
+@pytest.mark.parametrize(
+    "name", ["blas", pytest.param("vnni", marks=NO_VNNI), pytest.param("avx2", marks=NO_AVX2)]
+)
 def test_interpreter_runs_on_the_chosen_engine(name):
     model = conv_model()
     sim = npusim.Interpreter(model, backend=name)
@@ -61,22 +73,27 @@ def test_geometry_from_options():
     assert not backend.AmxBackend().usable(ConvGeometry.dense(64))  # rows of one pixel: never AMX
 
 
-@pytest.mark.parametrize("name", ["auto", "blas", pytest.param("vnni", marks=NO_VNNI)])
+@pytest.mark.parametrize(
+    "name",
+    ["auto", "blas", pytest.param("vnni", marks=NO_VNNI), pytest.param("avx2", marks=NO_AVX2)],
+)
 def test_depthwise_vector_code_follows_the_selection(name):
-    """DEPTHWISE_CONV_2D takes its VNNI form where the selection has an engine that runs VNNI, the
-    generic one on "blas"; the bits are the same (the oracle tests hold each form to TFLM)."""
+    """DEPTHWISE_CONV_2D takes its VNNI form where the selection has an engine that runs VNNI, its
+    AVX2 form where the widest engine runs AVX2, the generic one on "blas"; the bits are the same
+    (the oracle tests hold each form to TFLM)."""
     case = C.depthwise_case(32, (5, 9), (1, 1))
     sim = npusim.Interpreter(case.model, backend=name)
     (dw,) = [k for k in sim.kernels if k.kind == "DEPTHWISE_CONV_2D"]
-    vnni = name != "blas" and host.has_vnni()
+    vnni = name in ("auto", "vnni") and host.has_vnni()
+    avx2 = not vnni and name in ("auto", "avx2") and host.has_avx2()
     assert sim.backends.runs_vnni() == vnni
-    assert dw.variant == ("vnni" if vnni else "generic")
+    assert dw.variant == ("vnni" if vnni else "avx2" if avx2 else "generic")
     O.assert_same(O.run_tflm(case.model, case.xs), sim.run(case.xs), f"{name}: {case.desc}")
 
 
 def test_depthwise_variants_have_their_own_cache_entries():
     """Numba's cache is keyed by qualified name: each variant, serial and threaded, has its own."""
-    variants = ["generic"] + (["vnni"] if host.has_vnni() else [])
+    variants = ["generic"] + (["vnni"] if host.has_vnni() else []) + (["avx2"] if host.has_avx2() else [])
     kernels = [depthwise.depthwise_kernel(v) for v in variants]
     names = [f.py_func.__qualname__ for k in kernels for f in (k.serial, k.threaded)]
     assert len(set(names)) == len(names) == 2 * len(variants)
@@ -85,3 +102,6 @@ def test_depthwise_variants_have_their_own_cache_entries():
     if not host.has_vnni():
         with pytest.raises(npusim.NpusimError, match="does not run on this host"):
             depthwise.depthwise_kernel("vnni")
+    if not host.has_avx2():
+        with pytest.raises(npusim.NpusimError, match="does not run on this host"):
+            depthwise.depthwise_kernel("avx2")

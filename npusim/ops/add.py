@@ -67,27 +67,42 @@ def add_run(typingctx, a_ptr, b_ptr, out_ptr, count, z1, z2, m1, s1, m2, s2, mo,
             *shifts(so),
             ir.Constant(ir.VectorType(ir.FloatType(), 16), 0.0),
         ]
-        vectors = builder.sdiv(builder.add(count, ir.Constant(i64, 15)), ir.Constant(i64, 16))
-        for pid in each_profile(builder, profile):
-            with cgutils.for_range(builder, vectors) as loop:
-                first = builder.mul(loop.index, ir.Constant(i64, 16))
-                remaining = builder.sub(count, first)
-                valid = lane_mask(builder, remaining, 16)
-                total = ir.Constant(v16, 0)
-                for src, (z, m, left, right) in zip((a, b), rescale):
-                    xb = load_bytes(builder, builder.gep(src, [first]), valid)
-                    x = builder.shl(builder.sub(builder.sext(xb, v16), z), ir.Constant(v16, LEFT_SHIFT))
-                    # |x| < 2^28 and the rescale multipliers are at most 1/2: the results fit int32.
-                    y = (
-                        builder.trunc(single_multiply(builder, x, m, left, right), v16)
-                        if pid == SINGLE
-                        else tflm_multiply(builder, x, m, left, right)
-                    )
-                    total = builder.add(total, y)
-                y = vector_output_stage(
-                    builder, total, out_params, SINGLE if pid == SINGLE else TFLM, zo, lo, hi
+
+        def add_vector_at(first, remaining, pid, masked: bool):
+            """16 elements from `first`; masked: only the `remaining` ones (< 16) are read and written.
+            Whole vectors take plain loads and stores: without AVX-512 BW there are no byte-masked
+            ones, and LLVM writes them as a branch per lane."""
+            valid = lane_mask(builder, remaining, 16) if masked else None
+            total = ir.Constant(v16, 0)
+            for src, (z, m, left, right) in zip((a, b), rescale):
+                ptr = builder.gep(src, [first])
+                if masked:
+                    xb = load_bytes(builder, ptr, valid)
+                else:
+                    xb = builder.load(builder.bitcast(ptr, ir.VectorType(i8, 16).as_pointer()), align=1)
+                x = builder.shl(builder.sub(builder.sext(xb, v16), z), ir.Constant(v16, LEFT_SHIFT))
+                # |x| < 2^28 and the rescale multipliers are at most 1/2: the results fit int32.
+                y = (
+                    builder.trunc(single_multiply(builder, x, m, left, right), v16)
+                    if pid == SINGLE
+                    else tflm_multiply(builder, x, m, left, right)
                 )
-                store_bytes(builder, y, builder.gep(out, [first]), remaining)
+                total = builder.add(total, y)
+            y = vector_output_stage(builder, total, out_params, SINGLE if pid == SINGLE else TFLM, zo, lo, hi)
+            dst = builder.gep(out, [first])
+            if masked:
+                store_bytes(builder, y, dst, remaining)
+            else:
+                builder.store(y, builder.bitcast(dst, y.type.as_pointer()), align=1)
+
+        whole = builder.sdiv(count, ir.Constant(i64, 16))
+        tail = builder.mul(whole, ir.Constant(i64, 16))
+        for pid in each_profile(builder, profile):
+            with cgutils.for_range(builder, whole) as loop:
+                first = builder.mul(loop.index, ir.Constant(i64, 16))
+                add_vector_at(first, builder.sub(count, first), pid, False)
+            with builder.if_then(builder.icmp_signed("<", tail, count)):
+                add_vector_at(tail, builder.sub(count, tail), pid, True)
         return context.get_dummy_value()
 
     return sig, codegen

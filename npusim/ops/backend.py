@@ -4,17 +4,20 @@ Every engine computes the same exact int32 sums and the same output stage, so th
 speed, never a bit of the result:
 - amx: AMX-INT8 tiles (amx.py), for convolutions whose output rows hold 16 pixels or more;
 - vnni: AVX-512 VNNI (vnni.py), for any reduction of at most vnni.MAX_DEPTH products;
+- avx2: VPMADDWD on int16-widened operands (avx2.py), for any reduction of at most avx2.MAX_DEPTH
+  products, on every x86 CPU with AVX2 (an AVX-512 host included);
 - blas: im2col and an exact float32 GEMM (gemm.py), on every host and for any shape.
 
 A selection is an engine and the ones after it in that order, which take the shapes it cannot run:
-"amx" is AMX where it applies, then VNNI, then BLAS; "vnni" is VNNI, then BLAS; "blas" is BLAS alone.
-"auto" starts at the first engine this host runs, skipping those that the environment excludes
-(NPUSIM_AMX=0, NPUSIM_VNNI=0; read when a selection is made, not at import).
+"amx" is AMX where it applies, then VNNI, AVX2, BLAS; "vnni" is VNNI, then AVX2, BLAS; "avx2" is AVX2,
+then BLAS; "blas" is BLAS alone. "auto" starts at the first engine this host runs, skipping those
+that the environment excludes (NPUSIM_AMX=0, NPUSIM_VNNI=0, NPUSIM_AVX2=0; read when a selection is
+made, not at import).
 
-DEPTHWISE_CONV_2D has no reduction for an engine, but its vector code follows the selection too: its
-VNNI form where the selection holds an engine that runs VNNI (amx, vnni), else the generic form, as a
-host without VNNI runs it (so "blas" runs no VNNI instruction at all, and tests can hold each form to
-TFLM in one process).
+DEPTHWISE_CONV_2D has no reduction for an engine, but its vector code follows the selection too
+(Selection.depthwise_variant): its VNNI form where the selection holds an engine that runs VNNI
+(amx, vnni), its AVX2 form on "avx2", else the generic form, as a host without either runs it (so
+"blas" runs no VNNI instruction at all, and tests can hold each form to TFLM in one process).
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import os
 
 from .. import host
 from ..errors import NpusimError
-from . import amx, gemm, vnni
+from . import amx, avx2, gemm, vnni
 from .geometry import ConvGeometry
 
 
@@ -47,6 +50,10 @@ class Backend:
     def runs_vnni(self) -> bool:
         """Whether a selection with this engine may run AVX-512 VNNI code outside the engines too (the
         vector code of DEPTHWISE_CONV_2D): the engine uses VNNI, or needs a CPU that has it."""
+        return False
+
+    def runs_avx2(self) -> bool:
+        """As runs_vnni, for AVX2 code."""
         return False
 
     def convolve(
@@ -131,6 +138,38 @@ class VnniBackend(Backend):
         )
 
 
+class Avx2Backend(Backend):
+    name, env_switch = "avx2", "NPUSIM_AVX2"
+
+    def available(self) -> bool:
+        return host.has_avx2()
+
+    def runs_avx2(self) -> bool:
+        return host.has_avx2()
+
+    def usable(self, g: ConvGeometry) -> bool:
+        return g.depth <= avx2.MAX_DEPTH
+
+    def convolve(
+        self, g, x, w, bias, input_zero_point, stage, profile, shared=False, workspace=None, memo=None
+    ):
+        return avx2.convolve(
+            x,
+            w,
+            bias,
+            input_zero_point,
+            g.stride,
+            g.dilation,
+            g.pad,
+            g.out_hw,
+            stage,
+            profile,
+            shared,
+            workspace,
+            memo,
+        )
+
+
 class BlasBackend(Backend):
     name = "blas"
 
@@ -140,7 +179,7 @@ class BlasBackend(Backend):
         return gemm.convolve(x, w, bias, input_zero_point, g, stage, profile, shared)
 
 
-BACKENDS = (AmxBackend(), VnniBackend(), BlasBackend())  # in order of preference
+BACKENDS = (AmxBackend(), VnniBackend(), Avx2Backend(), BlasBackend())  # in order of preference
 NAMES = ("auto",) + tuple(b.name for b in BACKENDS)
 
 
@@ -158,6 +197,13 @@ class Selection:
         """Whether ops outside the engines (DEPTHWISE_CONV_2D) take their VNNI form: "blas" holds
         them to their generic vector code, as a host without VNNI runs it."""
         return any(b.runs_vnni() for b in self.backends)
+
+    def depthwise_variant(self) -> str:
+        """The form of DEPTHWISE_CONV_2D's vector code (depthwise.VARIANTS) on this selection: the
+        widest instructions that one of its engines runs."""
+        if self.runs_vnni():
+            return "vnni"
+        return "avx2" if any(b.runs_avx2() for b in self.backends) else "generic"
 
     def for_geometry(self, g: ConvGeometry) -> Backend:
         return next(b for b in self.backends if b.usable(g))  # blas, last in every selection, runs any shape

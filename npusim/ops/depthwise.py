@@ -52,7 +52,10 @@ from .output_stage import (
 from .requant import OutputStage
 
 LANES = 64  # channels (bytes) per vector block
-GROUP = 4  # taps per VPDPBUSD
+GROUP = 4  # taps per VPDPBUSD (the "avx2" variant binds 2: taps per VPMADDWD)
+WEIGHT_BYTES = 1  # bytes per weight of the vector layout (the "avx2" variant binds 2: int16)
+PAIR = 2  # taps per VPMADDWD
+CHUNK = 16  # channels of one tap per 16-byte load in the AVX2 form
 ROWS_PER_TASK = 8  # output rows per parallel task
 
 
@@ -204,6 +207,133 @@ def _tap_quads_run(vnni: bool):
     return run
 
 
+def _tap_pairs_run():
+    """The AVX2 form of tap_quads_run, with the same arguments, on taps in pairs (n_quads counts
+    pairs): per 16 channels, the bytes of two taps are interleaved and widened to int16 (PUNPCKLBW,
+    VPMOVSXBW), and one VPMADDWD against the int16 weight pairs adds both taps' products to 8 int32
+    accumulators, exactly. Activations keep their sign, so the folded offset is -zp * sum w (a
+    padding tap reads x = zp: its terms cancel, as TFLM skips the tap). Channels stay in order:
+    weights [pairs, 4 (chunk), 16 (channel), 2 (tap)] int16 per block of 64 (pair_layout). Loads
+    and stores are plain where all 16 bytes of a chunk are valid: AVX2 has no byte-masked load or
+    store, and LLVM writes them as a branch per lane (left to the last chunk of a channel tail)."""
+    i8, i16, i32, i64 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
+    bytes_t, words_t, acc_t = ir.VectorType(i8, CHUNK), ir.VectorType(i16, CHUNK), ir.VectorType(i32, 8)
+    low = ir.Constant(ir.VectorType(i32, CHUNK), [v for j in range(8) for v in (j, CHUNK + j)])
+    high = ir.Constant(ir.VectorType(i32, CHUNK), [v for j in range(8, 16) for v in (j, CHUNK + j)])
+    both = ir.Constant(ir.VectorType(i32, CHUNK), list(range(CHUNK)))
+
+    @intrinsic
+    def run(
+        typingctx,
+        x_ptr,
+        x_step,
+        taps_ptr,
+        n_pairs,
+        w_ptr,
+        n_pixels,
+        out_ptr,
+        out_step,
+        count,
+        params_ptr,
+        params_stride,
+        profile,
+        zero_point,
+        lo,
+        hi,
+    ):
+        sig = types.void(*([types.int64] * 15))
+
+        def codegen(context, builder, signature, args):
+            (
+                x_ptr,
+                x_step,
+                taps_ptr,
+                n_pairs,
+                w_ptr,
+                n_pixels,
+                out_ptr,
+                out_step,
+                count,
+                params_ptr,
+                params_stride,
+                profile,
+                zero_point,
+                lo,
+                hi,
+            ) = args
+            x, w, out, params = (
+                builder.inttoptr(v, i8.as_pointer()) for v in (x_ptr, w_ptr, out_ptr, params_ptr)
+            )
+            taps = builder.inttoptr(taps_ptr, i64.as_pointer())
+            pmaddwd = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(acc_t, [words_t, words_t]), "llvm.x86.avx2.pmadd.wd"
+            )
+            acc_slots = [cgutils.alloca_once_value(builder, ir.Constant(acc_t, None)) for _ in range(2)]
+
+            def pixels(chunk, pid, left):
+                """The pixel loop over one chunk of 16 channels; left: None when all 16 are valid, else
+                the count of valid ones (masked loads and stores)."""
+                mask = None if left is None else lane_mask(builder, left, CHUNK)
+                chunk_params = [
+                    load_parameters(builder, params, params_stride, 2 * chunk + h, lanes=8) for h in range(2)
+                ]
+
+                def load_tap(base, t):
+                    offset = builder.add(base, builder.load(builder.gep(taps, [t])))
+                    src = builder.gep(x, [builder.add(offset, ir.Constant(i64, CHUNK * chunk))])
+                    if mask is None:
+                        return builder.load(builder.bitcast(src, bytes_t.as_pointer()), align=1)
+                    return load_bytes(builder, src, mask)
+
+                with cgutils.for_range(builder, n_pixels) as pixel:
+                    base = builder.mul(pixel.index, x_step)
+                    for slot in acc_slots:
+                        builder.store(ir.Constant(acc_t, None), slot)
+                    with cgutils.for_range(builder, n_pairs) as pair:
+                        t = builder.mul(pair.index, ir.Constant(i64, PAIR))
+                        xa = load_tap(base, t)
+                        xb = load_tap(base, builder.add(t, ir.Constant(i64, 1)))
+                        w_pair = builder.add(
+                            builder.mul(pair.index, ir.Constant(i64, PAIR * LANES * 2)),
+                            ir.Constant(i64, CHUNK * PAIR * 2 * chunk),
+                        )
+                        for h, (slot, order) in enumerate(zip(acc_slots, (low, high))):
+                            xs = builder.sext(builder.shuffle_vector(xa, xb, order), words_t)
+                            src = builder.gep(w, [builder.add(w_pair, ir.Constant(i64, 32 * h))])
+                            ws = builder.load(builder.bitcast(src, words_t.as_pointer()), align=1)
+                            products = builder.call(pmaddwd, [xs, ws])
+                            builder.store(builder.add(builder.load(slot), products), slot)
+                    ys = [
+                        vector_output_stage(builder, builder.load(slot), p, pid, zero_point, lo, hi)
+                        for slot, p in zip(acc_slots, chunk_params)
+                    ]
+                    y = builder.shuffle_vector(ys[0], ys[1], both)
+                    dst = builder.gep(
+                        out,
+                        [builder.add(builder.mul(pixel.index, out_step), ir.Constant(i64, CHUNK * chunk))],
+                    )
+                    if mask is None:
+                        builder.store(y, builder.bitcast(dst, bytes_t.as_pointer()), align=1)
+                    else:
+                        store_bytes(builder, y, dst, left)
+
+            for pid in each_profile(builder, profile):
+                for chunk in range(LANES // CHUNK):
+                    left = builder.sub(count, ir.Constant(i64, CHUNK * chunk))
+                    with builder.if_then(builder.icmp_signed(">", left, ir.Constant(i64, 0))):
+                        full = builder.icmp_signed(">=", left, ir.Constant(i64, CHUNK))
+                        with builder.if_else(full) as (whole, part):
+                            with whole:
+                                pixels(chunk, pid, None)
+                            with part:
+                                pixels(chunk, pid, left)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return run
+
+
 def tap_quads_run(
     x_ptr,
     x_step,
@@ -292,7 +422,7 @@ def depthwise_conv(
         for kx in range(kw):
             taps[ky * kw + kx] = ((ky * dil_h) * in_w + kx * dil_w) * in_c
     taps[kh * kw :] = taps[kh * kw - 1]
-    block_bytes = n_quads * GROUP * LANES  # vector weights of one block of 64 channels
+    block_bytes = n_quads * GROUP * LANES * WEIGHT_BYTES  # vector weights of one block of 64 channels
     # A row of zero points: the padding taps read it (and so contribute (zp + 128) * w, which the
     # folded bias takes back, as TFLM skips them).
     pad_row = np.empty(in_w * in_c, dtype=np.int8)
@@ -471,21 +601,52 @@ def depthwise_conv(
     return out
 
 
-VARIANTS = ("vnni", "generic")
+VARIANTS = ("vnni", "avx2", "generic")
 
 
 @functools.cache
 def depthwise_kernel(variant: str) -> ParallelKernel:
-    """depthwise_conv compiled with tap_quads_run on VPDPBUSD ("vnni") or in generic LLVM vector code
-    ("generic"), made on first use only (Numba compiles it at its first call): a host without
-    AVX-512 VNNI never compiles the VNNI form. Each variant carries its own qualified name, so that
-    Numba's cache, keyed by name, never serves one for the other."""
+    """depthwise_conv compiled with tap_quads_run on VPDPBUSD ("vnni"), on VPMADDWD with taps in
+    pairs ("avx2", _tap_pairs_run) or in generic LLVM vector code ("generic"), made on first use only
+    (Numba compiles it at its first call): a host without AVX-512 VNNI never compiles the VNNI form.
+    Each variant carries its own qualified name, so that Numba's cache, keyed by name, never serves
+    one for the other."""
     if variant not in VARIANTS:
         raise ValueError(f"depthwise variant {variant!r}, expected one of {VARIANTS}")
     if variant == "vnni" and not host.has_vnni():
         raise NpusimError("the VNNI depthwise kernel does not run on this host (see npusim/host.py)")
-    fn = renamed(depthwise_conv, variant, tap_quads_run=_tap_quads_run(variant == "vnni"))
+    if variant == "avx2" and not host.has_avx2():
+        raise NpusimError("the AVX2 depthwise kernel does not run on this host (see npusim/host.py)")
+    if variant == "avx2":
+        fn = renamed(depthwise_conv, variant, tap_quads_run=_tap_pairs_run(), GROUP=PAIR, WEIGHT_BYTES=2)
+    else:
+        fn = renamed(depthwise_conv, variant, tap_quads_run=_tap_quads_run(variant == "vnni"))
     return parallel_kernel(fn)
+
+
+def pair_layout(wg: np.ndarray, params: np.ndarray, replicas: int) -> tuple[np.ndarray, np.ndarray]:
+    """The weights [G, 1, kh, kw, O] int8 and output parameters [G, 5, O64] (the offset with
+    -zp * sum w folded in) of the AVX2 vector runs: weights [G, O64 / 64, pairs, 4 (chunk), 16, 2 (tap)]
+    int16 (tap 2 * pair + k of channel 64 * block + 16 * chunk + i), parameters [G, 5, O64] in channel
+    order. replicas: the O channels that many times, as the channels of one block."""
+    groups, _, kh, kw, o = wg.shape
+    taps = wg.reshape(groups, kh * kw, o)
+    if replicas > 1:
+        taps, params, o = (
+            np.concatenate([taps] * replicas, axis=2),
+            np.concatenate([params[:, :, :o]] * replicas, axis=2),
+            o * replicas,
+        )
+    o64 = (o + LANES - 1) // LANES * LANES
+    pairs = (kh * kw + PAIR - 1) // PAIR
+    padded = np.zeros((groups, PAIR * pairs, o64), dtype=np.int16)
+    padded[:, : kh * kw, :o] = taps
+    wv = aligned.zeros((groups, o64 // LANES, pairs, LANES // CHUNK, CHUNK, PAIR), np.int16)
+    blocks = padded.reshape(groups, pairs, PAIR, o64 // LANES, LANES // CHUNK, CHUNK)
+    wv[:] = blocks.transpose(0, 3, 1, 4, 5, 2)
+    vparams = aligned.zeros((groups, params.shape[1], o64), np.int32)
+    vparams[:, :, :o] = params[:, :, :o]
+    return wv, vparams
 
 
 def vector_layout(wg: np.ndarray, params: np.ndarray, replicas: int) -> tuple[np.ndarray, np.ndarray]:
@@ -518,7 +679,8 @@ def vector_layout(wg: np.ndarray, params: np.ndarray, replicas: int) -> tuple[np
 
 class DepthwiseConv2D(SlidingWindow, Kernel):
     """variant: the form of the vector code, "vnni" where the interpreter's backend selection has
-    an engine that runs AVX-512 VNNI (amx, vnni), else "generic" (backend="blas" runs it too)."""
+    an engine that runs AVX-512 VNNI (amx, vnni), "avx2" where its widest engine runs AVX2, else
+    "generic" (backend="blas" runs it too): backend.Selection.depthwise_variant."""
 
     kind = "DEPTHWISE_CONV_2D"
     required_inputs, max_inputs = 2, 3
@@ -526,7 +688,7 @@ class DepthwiseConv2D(SlidingWindow, Kernel):
 
     def __init__(self, op, graph, profile, backends: backend.Selection | None = None):
         super().__init__(op, graph, profile)
-        self.variant = "vnni" if (backends or backend.select()).runs_vnni() else "generic"
+        self.variant = (backends or backend.select()).depthwise_variant()
         x, w, y = self.inputs[0], self.inputs[1], self.outputs[0]
         self.int16: Stage16 | None = None
         if not is_int16(x):
@@ -633,12 +795,14 @@ class DepthwiseConv2D(SlidingWindow, Kernel):
                 )
             )
             weight_sums = wg.reshape(groups, -1, self.out_channels).sum(axis=1, dtype=np.int64)
-            return (
-                output_parameters(bias, self.stage, LANES),
-                *vector_layout(
+            if self.variant == "avx2":  # signed activations: the offset takes zp, not zp + 128
+                offset = bias - in_zp * weight_sums
+                layout = pair_layout(wg, output_parameters(offset, self.stage, LANES), replicas)
+            else:
+                layout = vector_layout(
                     wg, output_parameters(bias - (in_zp + 128) * weight_sums, self.stage, LANES), replicas
-                ),
-            )
+                )
+            return (output_parameters(bias, self.stage, LANES), *layout)
 
         params, wv, vparams = self.memo.get("depthwise", wg, b, prepare) if groups == 1 else prepare()
         out = aligned.empty((x.shape[0], self.out_h, self.out_w, self.out_channels), np.int8)

@@ -1,4 +1,5 @@
-"""The output stage of the MAC ops as LLVM vector code: 16 int32 accumulators to 16 int8 outputs.
+"""The output stage of the MAC ops as LLVM vector code: int32 accumulators to int8 outputs, 16 lanes
+(one ZMM register) or 8 (one YMM register, for the AVX2 kernels) per vector.
 
 The same integer steps as quant.requantize_to_output, for each rounding profile, written on
 vectors so that they run in registers (Numba does not vectorize the scalar form inside the
@@ -19,7 +20,6 @@ from . import aligned
 
 _I32, _I64 = ir.IntType(32), ir.IntType(64)
 _V16 = ir.VectorType(_I32, 16)
-_F16 = ir.VectorType(ir.FloatType(), 16)
 PARAMETER_ROWS = 5  # offset, multiplier, left shift, right shift, xnnpack scale
 
 
@@ -30,7 +30,7 @@ def splat(builder, value, vector_type):
 
 
 def tflm_multiply(builder, x, m, left, right):
-    """TFLM's MultiplyByQuantizedMultiplier on 16 int32 lanes: SaturatingRoundingDoublingHighMul
+    """TFLM's MultiplyByQuantizedMultiplier on int32 lanes (an even count): SaturatingRoundingDoublingHighMul
     ((x << left) as int32, M), then RoundingDivideByPOT(right); int32 result."""
     # 0 <= M < 2^31, so the saturating case (both operands INT32_MIN) cannot occur.
     # TFLM adds a nudge of 2^30 (ab >= 0) or 1 - 2^30 (ab < 0) and divides by 2^31 truncating
@@ -38,7 +38,8 @@ def tflm_multiply(builder, x, m, left, right):
     # shift (|ab| < 2^62: no overflow). The 64-bit products are taken in place, of the even and
     # the odd lanes (VPMULDQ reads the low half of each 64-bit lane), and the results meet in one
     # blend, instead of widening to two vectors of 64-bit lanes and narrowing back.
-    i64x8 = ir.VectorType(_I64, 8)
+    lanes = x.type.count
+    i64x8 = ir.VectorType(_I64, lanes // 2)
     c32, nudge = ir.Constant(i64x8, 32), ir.Constant(i64x8, 1 << 30)
     xq, mq = builder.bitcast(builder.shl(x, left), i64x8), builder.bitcast(m, i64x8)
 
@@ -51,7 +52,7 @@ def tflm_multiply(builder, x, m, left, right):
     high = builder.shuffle_vector(
         builder.bitcast(builder.lshr(even, ir.Constant(i64x8, 31)), x.type),
         builder.bitcast(builder.shl(odd, ir.Constant(i64x8, 1)), x.type),
-        ir.Constant(x.type, [k + 16 * (k % 2) for k in range(16)]),
+        ir.Constant(x.type, [k + lanes * (k % 2) for k in range(lanes)]),
     )
     # RoundingDivideByPOT rounds half away from zero: sign(h) * floor((|h| + half) / 2^right),
     # half = 2^right / 2 (0 for right = 0). As unsigned, |h| + half < 2^32 (|INT32_MIN| included),
@@ -66,22 +67,23 @@ def tflm_multiply(builder, x, m, left, right):
 
 def single_multiply(builder, x, m, left, right):
     """The single-rounding MultiplyByQuantizedMultiplier (quant.multiply_by_quantized_multiplier_single)
-    on 16 int32 lanes: (x * M + 2^(total - 1)) >> total, total = 31 - left + right, as int64 lanes."""
-    i64v = ir.VectorType(_I64, 16)
+    on int32 lanes: (x * M + 2^(total - 1)) >> total, total = 31 - left + right, as int64 lanes."""
+    i64v = ir.VectorType(_I64, x.type.count)
     total = builder.sext(builder.add(builder.sub(ir.Constant(x.type, 31), left), right), i64v)
     half = builder.shl(ir.Constant(i64v, 1), builder.sub(total, ir.Constant(i64v, 1)))
     return builder.ashr(builder.add(builder.mul(builder.sext(x, i64v), builder.sext(m, i64v)), half), total)
 
 
 def vector_output_stage(builder, acc, params, profile, zero_point, lo, hi):
-    """16 int32 accumulators -> 16 int8 outputs: the vector form of quant.requantize_to_output for
+    """int32 accumulators -> int8 outputs (16 or 8 lanes): the vector form of quant.requantize_to_output for
     one profile (the same integer steps; tests hold both to TFLM and to each other).
 
     params: offset, multiplier, left shift, right shift (int32) and the xnnpack scale (float32),
-    16 channels each.
+    one vector of as many lanes as acc each.
     """
     offset, m, left, right, scale = params
-    i64v, f32v = ir.VectorType(_I64, 16), ir.VectorType(ir.FloatType(), 16)
+    lanes = acc.type.count
+    i64v, f32v = ir.VectorType(_I64, lanes), ir.VectorType(ir.FloatType(), lanes)
     x = builder.add(acc, offset)  # the int32 accumulator of the runtimes (wraps as theirs)
     # The clamp range of the requantized value before the zero point is added.
     y_lo = splat(builder, builder.trunc(builder.sub(lo, zero_point), _I32), acc.type)
@@ -100,7 +102,7 @@ def vector_output_stage(builder, acc, params, profile, zero_point, lo, hi):
     else:
         # XNNPACK: round half to even of float32(x) * scale (float32), in the default rounding mode.
         rint = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(f32v, [f32v]), "llvm.rint.v16f32"
+            builder.module, ir.FunctionType(f32v, [f32v]), f"llvm.rint.v{lanes}f32"
         )
         product = builder.call(rint, [builder.fmul(builder.sitofp(x, f32v), scale)])
         f_lo, f_hi = builder.sitofp(y_lo, f32v), builder.sitofp(y_hi, f32v)
@@ -111,7 +113,7 @@ def vector_output_stage(builder, acc, params, profile, zero_point, lo, hi):
     y = builder.select(builder.icmp_signed("<", y, y_lo), y_lo, y)
     y = builder.select(builder.icmp_signed(">", y, y_hi), y_hi, y)
     y = builder.add(y, splat(builder, builder.trunc(zero_point, _I32), acc.type))
-    return builder.trunc(y, ir.VectorType(ir.IntType(8), 16))
+    return builder.trunc(y, ir.VectorType(ir.IntType(8), lanes))
 
 
 def lane_mask(builder, count, lanes: int):
@@ -138,17 +140,18 @@ def each_profile(builder, profile):
             yield pid
 
 
-def load_parameters(builder, params, stride, j):
-    """The 5 parameter vectors of channels 16j .. 16j + 15 (params: i8* to channel 0 of row 0,
-    stride: bytes between rows)."""
+def load_parameters(builder, params, stride, j, lanes: int = 16):
+    """The 5 parameter vectors of channels lanes * j .. lanes * (j + 1) - 1 (params: i8* to channel 0
+    of row 0, stride: bytes between rows)."""
 
     def row(k, ty):
         p = builder.gep(
-            params, [builder.add(builder.mul(stride, ir.Constant(_I64, k)), ir.Constant(_I64, 64 * j))]
+            params, [builder.add(builder.mul(stride, ir.Constant(_I64, k)), ir.Constant(_I64, 4 * lanes * j))]
         )
         return builder.load(builder.bitcast(p, ty.as_pointer()), align=1)
 
-    return [row(k, _V16) for k in range(4)] + [row(4, _F16)]
+    int_row, float_row = ir.VectorType(_I32, lanes), ir.VectorType(ir.FloatType(), lanes)
+    return [row(k, int_row) for k in range(4)] + [row(4, float_row)]
 
 
 def load_bytes(builder, src, mask):
@@ -191,6 +194,17 @@ def store_bytes(builder, y, dst, count):
             lane_mask(builder, count, lanes),
         ],
     )
+
+
+def store_first(builder, y, dst, count):
+    """store_bytes, with a plain store when all lanes are stored. For AVX2 code: without AVX-512 BW
+    there is no byte-masked store, and LLVM writes a masked one as a branch per lane."""
+    full = builder.icmp_signed(">=", count, ir.Constant(_I64, y.type.count))
+    with builder.if_else(full) as (whole, part):
+        with whole:
+            builder.store(y, builder.bitcast(dst, y.type.as_pointer()), align=1)
+        with part:
+            store_bytes(builder, y, dst, count)
 
 
 @intrinsic
