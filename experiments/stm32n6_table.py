@@ -22,11 +22,11 @@ import argparse
 import json
 import math
 import sys
-from dataclasses import replace
 from datetime import date
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+FITTED = ("npu_efficiency", "epoch_overhead_s", "ca_half_depth")
 HALF_DEPTH_GRID = (9.0, 18.0, 27.0, 36.0, 54.0, 72.0)
 TOLERANCE = 0.25  # the goal: estimates within +-25 % of the published figure
 
@@ -35,36 +35,141 @@ TOLERANCE = 0.25  # the goal: estimates within +-25 % of the published figure
 # (model, file, resolution, ms, internal RAM KiB, ST Edge AI version, source)
 ZOO = "STMicroelectronics/stm32ai-modelzoo"
 UNSEEN = (
-    ("YOLOv8n det COCO-person", "yolov8n_192_quant_pc_uf_od_coco-person.tflite", 192, 16.33, 270.0, "4.0.0",
-     f"{ZOO}@e9fc1c2f6c980643a3ad0fcd5650da3580864580:object_detection/yolov8n/README.md"),
-    ("YOLOv8n det COCO-person", "yolov8n_320_quant_pc_uf_od_coco-person.tflite", 320, 29.93, 758.31, "4.0.0",
-     f"{ZOO}@e9fc1c2f6c980643a3ad0fcd5650da3580864580:object_detection/yolov8n/README.md"),
-    ("YOLOv8n det COCO-person", "yolov8n_416_quant_pc_uf_od_coco-person.tflite", 416, 54.67, 2067.88, "4.0.0",
-     f"{ZOO}@e9fc1c2f6c980643a3ad0fcd5650da3580864580:object_detection/yolov8n/README.md"),
-    ("YOLO11n det COCO-person", "yolo11n_256_quant_pc_uf_od_coco-person-st.tflite", 256, 26.37, 656.0, "3.0.0",
-     f"{ZOO}@7f3764d58ef8c7bca36116c4d6c12434d2682af7:object_detection/yolov11n/README.md"),
-    ("YOLO11n pose", "yolo11n_256_quant_pc_uf_pose_coco-st.tflite", 256, 34.32, 740.25, "3.0.0",
-     f"{ZOO}@7f3764d58ef8c7bca36116c4d6c12434d2682af7:pose_estimation/yolov11n_pose/README.md"),
-    ("YOLO11n pose", "yolo11n_320_quant_pc_uf_pose_coco-st.tflite", 320, 56.15, 1840.85, "3.0.0",
-     f"{ZOO}@7f3764d58ef8c7bca36116c4d6c12434d2682af7:pose_estimation/yolov11n_pose/README.md"),
-    ("OSNet 0.25 ReID", "osnet_a025_256_128_tfs_int8.tflite", "256x128", 3.53, 480.0, "3.0.0",
-     f"{ZOO}@7f3764d58ef8c7bca36116c4d6c12434d2682af7:re_identification/osnet/README.md"),
-    ("OSNet 1.0 ReID", "osnet_a100_256_128_tfs_int8.tflite", "256x128", 13.44, 1440.0, "3.0.0",
-     f"{ZOO}@7f3764d58ef8c7bca36116c4d6c12434d2682af7:re_identification/osnet/README.md"),
-    ("MobileNetV2 0.35 ReID", "mobilenetv2_a035_256_128_fft_int8.tflite", "256x128", 4.15, 480.0, "3.0.0",
-     f"{ZOO}@7f3764d58ef8c7bca36116c4d6c12434d2682af7:re_identification/mobilenetv2/README.md"),
-    ("Hand landmarks full", "handlandmarks_full_224_int8.tflite", 224, 20.75, 1739.5, "3.0.0",
-     f"{ZOO}@7f3764d58ef8c7bca36116c4d6c12434d2682af7:pose_estimation/handlandmarks/README.md"),
-    ("st_yoloxn d033_w025 person", "st_yoloxn_d033_w025_192_int8.tflite", 192, 6.63, 333.0, "3.0.0",
-     f"{ZOO}@7f3764d58ef8c7bca36116c4d6c12434d2682af7:object_detection/st_yoloxn/README.md"),
-    ("st_yoloxn d033_w025 person", "st_yoloxn_d033_w025_256_int8.tflite", 256, 9.42, 624.0, "3.0.0",
-     f"{ZOO}@7f3764d58ef8c7bca36116c4d6c12434d2682af7:object_detection/st_yoloxn/README.md"),
-    ("st_yoloxn d033_w025 person", "st_yoloxn_d033_w025_320_int8.tflite", 320, 13.29, 1125.0, "3.0.0",
-     f"{ZOO}@7f3764d58ef8c7bca36116c4d6c12434d2682af7:object_detection/st_yoloxn/README.md"),
-    ("st_yoloxn d033_w025 person", "st_yoloxn_d033_w025_416_int8.tflite", 416, 21.3, 2676.12, "3.0.0",
-     f"{ZOO}@7f3764d58ef8c7bca36116c4d6c12434d2682af7:object_detection/st_yoloxn/README.md"),
-    ("MoveNet Lightning heatmaps (third party, ST Edge AI 2.1)", "st_movenet_lightning_heatmaps_192_int8_pc",
-     192, 22.0, 1674.0, "2.1.0", "giacomocolosio02.github.io/stm32n6-docs/casestudies_page.html"),
+    (
+        "YOLOv8n det COCO-person",
+        "yolov8n_192_quant_pc_uf_od_coco-person.tflite",
+        192,
+        16.33,
+        270.0,
+        "4.0.0",
+        f"{ZOO}@e9fc1c2f6c980643a3ad0fcd5650da3580864580:object_detection/yolov8n/README.md",
+    ),
+    (
+        "YOLOv8n det COCO-person",
+        "yolov8n_320_quant_pc_uf_od_coco-person.tflite",
+        320,
+        29.93,
+        758.31,
+        "4.0.0",
+        f"{ZOO}@e9fc1c2f6c980643a3ad0fcd5650da3580864580:object_detection/yolov8n/README.md",
+    ),
+    (
+        "YOLOv8n det COCO-person",
+        "yolov8n_416_quant_pc_uf_od_coco-person.tflite",
+        416,
+        54.67,
+        2067.88,
+        "4.0.0",
+        f"{ZOO}@e9fc1c2f6c980643a3ad0fcd5650da3580864580:object_detection/yolov8n/README.md",
+    ),
+    (
+        "YOLO11n det COCO-person",
+        "yolo11n_256_quant_pc_uf_od_coco-person-st.tflite",
+        256,
+        26.37,
+        656.0,
+        "3.0.0",
+        f"{ZOO}@7f3764d58ef8c7bca36116c4d6c12434d2682af7:object_detection/yolov11n/README.md",
+    ),
+    (
+        "YOLO11n pose",
+        "yolo11n_256_quant_pc_uf_pose_coco-st.tflite",
+        256,
+        34.32,
+        740.25,
+        "3.0.0",
+        f"{ZOO}@7f3764d58ef8c7bca36116c4d6c12434d2682af7:pose_estimation/yolov11n_pose/README.md",
+    ),
+    (
+        "YOLO11n pose",
+        "yolo11n_320_quant_pc_uf_pose_coco-st.tflite",
+        320,
+        56.15,
+        1840.85,
+        "3.0.0",
+        f"{ZOO}@7f3764d58ef8c7bca36116c4d6c12434d2682af7:pose_estimation/yolov11n_pose/README.md",
+    ),
+    (
+        "OSNet 0.25 ReID",
+        "osnet_a025_256_128_tfs_int8.tflite",
+        "256x128",
+        3.53,
+        480.0,
+        "3.0.0",
+        f"{ZOO}@7f3764d58ef8c7bca36116c4d6c12434d2682af7:re_identification/osnet/README.md",
+    ),
+    (
+        "OSNet 1.0 ReID",
+        "osnet_a100_256_128_tfs_int8.tflite",
+        "256x128",
+        13.44,
+        1440.0,
+        "3.0.0",
+        f"{ZOO}@7f3764d58ef8c7bca36116c4d6c12434d2682af7:re_identification/osnet/README.md",
+    ),
+    (
+        "MobileNetV2 0.35 ReID",
+        "mobilenetv2_a035_256_128_fft_int8.tflite",
+        "256x128",
+        4.15,
+        480.0,
+        "3.0.0",
+        f"{ZOO}@7f3764d58ef8c7bca36116c4d6c12434d2682af7:re_identification/mobilenetv2/README.md",
+    ),
+    (
+        "Hand landmarks full",
+        "handlandmarks_full_224_int8.tflite",
+        224,
+        20.75,
+        1739.5,
+        "3.0.0",
+        f"{ZOO}@7f3764d58ef8c7bca36116c4d6c12434d2682af7:pose_estimation/handlandmarks/README.md",
+    ),
+    (
+        "st_yoloxn d033_w025 person",
+        "st_yoloxn_d033_w025_192_int8.tflite",
+        192,
+        6.63,
+        333.0,
+        "3.0.0",
+        f"{ZOO}@7f3764d58ef8c7bca36116c4d6c12434d2682af7:object_detection/st_yoloxn/README.md",
+    ),
+    (
+        "st_yoloxn d033_w025 person",
+        "st_yoloxn_d033_w025_256_int8.tflite",
+        256,
+        9.42,
+        624.0,
+        "3.0.0",
+        f"{ZOO}@7f3764d58ef8c7bca36116c4d6c12434d2682af7:object_detection/st_yoloxn/README.md",
+    ),
+    (
+        "st_yoloxn d033_w025 person",
+        "st_yoloxn_d033_w025_320_int8.tflite",
+        320,
+        13.29,
+        1125.0,
+        "3.0.0",
+        f"{ZOO}@7f3764d58ef8c7bca36116c4d6c12434d2682af7:object_detection/st_yoloxn/README.md",
+    ),
+    (
+        "st_yoloxn d033_w025 person",
+        "st_yoloxn_d033_w025_416_int8.tflite",
+        416,
+        21.3,
+        2676.12,
+        "3.0.0",
+        f"{ZOO}@7f3764d58ef8c7bca36116c4d6c12434d2682af7:object_detection/st_yoloxn/README.md",
+    ),
+    (
+        "MoveNet Lightning heatmaps (third party, ST Edge AI 2.1)",
+        "st_movenet_lightning_heatmaps_192_int8_pc",
+        192,
+        22.0,
+        1674.0,
+        "2.1.0",
+        "giacomocolosio02.github.io/stm32n6-docs/casestudies_page.html",
+    ),
 )
 # The unseen figures this script can estimate without the file: the same graph at another size.
 AREA_SCALED = {"yolov8n_256_quant_pc_uf_od_coco-person.tflite": (192, 320, 416)}
@@ -110,14 +215,16 @@ def pct(estimate: float, published: float) -> str:
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shared", type=Path, default=ROOT.parent / "shared")
-    p.add_argument("--calibration", type=Path, default=None, help="default: SHARED/models/stm32n6/published.csv")
+    p.add_argument(
+        "--calibration", type=Path, default=None, help="default: SHARED/models/stm32n6/published.csv"
+    )
     p.add_argument("--results", type=Path, default=ROOT / "experiments" / "results")
     p.add_argument("--readme", action="store_true", help="put the short table into README.md")
     p.add_argument("--docs", action="store_true", help="put the full report into docs/stm32n6.md")
     a = p.parse_args(argv)
 
     from npusim import Interpreter
-    from npusim.npu import COST_CONSTANTS, CostModel, cost as cost_module, device_structure, read_calibration_csv
+    from npusim.npu import COST_CONSTANTS, CostModel, device_structure, read_calibration_csv
     from npusim.npu.calibration import estimate_ms, measurement_cost
 
     csv_path = a.calibration or a.shared / "models" / "stm32n6" / "published.csv"
@@ -203,7 +310,8 @@ def main(argv=None):
     short += [
         "",
         f"Fitted on these {len(rows)} models (ST's newest figures in published.csv): NPU efficiency "
-        f"{cost.npu_efficiency:.3f} and epoch overhead {cost.epoch_overhead_s * 1e6:.1f} us by least squares on "
+        f"{cost.npu_efficiency:.3f} and epoch overhead {cost.epoch_overhead_s * 1e6:.1f} us by least "
+        "squares on "
         f"log(estimate / published), accelerator half-depth {cost.ca_half_depth:g} from a grid of "
         f"{len(HALF_DEPTH_GRID)}: 3 fitted constants, {len(rows) - 3} degree of freedom left; every other "
         "constant comes from ST documents (docs/stm32n6.md). Leave-one-out: the model's latency with the "
@@ -238,7 +346,8 @@ def main(argv=None):
     ]
     for r in rows:
         full.append(
-            f"| {r['file']} | {r['loo_ms'] / r['published_ms']:.2f} | {r['nested_loo_ms'] / r['published_ms']:.2f} "
+            f"| {r['file']} | {r['loo_ms'] / r['published_ms']:.2f} | "
+            f"{r['nested_loo_ms'] / r['published_ms']:.2f} "
             f"| {r['nested_half_depth']:g} |"
         )
     full += [
@@ -256,7 +365,9 @@ def main(argv=None):
         if k == "pools":
             from npusim.npu import MEMORY_POOLS
 
-            v = ", ".join(f"{p.name} {p.size // 1024} KiB at {p.bytes_per_npu_cycle:g} B/cycle" for p in MEMORY_POOLS)
+            v = ", ".join(
+                f"{p.name} {p.size // 1024} KiB at {p.bytes_per_npu_cycle:g} B/cycle" for p in MEMORY_POOLS
+            )
         elif isinstance(v, float):
             v = f"{v:.4g}"
         full.append(f"| `{k}` | {v} | {src} |")
@@ -275,7 +386,9 @@ def main(argv=None):
         json.dumps(
             {
                 "date": today,
-                "cost_model": {k: getattr(cost, k) for k in ("npu_efficiency", "epoch_overhead_s", "ca_half_depth")},
+                "cost_model": {
+                    k: getattr(cost, k) for k in ("npu_efficiency", "epoch_overhead_s", "ca_half_depth")
+                },
                 "models": rows,
                 "area_scaled": scaled,
                 "grid": {str(d): {"sse": sse(c), "ratios": c.ratios} for d, c in fits.items()},
@@ -294,7 +407,9 @@ def main(argv=None):
         if a.docs:
             body = a.results / "stm32n6_full.md"
             body.write_text("\n".join(full[2:]) + "\n")
-            update_readme(ROOT / "docs" / "stm32n6.md", body, "<!-- stm32n6:begin -->", "<!-- stm32n6:end -->")
+            update_readme(
+                ROOT / "docs" / "stm32n6.md", body, "<!-- stm32n6:begin -->", "<!-- stm32n6:end -->"
+            )
             body.unlink()
         tmp.unlink()
     for s in stale:

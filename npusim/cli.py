@@ -176,7 +176,14 @@ def inspect(model, target, fmt, calibration, npu_efficiency, m55_macs_per_cycle)
     memory and an estimated latency (the model, its constants and their sources: docs/stm32n6.md)."""
     interp = Interpreter(load_model(model))
     if target == "stm32n6":
-        from .npu import CostModel, fit_cost_model, format_report, plan_device, read_calibration_csv, report_dict
+        from .npu import (
+            CostModel,
+            fit_cost_model,
+            format_report,
+            plan_device,
+            read_calibration_csv,
+            report_dict,
+        )
 
         cost, fitted = CostModel(), None
         if calibration is not None:

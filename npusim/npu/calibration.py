@@ -228,7 +228,8 @@ def fit_cost_model(measurements, base=None, parameters=FIT_PARAMETERS, structure
     def residuals(x):
         cost = model(x)
         return [
-            math.log(estimate_ms(structures[m.file], measurement_cost(cost, m)) / m.npu_ms) for m in measurements
+            math.log(estimate_ms(structures[m.file], measurement_cost(cost, m)) / m.npu_ms)
+            for m in measurements
         ]
 
     result = least_squares(residuals, x0, bounds=(lo, hi), x_scale=1.0, xtol=1e-12, ftol=1e-12)

@@ -37,7 +37,7 @@ STRIDED_READ_KINDS = frozenset({"STRIDED_SLICE", "SLICE", "SPLIT", "SPLIT_V"})
 CHAINABLE_KINDS = frozenset(
     {"LOGISTIC", "MUL", "ADD", "SUB", "TANH", "HARD_SWISH", "LEAKY_RELU", "PRELU", "MAXIMUM", "MINIMUM"}
 )
-CONV_KINDS = frozenset({"CONV_2D", "DEPTHWISE_CONV_2D"})
+PAD_TAKERS = (["CONV_2D"], ["DEPTHWISE_CONV_2D"])  # a PAD's only reader that can take its padding over
 
 
 @dataclass
@@ -94,7 +94,7 @@ def plan_fusion(interp, units: list, rewrites=REWRITES) -> FusionPlan:
             and "pad" in rewrites
             and kind in ("PAD", "PADV2")
             and _spatial_pad(k)
-            and [kernels[r].op.kind for r in readers.get(k.op.outputs[0], [])] in (["CONV_2D"], ["DEPTHWISE_CONV_2D"])
+            and [kernels[r].op.kind for r in readers.get(k.op.outputs[0], [])] in PAD_TAKERS
         ):
             roles[pos] = VIEW
             plan.aliases[k.op.outputs[0]] = acts[0]
@@ -109,7 +109,13 @@ def plan_fusion(interp, units: list, rewrites=REWRITES) -> FusionPlan:
                 if t not in concat_owner and t not in graph.inputs and t not in plan.aliases:
                     concat_owner[t] = k.op.outputs[0]
                     plan.aliases[t] = k.op.outputs[0]
-        elif on_npu and "chain" in rewrites and kind in CHAINABLE_KINDS and acts and all(t in chain for t in acts):
+        elif (
+            on_npu
+            and "chain" in rewrites
+            and kind in CHAINABLE_KINDS
+            and acts
+            and all(t in chain for t in acts)
+        ):
             roles[pos] = EPILOGUE
         if not on_npu or roles[pos] == LAYER:
             chain = set()

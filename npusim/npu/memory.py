@@ -82,7 +82,9 @@ class MemoryLayout:
         return {
             "internal_bytes": self.internal_bytes,
             "external_bytes": self.external_bytes,
-            "pools": {p.pool.name: {"used_bytes": p.used, "size_bytes": p.pool.size} for p in self.pools if p.used},
+            "pools": {
+                p.pool.name: {"used_bytes": p.used, "size_bytes": p.pool.size} for p in self.pools if p.used
+            },
         }
 
 
