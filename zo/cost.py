@@ -40,9 +40,9 @@ def zo_step_report(
     images' activations are held at once (1: losses and gradients are accumulated image by image;
     pass `batch` to model a device that holds the whole batch).
     ZO memory: inference activations (the NPU compiler's layout over the N6 RAM banks, internal plus
-    external, for `resident_images` images) + model weights + per probe one seed (`seed_bytes`; perturbations are
-    regenerated from it, never stored) and one float32 directional derivative + float32 master copies
-    of the trainable tensors; the perturbed int8 weights are written in place.
+    external, for `resident_images` images) + model weights + per probe one seed (`seed_bytes`;
+    perturbations are regenerated from it, never stored) and one float32 directional derivative +
+    float32 master copies of the trainable tensors; the perturbed int8 weights are written in place.
     Back-propagation memory: model weights + max(inference arena, activations of the trainable suffix
     kept for the backward pass + two float32 activation-gradient buffers of the largest suffix op)
     + float32 master copies, float32 gradients and `optimizer_states` float32 states per trainable
