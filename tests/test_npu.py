@@ -300,9 +300,14 @@ def test_placement_of_the_new_ops():
     x, y = _t((1, 8, 8, 4)), _t((1, 8, 8, 4))
     for kind in ("TANH", "HARD_SWISH", "LEAKY_RELU", "LOGISTIC", "MUL", "SUB", "PRELU", "MAXIMUM", "SLICE"):
         assert placement(_kernel(kind, [x], [y]))[0] == NPU, kind
-    for kind in ("RESIZE_BILINEAR", "GATHER", "TILE", "SUM", "REDUCE_MAX", "BATCH_MATMUL"):
+    for kind in ("RESIZE_BILINEAR", "GATHER", "TILE", "SUM", "BATCH_MATMUL"):
         unit, reason = placement(_kernel(kind, [x], [y]))
         assert unit == M55 and kind in reason, kind
+    # ReduceMax maps to the NPU as global max pooling (ST table), other reductions do not
+    hw = _t((2,), np.int32, data=np.array([1, 2], np.int32))
+    assert placement(_kernel("REDUCE_MAX", [x, hw], [_t((1, 4))]))[0] == NPU
+    c = _t((1,), np.int32, data=np.array([3], np.int32))
+    assert placement(_kernel("REDUCE_MAX", [x, c], [_t((1, 8, 8))]))[0] == M55
     assert placement(_kernel("SHAPE", [x], [_t((4,), np.int32)]))[0] == M55
 
 

@@ -93,59 +93,64 @@ COST_CONSTANTS = {
 NPU = "NPU"
 M55 = "M55"
 
-# Hardware operators of the Neural-ART, each with the source of its placement. "ST table": the ST
-# Edge AI Core page cited in the module docstring. "ASSUMPTION": not checked against that table in
-# this code base (its operator rows were not at hand when the op was added); the placement follows
-# the Neural-ART's hardware units (convolution accelerators, arithmetic and activation units,
-# stream-engine data movement) and is the first thing to correct from a `stedgeai analyze` report.
+# Hardware operators of the Neural-ART, each with the source of its placement. "ST table": ST's
+# "ST Neural-ART NPU - Supported operators and limitations" (cited in the module docstring). Its
+# operator rows could not be fetched here; the rows below marked "ST table (summary)" come from a
+# third-party digest of the Core 2.2.0 page (a "Modeling Constraints Cheat-Sheet" for the STM32N6 found
+# by code search, which lists the HW and SW_FLOAT/SW_INT operators), ONNX names in brackets.
+# "ASSUMPTION": not in that digest; placed by the Neural-ART's hardware units and the first thing to
+# correct from a `stedgeai analyze` report. docs/stm32n6.md lists them.
+ST_DIGEST = "ST table (summary of Core 2.2.0)"
 NPU_KIND_SOURCES = {
     "CONV_2D": "ST table (convolution)",
     "DEPTHWISE_CONV_2D": "ST table (depthwise convolution)",
-    "FULLY_CONNECTED": "ST table (dense)",
+    "FULLY_CONNECTED": "ST table (dense: Gemm, MatMul with a constant operand)",
     "ADD": "ST table (element-wise add)",
-    "AVERAGE_POOL_2D": "ST table (pooling)",
-    "MAX_POOL_2D": "ST table (pooling)",
-    "MEAN": "ST table (global average pooling; H and W only, see placement())",
+    "AVERAGE_POOL_2D": "ST table (pooling; windows above 3x3 are decomposed)",
+    "MAX_POOL_2D": "ST table (pooling; windows above 3x3 are decomposed)",
+    "MEAN": "ST table (ReduceMean as global average pooling; H and W only, see placement())",
+    "REDUCE_MAX": f"{ST_DIGEST}: ReduceMax as global max pooling; H and W only, see placement()",
     "PAD": "ST table (padding)",
     "PADV2": "ST table (padding)",
     "RESHAPE": "ST table (reshape)",
     "CONCATENATION": "ST table (concatenation)",
     "TRANSPOSE": "ST table (limited transpose; rank <= 4, see placement())",
-    "SQUEEZE": "as RESHAPE (ST table): a reshape of the same bytes",
-    "EXPAND_DIMS": "as RESHAPE (ST table): a reshape of the same bytes",
-    "SUB": "ASSUMPTION: element-wise arithmetic unit, as ADD",
-    "MUL": "ASSUMPTION: element-wise arithmetic unit, as ADD",
-    "MAXIMUM": "ASSUMPTION: element-wise arithmetic unit, as ADD",
-    "MINIMUM": "ASSUMPTION: element-wise arithmetic unit, as ADD",
-    "LOGISTIC": "ASSUMPTION: activation unit (as the fused RELU family)",
-    "TANH": "ASSUMPTION: activation unit",
-    "HARD_SWISH": "ASSUMPTION: activation unit",
-    "LEAKY_RELU": "ASSUMPTION: activation unit",
-    "PRELU": "ASSUMPTION: activation unit",
-    "STRIDED_SLICE": "ASSUMPTION: stream-engine data movement (as CONCATENATION)",
-    "SLICE": "ASSUMPTION: stream-engine data movement (as CONCATENATION)",
-    "SPLIT": "ASSUMPTION: stream-engine data movement (as CONCATENATION)",
-    "SPLIT_V": "ASSUMPTION: stream-engine data movement (as CONCATENATION)",
-    "PACK": "ASSUMPTION: stream-engine data movement (as CONCATENATION)",
-    "UNPACK": "ASSUMPTION: stream-engine data movement (as CONCATENATION)",
-    "RESIZE_NEAREST_NEIGHBOR": "ASSUMPTION: stream-engine data movement (pixel copies)",
-    "TRANSPOSE_CONV": "ASSUMPTION: convolution accelerators (a strided scatter convolution)",
+    "SQUEEZE": f"{ST_DIGEST}: Squeeze",
+    "EXPAND_DIMS": f"{ST_DIGEST}: Unsqueeze",
+    "SUB": f"{ST_DIGEST}: Sub",
+    "MUL": f"{ST_DIGEST}: Mul",
+    "MAXIMUM": f"{ST_DIGEST}: Max",
+    "MINIMUM": f"{ST_DIGEST}: Min",
+    "LOGISTIC": f"{ST_DIGEST}: Sigmoid",
+    "TANH": f"{ST_DIGEST}: Tanh",
+    "HARD_SWISH": f"{ST_DIGEST}: HardSwish",
+    "LEAKY_RELU": f"{ST_DIGEST}: LeakyRelu",
+    "PRELU": f"{ST_DIGEST}: PRelu",
+    "STRIDED_SLICE": "ASSUMPTION: stream-engine strided read (not in the digest)",
+    "SLICE": "ASSUMPTION: stream-engine strided read (not in the digest)",
+    "SPLIT": "ASSUMPTION: stream-engine strided read (not in the digest)",
+    "SPLIT_V": "ASSUMPTION: stream-engine strided read (not in the digest)",
+    "PACK": "ASSUMPTION: stream-engine data movement, as CONCATENATION (not in the digest)",
+    "UNPACK": "ASSUMPTION: stream-engine data movement (not in the digest)",
+    "RESIZE_NEAREST_NEIGHBOR": "ASSUMPTION: stream-engine pixel copies (the digest has only bilinear Resize, SW)",
+    "TRANSPOSE_CONV": "ASSUMPTION: convolution accelerators (ConvTranspose is not in the digest)",
 }
 # Ops the simulator runs that are placed on the Cortex-M55 on purpose, and why.
 M55_KIND_SOURCES = {
-    "SOFTMAX": "ST validate report (software epoch; see the docstring)",
-    "QUANTIZE": "ST toolchain (software epoch, see the docstring)",
-    "DEQUANTIZE": "ST validate report (DequantizeLinear software epoch)",
+    # ST table: Softmax is HW only with the compiler's --expand-softmax, SW_INT otherwise (quoted by the
+    # "STM32N6 Deployment Zoo" README, found by code search); ST's profiles do not pass the flag.
+    "SOFTMAX": "ST table: SW_INT unless compiled with --expand-softmax",
+    "QUANTIZE": f"{ST_DIGEST}: QuantizeLinear at the float boundary is SW_FLOAT",
+    "DEQUANTIZE": f"{ST_DIGEST}: DequantizeLinear is SW_FLOAT (and in ST validate reports)",
     # ST Edge AI Core 2.1 reports of MoveNet Lightning on the STM32N6 list its Resize bilinear layers
     # as software epochs (Politecnico di Milano STM32N6 case studies,
     # giacomocolosio02.github.io/stm32n6-docs/casestudies_page.html).
-    "RESIZE_BILINEAR": "software epoch in ST Edge AI Core reports (MoveNet's Resize bilinear)",
-    "GATHER": "ASSUMPTION: index-driven gather, no NPU unit for it",
-    "TILE": "ASSUMPTION: software epoch",
+    "RESIZE_BILINEAR": f"{ST_DIGEST}: bilinear Resize is SW_FLOAT (and in MoveNet's ST reports)",
+    "GATHER": f"{ST_DIGEST}: Gather is SW_FLOAT",
+    "TILE": "ASSUMPTION: software epoch (not in the digest)",
     "SHAPE": "int32 output: the NPU runs int8 only",
-    "SUM": "ASSUMPTION: reduction other than global pooling",
-    "REDUCE_MAX": "ASSUMPTION: reduction other than global pooling",
-    "BATCH_MATMUL": "ASSUMPTION: a product of two activations, not a convolution with constant weights",
+    "SUM": f"{ST_DIGEST}: ReduceSum is SW_FLOAT",
+    "BATCH_MATMUL": "ST table: MatMul reaches the NPU only with a constant operand; here both are activations",
 }
 CONV_ACCELERATOR_KINDS = frozenset(MAC_OPS) | {"TRANSPOSE_CONV"}
 NPU_KINDS = frozenset(NPU_KIND_SOURCES)
@@ -229,7 +234,7 @@ def placement(kernel) -> tuple[str, str]:
         return M55, f"fused activation {act} is not supported by the NPU"
     if kind == "TRANSPOSE" and len(kernel.inputs[0].shape) > 4:
         return M55, "TRANSPOSE above rank 4 is outside the NPU's limited transpose support"
-    if kind == "MEAN":
+    if kind in ("MEAN", "REDUCE_MAX"):
         x, axes_t = kernel.inputs[0], kernel.inputs[1]
         rank = len(x.shape)
         axes = (
@@ -238,7 +243,7 @@ def placement(kernel) -> tuple[str, str]:
             else []
         )
         if rank != 4 or axes != [1, 2]:
-            return M55, "MEAN maps to the NPU only as global pooling over H and W of a 4-D tensor"
+            return M55, f"{kind} maps to the NPU only as global pooling over H and W of a 4-D tensor"
     return NPU, ""
 
 
