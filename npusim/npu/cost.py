@@ -132,7 +132,7 @@ NPU_KIND_SOURCES = {
     "SPLIT_V": "ASSUMPTION: stream-engine strided read (not in the digest)",
     "PACK": "ASSUMPTION: stream-engine data movement, as CONCATENATION (not in the digest)",
     "UNPACK": "ASSUMPTION: stream-engine data movement (not in the digest)",
-    "RESIZE_NEAREST_NEIGHBOR": "ASSUMPTION: stream-engine pixel copies (the digest has only bilinear Resize, SW)",
+    "RESIZE_NEAREST_NEIGHBOR": "ASSUMPTION: pixel copies (the digest lists bilinear Resize only)",
     "TRANSPOSE_CONV": "ASSUMPTION: convolution accelerators (ConvTranspose is not in the digest)",
 }
 # Ops the simulator runs that are placed on the Cortex-M55 on purpose, and why.
@@ -150,7 +150,7 @@ M55_KIND_SOURCES = {
     "TILE": "ASSUMPTION: software epoch (not in the digest)",
     "SHAPE": "int32 output: the NPU runs int8 only",
     "SUM": f"{ST_DIGEST}: ReduceSum is SW_FLOAT",
-    "BATCH_MATMUL": "ST table: MatMul reaches the NPU only with a constant operand; here both are activations",
+    "BATCH_MATMUL": "ST table: MatMul is HW only with a constant operand; both are activations here",
 }
 CONV_ACCELERATOR_KINDS = frozenset(MAC_OPS) | {"TRANSPOSE_CONV"}
 NPU_KINDS = frozenset(NPU_KIND_SOURCES)
