@@ -49,14 +49,17 @@ from .fusion import EPILOGUE, LAYER, VIEW, FusionPlan, plan_fusion
 from .memory import MemoryLayout, plan_memory
 
 # -- the constants of the latency model ----------------------------------------------------------
-# Clocks of ST's published STM32N6570-DK benchmarks (model-zoo tables, "NPU/MCU" engine): NPU at
-# 1 GHz and Cortex-M55 at 800 MHz, the overdrive clocks of ST's application examples.
+# Clocks: NPU 1 GHz and Cortex-M55 800 MHz, the overdrive clocks ST's STM32N6570-DK application
+# examples run at (as third-party descriptions of the board report; ST's model-zoo tables do not state
+# the clocks of their "NPU/MCU" figures, so this is an ASSUMPTION about them).
 NPU_CLOCK_HZ = 1.0e9
 M55_CLOCK_HZ = 800e6
 NPU_CONV_ACCELERATORS = 4  # CONVACC units of the Neural-ART 14
 NPU_MACS_PER_CYCLE_PER_CA = 75  # 600 GOPS at 1 GHz = 300 GMAC/s over the 4 accelerators
-# External octo-SPI flash holding the weights (STM32N6570-DK: Macronix MX66UW1G45G on XSPI2, 8 lines,
-# DTR, 200 MHz): 8 bits x 2 edges x 200 MHz = 400 MB/s, streamed by the NPU while it computes.
+# External octo-SPI flash holding the weights (STM32N6570-DK: octal flash on XSPI2 in DTR mode, assumed
+# at 200 MHz): 8 bits x 2 edges x 200 MHz = 400 MB/s, streamed by the NPU while it computes. ST's memory-
+# pool file rates the octoFlash at byteWidth 1 / freqRatio 6 (167 MB/s at 1 GHz); with that figure the
+# four calibration models fit worse (MobileNetV2 +28 %, docs/stm32n6.md).
 WEIGHT_BYTES_PER_S = 400e6
 # Busy fraction of a convolution accelerator: depth / (depth + CA_HALF_DEPTH), depth = products summed
 # per output, so a depthwise 3x3 layer (depth 9) runs at 1/7 of a deep 3x3 convolution's rate and a
@@ -68,19 +71,19 @@ CA_HALF_DEPTH = 54.0
 NPU_EFFICIENCY = 0.1745  # fraction of the accelerators' peak a deep convolution sustains
 EPOCH_OVERHEAD_S = 40.48e-6  # per hardware or software epoch: program, start, end interrupt, cache upkeep
 # Software epochs: CMSIS-NN int8 kernels with Helium (about 2 MAC per cycle sustained), and cycles per
-# element for the element-wise and conversion kernels. ASSUMPTIONS (not fitted: the four models spend
-# under 3 % of their time on the M55).
+# element for the element-wise and conversion kernels. ASSUMPTIONS, not fitted (2 to 12 % of the four
+# calibration models' estimates, YOLOv8n's DFL SOFTMAX the largest part).
 M55_MACS_PER_CYCLE = 2.0
 M55_CYCLES_PER_ELEMENT = {"SOFTMAX": 20.0, "QUANTIZE": 2.0, "DEQUANTIZE": 2.0}
 M55_DEFAULT_CYCLES_PER_ELEMENT = 1.0
 
 # Every constant of CostModel with its value's source (docs/stm32n6.md repeats this table).
 COST_CONSTANTS = {
-    "npu_clock_hz": "ST model zoo STM32N6570-DK benchmarks (NPU 1 GHz, overdrive)",
-    "m55_clock_hz": "ST model zoo STM32N6570-DK benchmarks (CPU 800 MHz, overdrive)",
+    "npu_clock_hz": "ASSUMPTION: the DK's overdrive NPU clock (1 GHz) for ST's model-zoo figures",
+    "m55_clock_hz": "ASSUMPTION: the DK's overdrive CPU clock (800 MHz) for ST's model-zoo figures",
     "npu_conv_accelerators": "ST Edge AI Core, Neural-ART concepts: Neural-ART 14 has four CAs",
     "npu_macs_per_cycle_per_ca": "ST: 600 GOPS at 1 GHz over 4 CAs",
-    "weight_bytes_per_s": "STM32N6570-DK octo-SPI flash, 8 lines DTR at 200 MHz",
+    "weight_bytes_per_s": "octo-SPI flash, 8 lines DTR at 200 MHz (ASSUMPTION on the clock)",
     "pools": "ST Edge AI Core memory pools of the STM32N6570-DK (byteWidth / freqRatio per bank)",
     "ca_half_depth": "chosen on the calibration models (grid of 6 values)",
     "npu_efficiency": "fitted on published.csv",
