@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 SHARED ?= ../shared
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run lint test bench fuzz paper-quick paper defaults clean
+.PHONY: setup run lint test bench fuzz paper-quick paper defaults stm32n6 clean
 
 setup: $(STAMP)
 
@@ -38,6 +38,9 @@ paper: setup
 
 defaults: setup
 	$(PY) -m experiments.defaults_table --shared $(SHARED) --readme
+
+stm32n6: setup
+	$(PY) -m experiments.stm32n6_table --shared $(SHARED) --readme --docs
 
 clean:
 	rm -rf $(VENV) build *.egg-info

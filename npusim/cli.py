@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import json
 import re
 import sys
 from pathlib import Path
@@ -133,11 +134,28 @@ def shape_text(shape) -> str:
 @click.argument("model", type=click.Path(dir_okay=False))
 @click.option("--target", type=click.Choice(["generic", "stm32n6"]), default="generic", show_default=True)
 @click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["text", "json"]),
+    default="text",
+    show_default=True,
+    help="text: the table; json: the same content as one JSON object, for scripts.",
+)
+@click.option(
+    "--calibration",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help=(
+        "stm32n6: refit the latency model's NPU efficiency and epoch overhead on your own board "
+        "measurements, a CSV with the columns of published.csv (file, npu_ms, ...; docs/stm32n6.md)."
+    ),
+)
+@click.option(
     "--npu-efficiency",
     type=float,
     default=None,
     help=(
-        "stm32n6: fraction of the NPU's 300 GMAC/s peak sustained on convolutions [default: "
+        "stm32n6: fraction of the NPU's 300 GMAC/s peak a deep convolution sustains [default: the fitted "
         "npusim.npu.NPU_EFFICIENCY]."
     ),
 )
@@ -151,38 +169,77 @@ def shape_text(shape) -> str:
     ),
 )
 @friendly_errors
-def inspect(model, target, npu_efficiency, m55_macs_per_cycle):
+def inspect(model, target, fmt, calibration, npu_efficiency, m55_macs_per_cycle):
     """One row per op: shapes, MACs and parameters, then the totals.
 
-    With --target stm32n6: the NPU/M55 placement, epochs, weight and arena memory and an estimated
-    latency (cost model and its assumptions: npusim/npu/cost.py)."""
+    With --target stm32n6: the NPU/M55 placement, epochs, internal RAM over the N6 RAM banks, weight
+    memory and an estimated latency (the model, its constants and their sources: docs/stm32n6.md)."""
     interp = Interpreter(load_model(model))
     if target == "stm32n6":
-        from .npu import CostModel, report
+        from .npu import (
+            CostModel,
+            fit_cost_model,
+            format_report,
+            plan_device,
+            read_calibration_csv,
+            report_dict,
+        )
 
-        cost = CostModel()
+        cost, fitted = CostModel(), None
+        if calibration is not None:
+            fitted = fit_cost_model(read_calibration_csv(calibration), cost)
+            cost = fitted.cost
         if npu_efficiency is not None:
             cost.npu_efficiency = npu_efficiency
         if m55_macs_per_cycle is not None:
             cost.m55_macs_per_cycle = m55_macs_per_cycle
         cost.__post_init__()  # validate the overrides
-        click.echo(report(interp, cost, title=Path(model).name))
+        dev = plan_device(interp, cost)
+        if fmt == "json":
+            click.echo(json.dumps(report_dict(dev, Path(model).name, fitted), indent=1))
+        else:
+            click.echo(format_report(dev, Path(model).name, fitted))
         return
-    if npu_efficiency is not None or m55_macs_per_cycle is not None:
-        raise NpusimError("--npu-efficiency and --m55-macs-per-cycle apply only with --target stm32n6")
+    if npu_efficiency is not None or m55_macs_per_cycle is not None or calibration is not None:
+        raise NpusimError(
+            "--calibration, --npu-efficiency and --m55-macs-per-cycle apply only with --target stm32n6"
+        )
     g = interp.graph
-    rows = [("#", "op", "inputs", "outputs", "MACs", "params")]
+    header = ("#", "op", "inputs", "outputs", "MACs", "params")
+    rows, records = [header], []
     total_macs = total_params = 0
     for k in interp.kernels:
-        acts = [
-            shape_text(g.tensors[t].shape) for t in k.op.inputs if t >= 0 and not g.tensors[t].is_constant
-        ]
+        acts = [g.tensors[t].shape for t in k.op.inputs if t >= 0 and not g.tensors[t].is_constant]
         params = sum(g.tensors[t].data.size for t in k.op.inputs if t >= 0 and g.tensors[t].is_constant)
-        outs = [shape_text(g.tensors[t].shape) for t in k.op.outputs]
+        outs = [g.tensors[t].shape for t in k.op.outputs]
         macs = k.macs()
         total_macs += macs
         total_params += params
-        rows.append((str(k.op.index), k.kind, ", ".join(acts), ", ".join(outs), f"{macs:,}", f"{params:,}"))
+        records.append(
+            {
+                "index": k.op.index,
+                "op": k.kind,
+                "inputs": [list(s) for s in acts],
+                "outputs": [list(s) for s in outs],
+                "macs": int(macs),
+                "params": int(params),
+            }
+        )
+        rows.append(
+            (
+                str(k.op.index),
+                k.kind,
+                ", ".join(shape_text(s) for s in acts),
+                ", ".join(shape_text(s) for s in outs),
+                f"{macs:,}",
+                f"{params:,}",
+            )
+        )
+    if fmt == "json":
+        data = {"model": Path(model).name, "target": "generic", "ops": records}
+        data.update(total_macs=int(total_macs), total_params=int(total_params))
+        click.echo(json.dumps(data, indent=1))
+        return
     rows.append(("", "total", "", "", f"{total_macs:,}", f"{total_params:,}"))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:

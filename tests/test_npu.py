@@ -146,14 +146,20 @@ def test_latency_scales_and_follows_the_cost_model(model, monkeypatch):
     slow = plan_device(interp, CostModel(npu_efficiency=dev.cost.npu_efficiency / 2))
     assert slow.unit_seconds(NPU) > dev.unit_seconds(NPU)
     assert slow.unit_seconds(M55) == pytest.approx(dev.unit_seconds(M55))
-    # module constants are the defaults of every later estimate
+    # module constants are the defaults of every later estimate; one overhead per hardware or
+    # software epoch
+    epochs = sum(1 for o in dev.ops if o.overhead_s > 0)
+    assert epochs == dev.hardware_epochs + dev.software_epochs
     monkeypatch.setattr(npu.cost, "EPOCH_OVERHEAD_S", 1e-3)
-    assert plan_device(interp).latency_s(1) == pytest.approx(
-        t1 + len(dev.epochs) * (1e-3 - dev.cost.epoch_overhead_s)
-    )
-    # CONV-type ops cost MACs / (peak * efficiency)
+    assert plan_device(interp).latency_s(1) == pytest.approx(t1 + epochs * (1e-3 - dev.cost.epoch_overhead_s))
+    # every op: max(compute, memory) + its epoch's overhead; convolutions at peak x efficiency x u(depth)
+    for o in dev.ops:
+        assert o.seconds == pytest.approx(max(o.compute_s, o.memory_s) + o.overhead_s)
     conv = next(o for o in dev.ops if o.kind == "CONV_2D")
-    assert conv.seconds == pytest.approx(conv.macs / (300e9 * dev.cost.npu_efficiency))
+    k = interp.kernels[conv.position]
+    depth = k.macs() / np.prod(k.outputs[0].shape)
+    rate = 300e9 * dev.cost.npu_efficiency * depth / (depth + dev.cost.ca_half_depth)
+    assert conv.compute_s == pytest.approx(conv.macs / rate)
 
 
 def test_cli_cost_options(model):
@@ -294,7 +300,215 @@ def test_placement_of_the_new_ops():
     x, y = _t((1, 8, 8, 4)), _t((1, 8, 8, 4))
     for kind in ("TANH", "HARD_SWISH", "LEAKY_RELU", "LOGISTIC", "MUL", "SUB", "PRELU", "MAXIMUM", "SLICE"):
         assert placement(_kernel(kind, [x], [y]))[0] == NPU, kind
-    for kind in ("RESIZE_BILINEAR", "GATHER", "TILE", "SUM", "REDUCE_MAX", "BATCH_MATMUL"):
+    for kind in ("RESIZE_BILINEAR", "GATHER", "TILE", "SUM", "BATCH_MATMUL"):
         unit, reason = placement(_kernel(kind, [x], [y]))
         assert unit == M55 and kind in reason, kind
+    # ReduceMax maps to the NPU as global max pooling (ST table), other reductions do not
+    hw = _t((2,), np.int32, data=np.array([1, 2], np.int32))
+    assert placement(_kernel("REDUCE_MAX", [x, hw], [_t((1, 4))]))[0] == NPU
+    c = _t((1,), np.int32, data=np.array([3], np.int32))
+    assert placement(_kernel("REDUCE_MAX", [x, c], [_t((1, 8, 8))]))[0] == M55
     assert placement(_kernel("SHAPE", [x], [_t((4,), np.int32)]))[0] == M55
+
+
+# -- the cost model's pieces on synthetic layers ----------------------------------------------------
+
+from npusim.npu import MEMORY_POOLS, device_structure, fit_cost_model, plan_fusion, plan_memory  # noqa: E402
+from npusim.npu.calibration import CSV_COLUMNS, estimate_ms, read_calibration_csv  # noqa: E402
+from npusim.testing.oracle import (  # noqa: E402
+    concat_model,
+    conv2d_model,
+    depthwise_model,
+    fully_connected_model,
+    softmax_model,
+)
+
+
+def _conv(h, w, cin, cout, k=1):
+    rng = np.random.default_rng(0)
+    return conv2d_model(
+        (1, h, w, cin), rng.integers(-9, 9, (cout, k, k, cin)), np.zeros(cout), 0.05, 0, 0.01, 0.1, 0
+    )
+
+
+def _depthwise(h, w, c, k=3):
+    rng = np.random.default_rng(0)
+    return depthwise_model(
+        (1, h, w, c), rng.integers(-9, 9, (1, k, k, c)), np.zeros(c), 0.05, 0, 0.01, 0.1, 0
+    )
+
+
+def _only_op(model_bytes, cost=None):
+    dev = plan_device(Interpreter(model_bytes), cost or CostModel())
+    assert len(dev.ops) == 1
+    return dev.ops[0]
+
+
+def test_pointwise_runs_the_accelerators_better_than_depthwise():
+    """Same MACs: a depthwise 3x3 layer sums 9 products per output, a pointwise layer 64, so the
+    accelerators are busier on the pointwise one: u = depth / (depth + CA_HALF_DEPTH)."""
+    cost = CostModel(epoch_overhead_s=0.0)
+    pw = _only_op(_conv(32, 32, 64, 9), cost)  # 32*32*9 outputs x 64 = 589,824 MACs
+    dw = _only_op(_depthwise(32, 32, 64), cost)  # 32*32*64 outputs x 9 = 589,824 MACs
+    assert pw.macs == dw.macs
+    assert pw.bound == dw.bound == "compute"
+    u = cost.ca_utilisation
+    assert pw.compute_s == pytest.approx(pw.macs / (cost.npu_peak_macs_per_s * cost.npu_efficiency * u(64)))
+    assert dw.compute_s / pw.compute_s == pytest.approx(u(64) / u(9))
+    assert dw.seconds > 2 * pw.seconds
+    # a deeper layer approaches the fitted efficiency
+    deep = _only_op(_conv(16, 16, 256, 16, k=3), cost)
+    assert deep.macs / deep.compute_s > 0.95 * cost.npu_peak_macs_per_s * cost.npu_efficiency
+
+
+def test_a_weight_heavy_layer_is_bound_by_the_flash():
+    """A dense layer reads every weight once for one output row: the octo-SPI flash, not the
+    accelerators, sets its time."""
+    rng = np.random.default_rng(0)
+    fc = fully_connected_model(
+        (1, 1024), rng.integers(-9, 9, (1000, 1024)), np.zeros(1000), 0.05, 0, 0.01, 0.1, 0
+    )
+    cost = CostModel()
+    o = _only_op(fc, cost)
+    assert o.bound == "memory" and o.memory_s > 10 * o.compute_s
+    weights = 1000 * 1024 + 4 * 1000
+    assert o.weight_bytes == weights
+    npu_ram = MEMORY_POOLS[0].bytes_per_npu_cycle * cost.npu_clock_hz
+    assert o.memory_s == pytest.approx(weights / cost.weight_bytes_per_s + (1024 + 1000) / npu_ram)
+    assert o.seconds == pytest.approx(o.memory_s + cost.epoch_overhead_s)
+    # weights in on-chip RAM instead: the same layer is 16 times faster to feed
+    fast = _only_op(fc, CostModel(weight_bytes_per_s=6.4e9))
+    assert fast.memory_s < o.memory_s / 10
+
+
+def test_softmax_falls_back_to_the_m55():
+    cost = CostModel()
+    o = _only_op(softmax_model((1, 1000), 0.1, 0), cost)
+    assert o.unit == M55 and "SOFTMAX" in o.reason
+    cycles = 1000 * cost.m55_cycles_per_element["SOFTMAX"]
+    assert o.compute_s == pytest.approx(cycles / cost.m55_clock_hz)
+    assert o.seconds == pytest.approx(cycles / 800e6 + cost.epoch_overhead_s)
+    faster = _only_op(softmax_model((1, 1000), 0.1, 0), CostModel(m55_clock_hz=400e6))
+    assert faster.compute_s == pytest.approx(2 * o.compute_s)
+
+
+def test_memory_banks_alignment_and_in_place_concatenation():
+    # a 512 KiB activation does not fit a 448 KiB npuRAM bank: it goes to cpuRAM2 (1 MiB)
+    interp = Interpreter(_conv(256, 256, 8, 8))
+    dev = plan_device(interp)
+    pools = {p.pool.name: p.used for p in dev.memory.pools if p.used}
+    assert pools == {"cpuRAM2": 1024 * 1024}  # input and output, both live during the layer
+    assert dev.memory.internal_bytes == sum(pools.values()) and dev.memory.external_bytes == 0
+    # small buffers are aligned to the M55's 32-byte cache line
+    small = plan_device(Interpreter(_conv(3, 3, 3, 5)))
+    assert small.memory.internal_bytes == 32 + 64  # 27 -> 32 and 45 -> 64 bytes, both live at once
+    # the concatenation copies nothing: its inputs are written in place (graph inputs excepted)
+    cat = Interpreter(concat_model([(1, 4, 4, 8), (1, 4, 4, 8)], 3, 0.1, 0))
+    fusion = plan_fusion(cat, [NPU])
+    assert fusion.roles == ["view"]
+    assert plan_memory(cat, fusion).internal_bytes == 2 * 128 + 256  # graph inputs stay where they are
+
+
+def _write_calibration(tmp_path, rows, header=CSV_COLUMNS):
+    lines = [",".join(header)] + [",".join(str(r.get(c, "")) for c in header) for r in rows]
+    path = tmp_path / "calibration.csv"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_the_fit_recovers_known_constants(tmp_path):
+    """Measurements made by a known cost model on three synthetic models: the fit, started elsewhere,
+    finds the model's efficiency and epoch overhead again."""
+    truth = CostModel(npu_efficiency=0.3, epoch_overhead_s=25e-6)
+    models = {
+        "deep.tflite": _conv(32, 32, 64, 64, k=3),
+        "dw.tflite": _depthwise(16, 16, 32),
+        "fc.tflite": None,
+    }
+    rng = np.random.default_rng(1)
+    models["fc.tflite"] = fully_connected_model(
+        (1, 256), rng.integers(-9, 9, (64, 256)), np.zeros(64), 0.05, 0, 0.01, 0.1, 0
+    )
+    rows = []
+    for name, data in models.items():
+        (tmp_path / name).write_bytes(data)
+        ms = estimate_ms(device_structure(Interpreter(data)), truth)
+        rows.append({"file": name, "npu_ms": f"{ms:.12g}", "stedgeai_version": "3.0.0"})
+    rows.append({"file": "deep.tflite", "npu_ms": "99", "stedgeai_version": "2.0.0"})  # older: ignored
+    measurements = read_calibration_csv(_write_calibration(tmp_path, rows))
+    assert len(measurements) == 3
+    cal = fit_cost_model(measurements, CostModel(npu_efficiency=0.05, epoch_overhead_s=5e-6))
+    assert cal.cost.npu_efficiency == pytest.approx(0.3, rel=1e-4)
+    assert cal.cost.epoch_overhead_s == pytest.approx(25e-6, rel=1e-4)
+    assert cal.degrees_of_freedom == 1
+    assert all(r == pytest.approx(1.0, abs=1e-6) for r in cal.ratios)
+    # the command line refits the same way and says so
+    out = cli(
+        "inspect",
+        tmp_path / "deep.tflite",
+        "--target",
+        "stm32n6",
+        "--calibration",
+        tmp_path / "calibration.csv",
+    )
+    assert out.exit_code == 0, out.output
+    assert "calibrated on 3 measurement(s): npu_efficiency = 0.3," in out.stdout
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ("model,npu_ms\nx,1\n", "missing column(s) file"),
+        ("file,model\nm.tflite,x\n", "missing column(s) npu_ms"),
+        ("file,npu_ms\nm.tflite,fast\n", "line 2: npu_ms 'fast' is not a number"),
+        ("file,npu_ms\nm.tflite,-3\n", "line 2: npu_ms must be a positive number"),
+        ("file,npu_ms\nm.tflite,\n", "line 2: column npu_ms is empty"),
+        ("file,npu_ms\nnowhere.tflite,2\n", "model file"),
+        ("file,npu_ms\n", "no measurements"),
+        (None, "cannot read"),
+    ],
+)
+def test_calibration_file_errors_are_one_line(tmp_path, content, message):
+    (tmp_path / "m.tflite").write_bytes(_conv(8, 8, 8, 8))
+    path = tmp_path / "cal.csv"
+    if content is not None:
+        path.write_text(content)
+    r = cli("inspect", tmp_path / "m.tflite", "--target", "stm32n6", "--calibration", path)
+    assert r.exit_code == 2, r.output
+    assert r.stderr.startswith("error: ") and message in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.output
+    # one measurement cannot fit two constants
+    if content is None:
+        path.write_text("file,npu_ms\nm.tflite,1\n")
+        r = cli("inspect", tmp_path / "m.tflite", "--target", "stm32n6", "--calibration", path)
+        assert r.exit_code == 2 and "cannot fit 2 constants" in r.stderr
+
+
+def test_json_output_has_the_table_content(model):
+    import json
+
+    path, interp = model
+    text = cli("inspect", path, "--target", "stm32n6").stdout
+    data = json.loads(cli("inspect", path, "--target", "stm32n6", "--format", "json").stdout)
+    dev = plan_device(interp)
+    assert data["target"] == "stm32n6" and data["model"] == Path(path).name
+    assert len(data["ops"]) == len(interp.kernels) == len(dev.ops)
+    assert [o["unit"] for o in data["ops"]] == [o.unit for o in dev.ops]
+    assert data["latency_s"] == pytest.approx(dev.latency_s(1))
+    assert f"estimated latency: {data['latency_s'] * 1e3:.3f} ms per image" in text
+    assert f"internal RAM: {data['internal_ram_bytes']:,} B" in text
+    assert data["total_macs"] == dev.total_macs and data["weight_bytes"] == dev.weight_bytes
+    assert f"{data['npu_hardware_epochs']} NPU hardware epochs" in text
+    generic = json.loads(cli("inspect", path, "--format", "json").stdout)
+    assert generic["total_macs"] == dev.total_macs and len(generic["ops"]) == len(dev.ops)
+
+
+def test_the_shipped_constants_reproduce_the_published_fit():
+    """The module constants are the fit on published.csv (experiments/stm32n6_table.py), so the
+    calibration models land within a few percent of ST's figures."""
+    csv_path = SHARED / "models" / "stm32n6" / "published.csv"
+    need(csv_path)
+    measurements = read_calibration_csv(csv_path)
+    for m in measurements:
+        est = plan_device(Interpreter(str(m.path))).latency_s(1) * 1e3
+        assert est == pytest.approx(m.npu_ms, rel=0.05), m.file

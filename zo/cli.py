@@ -254,10 +254,17 @@ def train(
     help="Class count of the new task (replaces the head when it differs).",
 )
 @click.option("--new-head", is_flag=True, help="A fresh head (appended to a model without a classifier).")
-def cost(model, trainable, q, batch, classes, new_head):
+@click.option(
+    "--calibration",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Refit the STM32N6 latency model on your board measurements (CSV as for npusim inspect).",
+)
+def cost(model, trainable, q, batch, classes, new_head, calibration):
     """STM32N6 memory and time of one ZO step, next to back-propagation on the same layers."""
     from npusim import load_model
     from npusim.errors import NpusimError
+    from npusim.npu import fit_cost_model, read_calibration_csv
 
     from .cost import format_zo_step_report, zo_step_report
     from .model import TrainableModel
@@ -266,9 +273,12 @@ def cost(model, trainable, q, batch, classes, new_head):
         fail(f"--q {q} --batch {batch}: expected both >= 1")
     try:
         m = TrainableModel(load_model(model), trainable, num_classes=classes, new_head=new_head)
+        device = fit_cost_model(read_calibration_csv(calibration)).cost if calibration else None
     except (ZoError, NpusimError) as e:
         fail(str(e))
-    click.echo(format_zo_step_report(zo_step_report(m.interp, [p.tensor for p in m.params], q, batch)))
+    click.echo(
+        format_zo_step_report(zo_step_report(m.interp, [p.tensor for p in m.params], q, batch, device))
+    )
 
 
 if __name__ == "__main__":

@@ -1,9 +1,11 @@
 """A zeroth-order training step priced on the STM32N6 next to one back-propagation step that trains
-the same tensors (`zo cost`), from npusim's device model (npusim.npu: placement, latency, arena)."""
+the same tensors (`zo cost`), from npusim's device model (npusim.npu: placement, latency, the NPU
+compiler's memory layout), the same model `npusim inspect --target stm32n6` and the trainer's
+device_seconds use."""
 
 from __future__ import annotations
 
-from npusim.npu import CostModel, plan_arena, plan_device
+from npusim.npu import CostModel, plan_device, plan_fusion, plan_memory
 from npusim.npu.arena import tensor_bytes, tensor_elements
 
 from .errors import ZoError
@@ -37,9 +39,10 @@ def zo_step_report(
     The device runs one image at a time (as latency_s assumes); `resident_images` is how many
     images' activations are held at once (1: losses and gradients are accumulated image by image;
     pass `batch` to model a device that holds the whole batch).
-    ZO memory: inference arena + model weights + per probe one seed (`seed_bytes`; perturbations are
-    regenerated from it, never stored) and one float32 directional derivative + float32 master copies
-    of the trainable tensors; the perturbed int8 weights are written in place.
+    ZO memory: inference activations (the NPU compiler's layout over the N6 RAM banks, internal plus
+    external, for `resident_images` images) + model weights + per probe one seed (`seed_bytes`;
+    perturbations are regenerated from it, never stored) and one float32 directional derivative +
+    float32 master copies of the trainable tensors; the perturbed int8 weights are written in place.
     Back-propagation memory: model weights + max(inference arena, activations of the trainable suffix
     kept for the backward pass + two float32 activation-gradient buffers of the largest suffix op)
     + float32 master copies, float32 gradients and `optimizer_states` float32 states per trainable
@@ -63,7 +66,9 @@ def zo_step_report(
             raise ZoError(f"tensor {t} is not a constant tensor of the model, so it cannot be trained")
     cost = cost or CostModel()
     dev = plan_device(interp, cost)
-    arena = plan_arena(interp, resident_images)
+    fusion = plan_fusion(interp, [o.unit for o in dev.ops])
+    arena = plan_memory(interp, fusion, scale=resident_images)
+    arena_bytes = arena.internal_bytes + arena.external_bytes
     start = trainable_suffix_start(interp, trainable)
     params = sum(tensor_elements(graph.tensors[t]) for t in trainable)
 
@@ -88,7 +93,7 @@ def zo_step_report(
     produced_in_suffix = {t for k in suffix for t in k.op.outputs}
     boundary = {t for k in suffix for t in k.op.inputs if is_activation(t) and t not in produced_in_suffix}
     zo = {
-        "arena_bytes": arena.peak_bytes,
+        "arena_bytes": arena_bytes,
         "weight_bytes": dev.weight_bytes,
         "seed_bytes": q * (seed_bytes + 4),
         "master_bytes": 4 * params,
@@ -96,7 +101,7 @@ def zo_step_report(
     zo["total_bytes"] = sum(zo.values())
     bp = {
         "weight_bytes": dev.weight_bytes,
-        "activation_bytes": max(arena.peak_bytes, stored_bytes + grad_act_bytes),
+        "activation_bytes": max(arena_bytes, stored_bytes + grad_act_bytes),
         "stored_activation_bytes": stored_bytes,
         "activation_gradient_bytes": grad_act_bytes,
         "master_bytes": 4 * params,

@@ -16,25 +16,24 @@ NPU up to rank 4 only, and any op not named above, or with a float operand, goes
 NPU_KIND_SOURCES and M55_KIND_SOURCES give the source of every placement, op by op; the ones
 marked ASSUMPTION were not checked against ST's table.
 
-Epochs. ST's compiler emits one hardware epoch per (fused) layer and a software epoch per CPU
-operator; here consecutive ops on the same unit are grouped into one epoch (an "epoch block" in
-ST's runtime terms), which is what decides the NPU/CPU hand-overs and their cost.
+Epochs. ST's compiler emits a hardware epoch per (fused) layer and a software epoch per CPU operator.
+fusion.py decides which ops are layers, which are chained into the previous layer's epoch and which
+are views that move nothing; consecutive ops on one unit form an "epoch block" (ST's runtime term),
+which is what `epochs` lists.
 
-Cost model (all numbers are module-level constants, collected into a CostModel that a caller or
-the CLI can override). Published figures: Neural-ART 14 in the STM32N6, 600 GOPS peak at about
-1 GHz, i.e. 300 GMAC/s from 4 convolution accelerators (75 MAC/cycle each); Cortex-M55 at 800 MHz.
-Peak is not what a small network gets: weights stream from flash, layers are small and every epoch
-is programmed and synchronised. ASSUMPTION (easy to change: NPU_EFFICIENCY, or
-`npusim inspect --target stm32n6 --npu-efficiency`): the NPU sustains 5 % of peak on convolution
-MACs. The figure is anchored on one third-party measurement, MoveNet Lightning 192 int8 (242 MMAC)
-at 22 ms on an STM32N6570-DK (about 11 GMAC/s, 4 % of peak, including software epochs), and is
-only good to a factor of 2-3. Non-convolution layers on the NPU (add, pooling, padding, movement)
-are bound by the stream engines' memory traffic rather than by the accelerators: they cost
-max(MACs, elements of their largest activation operand) / NPU_ELEMENTS_PER_CYCLE NPU cycles, without
-the efficiency factor. Software epochs on the M55 cost max(MACs / M55_MACS_PER_CYCLE, elements x cycles per
-element of the op) cycles at 800 MHz (CMSIS-NN with Helium: about 2 int8 MAC per cycle sustained is
-assumed). Every epoch adds EPOCH_OVERHEAD_S (interrupt, cache maintenance, reprogramming).
-Images of a batch run one after the other (the device runs batch 1), so time scales with batch.
+The latency model (a roofline per layer, its constants in one table, fitted on board measurements) is
+the subject of docs/stm32n6.md; in short, per NPU layer
+
+    seconds = max(MACs / (peak x efficiency x u(depth)),
+                  weight bytes / external-flash bandwidth + activation bytes / their RAM bank's bandwidth)
+              + one epoch overhead
+
+where u(depth) = depth / (depth + CA_HALF_DEPTH) is the busy fraction of a convolution accelerator for
+a layer whose outputs each sum `depth` products (depthwise 3x3: 9, a pointwise layer: its input
+channels, a 3x3 convolution: 9 x input channels). A software epoch on the Cortex-M55 costs
+max(MACs / M55_MACS_PER_CYCLE, elements x cycles per element of its op class) cycles plus one epoch
+overhead. COST_CONSTANTS lists every constant with its source; NPU_EFFICIENCY and EPOCH_OVERHEAD_S are
+fitted on ST's published board figures (npusim/npu/calibration.py), the others come from ST documents.
 """
 
 from __future__ import annotations
@@ -46,77 +45,115 @@ import numpy as np
 from ..errors import NpusimError
 from ..ops import MAC_OPS
 from .arena import ArenaPlan, plan_arena, tensor_bytes, tensor_elements
+from .fusion import EPILOGUE, LAYER, VIEW, FusionPlan, plan_fusion
+from .memory import MemoryLayout, plan_memory
 
-# -- published device figures -------------------------------------------------------------------
-NPU_CLOCK_HZ = 1.0e9  # Neural-ART 14 on STM32N6, "up to 1 GHz"
-NPU_CONV_ACCELERATORS = 4  # CONVACC units
-NPU_MACS_PER_CYCLE_PER_CA = 75  # 600 GOPS = 300 GMAC/s at 1 GHz over 4 accelerators
-M55_CLOCK_HZ = 800e6  # Cortex-M55 of the STM32N6
-
-# -- assumptions (see the module docstring) -----------------------------------------------------
-NPU_EFFICIENCY = 0.05  # fraction of the conv accelerators' peak sustained on real layers
-NPU_ELEMENTS_PER_CYCLE = 8  # non-convolution NPU layers: int8 elements per cycle (one 64-bit AXI beat)
-M55_MACS_PER_CYCLE = 2.0  # int8 MAC per cycle in software (CMSIS-NN, Helium)
+# -- the constants of the latency model ----------------------------------------------------------
+# Clocks: NPU 1 GHz and Cortex-M55 800 MHz, the overdrive clocks ST's STM32N6570-DK application
+# examples run at (as third-party descriptions of the board report; ST's model-zoo tables do not state
+# the clocks of their "NPU/MCU" figures, so this is an ASSUMPTION about them).
+NPU_CLOCK_HZ = 1.0e9
+M55_CLOCK_HZ = 800e6
+NPU_CONV_ACCELERATORS = 4  # CONVACC units of the Neural-ART 14
+NPU_MACS_PER_CYCLE_PER_CA = 75  # 600 GOPS at 1 GHz = 300 GMAC/s over the 4 accelerators
+# External octo-SPI flash holding the weights (STM32N6570-DK: octal flash on XSPI2 in DTR mode, assumed
+# at 200 MHz): 8 bits x 2 edges x 200 MHz = 400 MB/s, streamed by the NPU while it computes. ST's memory-
+# pool file rates the octoFlash at byteWidth 1 / freqRatio 6 (167 MB/s at 1 GHz); with that figure the
+# four calibration models fit worse (MobileNetV2 +28 %, docs/stm32n6.md).
+WEIGHT_BYTES_PER_S = 400e6
+# Busy fraction of a convolution accelerator: depth / (depth + CA_HALF_DEPTH), depth = products summed
+# per output, so a depthwise 3x3 layer (depth 9) runs at 1/7 of a deep 3x3 convolution's rate and a
+# pointwise layer with 54 input channels at half of it. Chosen (one global value from 9, 18, 27, 36, 54,
+# 72) on the four calibration models with the two constants below refitted at each value
+# (experiments/stm32n6_table.py; the third fitted constant).
+CA_HALF_DEPTH = 54.0
+# Fitted on ST's published figures (published.csv; npusim/npu/calibration.py, docs/stm32n6.md).
+NPU_EFFICIENCY = 0.1745  # fraction of the accelerators' peak a deep convolution sustains
+EPOCH_OVERHEAD_S = 40.48e-6  # per hardware or software epoch: program, start, end interrupt, cache upkeep
+# Software epochs: CMSIS-NN int8 kernels with Helium (about 2 MAC per cycle sustained), and cycles per
+# element for the element-wise and conversion kernels. ASSUMPTIONS, not fitted (2 to 12 % of the four
+# calibration models' estimates, YOLOv8n's DFL SOFTMAX the largest part).
+M55_MACS_PER_CYCLE = 2.0
 M55_CYCLES_PER_ELEMENT = {"SOFTMAX": 20.0, "QUANTIZE": 2.0, "DEQUANTIZE": 2.0}
 M55_DEFAULT_CYCLES_PER_ELEMENT = 1.0
-EPOCH_OVERHEAD_S = 5e-6  # per epoch: start, end-of-epoch interrupt, cache clean/invalidate
+
+# Every constant of CostModel with its value's source (docs/stm32n6.md repeats this table).
+COST_CONSTANTS = {
+    "npu_clock_hz": "ASSUMPTION: the DK's overdrive NPU clock (1 GHz) for ST's model-zoo figures",
+    "m55_clock_hz": "ASSUMPTION: the DK's overdrive CPU clock (800 MHz) for ST's model-zoo figures",
+    "npu_conv_accelerators": "ST Edge AI Core, Neural-ART concepts: Neural-ART 14 has four CAs",
+    "npu_macs_per_cycle_per_ca": "ST: 600 GOPS at 1 GHz over 4 CAs",
+    "weight_bytes_per_s": "octo-SPI flash, 8 lines DTR at 200 MHz (ASSUMPTION on the clock)",
+    "pools": "ST Edge AI Core memory pools of the STM32N6570-DK (byteWidth / freqRatio per bank)",
+    "ca_half_depth": "chosen on the calibration models (grid of 6 values)",
+    "npu_efficiency": "fitted on published.csv",
+    "epoch_overhead_s": "fitted on published.csv",
+    "m55_macs_per_cycle": "ASSUMPTION (CMSIS-NN with Helium)",
+    "m55_cycles_per_element": "ASSUMPTION",
+    "m55_default_cycles_per_element": "ASSUMPTION",
+}
 
 NPU = "NPU"
 M55 = "M55"
 
-# Hardware operators of the Neural-ART, each with the source of its placement. "ST table": the ST
-# Edge AI Core page cited in the module docstring. "ASSUMPTION": not checked against that table in
-# this code base (its operator rows were not at hand when the op was added); the placement follows
-# the Neural-ART's hardware units (convolution accelerators, arithmetic and activation units,
-# stream-engine data movement) and is the first thing to correct from a `stedgeai analyze` report.
+# Hardware operators of the Neural-ART, each with the source of its placement. "ST table": ST's
+# "ST Neural-ART NPU - Supported operators and limitations" (cited in the module docstring). Its
+# operator rows could not be fetched here; the rows below marked "ST table (summary)" come from a
+# third-party digest of the Core 2.2.0 page (a "Modeling Constraints Cheat-Sheet" for the STM32N6 found
+# by code search, which lists the HW and SW_FLOAT/SW_INT operators), ONNX names in brackets.
+# "ASSUMPTION": not in that digest; placed by the Neural-ART's hardware units and the first thing to
+# correct from a `stedgeai analyze` report. docs/stm32n6.md lists them.
+ST_DIGEST = "ST table (summary of Core 2.2.0)"
 NPU_KIND_SOURCES = {
     "CONV_2D": "ST table (convolution)",
     "DEPTHWISE_CONV_2D": "ST table (depthwise convolution)",
-    "FULLY_CONNECTED": "ST table (dense)",
+    "FULLY_CONNECTED": "ST table (dense: Gemm, MatMul with a constant operand)",
     "ADD": "ST table (element-wise add)",
-    "AVERAGE_POOL_2D": "ST table (pooling)",
-    "MAX_POOL_2D": "ST table (pooling)",
-    "MEAN": "ST table (global average pooling; H and W only, see placement())",
+    "AVERAGE_POOL_2D": "ST table (pooling; windows above 3x3 are decomposed)",
+    "MAX_POOL_2D": "ST table (pooling; windows above 3x3 are decomposed)",
+    "MEAN": "ST table (ReduceMean as global average pooling; H and W only, see placement())",
+    "REDUCE_MAX": f"{ST_DIGEST}: ReduceMax as global max pooling; H and W only, see placement()",
     "PAD": "ST table (padding)",
     "PADV2": "ST table (padding)",
     "RESHAPE": "ST table (reshape)",
     "CONCATENATION": "ST table (concatenation)",
     "TRANSPOSE": "ST table (limited transpose; rank <= 4, see placement())",
-    "SQUEEZE": "as RESHAPE (ST table): a reshape of the same bytes",
-    "EXPAND_DIMS": "as RESHAPE (ST table): a reshape of the same bytes",
-    "SUB": "ASSUMPTION: element-wise arithmetic unit, as ADD",
-    "MUL": "ASSUMPTION: element-wise arithmetic unit, as ADD",
-    "MAXIMUM": "ASSUMPTION: element-wise arithmetic unit, as ADD",
-    "MINIMUM": "ASSUMPTION: element-wise arithmetic unit, as ADD",
-    "LOGISTIC": "ASSUMPTION: activation unit (as the fused RELU family)",
-    "TANH": "ASSUMPTION: activation unit",
-    "HARD_SWISH": "ASSUMPTION: activation unit",
-    "LEAKY_RELU": "ASSUMPTION: activation unit",
-    "PRELU": "ASSUMPTION: activation unit",
-    "STRIDED_SLICE": "ASSUMPTION: stream-engine data movement (as CONCATENATION)",
-    "SLICE": "ASSUMPTION: stream-engine data movement (as CONCATENATION)",
-    "SPLIT": "ASSUMPTION: stream-engine data movement (as CONCATENATION)",
-    "SPLIT_V": "ASSUMPTION: stream-engine data movement (as CONCATENATION)",
-    "PACK": "ASSUMPTION: stream-engine data movement (as CONCATENATION)",
-    "UNPACK": "ASSUMPTION: stream-engine data movement (as CONCATENATION)",
-    "RESIZE_NEAREST_NEIGHBOR": "ASSUMPTION: stream-engine data movement (pixel copies)",
-    "TRANSPOSE_CONV": "ASSUMPTION: convolution accelerators (a strided scatter convolution)",
+    "SQUEEZE": f"{ST_DIGEST}: Squeeze",
+    "EXPAND_DIMS": f"{ST_DIGEST}: Unsqueeze",
+    "SUB": f"{ST_DIGEST}: Sub",
+    "MUL": f"{ST_DIGEST}: Mul",
+    "MAXIMUM": f"{ST_DIGEST}: Max",
+    "MINIMUM": f"{ST_DIGEST}: Min",
+    "LOGISTIC": f"{ST_DIGEST}: Sigmoid",
+    "TANH": f"{ST_DIGEST}: Tanh",
+    "HARD_SWISH": f"{ST_DIGEST}: HardSwish",
+    "LEAKY_RELU": f"{ST_DIGEST}: LeakyRelu",
+    "PRELU": f"{ST_DIGEST}: PRelu",
+    "STRIDED_SLICE": "ASSUMPTION: stream-engine strided read (not in the digest)",
+    "SLICE": "ASSUMPTION: stream-engine strided read (not in the digest)",
+    "SPLIT": "ASSUMPTION: stream-engine strided read (not in the digest)",
+    "SPLIT_V": "ASSUMPTION: stream-engine strided read (not in the digest)",
+    "PACK": "ASSUMPTION: stream-engine data movement, as CONCATENATION (not in the digest)",
+    "UNPACK": "ASSUMPTION: stream-engine data movement (not in the digest)",
+    "RESIZE_NEAREST_NEIGHBOR": "ASSUMPTION: pixel copies (the digest lists bilinear Resize only)",
+    "TRANSPOSE_CONV": "ASSUMPTION: convolution accelerators (ConvTranspose is not in the digest)",
 }
 # Ops the simulator runs that are placed on the Cortex-M55 on purpose, and why.
 M55_KIND_SOURCES = {
-    "SOFTMAX": "ST validate report (software epoch; see the docstring)",
-    "QUANTIZE": "ST toolchain (software epoch, see the docstring)",
-    "DEQUANTIZE": "ST validate report (DequantizeLinear software epoch)",
+    # ST table: Softmax is HW only with the compiler's --expand-softmax, SW_INT otherwise (quoted by the
+    # "STM32N6 Deployment Zoo" README, found by code search); ST's profiles do not pass the flag.
+    "SOFTMAX": "ST table: SW_INT unless compiled with --expand-softmax",
+    "QUANTIZE": f"{ST_DIGEST}: QuantizeLinear at the float boundary is SW_FLOAT",
+    "DEQUANTIZE": f"{ST_DIGEST}: DequantizeLinear is SW_FLOAT (and in ST validate reports)",
     # ST Edge AI Core 2.1 reports of MoveNet Lightning on the STM32N6 list its Resize bilinear layers
     # as software epochs (Politecnico di Milano STM32N6 case studies,
     # giacomocolosio02.github.io/stm32n6-docs/casestudies_page.html).
-    "RESIZE_BILINEAR": "software epoch in ST Edge AI Core reports (MoveNet's Resize bilinear)",
-    "GATHER": "ASSUMPTION: index-driven gather, no NPU unit for it",
-    "TILE": "ASSUMPTION: software epoch",
+    "RESIZE_BILINEAR": f"{ST_DIGEST}: bilinear Resize is SW_FLOAT (and in MoveNet's ST reports)",
+    "GATHER": f"{ST_DIGEST}: Gather is SW_FLOAT",
+    "TILE": "ASSUMPTION: software epoch (not in the digest)",
     "SHAPE": "int32 output: the NPU runs int8 only",
-    "SUM": "ASSUMPTION: reduction other than global pooling",
-    "REDUCE_MAX": "ASSUMPTION: reduction other than global pooling",
-    "BATCH_MATMUL": "ASSUMPTION: a product of two activations, not a convolution with constant weights",
+    "SUM": f"{ST_DIGEST}: ReduceSum is SW_FLOAT",
+    "BATCH_MATMUL": "ST table: MatMul is HW only with a constant operand; both are activations here",
 }
 CONV_ACCELERATOR_KINDS = frozenset(MAC_OPS) | {"TRANSPOSE_CONV"}
 NPU_KINDS = frozenset(NPU_KIND_SOURCES)
@@ -126,14 +163,16 @@ NPU_FUSED_ACTIVATIONS = frozenset({"NONE", "RELU", "RELU6", "RELU_N1_TO_1"})
 
 @dataclass
 class CostModel:
-    """Throughputs and overheads of the estimate. Defaults are read from the module constants when
-    the object is made, so changing npusim.npu.cost.NPU_EFFICIENCY changes every later estimate."""
+    """The constants of the latency estimate (COST_CONSTANTS gives each one's source). Defaults are read
+    from the module constants when the object is made, so changing npusim.npu.cost.NPU_EFFICIENCY
+    changes every later estimate; calibration.fit_cost_model() returns a refitted copy."""
 
     npu_clock_hz: float = field(default_factory=lambda: NPU_CLOCK_HZ)
     npu_conv_accelerators: int = field(default_factory=lambda: NPU_CONV_ACCELERATORS)
     npu_macs_per_cycle_per_ca: float = field(default_factory=lambda: NPU_MACS_PER_CYCLE_PER_CA)
     npu_efficiency: float = field(default_factory=lambda: NPU_EFFICIENCY)
-    npu_elements_per_cycle: float = field(default_factory=lambda: NPU_ELEMENTS_PER_CYCLE)
+    ca_half_depth: float = field(default_factory=lambda: CA_HALF_DEPTH)
+    weight_bytes_per_s: float = field(default_factory=lambda: WEIGHT_BYTES_PER_S)
     m55_clock_hz: float = field(default_factory=lambda: M55_CLOCK_HZ)
     m55_macs_per_cycle: float = field(default_factory=lambda: M55_MACS_PER_CYCLE)
     m55_cycles_per_element: dict = field(default_factory=lambda: dict(M55_CYCLES_PER_ELEMENT))
@@ -144,7 +183,7 @@ class CostModel:
         for name in (
             "npu_clock_hz",
             "npu_macs_per_cycle_per_ca",
-            "npu_elements_per_cycle",
+            "weight_bytes_per_s",
             "m55_clock_hz",
             "m55_macs_per_cycle",
         ):
@@ -152,19 +191,29 @@ class CostModel:
                 raise NpusimError(f"cost model: {name} must be positive, got {getattr(self, name)}")
         if not 0 < self.npu_efficiency <= 1:
             raise NpusimError(f"cost model: npu_efficiency must be in (0, 1], got {self.npu_efficiency}")
-        if self.npu_conv_accelerators < 1 or self.epoch_overhead_s < 0:
-            raise NpusimError("cost model: npu_conv_accelerators must be >= 1 and epoch_overhead_s >= 0")
+        if self.npu_conv_accelerators < 1 or self.epoch_overhead_s < 0 or self.ca_half_depth < 0:
+            raise NpusimError(
+                "cost model: npu_conv_accelerators must be >= 1, epoch_overhead_s and ca_half_depth >= 0"
+            )
 
     @property
     def npu_peak_macs_per_s(self) -> float:
         return self.npu_clock_hz * self.npu_conv_accelerators * self.npu_macs_per_cycle_per_ca
 
+    def ca_utilisation(self, depth: float) -> float:
+        """Busy fraction of the accelerators on a layer whose outputs each sum `depth` products."""
+        return depth / (depth + self.ca_half_depth) if depth > 0 else 1.0
+
+    def bank_bytes_per_s(self, pool) -> float:
+        return pool.bytes_per_npu_cycle * self.npu_clock_hz
+
     def describe(self) -> str:
         return (
             f"NPU {self.npu_peak_macs_per_s / 1e9:g} GMAC/s peak ({self.npu_conv_accelerators} conv "
-            f"accelerators at {self.npu_clock_hz / 1e9:g} GHz) x {self.npu_efficiency:g} efficiency, other "
-            f"NPU layers {self.npu_elements_per_cycle:g} elements/cycle; M55 {self.m55_clock_hz / 1e6:g} MHz "
-            f"x {self.m55_macs_per_cycle:g} MAC/cycle; {self.epoch_overhead_s * 1e6:g} us per epoch"
+            f"accelerators at {self.npu_clock_hz / 1e9:g} GHz) x {self.npu_efficiency:.3g} efficiency x "
+            f"depth/(depth+{self.ca_half_depth:g}); weights from flash at "
+            f"{self.weight_bytes_per_s / 1e6:g} MB/s; M55 {self.m55_clock_hz / 1e6:g} MHz x "
+            f"{self.m55_macs_per_cycle:g} MAC/cycle; {self.epoch_overhead_s * 1e6:.3g} us per epoch"
         )
 
 
@@ -188,7 +237,7 @@ def placement(kernel) -> tuple[str, str]:
         return M55, f"fused activation {act} is not supported by the NPU"
     if kind == "TRANSPOSE" and len(kernel.inputs[0].shape) > 4:
         return M55, "TRANSPOSE above rank 4 is outside the NPU's limited transpose support"
-    if kind == "MEAN":
+    if kind in ("MEAN", "REDUCE_MAX"):
         x, axes_t = kernel.inputs[0], kernel.inputs[1]
         rank = len(x.shape)
         axes = (
@@ -197,7 +246,7 @@ def placement(kernel) -> tuple[str, str]:
             else []
         )
         if rank != 4 or axes != [1, 2]:
-            return M55, "MEAN maps to the NPU only as global pooling over H and W of a 4-D tensor"
+            return M55, f"{kind} maps to the NPU only as global pooling over H and W of a 4-D tensor"
     return NPU, ""
 
 
@@ -212,19 +261,31 @@ class OpCost:
     kind: str
     unit: str  # NPU or M55
     reason: str  # why the M55, empty on the NPU
+    role: str  # fusion.LAYER (an epoch of its own), EPILOGUE (chained) or VIEW (moves nothing)
     macs: int  # per image, kernel.macs()
     elements: int  # largest activation operand, elements per image
     weight_bytes: int  # constant operands of this op (a shared constant counts for its first reader only)
-    seconds: float  # per image, excluding epoch overhead
-    epoch: int = 0
+    activation_bytes: int  # activation bytes it reads and writes in memory (streamed ones excluded)
+    compute_s: float  # MACs (or elements on the M55) at the unit's rate
+    memory_s: float  # bytes at the bandwidth of the memories they sit in
+    overhead_s: float  # its epoch's overhead (layers only)
+    seconds: float  # per image: max(compute_s, memory_s) + overhead_s
+    epoch: int = 0  # epoch block
+
+    @property
+    def bound(self) -> str:
+        if self.role != LAYER:
+            return ""
+        return "compute" if self.compute_s >= self.memory_s else "memory"
 
 
 @dataclass
 class Epoch:
+    """An epoch block: consecutive ops on one unit."""
+
     index: int
     unit: str
     ops: list  # list[OpCost]
-    overhead_s: float
 
     @property
     def macs(self) -> int:
@@ -235,8 +296,16 @@ class Epoch:
         return sum(o.weight_bytes for o in self.ops)
 
     @property
+    def hardware_epochs(self) -> int:
+        return sum(1 for o in self.ops if o.role == LAYER)
+
+    @property
+    def overhead_s(self) -> float:
+        return sum(o.overhead_s for o in self.ops)
+
+    @property
     def seconds(self) -> float:
-        return sum(o.seconds for o in self.ops) + self.overhead_s
+        return sum(o.seconds for o in self.ops)
 
     @property
     def op_range(self) -> str:
@@ -244,31 +313,108 @@ class Epoch:
         return f"{a}" if a == b else f"{a}-{b}"
 
 
-def op_seconds(kernel, unit: str, cost: CostModel) -> float:
-    macs = int(kernel.macs())
-    elements = max(
-        [
-            tensor_elements(t)
-            for t in list(kernel.inputs) + list(kernel.outputs)
-            if t is not None and not t.is_constant
+@dataclass
+class DeviceStructure:
+    """What the estimate needs that does not depend on the cost constants: placement, fusion, memory
+    layout and the per-op quantities. plan_device() builds it; calibration reuses it across a fit."""
+
+    ops: list  # list[dict] of OpCost fields without the times
+    fusion: FusionPlan
+    memory: MemoryLayout
+    arena: ArenaPlan
+    weight_bytes: int
+    depth: list  # per op: products summed per output (0 when no MACs)
+    bank_bytes: list  # per op: [(pool, bytes)] of its activation traffic
+
+
+def _activation_traffic(kernel, fusion: FusionPlan, memory: MemoryLayout, graph, scale: float) -> list:
+    """(pool, bytes) for every activation operand of a kernel that sits in memory."""
+    traffic = []
+    for t in dict.fromkeys(list(kernel.op.inputs) + list(kernel.op.outputs)):
+        if t < 0 or graph.tensors[t].is_constant or t in fusion.streamed:
+            continue
+        pool = memory.pool_for(t)
+        if pool is not None:
+            traffic.append((pool, int(tensor_bytes(graph.tensors[t]) * scale)))
+    return traffic
+
+
+def device_structure(interp, area_scale: float = 1.0) -> DeviceStructure:
+    """Placement, fusion and memory layout of a prepared Interpreter, and each op's MACs, bytes and depth.
+
+    area_scale: the same graph at another input resolution, every activation and every op's MACs
+    multiplied by it (weights unchanged): exact for a fully convolutional graph whose spatial sizes all
+    scale by the same factor, as YOLOv8n at any multiple of 32 (experiments/stm32n6_table.py)."""
+    graph = interp.graph
+    units = [placement(k) for k in interp.kernels]
+    fusion = plan_fusion(interp, [u for u, _ in units])
+    memory = plan_memory(interp, fusion, scale=area_scale)
+    constants: set = set()
+    ops, depth, traffic = [], [], []
+    for pos, (k, (unit, reason)) in enumerate(zip(interp.kernels, units)):
+        consts = [
+            t
+            for t in dict.fromkeys(k.op.inputs)
+            if t >= 0 and graph.tensors[t].is_constant and t not in constants
         ]
-        or [0]
+        constants.update(consts)
+        acts = [t for t in list(k.inputs) + list(k.outputs) if t is not None and not t.is_constant]
+        macs = int(k.macs())
+        out_elements = sum(tensor_elements(t) for t in k.outputs)
+        bank = _activation_traffic(k, fusion, memory, graph, area_scale)
+        ops.append(
+            dict(
+                position=pos,
+                op_index=k.op.index,
+                kind=k.op.kind,
+                unit=unit,
+                reason=reason,
+                role=fusion.roles[pos] if unit == NPU else LAYER,
+                macs=int(macs * area_scale),
+                elements=int(max([tensor_elements(t) for t in acts] or [0]) * area_scale),
+                weight_bytes=sum(tensor_bytes(graph.tensors[t]) for t in consts),
+                activation_bytes=sum(b for _, b in bank),
+            )
+        )
+        depth.append(macs / out_elements if macs and out_elements else 0.0)
+        traffic.append(bank)
+    return DeviceStructure(
+        ops=ops,
+        fusion=fusion,
+        memory=memory,
+        arena=plan_arena(interp, 1),
+        weight_bytes=sum(tensor_bytes(graph.tensors[t]) for t in constants),
+        depth=depth,
+        bank_bytes=traffic,
     )
-    kind = kernel.op.kind
-    if unit == NPU:
-        if kind in CONV_ACCELERATOR_KINDS:
-            return macs / (cost.npu_peak_macs_per_s * cost.npu_efficiency)
-        return max(macs, elements) / (cost.npu_clock_hz * cost.npu_elements_per_cycle)
-    per_element = cost.m55_cycles_per_element.get(kind, cost.m55_default_cycles_per_element)
-    cycles = max(macs / cost.m55_macs_per_cycle, elements * per_element)
-    return cycles / cost.m55_clock_hz
+
+
+def op_times(op: dict, depth: float, bank_bytes: list, cost: CostModel) -> tuple:
+    """(compute_s, memory_s, overhead_s) of one op; see the module docstring."""
+    if op["role"] == VIEW:
+        return 0.0, 0.0, 0.0
+    if op["unit"] == M55:
+        per_element = cost.m55_cycles_per_element.get(op["kind"], cost.m55_default_cycles_per_element)
+        cycles = max(op["macs"] / cost.m55_macs_per_cycle, op["elements"] * per_element)
+        return cycles / cost.m55_clock_hz, 0.0, cost.epoch_overhead_s
+    if op["role"] == EPILOGUE:  # chained behind its layer on the stream switch: no time of its own
+        return 0.0, 0.0, 0.0
+    compute = 0.0
+    if op["kind"] in CONV_ACCELERATOR_KINDS and op["macs"]:
+        rate = cost.npu_peak_macs_per_s * cost.npu_efficiency * cost.ca_utilisation(depth)
+        compute = op["macs"] / rate
+    memory = op["weight_bytes"] / cost.weight_bytes_per_s + sum(
+        b / cost.bank_bytes_per_s(pool) for pool, b in bank_bytes
+    )
+    return compute, memory, cost.epoch_overhead_s
 
 
 @dataclass
 class DeviceReport:
     ops: list  # list[OpCost] in execution order
-    epochs: list  # list[Epoch]
-    arena: ArenaPlan  # batch 1
+    epochs: list  # list[Epoch] (epoch blocks)
+    arena: ArenaPlan  # TFLM-style greedy plan, batch 1 (what a TFLM build on the M55 would need)
+    memory: MemoryLayout  # ST-style layout over the N6 RAM banks
     weight_bytes: int  # bytes of all constant tensors the ops read, each counted once
     total_macs: int
     cost: CostModel
@@ -281,14 +427,17 @@ class DeviceReport:
     def m55_ops(self) -> list:
         return [o for o in self.ops if o.unit == M55]
 
+    @property
+    def hardware_epochs(self) -> int:
+        return sum(1 for o in self.ops if o.role == LAYER and o.unit == NPU)
+
+    @property
+    def software_epochs(self) -> int:
+        return sum(1 for o in self.ops if o.unit == M55)
+
     def unit_seconds(self, unit: str, first: int = 0) -> float:
         """Per image: time on one unit from execution position `first` on, epoch overheads included."""
-        total = 0.0
-        for e in self.epochs:
-            ops = [o for o in e.ops if o.position >= first]
-            if e.unit == unit and ops:
-                total += sum(o.seconds for o in ops) + e.overhead_s
-        return total
+        return sum(o.seconds for o in self.ops if o.unit == unit and o.position >= first)
 
     def latency_s(self, batch: int = 1, first: int = 0) -> float:
         """Estimated seconds for `batch` images (run one after the other) from execution position
@@ -297,12 +446,13 @@ class DeviceReport:
 
     def to_dict(self) -> dict:
         return {
-            "ops": [asdict(o) for o in self.ops],
+            "ops": [dict(asdict(o), bound=o.bound) for o in self.ops],
             "epochs": [
                 {
                     "index": e.index,
                     "unit": e.unit,
                     "ops": [o.op_index for o in e.ops],
+                    "hardware_epochs": e.hardware_epochs,
                     "macs": e.macs,
                     "weight_bytes": e.weight_bytes,
                     "seconds": e.seconds,
@@ -311,6 +461,11 @@ class DeviceReport:
             ],
             "weight_bytes": self.weight_bytes,
             "total_macs": self.total_macs,
+            "npu_hardware_epochs": self.hardware_epochs,
+            "m55_software_epochs": self.software_epochs,
+            "internal_ram_bytes": self.memory.internal_bytes,
+            "external_ram_bytes": self.memory.external_bytes,
+            "memory_pools": self.memory.to_dict()["pools"],
             "arena_peak_bytes": self.arena.peak_bytes,
             "arena_naive_bytes": self.arena.naive_bytes,
             "arena_max_live_bytes": self.arena.max_live_bytes,
@@ -327,45 +482,37 @@ class DeviceReport:
         return format_report(self, title)
 
 
-def plan_device(interp, cost: CostModel | None = None) -> DeviceReport:
-    """The STM32N6 placement, epochs, memory and latency estimate of a prepared Interpreter."""
+def plan_device(
+    interp, cost: CostModel | None = None, structure: DeviceStructure | None = None, area_scale: float = 1.0
+) -> DeviceReport:
+    """The STM32N6 placement, epochs, memory and latency estimate of a prepared Interpreter.
+    `structure` (from device_structure()) skips the cost-independent part, as a fit does."""
     cost = cost or CostModel()
-    graph = interp.graph
-    ops: list = []
-    constants: set = set()
-    for pos, k in enumerate(interp.kernels):
-        unit, reason = placement(k)
-        consts = [
-            t
-            for t in dict.fromkeys(k.op.inputs)
-            if t >= 0 and graph.tensors[t].is_constant and t not in constants
-        ]
-        constants.update(consts)
-        acts = [t for t in list(k.inputs) + list(k.outputs) if t is not None and not t.is_constant]
+    s = structure or device_structure(interp, area_scale)
+    ops = []
+    for op, depth, bank in zip(s.ops, s.depth, s.bank_bytes):
+        compute, memory, overhead = op_times(op, depth, bank, cost)
         ops.append(
             OpCost(
-                position=pos,
-                op_index=k.op.index,
-                kind=k.op.kind,
-                unit=unit,
-                reason=reason,
-                macs=int(k.macs()),
-                elements=max([tensor_elements(t) for t in acts] or [0]),
-                weight_bytes=sum(tensor_bytes(graph.tensors[t]) for t in consts),
-                seconds=op_seconds(k, unit, cost),
+                **op,
+                compute_s=compute,
+                memory_s=memory,
+                overhead_s=overhead,
+                seconds=max(compute, memory) + overhead,
             )
         )
     epochs: list = []
     for o in ops:
         if not epochs or epochs[-1].unit != o.unit:
-            epochs.append(Epoch(index=len(epochs), unit=o.unit, ops=[], overhead_s=cost.epoch_overhead_s))
+            epochs.append(Epoch(index=len(epochs), unit=o.unit, ops=[]))
         o.epoch = epochs[-1].index
         epochs[-1].ops.append(o)
     return DeviceReport(
         ops=ops,
         epochs=epochs,
-        arena=plan_arena(interp, 1),
-        weight_bytes=sum(tensor_bytes(graph.tensors[t]) for t in constants),
+        arena=s.arena,
+        memory=s.memory,
+        weight_bytes=s.weight_bytes,
         total_macs=sum(o.macs for o in ops),
         cost=cost,
     )

@@ -1,4 +1,4 @@
-"""The text of the STM32N6 view (`npusim inspect --target stm32n6`)."""
+"""The text and the JSON of the STM32N6 view (`npusim inspect --target stm32n6 [--format json]`)."""
 
 from __future__ import annotations
 
@@ -22,13 +22,15 @@ def _table(rows: list, right: set) -> list:
     ]
 
 
-def format_report(dev: DeviceReport, title: str = "") -> str:
+def format_report(dev: DeviceReport, title: str = "", calibration=None) -> str:
     lines = [
         f"STM32N6 Neural-ART view{': ' + title if title else ''}",
         f"cost model: {dev.cost.describe()}",
-        "",
     ]
-    rows = [("#", "op", "unit", "epoch", "MACs", "weights B", "est. us", "note")]
+    if calibration is not None:
+        lines.append(calibration.summary())
+    lines.append("")
+    rows = [("#", "op", "unit", "epoch", "fused", "MACs", "weights B", "est. us", "bound", "note")]
     for o in dev.ops:
         rows.append(
             (
@@ -36,15 +38,17 @@ def format_report(dev: DeviceReport, title: str = "") -> str:
                 o.kind,
                 o.unit,
                 str(o.epoch),
+                "" if o.role == "layer" else o.role,
                 f"{o.macs:,}",
                 f"{o.weight_bytes:,}",
                 f"{o.seconds * 1e6:.2f}",
+                o.bound,
                 o.reason,
             )
         )
-    lines += _table(rows, {0, 3, 4, 5, 6})
-    lines += ["", "epochs (consecutive ops on one unit):"]
-    rows = [("epoch", "unit", "ops", "n", "MACs", "weights B", "est. us")]
+    lines += _table(rows, {0, 3, 5, 6, 7})
+    lines += ["", "epoch blocks (consecutive ops on one unit):"]
+    rows = [("block", "unit", "ops", "n", "epochs", "MACs", "weights B", "est. us")]
     for e in dev.epochs:
         rows.append(
             (
@@ -52,31 +56,45 @@ def format_report(dev: DeviceReport, title: str = "") -> str:
                 e.unit,
                 e.op_range,
                 str(len(e.ops)),
+                str(e.hardware_epochs),
                 f"{e.macs:,}",
                 f"{e.weight_bytes:,}",
                 f"{e.seconds * 1e6:.2f}",
             )
         )
-    lines += _table(rows, {0, 3, 4, 5, 6})
+    lines += _table(rows, {0, 3, 4, 5, 6, 7})
     npu, m55 = dev.npu_ops, dev.m55_ops
     npu_macs = sum(o.macs for o in npu)
-    n_npu_epochs = sum(1 for e in dev.epochs if e.unit == NPU)
-    a = dev.arena
+    a, mem = dev.arena, dev.memory
+    pools = ", ".join(f"{p.pool.name} {p.used / 1024:.1f}" for p in mem.pools if p.used)
     lat = dev.latency_s(1)
     lines += [
         "",
         f"ops: {len(npu)} on NPU, {len(m55)} on M55 ({', '.join(sorted({o.kind for o in m55})) or 'none'})",
-        f"epochs: {len(dev.epochs)} ({n_npu_epochs} NPU, {len(dev.epochs) - n_npu_epochs} M55 software)",
+        f"epochs: {dev.hardware_epochs} NPU hardware epochs, {dev.software_epochs} M55 software epochs, "
+        f"in {len(dev.epochs)} blocks",
         f"MACs: {dev.total_macs:,} per image, {npu_macs:,} on NPU "
         f"({100.0 * npu_macs / max(dev.total_macs, 1):.2f} %)",
-        f"weight memory: {_kib(dev.weight_bytes)} (constant tensors)",
-        f"activation arena: peak {_kib(a.peak_bytes)} (greedy first-fit by lifetime), naive sum "
+        f"weight memory: {_kib(dev.weight_bytes)} (constant tensors, in external flash)",
+        f"internal RAM: {_kib(mem.internal_bytes)} (NPU compiler layout over the RAM banks: {pools} KiB)"
+        + (f", external RAM {_kib(mem.external_bytes)}" if mem.external_bytes else ""),
+        f"activation arena: peak {_kib(a.peak_bytes)} (TFLM greedy first-fit by lifetime), naive sum "
         f"{_kib(a.naive_bytes)}, largest tensor {_kib(a.largest_tensor_bytes)}",
         f"estimated latency: {lat * 1e3:.3f} ms per image (NPU {dev.unit_seconds(NPU) * 1e3:.3f} ms, "
-        f"M55 {dev.unit_seconds(M55) * 1e3:.3f} ms, {len(dev.epochs)} epoch overheads included), "
+        f"M55 {dev.unit_seconds(M55) * 1e3:.3f} ms, epoch overheads included), "
         f"{1.0 / lat if lat > 0 else float('inf'):.0f} images/s",
     ]
     return "\n".join(lines)
+
+
+def report_dict(dev: DeviceReport, title: str = "", calibration=None) -> dict:
+    """What `--format json` prints: the report's content as plain data."""
+    d = {"model": title, "target": "stm32n6"}
+    d.update(dev.to_dict())
+    d["cost_description"] = dev.cost.describe()
+    if calibration is not None:
+        d["calibration"] = calibration.to_dict()
+    return d
 
 
 def report(interp, cost: CostModel | None = None, title: str = "") -> str:

@@ -1,0 +1,143 @@
+"""How ST's Neural-ART compiler folds a TFLite graph into hardware epochs, as far as the cost and memory
+models need it: which ops are layers of their own, which ride along in a layer's epoch, and which move
+no data at all.
+
+Every op gets one role:
+- "layer": a hardware epoch of its own on the NPU (a convolution, pooling, an element-wise op that reads
+  a buffer from memory, ...) or a software epoch's op on the Cortex-M55;
+- "epilogue": an element-wise NPU op whose activation inputs all come from the current epoch's chain
+  (YOLO's SiLU, x * sigmoid(x), after a convolution): the stream switch chains the activation and
+  arithmetic units behind the convolution accelerators, so the op adds no epoch and its inputs are
+  never written to memory;
+- "view": no data moves. RESHAPE, SQUEEZE and EXPAND_DIMS keep the bytes; STRIDED_SLICE, SLICE, SPLIT
+  and SPLIT_V are read in place with strides ("slice"); the inputs of a CONCATENATION are written by
+  their producers straight into the concatenation's buffer, so the CONCATENATION itself copies nothing
+  ("concat"). Optionally ("pad", off by default) a spatial PAD whose only reader is a convolution is
+  taken over by the convolution's own padding.
+The chaining, the strided views and the in-place concatenation are ASSUMPTIONS about ST's compiler (its
+documentation describes epochs, the stream switch and chaining, not these rewrites one by one). The
+default set is the one whose memory plan comes closest to ST's published internal-RAM figures of the
+four calibration models (the ablation is in docs/stm32n6.md); a separate padded tensor is what those
+figures show (taking the PAD over leaves YOLOv8n at 0.62 of its published RAM).
+
+`aliases` maps a tensor that shares another tensor's memory to that tensor (its root), and
+`streamed` holds the tensors that live only on the stream switch (never in memory).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+LAYER, EPILOGUE, VIEW = "layer", "epilogue", "view"
+
+RESHAPE_KINDS = frozenset({"RESHAPE", "SQUEEZE", "EXPAND_DIMS"})
+STRIDED_READ_KINDS = frozenset({"STRIDED_SLICE", "SLICE", "SPLIT", "SPLIT_V"})
+CHAINABLE_KINDS = frozenset(
+    {"LOGISTIC", "MUL", "ADD", "SUB", "TANH", "HARD_SWISH", "LEAKY_RELU", "PRELU", "MAXIMUM", "MINIMUM"}
+)
+PAD_TAKERS = (["CONV_2D"], ["DEPTHWISE_CONV_2D"])  # a PAD's only reader that can take its padding over
+
+
+@dataclass
+class FusionPlan:
+    roles: list  # per execution position: LAYER, EPILOGUE or VIEW
+    aliases: dict = field(default_factory=dict)  # tensor -> tensor whose memory it shares
+    streamed: set = field(default_factory=set)  # tensors that never reach memory
+
+    def root(self, t: int) -> int:
+        while t in self.aliases:
+            t = self.aliases[t]
+        return t
+
+
+def _activations(graph, tensors) -> list:
+    return [t for t in tensors if t >= 0 and not graph.tensors[t].is_constant]
+
+
+def _spatial_pad(kernel) -> bool:
+    pads = kernel.inputs[1]
+    if pads is None or pads.data is None:
+        return False
+    p = np.asarray(pads.data).reshape(-1, 2)
+    return p.shape[0] == 4 and not p[0].any() and not p[3].any()
+
+
+REWRITES = frozenset({"slice", "concat", "chain"})
+
+
+def plan_fusion(interp, units: list, rewrites=REWRITES) -> FusionPlan:
+    """Roles, aliases and streamed tensors of a prepared Interpreter whose ops are placed on `units`
+    (NPU or M55 per execution position). `rewrites` switches the compiler rewrites above on or off
+    (pad, slice, concat, chain), for the ablations in docs/stm32n6.md."""
+    graph = interp.graph
+    kernels = interp.kernels
+    readers: dict = {}
+    for pos, k in enumerate(kernels):
+        for t in _activations(graph, k.op.inputs):
+            readers.setdefault(t, []).append(pos)
+    outputs = set(graph.outputs)
+    roles = [LAYER] * len(kernels)
+    plan = FusionPlan(roles)
+    chain: set = set()  # tensors produced by the current NPU epoch's chain
+    concat_owner: dict = {}  # concatenation input -> the concatenation output it is written into
+    for pos, k in enumerate(kernels):
+        kind = k.op.kind
+        acts = _activations(graph, k.op.inputs)
+        on_npu = units[pos] == "NPU"
+        if on_npu and kind in RESHAPE_KINDS:
+            roles[pos] = VIEW
+            plan.aliases[k.op.outputs[0]] = acts[0]
+        elif (
+            on_npu
+            and "pad" in rewrites
+            and kind in ("PAD", "PADV2")
+            and _spatial_pad(k)
+            and [kernels[r].op.kind for r in readers.get(k.op.outputs[0], [])] in PAD_TAKERS
+        ):
+            roles[pos] = VIEW
+            plan.aliases[k.op.outputs[0]] = acts[0]
+        elif on_npu and "slice" in rewrites and kind in STRIDED_READ_KINDS:
+            roles[pos] = VIEW
+            for t in k.op.outputs:
+                plan.aliases[t] = acts[0]
+        elif on_npu and "concat" in rewrites and kind == "CONCATENATION":
+            roles[pos] = VIEW
+            for t in acts:
+                # an input already written into another concatenation, or a graph input, stays put
+                if t not in concat_owner and t not in graph.inputs and t not in plan.aliases:
+                    concat_owner[t] = k.op.outputs[0]
+                    plan.aliases[t] = k.op.outputs[0]
+        elif (
+            on_npu
+            and "chain" in rewrites
+            and kind in CHAINABLE_KINDS
+            and acts
+            and all(t in chain for t in acts)
+        ):
+            roles[pos] = EPILOGUE
+        if not on_npu or roles[pos] == LAYER:
+            chain = set()
+        if on_npu and roles[pos] != VIEW:
+            chain |= set(k.op.outputs)
+    # A tensor produced in a chain and read only by that chain's epilogues never reaches memory.
+    epoch_of = []
+    epoch = -1
+    for pos, role in enumerate(roles):
+        if role == LAYER or units[pos] != "NPU":
+            epoch += 1
+        epoch_of.append(epoch)
+    for pos, k in enumerate(kernels):
+        if roles[pos] == VIEW or units[pos] != "NPU":
+            continue
+        for t in k.op.outputs:
+            rs = readers.get(t, [])
+            if (
+                rs
+                and t not in outputs
+                and t not in plan.aliases
+                and all(roles[r] == EPILOGUE and epoch_of[r] == epoch_of[pos] for r in rs)
+            ):
+                plan.streamed.add(t)
+    return plan
