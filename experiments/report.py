@@ -46,6 +46,19 @@ def paired_interval(diffs: np.ndarray, level: float = 0.95) -> tuple[float, floa
     return mean, mean - half, mean + half
 
 
+FLAT_POINTS = 1.0  # a budget is long enough when the best fixed q gains less than this over its last third
+
+
+def late_gain(runs: list[dict], budget: int) -> float:
+    """The seeds' mean test accuracy at the end minus at two thirds of the budget (the evaluation
+    nearest it): how much the curve still rises over the last third."""
+    gains = []
+    for r in runs:
+        x, y = r["evals"][:, 0], r["evals"][:, 1]
+        gains.append(y[-1] - y[np.argmin(np.abs(x - 2 * budget / 3))])
+    return float(np.mean(gains))
+
+
 def summarize(grid, runs_dir: Path) -> list[dict]:
     """One row per (cell, scheduler). Every scheduler of a cell ran on the same seeds, and a seed fixes
     the mini-batch and the directions of each step (zo.trainer), so differences are paired by seed:
@@ -79,6 +92,7 @@ def summarize(grid, runs_dir: Path) -> list[dict]:
                     "gap_ci_low": gap_lo,
                     "gap_ci_high": gap_hi,
                     "fixed_spread": finals[best_fixed].mean() - finals[worst_fixed].mean(),
+                    "best_fixed_late_gain": late_gain(runs[best_fixed], cell.budget),
                     "passes_to_95pct_best_mean": float(np.nanmean(reach))
                     if np.isfinite(reach).any()
                     else float("nan"),
@@ -145,7 +159,10 @@ def cell_table(cell, rows: list[dict], bound: dict | None) -> list[str]:
         f"{cell.model} on {cell.data}, trainable `{cell.trainable}` ({cell.describe_settings()}), "
         f"batch {cell.batch}, budget {cell.budget} passes. Best fixed q in hindsight: "
         f"{first['best_fixed']}; spread between the best and the worst fixed q: "
-        f"{100 * first['fixed_spread']:.1f} points."
+        f"{100 * first['fixed_spread']:.1f} points. The best fixed q gains "
+        f"{100 * first['best_fixed_late_gain']:+.1f} points over the last third of the budget: "
+        + ("flattened" if first["best_fixed_late_gain"] < FLAT_POINTS / 100 else "NOT flattened")
+        + f" (criterion: under {FLAT_POINTS:g} point)."
         + (
             " Back-propagation bound (same layers, float): "
             f"{fmt_pct(bound['float_test_accuracy'])}%, written back to int8 with the fixed scales: "
