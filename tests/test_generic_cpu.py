@@ -3,7 +3,8 @@
 The ADD kernel picks VNNI instructions or generic LLVM vector code when Numba compiles it, by the
 host's features; DEPTHWISE_CONV_2D takes its generic form from the backend selection (the oracle
 tests run it in-process with backend="blas"), but on a VNNI host that code is still compiled for a
-CPU with AVX-512. Here a fresh process compiles both for a plain x86-64 (NUMBA_CPU_NAME=generic, in
+CPU with AVX-512. Here a fresh process compiles both for a plain x86-64 (NUMBA_CPU_NAME=generic with
+NUMBA_CPU_FEATURES empty: the name alone keeps the host's features; in
 a temporary Numba cache), where "auto" selects the generic forms, and its outputs are held to TFLM's.
 """
 
@@ -54,7 +55,12 @@ def test_generic_vector_code_matches_tflm(tmp_path: Path):
         )
     with open(tmp_path / "cases.pkl", "wb") as f:
         pickle.dump(cases, f)
-    env = dict(os.environ, NUMBA_CPU_NAME="generic", NUMBA_CACHE_DIR=str(tmp_path / "numba-cache"))
+    env = dict(
+        os.environ,
+        NUMBA_CPU_NAME="generic",
+        NUMBA_CPU_FEATURES="",
+        NUMBA_CACHE_DIR=str(tmp_path / "numba-cache"),
+    )
     child = subprocess.run(
         [sys.executable, "-c", CHILD.format(cases=str(tmp_path / "cases.pkl"))],
         env=env,
