@@ -46,6 +46,27 @@ def paired_interval(diffs: np.ndarray, level: float = 0.95) -> tuple[float, floa
     return mean, mean - half, mean + half
 
 
+def run_dir(runs_dir: Path, cell, scheduler: str, seed: int) -> Path:
+    return runs_dir / cell.folder / scheduler.replace(":", "-") / f"seed{seed}"
+
+
+def complete(grid, runs_dir: Path):
+    """(the grid reduced to its cells whose runs have all finished, [(cell, runs done, runs)] of the rest):
+    a sweep still running, or resumed across sessions, reports what it has and names what it lacks."""
+    from dataclasses import replace
+
+    done, pending = [], []
+    for cell in grid.cells:
+        n = sum(
+            (run_dir(runs_dir, cell, s, seed) / "result.json").exists()
+            for s in grid.schedulers
+            for seed in grid.seeds
+        )
+        total = len(grid.schedulers) * len(grid.seeds)
+        (done.append(cell) if n == total else pending.append((cell, n, total)))
+    return replace(grid, cells=tuple(done)), pending
+
+
 FLAT_POINTS = 1.0  # a budget is long enough when the best fixed q gains less than this over its last third
 
 
@@ -66,8 +87,7 @@ def summarize(grid, runs_dir: Path) -> list[dict]:
     rows = []
     for cell in grid.cells:
         runs = {
-            s: [read_run(runs_dir / cell.name / s.replace(":", "-") / f"seed{seed}") for seed in grid.seeds]
-            for s in grid.schedulers
+            s: [read_run(run_dir(runs_dir, cell, s, seed)) for seed in grid.seeds] for s in grid.schedulers
         }
         finals = {s: np.array([r["test_accuracy"] for r in rs]) for s, rs in runs.items()}
         aucs = {
@@ -149,6 +169,7 @@ ROLE_TITLES = {
     "evaluation": "Evaluation cells (the claim is judged on these only)",
 }
 HEADLINE = "qscheduler"  # the scheduler the claim is about: `zo train`'s default
+ADAPTIVE_Q_PLOTTED = ("qscheduler", "slope", "coupled", "snr")
 
 
 def cell_table(cell, rows: list[dict], bound: dict | None) -> list[str]:
@@ -261,6 +282,10 @@ def write_report(
     sweep_seconds: float | None = None,
 ):
     results.mkdir(parents=True, exist_ok=True)
+    grid, pending = complete(grid, runs_dir)
+    if not grid.cells:
+        print("no cell has finished all its runs yet: no report")
+        return
     rows = summarize(grid, runs_dir)
     bounds = backprop_bounds(grid, shared, runs_dir / "_cache") if baseline else {}
     with open(results / "summary.csv", "w", newline="") as f:
@@ -286,6 +311,11 @@ def write_report(
         for cell in cells:
             lines += cell_table(cell, [r for r in rows if r["cell"] == cell.name], bounds.get(cell.name))
     lines += verdict(grid, rows)
+    if pending:
+        lines += ["## Pending cells (not in the tables or the verdict)", ""] + [
+            f"- {c.name} ({c.role}): {n} of {total} runs done; run the same command again to resume."
+            for c, n, total in pending
+        ]
     (results / "table.md").write_text("\n".join(lines))
     plot(grid, runs_dir, results)
     print("\n".join(lines))
@@ -315,22 +345,27 @@ def plot(grid, runs_dir: Path, results: Path):
     fig_q, axes_q = plt.subplots(1, n, figsize=(5 * n, 3), squeeze=False)
     for ax, ax_q, cell in zip(axes[0], axes_q[0], grid.cells):
         for s in grid.schedulers:
-            runs = [
-                read_run(runs_dir / cell.name / s.replace(":", "-") / f"seed{seed}") for seed in grid.seeds
-            ]
+            runs = [read_run(run_dir(runs_dir, cell, s, seed)) for seed in grid.seeds]
             length = min(len(r["evals"]) for r in runs)
             x = runs[0]["evals"][:length, 0]
             y = np.mean([r["evals"][:length, 1] for r in runs], axis=0)
             style = "-" if s.startswith("fixed") else "--"
-            ax.plot(x, 100 * y, style, lw=2.5 if s == "qscheduler" else 1.2, label=s)
-            if s == "qscheduler":
+            ax.plot(x, 100 * y, style, lw=2.5 if s == HEADLINE else 1.2, label=s)
+            if s in ADAPTIVE_Q_PLOTTED:  # the rules that decide from the run, seed by seed
                 for r in runs:
-                    ax_q.step(r["q"][:, 0], r["q"][:, 1], where="post", label=f"seed {r['seed']}")
+                    ax_q.step(
+                        r["q"][:, 0],
+                        r["q"][:, 1],
+                        where="post",
+                        lw=1,
+                        color=f"C{ADAPTIVE_Q_PLOTTED.index(s)}",
+                        label=s if r is runs[0] else None,
+                    )
         ax.set_title(cell.name)
         ax.set_xlabel("forward passes")
         ax.set_ylabel("test accuracy (%)")
         ax.grid(alpha=0.3)
-        ax_q.set_title(f"{cell.name}: QScheduler q")
+        ax_q.set_title(f"{cell.name}: q of the adaptive rules, every seed")
         ax_q.set_xlabel("forward passes")
         ax_q.set_ylabel("q")
         ax_q.set_yscale("log", base=2)
@@ -340,5 +375,5 @@ def plot(grid, runs_dir: Path, results: Path):
     fig.tight_layout()
     fig.savefig(results / "accuracy_vs_passes.png", dpi=90)
     fig_q.tight_layout()
-    fig_q.savefig(results / "qscheduler_q.png", dpi=90)
+    fig_q.savefig(results / "adaptive_q.png", dpi=90)
     plt.close("all")

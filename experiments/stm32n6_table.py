@@ -311,6 +311,7 @@ def main(argv=None):
             f"{r['estimated_internal_ram_kib']:.0f} / {r['published_internal_ram_kib']:.0f} "
             f"({pct(r['estimated_internal_ram_kib'], r['published_internal_ram_kib'])}) |"
         )
+    table = list(short)
     short += [
         "",
         f"Fitted on these {len(rows)} models (ST's newest figures in published.csv): NPU efficiency "
@@ -408,7 +409,11 @@ def main(argv=None):
         from .report import update_readme
 
         tmp = a.results / "stm32n6_short.md"
-        tmp.write_text("\n".join(short) + "\n")
+        tmp.write_text(
+            "\n".join(table)
+            + f"\n\n3 constants fitted on {len(rows)} models, the rest from ST's documents; the fit and the"
+            " leave-one-out errors: docs/stm32n6.md.\n"
+        )
         if a.readme:
             update_readme(ROOT / "README.md", tmp, "<!-- stm32n6:begin -->", "<!-- stm32n6:end -->")
         if a.docs:

@@ -16,7 +16,7 @@ import os
 import shutil
 import sys
 import time
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -68,6 +68,13 @@ class Cell:
             std=self.std,
             **run,
         )
+
+    @property
+    def folder(self) -> str:
+        """The cell's run folder: its name and a digest of every setting but the role, so a run made
+        with other settings (an older grid) is never taken for a finished run of this one."""
+        settings = {k: v for k, v in asdict(self).items() if k != "role"}
+        return f"{self.name}-{hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:8]}"
 
     def describe_settings(self) -> str:
         step = f"{self.optimizer or 'default step rule'}" + (
@@ -143,7 +150,7 @@ class Run:
 
     @property
     def key(self) -> str:
-        return f"{self.cell.name}/{self.scheduler.replace(':', '-')}/seed{self.seed}"
+        return f"{self.cell.folder}/{self.scheduler.replace(':', '-')}/seed{self.seed}"
 
 
 def runs_of(grid: Grid) -> list[Run]:
