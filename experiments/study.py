@@ -331,6 +331,19 @@ def sweep_seconds(runs_dir: Path) -> float | None:
     return float(clock.read_text()) if clock.exists() else None
 
 
+def run_sweep(grid: Grid, a, runs_dir: Path):
+    start = time.perf_counter()
+    try:
+        sweep(runs_of(grid), a.shared, runs_dir, runs_dir / "_cache", a.executor, a.workers, a.address)
+    except KeyboardInterrupt:
+        sys.exit("interrupted: finished runs are kept; run the same command again to resume")
+    finally:  # the sweep's wall time, summed over the invocations that resumed it
+        clock = runs_dir / "_cache" / "sweep_seconds"
+        clock.parent.mkdir(parents=True, exist_ok=True)
+        total = float(clock.read_text()) if clock.exists() else 0.0
+        clock.write_text(str(total + time.perf_counter() - start))
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--grid", choices=sorted(GRIDS), default="quick")
@@ -348,22 +361,19 @@ def main(argv=None):
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     p.add_argument("--no-baseline", action="store_true", help="skip the back-propagation upper bound")
     p.add_argument("--readme", action="store_true", help="also put the table into docs/study.md (full grid)")
+    p.add_argument(
+        "--report-only",
+        action="store_true",
+        help="write the report from the runs finished so far (a sweep may still be running)",
+    )
     a = p.parse_args(argv)
     if not (a.shared / "models").is_dir():
         sys.exit(f"error: --shared {a.shared}: no models/ folder there, expected the shared data directory")
     grid = GRIDS[a.grid]
     runs_dir = a.runs or ROOT / "experiments" / "runs" / a.grid
     results = a.results or ROOT / "experiments" / "results" / a.grid
-    start = time.perf_counter()
-    try:
-        sweep(runs_of(grid), a.shared, runs_dir, runs_dir / "_cache", a.executor, a.workers, a.address)
-    except KeyboardInterrupt:
-        sys.exit("interrupted: finished runs are kept; run the same command again to resume")
-    finally:  # the sweep's wall time, summed over the invocations that resumed it
-        clock = runs_dir / "_cache" / "sweep_seconds"
-        clock.parent.mkdir(parents=True, exist_ok=True)
-        total = float(clock.read_text()) if clock.exists() else 0.0
-        clock.write_text(str(total + time.perf_counter() - start))
+    if not a.report_only:
+        run_sweep(grid, a, runs_dir)
     from .report import update_readme, write_report
 
     write_report(

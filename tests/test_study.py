@@ -55,7 +55,20 @@ def test_local_and_ray_sweeps_agree_and_resume(tmp_path, capsys):
     # Resume: a finished run is not redone; a removed one is, with the same result.
     victim = sorted(local.rglob("result.json"))[0]
     victim.unlink()
+    # A report while runs are missing (a sweep still running): the unfinished cell is named, not tabled.
+    args = [
+        "--grid",
+        "ci",
+        "--shared",
+        str(SHARED),
+        "--runs",
+        str(local),
+        "--results",
+        str(tmp_path / "partial"),
+    ]
+    study.main(args + ["--no-baseline", "--report-only"])
     capsys.readouterr()
+    assert not (tmp_path / "partial" / "table.md").exists()  # the ci grid's only cell is unfinished
     study.main(
         [
             "--grid",
