@@ -44,7 +44,7 @@ def main():
     "q_spec",
     default="qscheduler",
     show_default=True,
-    help="fixed:N | qscheduler[:QMAX] | linear[:QMAX] | power[:QMAX]",
+    help="fixed:N | qscheduler[:QMAX] (the slope test) | slope, coupled, snr, linear, power [:QMAX]",
 )
 @click.option(
     "--optimizer",
