@@ -31,7 +31,7 @@ from llvmlite import ir
 from ..jit import parallel_kernel
 from . import aligned
 from .gemm import accumulator_offset
-from .microkernel import Isa, conv_kernel, pack_filters, pmaddwd_add
+from .microkernel import Isa, conv_kernel, pack_filters, pmaddwd_add, run_conv
 from .output_stage import output_parameters, splat, store_first
 
 NR = 2  # YMM accumulators (8 int32 channels each) per pixel
@@ -162,27 +162,7 @@ def convolve(
 ):
     """Exact int8 convolution with its output stage: as vnni.convolve (same arrays and result,
     int8 [G * P, O]), on AVX2."""
-    groups, o, kh, kw, c = w.shape
-    (sh, sw), (out_h, out_w) = stride, out_hw
+    kh, kw = w.shape[2:4]
     xp, taps, pairs = widened_input(x, kh, kw, stride, dilation, pad, out_hw, input_zero_point, workspace)
     packed, params = prepared_filters(w, bias, stage, row_runs(kw, dilation[1]), memo)
-    out = aligned.empty((x.shape[0] * out_h * out_w * (groups if shared else 1), o), np.int8)
-    return conv_avx2(
-        xp,
-        packed,
-        taps,
-        pairs,
-        out_h,
-        out_w,
-        sh,
-        sw,
-        groups,
-        shared,
-        o,
-        params,
-        np.int64(profile),
-        np.int64(stage.zero_point),
-        np.int64(stage.lo),
-        np.int64(stage.hi),
-        out,
-    )
+    return run_conv(conv_avx2, x, w, xp, taps, pairs, packed, params, stride, out_hw, shared, stage, profile)

@@ -539,11 +539,9 @@ def depthwise_kernel(variant: str) -> ParallelKernel:
     return parallel_kernel(fn)
 
 
-def pair_layout(wg: np.ndarray, params: np.ndarray, replicas: int) -> tuple[np.ndarray, np.ndarray]:
-    """The weights [G, 1, kh, kw, O] int8 and output parameters [G, 5, O64] (the offset with
-    -zp * sum w folded in) of the AVX2 vector runs: weights [G, O64 / 64, pairs, 4 (chunk), 16, 2 (tap)]
-    int16 (tap 2 * pair + k of channel 64 * block + 16 * chunk + i), parameters [G, 5, O64] in channel
-    order. replicas: the O channels that many times, as the channels of one block."""
+def _replicated(wg: np.ndarray, params: np.ndarray, replicas: int):
+    """(taps [G, kh * kw, O'], parameters [G, 5, O'], O', O' rounded up to LANES): the O channels of
+    wg [G, 1, kh, kw, O] and params repeated replicas times (O' = O * replicas), as both layouts take them."""
     groups, _, kh, kw, o = wg.shape
     taps = wg.reshape(groups, kh * kw, o)
     if replicas > 1:
@@ -552,7 +550,16 @@ def pair_layout(wg: np.ndarray, params: np.ndarray, replicas: int) -> tuple[np.n
             np.concatenate([params[:, :, :o]] * replicas, axis=2),
             o * replicas,
         )
-    o64 = (o + LANES - 1) // LANES * LANES
+    return taps, params, o, (o + LANES - 1) // LANES * LANES
+
+
+def pair_layout(wg: np.ndarray, params: np.ndarray, replicas: int) -> tuple[np.ndarray, np.ndarray]:
+    """The weights [G, 1, kh, kw, O] int8 and output parameters [G, 5, O64] (the offset with
+    -zp * sum w folded in) of the AVX2 vector runs: weights [G, O64 / 64, pairs, 4 (chunk), 16, 2 (tap)]
+    int16 (tap 2 * pair + k of channel 64 * block + 16 * chunk + i), parameters [G, 5, O64] in channel
+    order. replicas: the O channels that many times, as the channels of one block."""
+    groups, _, kh, kw, _ = wg.shape
+    taps, params, o, o64 = _replicated(wg, params, replicas)
     pairs = (kh * kw + PAIR - 1) // PAIR
     padded = np.zeros((groups, PAIR * pairs, o64), dtype=np.int16)
     padded[:, : kh * kw, :o] = taps
@@ -570,15 +577,8 @@ def vector_layout(wg: np.ndarray, params: np.ndarray, replicas: int) -> tuple[np
     where byte 4i + k of accumulator q holds tap 4 * quad + k of the channel at position 16q + i of
     quad_order; parameters [G, 5, O64] permuted to the same positions. replicas: the O channels that
     many times, as the channels of one block."""
-    groups, _, kh, kw, o = wg.shape
-    taps = wg.reshape(groups, kh * kw, o)
-    if replicas > 1:
-        taps, params, o = (
-            np.concatenate([taps] * replicas, axis=2),
-            np.concatenate([params[:, :, :o]] * replicas, axis=2),
-            o * replicas,
-        )
-    o64 = (o + LANES - 1) // LANES * LANES
+    groups, _, kh, kw, _ = wg.shape
+    taps, params, o, o64 = _replicated(wg, params, replicas)
     quads = (kh * kw + GROUP - 1) // GROUP
     padded = np.zeros((groups, GROUP * quads, o64), dtype=np.int8)
     padded[:, : kh * kw, :o] = taps

@@ -306,6 +306,33 @@ def _conv(
 LANES = BLOCK = 0  # _conv's globals: conv_kernel binds them, and micro_kernel, per ISA
 
 
+def run_conv(kernel, x, w, xp, taps, groups_per_tap, packed, params, stride, out_hw, shared, stage, profile):
+    """kernel (a conv_kernel) on xp, taps and packed, the input x and weights w [G, O, ...] as its
+    engine prepares them: int8 [G * P, O], as vnni.convolve returns it."""
+    groups, out_c = w.shape[:2]
+    (sh, sw), (out_h, out_w) = stride, out_hw
+    out = aligned.empty((x.shape[0] * out_h * out_w * (groups if shared else 1), out_c), np.int8)
+    return kernel(
+        xp,
+        packed,
+        taps,
+        groups_per_tap,
+        out_h,
+        out_w,
+        sh,
+        sw,
+        groups,
+        shared,
+        out_c,
+        params,
+        np.int64(profile),
+        np.int64(stage.zero_point),
+        np.int64(stage.lo),
+        np.int64(stage.hi),
+        out,
+    )
+
+
 def conv_kernel(isa: Isa) -> ParallelKernel:
     """The convolution kernel of isa: _conv with its micro-kernel and block sizes, under its own
     qualified name (Numba's cache is keyed by name, see jit.renamed)."""

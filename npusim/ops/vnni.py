@@ -31,7 +31,7 @@ from llvmlite import ir
 
 from . import aligned
 from .gemm import accumulator_offset
-from .microkernel import Isa, conv_kernel, pack_filters, vpdpbusd
+from .microkernel import Isa, conv_kernel, pack_filters, run_conv, vpdpbusd
 from .output_stage import output_parameters, splat, store_bytes
 from .padding import pad_input
 
@@ -124,27 +124,8 @@ def convolve(
     Returns int8 [G * P, O], P output pixels per group:
     P = N * out_h * out_w when shared (every group sees the whole batch), else N / G of that.
     """
-    groups, o, kh, kw, c = w.shape
-    (sh, sw), (out_h, out_w) = stride, out_hw
+    kh, kw, c = w.shape[2:]
     xp, taps = padded_input(x, kh, kw, stride, dilation, pad, out_hw, input_zero_point, workspace)
     packed, params = prepared_filters("vnni", w, bias, input_zero_point + 128, stage, memo)
-    out = aligned.empty((x.shape[0] * out_h * out_w * (groups if shared else 1), o), np.int8)
-    return conv_vnni(
-        xp,
-        packed,
-        taps,
-        (c + 3) // 4,
-        out_h,
-        out_w,
-        sh,
-        sw,
-        groups,
-        shared,
-        o,
-        params,
-        np.int64(profile),
-        np.int64(stage.zero_point),
-        np.int64(stage.lo),
-        np.int64(stage.hi),
-        out,
-    )
+    quads = (c + 3) // 4
+    return run_conv(conv_vnni, x, w, xp, taps, quads, packed, params, stride, out_hw, shared, stage, profile)
