@@ -14,6 +14,7 @@ multiply-accumulate steps and the intrinsic of int64 arguments.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Callable
@@ -193,29 +194,39 @@ def _micro_kernel_body(builder, isa: Isa, nr: int, a):
                     isa.store(builder, y, dst, builder.sub(a.width, first))
 
 
+LANES = BLOCK = PER_GROUP = 0  # globals of the templates, bound per ISA (as micro_kernel in _conv)
+
+
 def pack_filters(w, cp, isa: Isa):
     """w [G, O, T, C] int8 (T taps of C weights) -> [G, T * cp * O'] of isa.dtype in the block layout
     above, 64-byte aligned (cp: C rounded up to whole groups, O' = O rounded up to isa.lanes; padding
     channels and the weights past C hold zero)."""
     groups, o, t, _ = w.shape
     out = aligned.zeros((groups, t * cp * ((o + isa.lanes - 1) // isa.lanes * isa.lanes)), isa.dtype)
-    return _pack_filters(w, cp, 4 // out.itemsize, isa.lanes, isa.block, out)
+    return _packer(isa.name, 4 // out.itemsize, isa.lanes, isa.block)(w, cp, out)
 
 
-@njit()
-def _pack_filters(w, cp, per_group, lanes, block, out):
+@functools.cache
+def _packer(name: str, per_group: int, lanes: int, block: int):
+    """_pack_filters compiled with these sizes as constants (a division by a variable per weight
+    made packing three times slower, and FULLY_CONNECTED packs at every call)."""
+    return njit(renamed(_pack_filters, name, PER_GROUP=per_group, LANES=lanes, BLOCK=block))
+
+
+def _pack_filters(w, cp, out):
+    """The template of the packing that _packer compiles."""
     groups, o, t, c = w.shape
-    n_groups = cp // per_group
+    n_groups = cp // PER_GROUP
     k = t * n_groups
-    o_padded = (o + lanes - 1) // lanes * lanes
+    o_padded = (o + LANES - 1) // LANES * LANES
     for g in range(groups):
         for oc in range(o):
-            first = oc // block * block
-            width = min(block, o_padded - first)
-            base = first * k * per_group + (oc - first) * per_group
+            first = oc // BLOCK * BLOCK
+            width = min(BLOCK, o_padded - first)
+            base = first * k * PER_GROUP + (oc - first) * PER_GROUP
             for tt in range(t):
                 for ci in range(c):
-                    out[g, base + (tt * n_groups + ci // per_group) * width * per_group + ci % per_group] = w[
+                    out[g, base + (tt * n_groups + ci // PER_GROUP) * width * PER_GROUP + ci % PER_GROUP] = w[
                         g, oc, tt, ci
                     ]
     return out
@@ -301,9 +312,6 @@ def _conv(
                     hi,
                 )
     return out
-
-
-LANES = BLOCK = 0  # _conv's globals: conv_kernel binds them, and micro_kernel, per ISA
 
 
 def run_conv(kernel, x, w, xp, taps, groups_per_tap, packed, params, stride, out_hw, shared, stage, profile):
