@@ -264,6 +264,7 @@ def conv_stages(model: bytes, x: np.ndarray, reps: int) -> list[tuple[str, float
     from npusim import host
     from npusim.ops import aligned, amx, vnni
     from npusim.ops.gemm import accumulator_offset
+    from npusim.ops.microkernel import pack_filters
     from npusim.ops.output_stage import output_parameters
     from npusim.ops.padding import pad_input
 
@@ -285,7 +286,7 @@ def conv_stages(model: bytes, x: np.ndarray, reps: int) -> list[tuple[str, float
     taps = np.array(
         [(ky * dh * wp + kx * dw) * cp for ky in range(kern.kh) for kx in range(kern.kw)], dtype=np.int64
     )
-    packed = vnni.pack_filters(wg.reshape(1, kern.out_channels, kern.kh * kern.kw, c), cp)
+    packed = pack_filters(wg.reshape(1, kern.out_channels, kern.kh * kern.kw, c), cp, vnni.ISA)
     s = kern.stage
     out = aligned.empty((x.shape[0] * kern.out_h * kern.out_w, kern.out_channels), np.int8)
     stage_args = (np.int64(kern.profile), np.int64(s.zero_point), np.int64(s.lo), np.int64(s.hi))
@@ -297,7 +298,7 @@ def conv_stages(model: bytes, x: np.ndarray, reps: int) -> list[tuple[str, float
         ),
         (
             "pack_filters (Numba)",
-            lambda: vnni.pack_filters(wg.reshape(1, kern.out_channels, kern.kh * kern.kw, c), cp),
+            lambda: pack_filters(wg.reshape(1, kern.out_channels, kern.kh * kern.kw, c), cp, vnni.ISA),
         ),
     ]
     paths = []

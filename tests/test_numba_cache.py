@@ -10,7 +10,7 @@ import os
 import subprocess
 import sys
 
-import npusim.ops.vnni
+import npusim.ops.activations
 import npusim.quant
 from npusim import jit
 
@@ -34,7 +34,7 @@ def test_cache_directory_is_keyed_by_the_digest(monkeypatch):
     monkeypatch.setattr(jit.config, "CACHE_DIR", "")
     path = _cache_path(npusim.quant.requantize_one.py_func)
     assert path == str(jit.PACKAGE / "__pycache__" / f"numba-{jit.sources_digest()}" / ".")
-    path = _cache_path(npusim.ops.vnni._pack_filters.py_func)
+    path = _cache_path(npusim.ops.activations.one_minus_x_over_one_plus_x_for_x_in_0_1.py_func)
     assert path == str(jit.PACKAGE / "__pycache__" / f"numba-{jit.sources_digest()}" / "ops")
 
 

@@ -11,11 +11,12 @@ saturates its int16 pair sums and is not exact. Here the activations are widened
   (tap, channel), a tap is a fixed offset from the output pixel's corner (no im2col), and one
   4-byte load is a pair of int16. A filter row without dilation along the width is one tap of
   kw * C contiguous int16 (row_runs; C' = C); otherwise each tap reads C' = C rounded up to even.
-- filters: per block of up to BLOCK output channels, [K2, nr, 8, 2] int16 (K2: the pairs of the
+- filters: per block of up to 16 output channels, [K2, nr, 8, 2] int16 (K2: the pairs of the
   whole reduction, nr = block width / 8): one 32-byte load holds 2 reduction steps of 8 channels.
 
 Every int32 sum is exact while the depth K stays at most MAX_DEPTH (|x - zp| <= 255, |w| <= 128,
-K * 255 * 128 < 2^31). The micro-kernel (LLVM IR, below) computes MR output pixels x nr * 8
+K * 255 * 128 < 2^31). The micro-kernel (LLVM IR, microkernel.py, from the description ISA
+below) computes MR output pixels x nr * 8
 channels over the whole reduction in MR * nr YMM accumulators: with nr = 2, 12 of the 16 YMM
 registers, two for the filter and one for the broadcast activation pair. Only AVX2 instructions:
 an AVX-512 host runs the same code (tests/test_avx2_cpu.py compiles it for Haswell).
@@ -26,176 +27,37 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 from llvmlite import ir
-from numba import types
-from numba.core import cgutils
-from numba.extending import intrinsic
 
-from ..jit import njit, parallel_kernel
+from ..jit import parallel_kernel
 from . import aligned
 from .gemm import accumulator_offset
-from .output_stage import each_profile, load_parameters, output_parameters, store_first, vector_output_stage
+from .microkernel import Isa, conv_kernel, pack_filters, pmaddwd_add, run_conv
+from .output_stage import output_parameters, splat, store_first
 
-MR = 6  # output pixels per micro-kernel call
 NR = 2  # YMM accumulators (8 int32 channels each) per pixel
-BLOCK = 8 * NR  # output channels per micro-kernel call
 MAX_DEPTH = 65536  # reduction length with exact int32 sums: 65536 * 255 * 128 < 2^31
-BLOCKS_PER_TASK = 16  # pixel blocks per parallel task (one scratch allocation each)
 
-_I16, _I32, _I64 = ir.IntType(16), ir.IntType(32), ir.IntType(64)
-_V8 = ir.VectorType(_I32, 8)
-_W16 = ir.VectorType(_I16, 16)
+_V8 = ir.VectorType(ir.IntType(32), 8)
+_W16 = ir.VectorType(ir.IntType(16), 16)
 
 
-def _micro_kernel(nr: int):
-    """out[r, 8j + l] for r < rows and 8j + l < width: the output stage of
-    sum over taps t and channel pairs q of i16x2(x[base[r] + tap[t] + 4q]) . packed[(t * c2 + q) * nr + j],
-    for MR pixels and nr vectors of 8 channels."""
-
-    @intrinsic
-    def kernel(
-        typingctx,
-        x_ptr,
-        bases_ptr,
-        taps_ptr,
-        n_taps,
-        c2,
-        w_ptr,
-        out_ptr,
-        out_stride,
-        rows,
-        width,
-        params_ptr,
-        params_stride,
-        profile,
-        zero_point,
-        lo,
-        hi,
-    ):
-        sig = types.void(*([types.int64] * 16))
-
-        def codegen(context, builder, signature, args):
-            (
-                x_ptr,
-                bases_ptr,
-                taps_ptr,
-                n_taps,
-                c2,
-                w_ptr,
-                out_ptr,
-                out_stride,
-                rows,
-                width,
-                params_ptr,
-                params_stride,
-                profile,
-                zero_point,
-                lo,
-                hi,
-            ) = args
-            pmaddwd = cgutils.get_or_insert_function(
-                builder.module, ir.FunctionType(_V8, [_W16, _W16]), "llvm.x86.avx2.pmadd.wd"
-            )
-            i8p = ir.IntType(8).as_pointer()
-            x = builder.inttoptr(x_ptr, i8p)
-            w = builder.inttoptr(w_ptr, i8p)
-            bases = builder.inttoptr(bases_ptr, _I64.as_pointer())
-            taps = builder.inttoptr(taps_ptr, _I64.as_pointer())
-            row_base = [builder.load(builder.gep(bases, [ir.Constant(_I64, r)])) for r in range(MR)]
-            # Allocas in the entry block: LLVM promotes them to registers (phis) across the loops.
-            accs = [
-                [cgutils.alloca_once_value(builder, ir.Constant(_V8, None)) for _ in range(nr)]
-                for _ in range(MR)
-            ]
-            step = ir.Constant(_I64, nr * 32)  # bytes of packed filter per channel pair
-            with cgutils.for_range(builder, n_taps) as tap_loop:
-                tap = builder.load(builder.gep(taps, [tap_loop.index]))
-                tap_w = builder.mul(builder.mul(tap_loop.index, c2), step)
-                with cgutils.for_range(builder, c2) as pair_loop:
-                    q = pair_loop.index
-                    x_off = builder.add(tap, builder.shl(q, ir.Constant(_I64, 2)))
-                    w_off = builder.add(tap_w, builder.mul(q, step))
-                    wv = [
-                        builder.load(
-                            builder.bitcast(
-                                builder.gep(w, [builder.add(w_off, ir.Constant(_I64, 32 * j))]),
-                                _W16.as_pointer(),
-                            ),
-                            align=1,
-                        )
-                        for j in range(nr)
-                    ]
-                    for r in range(MR):
-                        a = builder.load(
-                            builder.bitcast(
-                                builder.gep(x, [builder.add(row_base[r], x_off)]), _I32.as_pointer()
-                            ),
-                            align=1,
-                        )
-                        undef = ir.Constant(_V8, ir.Undefined)
-                        av = builder.shuffle_vector(
-                            builder.insert_element(undef, a, ir.Constant(_I32, 0)),
-                            undef,
-                            ir.Constant(_V8, None),
-                        )
-                        av = builder.bitcast(av, _W16)  # the pair (x0 - zp, x1 - zp) in every lane
-                        for j in range(nr):
-                            acc = builder.load(accs[r][j])
-                            builder.store(builder.add(acc, builder.call(pmaddwd, [av, wv[j]])), accs[r][j])
-            # Output stage on the registers; per-channel parameters: 5 rows of params_stride bytes.
-            params = builder.inttoptr(params_ptr, i8p)
-            out = builder.inttoptr(out_ptr, i8p)
-            for j in range(nr):
-                pj = load_parameters(builder, params, params_stride, j, lanes=8)
-                for pid in each_profile(builder, profile):
-                    for r in range(MR):
-                        with builder.if_then(builder.icmp_signed("<", ir.Constant(_I64, r), rows)):
-                            y = vector_output_stage(
-                                builder, builder.load(accs[r][j]), pj, pid, zero_point, lo, hi
-                            )
-                            dst = builder.gep(
-                                out,
-                                [
-                                    builder.add(
-                                        builder.mul(out_stride, ir.Constant(_I64, r)),
-                                        ir.Constant(_I64, 8 * j),
-                                    )
-                                ],
-                            )
-                            store_first(builder, y, dst, builder.sub(width, ir.Constant(_I64, 8 * j)))
-            return context.get_dummy_value()
-
-        return sig, codegen
-
-    return kernel
+def _int16_pair(builder, pair):
+    """The pair (x0 - zp, x1 - zp) of int16 (i32) in every lane."""
+    return builder.bitcast(splat(builder, pair, _V8), _W16)
 
 
-_MICRO_KERNELS = tuple(_micro_kernel(nr) for nr in range(1, NR + 1))
-_mk1, _mk2 = _MICRO_KERNELS
-
-
-def pack_filters(w, c2p):
-    """w [G, O, T, C] int8 (T taps of C weights) -> [G, K2 * O8 * 2] int16 in the block layout above,
-    64-byte aligned (K2 = T * c2p / 2, c2p = C rounded up to even, O8 = O rounded up to 8; padding
-    channels and the weight past an odd C hold zero)."""
-    groups, o, t, _ = w.shape
-    return _pack_filters(w, c2p, aligned.zeros((groups, t * c2p * ((o + 7) // 8 * 8)), np.int16))
-
-
-@njit()
-def _pack_filters(w, c2p, out):
-    groups, o, t, c = w.shape
-    c2 = c2p // 2
-    k2 = t * c2
-    o8 = (o + 7) // 8 * 8
-    for g in range(groups):
-        for oc in range(o):
-            block = oc // BLOCK
-            width = min(BLOCK, o8 - block * BLOCK)
-            base = block * BLOCK * k2 * 2 + (oc - block * BLOCK) * 2
-            for tt in range(t):
-                for ci in range(c):
-                    out[g, base + (tt * c2 + ci // 2) * width * 2 + ci % 2] = w[g, oc, tt, ci]
-    return out
+# Blocks of 16 output channels (NR YMM registers of 8 int32) per micro-kernel call.
+ISA = Isa(
+    "avx2",
+    lanes=8,
+    max_nr=NR,
+    operand=_W16,
+    broadcast=_int16_pair,
+    multiply_add=pmaddwd_add,
+    store=store_first,
+    dtype=np.int16,
+)
+conv_avx2 = conv_kernel(ISA)  # (xp, packed, taps, c2, out_h, out_w, ...): see microkernel._conv
 
 
 @parallel_kernel
@@ -227,92 +89,6 @@ def widen_input(x, pad_top, pad_left, zero_point, out):
                 for c in range(channels):
                     dst[first + ix * cp + c] = np.int16(src[ix * channels + c]) - zp
                 dst[first + ix * cp + channels] = 0
-    return out
-
-
-@parallel_kernel
-def conv_avx2(
-    xp,
-    packed,
-    taps,
-    c2,
-    out_h,
-    out_w,
-    stride_h,
-    stride_w,
-    groups,
-    shared,
-    out_c,
-    params,
-    profile,
-    zero_point,
-    lo,
-    hi,
-    out,
-):
-    """out[g * P + p, c] for P output pixels per group: the output stage (params[g], see
-    output_parameters) of the exact sum over taps and their c2 channel pairs of xp (int16) at pixel
-    p's corner + tap, times filter g's channel c. shared: every group reads all N images of xp; else group g
-    reads its slice of N / groups. As vnni.conv_vnni, with pairs of int16 channels for quads of bytes."""
-    n_in, hp, wp, cp = xp.shape
-    pixel = cp * 2  # bytes per input pixel
-    pixels = out_h * out_w
-    images = n_in if shared else n_in // groups
-    per_group = images * pixels
-    n_blocks = (per_group + MR - 1) // MR
-    tasks_per_group = (n_blocks + BLOCKS_PER_TASK - 1) // BLOCKS_PER_TASK
-    k_bytes = taps.size * c2 * 4  # packed bytes per output channel (c2 pairs of int16 per tap)
-    o8 = (out_c + 7) // 8 * 8
-    for task in nb.prange(groups * tasks_per_group):
-        g = task // tasks_per_group
-        first_block = (task - g * tasks_per_group) * BLOCKS_PER_TASK
-        first_image = 0 if shared else g * images
-        bases = np.empty(MR, dtype=np.int64)
-        w_group = packed.ctypes.data + g * packed.shape[1] * 2
-        p_group = params.ctypes.data + g * params.shape[1] * params.shape[2] * 4
-        # The output pixel (image i, row oy, column ox) of the task's first block; then step one
-        # pixel at a time (divisions per pixel would cost as much as a small layer's reduction).
-        p0 = first_block * MR
-        i = p0 // pixels
-        oy = (p0 - i * pixels) // out_w
-        ox = p0 - i * pixels - oy * out_w
-        for blk in range(first_block, min(first_block + BLOCKS_PER_TASK, n_blocks)):
-            for r in range(MR):
-                bases[r] = (((first_image + i) * hp + oy * stride_h) * wp + ox * stride_w) * pixel
-                if blk * MR + r < per_group - 1:  # past the end, the last pixel repeats
-                    ox += 1
-                    if ox == out_w:
-                        ox = 0
-                        oy += 1
-                        if oy == out_h:
-                            oy = 0
-                            i += 1
-            rows = min(MR, per_group - blk * MR)
-            out_row = out.ctypes.data + (g * per_group + blk * MR) * out_c
-            for cb in range(0, out_c, BLOCK):
-                nr = min(BLOCK, o8 - cb) // 8
-                args = (
-                    xp.ctypes.data,
-                    bases.ctypes.data,
-                    taps.ctypes.data,
-                    taps.size,
-                    c2,
-                    w_group + cb * k_bytes,
-                    out_row + cb,
-                    out_c,
-                    rows,
-                    out_c - cb,
-                    p_group + cb * 4,
-                    params.shape[2] * 4,
-                    profile,
-                    zero_point,
-                    lo,
-                    hi,
-                )
-                if nr == 2:
-                    _mk2(*args)
-                else:
-                    _mk1(*args)
     return out
 
 
@@ -362,7 +138,7 @@ def prepared_filters(w, bias, stage, rows: bool, memo=None):
         )
         run = taps.shape[3]
         return (
-            pack_filters(np.ascontiguousarray(taps), run + run % 2),
+            pack_filters(np.ascontiguousarray(taps), run + run % 2, ISA),
             output_parameters(accumulator_offset(w, bias, 0), stage, 8),
         )
 
@@ -386,27 +162,7 @@ def convolve(
 ):
     """Exact int8 convolution with its output stage: as vnni.convolve (same arrays and result,
     int8 [G * P, O]), on AVX2."""
-    groups, o, kh, kw, c = w.shape
-    (sh, sw), (out_h, out_w) = stride, out_hw
+    kh, kw = w.shape[2:4]
     xp, taps, pairs = widened_input(x, kh, kw, stride, dilation, pad, out_hw, input_zero_point, workspace)
     packed, params = prepared_filters(w, bias, stage, row_runs(kw, dilation[1]), memo)
-    out = aligned.empty((x.shape[0] * out_h * out_w * (groups if shared else 1), o), np.int8)
-    return conv_avx2(
-        xp,
-        packed,
-        taps,
-        pairs,
-        out_h,
-        out_w,
-        sh,
-        sw,
-        groups,
-        shared,
-        o,
-        params,
-        np.int64(profile),
-        np.int64(stage.zero_point),
-        np.int64(stage.lo),
-        np.int64(stage.hi),
-        out,
-    )
+    return run_conv(conv_avx2, x, w, xp, taps, pairs, packed, params, stride, out_hw, shared, stage, profile)

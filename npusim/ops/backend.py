@@ -39,6 +39,7 @@ class Backend:
 
     name = ""
     env_switch = ""  # an environment variable that, set to 0, leaves this engine out of "auto"
+    module = None  # amx, vnni or avx2: its convolve takes the parts of the geometry (stride, ...)
 
     def available(self) -> bool:
         """Whether this host runs the engine (detected once, see host.py)."""
@@ -69,11 +70,25 @@ class Backend:
         workspace=None,
         memo=None,
     ):
-        raise NotImplementedError
+        return self.module.convolve(
+            x,
+            w,
+            bias,
+            input_zero_point,
+            g.stride,
+            g.dilation,
+            g.pad,
+            g.out_hw,
+            stage,
+            profile,
+            shared,
+            workspace,
+            memo,
+        )
 
 
 class AmxBackend(Backend):
-    name, env_switch = "amx", "NPUSIM_AMX"
+    name, env_switch, module = "amx", "NPUSIM_AMX", amx
 
     def available(self) -> bool:
         return host.has_amx()
@@ -86,88 +101,31 @@ class AmxBackend(Backend):
         row_pixels = g.out_h * g.out_w if g.pointwise and g.in_channels % 4 == 0 else g.out_w
         return amx.usable(g.depth, g.in_channels, row_pixels)
 
-    def convolve(
-        self, g, x, w, bias, input_zero_point, stage, profile, shared=False, workspace=None, memo=None
-    ):
-        return amx.convolve(
-            x,
-            w,
-            bias,
-            input_zero_point,
-            g.stride,
-            g.dilation,
-            g.pad,
-            g.out_hw,
-            stage,
-            profile,
-            shared,
-            workspace,
-            memo,
-        )
+
+class DirectBackend(Backend):
+    """An engine of the direct-convolution micro-kernel (microkernel.py) on one ISA: any reduction
+    of at most module.MAX_DEPTH products."""
+
+    def usable(self, g: ConvGeometry) -> bool:
+        return g.depth <= self.module.MAX_DEPTH
 
 
-class VnniBackend(Backend):
-    name, env_switch = "vnni", "NPUSIM_VNNI"
+class VnniBackend(DirectBackend):
+    name, env_switch, module = "vnni", "NPUSIM_VNNI", vnni
 
     def available(self) -> bool:
         return host.has_vnni()
 
-    def runs_vnni(self) -> bool:
-        return host.has_vnni()
-
-    def usable(self, g: ConvGeometry) -> bool:
-        return g.depth <= vnni.MAX_DEPTH
-
-    def convolve(
-        self, g, x, w, bias, input_zero_point, stage, profile, shared=False, workspace=None, memo=None
-    ):
-        return vnni.convolve(
-            x,
-            w,
-            bias,
-            input_zero_point,
-            g.stride,
-            g.dilation,
-            g.pad,
-            g.out_hw,
-            stage,
-            profile,
-            shared,
-            workspace,
-            memo,
-        )
+    runs_vnni = available
 
 
-class Avx2Backend(Backend):
-    name, env_switch = "avx2", "NPUSIM_AVX2"
+class Avx2Backend(DirectBackend):
+    name, env_switch, module = "avx2", "NPUSIM_AVX2", avx2
 
     def available(self) -> bool:
         return host.has_avx2()
 
-    def runs_avx2(self) -> bool:
-        return host.has_avx2()
-
-    def usable(self, g: ConvGeometry) -> bool:
-        return g.depth <= avx2.MAX_DEPTH
-
-    def convolve(
-        self, g, x, w, bias, input_zero_point, stage, profile, shared=False, workspace=None, memo=None
-    ):
-        return avx2.convolve(
-            x,
-            w,
-            bias,
-            input_zero_point,
-            g.stride,
-            g.dilation,
-            g.pad,
-            g.out_hw,
-            stage,
-            profile,
-            shared,
-            workspace,
-            memo,
-        )
+    runs_avx2 = available
 
 
 class BlasBackend(Backend):

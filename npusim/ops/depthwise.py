@@ -28,9 +28,7 @@ import functools
 import numba as nb
 import numpy as np
 from llvmlite import ir
-from numba import types
 from numba.core import cgutils
-from numba.extending import intrinsic
 
 from .. import host
 from ..errors import NpusimError
@@ -39,6 +37,7 @@ from . import aligned, backend
 from .base import Kernel, WeightMemo
 from .geometry import ConvGeometry, SlidingWindow
 from .int16 import Stage16, depthwise16, is_int16
+from .microkernel import int64_intrinsic, pmaddwd_add, vpdpbusd
 from .output_stage import (
     each_profile,
     lane_mask,
@@ -57,6 +56,9 @@ WEIGHT_BYTES = 1  # bytes per weight of the vector layout (the "avx2" variant bi
 PAIR = 2  # taps per VPMADDWD
 CHUNK = 16  # channels of one tap per 16-byte load in the AVX2 form
 ROWS_PER_TASK = 8  # output rows per parallel task
+# The arguments of tap_quads_run (all int64), in both forms.
+RUN_ARGS = """x_ptr x_step taps_ptr n_quads w_ptr n_pixels out_ptr out_step count params_ptr params_stride
+    profile zero_point lo hi"""
 
 
 def quad_order() -> np.ndarray:
@@ -86,123 +88,80 @@ def _tap_quads_run(vnni: bool):
     ]
     to_channels = [int(p) for p in np.argsort(quad_order())]  # output bytes back in channel order
 
-    @intrinsic
-    def run(
-        typingctx,
-        x_ptr,
-        x_step,
-        taps_ptr,
-        n_quads,
-        w_ptr,
-        n_pixels,
-        out_ptr,
-        out_step,
-        count,
-        params_ptr,
-        params_stride,
-        profile,
-        zero_point,
-        lo,
-        hi,
-    ):
-        sig = types.void(*([types.int64] * 15))
+    @int64_intrinsic(RUN_ARGS)
+    def run(builder, a):
+        x, w, out, params = (
+            builder.inttoptr(v, i8.as_pointer()) for v in (a.x_ptr, a.w_ptr, a.out_ptr, a.params_ptr)
+        )
+        taps = builder.inttoptr(a.taps_ptr, i64.as_pointer())
+        if vnni:
 
-        def codegen(context, builder, signature, args):
-            (
-                x_ptr,
-                x_step,
-                taps_ptr,
-                n_quads,
-                w_ptr,
-                n_pixels,
-                out_ptr,
-                out_step,
-                count,
-                params_ptr,
-                params_stride,
-                profile,
-                zero_point,
-                lo,
-                hi,
-            ) = args
-            x, w, out, params = (
-                builder.inttoptr(v, i8.as_pointer()) for v in (x_ptr, w_ptr, out_ptr, params_ptr)
-            )
-            taps = builder.inttoptr(taps_ptr, i64.as_pointer())
-            if vnni:
-                dpbusd = cgutils.get_or_insert_function(
-                    builder.module, ir.FunctionType(acc_t, [acc_t] * 3), "llvm.x86.avx512.vpdpbusd.512"
+            def multiply_add(acc, xs, ws):
+                return vpdpbusd(builder, acc, builder.bitcast(xs, acc_t), builder.bitcast(ws, acc_t))
+        else:
+
+            def multiply_add(acc, xs, ws):  # the same sums in generic vector code
+                wide = ir.VectorType(i32, LANES)
+                products = builder.mul(
+                    builder.zext(builder.bitcast(xs, bytes_t), wide),
+                    builder.sext(builder.bitcast(ws, bytes_t), wide),
                 )
-
-                def multiply_add(acc, xs, ws):
-                    return builder.call(dpbusd, [acc, builder.bitcast(xs, acc_t), builder.bitcast(ws, acc_t)])
-            else:
-
-                def multiply_add(acc, xs, ws):  # the same sums in generic vector code
-                    wide = ir.VectorType(i32, LANES)
-                    products = builder.mul(
-                        builder.zext(builder.bitcast(xs, bytes_t), wide),
-                        builder.sext(builder.bitcast(ws, bytes_t), wide),
+                for k in range(GROUP):
+                    acc = builder.add(
+                        acc,
+                        builder.shuffle_vector(
+                            products,
+                            ir.Constant(wide, ir.Undefined),
+                            ir.Constant(acc_t, list(range(k, LANES, GROUP))),
+                        ),
                     )
-                    for k in range(GROUP):
-                        acc = builder.add(
-                            acc,
-                            builder.shuffle_vector(
-                                products,
-                                ir.Constant(wide, ir.Undefined),
-                                ir.Constant(acc_t, list(range(k, LANES, GROUP))),
-                            ),
-                        )
-                    return acc
+                return acc
 
-            valid = lane_mask(builder, count, LANES)
-            sign = ir.Constant(bytes_t, [0x80] * LANES)
-            channel_params = [load_parameters(builder, params, params_stride, q) for q in range(4)]
-            acc_slots = [cgutils.alloca_once_value(builder, ir.Constant(acc_t, None)) for _ in range(4)]
+        valid = lane_mask(builder, a.count, LANES)
+        sign = ir.Constant(bytes_t, [0x80] * LANES)
+        channel_params = [load_parameters(builder, params, a.params_stride, q) for q in range(4)]
+        acc_slots = [cgutils.alloca_once_value(builder, ir.Constant(acc_t, None)) for _ in range(4)]
 
-            def load_tap(base, t):  # 64 int8 activations as uint8 x + 128
-                offset = builder.add(base, builder.load(builder.gep(taps, [t])))
-                return builder.xor(load_bytes(builder, builder.gep(x, [offset]), valid), sign)
+        def load_tap(base, t):  # 64 int8 activations as uint8 x + 128
+            offset = builder.add(base, builder.load(builder.gep(taps, [t])))
+            return builder.xor(load_bytes(builder, builder.gep(x, [offset]), valid), sign)
 
-            def shuffle(a, b, indices):
-                return builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(i32, len(indices)), indices))
+        def shuffle(u, v, indices):
+            return builder.shuffle_vector(u, v, ir.Constant(ir.VectorType(i32, len(indices)), indices))
 
-            for pid in each_profile(builder, profile):
-                with cgutils.for_range(builder, n_pixels) as pixel:
-                    base = builder.mul(pixel.index, x_step)
-                    for slot in acc_slots:
-                        builder.store(ir.Constant(acc_t, None), slot)
-                    with cgutils.for_range(builder, n_quads) as quad:
-                        t = builder.mul(quad.index, ir.Constant(i64, GROUP))
-                        xa, xb, xc, xd = (
-                            load_tap(base, builder.add(t, ir.Constant(i64, k))) for k in range(GROUP)
-                        )
-                        words_t = ir.VectorType(ir.IntType(16), LANES // 2)
-                        ab = [builder.bitcast(shuffle(xa, xb, bytes_of[h]), words_t) for h in range(2)]
-                        cd = [builder.bitcast(shuffle(xc, xd, bytes_of[h]), words_t) for h in range(2)]
-                        for q, slot in enumerate(acc_slots):
-                            xs = shuffle(ab[q // 2], cd[q // 2], words_of[q % 2])  # 4 taps of 16 channels
-                            w_off = builder.add(
-                                builder.mul(quad.index, ir.Constant(i64, 4 * LANES)),
-                                ir.Constant(i64, LANES * q),
-                            )
-                            ws = builder.load(
-                                builder.bitcast(builder.gep(w, [w_off]), acc_t.as_pointer()), align=1
-                            )
-                            builder.store(multiply_add(builder.load(slot), xs, ws), slot)
-                    ys = [
-                        vector_output_stage(builder, builder.load(slot), p, pid, zero_point, lo, hi)
-                        for slot, p in zip(acc_slots, channel_params)
-                    ]
-                    y = shuffle(
-                        shuffle(ys[0], ys[1], list(range(32))),
-                        shuffle(ys[2], ys[3], list(range(32))),
-                        to_channels,
+        for pid in each_profile(builder, a.profile):
+            with cgutils.for_range(builder, a.n_pixels) as pixel:
+                base = builder.mul(pixel.index, a.x_step)
+                for slot in acc_slots:
+                    builder.store(ir.Constant(acc_t, None), slot)
+                with cgutils.for_range(builder, a.n_quads) as quad:
+                    t = builder.mul(quad.index, ir.Constant(i64, GROUP))
+                    xa, xb, xc, xd = (
+                        load_tap(base, builder.add(t, ir.Constant(i64, k))) for k in range(GROUP)
                     )
-                    store_bytes(builder, y, builder.gep(out, [builder.mul(pixel.index, out_step)]), count)
-            return context.get_dummy_value()
-
-        return sig, codegen
+                    words_t = ir.VectorType(ir.IntType(16), LANES // 2)
+                    ab = [builder.bitcast(shuffle(xa, xb, bytes_of[h]), words_t) for h in range(2)]
+                    cd = [builder.bitcast(shuffle(xc, xd, bytes_of[h]), words_t) for h in range(2)]
+                    for q, slot in enumerate(acc_slots):
+                        xs = shuffle(ab[q // 2], cd[q // 2], words_of[q % 2])  # 4 taps of 16 channels
+                        w_off = builder.add(
+                            builder.mul(quad.index, ir.Constant(i64, 4 * LANES)),
+                            ir.Constant(i64, LANES * q),
+                        )
+                        ws = builder.load(
+                            builder.bitcast(builder.gep(w, [w_off]), acc_t.as_pointer()), align=1
+                        )
+                        builder.store(multiply_add(builder.load(slot), xs, ws), slot)
+                ys = [
+                    vector_output_stage(builder, builder.load(slot), p, pid, a.zero_point, a.lo, a.hi)
+                    for slot, p in zip(acc_slots, channel_params)
+                ]
+                y = shuffle(
+                    shuffle(ys[0], ys[1], list(range(32))),
+                    shuffle(ys[2], ys[3], list(range(32))),
+                    to_channels,
+                )
+                store_bytes(builder, y, builder.gep(out, [builder.mul(pixel.index, a.out_step)]), a.count)
 
     return run
 
@@ -222,114 +181,70 @@ def _tap_pairs_run():
     high = ir.Constant(ir.VectorType(i32, CHUNK), [v for j in range(8, 16) for v in (j, CHUNK + j)])
     both = ir.Constant(ir.VectorType(i32, CHUNK), list(range(CHUNK)))
 
-    @intrinsic
-    def run(
-        typingctx,
-        x_ptr,
-        x_step,
-        taps_ptr,
-        n_pairs,
-        w_ptr,
-        n_pixels,
-        out_ptr,
-        out_step,
-        count,
-        params_ptr,
-        params_stride,
-        profile,
-        zero_point,
-        lo,
-        hi,
-    ):
-        sig = types.void(*([types.int64] * 15))
+    @int64_intrinsic(RUN_ARGS)
+    def run(builder, a):
+        x, w, out, params = (
+            builder.inttoptr(v, i8.as_pointer()) for v in (a.x_ptr, a.w_ptr, a.out_ptr, a.params_ptr)
+        )
+        taps = builder.inttoptr(a.taps_ptr, i64.as_pointer())
+        acc_slots = [cgutils.alloca_once_value(builder, ir.Constant(acc_t, None)) for _ in range(2)]
 
-        def codegen(context, builder, signature, args):
-            (
-                x_ptr,
-                x_step,
-                taps_ptr,
-                n_pairs,
-                w_ptr,
-                n_pixels,
-                out_ptr,
-                out_step,
-                count,
-                params_ptr,
-                params_stride,
-                profile,
-                zero_point,
-                lo,
-                hi,
-            ) = args
-            x, w, out, params = (
-                builder.inttoptr(v, i8.as_pointer()) for v in (x_ptr, w_ptr, out_ptr, params_ptr)
-            )
-            taps = builder.inttoptr(taps_ptr, i64.as_pointer())
-            pmaddwd = cgutils.get_or_insert_function(
-                builder.module, ir.FunctionType(acc_t, [words_t, words_t]), "llvm.x86.avx2.pmadd.wd"
-            )
-            acc_slots = [cgutils.alloca_once_value(builder, ir.Constant(acc_t, None)) for _ in range(2)]
+        def pixels(chunk, pid, left):
+            """The pixel loop over one chunk of 16 channels; left: None when all 16 are valid, else
+            the count of valid ones (masked loads and stores)."""
+            mask = None if left is None else lane_mask(builder, left, CHUNK)
+            chunk_params = [
+                load_parameters(builder, params, a.params_stride, 2 * chunk + h, lanes=8) for h in range(2)
+            ]
 
-            def pixels(chunk, pid, left):
-                """The pixel loop over one chunk of 16 channels; left: None when all 16 are valid, else
-                the count of valid ones (masked loads and stores)."""
-                mask = None if left is None else lane_mask(builder, left, CHUNK)
-                chunk_params = [
-                    load_parameters(builder, params, params_stride, 2 * chunk + h, lanes=8) for h in range(2)
-                ]
+            def load_tap(base, t):
+                offset = builder.add(base, builder.load(builder.gep(taps, [t])))
+                src = builder.gep(x, [builder.add(offset, ir.Constant(i64, CHUNK * chunk))])
+                if mask is None:
+                    return builder.load(builder.bitcast(src, bytes_t.as_pointer()), align=1)
+                return load_bytes(builder, src, mask)
 
-                def load_tap(base, t):
-                    offset = builder.add(base, builder.load(builder.gep(taps, [t])))
-                    src = builder.gep(x, [builder.add(offset, ir.Constant(i64, CHUNK * chunk))])
-                    if mask is None:
-                        return builder.load(builder.bitcast(src, bytes_t.as_pointer()), align=1)
-                    return load_bytes(builder, src, mask)
-
-                with cgutils.for_range(builder, n_pixels) as pixel:
-                    base = builder.mul(pixel.index, x_step)
-                    for slot in acc_slots:
-                        builder.store(ir.Constant(acc_t, None), slot)
-                    with cgutils.for_range(builder, n_pairs) as pair:
-                        t = builder.mul(pair.index, ir.Constant(i64, PAIR))
-                        xa = load_tap(base, t)
-                        xb = load_tap(base, builder.add(t, ir.Constant(i64, 1)))
-                        w_pair = builder.add(
-                            builder.mul(pair.index, ir.Constant(i64, PAIR * LANES * 2)),
-                            ir.Constant(i64, CHUNK * PAIR * 2 * chunk),
-                        )
-                        for h, (slot, order) in enumerate(zip(acc_slots, (low, high))):
-                            xs = builder.sext(builder.shuffle_vector(xa, xb, order), words_t)
-                            src = builder.gep(w, [builder.add(w_pair, ir.Constant(i64, 32 * h))])
-                            ws = builder.load(builder.bitcast(src, words_t.as_pointer()), align=1)
-                            products = builder.call(pmaddwd, [xs, ws])
-                            builder.store(builder.add(builder.load(slot), products), slot)
-                    ys = [
-                        vector_output_stage(builder, builder.load(slot), p, pid, zero_point, lo, hi)
-                        for slot, p in zip(acc_slots, chunk_params)
-                    ]
-                    y = builder.shuffle_vector(ys[0], ys[1], both)
-                    dst = builder.gep(
-                        out,
-                        [builder.add(builder.mul(pixel.index, out_step), ir.Constant(i64, CHUNK * chunk))],
+            with cgutils.for_range(builder, a.n_pixels) as pixel:
+                base = builder.mul(pixel.index, a.x_step)
+                for slot in acc_slots:
+                    builder.store(ir.Constant(acc_t, None), slot)
+                with cgutils.for_range(builder, a.n_quads) as pair:
+                    t = builder.mul(pair.index, ir.Constant(i64, PAIR))
+                    xa = load_tap(base, t)
+                    xb = load_tap(base, builder.add(t, ir.Constant(i64, 1)))
+                    w_pair = builder.add(
+                        builder.mul(pair.index, ir.Constant(i64, PAIR * LANES * 2)),
+                        ir.Constant(i64, CHUNK * PAIR * 2 * chunk),
                     )
-                    if mask is None:
-                        builder.store(y, builder.bitcast(dst, bytes_t.as_pointer()), align=1)
-                    else:
-                        store_bytes(builder, y, dst, left)
+                    for h, (slot, order) in enumerate(zip(acc_slots, (low, high))):
+                        xs = builder.sext(builder.shuffle_vector(xa, xb, order), words_t)
+                        src = builder.gep(w, [builder.add(w_pair, ir.Constant(i64, 32 * h))])
+                        ws = builder.load(builder.bitcast(src, words_t.as_pointer()), align=1)
+                        builder.store(pmaddwd_add(builder, builder.load(slot), xs, ws), slot)
+                ys = [
+                    vector_output_stage(builder, builder.load(slot), p, pid, a.zero_point, a.lo, a.hi)
+                    for slot, p in zip(acc_slots, chunk_params)
+                ]
+                y = builder.shuffle_vector(ys[0], ys[1], both)
+                dst = builder.gep(
+                    out,
+                    [builder.add(builder.mul(pixel.index, a.out_step), ir.Constant(i64, CHUNK * chunk))],
+                )
+                if mask is None:
+                    builder.store(y, builder.bitcast(dst, bytes_t.as_pointer()), align=1)
+                else:
+                    store_bytes(builder, y, dst, left)
 
-            for pid in each_profile(builder, profile):
-                for chunk in range(LANES // CHUNK):
-                    left = builder.sub(count, ir.Constant(i64, CHUNK * chunk))
-                    with builder.if_then(builder.icmp_signed(">", left, ir.Constant(i64, 0))):
-                        full = builder.icmp_signed(">=", left, ir.Constant(i64, CHUNK))
-                        with builder.if_else(full) as (whole, part):
-                            with whole:
-                                pixels(chunk, pid, None)
-                            with part:
-                                pixels(chunk, pid, left)
-            return context.get_dummy_value()
-
-        return sig, codegen
+        for pid in each_profile(builder, a.profile):
+            for chunk in range(LANES // CHUNK):
+                left = builder.sub(a.count, ir.Constant(i64, CHUNK * chunk))
+                with builder.if_then(builder.icmp_signed(">", left, ir.Constant(i64, 0))):
+                    full = builder.icmp_signed(">=", left, ir.Constant(i64, CHUNK))
+                    with builder.if_else(full) as (whole, part):
+                        with whole:
+                            pixels(chunk, pid, None)
+                        with part:
+                            pixels(chunk, pid, left)
 
     return run
 
@@ -624,11 +539,9 @@ def depthwise_kernel(variant: str) -> ParallelKernel:
     return parallel_kernel(fn)
 
 
-def pair_layout(wg: np.ndarray, params: np.ndarray, replicas: int) -> tuple[np.ndarray, np.ndarray]:
-    """The weights [G, 1, kh, kw, O] int8 and output parameters [G, 5, O64] (the offset with
-    -zp * sum w folded in) of the AVX2 vector runs: weights [G, O64 / 64, pairs, 4 (chunk), 16, 2 (tap)]
-    int16 (tap 2 * pair + k of channel 64 * block + 16 * chunk + i), parameters [G, 5, O64] in channel
-    order. replicas: the O channels that many times, as the channels of one block."""
+def _replicated(wg: np.ndarray, params: np.ndarray, replicas: int):
+    """(taps [G, kh * kw, O'], parameters [G, 5, O'], O', O' rounded up to LANES): the O channels of
+    wg [G, 1, kh, kw, O] and params repeated replicas times (O' = O * replicas), as both layouts take them."""
     groups, _, kh, kw, o = wg.shape
     taps = wg.reshape(groups, kh * kw, o)
     if replicas > 1:
@@ -637,7 +550,16 @@ def pair_layout(wg: np.ndarray, params: np.ndarray, replicas: int) -> tuple[np.n
             np.concatenate([params[:, :, :o]] * replicas, axis=2),
             o * replicas,
         )
-    o64 = (o + LANES - 1) // LANES * LANES
+    return taps, params, o, (o + LANES - 1) // LANES * LANES
+
+
+def pair_layout(wg: np.ndarray, params: np.ndarray, replicas: int) -> tuple[np.ndarray, np.ndarray]:
+    """The weights [G, 1, kh, kw, O] int8 and output parameters [G, 5, O64] (the offset with
+    -zp * sum w folded in) of the AVX2 vector runs: weights [G, O64 / 64, pairs, 4 (chunk), 16, 2 (tap)]
+    int16 (tap 2 * pair + k of channel 64 * block + 16 * chunk + i), parameters [G, 5, O64] in channel
+    order. replicas: the O channels that many times, as the channels of one block."""
+    groups, _, kh, kw, _ = wg.shape
+    taps, params, o, o64 = _replicated(wg, params, replicas)
     pairs = (kh * kw + PAIR - 1) // PAIR
     padded = np.zeros((groups, PAIR * pairs, o64), dtype=np.int16)
     padded[:, : kh * kw, :o] = taps
@@ -655,15 +577,8 @@ def vector_layout(wg: np.ndarray, params: np.ndarray, replicas: int) -> tuple[np
     where byte 4i + k of accumulator q holds tap 4 * quad + k of the channel at position 16q + i of
     quad_order; parameters [G, 5, O64] permuted to the same positions. replicas: the O channels that
     many times, as the channels of one block."""
-    groups, _, kh, kw, o = wg.shape
-    taps = wg.reshape(groups, kh * kw, o)
-    if replicas > 1:
-        taps, params, o = (
-            np.concatenate([taps] * replicas, axis=2),
-            np.concatenate([params[:, :, :o]] * replicas, axis=2),
-            o * replicas,
-        )
-    o64 = (o + LANES - 1) // LANES * LANES
+    groups, _, kh, kw, _ = wg.shape
+    taps, params, o, o64 = _replicated(wg, params, replicas)
     quads = (kh * kw + GROUP - 1) // GROUP
     padded = np.zeros((groups, GROUP * quads, o64), dtype=np.int8)
     padded[:, : kh * kw, :o] = taps

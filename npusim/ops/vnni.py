@@ -19,274 +19,45 @@ Layouts:
 - filters: per block of up to 64 output channels, [K4, nr, 16, 4] bytes (K4 = taps * Cp / 4,
   nr = block width / 16), so one 64-byte load holds 4 reduction steps of 16 channels.
 
-The micro-kernel (LLVM IR, built below) computes MR output pixels x nr*16 channels over the whole
-reduction in MR * nr ZMM accumulators (24 of the 32 registers at nr = 4).
+The micro-kernel (LLVM IR, microkernel.py, from the description ISA below) computes MR output
+pixels x nr*16 channels over the whole reduction in MR * nr ZMM accumulators (24 of the 32
+registers at nr = 4).
 """
 
 from __future__ import annotations
 
-import numba as nb
 import numpy as np
 from llvmlite import ir
-from numba import types
-from numba.core import cgutils
-from numba.extending import intrinsic
 
-from ..jit import njit, parallel_kernel
 from . import aligned
 from .gemm import accumulator_offset
-from .output_stage import (
-    each_profile,
-    load_parameters,
-    output_parameters,
-    splat,
-    store_bytes,
-    vector_output_stage,
-)
+from .microkernel import Isa, conv_kernel, pack_filters, run_conv, vpdpbusd
+from .output_stage import output_parameters, splat, store_bytes
 from .padding import pad_input
 
-MR = 6  # output pixels per micro-kernel call
-BLOCK = 64  # output channels per micro-kernel call (4 ZMM registers of 16 int32)
 MAX_DEPTH = 65536  # reduction length with exact int32 sums: 65536 * 255 * 128 < 2^31
-BLOCKS_PER_TASK = 16  # pixel blocks per parallel task (one scratch allocation each)
 
-_I32, _I64 = ir.IntType(32), ir.IntType(64)
+_I32 = ir.IntType(32)
 _V16 = ir.VectorType(_I32, 16)
 
 
-def _micro_kernel(nr: int):
-    """out[r, 16j + l] for r < rows and 16j + l < width: the output stage of
-    sum over taps t and channel quads q of u8x4(x[base[r] + tap[t] + 4q]) . packed[(t * c4 + q) * nr + j],
-    for MR pixels and nr vectors of 16 channels."""
-
-    @intrinsic
-    def kernel(
-        typingctx,
-        x_ptr,
-        bases_ptr,
-        taps_ptr,
-        n_taps,
-        c4,
-        w_ptr,
-        out_ptr,
-        out_stride,
-        rows,
-        width,
-        params_ptr,
-        params_stride,
-        profile,
-        zero_point,
-        lo,
-        hi,
-    ):
-        sig = types.void(*([types.int64] * 16))
-
-        def codegen(context, builder, signature, args):
-            (
-                x_ptr,
-                bases_ptr,
-                taps_ptr,
-                n_taps,
-                c4,
-                w_ptr,
-                out_ptr,
-                out_stride,
-                rows,
-                width,
-                params_ptr,
-                params_stride,
-                profile,
-                zero_point,
-                lo,
-                hi,
-            ) = args
-            dpbusd = cgutils.get_or_insert_function(
-                builder.module, ir.FunctionType(_V16, [_V16, _V16, _V16]), "llvm.x86.avx512.vpdpbusd.512"
-            )
-            i8p = ir.IntType(8).as_pointer()
-            x = builder.inttoptr(x_ptr, i8p)
-            w = builder.inttoptr(w_ptr, i8p)
-            bases = builder.inttoptr(bases_ptr, _I64.as_pointer())
-            taps = builder.inttoptr(taps_ptr, _I64.as_pointer())
-            row_base = [builder.load(builder.gep(bases, [ir.Constant(_I64, r)])) for r in range(MR)]
-            # Allocas in the entry block: LLVM promotes them to registers (phis) across the loops.
-            accs = [
-                [cgutils.alloca_once_value(builder, ir.Constant(_V16, None)) for _ in range(nr)]
-                for _ in range(MR)
-            ]
-            step = ir.Constant(_I64, nr * 64)  # bytes of packed filter per channel quad
-            with cgutils.for_range(builder, n_taps) as tap_loop:
-                tap = builder.load(builder.gep(taps, [tap_loop.index]))
-                tap_w = builder.mul(builder.mul(tap_loop.index, c4), step)
-                with cgutils.for_range(builder, c4) as quad_loop:
-                    q = quad_loop.index
-                    x_off = builder.add(tap, builder.shl(q, ir.Constant(_I64, 2)))
-                    w_off = builder.add(tap_w, builder.mul(q, step))
-                    wv = [
-                        builder.load(
-                            builder.bitcast(
-                                builder.gep(w, [builder.add(w_off, ir.Constant(_I64, 64 * j))]),
-                                _V16.as_pointer(),
-                            ),
-                            align=1,
-                        )
-                        for j in range(nr)
-                    ]
-                    for r in range(MR):
-                        a = builder.load(
-                            builder.bitcast(
-                                builder.gep(x, [builder.add(row_base[r], x_off)]), _I32.as_pointer()
-                            ),
-                            align=1,
-                        )
-                        a = builder.xor(a, ir.Constant(_I32, 0x80808080))  # 4 int8 x -> 4 uint8 x + 128
-                        av = splat(builder, a, _V16)
-                        for j in range(nr):
-                            builder.store(
-                                builder.call(dpbusd, [builder.load(accs[r][j]), av, wv[j]]), accs[r][j]
-                            )
-            # Output stage on the registers; per-channel parameters: 5 rows of params_stride bytes.
-            params = builder.inttoptr(params_ptr, i8p)
-            out = builder.inttoptr(out_ptr, i8p)
-            for j in range(nr):
-                pj = load_parameters(builder, params, params_stride, j)
-                for pid in each_profile(builder, profile):
-                    for r in range(MR):
-                        with builder.if_then(builder.icmp_signed("<", ir.Constant(_I64, r), rows)):
-                            y = vector_output_stage(
-                                builder, builder.load(accs[r][j]), pj, pid, zero_point, lo, hi
-                            )
-                            dst = builder.gep(
-                                out,
-                                [
-                                    builder.add(
-                                        builder.mul(out_stride, ir.Constant(_I64, r)),
-                                        ir.Constant(_I64, 16 * j),
-                                    )
-                                ],
-                            )
-                            store_bytes(builder, y, dst, builder.sub(width, ir.Constant(_I64, 16 * j)))
-            return context.get_dummy_value()
-
-        return sig, codegen
-
-    return kernel
+def _unsigned_quad(builder, quad):
+    """The 4 int8 x of quad (i32) as 4 uint8 x + 128, in every lane."""
+    return splat(builder, builder.xor(quad, ir.Constant(_I32, 0x80808080)), _V16)
 
 
-_mk1, _mk2, _mk3, _mk4 = (_micro_kernel(nr) for nr in (1, 2, 3, 4))
-
-
-def pack_filters(w, cp):
-    """w [G, O, T, C] int8 (T taps) -> [G, K4 * O16 * 4] int8 in the block layout above, 64-byte
-    aligned (O16 = O rounded up to 16; the padding channels and quads hold zero weights)."""
-    groups, o, t, _ = w.shape
-    return _pack_filters(w, cp, aligned.zeros((groups, t * cp * ((o + 15) // 16 * 16)), np.int8))
-
-
-@njit()
-def _pack_filters(w, cp, out):
-    groups, o, t, c = w.shape
-    c4 = cp // 4
-    k4 = t * c4
-    o16 = (o + 15) // 16 * 16
-    for g in range(groups):
-        for oc in range(o):
-            block = oc // BLOCK
-            width = min(BLOCK, o16 - block * BLOCK)
-            base = block * BLOCK * k4 * 4 + (oc - block * BLOCK) * 4
-            for tt in range(t):
-                for ci in range(c):
-                    out[g, base + (tt * c4 + ci // 4) * width * 4 + ci % 4] = w[g, oc, tt, ci]
-    return out
-
-
-@parallel_kernel
-def conv_vnni(
-    xp,
-    packed,
-    taps,
-    c4,
-    out_h,
-    out_w,
-    stride_h,
-    stride_w,
-    groups,
-    shared,
-    out_c,
-    params,
-    profile,
-    zero_point,
-    lo,
-    hi,
-    out,
-):
-    """out[g * P + p, c] for P output pixels per group: the output stage (params[g], see
-    output_parameters) of the exact sum over taps and channels of xp at pixel p's corner + tap, times
-    filter g's channel c. shared: every group reads all N images of xp; else group g reads its
-    slice of N / groups."""
-    n_in, hp, wp, pixel = xp.shape  # pixel: bytes per input pixel (C); c4 quads cover them
-    pixels = out_h * out_w
-    images = n_in if shared else n_in // groups
-    per_group = images * pixels
-    n_blocks = (per_group + MR - 1) // MR
-    tasks_per_group = (n_blocks + BLOCKS_PER_TASK - 1) // BLOCKS_PER_TASK
-    k_bytes = taps.size * c4 * 4  # packed bytes per output channel
-    o16 = (out_c + 15) // 16 * 16
-    for task in nb.prange(groups * tasks_per_group):
-        g = task // tasks_per_group
-        first_block = (task - g * tasks_per_group) * BLOCKS_PER_TASK
-        first_image = 0 if shared else g * images
-        bases = np.empty(MR, dtype=np.int64)
-        w_group = packed.ctypes.data + g * packed.shape[1]
-        p_group = params.ctypes.data + g * params.shape[1] * params.shape[2] * 4
-        # The output pixel (image i, row oy, column ox) of the task's first block; then step one
-        # pixel at a time (divisions per pixel would cost as much as a small layer's reduction).
-        p0 = first_block * MR
-        i = p0 // pixels
-        oy = (p0 - i * pixels) // out_w
-        ox = p0 - i * pixels - oy * out_w
-        for blk in range(first_block, min(first_block + BLOCKS_PER_TASK, n_blocks)):
-            for r in range(MR):
-                bases[r] = (((first_image + i) * hp + oy * stride_h) * wp + ox * stride_w) * pixel
-                if blk * MR + r < per_group - 1:  # past the end, the last pixel repeats
-                    ox += 1
-                    if ox == out_w:
-                        ox = 0
-                        oy += 1
-                        if oy == out_h:
-                            oy = 0
-                            i += 1
-            rows = min(MR, per_group - blk * MR)
-            out_row = out.ctypes.data + (g * per_group + blk * MR) * out_c
-            for cb in range(0, out_c, BLOCK):
-                nr = min(BLOCK, o16 - cb) // 16
-                args = (
-                    xp.ctypes.data,
-                    bases.ctypes.data,
-                    taps.ctypes.data,
-                    taps.size,
-                    c4,
-                    w_group + cb * k_bytes,
-                    out_row + cb,
-                    out_c,
-                    rows,
-                    out_c - cb,
-                    p_group + cb * 4,
-                    o16 * 4,
-                    profile,
-                    zero_point,
-                    lo,
-                    hi,
-                )
-                if nr == 4:
-                    _mk4(*args)
-                elif nr == 3:
-                    _mk3(*args)
-                elif nr == 2:
-                    _mk2(*args)
-                else:
-                    _mk1(*args)
-    return out
+# Blocks of 64 output channels (4 ZMM registers of 16 int32) per micro-kernel call.
+ISA = Isa(
+    "vnni",
+    lanes=16,
+    max_nr=4,
+    operand=_V16,
+    broadcast=_unsigned_quad,
+    multiply_add=vpdpbusd,
+    store=store_bytes,
+    dtype=np.int8,
+)
+conv_vnni = conv_kernel(ISA)  # (xp, packed, taps, c4, out_h, out_w, ...): see microkernel._conv
 
 
 def padded_input(x, kh, kw, stride, dilation, pad, out_hw, zero_point, workspace=None):
@@ -322,7 +93,7 @@ def prepared_filters(tag, w, bias, offset_zero_point, stage, memo=None):
 
     def prepare():
         return (
-            pack_filters(np.ascontiguousarray(w).reshape(groups, o, kh * kw, c), (c + 3) // 4 * 4),
+            pack_filters(np.ascontiguousarray(w).reshape(groups, o, kh * kw, c), (c + 3) // 4 * 4, ISA),
             output_parameters(accumulator_offset(w, bias, offset_zero_point), stage),
         )
 
@@ -353,27 +124,8 @@ def convolve(
     Returns int8 [G * P, O], P output pixels per group:
     P = N * out_h * out_w when shared (every group sees the whole batch), else N / G of that.
     """
-    groups, o, kh, kw, c = w.shape
-    (sh, sw), (out_h, out_w) = stride, out_hw
+    kh, kw, c = w.shape[2:]
     xp, taps = padded_input(x, kh, kw, stride, dilation, pad, out_hw, input_zero_point, workspace)
     packed, params = prepared_filters("vnni", w, bias, input_zero_point + 128, stage, memo)
-    out = aligned.empty((x.shape[0] * out_h * out_w * (groups if shared else 1), o), np.int8)
-    return conv_vnni(
-        xp,
-        packed,
-        taps,
-        (c + 3) // 4,
-        out_h,
-        out_w,
-        sh,
-        sw,
-        groups,
-        shared,
-        o,
-        params,
-        np.int64(profile),
-        np.int64(stage.zero_point),
-        np.int64(stage.lo),
-        np.int64(stage.hi),
-        out,
-    )
+    quads = (c + 3) // 4
+    return run_conv(conv_vnni, x, w, xp, taps, quads, packed, params, stride, out_hw, shared, stage, profile)
