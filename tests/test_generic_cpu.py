@@ -3,9 +3,10 @@
 The ADD kernel picks VNNI instructions or generic LLVM vector code when Numba compiles it, by the
 host's features; DEPTHWISE_CONV_2D takes its generic form from the backend selection (the oracle
 tests run it in-process with backend="blas"), but on a VNNI host that code is still compiled for a
-CPU with AVX-512. Here a fresh process compiles both for a plain x86-64 (NUMBA_CPU_NAME=generic with
-NUMBA_CPU_FEATURES empty: the name alone keeps the host's features; in
+CPU with AVX-512. Here a fresh process compiles both for a plain x86-64 (NUMBA_CPU_NAME=generic, in
 a temporary Numba cache), where "auto" selects the generic forms, and its outputs are held to TFLM's.
+Numba empties the features itself for "generic"; NUMBA_CPU_FEATURES is set empty all the same, as
+it must be for a named CPU such as haswell (test_avx2_cpu.py), whose name alone keeps the host's.
 """
 
 from __future__ import annotations
