@@ -32,9 +32,7 @@ import numpy as np
 
 from ..jit import njit
 from ..quant import INT32_MAX, quantize_multiplier, requantize_one
-from .base import Kernel
 from .logistic import q4_activation_table
-from .quantize import lookup
 from .requant import requantization_multiplier
 from .softmax import (
     _saturating_shift_left,
@@ -43,29 +41,12 @@ from .softmax import (
     exp_on_negative_values,
     reciprocal_of_half_sum,
 )
+from .unary import UnaryTableKernel
 
 INPUT_INTEGER_BITS = 4  # Q4.27 input to the fixed-point tanh
 TANH_OUTPUT_SCALE_BITS = 7  # output scale 2^-7
 
 EVERY_CODE = np.arange(256, dtype=np.uint8).view(np.int8).astype(np.int64)  # index: the byte as uint8
-
-
-class UnaryTableKernel(Kernel):
-    """An int8 per-tensor input and output of the same shape; subclasses set self.table (int8 [256],
-    indexed by the input byte) in __init__ after calling prepare_operands()."""
-
-    def prepare_operands(self):
-        x, y = self.inputs[0], self.outputs[0]
-        self.require_int8(x, y)
-        for t in (x, y):
-            if t.quant.per_channel:
-                raise self.error(f"tensor {t.name!r} is quantized per channel, expected per-tensor")
-        if tuple(y.shape) != tuple(x.shape):
-            raise self.error(f"output shape {list(y.shape)} differs from the input shape {list(x.shape)}")
-        return x, y
-
-    def __call__(self, x):
-        return lookup(self.table, np.ascontiguousarray(x).view(np.uint8), np.empty(x.shape, dtype=np.int8))
 
 
 # ----------------------------------------------------------------------------------------------

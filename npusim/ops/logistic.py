@@ -18,10 +18,9 @@ import numpy as np
 
 from ..jit import njit
 from ..quant import INT32_MAX, multiply_by_quantized_multiplier, rounding_divide_by_pot
-from .base import Kernel
-from .int16 import is_int16, logistic16, logistic16_params, require_int16, require_tflm
-from .quantize import lookup
+from .int16 import is_int16, logistic16, logistic16_params
 from .softmax import calculate_input_radius, exp_on_negative_values, one_over_one_plus_x_for_x_in_0_1
+from .unary import UnaryTableKernel
 
 INPUT_INTEGER_BITS = 4  # Q4.27 input to the fixed-point logistic
 OUTPUT_INTEGER_BITS = 8
@@ -56,25 +55,15 @@ def q4_activation_table(zero_point, radius, multiplier, left_shift, function, ou
     return table
 
 
-class Logistic(Kernel):
+class Logistic(UnaryTableKernel):
     kind = "LOGISTIC"
 
     def __init__(self, op, graph, profile):
         super().__init__(op, graph, profile)
-        x, y = self.inputs[0], self.outputs[0]
-        self.params16 = None
-        if is_int16(x):
-            require_tflm(self)
-            require_int16(self, x, y)
-        else:
-            self.require_int8(x, y)
-        for t in (x, y):
-            if t.quant.per_channel:
-                raise self.error(f"tensor {t.name!r} is quantized per channel, expected per-tensor")
-        if tuple(y.shape) != tuple(x.shape):
-            raise self.error(f"output shape {list(y.shape)} differs from the input shape {list(x.shape)}")
+        x, y = self.prepare_operands(int16=True)
         if is_int16(x):  # int16 in and out (int16.logistic16)
-            self.params16 = logistic16_params(self, x, y)
+            multiplier, shift = logistic16_params(self, x, y)
+            self.int16 = lambda v: logistic16(v, multiplier, shift)
             return
         if y.zero_point != -128:  # TF_LITE_ENSURE_EQ in TFLM's Prepare
             raise self.error(
@@ -96,8 +85,3 @@ class Logistic(Kernel):
             31 - OUTPUT_INTEGER_BITS,
             -128,
         )
-
-    def __call__(self, x):
-        if self.params16 is not None:
-            return logistic16(np.asarray(x), *self.params16)
-        return lookup(self.table, np.ascontiguousarray(x).view(np.uint8), np.empty(x.shape, dtype=np.int8))
