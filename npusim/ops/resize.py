@@ -33,29 +33,36 @@ def nearest_indices(in_size: int, out_size: int, align_corners: bool, half_pixel
     return idx
 
 
+def resize_target(kernel: Kernel) -> tuple[int, int, bool, bool]:
+    """The checks both resize ops' Prepare makes (NHWC input, a constant 1-D size of two positive
+    int32 values, the output of that size): (out height, out width, align_corners, half_pixel_centers)."""
+    x, size, y = kernel.inputs[0], kernel.inputs[1], kernel.outputs[0]
+    _same_dtype(kernel)
+    if len(x.shape) != 4:
+        raise kernel.error(f"input {x.name!r} has shape {list(x.shape)}, expected NHWC (rank 4)")
+    kernel.require_constant(size, "size")
+    if size.dtype != np.int32 or size.data.size != 2 or size.data.ndim != 1:
+        raise kernel.error(f"size {size.name!r} is not a 1-D tensor of two int32 values")
+    oh, ow = (int(v) for v in size.data.reshape(-1))
+    if oh <= 0 or ow <= 0:
+        raise kernel.error(f"output size {[oh, ow]} is not positive")
+    expected = [x.shape[0], oh, ow, x.shape[3]]
+    if list(y.shape) != expected:
+        raise kernel.error(f"output shape {list(y.shape)} is not the resized shape {expected}")
+    options = kernel.op.options
+    return oh, ow, bool(options.get("align_corners", False)), bool(options.get("half_pixel_centers", False))
+
+
 class ResizeNearestNeighbor(Kernel):
     kind = "RESIZE_NEAREST_NEIGHBOR"
     required_inputs, max_inputs, data_inputs = 2, 2, 1
 
     def __init__(self, op, graph, profile):
         super().__init__(op, graph, profile)
-        x, size, y = self.inputs[0], self.inputs[1], self.outputs[0]
-        _same_dtype(self)
-        if len(x.shape) != 4:
-            raise self.error(f"input {x.name!r} has shape {list(x.shape)}, expected NHWC (rank 4)")
+        x, y = self.inputs[0], self.outputs[0]
+        oh, ow, align, half = resize_target(self)
         if x.quant is not None and y.quant is not None and (x.scale, x.zero_point) != (y.scale, y.zero_point):
             raise self.error("input and output quantization differ, expected a pure resize")
-        self.require_constant(size, "size")
-        if size.dtype != np.int32 or size.data.size != 2:
-            raise self.error(f"size {size.name!r} is not two int32 values")
-        oh, ow = (int(v) for v in size.data.reshape(-1))
-        if oh <= 0 or ow <= 0:
-            raise self.error(f"output size {[oh, ow]} is not positive")
-        expected = [x.shape[0], oh, ow, x.shape[3]]
-        if list(y.shape) != expected:
-            raise self.error(f"output shape {list(y.shape)} is not the resized shape {expected}")
-        align = bool(op.options.get("align_corners", False))
-        half = bool(op.options.get("half_pixel_centers", False))
         self.rows = nearest_indices(x.shape[1], oh, align, half)
         self.cols = nearest_indices(x.shape[2], ow, align, half)
         # Each axis an integer repeat of the input (the 2x upsampling of detection necks): np.repeat.
@@ -103,23 +110,10 @@ class ResizeBilinear(Kernel):
 
     def __init__(self, op, graph, profile):
         super().__init__(op, graph, profile)
-        x, size, y = self.inputs[0], self.inputs[1], self.outputs[0]
-        _same_dtype(self)
+        x = self.inputs[0]
+        oh, ow, align, half = resize_target(self)
         if x.dtype != np.int8:
             raise self.error(f"input {x.name!r} is {np.dtype(x.dtype).name}, expected int8")
-        if len(x.shape) != 4:
-            raise self.error(f"input {x.name!r} has shape {list(x.shape)}, expected NHWC (rank 4)")
-        self.require_constant(size, "size")
-        if size.dtype != np.int32 or size.data.size != 2 or size.data.ndim != 1:
-            raise self.error(f"size {size.name!r} is not a 1-D tensor of two int32 values")
-        oh, ow = (int(v) for v in size.data.reshape(-1))
-        if oh <= 0 or ow <= 0:
-            raise self.error(f"output size {[oh, ow]} is not positive")
-        expected = [x.shape[0], oh, ow, x.shape[3]]
-        if list(y.shape) != expected:
-            raise self.error(f"output shape {list(y.shape)} is not the resized shape {expected}")
-        align = bool(op.options.get("align_corners", False))
-        half = bool(op.options.get("half_pixel_centers", False))
         if align and half:
             raise self.error("align_corners and half_pixel_centers are both set (TFLM refuses it)")
         self.rows = bilinear_taps(x.shape[1], oh, align, half)
