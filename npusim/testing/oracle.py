@@ -459,29 +459,17 @@ def transpose_conv_model(
 def add_model(
     shape1, shape2, s1, z1, s2, z2, out_scale, out_zp, activation="NONE", const2=None, dtype=np.int8
 ) -> bytes:
-    """ADD with numpy-style broadcasting. The second operand is a graph input, or a constant when
-    const2 (data of shape2) is given. dtype: of both inputs and the output (int8 or int16)."""
-    b = ModelBuilder()
-    x1 = b.add_tensor(shape1, dtype, s1, z1, name="input1")
-    if const2 is None:
-        x2 = b.add_tensor(shape2, dtype, s2, z2, name="input2")
-    else:
-        x2 = b.add_tensor(
-            shape2, dtype, s2, z2, data=np.asarray(const2, dtype).reshape(shape2), name="const2"
-        )
-    out_shape = np.broadcast_shapes(tuple(shape1), tuple(shape2))
-    y = b.add_tensor(out_shape, dtype, out_scale, out_zp, name="output")
-    opt = schema.AddOptionsT()
-    opt.fusedActivationFunction = _ACTIVATION[activation]
-    b.add_op("ADD", [x1, x2], [y], opt)
-    return b.build([x1] if const2 is not None else [x1, x2], [y])
+    """ADD with numpy-style broadcasting: binary_model("ADD", ...)."""
+    return binary_model(
+        "ADD", shape1, shape2, s1, z1, s2, z2, out_scale, out_zp, activation, const2=const2, dtype=dtype
+    )
 
 
 def binary_model(
     kind, shape1, shape2, s1, z1, s2, z2, out_scale, out_zp, activation="NONE", const2=None, dtype=np.int8
 ) -> bytes:
-    """MUL or SUB (as add_model): numpy-style broadcasting, the second operand a graph input or,
-    with const2, a constant. dtype: of both inputs and the output (int8 or int16)."""
+    """ADD, MUL or SUB with numpy-style broadcasting: the second operand a graph input or, with
+    const2 (data of shape2), a constant. dtype: of both inputs and the output (int8 or int16)."""
     b = ModelBuilder()
     x1 = b.add_tensor(shape1, dtype, s1, z1, name="input1")
     if const2 is None:
