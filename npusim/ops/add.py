@@ -187,12 +187,7 @@ class Add(Kernel):
         return n * int(np.prod(self.out_shape))  # each operand broadcast to the output shape
 
     def __call__(self, a, b):
-        a_is_batched = len(a.shape) == len(self.inputs[0].shape) and self.inputs[0].data is None
-        b_is_batched = len(b.shape) == len(self.inputs[1].shape) and self.inputs[1].data is None
-        if a_is_batched and b_is_batched and a.shape[0] != b.shape[0]:
-            raise self.error(f"inputs carry batches of {a.shape[0]} and {b.shape[0]}, expected the same")
-        n = a.shape[0] if a_is_batched else b.shape[0]
-        shape = (n,) + self.out_shape
+        shape = self.broadcast_batch(a, b, self.out_shape)
         a, b = (np.ascontiguousarray(np.broadcast_to(t, shape)) for t in (a, b))
         if self.params16 is not None:
             return add16(a, b, self.params16)

@@ -88,6 +88,15 @@ class Kernel:
             )
         return tuple(shape)
 
+    def broadcast_batch(self, a: np.ndarray, b: np.ndarray, out_image: tuple) -> tuple[int, ...]:
+        """The output shape of a binary elementwise op at run time: the batch of whichever operand
+        carries one (a constant or a broadcast operand of lower rank has none), then out_image."""
+        a_is_batched = len(a.shape) == len(self.inputs[0].shape) and self.inputs[0].data is None
+        b_is_batched = len(b.shape) == len(self.inputs[1].shape) and self.inputs[1].data is None
+        if a_is_batched and b_is_batched and a.shape[0] != b.shape[0]:
+            raise self.error(f"inputs carry batches of {a.shape[0]} and {b.shape[0]}, expected the same")
+        return (a.shape[0] if a_is_batched else b.shape[0],) + tuple(out_image)
+
     def batch_aligned(self, xs) -> list:
         """The inputs of a joining op (CONCATENATION, PACK) on one batch: constants, stored with a
         batch of 1, are broadcast to the activations' batch."""

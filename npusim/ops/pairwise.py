@@ -81,12 +81,7 @@ class BinaryKernel(Kernel):
         return 2 * n * int(np.prod(self.out_shape))  # each operand broadcast to the output shape
 
     def __call__(self, a, b):
-        a_is_batched = len(a.shape) == len(self.inputs[0].shape) and self.inputs[0].data is None
-        b_is_batched = len(b.shape) == len(self.inputs[1].shape) and self.inputs[1].data is None
-        if a_is_batched and b_is_batched and a.shape[0] != b.shape[0]:
-            raise self.error(f"inputs carry batches of {a.shape[0]} and {b.shape[0]}, expected the same")
-        n = a.shape[0] if a_is_batched else b.shape[0]
-        shape = (n,) + self.out_shape
+        shape = self.broadcast_batch(a, b, self.out_shape)
         if self.int16 is not None:
             return self.int16(*(np.broadcast_to(t, shape) for t in (a, b)))
         a, b = (np.ascontiguousarray(np.broadcast_to(t, shape)).view(np.uint8) for t in (a, b))
