@@ -37,3 +37,36 @@ PATHS = [AMX, VNNI, AVX2, "blas"]
 # runs). These cover all three. On an AVX-512 host the avx2 paths are compiled for that host (LLVM
 # may fuse VPMADDWD and its add into VPDPWSSD): tests/test_avx2_cpu.py compiles them for Haswell.
 DEPTHWISE_PATHS = [VNNI, AVX2, "blas"]
+
+
+def run_compiled_for(cpu_name: str, child: str, cases: list, tmp_path) -> str:
+    """Run the script `child` (a format string with {cases}: the path of the pickled cases) in a fresh
+    process whose Numba compiles for cpu_name with no extra features (NUMBA_CPU_FEATURES empty: a
+    named CPU such as haswell keeps the host's otherwise), in its own Numba cache, with no NPUSIM_*
+    path switch inherited. Asserts that it exits 0 and says "all equal"; returns its stdout."""
+    import os
+    import pickle
+    import subprocess
+    import sys
+
+    path = tmp_path / "cases.pkl"
+    with open(path, "wb") as f:
+        pickle.dump(cases, f)
+    env = dict(
+        os.environ,
+        NUMBA_CPU_NAME=cpu_name,
+        NUMBA_CPU_FEATURES="",
+        NUMBA_CACHE_DIR=str(tmp_path / "numba-cache"),
+    )
+    for switch in ("NPUSIM_AVX2", "NPUSIM_VNNI", "NPUSIM_AMX"):
+        env.pop(switch, None)
+    result = subprocess.run(
+        [sys.executable, "-c", child.format(cases=str(path))],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    assert "all equal" in result.stdout
+    return result.stdout

@@ -12,10 +12,6 @@ taps, strides, paddings, depth multipliers, batch), with extreme data where a st
 
 from __future__ import annotations
 
-import os
-import pickle
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -24,6 +20,7 @@ from npusim import host
 from npusim.testing import oracle as O
 
 import cases as C
+from kernel_paths import run_compiled_for
 
 CHILD = """
 import pickle
@@ -153,22 +150,4 @@ def test_avx2_code_matches_tflm(tmp_path: Path):
         cases.append((case.desc, case.model, case.xs, expected, "tflm"))
     case = C.make_conv(dict(BASE_CONV, cin=20, cout=24), seed=99)
     cases.append((case.desc + ", xnnpack", case.model, case.xs, O.run_litert(case.model, case.xs), "xnnpack"))
-    with open(tmp_path / "cases.pkl", "wb") as f:
-        pickle.dump(cases, f)
-    env = dict(
-        os.environ,
-        NUMBA_CPU_NAME="haswell",
-        NUMBA_CPU_FEATURES="",
-        NUMBA_CACHE_DIR=str(tmp_path / "numba-cache"),
-    )
-    for switch in ("NPUSIM_AVX2", "NPUSIM_VNNI", "NPUSIM_AMX"):
-        env.pop(switch, None)
-    child = subprocess.run(
-        [sys.executable, "-c", CHILD.format(cases=str(tmp_path / "cases.pkl"))],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=1200,
-    )
-    assert child.returncode == 0, child.stdout[-2000:] + child.stderr[-4000:]
-    assert "all equal" in child.stdout
+    run_compiled_for("haswell", CHILD, cases, tmp_path)

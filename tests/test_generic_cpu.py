@@ -11,15 +11,12 @@ it must be for a named CPU such as haswell (test_avx2_cpu.py), whose name alone 
 
 from __future__ import annotations
 
-import os
-import pickle
-import subprocess
-import sys
 from pathlib import Path
 
 from npusim.testing import oracle as O
 
 import cases as C
+from kernel_paths import run_compiled_for
 
 CHILD = """
 import pickle
@@ -54,20 +51,4 @@ def test_generic_vector_code_matches_tflm(tmp_path: Path):
         cases.append(
             (f"ADD of every int8 pair, profile {profile}", add, pairs, O.run_tflm(add, pairs), profile)
         )
-    with open(tmp_path / "cases.pkl", "wb") as f:
-        pickle.dump(cases, f)
-    env = dict(
-        os.environ,
-        NUMBA_CPU_NAME="generic",
-        NUMBA_CPU_FEATURES="",
-        NUMBA_CACHE_DIR=str(tmp_path / "numba-cache"),
-    )
-    child = subprocess.run(
-        [sys.executable, "-c", CHILD.format(cases=str(tmp_path / "cases.pkl"))],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=1200,
-    )
-    assert child.returncode == 0, child.stdout[-2000:] + child.stderr[-4000:]
-    assert "all equal" in child.stdout
+    run_compiled_for("generic", CHILD, cases, tmp_path)
