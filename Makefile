@@ -35,6 +35,7 @@ paper-quick: setup
 
 paper: setup
 	$(PY) -m experiments.study --grid full --shared $(SHARED) --readme
+	$(PY) -m experiments.study --grid steprules --shared $(SHARED) --readme
 
 defaults: setup
 	$(PY) -m experiments.defaults_table --shared $(SHARED) --readme
