@@ -17,3 +17,24 @@ def test_late_gain_reads_the_last_third_of_the_curve():
     evals = np.array([[0, 0.1], [300, 0.5], [600, 0.6], [900, 0.64]])
     runs = [{"evals": evals}, {"evals": evals + [0, 0.02]}]
     assert late_gain(runs, 900) == pytest.approx(0.04)
+
+
+def test_step_rule_cells_are_fresh_evaluation_cells_with_their_own_docs_block(tmp_path):
+    from experiments import study
+    from experiments.report import update_readme
+
+    full = {c.folder for c in study.GRIDS["full"].cells}
+    for cell in study.GRIDS["steprules"].cells:
+        assert cell.role == "evaluation" and cell.optimizer in ("sgd", "adam")
+        assert cell.folder not in full  # never mistaken for a finished run of the full grid
+    page = tmp_path / "study.md"
+    page.write_text(
+        "a\n<!-- study:begin -->\nold full\n<!-- study:end -->\n<!-- study-steprules:begin -->\n"
+        "old\n<!-- study-steprules:end -->\nz\n"
+    )
+    table = tmp_path / "table.md"
+    table.write_text("# title\n\n## cell\nnew rows\n")
+    block = study.DOCS_BLOCKS["steprules"]
+    update_readme(page, table, f"<!-- {block}:begin -->", f"<!-- {block}:end -->")
+    text = page.read_text()
+    assert "old full" in text and "### cell\nnew rows" in text and "\nold\n" not in text
