@@ -46,8 +46,14 @@ def tflm_multiply(builder, x, m, left, right):
     def low_half(q):  # the low int32 of each 64-bit lane, sign-extended
         return builder.ashr(builder.shl(q, c32), c32)
 
+    def odd_lanes(v):  # lanes 2k + 1 moved down to 2k (one in-lane shuffle)
+        odd = ir.Constant(x.type, [k | 1 for k in range(lanes)])
+        return builder.bitcast(builder.shuffle_vector(v, ir.Constant(x.type, ir.Undefined), odd), i64x8)
+
+    # Both products as sign-extended low halves, which LLVM lowers to one VPMULDQ each; the high
+    # halves as ashr(q, 32) were lowered without AVX-512 to a full 64-bit multiply (three VPMULUDQ).
     even = builder.add(builder.mul(low_half(xq), low_half(mq)), nudge)
-    odd = builder.add(builder.mul(builder.ashr(xq, c32), builder.ashr(mq, c32)), nudge)
+    odd = builder.add(builder.mul(low_half(odd_lanes(builder.shl(x, left))), low_half(odd_lanes(m))), nudge)
     # bits 31..62 of each sum: in the low half of the even lanes, in the high half of the odd.
     high = builder.shuffle_vector(
         builder.bitcast(builder.lshr(even, ir.Constant(i64x8, 31)), x.type),
