@@ -37,7 +37,7 @@ from . import aligned, backend
 from .base import Kernel, WeightMemo
 from .geometry import ConvGeometry, SlidingWindow
 from .int16 import Stage16, depthwise16, is_int16
-from .microkernel import int64_intrinsic, pmaddwd_add, vpdpbusd
+from .microkernel import int64_intrinsic, packs_to_bytes, pmaddwd_add, vpdpbusd
 from .output_stage import (
     each_profile,
     lane_mask,
@@ -55,6 +55,9 @@ GROUP = 4  # taps per VPDPBUSD (the "avx2" variant binds 2: taps per VPMADDWD)
 WEIGHT_BYTES = 1  # bytes per weight of the vector layout (the "avx2" variant binds 2: int16)
 PAIR = 2  # taps per VPMADDWD
 CHUNK = 16  # channels of one tap per 16-byte load in the AVX2 form
+# The channel (within a chunk of 16) at each position 8 h + j of the AVX2 form's two accumulators
+# h: in-lane word interleaves put channels 0-3, 8-11 in the first and 4-7, 12-15 in the second.
+PAIR_ORDER = np.array([0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 12, 13, 14, 15])
 ROWS_PER_TASK = 8  # output rows per parallel task
 # The arguments of tap_quads_run (all int64), in both forms.
 RUN_ARGS = """x_ptr x_step taps_ptr n_quads w_ptr n_pixels out_ptr out_step count params_ptr params_stride
@@ -168,18 +171,26 @@ def _tap_quads_run(vnni: bool):
 
 def _tap_pairs_run():
     """The AVX2 form of tap_quads_run, with the same arguments, on taps in pairs (n_quads counts
-    pairs): per 16 channels, the bytes of two taps are interleaved and widened to int16 (PUNPCKLBW,
-    VPMOVSXBW), and one VPMADDWD against the int16 weight pairs adds both taps' products to 8 int32
-    accumulators, exactly. Activations keep their sign, so the folded offset is -zp * sum w (a
-    padding tap reads x = zp: its terms cancel, as TFLM skips the tap). Channels stay in order:
-    weights [pairs, 4 (chunk), 16 (channel), 2 (tap)] int16 per block of 64 (pair_layout). Loads
-    and stores are plain where all 16 bytes of a chunk are valid: AVX2 has no byte-masked load or
-    store, and LLVM writes them as a branch per lane (left to the last chunk of a channel tail)."""
+    pairs): per 16 channels, each tap's bytes are loaded widened to int16 (VPMOVSXBW from memory)
+    and the words of two taps interleaved within 128-bit lanes (VPUNPCKLWD, VPUNPCKHWD), so that one
+    VPMADDWD against the int16 weight pairs adds both taps' products to 8 int32 accumulators,
+    exactly. The in-lane interleave puts channels 0-3 and 8-11 in the first accumulator and 4-7,
+    12-15 in the second (PAIR_ORDER): weights and parameters are stored in that order (pair_layout),
+    and the packs of the output stage (packs_to_bytes) bring the bytes back to channel order.
+    Activations keep their sign, so the folded offset is -zp * sum w (a padding tap reads x = zp:
+    its terms cancel, as TFLM skips the tap). Loads and stores are plain where all 16 bytes of a
+    chunk are valid: AVX2 has no byte-masked load or store, and LLVM writes them as a branch per
+    lane (left to the last chunk of a channel tail)."""
     i8, i16, i32, i64 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
     bytes_t, words_t, acc_t = ir.VectorType(i8, CHUNK), ir.VectorType(i16, CHUNK), ir.VectorType(i32, 8)
-    low = ir.Constant(ir.VectorType(i32, CHUNK), [v for j in range(8) for v in (j, CHUNK + j)])
-    high = ir.Constant(ir.VectorType(i32, CHUNK), [v for j in range(8, 16) for v in (j, CHUNK + j)])
-    both = ir.Constant(ir.VectorType(i32, CHUNK), list(range(CHUNK)))
+    # In-lane word interleaves of taps a (0-15) and b (16-31): VPUNPCKLWD, VPUNPCKHWD.
+    low = ir.Constant(
+        ir.VectorType(i32, CHUNK), [v for lane in (0, 8) for j in range(4) for v in (lane + j, 16 + lane + j)]
+    )
+    high = ir.Constant(
+        ir.VectorType(i32, CHUNK),
+        [v for lane in (4, 12) for j in range(4) for v in (lane + j, 16 + lane + j)],
+    )
 
     @int64_intrinsic(RUN_ARGS)
     def run(builder, a):
@@ -197,12 +208,14 @@ def _tap_pairs_run():
                 load_parameters(builder, params, a.params_stride, 2 * chunk + h, lanes=8) for h in range(2)
             ]
 
-            def load_tap(base, t):
+            def load_tap(base, t):  # 16 int8 activations as int16
                 offset = builder.add(base, builder.load(builder.gep(taps, [t])))
                 src = builder.gep(x, [builder.add(offset, ir.Constant(i64, CHUNK * chunk))])
                 if mask is None:
-                    return builder.load(builder.bitcast(src, bytes_t.as_pointer()), align=1)
-                return load_bytes(builder, src, mask)
+                    xs = builder.load(builder.bitcast(src, bytes_t.as_pointer()), align=1)
+                else:
+                    xs = load_bytes(builder, src, mask)
+                return builder.sext(xs, words_t)
 
             with cgutils.for_range(builder, a.n_pixels) as pixel:
                 base = builder.mul(pixel.index, a.x_step)
@@ -217,15 +230,17 @@ def _tap_pairs_run():
                         ir.Constant(i64, CHUNK * PAIR * 2 * chunk),
                     )
                     for h, (slot, order) in enumerate(zip(acc_slots, (low, high))):
-                        xs = builder.sext(builder.shuffle_vector(xa, xb, order), words_t)
+                        xs = builder.shuffle_vector(xa, xb, order)
                         src = builder.gep(w, [builder.add(w_pair, ir.Constant(i64, 32 * h))])
                         ws = builder.load(builder.bitcast(src, words_t.as_pointer()), align=1)
                         builder.store(pmaddwd_add(builder, builder.load(slot), xs, ws), slot)
                 ys = [
-                    vector_output_stage(builder, builder.load(slot), p, pid, a.zero_point, a.lo, a.hi)
+                    vector_output_stage(
+                        builder, builder.load(slot), p, pid, a.zero_point, a.lo, a.hi, narrow=False
+                    )
                     for slot, p in zip(acc_slots, chunk_params)
                 ]
-                y = builder.shuffle_vector(ys[0], ys[1], both)
+                y = packs_to_bytes(builder, *ys)
                 dst = builder.gep(
                     out,
                     [builder.add(builder.mul(pixel.index, a.out_step), ir.Constant(i64, CHUNK * chunk))],
@@ -556,18 +571,21 @@ def _replicated(wg: np.ndarray, params: np.ndarray, replicas: int):
 def pair_layout(wg: np.ndarray, params: np.ndarray, replicas: int) -> tuple[np.ndarray, np.ndarray]:
     """The weights [G, 1, kh, kw, O] int8 and output parameters [G, 5, O64] (the offset with
     -zp * sum w folded in) of the AVX2 vector runs: weights [G, O64 / 64, pairs, 4 (chunk), 16, 2 (tap)]
-    int16 (tap 2 * pair + k of channel 64 * block + 16 * chunk + i), parameters [G, 5, O64] in channel
-    order. replicas: the O channels that many times, as the channels of one block."""
+    int16 (tap 2 * pair + k of channel 64 * block + 16 * chunk + PAIR_ORDER[i]), parameters [G, 5, O64]
+    with each chunk of 16 channels in PAIR_ORDER. replicas: the O channels that many times, as the
+    channels of one block."""
     groups, _, kh, kw, _ = wg.shape
     taps, params, o, o64 = _replicated(wg, params, replicas)
     pairs = (kh * kw + PAIR - 1) // PAIR
     padded = np.zeros((groups, PAIR * pairs, o64), dtype=np.int16)
     padded[:, : kh * kw, :o] = taps
     wv = aligned.zeros((groups, o64 // LANES, pairs, LANES // CHUNK, CHUNK, PAIR), np.int16)
-    blocks = padded.reshape(groups, pairs, PAIR, o64 // LANES, LANES // CHUNK, CHUNK)
+    blocks = padded.reshape(groups, pairs, PAIR, o64 // LANES, LANES // CHUNK, CHUNK)[..., PAIR_ORDER]
     wv[:] = blocks.transpose(0, 3, 1, 4, 5, 2)
+    in_order = np.zeros((groups, params.shape[1], o64), np.int32)
+    in_order[:, :, :o] = params[:, :, :o]
     vparams = aligned.zeros((groups, params.shape[1], o64), np.int32)
-    vparams[:, :, :o] = params[:, :, :o]
+    vparams[:] = in_order.reshape(groups, -1, o64 // CHUNK, CHUNK)[..., PAIR_ORDER].reshape(in_order.shape)
     return wv, vparams
 
 

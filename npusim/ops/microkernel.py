@@ -89,6 +89,33 @@ def pmaddwd_add(builder, acc, a, b):
     return builder.add(acc, builder.call(fn, [a, b]))
 
 
+def packs_to_bytes(builder, y0, y1):
+    """The 16 int8 of two <8 x i32> whose lanes all lie within int8, by the saturating packs of AVX2
+    (exact there): VPACKSSDW interleaves the 128-bit lanes, y0[0:4] y1[0:4] | y0[4:8] y1[4:8], and
+    PACKSSWB of its two halves keeps that order."""
+    w16, w8, b16 = (
+        ir.VectorType(ir.IntType(16), 16),
+        ir.VectorType(ir.IntType(16), 8),
+        ir.VectorType(ir.IntType(8), 16),
+    )
+    dwords = cgutils.get_or_insert_function(
+        builder.module, ir.FunctionType(w16, [_V8, _V8]), "llvm.x86.avx2.packssdw"
+    )
+    words = cgutils.get_or_insert_function(
+        builder.module, ir.FunctionType(b16, [w8, w8]), "llvm.x86.sse2.packsswb.128"
+    )
+    packed = builder.call(dwords, [y0, y1])
+
+    def half(h):
+        return builder.shuffle_vector(
+            packed,
+            ir.Constant(w16, ir.Undefined),
+            ir.Constant(ir.VectorType(_I32, 8), list(range(8 * h, 8 * h + 8))),
+        )
+
+    return builder.call(words, [half(0), half(1)])
+
+
 @dataclass(frozen=True)
 class Isa:
     """The ISA-specific part of the micro-kernel: lanes int32 accumulators per vector, up to max_nr

@@ -80,9 +80,10 @@ def single_multiply(builder, x, m, left, right):
     return builder.ashr(builder.add(builder.mul(builder.sext(x, i64v), builder.sext(m, i64v)), half), total)
 
 
-def vector_output_stage(builder, acc, params, profile, zero_point, lo, hi):
+def vector_output_stage(builder, acc, params, profile, zero_point, lo, hi, narrow=True):
     """int32 accumulators -> int8 outputs (16 or 8 lanes): the vector form of quant.requantize_to_output for
-    one profile (the same integer steps; tests hold both to TFLM and to each other).
+    one profile (the same integer steps; tests hold both to TFLM and to each other). narrow=False
+    leaves the outputs in int32 lanes (all within int8), for kernels that narrow them with packs.
 
     params: offset, multiplier, left shift, right shift (int32) and the xnnpack scale (float32),
     one vector of as many lanes as acc each.
@@ -119,7 +120,7 @@ def vector_output_stage(builder, acc, params, profile, zero_point, lo, hi):
     y = builder.select(builder.icmp_signed("<", y, y_lo), y_lo, y)
     y = builder.select(builder.icmp_signed(">", y, y_hi), y_hi, y)
     y = builder.add(y, splat(builder, builder.trunc(zero_point, _I32), acc.type))
-    return builder.trunc(y, ir.VectorType(ir.IntType(8), lanes))
+    return builder.trunc(y, ir.VectorType(ir.IntType(8), lanes)) if narrow else y
 
 
 def lane_mask(builder, count, lanes: int):
