@@ -31,7 +31,7 @@ from llvmlite import ir
 from ..jit import parallel_kernel
 from . import aligned
 from .gemm import accumulator_offset
-from .microkernel import Isa, conv_kernel, pack_filters, pmaddwd_add, run_conv
+from .microkernel import Isa, conv_kernel, pack_filters, packs_to_bytes, pmaddwd_add, run_conv
 from .output_stage import output_parameters, splat, store_first
 
 NR = 2  # YMM accumulators (8 int32 channels each) per pixel
@@ -56,6 +56,7 @@ ISA = Isa(
     multiply_add=pmaddwd_add,
     store=store_first,
     dtype=np.int16,
+    pack=packs_to_bytes,
 )
 conv_avx2 = conv_kernel(ISA)  # (xp, packed, taps, c2, out_h, out_w, ...): see microkernel._conv
 

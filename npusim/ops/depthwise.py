@@ -240,7 +240,7 @@ def _tap_pairs_run():
                     )
                     for slot, p in zip(acc_slots, chunk_params)
                 ]
-                y = packs_to_bytes(builder, *ys)
+                y = packs_to_bytes(builder, *ys, in_lanes=True)
                 dst = builder.gep(
                     out,
                     [builder.add(builder.mul(pixel.index, a.out_step), ir.Constant(i64, CHUNK * chunk))],

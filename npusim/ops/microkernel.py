@@ -89,15 +89,13 @@ def pmaddwd_add(builder, acc, a, b):
     return builder.add(acc, builder.call(fn, [a, b]))
 
 
-def packs_to_bytes(builder, y0, y1):
+def packs_to_bytes(builder, y0, y1, in_lanes=False):
     """The 16 int8 of two <8 x i32> whose lanes all lie within int8, by the saturating packs of AVX2
-    (exact there): VPACKSSDW interleaves the 128-bit lanes, y0[0:4] y1[0:4] | y0[4:8] y1[4:8], and
-    PACKSSWB of its two halves keeps that order."""
-    w16, w8, b16 = (
-        ir.VectorType(ir.IntType(16), 16),
-        ir.VectorType(ir.IntType(16), 8),
-        ir.VectorType(ir.IntType(8), 16),
-    )
+    (exact there): y0 then y1, or with in_lanes y0[0:4] y1[0:4] y0[4:8] y1[4:8], the order that
+    VPACKSSDW leaves (it packs within 128-bit lanes), for kernels that keep their channels so
+    (depthwise.PAIR_ORDER); otherwise one word shuffle across the lanes puts y0 before y1."""
+    w16, w8 = ir.VectorType(ir.IntType(16), 16), ir.VectorType(ir.IntType(16), 8)
+    b16 = ir.VectorType(ir.IntType(8), 16)
     dwords = cgutils.get_or_insert_function(
         builder.module, ir.FunctionType(w16, [_V8, _V8]), "llvm.x86.avx2.packssdw"
     )
@@ -105,12 +103,13 @@ def packs_to_bytes(builder, y0, y1):
         builder.module, ir.FunctionType(b16, [w8, w8]), "llvm.x86.sse2.packsswb.128"
     )
     packed = builder.call(dwords, [y0, y1])
+    order = list(range(16)) if in_lanes else [0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 12, 13, 14, 15]
 
     def half(h):
         return builder.shuffle_vector(
             packed,
             ir.Constant(w16, ir.Undefined),
-            ir.Constant(ir.VectorType(_I32, 8), list(range(8 * h, 8 * h + 8))),
+            ir.Constant(ir.VectorType(_I32, 8), order[8 * h : 8 * h + 8]),
         )
 
     return builder.call(words, [half(0), half(1)])
@@ -123,7 +122,8 @@ class Isa:
     of one group of `lanes` channels of weights; broadcast(builder, a): the operand with the 4 bytes
     a (i32, one group of a pixel's activations) in every lane; multiply_add(builder, acc, x, w);
     store(builder, y, dst, count): the first count of the int8 outputs y at dst; dtype: of the
-    activations and weights."""
+    activations and weights; pack: with two vectors of channels per pixel, narrows both to bytes at
+    once (the outputs in int32 lanes), where that is cheaper than two narrowings."""
 
     name: str
     lanes: int
@@ -133,6 +133,7 @@ class Isa:
     multiply_add: Callable
     store: Callable
     dtype: type
+    pack: Callable | None = None  # pack(builder, y0, y1): the bytes of two int32 output vectors
 
     @property
     def block(self) -> int:
@@ -206,6 +207,27 @@ def _micro_kernel_body(builder, isa: Isa, nr: int, a):
     # Output stage on the registers; per-channel parameters: 5 rows of params_stride bytes.
     params = builder.inttoptr(a.params_ptr, i8p)
     out = builder.inttoptr(a.out_ptr, i8p)
+    if isa.pack is not None and nr == 2:  # both vectors of a pixel narrowed together
+        pj = [load_parameters(builder, params, a.params_stride, j, lanes=isa.lanes) for j in range(nr)]
+        for pid in each_profile(builder, a.profile):
+            for r in range(MR):
+                with builder.if_then(builder.icmp_signed("<", ir.Constant(_I64, r), a.rows)):
+                    ys = [
+                        vector_output_stage(
+                            builder,
+                            builder.load(accs[r][j]),
+                            pj[j],
+                            pid,
+                            a.zero_point,
+                            a.lo,
+                            a.hi,
+                            narrow=False,
+                        )
+                        for j in range(nr)
+                    ]
+                    dst = builder.gep(out, [builder.mul(a.out_stride, ir.Constant(_I64, r))])
+                    isa.store(builder, isa.pack(builder, *ys), dst, a.width)
+        return
     for j in range(nr):
         pj = load_parameters(builder, params, a.params_stride, j, lanes=isa.lanes)
         for pid in each_profile(builder, a.profile):
