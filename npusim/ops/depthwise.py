@@ -37,7 +37,13 @@ from . import aligned, backend
 from .base import Kernel, WeightMemo
 from .geometry import ConvGeometry, SlidingWindow
 from .int16 import Stage16, depthwise16, is_int16
-from .microkernel import int64_intrinsic, packs_to_bytes, pmaddwd_add, vpdpbusd
+from .microkernel import (
+    int64_intrinsic,
+    packs_to_bytes,
+    pmaddwd_add,
+    prefetch_range,
+    vpdpbusd,
+)
 from .output_stage import (
     each_profile,
     lane_mask,
@@ -59,6 +65,7 @@ CHUNK = 16  # channels of one tap per 16-byte load in the AVX2 form
 # h: in-lane word interleaves put channels 0-3, 8-11 in the first and 4-7, 12-15 in the second.
 PAIR_ORDER = np.array([0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 12, 13, 14, 15])
 ROWS_PER_TASK = 8  # output rows per parallel task
+PREFETCH_ROWS = 2  # output rows ahead whose input rows are prefetched
 # The arguments of tap_quads_run (all int64), in both forms.
 RUN_ARGS = """x_ptr x_step taps_ptr n_quads w_ptr n_pixels out_ptr out_step count params_ptr params_stride
     profile zero_point lo hi"""
@@ -371,6 +378,22 @@ def depthwise_conv(
             oy = row - n * out_h
             g = n // per_group
             iy0 = oy * stride_h - pad_top
+            ahead = row + PREFETCH_ROWS
+            if ahead < rows:
+                # The input rows of output row `ahead` that the row before it does not read,
+                # fetched while this one computes: a large batch's input comes from memory, at a
+                # stride (2 rows per output row at stride 2) that left the kernel waiting on it.
+                n_next = ahead // out_h
+                first = (ahead - n_next * out_h) * stride_h - pad_top
+                last = min(in_h - 1, first + (kh - 1) * dil_h)
+                if (ahead - 1) // out_h == n_next:
+                    first = max(first, first - stride_h + (kh - 1) * dil_h + 1)
+                first = max(first, 0)
+                if last >= first:
+                    prefetch_range(
+                        np.int64(x.ctypes.data) + ((n_next * in_h + first) * in_w) * in_c,
+                        (last - first + 1) * in_w * in_c,
+                    )
             w_group = wv.ctypes.data + g * (v_channels // LANES) * block_bytes
             v_group = vparams.ctypes.data + g * vparams.shape[1] * v_channels * 4
             # Taken in the loop, where pad_row is still used (Numba frees an array after its last use).

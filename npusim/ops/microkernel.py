@@ -115,6 +115,22 @@ def packs_to_bytes(builder, y0, y1, in_lanes=False):
     return builder.call(words, [half(0), half(1)])
 
 
+@int64_intrinsic("address size")
+def prefetch_range(builder, a):
+    """Prefetch the cache lines of `size` bytes from `address` for reading (PREFETCHT0 on x86;
+    LLVM's generic prefetch, dropped on targets without one): for input rows that a kernel reads
+    soon but at a stride the hardware prefetcher does not follow far enough ahead."""
+    i8p, i32 = ir.IntType(8).as_pointer(), ir.IntType(32)
+    fn = cgutils.get_or_insert_function(
+        builder.module, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]), "llvm.prefetch.p0"
+    )
+    base = builder.inttoptr(a.address, i8p)
+    lines = builder.sdiv(builder.add(a.size, ir.Constant(_I64, 63)), ir.Constant(_I64, 64))
+    with cgutils.for_range(builder, lines) as line:
+        address = builder.gep(base, [builder.mul(line.index, ir.Constant(_I64, 64))])
+        builder.call(fn, [address, ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
+
+
 @dataclass(frozen=True)
 class Isa:
     """The ISA-specific part of the micro-kernel: lanes int32 accumulators per vector, up to max_nr
