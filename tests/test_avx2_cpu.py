@@ -35,7 +35,8 @@ with open({cases!r}, "rb") as f:
     cases = pickle.load(f)
 for name, model, xs, expected, profile in cases:
     O.assert_same(expected, O.run_npusim(model, xs, profile), name)
-kernels = [avx2.conv_avx2.serial, avx2.conv_avx2.threaded, depthwise.depthwise_kernel("avx2").serial]
+kernels = [avx2.conv_avx2.serial, avx2.conv_avx2.threaded, avx2.conv_avx2_int8.serial]
+kernels.append(depthwise.depthwise_kernel("avx2").serial)
 for kernel in kernels:
     for asm in kernel.inspect_asm().values():
         assert "vpmaddwd" in asm and "ymm" in asm, kernel
@@ -75,6 +76,9 @@ CONV = [
     dict(cin=13, cout=1, kh=1, kw=1, padding="VALID", w_mode="uniform"),
     dict(cin=96, cout=24, kh=1, kw=1, stride=(2, 2), hw=(5, 5)),
     dict(cin=5, cout=9, kh=2, kw=4, stride=(2, 3), dilation=(2, 1), padding="VALID", hw=(10, 13)),
+    # pointwise layers on the int8 input itself (avx2.conv_avx2_int8), the zero point in the offset
+    dict(cin=64, cout=40, kh=1, kw=1, in_zp=-128, hw=(7, 5)),
+    dict(cin=2, cout=17, kh=1, kw=1, stride=(2, 1), padding="VALID", in_zp=127, hw=(5, 6)),
 ]
 BASE_FC = dict(
     n=5,

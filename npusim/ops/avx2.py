@@ -11,6 +11,8 @@ saturates its int16 pair sums and is not exact. Here the activations are widened
   (tap, channel), a tap is a fixed offset from the output pixel's corner (no im2col), and one
   4-byte load is a pair of int16. A filter row without dilation along the width is one tap of
   kw * C contiguous int16 (row_runs; C' = C); otherwise each tap reads C' = C rounded up to even.
+  Pointwise layers (1x1, no padding, even C, up to INT8_MAX_OUT output channels) make no copy:
+  conv_avx2_int8 widens each pair of int8 as it broadcasts it, and the offset takes -zp * sum w.
 - filters: per block of up to 16 output channels, [K2, nr, 8, 2] int16 (K2: the pairs of the
   whole reduction, nr = block width / 8): one 32-byte load holds 2 reduction steps of 8 channels.
 
@@ -35,6 +37,7 @@ from .microkernel import Isa, conv_kernel, pack_filters, packs_to_bytes, pmaddwd
 from .output_stage import output_parameters, splat, store_first
 
 NR = 2  # YMM accumulators (8 int32 channels each) per pixel
+INT8_MAX_OUT = 512  # output channels up to which a pointwise layer reads its int8 input (reads_int8)
 MAX_DEPTH = 65536  # reduction length with exact int32 sums: 65536 * 255 * 128 < 2^31
 
 _V8 = ir.VectorType(ir.IntType(32), 8)
@@ -59,6 +62,47 @@ ISA = Isa(
     pack=packs_to_bytes,
 )
 conv_avx2 = conv_kernel(ISA)  # (xp, packed, taps, c2, out_h, out_w, ...): see microkernel._conv
+
+
+def _int8_pair(builder, pair):
+    """The pair of int8 activations (an i16) sign-extended to a pair of int16, in every lane: the
+    pair in all 8 words of 128 bits (VPBROADCASTW), whose 16 bytes widened to 16 words
+    (VPMOVSXBW) are the pair 8 times. (Widening the pair first, then broadcasting, became a move
+    to a general register and back, and three shuffles.)"""
+    i16x8 = ir.VectorType(ir.IntType(16), 8)
+    lane0 = builder.insert_element(ir.Constant(i16x8, ir.Undefined), pair, ir.Constant(ir.IntType(32), 0))
+    pairs = builder.shuffle_vector(
+        lane0, ir.Constant(i16x8, ir.Undefined), ir.Constant(ir.VectorType(ir.IntType(32), 8), None)
+    )
+    return builder.sext(builder.bitcast(pairs, ir.VectorType(ir.IntType(8), 16)), _W16)
+
+
+# The same kernel on the int8 input itself, a pair of channels per group: for pointwise layers
+# (no padding, 1x1, an even channel count), which then need no widened copy of their input (its
+# writes and reads cost a large share of a small 1x1 layer's time). The activations are then x,
+# not x - zp: the offset takes -zp * sum w (exact: |x| <= 128).
+ISA_INT8 = Isa(
+    "avx2_int8",
+    lanes=8,
+    max_nr=NR,
+    operand=_W16,
+    broadcast=_int8_pair,
+    multiply_add=pmaddwd_add,
+    store=store_first,
+    dtype=np.int16,
+    pack=packs_to_bytes,
+    group_bytes=2,
+)
+conv_avx2_int8 = conv_kernel(ISA_INT8)
+
+
+def reads_int8(kh: int, kw: int, pad, channels: int, out_channels: int) -> bool:
+    """Whether convolve runs conv_avx2_int8 on the input itself: 1x1 taps, no padding (any
+    stride), whole pairs of channels (a pair never reads past its pixel), and at most
+    INT8_MAX_OUT output channels: the copy it saves costs once per input value, its broadcast
+    (two shuffles instead of none) once per input pair per block of 16 output channels, and
+    with many blocks (a 1000-unit FULLY_CONNECTED) the widened copy was faster."""
+    return (kh, kw) == (1, 1) and tuple(pad) == (0, 0) and channels % 2 == 0 and out_channels <= INT8_MAX_OUT
 
 
 @parallel_kernel
@@ -124,11 +168,12 @@ def widened_input(x, kh, kw, stride, dilation, pad, out_hw, zero_point, workspac
     return xp, np.array(taps, dtype=np.int64), pairs
 
 
-def prepared_filters(w, bias, stage, rows: bool, memo=None):
+def prepared_filters(w, bias, stage, rows: bool, memo=None, zero_point=None):
     """(packed filters, output parameters) of weights w [G, O, kh, kw, C], as taps of C or, with
     rows (row_runs), as filter rows of kw * C weights; the accumulator offset is the bias (the
-    activations carry their zero point); from memo (a base.WeightMemo, or None) while w and bias
-    are unchanged."""
+    activations carry their zero point), or with zero_point (conv_avx2_int8, on x itself)
+    bias - zero_point * sum w; from memo (a base.WeightMemo, or None) while w and bias are
+    unchanged."""
     groups, o, kh, kw, c = w.shape
 
     def prepare():
@@ -140,10 +185,11 @@ def prepared_filters(w, bias, stage, rows: bool, memo=None):
         run = taps.shape[3]
         return (
             pack_filters(np.ascontiguousarray(taps), run + run % 2, ISA),
-            output_parameters(accumulator_offset(w, bias, 0), stage, 8),
+            output_parameters(accumulator_offset(w, bias, zero_point or 0), stage, 8),
         )
 
-    return memo.get("avx2 rows" if rows else "avx2", w, bias, prepare) if memo is not None else prepare()
+    key = "avx2 rows" if rows else "avx2" if zero_point is None else f"avx2 int8 {zero_point}"
+    return memo.get(key, w, bias, prepare) if memo is not None else prepare()
 
 
 def convolve(
@@ -164,6 +210,25 @@ def convolve(
     """Exact int8 convolution with its output stage: as vnni.convolve (same arrays and result,
     int8 [G * P, O]), on AVX2."""
     kh, kw = w.shape[2:4]
+    if reads_int8(kh, kw, pad, x.shape[3], w.shape[1]):
+        packed, params = prepared_filters(w, bias, stage, False, memo, int(input_zero_point))
+        taps = np.zeros(1, dtype=np.int64)
+        xp = np.ascontiguousarray(x)
+        return run_conv(
+            conv_avx2_int8,
+            x,
+            w,
+            xp,
+            taps,
+            x.shape[3] // 2,
+            packed,
+            params,
+            stride,
+            out_hw,
+            shared,
+            stage,
+            profile,
+        )
     xp, taps, pairs = widened_input(x, kh, kw, stride, dilation, pad, out_hw, input_zero_point, workspace)
     packed, params = prepared_filters(w, bias, stage, row_runs(kw, dilation[1]), memo)
     return run_conv(conv_avx2, x, w, xp, taps, pairs, packed, params, stride, out_hw, shared, stage, profile)

@@ -135,11 +135,13 @@ def prefetch_range(builder, a):
 class Isa:
     """The ISA-specific part of the micro-kernel: lanes int32 accumulators per vector, up to max_nr
     vectors of channels per pixel (MR * max_nr accumulators in registers); operand: the vector type
-    of one group of `lanes` channels of weights; broadcast(builder, a): the operand with the 4 bytes
-    a (i32, one group of a pixel's activations) in every lane; multiply_add(builder, acc, x, w);
+    of one group of `lanes` channels of weights; broadcast(builder, a): the operand with the group
+    a (an integer of group_bytes, one group of a pixel's activations) in every lane;
+    multiply_add(builder, acc, x, w);
     store(builder, y, dst, count): the first count of the int8 outputs y at dst; dtype: of the
     activations and weights; pack: with two vectors of channels per pixel, narrows both to bytes at
-    once (the outputs in int32 lanes), where that is cheaper than two narrowings."""
+    once (the outputs in int32 lanes), where that is cheaper than two narrowings; group_bytes: the
+    bytes of one group of activations that broadcast receives (as an integer of that width)."""
 
     name: str
     lanes: int
@@ -150,6 +152,7 @@ class Isa:
     store: Callable
     dtype: type
     pack: Callable | None = None  # pack(builder, y0, y1): the bytes of two int32 output vectors
+    group_bytes: int = 4  # bytes of one group of a pixel's activations (2: a pair of int8)
 
     @property
     def block(self) -> int:
@@ -163,7 +166,8 @@ _KERNEL_ARGS = """nr x_ptr bases_ptr taps_ptr n_taps groups w_ptr out_ptr out_st
 
 def micro_kernel(isa: Isa):
     """out[r, lanes * j + l] for r < rows and lanes * j + l < width: the output stage of
-    sum over taps t and channel groups q of x[base[r] + tap[t] + 4q] . packed[(t * groups + q) * nr + j],
+    sum over taps t and channel groups q of x[base[r] + tap[t] + q * isa.group_bytes] .
+    packed[(t * groups + q) * nr + j],
     for MR pixels and nr (1 to isa.max_nr, a switch inside) vectors of isa.lanes channels."""
 
     @int64_intrinsic(_KERNEL_ARGS)
@@ -200,7 +204,7 @@ def _micro_kernel_body(builder, isa: Isa, nr: int, a):
         tap_w = builder.mul(builder.mul(tap_loop.index, a.groups), step)
         with cgutils.for_range(builder, a.groups) as group_loop:
             q = group_loop.index
-            x_off = builder.add(tap, builder.shl(q, ir.Constant(_I64, 2)))
+            x_off = builder.add(tap, builder.mul(q, ir.Constant(_I64, isa.group_bytes)))
             w_off = builder.add(tap_w, builder.mul(q, step))
             wv = [
                 builder.load(
@@ -214,7 +218,10 @@ def _micro_kernel_body(builder, isa: Isa, nr: int, a):
             ]
             for r in range(MR):
                 xq = builder.load(
-                    builder.bitcast(builder.gep(x, [builder.add(row_base[r], x_off)]), _I32.as_pointer()),
+                    builder.bitcast(
+                        builder.gep(x, [builder.add(row_base[r], x_off)]),
+                        ir.IntType(8 * isa.group_bytes).as_pointer(),
+                    ),
                     align=1,
                 )
                 xv = isa.broadcast(builder, xq)
