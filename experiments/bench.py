@@ -2,7 +2,7 @@
 
     python -m experiments.bench --shared ../shared [--quick] [--out experiments/results/bench.md]
                                 [--only all|conv|paths|models|yolo|zo] [--conv-batches 1,16]
-                                [--model-batches 64,256] [--yolo-batches 8]
+                                [--model-batches 64,256] [--yolo-batches 8] [--no-haswell]
 
 One run times
   1. a one-op CONV_2D 1x56x56x64 -> 64, 3x3, SAME, stride 1, per-channel int8 weights, RELU (built
@@ -21,6 +21,10 @@ npusim (xnnpack profile) against LiteRT on the whole timed batch. Speed without 
 nothing, so every row says whether its outputs were equal.
 Unless --quick or --no-breakdown, a breakdown section times the stages of Conv2D.__call__ and the
 time spent per op kind in each model.
+Unless --no-haswell, a fresh process compiled for Haswell (NUMBA_CPU_NAME=haswell, VNNI and AMX
+off: the avx2 path) times the conv and both models at their largest batch on the same inputs, checks
+its outputs against this process's, and measures the avx2 kernel paths, set beside this run's LiteRT
+and TFLM figures: AVX2 code on this host, not an AVX2-only CPU (skipped where AVX2 code cannot run).
 """
 
 from __future__ import annotations
@@ -174,6 +178,8 @@ class Row:
     exact_tflm: str
     exact_litert: str
     notes: list = field(default_factory=list)
+    # npusim's output of the timed batch (tflm profile), which the Haswell section compares against
+    output: np.ndarray | None = field(default=None, repr=False, compare=False)
 
     def gmacs(self, seconds: float) -> float:
         return self.macs * self.batch / seconds / 1e9
@@ -233,6 +239,7 @@ def bench_workload(
             lrt.batched,
             f"{'yes' if ok_t else 'no'} ({k} img)",
             f"{'yes' if ok_l else 'no'} ({n} img)",
+            output=y_sim,
         )
         if not ok_t:
             row.notes.append(f"npusim tflm vs TFLM: {describe_difference(y_sim[:k], tflm_out[:k])}")
@@ -405,14 +412,15 @@ def path_models(seed: int = 1) -> list[tuple[str, bytes, tuple]]:
     ]
 
 
-def kernel_path_rates(batch: int, reps: int, log) -> list[str]:
+def kernel_path_rates(batch: int, reps: int, log, only=None) -> list[str]:
     """One line per kernel path that this host runs (each backend forced in turn; DEPTHWISE_CONV_2D's
-    vector form follows it): GMAC/s with the default threads and with one thread, and whether the
-    output has the same bits as the BLAS path's (itself held to TFLM by the tests)."""
+    vector form follows it), or per path named in `only` among them: GMAC/s with the default threads
+    and with one thread, and whether the output has the same bits as the BLAS path's (itself held to
+    TFLM by the tests)."""
     import npusim
     from npusim.ops import backend
 
-    names = [b.name for b in backend.BACKENDS if b.available()]
+    names = [b.name for b in backend.BACKENDS if b.available() and (only is None or b.name in only)]
     lines = [
         "| op | kernel path | batch | GMAC/s | GMAC/s, 1 thread | same bits as blas |",
         "|---|---|---|---|---|---|",
@@ -512,6 +520,211 @@ def memory_of_run(shared: Path, name: str, batch: int, calls: int = 10) -> dict:
             f"memory run of {name} at batch {batch} failed: {done.stderr.strip().splitlines()[-1:]}"
         )
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+# ----------------------------------------------------------------------------------------------
+# AVX2 code compiled for Haswell, on this host
+# ----------------------------------------------------------------------------------------------
+
+# The environment in which Numba compiles npusim for Haswell and "auto" picks the avx2 engine: an
+# empty NUMBA_CPU_FEATURES is required (a named CPU keeps the host's features otherwise), and the
+# switches keep VNNI and AMX out even where the compile target would not exclude them.
+HASWELL_ENV = {"NUMBA_CPU_NAME": "haswell", "NUMBA_CPU_FEATURES": "", "NPUSIM_VNNI": "0", "NPUSIM_AMX": "0"}
+# The workloads of the main table that the Haswell code runs, each at the largest batch of the table.
+HASWELL_WORKLOADS = ("conv", "resnet8", "mobilenet_v2")
+# What LLVM's haswell target emits beyond SSE: a host without one of these cannot run its code.
+HASWELL_FEATURES = ("avx2", "fma", "bmi", "bmi2", "f16c", "movbe", "lzcnt", "popcnt")
+
+
+def haswell_unsupported() -> str | None:
+    """Why code compiled for Haswell cannot run on this host, or None if it can."""
+    import llvmlite.binding
+
+    machine = platform.machine()
+    if machine.lower() not in ("x86_64", "amd64"):
+        return f"this host is {machine}, not x86-64: code compiled for Haswell does not run here"
+    features = llvmlite.binding.get_host_cpu_features()
+    missing = [f for f in HASWELL_FEATURES if not features.get(f, False)]
+    if missing:
+        return f"this CPU lacks {', '.join(missing)}: code compiled for Haswell does not run here"
+    return None
+
+
+def haswell_child(spec_path: str, out_path: str) -> None:
+    """Run in a fresh process compiled for Haswell (see haswell_run): time each workload of the spec
+    with the default threads and with one thread, after an untimed first call that compiles the
+    kernels (or loads them from Numba's cache, whose entries are keyed by the CPU compiled for), and
+    the avx2 kernel path rates; pickle the times, the outputs and what the process compiled for."""
+    import pickle
+
+    import numba
+
+    import npusim
+    from npusim.ops import backend
+
+    npusim.tune_process()  # as the parent runs
+
+    def log(msg: str):
+        print(msg, file=sys.stderr, flush=True)
+
+    selection = backend.select()
+    if selection.name != "avx2" or selection.depthwise_variant() != "avx2":
+        raise SystemExit(f"not the avx2 path under {HASWELL_ENV}: {selection}")
+    with open(spec_path, "rb") as f:
+        spec = pickle.load(f)
+    rows = {}
+    for name, model, x, reps in spec["workloads"]:
+        sim = npusim.Interpreter(model, profile="tflm")
+        t0 = time.perf_counter()
+        y = sim.run(x)  # compiles (or loads) the Haswell code: not timed
+        first = time.perf_counter() - t0
+        ts = timings(lambda sim=sim, x=x: sim.run(x), reps, warmup=1)
+        with single_thread():
+            t1 = median_time(lambda sim=sim, x=x: sim.run(x), reps, warmup=1)
+        log(
+            f"{name} batch {x.shape[0]}: {statistics.median(ts) * 1e3:.1f} ms, 1 thread {t1 * 1e3:.1f} ms "
+            f"(first call {first * 1e3:.0f} ms)"
+        )
+        rows[name] = {"t": statistics.median(ts), "t_min": min(ts), "t1": t1, "output": y}
+    batch, reps = spec["paths"]
+    paths = kernel_path_rates(batch, reps, log, only=("avx2",))
+    done = {
+        "rows": rows,
+        "paths": paths,
+        "kernels": kernel_path(),
+        "target": compile_target(),
+        "threads": f"{numba.get_num_threads()} (layer {numba.threading_layer()})",
+    }
+    with open(out_path, "wb") as f:
+        pickle.dump(done, f)
+
+
+def haswell_run(spec: dict, log) -> dict:
+    """haswell_child in a fresh interpreter under HASWELL_ENV (no NPUSIM_AVX2 inherited), its progress
+    forwarded to log; raises RuntimeError with the end of its stderr if it fails."""
+    import collections
+    import pickle
+    import subprocess
+    import tempfile
+
+    env = {**os.environ, **HASWELL_ENV}
+    env.pop("NPUSIM_AVX2", None)
+    with tempfile.TemporaryDirectory(prefix="npusim-haswell-") as tmp:
+        spec_path, out_path = Path(tmp) / "spec.pkl", Path(tmp) / "out.pkl"
+        with open(spec_path, "wb") as f:
+            pickle.dump(spec, f)
+        code = (
+            "from experiments.bench import haswell_child; "
+            f"haswell_child({str(spec_path)!r}, {str(out_path)!r})"
+        )
+        proc = subprocess.Popen(
+            [sys.executable, "-c", code],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=Path(__file__).resolve().parents[1],
+        )
+        tail = collections.deque(maxlen=4)
+        for line in proc.stderr:  # live progress: the first calls compile for a while
+            log(f"  haswell: {line.rstrip()}")
+            tail.append(line.strip())
+        if proc.wait():
+            raise RuntimeError(f"exit {proc.returncode}: {' / '.join(tail)}")
+        with open(out_path, "rb") as f:
+            return pickle.load(f)
+
+
+def haswell_spec(args, results: Results) -> dict:
+    """The child's work: each HASWELL_WORKLOADS entry that the main table ran, at its largest batch
+    there, on the same inputs and with the same repetitions; the kernel path rates as the Kernel
+    paths section runs them."""
+    workloads = []
+    for name in HASWELL_WORKLOADS:
+        batches = [r.batch for r in results.rows if r.workload == name]
+        if not batches:
+            continue
+        n = max(batches)
+        model, x = results.inputs[name]
+        fast = 15 if name == "conv" else 7
+        reps = repetitions(args, [n], fast, 5 if name == "conv" else 3)[n]
+        workloads.append((name, model, np.ascontiguousarray(x[:n]), reps))
+    return {"workloads": workloads, "paths": (1 if args.quick else 16, 2 if args.quick else 7)}
+
+
+def run_haswell(args, results: Results, log):
+    """The section "AVX2 code compiled for Haswell, on this host": the child's rows beside this run's
+    LiteRT and TFLM figures, or why it was skipped or failed."""
+    spec = haswell_spec(args, results)
+    if not spec["workloads"]:
+        return  # --only without conv or the models: nothing to set the Haswell code beside
+    reason = "--no-haswell" if args.no_haswell else haswell_unsupported()
+    if reason is not None:
+        results.haswell = [f"Skipped: {reason}.", ""]
+        log(f"AVX2 code compiled for Haswell: skipped ({reason})")
+        return
+    log("AVX2 code compiled for Haswell, in a child process (its first calls compile)")
+    try:
+        child = haswell_run(spec, log)
+    except RuntimeError as e:
+        results.haswell = [f"FAILED: the child process compiled for Haswell stopped ({e}).", ""]
+        log(f"  haswell: FAILED ({e})")
+        return
+    results.haswell = haswell_lines(results.rows, child)
+
+
+def haswell_lines(rows: list[Row], child: dict) -> list[str]:
+    """The section's text and tables from the child's results and the main table's rows."""
+    lines = [
+        f"Host: {cpu_model()}; CPU features: {cpu_flags()}. A fresh process ran npusim compiled for "
+        f"Haswell (`{' '.join(f'{k}={v}' for k, v in HASWELL_ENV.items())}`; kernels: {child['kernels']}; "
+        f"compiled for {child['target']}; Numba threads {child['threads']}) on the main table's inputs, "
+        "each workload at its largest batch there, timed as the main table (median after an untimed "
+        "first call that compiles, and a warm-up call). LiteRT and TFLM: this run's figures of the main "
+        "table, on this host.",
+        "",
+        "**This is Haswell code run on this host, not on a Haswell**: it executes with this CPU's "
+        "timings, not an AVX2-only CPU's"
+        + (
+            ", and LiteRT here runs its AVX-512 kernels (XNNPACK picks them from the CPU it runs on)"
+            if "avx512f" in cpu_flags()
+            else ""
+        )
+        + ". So the ratio to LiteRT is not issue 16's acceptance figure, which needs an AVX2-only CPU.",
+        "",
+        "| workload | batch | MMAC/img | npusim-haswell ms | ms, 1 thread | GMAC/s | GMAC/s, 1 thread | "
+        "img/s | LiteRT ms | TFLM ms* | npusim-haswell/LiteRT | npusim-haswell/TFLM | "
+        "npusim-haswell/LiteRT, 1 thread | npusim-haswell/TFLM, 1 thread | outputs |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    notes = []
+    for name, got in child["rows"].items():
+        r = max((r for r in rows if r.workload == name), key=lambda r: r.batch)
+        t, t1 = got["t"], got["t1"]
+        same = equal(got["output"], r.output)
+        if not same:
+            notes.append(f"- {name} batch {r.batch}: {describe_difference(got['output'], r.output)}")
+        lines.append(
+            f"| {name} | {r.batch} | {r.macs / 1e6:.1f} | {fmt_ms(t)} | {fmt_ms(t1)} | {r.gmacs(t):.2f} | "
+            f"{r.gmacs(t1):.2f} | {r.ips(t):.0f} | {fmt_ms(r.litert)} | {fmt_ms(r.tflm)} | "
+            f"{r.litert / t:.2f}x | {r.tflm / t:.1f}x | {r.litert / t1:.2f}x | {r.tflm / t1:.1f}x | "
+            f"{'bit-exact' if same else 'NOT bit-exact'} ({r.batch} img) |"
+        )
+    lines += [
+        "",
+        "outputs: the Haswell code's output of the whole batch against npusim's on this host's code in "
+        "the main table (which that table holds to TFLM). *TFLM extrapolated from batch 1, as in the main "
+        "table. Ratios are throughput ratios (>1: npusim faster); the 1-thread ratios set one npusim "
+        "thread against LiteRT's and TFLM's figures above.",
+        *notes,
+        "",
+        "Kernel paths under the Haswell code (the avx2 engine forced; DEPTHWISE_CONV_2D takes its avx2 "
+        "form), as in the Kernel paths section:",
+        "",
+        *child["paths"],
+        "",
+    ]
+    return lines
 
 
 # ----------------------------------------------------------------------------------------------
@@ -643,6 +856,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model-batches", type=parse_batches, default=[64, 256], help="default 64,256")
     p.add_argument("--yolo-batches", type=parse_batches, default=[8], help="YOLOv8n-256, default 8")
     p.add_argument("--no-breakdown", action="store_true", help="skip the per-stage / per-op breakdown")
+    p.add_argument(
+        "--no-haswell",
+        action="store_true",
+        help="skip the AVX2 code compiled for Haswell (a child process; its first run compiles)",
+    )
     return p
 
 
@@ -706,6 +924,8 @@ class Results:
     breakdown: list = field(default_factory=list)  # lines of "Where npusim's time goes"
     paths: list = field(default_factory=list)  # lines of "Kernel paths"
     zo: list = field(default_factory=list)  # lines of the ZO step section
+    inputs: dict = field(default_factory=dict)  # workload -> (model bytes, its input images)
+    haswell: list = field(default_factory=list)  # lines of "AVX2 code compiled for Haswell"
 
 
 def repetitions(args, batches, fast: int, slow: int) -> dict:
@@ -722,6 +942,7 @@ def run_conv(args, results: Results, log):
         "npusim": repetitions(args, args.conv_batches, 15, 5),
         "litert": repetitions(args, args.conv_batches, 15, 5),
     }
+    results.inputs["conv"] = (model, x)
     results.rows += bench_workload(
         "conv", model, x, args.conv_batches, reps, tflm_images=1 if args.quick else 3, log=log
     )
@@ -789,6 +1010,7 @@ def run_model(args, results: Results, log, name, fname, batches, tflm_images: in
     results.notes.append(f"{name} inputs: {desc}.")
     log(f"{name} ({fname}), inputs: {desc}")
     reps = {"npusim": repetitions(args, batches, fast, 3), "litert": repetitions(args, batches, fast, 3)}
+    results.inputs[name] = (model, x)
     results.rows += bench_workload(
         name, model, x, batches, reps, tflm_images=tflm_images, log=log, tflm_arena=TFLM_ARENA.get(name)
     )
@@ -894,6 +1116,8 @@ def render(results: Results, command: str, quick: bool, started, load_start) -> 
             *results.paths,
             "",
         ]
+    if results.haswell:
+        lines += ["## AVX2 code compiled for Haswell, on this host", "", *results.haswell]
     if results.breakdown:
         lines += ["## Where npusim's time goes", "", *results.breakdown]
     lines.append(f"Peak RSS of the bench process: {peak_rss_mb():.0f} MB (resource.getrusage ru_maxrss).")
@@ -923,6 +1147,7 @@ def main(argv: list[str] | None = None) -> int:
         run_models(args, results, log)
     if args.only in ("all", "yolo"):
         run_yolo(args, results, log)
+    run_haswell(args, results, log)
     if args.only in ("all", "zo"):
         log("ZO step: ResNet-8, last residual block + classifier (last:4), batch 32, q = 16")
         results.zo = bench_zo_step(args.shared, reps=3 if args.quick else 10)

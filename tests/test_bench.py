@@ -1,4 +1,6 @@
-"""Smoke tests of experiments/bench.py: it runs end to end and writes its table (no wall-time checks)."""
+"""Smoke tests of experiments/bench.py: it runs end to end and writes its table (no wall-time checks).
+The section of the AVX2 code compiled for Haswell runs with the conv and model tests: its rows must
+exist and be bit-exact where this host runs Haswell code, and say why it was skipped where not."""
 
 from __future__ import annotations
 
@@ -36,6 +38,33 @@ def _read_table(out: Path) -> list[str]:
     return rows
 
 
+def _section(out: Path, title: str) -> str:
+    text = out.read_text()
+    assert f"## {title}" in text, f"no section {title!r}"
+    return text.split(f"## {title}", 1)[1].split("\n## ", 1)[0]
+
+
+HASWELL = "AVX2 code compiled for Haswell, on this host"
+
+
+def _haswell_rows(out: Path, workloads) -> list[str]:
+    """The Haswell section's rows for the workloads, checked bit-exact, with its avx2 path rates; or,
+    on a host that cannot run Haswell code, the section's reason for skipping (and no rows)."""
+    section = _section(out, HASWELL)
+    reason = bench.haswell_unsupported()
+    if reason is not None:
+        assert f"Skipped: {reason}." in section
+        return []
+    rows = [line for line in section.splitlines() if line.startswith(tuple(f"| {w} |" for w in workloads))]
+    assert [r.split("|")[1].strip() for r in rows] == list(workloads), section
+    for r in rows:
+        assert "| bit-exact (" in r, r  # the Haswell code's output equals the host code's, whole batch
+    assert "| CONV_2D 56x56x64 -> 64, 3x3 | avx2 |" in section
+    assert "| DEPTHWISE_CONV_2D 28x28x96, 3x3 | avx2 form |" in section
+    assert "NUMBA_CPU_NAME=haswell (its own features only)" in section  # the child compiled for Haswell
+    return rows
+
+
 def test_conv_quick_batch1(tmp_path, capsys):
     out = tmp_path / "bench.md"
     # The conv model is built inside the bench: the shared folder is not needed here.
@@ -50,6 +79,7 @@ def test_conv_quick_batch1(tmp_path, capsys):
     # Exactness is a property, not a timing: npusim equals TFLM and (xnnpack profile) LiteRT.
     assert rows[0].count("yes (1 img)") == 2, rows[0]
     assert "| conv | 1 |" in capsys.readouterr().out  # the table is printed too
+    _haswell_rows(out, ["conv"])
 
 
 def test_models_quick_small_batch(tmp_path):
@@ -87,6 +117,21 @@ def test_models_quick_small_batch(tmp_path):
     assert len(memory) == 2, memory
     for line in memory:  # the last column: resident memory growth over 10 further runs, MB
         assert abs(float(line.rstrip(" |").split("|")[-1])) < 8.0, line
+    for row in _haswell_rows(out, list(bench.MODELS)):
+        assert row.split("|")[2].strip() == "2", row  # the largest batch of the main table
+
+
+def test_haswell_skipped_with_its_reason(tmp_path, monkeypatch):
+    """Where Haswell code cannot run (ARM, a CPU without AVX2), the section says so and why; no child
+    process is started. --no-haswell skips it the same way."""
+    monkeypatch.setattr(bench, "haswell_unsupported", lambda: "this host is aarch64, not x86-64")
+    monkeypatch.setattr(bench, "haswell_run", lambda spec, log: pytest.fail("child started"))
+    out = tmp_path / "bench.md"
+    args = ["--shared", str(tmp_path), "--quick", "--only", "conv", "--conv-batches", "1", "--out", str(out)]
+    assert bench.main(args) == 0
+    assert "Skipped: this host is aarch64, not x86-64." in _section(out, HASWELL)
+    assert bench.main([*args, "--no-haswell"]) == 0
+    assert "Skipped: --no-haswell." in _section(out, HASWELL)
 
 
 def test_bad_batches_rejected(tmp_path):
