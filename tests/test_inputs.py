@@ -356,3 +356,29 @@ def test_dead_run_warning_counts_across_a_resume(tmp_path):
     args[args.index("--budget") + 1] = "200"  # 20 more: the 50th consecutive dead step
     r = run_cli(args + ["--resume", str(out)])
     assert r.returncode == 0 and r.stderr.count("50 consecutive steps") == 1, r.stderr
+
+
+@pytest.mark.parametrize(
+    "optimizer, q, warned",
+    [
+        ("sgd", "qscheduler", True),
+        ("adam", "linear", True),
+        ("sgd", "fixed:1", False),
+        ("nsgd", "qscheduler", False),
+    ],
+)
+def test_adaptive_q_under_a_step_that_does_not_grow_with_q_warns(tmp_path, optimizer, q, warned):
+    model, data = write(tmp_path, tiny_classifier())
+    warnings = []
+    config = TrainConfig(
+        model=str(model),
+        data=str(data),
+        q=q,
+        optimizer=optimizer,
+        batch=16,
+        budget=400,
+        new_head=True,
+        checkpoint_every=1000,
+    )
+    Trainer(config, tmp_path / "run", warn=warnings.append)
+    assert [w for w in warnings if "fixed:1" in w and optimizer in w] == ([warnings[0]] if warned else [])

@@ -33,7 +33,7 @@ from .metrics import MetricsLog
 from .model import TrainableModel
 from .optim import OPTIMIZERS, SCHEDULES, learning_rate, make_optimizer
 from .perturbation import KINDS, direction, second_moment
-from .schedulers import Progress, Scheduler, parse_scheduler
+from .schedulers import FixedQ, Progress, Scheduler, parse_scheduler
 
 DEFAULT_LR = {"nsgd": 0.03, "sgd": 0.5, "adam": 0.1}
 # Probe pairs with L+ == L- in every one of this many consecutive steps: the run is dead, say so once.
@@ -156,6 +156,13 @@ class Trainer:
                 f"limits with the input mapping {self.mapping}; check --input-range or --mean/--std"
             )
         self.scheduler = scheduler or parse_scheduler(config.q)
+        if config.optimizer != "nsgd" and not isinstance(self.scheduler, FixedQ):
+            # Measured, not assumed: the steprules grid of the study (docs/study.md).
+            self.warn(
+                f"--q {config.q} with --optimizer {config.optimizer}: the adaptive q rules assume nsgd's "
+                "step, which grows with q; with a step that does not, they ended 1.5 to 14 points under the "
+                "best fixed q (1, 2 or 4) in the study (docs/study.md); consider --q fixed:1"
+            )
         first_step = 2 * self.scheduler.next_q(Progress(0, 0, config.budget))
         if config.budget < first_step:
             raise ZoError(f"--budget {config.budget}: below one step ({first_step} forward passes)")
