@@ -26,6 +26,8 @@ an AVX-512 host runs the same code (tests/test_avx2_cpu.py compiles it for Haswe
 
 from __future__ import annotations
 
+import dataclasses
+
 import numba as nb
 import numpy as np
 from llvmlite import ir
@@ -81,18 +83,7 @@ def _int8_pair(builder, pair):
 # (no padding, 1x1, an even channel count), which then need no widened copy of their input (its
 # writes and reads cost a large share of a small 1x1 layer's time). The activations are then x,
 # not x - zp: the offset takes -zp * sum w (exact: |x| <= 128).
-ISA_INT8 = Isa(
-    "avx2_int8",
-    lanes=8,
-    max_nr=NR,
-    operand=_W16,
-    broadcast=_int8_pair,
-    multiply_add=pmaddwd_add,
-    store=store_first,
-    dtype=np.int16,
-    pack=packs_to_bytes,
-    group_bytes=2,
-)
+ISA_INT8 = dataclasses.replace(ISA, name="avx2_int8", broadcast=_int8_pair, group_bytes=2)
 conv_avx2_int8 = conv_kernel(ISA_INT8)
 
 
