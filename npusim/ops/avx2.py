@@ -202,24 +202,12 @@ def convolve(
     int8 [G * P, O]), on AVX2."""
     kh, kw = w.shape[2:4]
     if reads_int8(kh, kw, pad, x.shape[3], w.shape[1]):
+        # The input itself, one tap at offset 0, C / 2 pairs per pixel.
+        kernel = conv_avx2_int8
+        xp, taps, pairs = np.ascontiguousarray(x), np.zeros(1, np.int64), x.shape[3] // 2
         packed, params = prepared_filters(w, bias, stage, False, memo, int(input_zero_point))
-        taps = np.zeros(1, dtype=np.int64)
-        xp = np.ascontiguousarray(x)
-        return run_conv(
-            conv_avx2_int8,
-            x,
-            w,
-            xp,
-            taps,
-            x.shape[3] // 2,
-            packed,
-            params,
-            stride,
-            out_hw,
-            shared,
-            stage,
-            profile,
-        )
-    xp, taps, pairs = widened_input(x, kh, kw, stride, dilation, pad, out_hw, input_zero_point, workspace)
-    packed, params = prepared_filters(w, bias, stage, row_runs(kw, dilation[1]), memo)
-    return run_conv(conv_avx2, x, w, xp, taps, pairs, packed, params, stride, out_hw, shared, stage, profile)
+    else:
+        kernel = conv_avx2
+        xp, taps, pairs = widened_input(x, kh, kw, stride, dilation, pad, out_hw, input_zero_point, workspace)
+        packed, params = prepared_filters(w, bias, stage, row_runs(kw, dilation[1]), memo)
+    return run_conv(kernel, x, w, xp, taps, pairs, packed, params, stride, out_hw, shared, stage, profile)

@@ -41,7 +41,8 @@ def tflm_multiply(builder, x, m, left, right):
     lanes = x.type.count
     i64x8 = ir.VectorType(_I64, lanes // 2)
     c32, nudge = ir.Constant(i64x8, 32), ir.Constant(i64x8, 1 << 30)
-    xq, mq = builder.bitcast(builder.shl(x, left), i64x8), builder.bitcast(m, i64x8)
+    shifted = builder.shl(x, left)
+    xq, mq = builder.bitcast(shifted, i64x8), builder.bitcast(m, i64x8)
 
     def low_half(q):  # the low int32 of each 64-bit lane, sign-extended
         return builder.ashr(builder.shl(q, c32), c32)
@@ -53,7 +54,7 @@ def tflm_multiply(builder, x, m, left, right):
     # Both products as sign-extended low halves, which LLVM lowers to one VPMULDQ each; the high
     # halves as ashr(q, 32) were lowered without AVX-512 to a full 64-bit multiply (three VPMULUDQ).
     even = builder.add(builder.mul(low_half(xq), low_half(mq)), nudge)
-    odd = builder.add(builder.mul(low_half(odd_lanes(builder.shl(x, left))), low_half(odd_lanes(m))), nudge)
+    odd = builder.add(builder.mul(low_half(odd_lanes(shifted)), low_half(odd_lanes(m))), nudge)
     # bits 31..62 of each sum: in the low half of the even lanes, in the high half of the odd.
     high = builder.shuffle_vector(
         builder.bitcast(builder.lshr(even, ir.Constant(i64x8, 31)), x.type),
