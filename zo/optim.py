@@ -29,6 +29,8 @@ Q_REFERENCE = 4  # the q at which NormalizedSGD's lr is the rate itself
 class SGD:
     """SGD with (heavy-ball) momentum."""
 
+    step_grows_with_q = False  # whether a step at q is q / Q_REFERENCE times the rate (NormalizedSGD)
+
     def __init__(self, size: int, momentum: float = 0.9):
         self.momentum = momentum
         self.velocity = np.zeros(size)
@@ -62,6 +64,8 @@ class NormalizedSGD(SGD):
     scheduler that raises q trades many small steps for fewer clean ones instead of slowing down.
     """
 
+    step_grows_with_q = True
+
     def step(
         self, grad: np.ndarray, lr: float, derivatives: np.ndarray | None = None, step_q: int | None = None
     ) -> np.ndarray:
@@ -75,6 +79,8 @@ class NormalizedSGD(SGD):
 
 class Adam:
     """ZO-Adam: Adam's moment estimates on the ZO gradient estimate."""
+
+    step_grows_with_q = False
 
     def __init__(self, size: int, beta1: float = 0.9, beta2: float = 0.999, eps: float = 1e-8):
         self.beta1, self.beta2, self.eps = beta1, beta2, eps

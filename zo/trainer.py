@@ -156,7 +156,7 @@ class Trainer:
                 f"limits with the input mapping {self.mapping}; check --input-range or --mean/--std"
             )
         self.scheduler = scheduler or parse_scheduler(config.q)
-        if config.optimizer != "nsgd" and not isinstance(self.scheduler, FixedQ):
+        if not OPTIMIZERS[config.optimizer].step_grows_with_q and not isinstance(self.scheduler, FixedQ):
             # Measured, not assumed: the steprules grid of the study (docs/study.md).
             self.warn(
                 f"--q {config.q} with --optimizer {config.optimizer}: the adaptive q rules assume nsgd's "
