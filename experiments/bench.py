@@ -412,6 +412,11 @@ def path_models(seed: int = 1) -> list[tuple[str, bytes, tuple]]:
     ]
 
 
+def path_settings(args) -> tuple[int, int]:
+    """(batch, repetitions) of the kernel path rates, for the host's paths and the Haswell code's alike."""
+    return (1, 2) if args.quick else (16, 7)
+
+
 def kernel_path_rates(batch: int, reps: int, log, only=None) -> list[str]:
     """One line per kernel path that this host runs (each backend forced in turn; DEPTHWISE_CONV_2D's
     vector form follows it), or per path named in `only` among them: GMAC/s with the default threads
@@ -645,11 +650,9 @@ def haswell_spec(args, results: Results) -> dict:
         if not batches:
             continue
         n = max(batches)
-        model, x = results.inputs[name]
-        fast = 15 if name == "conv" else 7
-        reps = repetitions(args, [n], fast, 5 if name == "conv" else 3)[n]
-        workloads.append((name, model, np.ascontiguousarray(x[:n]), reps))
-    return {"workloads": workloads, "paths": (1 if args.quick else 16, 2 if args.quick else 7)}
+        model, x, reps = results.inputs[name]
+        workloads.append((name, model, np.ascontiguousarray(x[:n]), reps[n]))
+    return {"workloads": workloads, "paths": path_settings(args)}
 
 
 def run_haswell(args, results: Results, log):
@@ -924,7 +927,8 @@ class Results:
     breakdown: list = field(default_factory=list)  # lines of "Where npusim's time goes"
     paths: list = field(default_factory=list)  # lines of "Kernel paths"
     zo: list = field(default_factory=list)  # lines of the ZO step section
-    inputs: dict = field(default_factory=dict)  # workload -> (model bytes, its input images)
+    # workload -> (model bytes, input images, npusim's repetitions by batch), for the Haswell section
+    inputs: dict = field(default_factory=dict)
     haswell: list = field(default_factory=list)  # lines of "AVX2 code compiled for Haswell"
 
 
@@ -942,7 +946,7 @@ def run_conv(args, results: Results, log):
         "npusim": repetitions(args, args.conv_batches, 15, 5),
         "litert": repetitions(args, args.conv_batches, 15, 5),
     }
-    results.inputs["conv"] = (model, x)
+    results.inputs["conv"] = (model, x, reps["npusim"])
     results.rows += bench_workload(
         "conv", model, x, args.conv_batches, reps, tflm_images=1 if args.quick else 3, log=log
     )
@@ -1010,7 +1014,7 @@ def run_model(args, results: Results, log, name, fname, batches, tflm_images: in
     results.notes.append(f"{name} inputs: {desc}.")
     log(f"{name} ({fname}), inputs: {desc}")
     reps = {"npusim": repetitions(args, batches, fast, 3), "litert": repetitions(args, batches, fast, 3)}
-    results.inputs[name] = (model, x)
+    results.inputs[name] = (model, x, reps["npusim"])
     results.rows += bench_workload(
         name, model, x, batches, reps, tflm_images=tflm_images, log=log, tflm_arena=TFLM_ARENA.get(name)
     )
@@ -1140,7 +1144,7 @@ def main(argv: list[str] | None = None) -> int:
     results = Results()
     if args.only in ("all", "conv", "paths"):
         log("kernel paths")
-        results.paths = kernel_path_rates(1 if args.quick else 16, 2 if args.quick else 7, log)
+        results.paths = kernel_path_rates(*path_settings(args), log)
     if args.only in ("all", "conv"):
         run_conv(args, results, log)
     if args.only in ("all", "models"):
