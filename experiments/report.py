@@ -168,8 +168,7 @@ ROLE_TITLES = {
     "design": "Design cells (the rule and its defaults were chosen on these)",
     "evaluation": "Evaluation cells (the claim is judged on these only)",
 }
-HEADLINE = "qscheduler"  # the scheduler the claim is about: `zo train`'s default
-ADAPTIVE_Q_PLOTTED = ("qscheduler", "slope", "coupled", "snr")
+ADAPTIVE_Q_PLOTTED = ("qscheduler", "slope", "coupled", "snr", "efficiency")
 
 
 def cell_table(cell, rows: list[dict], bound: dict | None) -> list[str]:
@@ -244,14 +243,14 @@ def verdict(grid, rows: list[dict]) -> list[str]:
                 f"| {s} | {gap:+.1f} | {sum(within)}/{len(mine)} | {sum(wide)}/{len(wide)} | "
                 f"{auc}/{len(mine)} |"
             )
-        mine = [r for r in rows if r["cell"] in cells and r["scheduler"] == HEADLINE]
+        mine = [r for r in rows if r["cell"] in cells and r["scheduler"] == grid.headline]
         if mine:
             met = all(r["gap_to_best_fixed"] >= -0.01 for r in mine)
             auc = sum(r["auc"] >= r["auc_best_fixed"] for r in mine)
             lines += [
                 "",
-                f"Goal for `{HEADLINE}` (within 1 point of the best fixed q in every cell, AUC at least the "
-                f"best fixed q's in most): {'met' if met and 2 * auc > len(mine) else 'not met'}.",
+                f"Goal for `{grid.headline}` (within 1 point of the best fixed q in every cell, AUC at least "
+                f"the best fixed q's in most): {'met' if met and 2 * auc > len(mine) else 'not met'}.",
             ]
             lines += [
                 f"- {r['cell']}: {fmt_pct(r['final_accuracy_mean'])}% vs {r['best_fixed']} "
@@ -350,7 +349,7 @@ def plot(grid, runs_dir: Path, results: Path):
             x = runs[0]["evals"][:length, 0]
             y = np.mean([r["evals"][:length, 1] for r in runs], axis=0)
             style = "-" if s.startswith("fixed") else "--"
-            ax.plot(x, 100 * y, style, lw=2.5 if s == HEADLINE else 1.2, label=s)
+            ax.plot(x, 100 * y, style, lw=2.5 if s == grid.headline else 1.2, label=s)
             if s in ADAPTIVE_Q_PLOTTED:  # the rules that decide from the run, seed by seed
                 for r in runs:
                     ax_q.step(

@@ -89,6 +89,7 @@ class Grid:
     schedulers: tuple[str, ...]
     seeds: tuple[int, ...]
     evals: int = 20  # test evaluations per run
+    headline: str = "qscheduler"  # the scheduler the grid's claim is about
 
 
 RESNET8 = "resnet8_cifar10_int8.tflite"
@@ -135,10 +136,33 @@ STEP_RULE_CELLS = tuple(
     )
     for c in (CELLS[n] for n in names)
 )
+# QScheduler v3's evaluation, pre-registered with the frozen rule before any of these cells ran
+# (docs/study.md, "QScheduler v3"): fresh cells, none of which informed a rule, under the two step
+# rules for which `qscheduler` now names the efficiency test.
+V3_CELLS = (
+    Cell(
+        "resnet8-eurosat-last2-sgd", RESNET8, "eurosat32_subset.npz", "last:2", DEEP_BUDGET, optimizer="sgd"
+    ),
+    Cell("resnet8-cifar10-last2-sgd", RESNET8, "cifar10_subset.npz", "last:2", DEEP_BUDGET, optimizer="sgd"),
+    Cell(
+        "resnet8-eurosat-last3-adam", RESNET8, "eurosat32_subset.npz", "last:3", DEEP_BUDGET, optimizer="adam"
+    ),
+    Cell(
+        "resnet8-cifar10-last3-adam", RESNET8, "cifar10_subset.npz", "last:3", DEEP_BUDGET, optimizer="adam"
+    ),
+)
 FIXED = tuple(f"fixed:{q}" for q in (1, 2, 4, 8, 16, 32, 64))
+# The design cells under the two step rules whose step does not grow with q: with the nsgd design
+# cells, where QScheduler v3's efficiency test was designed (docs/study.md, "QScheduler v3").
+DESIGN_STEP_RULE_CELLS = tuple(
+    replace(c, name=f"{c.name}-{optimizer}", optimizer=optimizer)
+    for optimizer in ("sgd", "adam")
+    for c in CELLS.values()
+    if c.role == "design"
+)
 FAMILIES = ("slope", "coupled", "snr")  # QScheduler v3's candidate rules (zo/schedulers.py)
 # The full study runs the frozen rule as "qscheduler" and the other families beside it.
-ADAPTIVE = ("qscheduler",) + tuple(f for f in FAMILIES if f != QSCHEDULER) + ("linear:32", "power:32")
+ADAPTIVE = ("qscheduler",) + tuple(f for f in FAMILIES if f != QSCHEDULER[True]) + ("linear:32", "power:32")
 SEEDS = (0, 1, 2, 3, 4)
 DESIGN = tuple(c for c in CELLS.values() if c.role == "design")
 
@@ -147,7 +171,12 @@ GRIDS = {
     "design": Grid(DESIGN, FIXED + FAMILIES + ("linear:32", "power:32"), SEEDS),
     # The frozen rule and the literature's two ramps; coupled and snr, which lost in every cell of the
     # full grid, are left out to keep the sweep inside the study's time bound.
-    "steprules": Grid(STEP_RULE_CELLS, FIXED + ("qscheduler", "linear:32", "power:32"), SEEDS),
+    "design-steprules": Grid(
+        DESIGN + DESIGN_STEP_RULE_CELLS, FIXED + ("efficiency",), (0, 1, 2), headline="efficiency"
+    ),
+    # It ran the slope test, what `qscheduler` named under every step rule before v3.
+    "steprules": Grid(STEP_RULE_CELLS, FIXED + ("slope", "linear:32", "power:32"), SEEDS, headline="slope"),
+    "v3": Grid(V3_CELLS, FIXED + ("qscheduler",), SEEDS),
     # The same study at twice the budgets, for the flattening criterion that 7 of 8 cells of "full"
     # miss (docs/study.md); the rule stays the one frozen before "full" ran.
     "long": Grid(tuple(replace(c, budget=2 * c.budget) for c in CELLS.values()), FIXED + ADAPTIVE, SEEDS),
@@ -168,7 +197,11 @@ GRIDS = {
     ),
 }
 
-DOCS_BLOCKS = {"full": "study", "steprules": "study-steprules"}  # grid -> its marked block in docs/study.md
+DOCS_BLOCKS = {
+    "full": "study",
+    "steprules": "study-steprules",
+    "v3": "study-v3",
+}  # grid -> its marked block in docs/study.md
 
 
 @dataclass(frozen=True)
@@ -240,6 +273,7 @@ def prefix_caches(cell: Cell, shared: Path, cache_dir: Path):
 
 def execute(run: Run, shared: str, runs_dir: str, cache_dir: str) -> dict:
     """Train one run (or return its stored result). Deterministic: same run, same result anywhere."""
+    from zo.optim import OPTIMIZERS
     from zo.schedulers import parse_scheduler
     from zo.trainer import Trainer
 
@@ -256,7 +290,8 @@ def execute(run: Run, shared: str, runs_dir: str, cache_dir: str) -> dict:
     if out.exists():  # an interrupted run: start it again from scratch
         shutil.rmtree(out)
     start = time.perf_counter()
-    trainer = Trainer(config, out, dataset=data, scheduler=parse_scheduler(run.scheduler), caches=caches)
+    scheduler = parse_scheduler(run.scheduler, OPTIMIZERS[config.optimizer].step_grows_with_q)
+    trainer = Trainer(config, out, dataset=data, scheduler=scheduler, caches=caches)
     summary = trainer.run()
     result = {
         "key": run.key,

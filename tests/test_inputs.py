@@ -361,13 +361,15 @@ def test_dead_run_warning_counts_across_a_resume(tmp_path):
 @pytest.mark.parametrize(
     "optimizer, q, warned",
     [
-        ("sgd", "qscheduler", True),
+        ("sgd", "slope", True),
         ("adam", "linear", True),
+        ("sgd", "qscheduler", False),  # the efficiency test under this step rule
+        ("adam", "efficiency", False),
         ("sgd", "fixed:1", False),
         ("nsgd", "qscheduler", False),
     ],
 )
-def test_adaptive_q_under_a_step_that_does_not_grow_with_q_warns(tmp_path, optimizer, q, warned):
+def test_a_q_rule_made_for_nsgd_under_a_step_that_does_not_grow_with_q_warns(tmp_path, optimizer, q, warned):
     model, data = write(tmp_path, tiny_classifier())
     warnings = []
     config = TrainConfig(
@@ -381,4 +383,6 @@ def test_adaptive_q_under_a_step_that_does_not_grow_with_q_warns(tmp_path, optim
         checkpoint_every=1000,
     )
     Trainer(config, tmp_path / "run", warn=warnings.append)
-    assert [w for w in warnings if "fixed:1" in w and optimizer in w] == ([warnings[0]] if warned else [])
+    assert [w for w in warnings if "--q qscheduler" in w and optimizer in w] == (
+        [warnings[0]] if warned else []
+    )

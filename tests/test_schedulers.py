@@ -8,6 +8,7 @@ import pytest
 
 from zo.schedulers import (
     CoupledSlopeTest,
+    EfficiencyTest,
     FixedQ,
     LinearRamp,
     PowerLaw,
@@ -174,3 +175,65 @@ def test_adaptive_states_round_trip_through_json():
             feed(a, tail)
             feed(b, tail)
         assert a.state() == b.state()
+
+
+# -- the efficiency test (QScheduler v3) ----------------------------------------------------------
+def feed_efficiency(
+    s: EfficiencyTest, realized: float, first_order: float, steps: int, rng, budget=10**9, passes=0
+):
+    """Per-step losses falling by `realized` (noise 0.1) and first-order decreases of `first_order`
+    per step (noise 4x their mean) measured when the scheduler asks."""
+    loss = 2.0
+    for _ in range(steps):
+        q = s.next_q(Progress(0, passes, budget))
+        passes += 2 * q
+        step = len(s.losses) + 1
+        if s.measure_step(Progress(step, passes, budget)):
+            passes += 2
+            s.observe_decrease(
+                Progress(step, passes, budget), first_order + rng.normal(0, 4 * abs(first_order))
+            )
+        loss -= realized
+        noisy = loss + rng.normal(0, 0.1)
+        s.observe(Progress(step, passes, budget), q, np.array([noisy] * q), np.array([noisy] * q))
+    return passes
+
+
+@pytest.mark.parametrize(
+    "realized, expected",
+    [
+        (0.1e-4, [2, 4]),  # a tenth of the first-order decrease reaches the loss: noise-bound, double
+        (0.5e-4, []),  # half: each doubling would halve the updates for too little; hold
+        (0.95e-4, []),  # all of it, slow or not, is no plateau
+    ],
+)
+def test_efficiency_doubles_only_when_noise_eats_most_of_the_first_order_decrease(realized, expected):
+    s = EfficiencyTest(q_init=1, q_max=4, window=400)
+    feed_efficiency(s, realized, 1e-4, 8000, np.random.default_rng(0))
+    assert [q for _, q in s.changes] == expected
+
+
+def test_efficiency_halves_q_when_the_step_is_clean():
+    s = EfficiencyTest(q_init=8, window=400)
+    feed_efficiency(s, 0.98e-4, 1e-4, 3000, np.random.default_rng(1))
+    assert s.changes and s.changes[0][1] == 4
+
+
+def test_efficiency_measures_at_its_overhead_and_keeps_budget_for_a_window():
+    s = EfficiencyTest(q_init=1, overhead=0.05)
+    assert s.every() == 20
+    s.q = 32
+    assert s.every() == 1
+    s = EfficiencyTest(q_init=1, window=400)
+    feed_efficiency(s, 0.1e-4, 1e-4, 800, np.random.default_rng(2), budget=800 * 2 + 200 + 2 * 2 * 400 - 1)
+    assert s.q == 1
+
+
+def test_efficiency_state_round_trips_through_json():
+    a, b = EfficiencyTest(window=50), EfficiencyTest(window=50)
+    feed_efficiency(a, 0.1e-4, 1e-4, 130, np.random.default_rng(3))
+    b.load(json.loads(json.dumps(a.state())))
+    assert a.state() == b.state()
+    feed_efficiency(a, 0.1e-4, 1e-4, 300, np.random.default_rng(4))
+    feed_efficiency(b, 0.1e-4, 1e-4, 300, np.random.default_rng(4))
+    assert a.state() == b.state() and a.changes

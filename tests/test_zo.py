@@ -196,6 +196,74 @@ def test_paired_steps_probe_two_batches_and_resume_bit_for_bit(tiny, tmp_path):
     ).read_bytes()
 
 
+def test_first_order_decrease_is_the_directional_derivative_along_the_update(tiny, tmp_path):
+    """-g . update, measured with one stochastically rounded probe pair, averages to the value from
+    the coordinate-wise central-difference gradient on the same batch."""
+    model, data = tiny
+    t = Trainer(config(model, data, eps=EPS, trainable="last:1"), tmp_path / "run")
+    idx = t.second_batch_indices(t.step)
+    base = t.deployed()
+    steps = (EPS * t.units).astype(np.int64)
+    d = t.master.size
+    true = np.empty(d)
+    for j in range(d):
+        e = np.zeros(d, np.int64)
+        e[j] = steps[j]
+        plus, minus = t.losses_at(np.stack([base + e, base - e]), idx)
+        true[j] = (plus - minus) / (2 * EPS)
+    update = np.random.default_rng(0).normal(size=d) * 0.01 - 0.02 * true / np.abs(true).max()
+    measured = []
+    for s in range(200):
+        t.step = s  # a fresh rounding each time; the batch is held
+        t.second_batch_indices = lambda step: idx
+        measured.append(t.first_order_decrease(t.master, update))
+    measured = np.array(measured)
+    expected = -true @ update
+    assert expected > 0
+    # Both are finite differences over the int8 logits' staircase, at other points (eps along each
+    # coordinate, RMS eps along the update): they agree to that staircase, not to the last digit.
+    assert (
+        abs(measured.mean() - expected) < 3 * measured.std(ddof=1) / np.sqrt(measured.size) + 0.15 * expected
+    )
+
+
+def test_efficiency_test_measures_along_its_steps_and_resumes_bit_for_bit(tiny, tmp_path):
+    """EfficiencyTest: 2 passes per measurement on top of the steps' 2q, decisions taken, and the
+    same state and weights after an interrupt between two measurements and a resume."""
+    from zo.schedulers import EfficiencyTest
+
+    model, data = tiny
+
+    def trainer(out):
+        t = Trainer(config(model, data, budget=3000, checkpoint_every=7, q="efficiency"), out)
+        # z = 0: decide on the point estimates, so that this short run takes decisions
+        t.scheduler = EfficiencyTest(q_init=1, q_max=8, window=20, overhead=0.2, z=0.0)
+        return t
+
+    reference = trainer(tmp_path / "reference")
+    seen = []
+    reference.run(on_step=lambda t, q, loss: seen.append((t.step, q, t.forward_passes)))
+    passes = {s: p for s, _, p in seen}
+    measured = [s for s, q, p in seen if s > 1 and p - passes[s - 1] == 2 * q + 2]
+    assert measured and reference.scheduler.changes
+
+    def stop(t, q, loss):
+        if t.step == 33:
+            assert t.anchor_step != t.step  # inside a measurement interval
+            raise KeyboardInterrupt
+
+    interrupted = trainer(tmp_path / "run")
+    with pytest.raises(KeyboardInterrupt):
+        interrupted.run(on_step=stop)
+    resumed = trainer(tmp_path / "run")
+    resumed.load_checkpoint(tmp_path / "run")
+    resumed.run()
+    assert resumed.scheduler.state() == reference.scheduler.state()
+    assert (tmp_path / "run" / "model.tflite").read_bytes() == (
+        tmp_path / "reference" / "model.tflite"
+    ).read_bytes()
+
+
 def test_export_runs_in_tflm_with_original_quantization(tiny, tmp_path):
     model, data = tiny
     t = Trainer(config(model, data, trainable="last:2"), tmp_path / "run")

@@ -1,8 +1,9 @@
 """checkpoints/last.npz of a training run: written atomically, read and checked in full before a
 resumed run takes anything from it.
 
-The file holds the float64 master copy, the deployed integers, the optimizer's state arrays
-(opt_*) and a JSON `meta` record: the counters of the loop, the scheduler's state, the run's
+The file holds the float64 master copy, the deployed integers, the anchor (the master copy where
+the steps since a scheduler's last measurement started), the optimizer's state arrays (opt_*) and a
+JSON `meta` record: the counters of the loop, the scheduler's state, the run's
 fingerprint (model and data hashes, set sizes), the trained tensors' names and the config.
 """
 
@@ -17,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import ZoError
-from .optim import make_optimizer
+from .optim import OPTIMIZERS, make_optimizer
 from .schedulers import parse_scheduler
 
 # Settings a resumed run must share with its checkpoint (the budget, eval and checkpoint intervals
@@ -37,7 +38,7 @@ RESUME_KEYS = (
     "new_head",
 )
 # dead_steps: the run of steps whose probe pairs were all equal, so the dead-run warning resumes too.
-COUNTERS = ("step", "forward_passes", "metric_rows", "next_eval", "dead_steps")
+COUNTERS = ("step", "forward_passes", "metric_rows", "next_eval", "dead_steps", "anchor_step")
 
 
 def file_sha256(path: str) -> str:
@@ -63,7 +64,14 @@ def checkpoint_path(directory: str | Path) -> Path:
     return Path(directory) / "checkpoints" / "last.npz"
 
 
-def save(directory: str | Path, meta: dict, master: np.ndarray, ints: np.ndarray, optimizer_state: dict):
+def save(
+    directory: str | Path,
+    meta: dict,
+    master: np.ndarray,
+    ints: np.ndarray,
+    optimizer_state: dict,
+    anchor: np.ndarray,
+):
     """Write then rename: a crash mid-write (or a full disk) leaves the previous checkpoint intact."""
     path = checkpoint_path(directory)
     tmp = path.parent / "last.tmp.npz"
@@ -74,6 +82,7 @@ def save(directory: str | Path, meta: dict, master: np.ndarray, ints: np.ndarray
                 f,
                 master=master,
                 ints=ints,
+                anchor=anchor,
                 meta=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8),
                 **arrays,
             )
@@ -95,6 +104,7 @@ class Checkpoint:
     meta: dict
     master: np.ndarray
     ints: np.ndarray
+    anchor: np.ndarray
     optimizer: dict  # opt_* arrays without the prefix
     fingerprint: dict
     params: list
@@ -117,7 +127,7 @@ def load(directory: str | Path) -> Checkpoint:
     try:
         with np.load(path, allow_pickle=False) as z:
             meta = json.loads(bytes(z["meta"]).decode())
-            master, ints = z["master"], z["ints"]
+            master, ints, anchor = z["master"], z["ints"], z["anchor"]
             opt = {k[4:]: z[k] for k in z.files if k.startswith("opt_")}
         fingerprint, params, config = (
             dict(meta["fingerprint"]),
@@ -126,7 +136,7 @@ def load(directory: str | Path) -> Checkpoint:
         )
     except Exception as e:  # a damaged or foreign file: any decoding failure
         raise ZoError(f"{damaged_message(directory)} ({type(e).__name__})") from None
-    return Checkpoint(directory, meta, master, ints, opt, fingerprint, params, config)
+    return Checkpoint(directory, meta, master, ints, anchor, opt, fingerprint, params, config)
 
 
 @dataclass
@@ -135,12 +145,14 @@ class Resumed:
 
     master: np.ndarray  # float64
     ints: np.ndarray
+    anchor: np.ndarray  # float64
     optimizer: object  # a fresh optimizer of the run's kind holding the saved state
     scheduler_state: dict
     step: int
     forward_passes: int
     metric_rows: int
     dead_steps: int
+    anchor_step: int
     next_eval: int
     wall: float
     last_eval_passes: int
@@ -169,13 +181,19 @@ def validate(ck: Checkpoint, config, identity: dict, params: list, size: int) ->
                 f"--resume {directory}: --{key.replace('_', '-')} differs from the "
                 f"checkpoint's ({ck.config.get(key)!r})"
             )
-    master, ints, meta = ck.master, ck.ints, ck.meta
-    if master.shape != (size,) or ints.shape != (size,):
+    master, ints, anchor, meta = ck.master, ck.ints, ck.anchor, ck.meta
+    if master.shape != (size,) or ints.shape != (size,) or anchor.shape != (size,):
         raise ZoError(f"--resume {directory}: checkpoint holds {master.size} parameters, expected {size}")
     # Dry run on fresh objects: every field must decode into the state of this run's kinds.
     try:
-        if master.dtype.kind != "f" or ints.dtype.kind not in "iu" or not np.all(np.isfinite(master)):
-            raise ValueError("master copy or integers")
+        if (
+            master.dtype.kind != "f"
+            or anchor.dtype.kind != "f"
+            or ints.dtype.kind not in "iu"
+            or not np.all(np.isfinite(master))
+            or not np.all(np.isfinite(anchor))
+        ):
+            raise ValueError("master copy, anchor or integers")
         optimizer = make_optimizer(config.optimizer, size, config.momentum)
         expected = {k: np.shape(v) for k, v in optimizer.state().items()}
         opt = ck.optimizer
@@ -184,7 +202,7 @@ def validate(ck: Checkpoint, config, identity: dict, params: list, size: int) ->
         optimizer.load(opt)
         if not all(np.all(np.isfinite(v)) for v in optimizer.state().values()):
             raise ValueError("optimizer state not finite")
-        scheduler = parse_scheduler(config.q)
+        scheduler = parse_scheduler(config.q, OPTIMIZERS[config.optimizer].step_grows_with_q)
         scheduler.load(meta["scheduler"])
         if set(meta["scheduler"]) != set(scheduler.state()):
             raise KeyError("scheduler state")
@@ -198,6 +216,7 @@ def validate(ck: Checkpoint, config, identity: dict, params: list, size: int) ->
     return Resumed(
         master.astype(np.float64),
         ints,
+        anchor.astype(np.float64),
         optimizer,
         meta["scheduler"],
         wall=wall,

@@ -24,6 +24,18 @@ class Progress:
         return min(self.forward_passes / self.budget, 1.0) if self.budget else 0.0
 
 
+def loss_slope(losses: list[float]) -> tuple[float, float]:
+    """Least-squares slope of a run of per-step losses (loss per step) and its standard error, from
+    the residual scatter of the losses themselves."""
+    y = np.asarray(losses, dtype=np.float64)
+    x = np.arange(y.size, dtype=np.float64)
+    x -= x.mean()
+    sxx = float((x * x).sum())
+    slope = float((x * (y - y.mean())).sum() / sxx)
+    resid = y - y.mean() - slope * x
+    return slope, math.sqrt(float((resid * resid).sum()) / (y.size - 2) / sxx)
+
+
 class Scheduler:
     name = "scheduler"
 
@@ -39,6 +51,14 @@ class Scheduler:
         """The q whose step length the optimizer should take (NormalizedSGD's linear scaling): q
         itself, or a fixed q for a rule that holds the step length while q grows (coupled)."""
         return q
+
+    def measure_step(self, progress: Progress) -> bool:
+        """Whether the trainer should measure the first-order loss decrease of the step just taken
+        (2 forward passes on an independent mini-batch; observe_decrease receives it)."""
+        return False
+
+    def observe_decrease(self, progress: Progress, decrease: float):
+        """The step's first-order decrease -g . dw, when measure_step asked for it (before observe)."""
 
     def observe(self, progress: Progress, q: int, loss_plus: np.ndarray, loss_minus: np.ndarray):
         """Called after every step with its probe losses: shape [q], or [batches, q] for a paired step."""
@@ -155,17 +175,11 @@ class SlopeTest(Scheduler):
     def improvement_bounds(self) -> tuple[float, float, float]:
         """(lower, upper) confidence bounds of the loss improvement per window, and the current loss
         (the mean of the last window)."""
-        y = np.asarray(self.losses, dtype=np.float64)
-        x = np.arange(y.size, dtype=np.float64)
-        x -= x.mean()
-        sxx = float((x * x).sum())
-        slope = float((x * (y - y.mean())).sum() / sxx)
-        resid = y - y.mean() - slope * x
-        se = math.sqrt(float((resid * resid).sum()) / (y.size - 2) / sxx)
+        slope, se = loss_slope(self.losses)
         return (
             (-slope - self.z * se) * self.window,
             (-slope + self.z * se) * self.window,
-            float(y[-self.window :].mean()),
+            float(np.mean(self.losses[-self.window :])),
         )
 
     def observe(self, progress, q, loss_plus, loss_minus):
@@ -300,12 +314,116 @@ class SignalToNoise(Scheduler):
         return f"{self.name}:{self.q_max}"
 
 
-ADAPTIVE = {"slope": SlopeTest, "coupled": CoupledSlopeTest, "snr": SignalToNoise}
-QSCHEDULER = "slope"  # the rule `--q qscheduler` names (docs/study.md: how it was chosen)
+class EfficiencyTest(Scheduler):
+    """Adaptive q (QScheduler v3): double q when the noise of the estimate, not the rate, is what
+    holds back the decrease per forward pass.
+
+    Per step, the loss falls by p(q) = A - B/q to second order: A is the first-order decrease of the
+    step taken, -g . dw, and B/q what the estimate's noise costs (direction noise, variance ~ d/q).
+    For a step whose length does not depend on q (sgd, adam), doubling q raises the decrease per
+    forward pass, p / 2q, exactly when p(2q) > 2 p(q), that is when p(q) < A / 3; halving pays when
+    p(q) > 2A / 3. Both quantities are measured, not modelled:
+    - p: the slope of the per-step training losses since the last decision (free: the mean of the
+      probe pairs, as in the slope test), with its standard error;
+    - A: the step's directional derivative along its own update on an independent mini-batch (2
+      forward passes, unbiased because that batch never saw the update), on every `every`-th step,
+      where `every` keeps those passes at `overhead` of the step's 2q.
+    Every `window` steps the test asks, at z standard errors of (p - c A), whether p < A / 3 (double)
+    or p > 2A / 3 (halve); undecided collections keep growing (a sequential test) up to `max_windows`
+    windows. Unlike the slope test, slow but clean progress (p near A) never reads as a plateau: the
+    threshold is relative to what the step could give, not to the loss. q only grows while the
+    budget left pays for one window at the new q.
+    """
+
+    name = "efficiency"
+
+    def __init__(
+        self,
+        q_init: int = 1,
+        q_max: int = 64,
+        window: int = 400,
+        z: float = 2.0,
+        max_windows: int = 10,
+        overhead: float = 0.05,
+        double_below: float = 1 / 3,
+        halve_above: float = 2 / 3,
+        q_min: int = 1,
+    ):
+        self.q, self.q_max, self.q_min = q_init, q_max, q_min
+        self.window, self.z, self.max_windows, self.overhead = window, z, max_windows, overhead
+        self.double_below, self.halve_above = double_below, halve_above
+        self.losses: list[float] = []
+        self.decreases: list[float] = []
+        self.changes: list[tuple[int, int]] = []
+
+    def next_q(self, progress):
+        return self.q
+
+    def every(self) -> int:
+        """Steps between measurements: 2 passes per measurement, 2q per step."""
+        return max(1, math.ceil(1 / (self.overhead * self.q)))
+
+    def measure_step(self, progress):
+        return progress.step % self.every() == 0
+
+    def observe_decrease(self, progress, decrease):
+        self.decreases.append(float(decrease))
+
+    def excess(self, ratio: float) -> tuple[float, float]:
+        """p - ratio * A per step, and its standard error."""
+        slope, slope_se = loss_slope(self.losses)
+        a = np.asarray(self.decreases)
+        a_se = float(a.std(ddof=1)) / math.sqrt(a.size)
+        return -slope - ratio * float(a.mean()), math.hypot(slope_se, ratio * a_se)
+
+    def observe(self, progress, q, loss_plus, loss_minus):
+        self.losses.append(float(np.mean((np.asarray(loss_plus) + np.asarray(loss_minus)) / 2)))
+        if len(self.losses) % self.window or len(self.decreases) < 2:
+            return
+        below, below_se = self.excess(self.double_below)
+        above, above_se = self.excess(self.halve_above)
+        remaining = progress.budget - progress.forward_passes
+        if below + self.z * below_se < 0:
+            self.losses, self.decreases = [], []
+            if self.q < self.q_max and 2 * (2 * self.q) * self.window <= remaining:
+                self.q = min(2 * self.q, self.q_max)
+                self.changes.append((progress.step, self.q))
+        elif above - self.z * above_se > 0 and self.q > self.q_min:
+            self.losses, self.decreases = [], []
+            self.q = max(self.q // 2, self.q_min)
+            self.changes.append((progress.step, self.q))
+        elif len(self.losses) >= self.max_windows * self.window:
+            self.losses, self.decreases = [], []
+
+    def state(self):
+        return {"q": self.q, "losses": self.losses, "decreases": self.decreases, "changes": self.changes}
+
+    def load(self, state):
+        self.q = int(state["q"])
+        self.losses = [float(v) for v in state["losses"]]
+        self.decreases = [float(v) for v in state["decreases"]]
+        self.changes = [tuple(c) for c in state["changes"]]
+
+    def describe(self):
+        return f"{self.name}:{self.q_max}"
 
 
-def parse_scheduler(spec: str) -> Scheduler:
-    """fixed:N | qscheduler[:q_max] | slope|coupled|snr[:q_max] | linear[:q_max] | power[:q_max]"""
+ADAPTIVE = {
+    "slope": SlopeTest,
+    "coupled": CoupledSlopeTest,
+    "snr": SignalToNoise,
+    "efficiency": EfficiencyTest,
+}
+# The rule `--q qscheduler` names, by whether the step rule's step grows with q (docs/study.md: how
+# each was chosen). Under nsgd's linear scaling q is first-order neutral and the slope test keeps q
+# off the edges; under a step that does not grow with q, the efficiency test's thresholds hold.
+QSCHEDULER = {True: "slope", False: "efficiency"}
+
+
+def parse_scheduler(spec: str, step_grows_with_q: bool = True) -> Scheduler:
+    """fixed:N | qscheduler[:q_max] | slope|coupled|snr|efficiency[:q_max] | linear[:q_max] | power[:q_max]
+
+    step_grows_with_q: the step rule's (zo/optim.py), which `qscheduler` is resolved for."""
     kind, _, arg = spec.partition(":")
     try:
         n = int(arg) if arg else None
@@ -318,7 +436,7 @@ def parse_scheduler(spec: str) -> Scheduler:
             raise ValueError(f"--q {spec!r}: expected fixed:N with N >= 1")
         return FixedQ(n)
     if kind == "qscheduler":
-        kind = QSCHEDULER
+        kind = QSCHEDULER[step_grows_with_q]
     if kind in ADAPTIVE:
         return ADAPTIVE[kind](q_max=n or 64)
     if kind == "linear":
@@ -326,6 +444,6 @@ def parse_scheduler(spec: str) -> Scheduler:
     if kind == "power":
         return PowerLaw(q_max=n or 32)
     raise ValueError(
-        f"--q {spec!r}: expected fixed:N, qscheduler[:QMAX], slope|coupled|snr[:QMAX], linear[:QMAX] "
-        "or power[:QMAX]"
+        f"--q {spec!r}: expected fixed:N, qscheduler[:QMAX], slope|coupled|snr|efficiency[:QMAX], "
+        "linear[:QMAX] or power[:QMAX]"
     )

@@ -33,7 +33,7 @@ from .metrics import MetricsLog
 from .model import TrainableModel
 from .optim import OPTIMIZERS, SCHEDULES, learning_rate, make_optimizer
 from .perturbation import KINDS, direction, second_moment
-from .schedulers import FixedQ, Progress, Scheduler, parse_scheduler
+from .schedulers import EfficiencyTest, FixedQ, Progress, Scheduler, parse_scheduler
 
 DEFAULT_LR = {"nsgd": 0.03, "sgd": 0.5, "adam": 0.1}
 # Probe pairs with L+ == L- in every one of this many consecutive steps: the run is dead, say so once.
@@ -155,13 +155,15 @@ class Trainer:
                 f"{clipped:.1%} of the first batch's input values are clipped to the {self.image.dtype.name} "
                 f"limits with the input mapping {self.mapping}; check --input-range or --mean/--std"
             )
-        self.scheduler = scheduler or parse_scheduler(config.q)
-        if not OPTIMIZERS[config.optimizer].step_grows_with_q and not isinstance(self.scheduler, FixedQ):
+        grows = OPTIMIZERS[config.optimizer].step_grows_with_q
+        self.scheduler = scheduler or parse_scheduler(config.q, grows)
+        if not grows and not isinstance(self.scheduler, (FixedQ, EfficiencyTest)):
             # Measured, not assumed: the steprules grid of the study (docs/study.md).
             self.warn(
-                f"--q {config.q} with --optimizer {config.optimizer}: the adaptive q rules assume nsgd's "
-                "step, which grows with q; with a step that does not, they ended 1.5 to 14 points under the "
-                "best fixed q (1, 2 or 4) in the study (docs/study.md); consider --q fixed:1"
+                f"--q {config.q} with --optimizer {config.optimizer}: this q rule assumes nsgd's step, "
+                "which grows with q; with a step that does not, the slope test and the ramps ended 1.5 to "
+                "14 points under the best fixed q in the study (docs/study.md); use --q qscheduler (the "
+                "efficiency test under this step rule) or a fixed q"
             )
         first_step = 2 * self.scheduler.next_q(Progress(0, 0, config.budget))
         if config.budget < first_step:
@@ -182,6 +184,8 @@ class Trainer:
             [np.full(v.size, p.bound / p.unit) for p, v in zip(self.model.params, self.model.values())]
         )
         self.optimizer = make_optimizer(config.optimizer, self.master.size, config.momentum)
+        # Where the first-order decrease of the steps since then is measured (measure_step).
+        self.anchor, self.anchor_step = self.master.copy(), 0
         self.u_moment = second_moment(config.direction)
         self.step = 0
         self.forward_passes = 0
@@ -235,9 +239,7 @@ class Trainer:
     def probe_losses(self, q: int, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Losses L(w + eps u_i) and L(w - eps u_i), i < q, on one mini-batch, in batched suffix calls."""
         cfg = self.config
-        boundary = {t: v[indices] for t, v in self.train_cache.items()}
-        labels = self.data.y_train[indices]
-        ints = np.concatenate([v.astype(np.int64).ravel() for v in self.model.values()])
+        ints = self.deployed()
         steps = (cfg.eps * self.units).astype(np.int64)
         per_call = max(MAX_IMAGES_PER_CALL // (2 * len(indices)), 1)
         losses = np.empty(2 * q)
@@ -248,11 +250,35 @@ class Trainer:
                 delta = steps * direction(cfg.seed, self.step, i, ints.size, cfg.direction)
                 stacked[2 * (i - i0)] = ints + delta
                 stacked[2 * (i - i0) + 1] = ints - delta
-            overrides = self.grouped_overrides(stacked)
-            groups = stacked.shape[0]
-            logits = self.model.logits(boundary, overrides)
-            losses[2 * i0 : 2 * i1] = group_losses(logits, labels, groups)
+            losses[2 * i0 : 2 * i1] = self.losses_at(stacked, indices)
         return losses[0::2], losses[1::2]
+
+    def deployed(self) -> np.ndarray:
+        return np.concatenate([v.astype(np.int64).ravel() for v in self.model.values()])
+
+    def losses_at(self, stacked: np.ndarray, indices: np.ndarray) -> np.ndarray:
+        """The mini-batch loss of each row of stacked (a full set of trainable integers), in one call."""
+        boundary = {t: v[indices] for t, v in self.train_cache.items()}
+        logits = self.model.logits(boundary, self.grouped_overrides(stacked))
+        return group_losses(logits, self.data.y_train[indices], stacked.shape[0])
+
+    def first_order_decrease(self, start: np.ndarray, update: np.ndarray) -> float:
+        """-g(start) . update: the loss decrease that the update from master copy `start` gives to
+        first order, as one central difference along it at start, on a mini-batch that never saw it
+        (2 forward passes; unbiased). The probe is the update scaled to the SPSA probes' size (RMS
+        eps) and stochastically rounded to integers, so its expectation is exactly the scaled update."""
+        cfg = self.config
+        rms = float(np.sqrt(np.mean(np.square(update))))
+        if rms == 0.0:
+            return 0.0
+        scale = cfg.eps / rms
+        rng = np.random.Generator(np.random.PCG64([cfg.seed, self.step, 0xF1]))
+        delta = np.floor(scale * update * self.units + rng.random(update.size)).astype(np.int64)
+        ints = np.rint(start * self.units).astype(np.int64)
+        plus, minus = self.losses_at(
+            np.stack([ints + delta, ints - delta]), self.second_batch_indices(self.step)
+        )
+        return -(plus - minus) / (2.0 * scale)
 
     def grouped_overrides(self, stacked: np.ndarray) -> dict:
         """Per trainable tensor a [G, ...] array of its G versions (rows of stacked), clipped to the
@@ -310,6 +336,16 @@ class Trainer:
         self.write_back()
         self.forward_passes += 2 * q * batches
         self.step += 1
+        progress = Progress(self.step, self.forward_passes, cfg.budget)
+        if self.scheduler.measure_step(progress) and self.forward_passes + 2 <= cfg.budget:
+            # Along everything since the last measurement, measured where it started: the steps
+            # add up their drift faster than their noise, so one probe pair sees them more clearly.
+            decrease = self.first_order_decrease(self.anchor, self.master - self.anchor)
+            steps = self.step - self.anchor_step
+            self.anchor, self.anchor_step = self.master.copy(), self.step
+            self.forward_passes += 2
+            progress = Progress(self.step, self.forward_passes, cfg.budget)
+            self.scheduler.observe_decrease(progress, decrease / steps)
         self.scheduler.observe(Progress(self.step, self.forward_passes, cfg.budget), q, loss_plus, loss_minus)
         self.last_lr = lr
         return float(np.mean((loss_plus + loss_minus) / 2))
@@ -444,6 +480,7 @@ class Trainer:
             "wall": self.wall(),
             "metric_rows": self.metrics.rows,
             "dead_steps": self.dead_steps,
+            "anchor_step": self.anchor_step,
             "next_eval": self.next_eval,
             "last_eval_passes": self.last_eval_passes,
             "final_accuracy": self.final_accuracy,
@@ -453,7 +490,7 @@ class Trainer:
             "config": asdict(self.config),
         }
         ints = np.concatenate([v.astype(np.int64).ravel() for v in self.model.values()])
-        checkpoint.save(self.out, meta, self.master, ints, self.optimizer.state())
+        checkpoint.save(self.out, meta, self.master, ints, self.optimizer.state(), self.anchor)
 
     def load_checkpoint(self, directory: Path):
         """Restore a run. Everything is read and checked before anything is applied: a damaged,
@@ -465,7 +502,7 @@ class Trainer:
             [p.name for p in self.model.params],
             self.master.size,
         )
-        self.master = r.master
+        self.master, self.anchor, self.anchor_step = r.master, r.anchor, r.anchor_step
         self.model.set_values(self.split(r.ints))
         self.optimizer = r.optimizer
         self.scheduler.load(r.scheduler_state)
