@@ -44,7 +44,8 @@ def main():
     "q_spec",
     default="qscheduler",
     show_default=True,
-    help="fixed:N | qscheduler[:QMAX] (the slope test) | slope, coupled, snr, linear, power [:QMAX]",
+    help="fixed:N | qscheduler[:QMAX] (the slope test under nsgd, the efficiency test under sgd and adam) "
+    "| slope, coupled, snr, efficiency, linear, power [:QMAX]",
 )
 @click.option(
     "--optimizer",
