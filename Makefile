@@ -37,7 +37,8 @@ paper: setup
 	$(PY) -m experiments.study --grid full --shared $(SHARED) --readme
 	$(PY) -m experiments.study --grid steprules --shared $(SHARED) --readme
 	$(PY) -m experiments.study --grid design-steprules --shared $(SHARED)
-	$(PY) -m experiments.study --grid v3 --shared $(SHARED) --readme
+	$(PY) -m experiments.study --grid v3 --shared $(SHARED)
+	$(PY) -m experiments.study --grid v31 --shared $(SHARED) --readme
 
 defaults: setup
 	$(PY) -m experiments.defaults_table --shared $(SHARED) --readme

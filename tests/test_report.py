@@ -38,3 +38,20 @@ def test_step_rule_cells_are_fresh_evaluation_cells_with_their_own_docs_block(tm
     update_readme(page, table, f"<!-- {block}:begin -->", f"<!-- {block}:end -->")
     text = page.read_text()
     assert "old full" in text and "### cell\nnew rows" in text and "\nold\n" not in text
+
+
+def test_each_evaluation_grid_runs_cells_no_other_grid_ran():
+    """An evaluation cell that informed a rule cannot judge it: the cells of v31 (the frozen
+    efficiency test) appear in no other grid, and every docs block the study writes exists."""
+    from pathlib import Path
+
+    from experiments import study
+
+    others = {c.folder for name, g in study.GRIDS.items() if name != "v31" for c in g.cells}
+    for cell in study.GRIDS["v31"].cells:
+        assert cell.role == "evaluation" and cell.optimizer in ("sgd", "adam")
+        assert cell.folder not in others
+    assert all(c.role == "design" for c in study.GRIDS["v3"].cells)
+    page = (Path(study.ROOT) / "docs" / "study.md").read_text()
+    for block in study.DOCS_BLOCKS.values():
+        assert f"<!-- {block}:begin -->" in page and f"<!-- {block}:end -->" in page

@@ -1,9 +1,8 @@
 """checkpoints/last.npz of a training run: written atomically, read and checked in full before a
 resumed run takes anything from it.
 
-The file holds the float64 master copy, the deployed integers, the anchor (the master copy where
-the steps since a scheduler's last measurement started), the optimizer's state arrays (opt_*) and a
-JSON `meta` record: the counters of the loop, the scheduler's state, the run's
+The file holds the float64 master copy, the deployed integers, the optimizer's state arrays
+(opt_*) and a JSON `meta` record: the counters of the loop, the scheduler's state, the run's
 fingerprint (model and data hashes, set sizes), the trained tensors' names and the config.
 """
 
@@ -38,7 +37,7 @@ RESUME_KEYS = (
     "new_head",
 )
 # dead_steps: the run of steps whose probe pairs were all equal, so the dead-run warning resumes too.
-COUNTERS = ("step", "forward_passes", "metric_rows", "next_eval", "dead_steps", "anchor_step")
+COUNTERS = ("step", "forward_passes", "metric_rows", "next_eval", "dead_steps")
 
 
 def file_sha256(path: str) -> str:
@@ -64,14 +63,7 @@ def checkpoint_path(directory: str | Path) -> Path:
     return Path(directory) / "checkpoints" / "last.npz"
 
 
-def save(
-    directory: str | Path,
-    meta: dict,
-    master: np.ndarray,
-    ints: np.ndarray,
-    optimizer_state: dict,
-    anchor: np.ndarray,
-):
+def save(directory: str | Path, meta: dict, master: np.ndarray, ints: np.ndarray, optimizer_state: dict):
     """Write then rename: a crash mid-write (or a full disk) leaves the previous checkpoint intact."""
     path = checkpoint_path(directory)
     tmp = path.parent / "last.tmp.npz"
@@ -82,7 +74,6 @@ def save(
                 f,
                 master=master,
                 ints=ints,
-                anchor=anchor,
                 meta=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8),
                 **arrays,
             )
@@ -104,7 +95,6 @@ class Checkpoint:
     meta: dict
     master: np.ndarray
     ints: np.ndarray
-    anchor: np.ndarray
     optimizer: dict  # opt_* arrays without the prefix
     fingerprint: dict
     params: list
@@ -127,7 +117,7 @@ def load(directory: str | Path) -> Checkpoint:
     try:
         with np.load(path, allow_pickle=False) as z:
             meta = json.loads(bytes(z["meta"]).decode())
-            master, ints, anchor = z["master"], z["ints"], z["anchor"]
+            master, ints = z["master"], z["ints"]
             opt = {k[4:]: z[k] for k in z.files if k.startswith("opt_")}
         fingerprint, params, config = (
             dict(meta["fingerprint"]),
@@ -136,7 +126,7 @@ def load(directory: str | Path) -> Checkpoint:
         )
     except Exception as e:  # a damaged or foreign file: any decoding failure
         raise ZoError(f"{damaged_message(directory)} ({type(e).__name__})") from None
-    return Checkpoint(directory, meta, master, ints, anchor, opt, fingerprint, params, config)
+    return Checkpoint(directory, meta, master, ints, opt, fingerprint, params, config)
 
 
 @dataclass
@@ -145,14 +135,12 @@ class Resumed:
 
     master: np.ndarray  # float64
     ints: np.ndarray
-    anchor: np.ndarray  # float64
     optimizer: object  # a fresh optimizer of the run's kind holding the saved state
     scheduler_state: dict
     step: int
     forward_passes: int
     metric_rows: int
     dead_steps: int
-    anchor_step: int
     next_eval: int
     wall: float
     last_eval_passes: int
@@ -181,19 +169,13 @@ def validate(ck: Checkpoint, config, identity: dict, params: list, size: int) ->
                 f"--resume {directory}: --{key.replace('_', '-')} differs from the "
                 f"checkpoint's ({ck.config.get(key)!r})"
             )
-    master, ints, anchor, meta = ck.master, ck.ints, ck.anchor, ck.meta
-    if master.shape != (size,) or ints.shape != (size,) or anchor.shape != (size,):
+    master, ints, meta = ck.master, ck.ints, ck.meta
+    if master.shape != (size,) or ints.shape != (size,):
         raise ZoError(f"--resume {directory}: checkpoint holds {master.size} parameters, expected {size}")
     # Dry run on fresh objects: every field must decode into the state of this run's kinds.
     try:
-        if (
-            master.dtype.kind != "f"
-            or anchor.dtype.kind != "f"
-            or ints.dtype.kind not in "iu"
-            or not np.all(np.isfinite(master))
-            or not np.all(np.isfinite(anchor))
-        ):
-            raise ValueError("master copy, anchor or integers")
+        if master.dtype.kind != "f" or ints.dtype.kind not in "iu" or not np.all(np.isfinite(master)):
+            raise ValueError("master copy or integers")
         optimizer = make_optimizer(config.optimizer, size, config.momentum)
         expected = {k: np.shape(v) for k, v in optimizer.state().items()}
         opt = ck.optimizer
@@ -216,7 +198,6 @@ def validate(ck: Checkpoint, config, identity: dict, params: list, size: int) ->
     return Resumed(
         master.astype(np.float64),
         ints,
-        anchor.astype(np.float64),
         optimizer,
         meta["scheduler"],
         wall=wall,

@@ -53,12 +53,13 @@ class Scheduler:
         return q
 
     def measure_step(self, progress: Progress) -> bool:
-        """Whether the trainer should measure the first-order loss decrease of the step just taken
-        (2 forward passes on an independent mini-batch; observe_decrease receives it)."""
+        """Whether the trainer should measure the Taylor terms of the step about to be taken (3
+        forward passes on an independent mini-batch; observe_taylor receives them)."""
         return False
 
-    def observe_decrease(self, progress: Progress, decrease: float):
-        """The step's first-order decrease -g . dw, when measure_step asked for it (before observe)."""
+    def observe_taylor(self, progress: Progress, first: float, second: float):
+        """The step's first- and second-order loss terms, -g . dw and dw' H dw / 2, when measure_step
+        asked for them (called before observe)."""
 
     def observe(self, progress: Progress, q: int, loss_plus: np.ndarray, loss_minus: np.ndarray):
         """Called after every step with its probe losses: shape [q], or [batches, q] for a paired step."""
@@ -318,21 +319,22 @@ class EfficiencyTest(Scheduler):
     """Adaptive q (QScheduler v3): double q when the noise of the estimate, not the rate, is what
     holds back the decrease per forward pass.
 
-    Per step, the loss falls by p(q) = A - B/q to second order: A is the first-order decrease of the
-    step taken, -g . dw, and B/q what the estimate's noise costs (direction noise, variance ~ d/q).
-    For a step whose length does not depend on q (sgd, adam), doubling q raises the decrease per
-    forward pass, p / 2q, exactly when p(2q) > 2 p(q), that is when p(q) < A / 3; halving pays when
-    p(q) > 2A / 3. Both quantities are measured, not modelled:
+    To second order a step lowers the loss by p = A - C: A = -g . dw its first-order term, C =
+    dw' H dw / 2 what it loses to curvature. For a step whose length does not depend on q (sgd,
+    adam) and q much smaller than the number of parameters, C is the cost of the estimate's
+    direction noise, whose variance falls as 1/q: p(q) = A - B/q with C = B/q. Doubling q raises the
+    decrease per forward pass, p / 2q, exactly when p(2q) > 2 p(q), that is when C > 2p; halving
+    pays when p > 2C. Both are measured, not modelled:
     - p: the slope of the per-step training losses since the last decision (free: the mean of the
       probe pairs, as in the slope test), with its standard error;
-    - A: the step's directional derivative along its own update on an independent mini-batch (2
-      forward passes, unbiased because that batch never saw the update), on every `every`-th step,
-      where `every` keeps those passes at `overhead` of the step's 2q.
-    Every `window` steps the test asks, at z standard errors of (p - c A), whether p < A / 3 (double)
-    or p > 2A / 3 (halve); undecided collections keep growing (a sequential test) up to `max_windows`
-    windows. Unlike the slope test, slow but clean progress (p near A) never reads as a plateau: the
-    threshold is relative to what the step could give, not to the loss. q only grows while the
-    budget left pays for one window at the new q.
+    - C: on every `every`-th step, the second difference of the loss along the step's own update,
+      at the point it starts from, on an independent mini-batch (3 forward passes), where `every`
+      keeps those passes at `overhead` of the steps' 2q.
+    Every `window` steps the test asks, at z standard errors, whether C - 2p > 0 (double) or p - 2C
+    > 0 (halve); undecided collections keep growing (a sequential test) up to `max_windows`
+    windows. Slow but clean progress (C small against p) never reads as a plateau: the threshold
+    is what the noise costs, not a fraction of the loss. q only grows while the budget left pays for
+    one window at the new q.
     """
 
     name = "efficiency"
@@ -344,64 +346,57 @@ class EfficiencyTest(Scheduler):
         window: int = 400,
         z: float = 2.0,
         max_windows: int = 10,
-        overhead: float = 0.05,
-        double_below: float = 1 / 3,
-        halve_above: float = 2 / 3,
+        overhead: float = 0.02,
         q_min: int = 1,
     ):
         self.q, self.q_max, self.q_min = q_init, q_max, q_min
         self.window, self.z, self.max_windows, self.overhead = window, z, max_windows, overhead
-        self.double_below, self.halve_above = double_below, halve_above
         self.losses: list[float] = []
-        self.decreases: list[float] = []
+        self.costs: list[float] = []  # C of the measured steps
         self.changes: list[tuple[int, int]] = []
 
     def next_q(self, progress):
         return self.q
 
     def every(self) -> int:
-        """Steps between measurements: 2 passes per measurement, 2q per step."""
-        return max(1, math.ceil(1 / (self.overhead * self.q)))
+        """Steps between measurements: 3 passes per measurement, 2q per step."""
+        return max(1, math.ceil(3 / (2 * self.overhead * self.q)))
 
     def measure_step(self, progress):
         return progress.step % self.every() == 0
 
-    def observe_decrease(self, progress, decrease):
-        self.decreases.append(float(decrease))
-
-    def excess(self, ratio: float) -> tuple[float, float]:
-        """p - ratio * A per step, and its standard error."""
-        slope, slope_se = loss_slope(self.losses)
-        a = np.asarray(self.decreases)
-        a_se = float(a.std(ddof=1)) / math.sqrt(a.size)
-        return -slope - ratio * float(a.mean()), math.hypot(slope_se, ratio * a_se)
+    def observe_taylor(self, progress, first, second):
+        self.costs.append(float(second))
 
     def observe(self, progress, q, loss_plus, loss_minus):
         self.losses.append(float(np.mean((np.asarray(loss_plus) + np.asarray(loss_minus)) / 2)))
-        if len(self.losses) % self.window or len(self.decreases) < 2:
+        if len(self.losses) % self.window or len(self.costs) < 2:
             return
-        below, below_se = self.excess(self.double_below)
-        above, above_se = self.excess(self.halve_above)
+        slope, slope_se = loss_slope(self.losses)
+        costs = np.asarray(self.costs)
+        cost, cost_se = float(costs.mean()), float(costs.std(ddof=1)) / math.sqrt(costs.size)
+        noise_bound = cost - 2 * (-slope)  # > 0: the noise costs more than twice the progress
+        clean = -slope - 2 * cost  # > 0: the progress is more than twice the noise's cost
         remaining = progress.budget - progress.forward_passes
-        if below + self.z * below_se < 0:
-            self.losses, self.decreases = [], []
+        if noise_bound - self.z * math.hypot(cost_se, 2 * slope_se) > 0:
+            self.losses, self.costs = [], []
             if self.q < self.q_max and 2 * (2 * self.q) * self.window <= remaining:
                 self.q = min(2 * self.q, self.q_max)
                 self.changes.append((progress.step, self.q))
-        elif above - self.z * above_se > 0 and self.q > self.q_min:
-            self.losses, self.decreases = [], []
+        elif clean - self.z * math.hypot(slope_se, 2 * cost_se) > 0 and self.q > self.q_min:
+            self.losses, self.costs = [], []
             self.q = max(self.q // 2, self.q_min)
             self.changes.append((progress.step, self.q))
         elif len(self.losses) >= self.max_windows * self.window:
-            self.losses, self.decreases = [], []
+            self.losses, self.costs = [], []
 
     def state(self):
-        return {"q": self.q, "losses": self.losses, "decreases": self.decreases, "changes": self.changes}
+        return {"q": self.q, "losses": self.losses, "costs": self.costs, "changes": self.changes}
 
     def load(self, state):
         self.q = int(state["q"])
         self.losses = [float(v) for v in state["losses"]]
-        self.decreases = [float(v) for v in state["decreases"]]
+        self.costs = [float(v) for v in state["costs"]]
         self.changes = [tuple(c) for c in state["changes"]]
 
     def describe(self):

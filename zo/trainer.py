@@ -184,8 +184,6 @@ class Trainer:
             [np.full(v.size, p.bound / p.unit) for p, v in zip(self.model.params, self.model.values())]
         )
         self.optimizer = make_optimizer(config.optimizer, self.master.size, config.momentum)
-        # Where the first-order decrease of the steps since then is measured (measure_step).
-        self.anchor, self.anchor_step = self.master.copy(), 0
         self.u_moment = second_moment(config.direction)
         self.step = 0
         self.forward_passes = 0
@@ -262,23 +260,24 @@ class Trainer:
         logits = self.model.logits(boundary, self.grouped_overrides(stacked))
         return group_losses(logits, self.data.y_train[indices], stacked.shape[0])
 
-    def first_order_decrease(self, start: np.ndarray, update: np.ndarray) -> float:
-        """-g(start) . update: the loss decrease that the update from master copy `start` gives to
-        first order, as one central difference along it at start, on a mini-batch that never saw it
-        (2 forward passes; unbiased). The probe is the update scaled to the SPSA probes' size (RMS
-        eps) and stochastically rounded to integers, so its expectation is exactly the scaled update."""
+    def taylor_terms(self, start: np.ndarray, update: np.ndarray) -> tuple[float, float]:
+        """The first- and second-order terms of the loss change that `update` makes from master copy
+        `start`: (-g . update, update' H update / 2), from L(start + d), L(start - d) and L(start) on
+        a mini-batch that never saw the update (3 forward passes). The probe d is the update scaled
+        to the SPSA probes' size (RMS eps) and stochastically rounded to integers, so its
+        expectation is exactly the scaled update."""
         cfg = self.config
         rms = float(np.sqrt(np.mean(np.square(update))))
         if rms == 0.0:
-            return 0.0
+            return 0.0, 0.0
         scale = cfg.eps / rms
         rng = np.random.Generator(np.random.PCG64([cfg.seed, self.step, 0xF1]))
         delta = np.floor(scale * update * self.units + rng.random(update.size)).astype(np.int64)
         ints = np.rint(start * self.units).astype(np.int64)
-        plus, minus = self.losses_at(
-            np.stack([ints + delta, ints - delta]), self.second_batch_indices(self.step)
+        plus, minus, here = self.losses_at(
+            np.stack([ints + delta, ints - delta, ints]), self.second_batch_indices(self.step)
         )
-        return -(plus - minus) / (2.0 * scale)
+        return -(plus - minus) / (2.0 * scale), (plus + minus - 2.0 * here) / (2.0 * scale**2)
 
     def grouped_overrides(self, stacked: np.ndarray) -> dict:
         """Per trainable tensor a [G, ...] array of its G versions (rows of stacked), clipped to the
@@ -330,22 +329,19 @@ class Trainer:
             )
         grad = self.gradient(q, derivatives)
         lr = learning_rate(cfg.learning_rate, cfg.lr_schedule, self.forward_passes / cfg.budget)
+        # A scheduler that measures this step's Taylor terms needs the point it starts from.
+        measure = self.scheduler.measure_step(Progress(self.step, self.forward_passes, cfg.budget))
+        before = self.master.copy() if measure else None
         self.master += self.optimizer.step(grad, lr, derivatives, step_q=self.scheduler.step_q(q))
         # Parameters stay inside what int8 / int32 can hold; the master copy must not drift beyond.
         np.clip(self.master, -self.bounds, self.bounds, out=self.master)
         self.write_back()
         self.forward_passes += 2 * q * batches
         self.step += 1
-        progress = Progress(self.step, self.forward_passes, cfg.budget)
-        if self.scheduler.measure_step(progress) and self.forward_passes + 2 <= cfg.budget:
-            # Along everything since the last measurement, measured where it started: the steps
-            # add up their drift faster than their noise, so one probe pair sees them more clearly.
-            decrease = self.first_order_decrease(self.anchor, self.master - self.anchor)
-            steps = self.step - self.anchor_step
-            self.anchor, self.anchor_step = self.master.copy(), self.step
-            self.forward_passes += 2
-            progress = Progress(self.step, self.forward_passes, cfg.budget)
-            self.scheduler.observe_decrease(progress, decrease / steps)
+        if before is not None and self.forward_passes + 3 <= cfg.budget:
+            first, second = self.taylor_terms(before, self.master - before)
+            self.forward_passes += 3
+            self.scheduler.observe_taylor(Progress(self.step, self.forward_passes, cfg.budget), first, second)
         self.scheduler.observe(Progress(self.step, self.forward_passes, cfg.budget), q, loss_plus, loss_minus)
         self.last_lr = lr
         return float(np.mean((loss_plus + loss_minus) / 2))
@@ -480,7 +476,6 @@ class Trainer:
             "wall": self.wall(),
             "metric_rows": self.metrics.rows,
             "dead_steps": self.dead_steps,
-            "anchor_step": self.anchor_step,
             "next_eval": self.next_eval,
             "last_eval_passes": self.last_eval_passes,
             "final_accuracy": self.final_accuracy,
@@ -490,7 +485,7 @@ class Trainer:
             "config": asdict(self.config),
         }
         ints = np.concatenate([v.astype(np.int64).ravel() for v in self.model.values()])
-        checkpoint.save(self.out, meta, self.master, ints, self.optimizer.state(), self.anchor)
+        checkpoint.save(self.out, meta, self.master, ints, self.optimizer.state())
 
     def load_checkpoint(self, directory: Path):
         """Restore a run. Everything is read and checked before anything is applied: a damaged,
@@ -502,7 +497,7 @@ class Trainer:
             [p.name for p in self.model.params],
             self.master.size,
         )
-        self.master, self.anchor, self.anchor_step = r.master, r.anchor, r.anchor_step
+        self.master = r.master
         self.model.set_values(self.split(r.ints))
         self.optimizer = r.optimizer
         self.scheduler.load(r.scheduler_state)
