@@ -153,13 +153,20 @@ V3_CELLS = (
     ),
 )
 # QScheduler v3.1's evaluation (the step's own second-order term), pre-registered with the frozen
-# rule before any of these cells ran: no grid had run them, and none informed a rule.
+# rule before any of these cells ran: no grid had run them, and none informed a rule. The last:4
+# pair was added after the last:2 pair had run and before it ran itself; the rule did not change.
 V31_CELLS = (
     Cell(
         "resnet8-eurosat-last2-adam", RESNET8, "eurosat32_subset.npz", "last:2", DEEP_BUDGET, optimizer="adam"
     ),
     Cell(
         "resnet8-cifar10-last2-adam", RESNET8, "cifar10_subset.npz", "last:2", DEEP_BUDGET, optimizer="adam"
+    ),
+    Cell(
+        "resnet8-eurosat-last4-sgd", RESNET8, "eurosat32_subset.npz", "last:4", DEEP_BUDGET, optimizer="sgd"
+    ),
+    Cell(
+        "resnet8-cifar10-last4-adam", RESNET8, "cifar10_subset.npz", "last:4", DEEP_BUDGET, optimizer="adam"
     ),
 )
 FIXED = tuple(f"fixed:{q}" for q in (1, 2, 4, 8, 16, 32, 64))
