@@ -160,6 +160,26 @@ def test_training_learns_and_same_seed_same_result(tiny, tmp_path):
     assert read_metrics(tmp_path / "a") == read_metrics(tmp_path / "b")
 
 
+def assert_resumes_bit_for_bit(trainer, reference, tmp_path, interrupt_at: int):
+    """A run of trainer(dir) interrupted after step interrupt_at and resumed from its checkpoint ends
+    with the scheduler state and the exported model of the uninterrupted reference."""
+
+    def stop(t, q, loss):
+        if t.step == interrupt_at:
+            raise KeyboardInterrupt
+
+    interrupted = trainer(tmp_path / "run")
+    with pytest.raises(KeyboardInterrupt):
+        interrupted.run(on_step=stop)
+    resumed = trainer(tmp_path / "run")
+    resumed.load_checkpoint(tmp_path / "run")
+    resumed.run()
+    assert resumed.scheduler.state() == reference.scheduler.state()
+    assert (tmp_path / "run" / "model.tflite").read_bytes() == (
+        tmp_path / "reference" / "model.tflite"
+    ).read_bytes()
+
+
 def test_paired_steps_probe_two_batches_and_resume_bit_for_bit(tiny, tmp_path):
     """SignalToNoise's paired steps: the same q directions on a second mini-batch, 4q passes; its
     decisions and the weights are the same after an interrupt and a resume from the checkpoint."""
@@ -180,20 +200,7 @@ def test_paired_steps_probe_two_batches_and_resume_bit_for_bit(tiny, tmp_path):
     assert paired and all(steps[s][1] - steps.get(s - 1, (0, 0))[1] == 4 * steps[s][0] for s in paired[1:])
     assert reference.scheduler.baseline is not None
 
-    def stop(t, q, loss):
-        if t.step == 23:
-            raise KeyboardInterrupt
-
-    interrupted = trainer(tmp_path / "run")
-    with pytest.raises(KeyboardInterrupt):
-        interrupted.run(on_step=stop)
-    resumed = trainer(tmp_path / "run")
-    resumed.load_checkpoint(tmp_path / "run")
-    resumed.run()
-    assert resumed.scheduler.state() == reference.scheduler.state()
-    assert (tmp_path / "run" / "model.tflite").read_bytes() == (
-        tmp_path / "reference" / "model.tflite"
-    ).read_bytes()
+    assert_resumes_bit_for_bit(trainer, reference, tmp_path, interrupt_at=23)
 
 
 def test_taylor_terms_along_an_update(tiny, tmp_path):
@@ -250,20 +257,7 @@ def test_efficiency_test_measures_its_steps_and_resumes_bit_for_bit(tiny, tmp_pa
     measured = [s for s, q, p in seen if s > 1 and p - passes[s - 1] == 2 * q + 3]
     assert measured and reference.scheduler.changes
 
-    def stop(t, q, loss):
-        if t.step == 33:
-            raise KeyboardInterrupt
-
-    interrupted = trainer(tmp_path / "run")
-    with pytest.raises(KeyboardInterrupt):
-        interrupted.run(on_step=stop)
-    resumed = trainer(tmp_path / "run")
-    resumed.load_checkpoint(tmp_path / "run")
-    resumed.run()
-    assert resumed.scheduler.state() == reference.scheduler.state()
-    assert (tmp_path / "run" / "model.tflite").read_bytes() == (
-        tmp_path / "reference" / "model.tflite"
-    ).read_bytes()
+    assert_resumes_bit_for_bit(trainer, reference, tmp_path, interrupt_at=33)
 
 
 def test_export_runs_in_tflm_with_original_quantization(tiny, tmp_path):
