@@ -292,8 +292,6 @@ def prefix_caches(cell: Cell, shared: Path, cache_dir: Path):
 
 def execute(run: Run, shared: str, runs_dir: str, cache_dir: str) -> dict:
     """Train one run (or return its stored result). Deterministic: same run, same result anywhere."""
-    from zo.optim import OPTIMIZERS
-    from zo.schedulers import parse_scheduler
     from zo.trainer import Trainer
 
     out = Path(runs_dir) / run.key
@@ -309,8 +307,7 @@ def execute(run: Run, shared: str, runs_dir: str, cache_dir: str) -> dict:
     if out.exists():  # an interrupted run: start it again from scratch
         shutil.rmtree(out)
     start = time.perf_counter()
-    scheduler = parse_scheduler(run.scheduler, OPTIMIZERS[config.optimizer].step_grows_with_q)
-    trainer = Trainer(config, out, dataset=data, scheduler=scheduler, caches=caches)
+    trainer = Trainer(config, out, dataset=data, caches=caches)  # its scheduler: config.q, run.scheduler
     summary = trainer.run()
     result = {
         "key": run.key,

@@ -17,8 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import ZoError
-from .optim import OPTIMIZERS, make_optimizer
-from .schedulers import parse_scheduler
+from .optim import make_optimizer
 
 # Settings a resumed run must share with its checkpoint (the budget, eval and checkpoint intervals
 # and the set sizes may change).
@@ -184,7 +183,7 @@ def validate(ck: Checkpoint, config, identity: dict, params: list, size: int) ->
         optimizer.load(opt)
         if not all(np.all(np.isfinite(v)) for v in optimizer.state().values()):
             raise ValueError("optimizer state not finite")
-        scheduler = parse_scheduler(config.q, OPTIMIZERS[config.optimizer].step_grows_with_q)
+        scheduler = config.make_scheduler()
         scheduler.load(meta["scheduler"])
         if set(meta["scheduler"]) != set(scheduler.state()):
             raise KeyError("scheduler state")

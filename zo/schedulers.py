@@ -127,7 +127,45 @@ class PowerLaw(Scheduler):
         return f"power:{self.q_max}"
 
 
-class SlopeTest(Scheduler):
+class SequentialTest(Scheduler):
+    """What the slope and efficiency tests share: q from q_init within [q_min, q_max], the per-step
+    training losses since the last decision (the mean of each probe pair's L+ and L-, free: those
+    passes are run anyway), a decision every `window` steps at z standard errors, collections that
+    grow up to `max_windows` windows while undecided, and the q changes for plots and logs."""
+
+    def __init__(self, q_init: int, q_max: int, window: int, z: float, max_windows: int, q_min: int):
+        self.q, self.q_max, self.q_min = q_init, q_max, q_min
+        self.window, self.z, self.max_windows = window, z, max_windows
+        self.losses: list[float] = []
+        self.changes: list[tuple[int, int]] = []  # (step, new q), for plots and logs
+
+    def next_q(self, progress):
+        return self.q
+
+    def record(self, loss_plus, loss_minus) -> bool:
+        """Collect the step's training loss; True when a window closes and a decision is due."""
+        self.losses.append(float(np.mean((np.asarray(loss_plus) + np.asarray(loss_minus)) / 2)))
+        return len(self.losses) % self.window == 0
+
+    def double(self, progress: Progress):
+        """q doubles, up to q_max, while the budget left still pays for one window at the new q."""
+        remaining = progress.budget - progress.forward_passes
+        if self.q < self.q_max and 2 * (2 * self.q) * self.window <= remaining:
+            self.q = min(2 * self.q, self.q_max)
+            self.changes.append((progress.step, self.q))
+
+    def halve(self, progress: Progress):
+        self.q = max(self.q // 2, self.q_min)
+        self.changes.append((progress.step, self.q))
+
+    def undecided_too_long(self) -> bool:
+        return len(self.losses) >= self.max_windows * self.window
+
+    def describe(self):
+        return f"{self.name}:{self.q_max}"
+
+
+class SlopeTest(SequentialTest):
     """Adaptive q (QScheduler v2): start small, double q once the loss has *confidently* stopped
     improving.
 
@@ -159,19 +197,8 @@ class SlopeTest(Scheduler):
         shrink: float | None = None,
         q_min: int = 1,
     ):
-        self.q, self.q_max, self.q_min = q_init, q_max, q_min
-        self.window, self.z, self.threshold, self.max_windows, self.shrink = (
-            window,
-            z,
-            threshold,
-            max_windows,
-            shrink,
-        )
-        self.losses: list[float] = []
-        self.changes: list[tuple[int, int]] = []  # (step, new q), for plots and logs
-
-    def next_q(self, progress):
-        return self.q
+        super().__init__(q_init, q_max, window, z, max_windows, q_min)
+        self.threshold, self.shrink = threshold, shrink
 
     def improvement_bounds(self) -> tuple[float, float, float]:
         """(lower, upper) confidence bounds of the loss improvement per window, and the current loss
@@ -184,21 +211,16 @@ class SlopeTest(Scheduler):
         )
 
     def observe(self, progress, q, loss_plus, loss_minus):
-        self.losses.append(float(np.mean((np.asarray(loss_plus) + np.asarray(loss_minus)) / 2)))
-        if len(self.losses) % self.window:
+        if not self.record(loss_plus, loss_minus):
             return
         lower, upper, level = self.improvement_bounds()
-        remaining = progress.budget - progress.forward_passes
         if upper < self.threshold * level:
             self.losses = []
-            if self.q < self.q_max and 2 * (2 * self.q) * self.window <= remaining:
-                self.q = min(2 * self.q, self.q_max)
-                self.changes.append((progress.step, self.q))
-        elif lower > self.threshold * level or len(self.losses) >= self.max_windows * self.window:
+            self.double(progress)
+        elif lower > self.threshold * level or self.undecided_too_long():
             self.losses = []
             if self.shrink is not None and lower > self.shrink * level and self.q > self.q_min:
-                self.q = max(self.q // 2, self.q_min)
-                self.changes.append((progress.step, self.q))
+                self.halve(progress)
 
     def state(self):
         return {"q": self.q, "losses": self.losses, "changes": self.changes}
@@ -207,9 +229,6 @@ class SlopeTest(Scheduler):
         self.q = int(state["q"])
         self.losses = [float(v) for v in state["losses"]]
         self.changes = [tuple(c) for c in state["changes"]]
-
-    def describe(self):
-        return f"{self.name}:{self.q_max}"
 
 
 class CoupledSlopeTest(SlopeTest):
@@ -315,7 +334,7 @@ class SignalToNoise(Scheduler):
         return f"{self.name}:{self.q_max}"
 
 
-class EfficiencyTest(Scheduler):
+class EfficiencyTest(SequentialTest):
     """Adaptive q (QScheduler v3): double q when the noise of the estimate, not the rate, is what
     holds back the decrease per forward pass.
 
@@ -349,14 +368,9 @@ class EfficiencyTest(Scheduler):
         overhead: float = 0.02,
         q_min: int = 1,
     ):
-        self.q, self.q_max, self.q_min = q_init, q_max, q_min
-        self.window, self.z, self.max_windows, self.overhead = window, z, max_windows, overhead
-        self.losses: list[float] = []
+        super().__init__(q_init, q_max, window, z, max_windows, q_min)
+        self.overhead = overhead
         self.costs: list[float] = []  # C of the measured steps
-        self.changes: list[tuple[int, int]] = []
-
-    def next_q(self, progress):
-        return self.q
 
     def every(self) -> int:
         """Steps between measurements: 3 passes per measurement, 2q per step."""
@@ -369,25 +383,20 @@ class EfficiencyTest(Scheduler):
         self.costs.append(float(second))
 
     def observe(self, progress, q, loss_plus, loss_minus):
-        self.losses.append(float(np.mean((np.asarray(loss_plus) + np.asarray(loss_minus)) / 2)))
-        if len(self.losses) % self.window or len(self.costs) < 2:
+        if not self.record(loss_plus, loss_minus) or len(self.costs) < 2:
             return
         slope, slope_se = loss_slope(self.losses)
         costs = np.asarray(self.costs)
         cost, cost_se = float(costs.mean()), float(costs.std(ddof=1)) / math.sqrt(costs.size)
         noise_bound = cost - 2 * (-slope)  # > 0: the noise costs more than twice the progress
         clean = -slope - 2 * cost  # > 0: the progress is more than twice the noise's cost
-        remaining = progress.budget - progress.forward_passes
         if noise_bound - self.z * math.hypot(cost_se, 2 * slope_se) > 0:
             self.losses, self.costs = [], []
-            if self.q < self.q_max and 2 * (2 * self.q) * self.window <= remaining:
-                self.q = min(2 * self.q, self.q_max)
-                self.changes.append((progress.step, self.q))
+            self.double(progress)
         elif clean - self.z * math.hypot(slope_se, 2 * cost_se) > 0 and self.q > self.q_min:
             self.losses, self.costs = [], []
-            self.q = max(self.q // 2, self.q_min)
-            self.changes.append((progress.step, self.q))
-        elif len(self.losses) >= self.max_windows * self.window:
+            self.halve(progress)
+        elif self.undecided_too_long():
             self.losses, self.costs = [], []
 
     def state(self):
@@ -398,9 +407,6 @@ class EfficiencyTest(Scheduler):
         self.losses = [float(v) for v in state["losses"]]
         self.costs = [float(v) for v in state["costs"]]
         self.changes = [tuple(c) for c in state["changes"]]
-
-    def describe(self):
-        return f"{self.name}:{self.q_max}"
 
 
 ADAPTIVE = {

@@ -95,6 +95,10 @@ class TrainConfig:
     def learning_rate(self) -> float:
         return self.lr if self.lr is not None else DEFAULT_LR[self.optimizer]
 
+    def make_scheduler(self) -> Scheduler:
+        """--q as a fresh scheduler; `qscheduler` resolved for this step rule."""
+        return parse_scheduler(self.q, OPTIMIZERS[self.optimizer].step_grows_with_q)
+
 
 def input_mapping(config: TrainConfig, graph) -> tuple[ImageInput, InputMapping]:
     image = ImageInput.of(graph)
@@ -155,9 +159,10 @@ class Trainer:
                 f"{clipped:.1%} of the first batch's input values are clipped to the {self.image.dtype.name} "
                 f"limits with the input mapping {self.mapping}; check --input-range or --mean/--std"
             )
-        grows = OPTIMIZERS[config.optimizer].step_grows_with_q
-        self.scheduler = scheduler or parse_scheduler(config.q, grows)
-        if not grows and not isinstance(self.scheduler, (FixedQ, EfficiencyTest)):
+        self.scheduler = scheduler or config.make_scheduler()
+        if not OPTIMIZERS[config.optimizer].step_grows_with_q and not isinstance(
+            self.scheduler, (FixedQ, EfficiencyTest)
+        ):
             # Measured, not assumed: the steprules grid of the study (docs/study.md).
             self.warn(
                 f"--q {config.q} with --optimizer {config.optimizer}: this q rule assumes nsgd's step, "
