@@ -881,16 +881,26 @@ def run_case(data: bytes, n: int = 2) -> str:
 # ----------------------------------------------------------------------------------------------
 
 
+def is_quantized(data: bytes) -> bool:
+    """Whether a model computes in integers: some activation (a tensor no constant data fills) has
+    quantization parameters. A float model (the float half of a float/int8 pair) is no int8 seed,
+    whatever its file is called or wherever it lies."""
+    graph = load_model(data)
+    return any(t.quant is not None and not t.is_constant for t in graph.tensors)
+
+
 def real_seeds() -> dict[str, bytes]:
+    """The shared folder's int8 .tflite models, chosen by what each model is (is_quantized)."""
     models = SHARED / "models"
-    return {p.stem: p.read_bytes() for p in sorted(models.glob("*.tflite"))} if models.is_dir() else {}
+    paths = sorted(models.glob("*.tflite")) if models.is_dir() else []
+    return {p.stem: data for p in paths if is_quantized(data := p.read_bytes())}
 
 
 def need_real_seeds() -> dict[str, bytes]:
     seeds = real_seeds()
     if not seeds:
         pytest.skip(
-            f"SHARED DATA MISSING: no .tflite in {SHARED / 'models'} "
+            f"SHARED DATA MISSING: no int8 .tflite in {SHARED / 'models'} "
             "(set NPU_SHARED); real-model fuzzing skipped"
         )
     return seeds
@@ -1244,3 +1254,15 @@ def test_each_structured_mutation_packs(kind):
         data = build_case(seed, [(kind, s)])
         changed += data is not None and data != seed.data
     assert changed >= 5
+
+
+def test_real_seeds_are_chosen_by_what_a_model_is():
+    """The float half of the shared float/int8 pair lies beside the int8 models but is no int8 seed;
+    a generated float model is judged the same way, wherever it lies."""
+    float_model = SHARED / "models" / "resnet8_cifar10_float.tflite"
+    if not float_model.exists():
+        pytest.skip(f"SHARED DATA MISSING: {float_model} not found (set NPU_SHARED)")
+    assert not is_quantized(float_model.read_bytes())
+    seeds = real_seeds()
+    assert "resnet8_cifar10_int8" in seeds and "resnet8_cifar10_float" not in seeds
+    assert all(is_quantized(data) for data in seeds.values())
