@@ -41,7 +41,7 @@ paper: setup
 	$(PY) -m experiments.study --grid v31 --shared $(SHARED) --readme
 
 defaults: setup
-	$(PY) -m experiments.defaults_table --shared $(SHARED) --readme
+	$(PY) -m experiments.defaults_table --shared $(SHARED) --docs
 
 stm32n6: setup
 	$(PY) -m experiments.stm32n6_table --shared $(SHARED) --readme --docs

@@ -207,7 +207,12 @@ def main(argv=None):
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     p.add_argument("--runs", type=Path, default=ROOT / "experiments" / "runs" / "defaults")
     p.add_argument("--results", type=Path, default=ROOT / "experiments" / "results" / "defaults")
-    p.add_argument("--readme", action="store_true", help="also put the table into README.md")
+    p.add_argument(
+        "--docs",
+        "--readme",
+        action="store_true",
+        help="also put the table into docs/zo.md (--readme: its former name)",
+    )
     a = p.parse_args(argv)
     if not (a.shared / "models").is_dir():
         sys.exit(f"error: --shared {a.shared}: no models/ folder there, expected the shared data directory")
@@ -254,11 +259,14 @@ def main(argv=None):
     )
     write_table(ordered, a.results / "table.md", command, a.budget, seeds)
     print(f"table written to {a.results / 'table.md'}")
-    if a.readme:
+    if a.docs:
         from .report import update_readme
 
         update_readme(
-            ROOT / "README.md", a.results / "table.md", "<!-- defaults:begin -->", "<!-- defaults:end -->"
+            ROOT / "docs" / "zo.md",
+            a.results / "table.md",
+            "<!-- defaults:begin -->",
+            "<!-- defaults:end -->",
         )
 
 
