@@ -19,6 +19,7 @@ from ..jit import parallel_kernel
 from ..quant import SINGLE, TFLM
 from . import aligned
 from .base import Kernel
+from .float_form import Elementwise
 from .int16 import ADD_LEFT_SHIFT, add16, is_int16, range16, require_int16, require_tflm
 from .output_stage import (
     each_profile,
@@ -138,6 +139,7 @@ def add_vector(a, b, params, profile, out):
 
 class Add(Kernel):
     kind = "ADD"
+    float_form = Elementwise
     required_inputs, max_inputs = 2, 2
 
     def __init__(self, op, graph, profile):
