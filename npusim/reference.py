@@ -39,9 +39,7 @@ class FloatInterpreter:
                 if str(e).startswith(f"op {op.index} "):
                     raise
                 raise NpusimError(f"op {op.index} ({op.kind}): {e}") from None
-        self.constants = {
-            i: real_value(t) for i, t in enumerate(self.graph.tensors) if t.is_constant
-        }
+        self.constants = {i: real_value(t) for i, t in enumerate(self.graph.tensors) if t.is_constant}
 
     def check_input(self, x: np.ndarray, k: int = 0) -> np.ndarray:
         t = self.graph.input(k)
