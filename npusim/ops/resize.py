@@ -70,6 +70,7 @@ class ResizeBilinearFloat(FloatForm):
 
     def __call__(self, x, size=None):
         (y0, y1, fy), (x0, x1, fx) = self.axes
+        fy, fx = fy.reshape(1, -1, 1, 1), fx.reshape(1, 1, -1, 1)
         x = np.asarray(x, np.float32)
         top = x[:, y0][:, :, x0] * (1 - fx) + x[:, y0][:, :, x1] * fx
         bottom = x[:, y1][:, :, x0] * (1 - fx) + x[:, y1][:, :, x1] * fx
