@@ -15,13 +15,9 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from ..jit import parallel_kernel
-from ..quant import SINGLE, TFLM
-from . import aligned
-from .base import Kernel
-from .float_form import Elementwise
-from .int16 import ADD_LEFT_SHIFT, add16, is_int16, range16, require_int16, require_tflm
-from .output_stage import (
+from ..engines import aligned
+from ..engines.int16 import ADD_LEFT_SHIFT, add16, is_int16, range16, require_int16, require_tflm
+from ..engines.output_stage import (
     each_profile,
     lane_mask,
     load_bytes,
@@ -31,7 +27,11 @@ from .output_stage import (
     tflm_multiply,
     vector_output_stage,
 )
-from .requant import output_range, requantization_multiplier
+from ..engines.requant import output_range, requantization_multiplier
+from ..jit import parallel_kernel
+from ..quant import SINGLE, TFLM
+from .base import Kernel
+from .float_form import Elementwise
 
 LEFT_SHIFT = 20
 CHUNK = 1 << 14  # elements per parallel task

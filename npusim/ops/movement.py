@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import aligned
+from ..engines import aligned
+from ..engines.padding import pad_input
 from .base import Kernel
 from .float_form import Movement
-from .padding import pad_input
 
 
 def _same_dtype(kernel: Kernel):

@@ -11,14 +11,14 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
+from ..engines.geometry import ConvGeometry
+from ..engines.padding import compute_padding
+from ..engines.requant import output_range
 from ..errors import NpusimError
 from ..jit import njit, parallel_kernel
 from ..quant import clamp
 from .base import Kernel
 from .float_form import FloatForm, pad_spatial, tap
-from .geometry import ConvGeometry
-from .padding import compute_padding
-from .requant import output_range
 
 
 @njit(inline="always")

@@ -19,6 +19,7 @@ import math
 import numba as nb
 import numpy as np
 
+from ..engines.int16 import is_int16, require_tflm, softmax16, softmax16_params
 from ..jit import njit, parallel_kernel
 from ..quant import (
     INT32_MAX,
@@ -29,7 +30,6 @@ from ..quant import (
 )
 from .base import Kernel
 from .float_form import FloatForm
-from .int16 import is_int16, require_tflm, softmax16, softmax16_params
 
 # Q5.26 input to exp (TFLM's kScaledDiffIntegerBits), Q12.19 sum (kAccumulationIntegerBits).
 SCALED_DIFF_INTEGER_BITS = 5

@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import gemm
+from ..engines import gemm
+from ..engines.requant import OutputStage
 from .base import Kernel, WeightMemo
 from .float_form import FloatForm
-from .requant import OutputStage
 
 
 def _padding(size: int, k: int, stride: int, padding: str) -> int:
