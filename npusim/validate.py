@@ -170,8 +170,11 @@ def reference_tensors(int8: Graph, ref: Graph | None) -> tuple[dict, list]:
         for op in int8.ops:
             if op.kind == "QUANTIZE" and op.inputs[0] == i:
                 mapping[op.outputs[0]] = j
-    for i, j in zip(int8.outputs, ref.outputs):  # and a boundary DEQUANTIZE for the float output
-        mapping[i] = j
+    producer = int8.producer()
+    for i, j in zip(int8.outputs, ref.outputs):  # a boundary DEQUANTIZE for the float output, when
+        op = producer.get(i)  # what it dequantizes is matched to what computes that output
+        if op is not None and op.kind == "DEQUANTIZE" and mapping.get(op.inputs[0]) == j:
+            mapping[i] = j
     matched = {id(op) for op in pairs.values()}
     unmatched = [(op.index, op.kind) for op in core_ops(ref) if id(op) not in matched]
     return mapping, unmatched

@@ -23,6 +23,8 @@ class Conv2DFloat(FloatForm):
     """x (*) w + b with a real zero as padding, im2col and one float32 GEMM (LiteRT's float conv
     is im2col + GEMM too, summed in another order), then the fused activation."""
 
+    mac_inputs = (0, 1, 2)
+
     def __init__(self, op, graph):
         super().__init__(op, graph)
         _, kh, kw, _ = self.inputs[1].shape  # filter [O, kh, kw, C]

@@ -638,6 +638,8 @@ class DepthwiseConv2DFloat(FloatForm):
     """Output channel c * multiplier + m reads input channel c: the input repeated along the
     channels, then one multiply-add per filter tap (float32, as LiteRT's float depthwise conv)."""
 
+    mac_inputs = (0, 1, 2)
+
     def __init__(self, op, graph):
         super().__init__(op, graph)
         x = self.inputs[0]

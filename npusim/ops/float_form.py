@@ -49,10 +49,24 @@ def real_value(tensor: Tensor, data: np.ndarray | None = None) -> np.ndarray:
     return (scale * (q.astype(np.float64) - zp)).astype(np.float32)
 
 
+def mac_bias(bias: Tensor, x: Tensor, w: Tensor) -> np.ndarray:
+    """A MAC op's integer bias as its integer kernel adds it: in units of input scale times weight
+    scale, since TFLM (reference_integer_ops/conv.h, fully_connected.h) adds the int32 bias to the
+    accumulator and never reads the bias tensor's own scale. The converter writes that scale as
+    float32(double(s_in) * double(s_w)), so the two agree on a well-formed model; where an edited
+    scale makes them disagree, this is what the int8 layer computes."""
+    s_w = w.quant.scale.astype(np.float64)
+    scale = (np.float64(x.quant.scale[0]) * s_w).astype(np.float32).astype(np.float64)
+    b = bias.data.astype(np.float64)
+    return (b * (scale if scale.size == b.shape[-1] else scale[0])).astype(np.float32)
+
+
 class FloatForm:
     """Prepare in __init__ (geometry, axes, the fused activation), evaluate in __call__."""
 
     kind = ""
+    # MAC ops: the positions of (input, weights, bias) in op.inputs, for constant().
+    mac_inputs: tuple | None = None
 
     def __init__(self, op: Op, graph: Graph):
         self.op = op
@@ -67,6 +81,17 @@ class FloatForm:
 
     def error(self, message: str) -> NpusimError:
         return NpusimError(f"op {self.op.index} ({self.op.kind}): {message}")
+
+    def constant(self, k: int) -> np.ndarray:
+        """The real value of constant input k: real_value, except a quantized MAC op's integer bias,
+        which is worth what the integer kernel adds (mac_bias)."""
+        t = self.inputs[k]
+        if self.mac_inputs is not None and k == self.mac_inputs[2]:
+            x, w = (self.inputs[i] for i in self.mac_inputs[:2])
+            quantized = all(u is not None and u.quant is not None for u in (x, w))
+            if quantized and np.dtype(t.dtype).kind == "i" and t.quant is not None:
+                return mac_bias(t, x, w)
+        return real_value(t)
 
     def activate(self, y: np.ndarray) -> np.ndarray:
         """The fused activation as a float clamp; the result is float32."""

@@ -21,6 +21,8 @@ class FullyConnectedFloat(FloatForm):
     """Rows of K input values times the weights [O, K] plus the bias (float32, as LiteRT's float
     FullyConnected), shaped as the output tensor."""
 
+    mac_inputs = (0, 1, 2)
+
     def __init__(self, op, graph):
         super().__init__(op, graph)
         self.depth = self.inputs[1].shape[1]

@@ -40,6 +40,8 @@ class TransposeConvFloat(FloatForm):
     """The scatter TFLM and LiteRT's reference TransposeConv do, in float32: input pixel (y, x)
     adds x * w[o, fy, fx, :] to output pixel (y * stride - pad + fy, x * stride - pad + fx)."""
 
+    mac_inputs = (2, 1, 3)
+
     def __init__(self, op, graph):
         super().__init__(op, graph)
         w, x, y = self.inputs[1], self.inputs[2], self.outputs[0]
