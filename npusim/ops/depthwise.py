@@ -55,7 +55,7 @@ from ..engines.requant import OutputStage
 from ..errors import NpusimError
 from ..jit import ParallelKernel, njit, parallel_kernel, renamed
 from .base import Kernel, WeightMemo
-from .float_form import FloatForm, pad_spatial, tap
+from .float_form import FloatForm, pad_spatial, real, tap
 
 LANES = 64  # channels (bytes) per vector block
 GROUP = 4  # taps per VPDPBUSD (the "avx2" variant binds 2: taps per VPMADDWD)
@@ -649,9 +649,9 @@ class DepthwiseConv2DFloat(FloatForm):
 
     def __call__(self, x, w, b=None):
         g = self.geometry
-        x = np.asarray(x, np.float32)
+        x = real(x)
         xp = pad_spatial(np.repeat(x, self.multiplier, axis=3) if self.multiplier > 1 else x, g)
-        y = np.zeros((x.shape[0], g.out_h, g.out_w, w.shape[3]), np.float32)
+        y = np.zeros((x.shape[0], g.out_h, g.out_w, w.shape[3]), np.result_type(x, w))
         for ky in range(g.kh):
             for kx in range(g.kw):
                 y += tap(xp, g, ky, kx) * w[0, ky, kx]

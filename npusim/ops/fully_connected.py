@@ -14,7 +14,7 @@ from ..engines.geometry import ConvGeometry
 from ..engines.int16 import Stage16, is_int16
 from ..engines.requant import OutputStage
 from .base import Kernel
-from .float_form import FloatForm
+from .float_form import FloatForm, real
 
 
 class FullyConnectedFloat(FloatForm):
@@ -29,7 +29,7 @@ class FullyConnectedFloat(FloatForm):
         self.out_shape = tuple(self.outputs[0].shape[1:])
 
     def __call__(self, x, w, b=None):
-        y = np.asarray(x, np.float32).reshape(-1, self.depth) @ w.T
+        y = real(x).reshape(-1, self.depth) @ w.T
         if b is not None:
             y += b
         return self.activate(y.reshape((-1,) + self.out_shape))

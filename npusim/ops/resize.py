@@ -12,7 +12,7 @@ import numpy as np
 
 from ..quant import SINGLE
 from .base import Kernel
-from .float_form import FloatForm, Movement
+from .float_form import FloatForm, Movement, real
 from .movement import _same_dtype
 
 
@@ -71,10 +71,10 @@ class ResizeBilinearFloat(FloatForm):
     def __call__(self, x, size=None):
         (y0, y1, fy), (x0, x1, fx) = self.axes
         fy, fx = fy.reshape(1, -1, 1, 1), fx.reshape(1, 1, -1, 1)
-        x = np.asarray(x, np.float32)
+        x = real(x)
         top = x[:, y0][:, :, x0] * (1 - fx) + x[:, y0][:, :, x1] * fx
         bottom = x[:, y1][:, :, x0] * (1 - fx) + x[:, y1][:, :, x1] * fx
-        return (top * (1 - fy) + bottom * fy).astype(np.float32)
+        return (top * (1 - fy) + bottom * fy).astype(x.dtype)
 
 
 def _bilinear_axis(in_size: int, out_size: int, align: bool, half: bool):

@@ -29,7 +29,7 @@ from ..quant import (
     saturating_rounding_doubling_high_mul,
 )
 from .base import Kernel
-from .float_form import FloatForm
+from .float_form import FloatForm, real
 
 # Q5.26 input to exp (TFLM's kScaledDiffIntegerBits), Q12.19 sum (kAccumulationIntegerBits).
 SCALED_DIFF_INTEGER_BITS = 5
@@ -228,9 +228,10 @@ class SoftmaxFloat(FloatForm):
         self.beta = float(np.float32(op.options.get("beta", 1.0)))
 
     def __call__(self, x):
-        x = np.asarray(x, np.float64)
-        e = np.exp(self.beta * (x - x.max(axis=-1, keepdims=True)))
-        return (e / e.sum(axis=-1, keepdims=True)).astype(np.float32)
+        x = real(x)
+        z = x.astype(np.float64)
+        e = np.exp(self.beta * (z - z.max(axis=-1, keepdims=True)))
+        return (e / e.sum(axis=-1, keepdims=True)).astype(x.dtype)
 
 
 class Softmax(Kernel):

@@ -20,7 +20,7 @@ import numpy as np
 from ..engines import gemm
 from ..engines.requant import OutputStage
 from .base import Kernel, WeightMemo
-from .float_form import FloatForm
+from .float_form import FloatForm, real
 
 
 def _padding(size: int, k: int, stride: int, padding: str) -> int:
@@ -59,12 +59,13 @@ class TransposeConvFloat(FloatForm):
         (h, wd), (sh, sw), (oh, ow) = self.in_hw, self.stride, self.out_hw
         full_h = max((h - 1) * sh + self.kh, self.pad[0] + oh)
         full_w = max((wd - 1) * sw + self.kw, self.pad[1] + ow)
-        out = np.zeros((x.shape[0], full_h, full_w, w.shape[0]), np.float32)
+        x = real(x)
+        out = np.zeros((x.shape[0], full_h, full_w, w.shape[0]), np.result_type(x, w))
         taps = w.transpose(1, 2, 3, 0)  # [kh, kw, I, O]
         for fy in range(self.kh):
             for fx in range(self.kw):
                 out[:, fy : fy + (h - 1) * sh + 1 : sh, fx : fx + (wd - 1) * sw + 1 : sw] += (
-                    np.asarray(x, np.float32) @ taps[fy, fx]
+                    x @ taps[fy, fx]
                 )
         y = out[:, self.pad[0] : self.pad[0] + oh, self.pad[1] : self.pad[1] + ow]
         if b is not None:
