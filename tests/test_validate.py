@@ -327,3 +327,23 @@ def test_bad_input_exits_2_with_one_line(tmp_path, case, message):
     assert result.exit_code == 2, result.output
     lines = result.output.strip().split("\n")
     assert len(lines) == 1 and message in lines[0], result.output
+
+
+def test_chunks_give_the_result_of_the_whole(monkeypatch):
+    """A batch validated in chunks (here of one sample) accumulates to the metrics of one pass. The
+    int8 side is exact; the float side is float32 GEMMs whose rounding depends on the number of rows
+    (BLAS blocking), so the metrics agree to float32 precision of the values (logits up to ~20)."""
+    import npusim.validate as v
+
+    x = np.random.default_rng(6).uniform(-3, 3, (7, 6, 6, 3)).astype(np.float32)
+    labels = np.arange(7) % 5
+    whole = v.validate(chain(np.int8, boundary=True), x, chain(np.float32), labels)
+    monkeypatch.setattr(v, "CHUNK_BYTES", 1)
+    assert v.chunk_size([load_model(chain(np.int8))], 7) == 1
+    parts = v.validate(chain(np.int8, boundary=True), x, chain(np.float32), labels)
+    assert parts.accuracy == whole.accuracy
+    pairs = list(zip(parts.outputs, whole.outputs))
+    pairs += [(a[key], b[key]) for a, b in zip(parts.layers, whole.layers) for key in ("local", "propagated")]
+    for a, b in pairs:
+        for k in NAMES:
+            assert a[k] == pytest.approx(b[k], rel=1e-4, abs=1e-5), k
