@@ -32,7 +32,8 @@ def _merge(n: int, mean: float, m2: float, x: np.ndarray) -> tuple[float, float]
     (Chan, Golub and LeVeque's pairwise update: no cancellation, whatever the chunking)."""
     k = x.size
     mx = float(x.mean())
-    m2x = float(np.sum((x - mx) ** 2))
+    d = x - mx
+    m2x = float(d @ d)
     delta, total = mx - mean, n + k
     return mean + delta * k / total, m2 + m2x + delta * delta * n * k / total
 
@@ -58,8 +59,9 @@ class ErrorStats:
         self.sum_r2 += float(r @ r)
         self.sum_g2 += float(g @ g)
         self.sum_rg += float(r @ g)
-        self.sum_abs += float(np.sum(np.abs(e)))
-        self.max_abs = max(self.max_abs, float(np.max(np.abs(e))))
+        abs_e = np.abs(e)
+        self.sum_abs += float(abs_e.sum())
+        self.max_abs = max(self.max_abs, float(abs_e.max()))
         self.mean_e, self.m2_e = _merge(self.n, self.mean_e, self.m2_e, e)
         self.mean_r, self.m2_r = _merge(self.n, self.mean_r, self.m2_r, r)
         self.n += e.size
