@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 SHARED ?= ../shared
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run lint test bench fuzz paper-quick paper defaults stm32n6 clean
+.PHONY: setup run lint test test-quick bench fuzz paper-quick paper defaults stm32n6 op-lists clean
 
 setup: $(STAMP)
 
@@ -42,6 +42,10 @@ paper: setup
 
 defaults: setup
 	$(PY) -m experiments.defaults_table --shared $(SHARED) --readme
+
+# The op lists of docs/numerics.md and docs/stm32n6.md, from npusim/registry.py.
+op-lists: setup
+	$(PY) -m experiments.op_lists
 
 stm32n6: setup
 	$(PY) -m experiments.stm32n6_table --shared $(SHARED) --readme --docs

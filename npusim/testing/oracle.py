@@ -25,6 +25,8 @@ import flatbuffers
 import numpy as np
 from ai_edge_litert import schema_py_generated as schema
 
+from ..registry import REGISTRY
+
 # ----------------------------------------------------------------------------------------------
 # Builder
 # ----------------------------------------------------------------------------------------------
@@ -48,50 +50,8 @@ _ACTIVATION = {
 }
 
 # Operator versions a converter would write for int8 (TFLM ignores them, LiteRT accepts any
-# registered version).
-_OP_VERSIONS = {
-    "CONV_2D": 3,
-    "DEPTHWISE_CONV_2D": 3,
-    "FULLY_CONNECTED": 4,
-    "ADD": 2,
-    "AVERAGE_POOL_2D": 2,
-    "MAX_POOL_2D": 2,
-    "MEAN": 2,
-    "SOFTMAX": 2,
-    "RESHAPE": 1,
-    "PAD": 2,
-    "PADV2": 2,
-    "TRANSPOSE": 2,
-    "CONCATENATION": 2,
-    "QUANTIZE": 2,
-    "DEQUANTIZE": 2,
-    "LOGISTIC": 2,
-    "MUL": 2,
-    "SUB": 2,
-    "STRIDED_SLICE": 2,
-    "SPLIT": 2,
-    "SPLIT_V": 2,
-    "PACK": 2,
-    "RESIZE_NEAREST_NEIGHBOR": 2,
-    "TRANSPOSE_CONV": 3,
-    "TANH": 2,
-    "HARD_SWISH": 1,
-    "LEAKY_RELU": 2,
-    "MAXIMUM": 2,
-    "MINIMUM": 2,
-    "PRELU": 1,
-    "SLICE": 2,
-    "UNPACK": 2,
-    "SQUEEZE": 1,
-    "EXPAND_DIMS": 1,
-    "SHAPE": 1,
-    "TILE": 1,
-    "GATHER": 2,
-    "REDUCE_MAX": 2,
-    "SUM": 2,
-    "RESIZE_BILINEAR": 3,
-    "BATCH_MATMUL": 4,
-}
+# registered version): the registry's (npusim/registry.py).
+_OP_VERSIONS = {kind: spec.version for kind, spec in REGISTRY.items()}
 
 
 def _as_list(v):
@@ -160,7 +120,9 @@ class ModelBuilder:
     ) -> int:
         """kind: builtin operator name ("CONV_2D"); options: a schema *OptionsT object or None."""
         code = getattr(schema.BuiltinOperator, kind)
-        version = version if version is not None else _OP_VERSIONS.get(kind, 1)
+        if version is None and kind not in _OP_VERSIONS:
+            raise ValueError(f"{kind} is not in npusim's registry: give its operator version")
+        version = version if version is not None else _OP_VERSIONS[kind]
         key = (code, version)
         if key not in self._opcode_index:
             oc = schema.OperatorCodeT()
