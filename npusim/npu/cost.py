@@ -418,11 +418,6 @@ class DeviceReport:
             "cost_model": asdict(self.cost),
         }
 
-    def format(self, title: str = "") -> str:
-        from .report import format_report  # the text is report.py's; it reads this class
-
-        return format_report(self, title)
-
 
 def plan_device(
     interp, cost: CostModel | None = None, structure: DeviceStructure | None = None, area_scale: float = 1.0
