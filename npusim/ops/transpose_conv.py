@@ -64,9 +64,7 @@ class TransposeConvFloat(FloatForm):
         taps = w.transpose(1, 2, 3, 0)  # [kh, kw, I, O]
         for fy in range(self.kh):
             for fx in range(self.kw):
-                out[:, fy : fy + (h - 1) * sh + 1 : sh, fx : fx + (wd - 1) * sw + 1 : sw] += (
-                    x @ taps[fy, fx]
-                )
+                out[:, fy : fy + (h - 1) * sh + 1 : sh, fx : fx + (wd - 1) * sw + 1 : sw] += x @ taps[fy, fx]
         y = out[:, self.pad[0] : self.pad[0] + oh, self.pad[1] : self.pad[1] + ow]
         if b is not None:
             y = y + b
