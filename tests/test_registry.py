@@ -2,9 +2,8 @@
 places that used to keep their own op lists (KERNELS, the STM32N6 placement and fusion sets, the
 oracle's op versions, the fuzz seeds, the docs' op lists) read it.
 
-The float form belongs to work on branch `validate` and is checked op by op once it lands;
-until then the ops without one are listed in FLOAT_FORM_NOT_YET, which the lead empties at the
-merge (after it, every op must have its float form).
+Every op has its float form (branch `validate`; tests/test_float_forms.py checks them against
+LiteRT): FLOAT_FORM_NOT_YET stays empty, and an op added without one fails here.
 
 The ONNX lowerings are the table of branch `onnx` (npusim/onnx/table.py, LOWERINGS: ONNX op type ->
 Rule(lowering, kinds it may emit)). Each entry names the ONNX types whose lowering produces it

@@ -9,6 +9,7 @@ npusim's own runs.
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -347,3 +348,16 @@ def test_chunks_give_the_result_of_the_whole(monkeypatch):
     for a, b in pairs:
         for k in NAMES:
             assert a[k] == pytest.approx(b[k], rel=1e-4, abs=1e-5), k
+
+
+def test_a_float_model_loads_and_the_integer_interpreter_refuses_it():
+    from npusim.interpreter import Interpreter
+    from npusim.reference import FloatInterpreter
+
+    graph = load_model(need(FLOAT_RESNET))
+    assert FloatInterpreter(graph).graph is graph
+    message = "a float model: npusim runs int8 models; quantize it, or give it to `npusim validate --float`"
+    with pytest.raises(NpusimError, match=re.escape(message)):
+        Interpreter(graph)
+    result = cli("run", FLOAT_RESNET, "--input", "x.npy", "--output", "y.npy")
+    assert result.exit_code == 2 and message in result.output
