@@ -24,8 +24,6 @@ from .metrics import NAMES, ErrorStats, json_ready
 from .reference import FloatInterpreter, dequantize
 from .tflite_io import load_model
 
-BOUNDARY = ("QUANTIZE", "DEQUANTIZE")
-
 
 @dataclass
 class Validation:
