@@ -39,6 +39,10 @@ class FloatInterpreter:
                 if str(e).startswith(f"op {op.index} "):
                     raise
                 raise NpusimError(f"op {op.index} ({op.kind}): {e}") from None
+            except (ValueError, IndexError, KeyError, TypeError) as e:
+                # A float model's shapes and options are read as the file states them (the integer
+                # Interpreter's Prepare checks an int8 graph before its forms are made).
+                raise NpusimError(f"op {op.index} ({op.kind}): malformed for its float form ({e})") from None
         # Each op's constant inputs as real values, once (a MAC op's bias depends on its op).
         tensors = self.graph.tensors
         self.constants = [
@@ -77,14 +81,25 @@ class FloatInterpreter:
                     f"op {form.op.index} ({form.kind}): no value for tensor {t} "
                     f"({self.graph.tensors[t].name!r}); expected every graph input to be given"
                 )
-        with np.errstate(over="ignore", under="ignore"):  # exp of large inputs: inf, as in float32
-            result = form(*args)
+        try:
+            with np.errstate(over="ignore", under="ignore"):  # exp of large inputs: inf, as float32's
+                result = form(*args)
+        except (ValueError, IndexError) as e:  # shapes that contradict each other in a float model
+            raise NpusimError(f"op {form.op.index} ({form.kind}): cannot evaluate ({e})") from None
         results = result if isinstance(result, tuple) else (result,)
         if len(results) != len(form.op.outputs):
             raise NpusimError(
                 f"op {form.op.index} ({form.kind}): computed {len(results)} outputs, "
                 f"the model declares {len(form.op.outputs)}"
             )
+        for t, y in zip(form.op.outputs, results):
+            declared = self.graph.tensors[t].shape
+            if np.ndim(y) != len(declared) or tuple(np.shape(y)[1:]) != tuple(declared[1:]):
+                shape = ", ".join(["N", *map(str, declared[1:])])
+                raise NpusimError(
+                    f"op {form.op.index} ({form.kind}): computed {list(np.shape(y))}, the model "
+                    f"declares [{shape}] for {self.graph.tensors[t].name!r}"
+                )
         return results
 
     def evaluate(self, values: dict) -> dict:

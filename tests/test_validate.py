@@ -361,3 +361,21 @@ def test_a_float_model_loads_and_the_integer_interpreter_refuses_it():
         Interpreter(graph)
     result = cli("run", FLOAT_RESNET, "--input", "x.npy", "--output", "y.npy")
     assert result.exit_code == 2 and message in result.output
+
+
+def test_a_float_model_whose_shapes_lie_is_refused_in_one_line(tmp_path):
+    """The float interpreter checks what each op computes against the declared shapes (the integer
+    Interpreter's Prepare does it for int8 graphs)."""
+    b = O.ModelBuilder()
+    x = b.add_tensor((1, 6, 6, 3), np.float32, name="input")
+    w = b.add_const(np.ones((4, 3, 3, 3), np.float32), name="w")
+    y = b.add_tensor((1, 5, 5, 4), np.float32, name="output")  # SAME padding gives 6 x 6
+    opt = O.schema.Conv2DOptionsT()
+    opt.padding, opt.strideH, opt.strideW = O._PADDING["SAME"], 1, 1
+    b.add_op("CONV_2D", [x, w, -1], [y], opt)
+    bad = tmp_path / "bad.tflite"
+    bad.write_bytes(b.build([x], [y]))
+    from npusim.reference import FloatInterpreter
+
+    with pytest.raises(NpusimError, match=r"op 0 \(CONV_2D\): computed \[2, 6, 6, 4\], the model declares"):
+        FloatInterpreter(load_model(bad)).run(np.zeros((2, 6, 6, 3), np.float32))
