@@ -325,70 +325,49 @@ def prefetch_ahead(x, row, rows, out_h, stride_h, pad_top, kh, dil_h):
             )
 
 
-def interior_runs(x, n, oy, window, taps, edge_taps, n_quads, pad_row, weights, out, stage):
-    """Stage 1, multiplier 1: the columns [ox_lo, ox_hi) of output row (n, oy), whose taps all fall
-    inside the image width, as vector runs of 64 channels (replicas > 1: `replicas` adjacent pixels
-    per vector). The run's first tap is at input pixel (iy0, ix0) (row iy0 may lie above the image:
-    it is only a base for the offsets); in a row at the top or bottom, taps in rows outside the
-    image read the row of zero points. window: (kh, kw, stride_h, stride_w, dil_h, dil_w, pad_top,
-    pad_left, ox_lo, ox_hi); weights: (address of the group's vector weights, bytes per block of
-    64 channels, address of its vector parameters, channels of the vector layout, replicas); stage:
-    (profile, output zero point, lo, hi). Compiled per variant with its tap_quads_run."""
-    _, in_h, in_w, in_c = x.shape
-    _, out_h, out_w, out_c = out.shape
-    kh, kw, stride_h, stride_w, dil_h, dil_w, pad_top, pad_left, ox_lo, ox_hi = window
-    w_group, block_bytes, v_group, v_channels, replicas = weights
-    profile, out_zp, lo, hi = stage
-    iy0 = oy * stride_h - pad_top
-    ix0 = ox_lo * stride_w - pad_left
-    x_first = np.int64(x.ctypes.data) + ((n * in_h + iy0) * in_w + ix0) * in_c
-    run_taps = taps
-    if iy0 < 0 or iy0 + (kh - 1) * dil_h >= in_h:
-        pad_address = np.int64(pad_row.ctypes.data)
-        tap_offsets(taps, kh, kw, dil_h, dil_w, in_h, in_w, in_c, iy0, ix0, x_first, pad_address, edge_taps)
-        run_taps = edge_taps
-    out_first = out.ctypes.data + ((n * out_h + oy) * out_w + ox_lo) * out_c
-    run = ox_hi - ox_lo
-    if replicas > 1:  # adjacent pixels in_c bytes apart: `replicas` pixels per vector
-        tap_quads_run(
-            x_first, replicas * in_c, run_taps.ctypes.data, n_quads, w_group, run // replicas, out_first,
-            replicas * out_c, LANES, v_group, v_channels * 4, profile, out_zp, lo, hi,
-        )
-        left = run % replicas
-        if left:  # the last pixels: the lanes past them are neither read nor stored
-            tap_quads_run(
-                x_first + (run - left) * in_c, 0, run_taps.ctypes.data, n_quads, w_group, 1,
-                out_first + (run - left) * out_c, 0, left * out_c, v_group, v_channels * 4, profile,
-                out_zp, lo, hi,
-            )
-        return
-    for c0 in range(0, out_c, LANES):
-        tap_quads_run(
-            x_first + c0, stride_w * in_c, run_taps.ctypes.data, n_quads, w_group + c0 // LANES * block_bytes,
-            run, out_first + c0, out_c, out_c - c0, v_group + c0 * 4, v_channels * 4, profile, out_zp, lo, hi,
-        )
-
-
-def border_pixel(x, n, oy, ox, window, taps, edge_taps, n_quads, pad_row, weights, out, stage):
-    """Stage 2, multiplier 1: output pixel (n, oy, ox) outside the interior runs (at the left or
-    right border, or in a row too narrow for a run) as a vector run of one pixel, its padding taps
-    reading the row of zero points (replicas > 1: the first out_c lanes). Arguments as
-    interior_runs'. Compiled per variant with its tap_quads_run."""
+def vector_run(x, n, oy, ox0, pixels, border, window, taps, edge_taps, n_quads, pad_row, weights, out, stage):
+    """Multiplier 1: `pixels` output pixels of row (n, oy) from column ox0, as vector code on 64
+    channels at a time (replicas > 1: `replicas` adjacent pixels per vector). Two stages use it:
+    the interior run, the columns whose taps all fall inside the image width (border False), and
+    each border pixel alone (border True), whose padding taps read the row of zero points. The
+    first tap is at input pixel (iy0, ix0), which may lie outside the image (it is only a base for
+    the offsets); in a row at the top or bottom, taps in rows outside the image read the row of
+    zero points too. window: (kh, kw, stride_h, stride_w, dil_h, dil_w, pad_top, pad_left, ox_lo,
+    ox_hi); weights: (address of the group's vector weights, bytes per block of 64 channels, address
+    of its vector parameters, channels of the vector layout, replicas); stage: (profile, output zero
+    point, lo, hi). Compiled per variant with its tap_quads_run (depthwise_kernel)."""
     _, in_h, in_w, in_c = x.shape
     _, out_h, out_w, out_c = out.shape
     kh, kw, stride_h, stride_w, dil_h, dil_w, pad_top, pad_left, _, _ = window
-    w_group, block_bytes, v_group, v_channels, _ = weights
+    w_group, block_bytes, v_group, v_channels, replicas = weights
     profile, out_zp, lo, hi = stage
     iy0 = oy * stride_h - pad_top
-    ix0 = ox * stride_w - pad_left
+    ix0 = ox0 * stride_w - pad_left
     x_first = np.int64(x.ctypes.data) + ((n * in_h + iy0) * in_w + ix0) * in_c
-    pad_address = np.int64(pad_row.ctypes.data)
-    tap_offsets(taps, kh, kw, dil_h, dil_w, in_h, in_w, in_c, iy0, ix0, x_first, pad_address, edge_taps)
-    out_pixel = out.ctypes.data + ((n * out_h + oy) * out_w + ox) * out_c
-    for c0 in range(0, out_c, LANES):
+    run_taps = taps
+    if border or iy0 < 0 or iy0 + (kh - 1) * dil_h >= in_h:
+        pad_address = np.int64(pad_row.ctypes.data)
+        tap_offsets(taps, kh, kw, dil_h, dil_w, in_h, in_w, in_c, iy0, ix0, x_first, pad_address, edge_taps)
+        run_taps = edge_taps
+    out_first = out.ctypes.data + ((n * out_h + oy) * out_w + ox0) * out_c
+    if replicas > 1 and not border:  # adjacent pixels in_c bytes apart: `replicas` pixels per vector
         tap_quads_run(
-            x_first + c0, 0, edge_taps.ctypes.data, n_quads, w_group + c0 // LANES * block_bytes, 1,
-            out_pixel + c0, out_c, out_c - c0, v_group + c0 * 4, v_channels * 4, profile, out_zp, lo, hi,
+            x_first, replicas * in_c, run_taps.ctypes.data, n_quads, w_group, pixels // replicas, out_first,
+            replicas * out_c, LANES, v_group, v_channels * 4, profile, out_zp, lo, hi,
+        )
+        left = pixels % replicas
+        if left:  # the last pixels: the lanes past them are neither read nor stored
+            tap_quads_run(
+                x_first + (pixels - left) * in_c, 0, run_taps.ctypes.data, n_quads, w_group, 1,
+                out_first + (pixels - left) * out_c, 0, left * out_c, v_group, v_channels * 4, profile,
+                out_zp, lo, hi,
+            )
+        return
+    for c0 in range(0, out_c, LANES):  # (replicas > 1, a border pixel: the first out_c lanes)
+        tap_quads_run(
+            x_first + c0, stride_w * in_c, run_taps.ctypes.data, n_quads, w_group + c0 // LANES * block_bytes,
+            pixels, out_first + c0, out_c, out_c - c0, v_group + c0 * 4, v_channels * 4, profile, out_zp,
+            lo, hi,
         )
 
 
@@ -397,7 +376,7 @@ def multiplier_pixel(x, w, n, oy, ox, g, multiplier, in_zp, window, acc, params,
     """Stage 3, multiplier > 1: output pixel (n, oy, ox) in a scalar loop over the taps inside the
     image (TFLM skips the others), the input channels and the multiplier, into the int32
     accumulators acc, then the output stage (output_stage_row, params in channel order). Arguments
-    as interior_runs'."""
+    as vector_run's."""
     _, in_h, in_w, in_c = x.shape
     _, out_h, out_w, out_c = out.shape
     kh, kw, stride_h, stride_w, dil_h, dil_w, pad_top, pad_left, _, _ = window
@@ -491,14 +470,19 @@ def depthwise_conv(
                 v_channels,
                 replicas,
             )
-            if runs:
-                interior_runs(x, n, oy, window, taps, edge_taps, n_quads, pad_row, weights, out, stage)
+            if runs:  # stage 1: the interior run
+                vector_run(
+                    x, n, oy, ox_lo, ox_hi - ox_lo, False, window, taps, edge_taps, n_quads, pad_row,
+                    weights, out, stage,
+                )
             for ox in range(out_w):
                 if runs and ox_lo <= ox < ox_hi:
                     continue
-                if vector:
-                    border_pixel(x, n, oy, ox, window, taps, edge_taps, n_quads, pad_row, weights, out, stage)
-                else:
+                if vector:  # stage 2: a border pixel
+                    vector_run(
+                        x, n, oy, ox, 1, True, window, taps, edge_taps, n_quads, pad_row, weights, out, stage
+                    )
+                else:  # stage 3: multiplier > 1
                     multiplier_pixel(x, w, n, oy, ox, g, multiplier, in_zp, window, acc, params, out, stage)
     return out
 
@@ -520,11 +504,11 @@ def depthwise_kernel(variant: str) -> ParallelKernel:
     if variant == "avx2" and not host.has_avx2():
         raise NpusimError("the AVX2 depthwise kernel does not run on this host (see npusim/host.py)")
     run = _tap_pairs_run() if variant == "avx2" else _tap_quads_run(variant == "vnni")
-    stages = {  # the two stages that run the variant's vector code, each compiled with it
-        stage.__name__: njit(inline="always")(renamed(stage, variant, tap_quads_run=run))
-        for stage in (interior_runs, border_pixel)
-    }
-    return parallel_kernel(renamed(depthwise_conv, variant, **stages))
+    # The vector run (interior and border stages) compiled with the variant's instructions; the
+    # template with it. Numba takes no intrinsic as an argument: this one name is bound per variant,
+    # the ISA's numbers are arguments (isa_parameters).
+    stage = njit(inline="always")(renamed(vector_run, variant, tap_quads_run=run))
+    return parallel_kernel(renamed(depthwise_conv, variant, vector_run=stage))
 
 
 def isa_parameters(variant: str) -> tuple[int, int]:
