@@ -351,3 +351,26 @@ def test_shared_float_resnet8_matches_litert():
     print(f"float ResNet-8: max |npusim - LiteRT| on the softmax = {worst:.3g}")
     assert worst <= 2e-5
     np.testing.assert_array_equal(got.argmax(1), expected.argmax(1))
+
+
+def test_float16_weights_through_dequantize():
+    """A float model with half-precision weights (the converter's float16 quantization): DEQUANTIZE
+    of a float16 constant feeds the conv, as LiteRT runs it."""
+    rng = np.random.default_rng(8)
+    b = O.ModelBuilder()
+    x = b.add_tensor((1, 5, 5, 3), np.float32, name="input")
+    w16 = b.add_const(rng.normal(0, 0.3, (4, 3, 3, 3)).astype(np.float16), name="w16")
+    w = b.add_tensor((4, 3, 3, 3), np.float32, name="w")
+    b.add_op("DEQUANTIZE", [w16], [w])
+    y = b.add_tensor((1, 5, 5, 4), np.float32, name="output")
+    opt = O.schema.Conv2DOptionsT()
+    opt.padding, opt.strideH, opt.strideW = O._PADDING["SAME"], 1, 1
+    opt.fusedActivationFunction = O._ACTIVATION["RELU"]
+    bias = b.add_const(rng.normal(0, 0.1, 4).astype(np.float32), name="bias")
+    b.add_op("CONV_2D", [x, w, bias], [y], opt)
+    model = b.build([x], [y])
+    xs = [rng.normal(size=(3, 5, 5, 3)).astype(np.float32)]
+    expected = litert_float(model, xs)[0]
+    got = FloatInterpreter(load_model(model)).run(xs[0])
+    assert got.dtype == np.float32
+    assert float(np.max(np.abs(got - expected))) <= RTOL * (1 + float(np.max(np.abs(expected))))

@@ -14,6 +14,7 @@ from ..registry import REGISTRY
 
 _TENSOR_TYPES = {
     np.dtype(np.float32): schema.TensorType.FLOAT32,
+    np.dtype(np.float16): schema.TensorType.FLOAT16,
     np.dtype(np.int32): schema.TensorType.INT32,
     np.dtype(np.uint8): schema.TensorType.UINT8,
     np.dtype(np.int64): schema.TensorType.INT64,
