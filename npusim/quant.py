@@ -71,7 +71,7 @@ def activation_range(
         q = np.float32(f) / np.float32(scale)
         if profile == XNNPACK:
             v = np.float32(q + np.float32(zero_point))
-            if not np.isfinite(v):  # refused as for TFLM (see ops/requant.output_range)
+            if not np.isfinite(v):  # refused as for TFLM (see engines/requant.output_range)
                 raise OverflowError(f"{f} / {scale} is not finite in float32")
             return int(np.rint(min(max(v, np.float32(qmin)), np.float32(qmax))))
         return zero_point + round_half_away(float(q))
@@ -89,6 +89,27 @@ def activation_range(
             f"fused activation {activation} is not supported, expected NONE, RELU, RELU6 or RELU_N1_TO_1"
         )
     return lo, hi
+
+
+def wrap16(v):
+    """int64 value(s) -> their int16 two's-complement value, as int64: C++'s wrapping int16
+    arithmetic (gemmlowp's int16 fixed point, TFLM's int16 LUTLookup)."""
+    return ((v + (1 << 15)) & 0xFFFF) - (1 << 15)
+
+
+def wrap32(v):
+    """int64 value(s) -> their int32 two's-complement value, as int64: C++'s wrapping int32
+    arithmetic (gemmlowp's Add and Sub on int32). Plain arithmetic, so kernels use it compiled
+    (wrap32_jit) and numpy code on arrays."""
+    return ((v + (1 << 31)) & 0xFFFFFFFF) - (1 << 31)
+
+
+wrap32_jit = njit(inline="always")(wrap32)
+
+
+def trunc_div(v: np.ndarray, d: int) -> np.ndarray:
+    """C++ integer division (toward zero) of int64 values by a positive d."""
+    return np.where(v >= 0, v // d, -((-v) // d))
 
 
 @njit(inline="always")

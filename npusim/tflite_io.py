@@ -31,6 +31,7 @@ _OP_NAMES = {v: k for k, v in vars(schema.BuiltinOperator).items() if not k.star
 _TYPE_NAMES = {v: k for k, v in vars(schema.TensorType).items() if not k.startswith("_")}
 _DTYPES = {
     schema.TensorType.FLOAT32: np.float32,
+    schema.TensorType.FLOAT16: np.float16,  # float models' half-precision weights (DEQUANTIZE)
     schema.TensorType.INT32: np.int32,
     schema.TensorType.UINT8: np.uint8,
     schema.TensorType.INT64: np.int64,

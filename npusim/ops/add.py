@@ -15,12 +15,9 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from ..jit import parallel_kernel
-from ..quant import SINGLE, TFLM
-from . import aligned
-from .base import Kernel
-from .int16 import ADD_LEFT_SHIFT, add16, is_int16, range16, require_int16, require_tflm
-from .output_stage import (
+from ..engines import aligned
+from ..engines.int16 import is_int16, range16
+from ..engines.output_stage import (
     each_profile,
     lane_mask,
     load_bytes,
@@ -30,9 +27,13 @@ from .output_stage import (
     tflm_multiply,
     vector_output_stage,
 )
-from .requant import output_range, requantization_multiplier
+from ..engines.requant import output_range
+from ..jit import parallel_kernel
+from ..quant import SINGLE, TFLM
+from .float_form import Elementwise
+from .int16 import add16
+from .pairwise import LEFT_SHIFT, BinaryKernel
 
-LEFT_SHIFT = 20
 CHUNK = 1 << 14  # elements per parallel task
 
 
@@ -136,59 +137,23 @@ def add_vector(a, b, params, profile, out):
     return out
 
 
-class Add(Kernel):
+class Add(BinaryKernel):
+    """The pairwise family's checks and multipliers (pairwise.py); eval in vector code, not a table."""
+
     kind = "ADD"
-    required_inputs, max_inputs = 2, 2
+    float_form = Elementwise
 
     def __init__(self, op, graph, profile):
         super().__init__(op, graph, profile)
-        a, b, y = self.inputs[0], self.inputs[1], self.outputs[0]
-        self.params16 = None
+        a, b, y = self.prepare_operands(int16=True)
+        params = self.rescale_multipliers(a, b, y)
+        activation = op.options.get("fused_activation_function", "NONE")
         if is_int16(a):  # int16 operands and output (int16.add16)
-            require_tflm(self)
-            require_int16(self, a, b, y)
-        else:
-            self.require_int8(a, b, y)
-        for t in (a, b, y):
-            if t.quant.per_channel:
-                raise self.error(f"tensor {t.name!r} is quantized per channel, expected per-tensor")
-        self.require_broadcast(a, b, y)
-        for t in (a, b):  # an activation's axis 0 is the batch: it must line up with the output's
-            if t.data is None and len(t.shape) != len(y.shape):
-                raise self.error(
-                    f"input {t.name!r} has rank {len(t.shape)}, expected the output's rank {len(y.shape)}"
-                )
-        s1, s2, so = (np.float64(t.quant.scale[0]) for t in (a, b, y))
-        twice_max = 2.0 * max(s1, s2)
-        self.out_shape = tuple(y.shape[1:])
-        if is_int16(a):
-            self.params16 = (
-                *requantization_multiplier(s1 / twice_max),
-                *requantization_multiplier(s2 / twice_max),
-                *requantization_multiplier(twice_max / ((1 << ADD_LEFT_SHIFT) * so)),
-                *range16(self, op.options.get("fused_activation_function", "NONE"), y),
-            )
+            params16 = (*params, *range16(self, activation, y))
+            self.int16 = lambda a, b: add16(a, b, params16)
             return
-        self.params = (
-            a.zero_point,
-            b.zero_point,
-            *requantization_multiplier(s1 / twice_max),
-            *requantization_multiplier(s2 / twice_max),
-            *requantization_multiplier(twice_max / ((1 << LEFT_SHIFT) * so)),
-            y.zero_point,
-            *output_range(op.options.get("fused_activation_function", "NONE"), y),
-        )
+        self.params = (a.zero_point, b.zero_point, *params, y.zero_point, *output_range(activation, y))
         self.vector_params = tuple(np.int64(p) for p in self.params)
 
-    def macs(self) -> int:
-        return int(np.prod(self.out_shape))
-
-    def workspace_bytes(self, n: int) -> int:
-        return n * int(np.prod(self.out_shape))  # each operand broadcast to the output shape
-
-    def __call__(self, a, b):
-        shape = self.broadcast_batch(a, b, self.out_shape)
-        a, b = (np.ascontiguousarray(np.broadcast_to(t, shape)) for t in (a, b))
-        if self.params16 is not None:
-            return add16(a, b, self.params16)
-        return add_vector(a, b, self.vector_params, np.int64(self.profile), aligned.empty(shape, np.int8))
+    def eval_int8(self, a, b):
+        return add_vector(a, b, self.vector_params, np.int64(self.profile), aligned.empty(a.shape, np.int8))

@@ -1,7 +1,7 @@
 """CONV_2D: int8 NHWC convolution with per-channel requantization (TFLM reference_integer_ops/conv.h).
 
 Eval runs on the MAC engine that the interpreter's backend selection picks for the layer's
-geometry (backend.py): AMX tiles, AVX-512 VNNI, or im2col + an exact float32 GEMM, all exact.
+geometry (engines/backend.py): AMX tiles, AVX-512 VNNI, or im2col + an exact float32 GEMM, all exact.
 Weights may carry an extra leading group axis [G, O, kh, kw, C] (bias [G, O]): the batch is then
 split into G equal groups, group g convolved with weights g. The trainer uses this to run many
 weight perturbations in one call.
@@ -9,15 +9,36 @@ weight perturbations in one call.
 
 from __future__ import annotations
 
-from . import aligned, backend, gemm
+from ..engines import aligned, backend, gemm
+from ..engines.geometry import ConvGeometry, SlidingWindow
+from ..engines.int16 import Stage16, conv16, is_int16
+from ..engines.requant import OutputStage
 from .base import Kernel, WeightMemo
-from .geometry import ConvGeometry, SlidingWindow
-from .int16 import Stage16, conv16, is_int16
-from .requant import OutputStage
+from .float_form import FloatForm, columns, real
+
+
+class Conv2DFloat(FloatForm):
+    """x (*) w + b with a real zero as padding, im2col and one float32 GEMM (LiteRT's float conv
+    is im2col + GEMM too, summed in another order), then the fused activation."""
+
+    mac_inputs = (0, 1, 2)
+
+    def __init__(self, op, graph):
+        super().__init__(op, graph)
+        _, kh, kw, _ = self.inputs[1].shape  # filter [O, kh, kw, C]
+        self.geometry = ConvGeometry.from_options(op.options, self.inputs[0].shape, kh, kw)
+
+    def __call__(self, x, w, b=None):
+        g = self.geometry
+        y = columns(real(x), g) @ w.reshape(w.shape[0], -1).T
+        if b is not None:
+            y += b
+        return self.activate(y.reshape(x.shape[0], g.out_h, g.out_w, w.shape[0]))
 
 
 class Conv2D(SlidingWindow, Kernel):
     kind = "CONV_2D"
+    float_form = Conv2DFloat
     required_inputs, max_inputs = 2, 3
     takes_backends = True
 
@@ -50,7 +71,7 @@ class Conv2D(SlidingWindow, Kernel):
                 f"output shape {list(y.shape)} does not match the computed "
                 f"[N, {self.out_h}, {self.out_w}, {self.out_channels}]"
             )
-        if is_int16(x):  # 16x8: int16 activations, int8 weights (int16.py)
+        if is_int16(x):  # 16x8: int16 activations, int8 weights (engines/int16.py)
             activation = o.get("fused_activation_function", "NONE")
             self.int16 = Stage16.prepare(self, x, w, bias, y, self.out_channels, activation)
             return

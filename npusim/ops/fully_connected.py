@@ -2,22 +2,42 @@
 
 The input is flattened to [N, K] per image; per-tensor or per-channel weight scales. Weights may
 carry a leading group axis [G, O, K] (bias [G, O]) as in conv.py. Eval is a 1x1 convolution of one
-pixel per row on the MAC engine that the backend selection picks (backend.py).
+pixel per row on the MAC engine that the backend selection picks (engines/backend.py).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from . import backend
+from ..engines import backend
+from ..engines.geometry import ConvGeometry
+from ..engines.int16 import Stage16, is_int16
+from ..engines.requant import OutputStage
 from .base import Kernel
-from .geometry import ConvGeometry
-from .int16 import Stage16, is_int16
-from .requant import OutputStage
+from .float_form import FloatForm, real
+
+
+class FullyConnectedFloat(FloatForm):
+    """Rows of K input values times the weights [O, K] plus the bias (float32, as LiteRT's float
+    FullyConnected), shaped as the output tensor."""
+
+    mac_inputs = (0, 1, 2)
+
+    def __init__(self, op, graph):
+        super().__init__(op, graph)
+        self.depth = self.inputs[1].shape[1]
+        self.out_shape = tuple(self.outputs[0].shape[1:])
+
+    def __call__(self, x, w, b=None):
+        y = real(x).reshape(-1, self.depth) @ w.T
+        if b is not None:
+            y += b
+        return self.activate(y.reshape((-1,) + self.out_shape))
 
 
 class FullyConnected(Kernel):
     kind = "FULLY_CONNECTED"
+    float_form = FullyConnectedFloat
     required_inputs, max_inputs = 2, 3
     takes_backends = True
 
@@ -58,7 +78,7 @@ class FullyConnected(Kernel):
             )
         self.out_shape = tuple(y.shape[1:])
         self.geometry = ConvGeometry.dense(self.depth)
-        if is_int16(x):  # 16x8: int16 activations, int8 weights (int16.py)
+        if is_int16(x):  # 16x8: int16 activations, int8 weights (engines/int16.py)
             activation = op.options.get("fused_activation_function", "NONE")
             self.int16 = Stage16.prepare(self, x, w, bias, y, self.out_channels, activation)
             return

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..engines.int16 import is_int16, range16
+from ..engines.requant import output_range, requantization_multiplier
 from ..jit import njit
 from ..quant import requantize_to_output
-from .int16 import is_int16, mul16, range16
+from .float_form import Elementwise
+from .int16 import mul16
 from .pairwise import BinaryKernel, every_pair
-from .requant import output_range, requantization_multiplier
 
 
 @njit()
@@ -26,8 +28,13 @@ def mul_table(a, b, z1, z2, m, shift, real_scale, profile, zo, lo, hi):
     return out
 
 
+class MulFloat(Elementwise):
+    function = staticmethod(np.multiply)
+
+
 class Mul(BinaryKernel):
     kind = "MUL"
+    float_form = MulFloat
     max_rank = 4  # BroadcastMul4DSlow
 
     def __init__(self, op, graph, profile):

@@ -11,12 +11,14 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
+from ..engines.geometry import ConvGeometry
+from ..engines.padding import compute_padding
+from ..engines.requant import output_range
 from ..errors import NpusimError
 from ..jit import njit, parallel_kernel
 from ..quant import clamp
 from .base import Kernel
-from .padding import compute_padding
-from .requant import output_range
+from .float_form import FloatForm, pad_spatial, real, tap
 
 
 @njit(inline="always")
@@ -81,6 +83,48 @@ def max_pool(x, kh, kw, sh, sw, pad_h, pad_w, lo, hi, out):
             for c in range(depth):
                 out[b, oy, ox, c] = clamp(np.int32(best[row, c]), lo, hi)
     return out
+
+
+class _PoolFloat(FloatForm):
+    def __init__(self, op, graph):
+        super().__init__(op, graph)
+        o = op.options
+        self.geometry = ConvGeometry.from_options(
+            o, self.inputs[0].shape, int(o["filter_height"]), int(o["filter_width"])
+        )
+
+    def windows(self, x, value):
+        """The padded input and the views of it that each filter tap reads."""
+        g = self.geometry
+        xp = pad_spatial(real(x), g, value)
+        return xp, [tap(xp, g, ky, kx) for ky in range(g.kh) for kx in range(g.kw)]
+
+
+class AveragePool2DFloat(_PoolFloat):
+    """The mean of the taps inside the image (LiteRT reference_ops AveragePool divides by the
+    in-image count, filter_count)."""
+
+    def __init__(self, op, graph):
+        super().__init__(op, graph)
+        self.count = self.window_sum(np.ones((1,) + tuple(int(d) for d in self.inputs[0].shape[1:3]) + (1,)))
+
+    def window_sum(self, x):
+        taps = self.windows(x, 0.0)[1]
+        total = np.zeros_like(taps[0])
+        for t in taps:  # tap by tap, in the filter's order
+            total += t
+        return total
+
+    def __call__(self, x):
+        x = real(x)
+        return self.activate(self.window_sum(x) / self.count.astype(x.dtype))
+
+
+class MaxPool2DFloat(_PoolFloat):
+    """The largest tap; padding is -inf, so taps outside the image never win."""
+
+    def __call__(self, x):
+        return self.activate(np.max(self.windows(x, -np.inf)[1], axis=0))
 
 
 class _Pool2D(Kernel):
@@ -155,9 +199,11 @@ class _Pool2D(Kernel):
 
 class AveragePool2D(_Pool2D):
     kind = "AVERAGE_POOL_2D"
+    float_form = AveragePool2DFloat
     _eval = staticmethod(average_pool)
 
 
 class MaxPool2D(_Pool2D):
     kind = "MAX_POOL_2D"
+    float_form = MaxPool2DFloat
     _eval = staticmethod(max_pool)

@@ -8,11 +8,12 @@ import math
 import numba as nb
 import numpy as np
 
+from ..engines.requant import requantization_multiplier
 from ..errors import NpusimError
 from ..jit import parallel_kernel
 from ..quant import clamp, mbqm_array
 from .base import Kernel
-from .requant import requantization_multiplier
+from .float_form import Identity
 
 
 @parallel_kernel
@@ -58,6 +59,7 @@ def add_bytes(x, d, out):
 
 class Quantize(Kernel):
     kind = "QUANTIZE"
+    float_form = Identity
 
     def __init__(self, op, graph, profile):
         super().__init__(op, graph, profile)
@@ -123,6 +125,7 @@ class Quantize(Kernel):
 
 class Dequantize(Kernel):
     kind = "DEQUANTIZE"
+    float_form = Identity
 
     def __init__(self, op, graph, profile):
         super().__init__(op, graph, profile)

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..quant import SINGLE
+from ..quant import SINGLE, trunc_div
 from .base import Kernel
+from .float_form import FloatForm, Movement, real
 from .movement import _same_dtype
 
 
@@ -53,8 +54,46 @@ def resize_target(kernel: Kernel) -> tuple[int, int, bool, bool]:
     return oh, ow, bool(options.get("align_corners", False)), bool(options.get("half_pixel_centers", False))
 
 
+class ResizeBilinearFloat(FloatForm):
+    """LiteRT reference_ops ResizeBilinear in float: source coordinate v = (i + 0.5) * scale - 0.5
+    with half_pixel_centers, else i * scale (scale in float32 as resize_nearest_indices has it);
+    rows floor(v) clamped to 0 and ceil(v) clamped to the last, weighted by v - lower."""
+
+    def __init__(self, op, graph):
+        super().__init__(op, graph)
+        x = self.inputs[0]
+        o = op.options
+        align, half = bool(o.get("align_corners", False)), bool(o.get("half_pixel_centers", False))
+        self.axes = [
+            _bilinear_axis(int(x.shape[a]), int(self.outputs[0].shape[a]), align, half) for a in (1, 2)
+        ]
+
+    def __call__(self, x, size=None):
+        (y0, y1, fy), (x0, x1, fx) = self.axes
+        fy, fx = fy.reshape(1, -1, 1, 1), fx.reshape(1, 1, -1, 1)
+        x = real(x)
+        top = x[:, y0][:, :, x0] * (1 - fx) + x[:, y0][:, :, x1] * fx
+        bottom = x[:, y1][:, :, x0] * (1 - fx) + x[:, y1][:, :, x1] * fx
+        return (top * (1 - fy) + bottom * fy).astype(x.dtype)
+
+
+def _bilinear_axis(in_size: int, out_size: int, align: bool, half: bool):
+    """(lower index, upper index, weight of the upper) per output index, shaped to broadcast."""
+    f32 = np.float32
+    if align and out_size > 1:
+        scale = f32(in_size - 1) / f32(out_size - 1)
+    else:
+        scale = f32(in_size) / f32(out_size)
+    i = np.arange(out_size, dtype=np.float32)
+    v = (i + f32(0.5)) * scale - f32(0.5) if half else i * scale
+    lower = np.maximum(np.floor(v).astype(np.int64), 0)
+    upper = np.minimum(np.ceil(v).astype(np.int64), in_size - 1)
+    return lower, upper, (v - lower).astype(np.float32)
+
+
 class ResizeNearestNeighbor(Kernel):
     kind = "RESIZE_NEAREST_NEIGHBOR"
+    float_form = Movement
     required_inputs, max_inputs, data_inputs = 2, 2, 1
 
     def __init__(self, op, graph, profile):
@@ -77,11 +116,6 @@ class ResizeNearestNeighbor(Kernel):
         return np.ascontiguousarray(x[:, self.rows][:, :, self.cols])
 
 
-def _trunc_div(v: np.ndarray, d: int) -> np.ndarray:
-    """C++ integer division (toward zero) by a positive d."""
-    return np.where(v >= 0, v // d, -((-v) // d))
-
-
 def bilinear_taps(in_size: int, out_size: int, align_corners: bool, half_pixel_centers: bool):
     """ComputeInterpolationValuesInteger along one axis: (i0, i1, w1) with the weight of i1 in
     1/1024 (that of i0 is 1024 - w1; negative at a half-pixel edge, where i0 == i1)."""
@@ -93,8 +127,8 @@ def bilinear_taps(in_size: int, out_size: int, align_corners: bool, half_pixel_c
         scaled = v * scale_10 + scale_10 // 2 - (1 << 9)
     else:
         scaled = v * scale_10
-    i0 = np.maximum(_trunc_div(scaled, 1 << 10), 0)
-    i1 = np.minimum(_trunc_div(scaled + (1 << 10) - 1, 1 << 10), in_size - 1)
+    i0 = np.maximum(trunc_div(scaled, 1 << 10), 0)
+    i1 = np.minimum(trunc_div(scaled + (1 << 10) - 1, 1 << 10), in_size - 1)
     return i0, i1, scaled - (1 << 10) * i0
 
 
@@ -106,6 +140,7 @@ class ResizeBilinear(Kernel):
     interpolates the raw codes and checks neither quantization: npusim follows it."""
 
     kind = "RESIZE_BILINEAR"
+    float_form = ResizeBilinearFloat
     required_inputs, max_inputs, data_inputs = 2, 2, 1
 
     def __init__(self, op, graph, profile):
@@ -136,5 +171,5 @@ class ResizeBilinear(Kernel):
         if self.single:
             out = (acc + (1 << 19)) >> 20
         else:
-            out = _trunc_div(acc + np.where(acc > 0, 1 << 19, -(1 << 19)), 1 << 20)
+            out = trunc_div(acc + np.where(acc > 0, 1 << 19, -(1 << 19)), 1 << 20)
         return out.astype(np.int8)
