@@ -16,7 +16,6 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from ..engines import aligned
-from ..engines.int16 import is_int16, range16
 from ..engines.output_stage import (
     each_profile,
     lane_mask,
@@ -27,7 +26,6 @@ from ..engines.output_stage import (
     tflm_multiply,
     vector_output_stage,
 )
-from ..engines.requant import output_range
 from ..jit import parallel_kernel
 from ..quant import SINGLE, TFLM
 from .float_form import Elementwise
@@ -145,15 +143,9 @@ class Add(BinaryKernel):
 
     def __init__(self, op, graph, profile):
         super().__init__(op, graph, profile)
-        a, b, y = self.prepare_operands(int16=True)
-        params = self.rescale_multipliers(a, b, y)
-        activation = op.options.get("fused_activation_function", "NONE")
-        if is_int16(a):  # int16 operands and output (int16.add16)
-            params16 = (*params, *range16(self, activation, y))
-            self.int16 = lambda a, b: add16(a, b, params16)
-            return
-        self.params = (a.zero_point, b.zero_point, *params, y.zero_point, *output_range(activation, y))
-        self.vector_params = tuple(np.int64(p) for p in self.params)
+        self.params = self.prepare_rescaled(add16)  # None with int16 operands (int16.add16)
+        if self.params is not None:
+            self.vector_params = tuple(np.int64(p) for p in self.params)
 
     def eval_int8(self, a, b):
         return add_vector(a, b, self.vector_params, np.int64(self.profile), aligned.empty(a.shape, np.int8))

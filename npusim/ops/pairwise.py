@@ -13,8 +13,8 @@ import numba as nb
 import numpy as np
 
 from ..engines import aligned
-from ..engines.int16 import is_int16, require_int16, require_tflm
-from ..engines.requant import requantization_multiplier
+from ..engines.int16 import is_int16, range16, require_int16, require_tflm
+from ..engines.requant import output_range, requantization_multiplier
 from ..jit import parallel_kernel
 from .base import Kernel
 
@@ -95,6 +95,20 @@ class BinaryKernel(Kernel):
                 "for the input scales)"
             )
         return tuple(v for r in reals for v in requantization_multiplier(r))
+
+    def prepare_rescaled(self, form16):
+        """ADD's and SUB's Prepare (TFLM add_common.cc, sub_common.cc): the operand checks, the
+        rescaling multipliers and the fused activation's clamp range. With int16 operands self.int16
+        runs form16(a, b, params) and None is returned; with int8 ones, the parameters (z1, z2, m1,
+        s1, m2, s2, m_out, s_out, z_out, lo, hi) of the op's int8 arithmetic."""
+        a, b, y = self.prepare_operands(int16=True)
+        multipliers = self.rescale_multipliers(a, b, y)
+        activation = self.op.options.get("fused_activation_function", "NONE")
+        if is_int16(a):
+            params16 = (*multipliers, *range16(self, activation, y))
+            self.int16 = lambda a, b: form16(a, b, params16)
+            return None
+        return (a.zero_point, b.zero_point, *multipliers, y.zero_point, *output_range(activation, y))
 
     def macs(self) -> int:
         return int(np.prod(self.out_shape))

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..engines.int16 import is_int16, range16
-from ..engines.requant import output_range
 from ..jit import njit
 from ..quant import (
     SINGLE,
@@ -57,14 +55,7 @@ class Sub(BinaryKernel):
 
     def __init__(self, op, graph, profile):
         super().__init__(op, graph, profile)
-        a, b, y = self.prepare_operands(int16=True)
-        params = self.rescale_multipliers(a, b, y)
-        activation = op.options.get("fused_activation_function", "NONE")
-        if is_int16(a):  # int16 operands and output (int16.sub16)
-            params16 = (*params, *range16(self, activation, y))
-            self.int16 = lambda a, b: sub16(a, b, params16)
-            return
-        params = (a.zero_point, b.zero_point, *params, y.zero_point)
-        params += output_range(activation, y)
-        xa, xb = every_pair()
-        self.table = sub_table(xa, xb, tuple(np.int64(p) for p in params), np.int64(profile))
+        params = self.prepare_rescaled(sub16)  # None with int16 operands (int16.sub16)
+        if params is not None:
+            xa, xb = every_pair()
+            self.table = sub_table(xa, xb, tuple(np.int64(p) for p in params), np.int64(profile))
