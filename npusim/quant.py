@@ -32,6 +32,8 @@ def quantize_multiplier(real: float) -> tuple[int, int]:
     """QuantizeMultiplier: real ~= M * 2^(shift - 31), M in [2^30, 2^31)."""
     if real == 0.0:
         return 0, 0
+    if not math.isfinite(real):  # frexp would hand int() an infinity: a scale or option out of range
+        raise NpusimError(f"real multiplier {real} is not finite, expected finite scales and options")
     q, shift = math.frexp(real)
     m = int(math.floor(abs(q) * 2.0**31 + 0.5)) * (1 if q >= 0 else -1)  # TfLiteRound: half away from zero
     if m == 2**31:
