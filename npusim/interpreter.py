@@ -14,7 +14,8 @@ from .errors import NpusimError
 from .graph import Graph
 from .ops import KERNELS, MAC_OPS
 from .ops import backend as _backend
-from .quant import profile_id
+from .ops.onnxruntime import KINDS as ORT_KINDS
+from .quant import ONNXRUNTIME, profile_id
 from .tflite_io import load_model
 
 
@@ -89,6 +90,11 @@ class Interpreter:
         for op in ops:
             if op.kind not in KERNELS:
                 raise NpusimError(f"op {op.index} ({op.kind}): operator is not supported")
+            if pid == ONNXRUNTIME and op.kind not in ORT_KINDS:
+                raise NpusimError(
+                    f"op {op.index} ({op.kind}): --profile onnxruntime does not model ONNX Runtime's "
+                    f"arithmetic for {op.kind} (see docs/numerics.md); use --profile tflm"
+                )
         check_activations(self.graph)
         for op in ops:
             try:

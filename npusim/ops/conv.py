@@ -9,6 +9,7 @@ weight perturbations in one call.
 
 from __future__ import annotations
 
+from ..quant import mac_profile
 from . import aligned, backend, gemm
 from .base import Kernel, WeightMemo
 from .geometry import ConvGeometry, SlidingWindow
@@ -90,7 +91,7 @@ class Conv2D(SlidingWindow, Kernel):
             b,
             self.inputs[0].zero_point,
             self.stage,
-            self.profile,
+            mac_profile(self.profile),
             shared,
             self.workspace,
             self.memo if wg.shape[0] == 1 else None,

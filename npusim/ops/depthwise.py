@@ -33,6 +33,7 @@ from numba.core import cgutils
 from .. import host
 from ..errors import NpusimError
 from ..jit import ParallelKernel, njit, parallel_kernel, renamed
+from ..quant import mac_profile
 from . import aligned, backend
 from .base import Kernel, WeightMemo
 from .geometry import ConvGeometry, SlidingWindow
@@ -777,7 +778,7 @@ class DepthwiseConv2D(SlidingWindow, Kernel):
             np.int64(in_zp),
             params,
             vparams,
-            np.int64(self.profile),
+            np.int64(mac_profile(self.profile)),
             np.int64(s.zero_point),
             np.int64(s.lo),
             np.int64(s.hi),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..quant import mac_profile
 from . import backend
 from .base import Kernel
 from .geometry import ConvGeometry
@@ -86,6 +87,13 @@ class FullyConnected(Kernel):
         rows = x.reshape(-1, 1, 1, self.depth)
         filters = wg.reshape(wg.shape[0], self.out_channels, 1, 1, self.depth)
         out = self.engine.convolve(
-            self.geometry, rows, filters, b, self.inputs[0].zero_point, self.stage, self.profile, shared
+            self.geometry,
+            rows,
+            filters,
+            b,
+            self.inputs[0].zero_point,
+            self.stage,
+            mac_profile(self.profile),
+            shared,
         )
         return out.reshape((-1,) + self.out_shape)
