@@ -79,7 +79,10 @@ def same_pads(size: int, k: int, stride: int, dilation: int) -> tuple[int, int]:
 
 
 def conv_case(rng, x_shape, out_c, k, stride=1, dilation=1, padding="SAME", depthwise=False,
-              per_channel=True, activation="int8", n=2, bias=True) -> Case:  # fmt: skip
+              per_channel=True, activation="int8", n=2, bias=True, reduce_range=False,
+              qdq=False) -> Case:  # fmt: skip
+    """qdq: the case's model is the QDQ form of the same quantization (its parameters are read
+    from the QOperator form: quantize_static calibrates both alike)."""
     """Conv (or depthwise Conv, group = C) on x [1, C, H, W] with a k x k kernel."""
     _, c, h, w = x_shape
     out_c = c if depthwise else out_c
@@ -93,8 +96,11 @@ def conv_case(rng, x_shape, out_c, k, stride=1, dilation=1, padding="SAME", dept
         pads = (0, 0, 0, 0)
     group = c if depthwise else 1
     model = oo.conv_model(x_shape, wf, bf, (stride, stride), pads, (dilation, dilation), group)
-    q = oo.quantize(model, "QOperator", per_channel, activation, seed=int(rng.integers(1 << 30)))
+    seed = int(rng.integers(1 << 30))
+    q = oo.quantize(model, "QOperator", per_channel, activation, seed=seed, reduce_range=reduce_range)
     inits, node = _parameters(q, "QLinearConv")
+    if qdq:
+        q = oo.quantize(model, "QDQ", per_channel, activation, seed=seed, reduce_range=reduce_range)
     xs, xz = _quant(inits, node.input[1], node.input[2])
     wq = inits[node.input[3]]
     ws, wz = _quant(inits, node.input[4], node.input[5])
@@ -120,6 +126,7 @@ def conv_case(rng, x_shape, out_c, k, stride=1, dilation=1, padding="SAME", dept
     desc = (
         f"{'depthwise' if depthwise else 'conv'} x{list(x_shape)} o{out_c} k{k} s{stride} d{dilation} "
         f"{padding} {'per-channel' if per_channel else 'per-tensor'} {activation}"
+        f"{' reduce_range' if reduce_range else ''}"
     )
     return Case(
         desc, q, twin, [np.transpose(codes, (0, 2, 3, 1)) - shift], [_floats(codes, xs[0], xz[0])],
@@ -127,7 +134,8 @@ def conv_case(rng, x_shape, out_c, k, stride=1, dilation=1, padding="SAME", dept
     )  # fmt: skip
 
 
-def gemm_case(rng, batch_k, units, kind="Gemm", per_channel=True, activation="int8", n=3) -> Case:
+def gemm_case(rng, batch_k, units, kind="Gemm", per_channel=True, activation="int8", n=3, reduce_range=False,
+              qdq=False) -> Case:  # fmt: skip
     """Gemm (transB, bias) or MatMul of x [1, K] with a constant weight: the twin is FULLY_CONNECTED."""
     k = batch_k
     wf = (rng.standard_normal((units, k)) * rng.uniform(0.2, 2.0, size=(units, 1))).astype(np.float32)
@@ -137,8 +145,11 @@ def gemm_case(rng, batch_k, units, kind="Gemm", per_channel=True, activation="in
     else:
         model = oo.matmul_model((1, k), wf.T.copy())
         op, w_index, bias_index, y_index = "QLinearMatMul", 3, None, 6
-    q = oo.quantize(model, "QOperator", per_channel, activation, seed=int(rng.integers(1 << 30)))
+    seed = int(rng.integers(1 << 30))
+    q = oo.quantize(model, "QOperator", per_channel, activation, seed=seed, reduce_range=reduce_range)
     inits, node = _parameters(q, op)
+    if qdq:
+        q = oo.quantize(model, "QDQ", per_channel, activation, seed=seed, reduce_range=reduce_range)
     xs, xz = _quant(inits, node.input[1], node.input[2])
     wq = inits[node.input[w_index]]
     ws, wz = _quant(inits, node.input[w_index + 1], node.input[w_index + 2])
@@ -176,7 +187,7 @@ def every_code_pair(shift) -> tuple[np.ndarray, np.ndarray]:
     return a, b
 
 
-def binary_case(rng, kind, activation="int8") -> Case:
+def binary_case(rng, kind, activation="int8", qdq=False) -> Case:
     """QLinearAdd or QLinearMul on every pair of input codes; operand scales from different ranges."""
     shape = (1, 256, 256)
     model = oo.binary_model(kind, shape, shape)
@@ -184,6 +195,8 @@ def binary_case(rng, kind, activation="int8") -> Case:
     feeds = _calibration(model, rng, ranges)
     q = oo.quantize(model, "QOperator", False, activation, calibration=feeds)
     inits, node = _parameters(q, f"QLinear{kind}")
+    if qdq:
+        q = oo.quantize(model, "QDQ", False, activation, calibration=feeds)
     (sa, za), (sb, zb), (sc, zc) = (_quant(inits, node.input[i], node.input[i + 1]) for i in (1, 4, 6))
     shift = _shift_of(activation)
     twin = O.binary_model(
