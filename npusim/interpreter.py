@@ -10,10 +10,10 @@ from __future__ import annotations
 import numpy as np
 
 from . import tflite_io
+from .engines import backend as _backend
 from .errors import NpusimError
 from .graph import Graph
 from .ops import KERNELS, MAC_OPS
-from .ops import backend as _backend
 from .ops.onnxruntime import KINDS as ORT_KINDS
 from .quant import ONNXRUNTIME, profile_id
 from .tflite_io import load_model
@@ -77,7 +77,7 @@ class Interpreter:
 
     backend: the MAC engines of CONV_2D and FULLY_CONNECTED, and so the vector code of
     DEPTHWISE_CONV_2D, "auto" (the fastest this host runs) or an engine's name, "amx", "vnni" or
-    "blas" (see ops/backend.py); every choice gives the same bits.
+    "blas" (see engines/backend.py); every choice gives the same bits.
     """
 
     def __init__(self, graph: Graph | str | bytes, profile: str = "tflm", backend: str = "auto"):

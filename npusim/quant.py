@@ -83,7 +83,7 @@ def activation_range(
         q = np.float32(f) / np.float32(scale)
         if profile == XNNPACK:
             v = np.float32(q + np.float32(zero_point))
-            if not np.isfinite(v):  # refused as for TFLM (see ops/requant.output_range)
+            if not np.isfinite(v):  # refused as for TFLM (see engines/requant.output_range)
                 raise OverflowError(f"{f} / {scale} is not finite in float32")
             return int(np.rint(min(max(v, np.float32(qmin)), np.float32(qmax))))
         if profile == ONNXRUNTIME:

@@ -30,11 +30,11 @@ import math
 
 import numpy as np
 
+from ..engines.requant import requantization_multiplier
 from ..jit import njit
 from ..quant import INT32_MAX, ONNXRUNTIME, quantize_multiplier, requantize_one
 from . import onnxruntime as ort
 from .logistic import q4_activation_table
-from .requant import requantization_multiplier
 from .softmax import (
     _saturating_shift_left,
     _wrap32,

@@ -15,13 +15,9 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from ..jit import parallel_kernel
-from ..quant import ONNXRUNTIME, SINGLE, TFLM
-from . import aligned
-from . import onnxruntime as ort
-from .base import Kernel
-from .int16 import ADD_LEFT_SHIFT, add16, is_int16, range16, require_int16, require_tflm
-from .output_stage import (
+from ..engines import aligned
+from ..engines.int16 import ADD_LEFT_SHIFT, add16, is_int16, range16, require_int16, require_tflm
+from ..engines.output_stage import (
     each_profile,
     lane_mask,
     load_bytes,
@@ -31,8 +27,12 @@ from .output_stage import (
     tflm_multiply,
     vector_output_stage,
 )
+from ..engines.requant import output_range, requantization_multiplier
+from ..jit import parallel_kernel
+from ..quant import ONNXRUNTIME, SINGLE, TFLM
+from . import onnxruntime as ort
+from .base import Kernel
 from .pairwise import pair_lookup
-from .requant import output_range, requantization_multiplier
 
 LEFT_SHIFT = 20
 CHUNK = 1 << 14  # elements per parallel task

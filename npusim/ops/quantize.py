@@ -8,12 +8,12 @@ import math
 import numba as nb
 import numpy as np
 
+from ..engines.requant import requantization_multiplier
 from ..errors import NpusimError
 from ..jit import parallel_kernel
 from ..quant import ONNXRUNTIME, clamp, mbqm_array
 from . import onnxruntime as ort
 from .base import Kernel
-from .requant import requantization_multiplier
 
 
 @parallel_kernel
