@@ -78,3 +78,15 @@ class Graph:
                 if t >= 0:
                     users.setdefault(t, []).append(op)
         return users
+
+
+def computes_in_float(graph: Graph) -> bool:
+    """A float model: no activation is a quantized integer tensor (an int8 model that takes and
+    gives float32 through QUANTIZE and DEQUANTIZE still computes in integers)."""
+    constants = {i for i, t in enumerate(graph.tensors) if t.is_constant}
+    for op in graph.ops:
+        for i in (*op.inputs, *op.outputs):
+            t = graph.tensors[i] if i >= 0 and i not in constants else None
+            if t is not None and t.quant is not None and np.dtype(t.dtype).kind in "iu":
+                return False
+    return True

@@ -12,7 +12,7 @@ import numpy as np
 from . import tflite_io
 from .engines import backend as _backend
 from .errors import NpusimError
-from .graph import Graph
+from .graph import Graph, computes_in_float
 from .ops import KERNELS, MAC_OPS
 from .ops.onnxruntime import KINDS as ORT_KINDS
 from .quant import ONNXRUNTIME, profile_id
@@ -85,6 +85,10 @@ class Interpreter:
         self.profile = profile
         self.backends = _backend.select(backend)
         pid = profile_id(profile)
+        if self.graph.ops and computes_in_float(self.graph):
+            raise NpusimError(
+                "a float model: npusim runs int8 models; quantize it, or give it to `npusim validate --float`"
+            )
         self.kernels = []
         ops = execution_order(self.graph)
         for op in ops:

@@ -34,6 +34,7 @@ from ..engines.requant import requantization_multiplier
 from ..jit import njit
 from ..quant import INT32_MAX, ONNXRUNTIME, quantize_multiplier, requantize_one
 from . import onnxruntime as ort
+from .float_form import Unary
 from .logistic import q4_activation_table
 from .softmax import (
     _saturating_shift_left,
@@ -73,8 +74,30 @@ def fixed_point_tanh_q4(a):
     return -t if a < 0 else t
 
 
+class TanhFloat(Unary):
+    def function(self, x):
+        return np.tanh(x)
+
+
+class HardSwishFloat(Unary):
+    """x * relu6(x + 3) / 6 (LiteRT reference_ops HardSwish)."""
+
+    def function(self, x):
+        return x * np.clip(x + 3.0, 0.0, 6.0) / 6.0
+
+
+class LeakyReluFloat(Unary):
+    def __init__(self, op, graph):
+        super().__init__(op, graph)
+        self.alpha = float(np.float32(op.options.get("alpha", 0.0)))
+
+    def function(self, x):
+        return np.where(x >= 0, x, self.alpha * x)
+
+
 class Tanh(UnaryTableKernel):
     kind = "TANH"
+    float_form = TanhFloat
 
     def __init__(self, op, graph, profile):
         super().__init__(op, graph, profile)
@@ -160,6 +183,7 @@ def hard_swish_table(x_zp: int, y_zp: int, out_m: int, out_exp: int, rel_m: int,
 
 class HardSwish(UnaryTableKernel):
     kind = "HARD_SWISH"
+    float_form = HardSwishFloat
 
     def __init__(self, op, graph, profile):
         super().__init__(op, graph, profile)
@@ -217,6 +241,7 @@ def leaky_relu_table(x_zp, y_zp, m_id, s_id, r_id, m_alpha, s_alpha, r_alpha, pr
 
 class LeakyRelu(UnaryTableKernel):
     kind = "LEAKY_RELU"
+    float_form = LeakyReluFloat
 
     def __init__(self, op, graph, profile):
         super().__init__(op, graph, profile)

@@ -32,6 +32,7 @@ from ..jit import parallel_kernel
 from ..quant import ONNXRUNTIME, SINGLE, TFLM
 from . import onnxruntime as ort
 from .base import Kernel
+from .float_form import Elementwise
 from .pairwise import pair_lookup
 
 LEFT_SHIFT = 20
@@ -140,6 +141,7 @@ def add_vector(a, b, params, profile, out):
 
 class Add(Kernel):
     kind = "ADD"
+    float_form = Elementwise
     required_inputs, max_inputs = 2, 2
 
     def __init__(self, op, graph, profile):

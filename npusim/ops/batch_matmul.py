@@ -17,6 +17,7 @@ from ..engines.requant import requantization_multiplier
 from ..jit import parallel_kernel
 from ..quant import requantize_to_output
 from .base import Kernel
+from .float_form import FloatForm
 
 MAX_RANK = 5
 MAX_DEPTH = (2**31 - 1) // (255 * 255)  # no int32 accumulator overflow whatever the data
@@ -30,8 +31,27 @@ def requantize_array(acc, m, shift, real_scale, profile, zero_point, out):
     return out
 
 
+class BatchMatMulFloat(FloatForm):
+    """lhs @ rhs over the last two axes (each transposed first under adj_x, adj_y), the leading
+    axes broadcast (LiteRT's BatchMatMul), in float32."""
+
+    def __init__(self, op, graph):
+        super().__init__(op, graph)
+        self.adj_x = bool(op.options.get("adj_x", False))
+        self.adj_y = bool(op.options.get("adj_y", False))
+
+    def __call__(self, lhs, rhs):
+        a, b = np.asarray(lhs, np.float32), np.asarray(rhs, np.float32)
+        if self.adj_x:
+            a = np.swapaxes(a, -1, -2)
+        if self.adj_y:
+            b = np.swapaxes(b, -1, -2)
+        return np.ascontiguousarray(np.matmul(a, b))
+
+
 class BatchMatMul(Kernel):
     kind = "BATCH_MATMUL"
+    float_form = BatchMatMulFloat
     required_inputs, max_inputs = 2, 2
 
     def __init__(self, op, graph, profile):

@@ -9,16 +9,37 @@ weight perturbations in one call.
 
 from __future__ import annotations
 
+import numpy as np
+
 from ..engines import aligned, backend, gemm
 from ..engines.geometry import ConvGeometry, SlidingWindow
 from ..engines.int16 import Stage16, conv16, is_int16
 from ..engines.requant import OutputStage
 from ..quant import mac_profile
 from .base import Kernel, WeightMemo
+from .float_form import FloatForm, columns
+
+
+class Conv2DFloat(FloatForm):
+    """x (*) w + b with a real zero as padding, im2col and one float32 GEMM (LiteRT's float conv
+    is im2col + GEMM too, summed in another order), then the fused activation."""
+
+    def __init__(self, op, graph):
+        super().__init__(op, graph)
+        _, kh, kw, _ = self.inputs[1].shape  # filter [O, kh, kw, C]
+        self.geometry = ConvGeometry.from_options(op.options, self.inputs[0].shape, kh, kw)
+
+    def __call__(self, x, w, b=None):
+        g = self.geometry
+        y = columns(np.asarray(x, np.float32), g) @ w.reshape(w.shape[0], -1).T
+        if b is not None:
+            y += b
+        return self.activate(y.reshape(x.shape[0], g.out_h, g.out_w, w.shape[0]))
 
 
 class Conv2D(SlidingWindow, Kernel):
     kind = "CONV_2D"
+    float_form = Conv2DFloat
     required_inputs, max_inputs = 2, 3
     takes_backends = True
 

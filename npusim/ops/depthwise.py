@@ -56,6 +56,7 @@ from ..errors import NpusimError
 from ..jit import ParallelKernel, njit, parallel_kernel, renamed
 from ..quant import mac_profile
 from .base import Kernel, WeightMemo
+from .float_form import FloatForm, pad_spatial, tap
 
 LANES = 64  # channels (bytes) per vector block
 GROUP = 4  # taps per VPDPBUSD (the "avx2" variant binds 2: taps per VPMADDWD)
@@ -634,12 +635,37 @@ def vector_layout(wg: np.ndarray, params: np.ndarray, replicas: int) -> tuple[np
     return wv, vparams
 
 
+class DepthwiseConv2DFloat(FloatForm):
+    """Output channel c * multiplier + m reads input channel c: the input repeated along the
+    channels, then one multiply-add per filter tap (float32, as LiteRT's float depthwise conv)."""
+
+    def __init__(self, op, graph):
+        super().__init__(op, graph)
+        x = self.inputs[0]
+        _, kh, kw, out_channels = self.inputs[1].shape  # filter [1, kh, kw, C * multiplier]
+        self.multiplier = out_channels // x.shape[3]
+        self.geometry = ConvGeometry.from_options(op.options, x.shape, kh, kw)
+
+    def __call__(self, x, w, b=None):
+        g = self.geometry
+        x = np.asarray(x, np.float32)
+        xp = pad_spatial(np.repeat(x, self.multiplier, axis=3) if self.multiplier > 1 else x, g)
+        y = np.zeros((x.shape[0], g.out_h, g.out_w, w.shape[3]), np.float32)
+        for ky in range(g.kh):
+            for kx in range(g.kw):
+                y += tap(xp, g, ky, kx) * w[0, ky, kx]
+        if b is not None:
+            y += b
+        return self.activate(y)
+
+
 class DepthwiseConv2D(SlidingWindow, Kernel):
     """variant: the form of the vector code, "vnni" where the interpreter's backend selection has
     an engine that runs AVX-512 VNNI (amx, vnni), "avx2" where its widest engine runs AVX2, else
     "generic" (backend="blas" runs it too): backend.Selection.depthwise_variant."""
 
     kind = "DEPTHWISE_CONV_2D"
+    float_form = DepthwiseConv2DFloat
     required_inputs, max_inputs = 2, 3
     takes_backends = True
 

@@ -20,6 +20,7 @@ from ..engines.int16 import is_int16, logistic16, logistic16_params
 from ..jit import njit
 from ..quant import INT32_MAX, ONNXRUNTIME, multiply_by_quantized_multiplier, rounding_divide_by_pot
 from . import onnxruntime as ort
+from .float_form import Unary
 from .softmax import calculate_input_radius, exp_on_negative_values, one_over_one_plus_x_for_x_in_0_1
 from .unary import UnaryTableKernel
 
@@ -56,8 +57,14 @@ def q4_activation_table(zero_point, radius, multiplier, left_shift, function, ou
     return table
 
 
+class LogisticFloat(Unary):
+    def function(self, x):
+        return 1.0 / (1.0 + np.exp(-x))
+
+
 class Logistic(UnaryTableKernel):
     kind = "LOGISTIC"
+    float_form = LogisticFloat
 
     def __init__(self, op, graph, profile):
         super().__init__(op, graph, profile)

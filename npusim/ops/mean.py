@@ -22,6 +22,7 @@ from ..engines.requant import requantization_multiplier
 from ..jit import parallel_kernel
 from ..quant import clamp, multiply_by_quantized_multiplier
 from .base import Kernel
+from .float_form import FloatForm
 
 
 @parallel_kernel
@@ -51,8 +52,27 @@ def mean_requantize(sums, input_offset, multiplier, shift, output_zero_point, ou
     return out
 
 
+class MeanFloat(FloatForm):
+    """The reduction over the axes tensor as TFLite's ResolveAxis reads it (negative axes count
+    from the end, duplicates dropped), in float64, shaped as the output tensor (keep_dims or not)."""
+
+    reduce = staticmethod(np.mean)
+
+    def __init__(self, op, graph):
+        super().__init__(op, graph)
+        rank = len(self.inputs[0].shape)
+        axes = {int(a) % rank for a in np.asarray(self.inputs[1].data).ravel()}
+        self.axes = tuple(sorted(axes))
+        self.out_image_shape = tuple(self.outputs[0].shape[1:])
+
+    def __call__(self, x, axes=None):
+        y = self.reduce(np.asarray(x, np.float64), axis=self.axes)
+        return np.asarray(y, np.float32).reshape((x.shape[0],) + self.out_image_shape)
+
+
 class Mean(Kernel):
     kind = "MEAN"
+    float_form = MeanFloat
     required_inputs, max_inputs = 2, 2
 
     def __init__(self, op, graph, profile):

@@ -11,11 +11,21 @@ from __future__ import annotations
 
 import numpy as np
 
+from .float_form import Elementwise
 from .pairwise import BinaryKernel, every_pair
+
+
+class MaximumFloat(Elementwise):
+    function = staticmethod(np.maximum)
+
+
+class MinimumFloat(Elementwise):
+    function = staticmethod(np.minimum)
 
 
 class Maximum(BinaryKernel):
     kind = "MAXIMUM"
+    float_form = MaximumFloat
 
     def __init__(self, op, graph, profile):
         super().__init__(op, graph, profile)
@@ -26,6 +36,7 @@ class Maximum(BinaryKernel):
 
 class Minimum(BinaryKernel):
     kind = "MINIMUM"
+    float_form = MinimumFloat
 
     def __init__(self, op, graph, profile):
         super().__init__(op, graph, profile)

@@ -11,6 +11,7 @@ import numpy as np
 from ..engines import aligned
 from ..engines.padding import pad_input
 from .base import Kernel
+from .float_form import Movement
 
 
 def _same_dtype(kernel: Kernel):
@@ -22,8 +23,18 @@ def _same_dtype(kernel: Kernel):
             raise kernel.error(f"input is {got}, expected the output's type {np.dtype(y.dtype).name}")
 
 
+class PadFloat(Movement):
+    """The padding of the prepared integer kernel with a real value: PADV2's constant (as a real
+    number), else 0.0, which is what padding with the zero point means in int8."""
+
+    def __call__(self, x, paddings=None, value=None):
+        v = 0.0 if value is None else float(np.asarray(value).reshape(-1)[0])
+        return np.pad(x, [tuple(q) for q in self.kernel.paddings], constant_values=v)
+
+
 class Reshape(Kernel):
     kind = "RESHAPE"
+    float_form = Movement
     required_inputs, max_inputs, data_inputs = 1, 2, 1
 
     def __init__(self, op, graph, profile):
@@ -48,6 +59,7 @@ class Reshape(Kernel):
 
 class Pad(Kernel):
     kind = "PAD"
+    float_form = PadFloat
     required_inputs, max_inputs, data_inputs = 2, 3, 1
 
     def __init__(self, op, graph, profile):
@@ -90,6 +102,7 @@ class Pad(Kernel):
 
 class Transpose(Kernel):
     kind = "TRANSPOSE"
+    float_form = Movement
     required_inputs, max_inputs, data_inputs = 2, 2, 1
 
     def __init__(self, op, graph, profile):
@@ -115,6 +128,7 @@ class Transpose(Kernel):
 
 class Concatenation(Kernel):
     kind = "CONCATENATION"
+    float_form = Movement
     required_inputs, max_inputs, data_inputs = 1, None, None
 
     def __init__(self, op, graph, profile):

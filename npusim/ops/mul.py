@@ -14,6 +14,7 @@ from ..engines.int16 import is_int16, mul16, range16
 from ..engines.requant import output_range, requantization_multiplier
 from ..jit import njit
 from ..quant import requantize_to_output
+from .float_form import Elementwise
 from .pairwise import BinaryKernel, every_pair
 
 
@@ -26,8 +27,13 @@ def mul_table(a, b, z1, z2, m, shift, real_scale, profile, zo, lo, hi):
     return out
 
 
+class MulFloat(Elementwise):
+    function = staticmethod(np.multiply)
+
+
 class Mul(BinaryKernel):
     kind = "MUL"
+    float_form = MulFloat
     max_rank = 4  # BroadcastMul4DSlow
 
     def __init__(self, op, graph, profile):

@@ -11,12 +11,14 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
+from ..engines.geometry import ConvGeometry
 from ..engines.padding import compute_padding
 from ..engines.requant import output_range
 from ..errors import NpusimError
 from ..jit import njit, parallel_kernel
 from ..quant import clamp
 from .base import Kernel
+from .float_form import FloatForm, pad_spatial, tap
 
 
 @njit(inline="always")
@@ -81,6 +83,40 @@ def max_pool(x, kh, kw, sh, sw, pad_h, pad_w, lo, hi, out):
             for c in range(depth):
                 out[b, oy, ox, c] = clamp(np.int32(best[row, c]), lo, hi)
     return out
+
+
+class _PoolFloat(FloatForm):
+    def __init__(self, op, graph):
+        super().__init__(op, graph)
+        o = op.options
+        self.geometry = ConvGeometry.from_options(
+            o, self.inputs[0].shape, int(o["filter_height"]), int(o["filter_width"])
+        )
+
+    def windows(self, x, value):
+        g = self.geometry
+        xp = pad_spatial(np.asarray(x, np.float32), g, value)
+        return [tap(xp, g, ky, kx) for ky in range(g.kh) for kx in range(g.kw)]
+
+
+class AveragePool2DFloat(_PoolFloat):
+    """The mean of the taps inside the image (LiteRT reference_ops AveragePool divides by the
+    in-image count, filter_count)."""
+
+    def __init__(self, op, graph):
+        super().__init__(op, graph)
+        ones = np.ones((1,) + tuple(int(d) for d in self.inputs[0].shape[1:3]) + (1,), np.float32)
+        self.count = np.sum(self.windows(ones, 0.0), axis=0)
+
+    def __call__(self, x):
+        return self.activate(np.sum(self.windows(x, 0.0), axis=0) / self.count)
+
+
+class MaxPool2DFloat(_PoolFloat):
+    """The largest tap; padding is -inf, so taps outside the image never win."""
+
+    def __call__(self, x):
+        return self.activate(np.max(self.windows(x, -np.inf), axis=0))
 
 
 class _Pool2D(Kernel):
@@ -155,9 +191,11 @@ class _Pool2D(Kernel):
 
 class AveragePool2D(_Pool2D):
     kind = "AVERAGE_POOL_2D"
+    float_form = AveragePool2DFloat
     _eval = staticmethod(average_pool)
 
 
 class MaxPool2D(_Pool2D):
     kind = "MAX_POOL_2D"
+    float_form = MaxPool2DFloat
     _eval = staticmethod(max_pool)

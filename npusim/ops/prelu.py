@@ -15,6 +15,7 @@ import numpy as np
 from ..engines.requant import requantization_multiplier
 from ..jit import njit
 from ..quant import requantize_one
+from .float_form import Elementwise
 from .pairwise import BinaryKernel, every_pair
 
 
@@ -32,8 +33,17 @@ def prelu_table(x, a, zx, za, zy, m1, s1, r1, m2, s2, r2, profile):
     return out
 
 
+class PreluFloat(Elementwise):
+    """x where x >= 0, else alpha * x (alpha broadcast to x, as LiteRT's BroadcastPrelu)."""
+
+    @staticmethod
+    def function(x, alpha):
+        return np.where(x >= 0, x, alpha * x)
+
+
 class Prelu(BinaryKernel):
     kind = "PRELU"
+    float_form = PreluFloat
 
     def __init__(self, op, graph, profile):
         super().__init__(op, graph, profile)

@@ -14,6 +14,7 @@ from ..jit import parallel_kernel
 from ..quant import ONNXRUNTIME, clamp, mbqm_array
 from . import onnxruntime as ort
 from .base import Kernel
+from .float_form import Identity
 
 
 @parallel_kernel
@@ -59,6 +60,7 @@ def add_bytes(x, d, out):
 
 class Quantize(Kernel):
     kind = "QUANTIZE"
+    float_form = Identity
 
     def __init__(self, op, graph, profile):
         super().__init__(op, graph, profile)
@@ -133,6 +135,7 @@ class Quantize(Kernel):
 
 class Dequantize(Kernel):
     kind = "DEQUANTIZE"
+    float_form = Identity
 
     def __init__(self, op, graph, profile):
         super().__init__(op, graph, profile)

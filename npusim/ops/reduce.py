@@ -15,11 +15,20 @@ from __future__ import annotations
 import numpy as np
 
 from ..engines.requant import requantization_multiplier
-from .mean import Mean
+from .mean import Mean, MeanFloat
+
+
+class SumFloat(MeanFloat):
+    reduce = staticmethod(np.sum)
+
+
+class ReduceMaxFloat(MeanFloat):
+    reduce = staticmethod(np.max)
 
 
 class Sum(Mean):
     kind = "SUM"
+    float_form = SumFloat
 
     def __init__(self, op, graph, profile):
         super().__init__(op, graph, profile)
@@ -31,6 +40,7 @@ class Sum(Mean):
 
 class ReduceMax(Mean):
     kind = "REDUCE_MAX"
+    float_form = ReduceMaxFloat
 
     def __init__(self, op, graph, profile):
         super().__init__(op, graph, profile)

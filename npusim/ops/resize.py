@@ -12,6 +12,7 @@ import numpy as np
 
 from ..quant import SINGLE
 from .base import Kernel
+from .float_form import FloatForm, Movement
 from .movement import _same_dtype
 
 
@@ -53,8 +54,46 @@ def resize_target(kernel: Kernel) -> tuple[int, int, bool, bool]:
     return oh, ow, bool(options.get("align_corners", False)), bool(options.get("half_pixel_centers", False))
 
 
+class ResizeBilinearFloat(FloatForm):
+    """LiteRT reference_ops ResizeBilinear in float: source coordinate v = (i + 0.5) * scale - 0.5
+    with half_pixel_centers, else i * scale (scale in float32 as resize_nearest_indices has it);
+    rows floor(v) clamped to 0 and ceil(v) clamped to the last, weighted by v - lower."""
+
+    def __init__(self, op, graph):
+        super().__init__(op, graph)
+        x = self.inputs[0]
+        o = op.options
+        align, half = bool(o.get("align_corners", False)), bool(o.get("half_pixel_centers", False))
+        self.axes = [
+            _bilinear_axis(int(x.shape[a]), int(self.outputs[0].shape[a]), align, half) for a in (1, 2)
+        ]
+
+    def __call__(self, x, size=None):
+        (y0, y1, fy), (x0, x1, fx) = self.axes
+        fy, fx = fy.reshape(1, -1, 1, 1), fx.reshape(1, 1, -1, 1)
+        x = np.asarray(x, np.float32)
+        top = x[:, y0][:, :, x0] * (1 - fx) + x[:, y0][:, :, x1] * fx
+        bottom = x[:, y1][:, :, x0] * (1 - fx) + x[:, y1][:, :, x1] * fx
+        return (top * (1 - fy) + bottom * fy).astype(np.float32)
+
+
+def _bilinear_axis(in_size: int, out_size: int, align: bool, half: bool):
+    """(lower index, upper index, weight of the upper) per output index, shaped to broadcast."""
+    f32 = np.float32
+    if align and out_size > 1:
+        scale = f32(in_size - 1) / f32(out_size - 1)
+    else:
+        scale = f32(in_size) / f32(out_size)
+    i = np.arange(out_size, dtype=np.float32)
+    v = (i + f32(0.5)) * scale - f32(0.5) if half else i * scale
+    lower = np.maximum(np.floor(v).astype(np.int64), 0)
+    upper = np.minimum(np.ceil(v).astype(np.int64), in_size - 1)
+    return lower, upper, (v - lower).astype(np.float32)
+
+
 class ResizeNearestNeighbor(Kernel):
     kind = "RESIZE_NEAREST_NEIGHBOR"
+    float_form = Movement
     required_inputs, max_inputs, data_inputs = 2, 2, 1
 
     def __init__(self, op, graph, profile):
@@ -106,6 +145,7 @@ class ResizeBilinear(Kernel):
     interpolates the raw codes and checks neither quantization: npusim follows it."""
 
     kind = "RESIZE_BILINEAR"
+    float_form = ResizeBilinearFloat
     required_inputs, max_inputs, data_inputs = 2, 2, 1
 
     def __init__(self, op, graph, profile):

@@ -29,6 +29,7 @@ from ..quant import (
     saturating_rounding_doubling_high_mul,
 )
 from .base import Kernel
+from .float_form import FloatForm
 
 # Q5.26 input to exp (TFLM's kScaledDiffIntegerBits), Q12.19 sum (kAccumulationIntegerBits).
 SCALED_DIFF_INTEGER_BITS = 5
@@ -219,8 +220,22 @@ def calculate_input_radius(
     return int(math.floor(max_input_rescaled))
 
 
+class SoftmaxFloat(FloatForm):
+    """exp(beta * (x - max)) / sum over the last axis (LiteRT reference_ops Softmax), in float64."""
+
+    def __init__(self, op, graph):
+        super().__init__(op, graph)
+        self.beta = float(np.float32(op.options.get("beta", 1.0)))
+
+    def __call__(self, x):
+        x = np.asarray(x, np.float64)
+        e = np.exp(self.beta * (x - x.max(axis=-1, keepdims=True)))
+        return (e / e.sum(axis=-1, keepdims=True)).astype(np.float32)
+
+
 class Softmax(Kernel):
     kind = "SOFTMAX"
+    float_form = SoftmaxFloat
 
     def __init__(self, op, graph, profile):
         super().__init__(op, graph, profile)

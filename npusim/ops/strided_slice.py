@@ -18,6 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from .base import Kernel
+from .float_form import Movement
 from .movement import _same_dtype
 
 INT32_LOWEST, INT32_MAX = -(2**31), 2**31 - 1
@@ -61,6 +62,7 @@ def _as_slice(idx: list) -> slice:
 
 class StridedSlice(Kernel):
     kind = "STRIDED_SLICE"
+    float_form = Movement
     required_inputs, max_inputs, data_inputs = 4, 4, 1
 
     def __init__(self, op, graph, profile):

@@ -22,6 +22,7 @@ from ..quant import (
     multiply_by_quantized_multiplier,
     multiply_by_quantized_multiplier_single,
 )
+from .float_form import Elementwise
 from .pairwise import BinaryKernel, every_pair
 
 LEFT_SHIFT = 20
@@ -46,8 +47,13 @@ def sub_table(a, b, params, profile):
     return out
 
 
+class SubFloat(Elementwise):
+    function = staticmethod(np.subtract)
+
+
 class Sub(BinaryKernel):
     kind = "SUB"
+    float_form = SubFloat
     max_rank = 5  # BroadcastQuantSubSlow handles up to 5 dimensions
 
     def __init__(self, op, graph, profile):

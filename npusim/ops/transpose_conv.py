@@ -20,6 +20,7 @@ import numpy as np
 from ..engines import gemm
 from ..engines.requant import OutputStage
 from .base import Kernel, WeightMemo
+from .float_form import FloatForm
 
 
 def _padding(size: int, k: int, stride: int, padding: str) -> int:
@@ -35,8 +36,43 @@ def _taps(w: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(w.astype(np.float64).transpose(1, 2, 3, 0))
 
 
+class TransposeConvFloat(FloatForm):
+    """The scatter TFLM and LiteRT's reference TransposeConv do, in float32: input pixel (y, x)
+    adds x * w[o, fy, fx, :] to output pixel (y * stride - pad + fy, x * stride - pad + fx)."""
+
+    def __init__(self, op, graph):
+        super().__init__(op, graph)
+        w, x, y = self.inputs[1], self.inputs[2], self.outputs[0]
+        o = op.options
+        self.stride = (int(o.get("stride_h", 1)), int(o.get("stride_w", 1)))
+        _, self.kh, self.kw, _ = w.shape
+        self.out_hw = (int(y.shape[1]), int(y.shape[2]))
+        self.pad = tuple(
+            _padding(size, k, s, o.get("padding"))
+            for size, k, s in zip(self.out_hw, (self.kh, self.kw), self.stride)
+        )
+        self.in_hw = (int(x.shape[1]), int(x.shape[2]))
+
+    def __call__(self, output_shape, w, x, b=None):
+        (h, wd), (sh, sw), (oh, ow) = self.in_hw, self.stride, self.out_hw
+        full_h = max((h - 1) * sh + self.kh, self.pad[0] + oh)
+        full_w = max((wd - 1) * sw + self.kw, self.pad[1] + ow)
+        out = np.zeros((x.shape[0], full_h, full_w, w.shape[0]), np.float32)
+        taps = w.transpose(1, 2, 3, 0)  # [kh, kw, I, O]
+        for fy in range(self.kh):
+            for fx in range(self.kw):
+                out[:, fy : fy + (h - 1) * sh + 1 : sh, fx : fx + (wd - 1) * sw + 1 : sw] += (
+                    np.asarray(x, np.float32) @ taps[fy, fx]
+                )
+        y = out[:, self.pad[0] : self.pad[0] + oh, self.pad[1] : self.pad[1] + ow]
+        if b is not None:
+            y = y + b
+        return self.activate(np.ascontiguousarray(y))
+
+
 class TransposeConv(Kernel):
     kind = "TRANSPOSE_CONV"
+    float_form = TransposeConvFloat
     required_inputs, max_inputs = 3, 4
 
     def __init__(self, op, graph, profile):

@@ -198,6 +198,38 @@ class ModelBuilder:
         return bytes(builder.Output())
 
 
+def float_model(model_bytes: bytes) -> bytes:
+    """The float32 twin of a quantized model: every quantized integer tensor becomes FLOAT32
+    without quantization, its constant data dequantized (scale * (q - zero point), per channel
+    along the quantized axis); index tensors (shapes, axes) stay as they are. The ops and options
+    are unchanged, so every int8 one-op builder here also builds the float one-op model, whose
+    LiteRT float kernels are the oracle of npusim's float forms."""
+    m = schema.ModelT.InitFromPackedBuf(model_bytes, 0)
+    for t in m.subgraphs[0].tensors:
+        q = t.quantization
+        if q is None or q.scale is None or len(q.scale) == 0 or t.type == schema.TensorType.FLOAT32:
+            continue
+        dtype = _TYPE_DTYPES[t.type]
+        if t.buffer and m.buffers[t.buffer].data is not None and len(m.buffers[t.buffer].data):
+            raw = np.frombuffer(np.asarray(m.buffers[t.buffer].data, np.uint8).tobytes(), dtype)
+            data = raw.reshape(t.shape).astype(np.float64)
+            scale, zp = np.asarray(q.scale, np.float64), np.asarray(q.zeroPoint, np.float64)
+            if scale.size > 1:
+                shape = [1] * data.ndim
+                shape[q.quantizedDimension] = scale.size
+                scale, zp = scale.reshape(shape), zp.reshape(shape)
+            real = (scale * (data - zp)).astype(np.float32)
+            m.buffers[t.buffer].data = np.frombuffer(real.tobytes(), np.uint8)
+        t.type = schema.TensorType.FLOAT32
+        t.quantization = None
+    for op in m.subgraphs[0].operators:  # float kernels take the options' default int8-only fields
+        if op.builtinOptions is not None and hasattr(op.builtinOptions, "quantizedBiasType"):
+            op.builtinOptions.quantizedBiasType = 0
+    builder = flatbuffers.Builder(0)
+    builder.Finish(m.Pack(builder), file_identifier=b"TFL3")
+    return bytes(builder.Output())
+
+
 def model_inputs(model_bytes: bytes) -> list[tuple[tuple, np.dtype]]:
     """(shape, dtype) of each graph input, read back from the flatbuffer."""
     m = schema.ModelT.InitFromPackedBuf(model_bytes, 0)

@@ -1,0 +1,105 @@
+"""The float reference: a graph run on its ops' float forms (ops/float_form.py).
+
+On a float32 .tflite it is that model. On an int8 graph it is the graph's real-valued meaning on
+dequantized weights, with no rounding and no int8 range: the reference TFLite's
+QuantizationDebugger compares a quantized model with. Every tensor is a float32 array of real
+values (index tensors such as SHAPE's output stay integers).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .errors import NpusimError
+from .graph import Graph
+from .interpreter import execution_order
+from .ops import KERNELS
+from .ops.float_form import real_value
+from .tflite_io import load_model
+
+
+def dequantize(tensor, values: np.ndarray) -> np.ndarray:
+    """An int8 run's array of `tensor` as real numbers (float32 arrays pass through)."""
+    return real_value(tensor, values)
+
+
+class FloatInterpreter:
+    """A graph prepared on float forms. `run_all(x)` evaluates a batch of real-valued inputs."""
+
+    def __init__(self, graph: Graph | str | bytes):
+        self.graph = graph if isinstance(graph, Graph) else load_model(graph)
+        ops = execution_order(self.graph)
+        self.forms = []
+        for op in ops:
+            if op.kind not in KERNELS:
+                raise NpusimError(f"op {op.index} ({op.kind}): operator is not supported")
+            try:
+                self.forms.append(KERNELS[op.kind].float_form(op, self.graph))
+            except NpusimError as e:  # shared helpers (padding) do not know the op
+                if str(e).startswith(f"op {op.index} "):
+                    raise
+                raise NpusimError(f"op {op.index} ({op.kind}): {e}") from None
+        self.constants = {i: real_value(t) for i, t in enumerate(self.graph.tensors) if t.is_constant}
+
+    def check_input(self, x: np.ndarray, k: int = 0) -> np.ndarray:
+        t = self.graph.input(k)
+        if not isinstance(x, np.ndarray) or x.dtype.kind != "f":
+            got = type(x).__name__ if not isinstance(x, np.ndarray) else x.dtype.name
+            raise NpusimError(f"input {k} ({t.name!r}): {got}, expected real values (float32)")
+        if x.ndim != len(t.shape) or x.ndim == 0 or tuple(x.shape[1:]) != tuple(t.shape[1:]):
+            expected = ", ".join(["N", *map(str, t.shape[1:])])
+            raise NpusimError(f"input {k} ({t.name!r}): shape {list(x.shape)}, expected [{expected}]")
+        if x.shape[0] == 0:
+            raise NpusimError(f"input {k} ({t.name!r}): empty batch, expected at least one input")
+        if not np.all(np.isfinite(x)):
+            raise NpusimError(f"input {k} ({t.name!r}): holds NaN or infinite values")
+        return np.ascontiguousarray(x, dtype=np.float32)
+
+    def call(self, form, values: dict):
+        """One op's float form on the values of its inputs (constants: their real values); a tuple,
+        one array per output."""
+        args = []
+        for t in form.op.inputs:
+            if t < 0:
+                args.append(None)
+            elif t in values:
+                args.append(values[t])
+            elif t in self.constants:
+                args.append(self.constants[t])
+            else:
+                raise NpusimError(
+                    f"op {form.op.index} ({form.kind}): no value for tensor {t} "
+                    f"({self.graph.tensors[t].name!r}); expected every graph input to be given"
+                )
+        with np.errstate(over="ignore", under="ignore"):  # exp of large inputs: inf, as in float32
+            result = form(*args)
+        results = result if isinstance(result, tuple) else (result,)
+        if len(results) != len(form.op.outputs):
+            raise NpusimError(
+                f"op {form.op.index} ({form.kind}): computed {len(results)} outputs, "
+                f"the model declares {len(form.op.outputs)}"
+            )
+        return results
+
+    def evaluate(self, values: dict) -> dict:
+        """Run every op on {tensor index: real array}, adding their outputs."""
+        for form in self.forms:
+            for t, y in zip(form.op.outputs, self.call(form, values)):
+                values[t] = y
+        return values
+
+    def run_all(self, x: np.ndarray) -> dict:
+        """Every tensor's real value for the batch x (real values of the graph input's shape)."""
+        if len(self.graph.inputs) != 1:
+            raise NpusimError(f"model has {len(self.graph.inputs)} inputs, run_all feeds one")
+        return self.evaluate({self.graph.inputs[0]: self.check_input(x)})
+
+    def run(self, x: np.ndarray) -> np.ndarray:
+        return self.run_all(x)[self.graph.outputs[0]]
+
+    def local(self, int8_values: dict) -> dict:
+        """{op index: the op's float outputs on its int8 inputs dequantized}: each layer on exactly
+        what the int8 run fed it, so the difference to its int8 output is that layer's own error."""
+        tensors = self.graph.tensors
+        real = {t: dequantize(tensors[t], v) for t, v in int8_values.items()}
+        return {form.op.index: self.call(form, real) for form in self.forms}
