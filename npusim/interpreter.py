@@ -14,7 +14,7 @@ from .engines import backend as _backend
 from .errors import NpusimError
 from .graph import Graph, computes_in_float
 from .ops import KERNELS, MAC_OPS
-from .ops.onnxruntime import KINDS as ORT_KINDS
+from .ops.onnxruntime import kernel_for as ort_kernel
 from .quant import ONNXRUNTIME, profile_id
 from .tflite_io import load_model
 
@@ -94,17 +94,15 @@ class Interpreter:
         for op in ops:
             if op.kind not in KERNELS:
                 raise NpusimError(f"op {op.index} ({op.kind}): operator is not supported")
-            if pid == ONNXRUNTIME and op.kind not in ORT_KINDS:
-                raise NpusimError(
-                    f"op {op.index} ({op.kind}): --profile onnxruntime does not model ONNX Runtime's "
-                    f"arithmetic for {op.kind} (see docs/numerics.md); use --profile tflm"
-                )
         check_activations(self.graph)
         for op in ops:
             try:
                 kernel_class = KERNELS[op.kind]
                 extra = {"backends": self.backends} if kernel_class.takes_backends else {}
-                self.kernels.append(kernel_class(op, self.graph, pid, **extra))
+                if pid == ONNXRUNTIME:  # ORT's arithmetic, or its float op then QuantizeLinear
+                    self.kernels.append(ort_kernel(kernel_class, op, self.graph, pid, **extra))
+                else:
+                    self.kernels.append(kernel_class(op, self.graph, pid, **extra))
             except NpusimError as e:  # helpers shared by ops (padding, multipliers) do not know the op
                 if str(e).startswith(f"op {op.index} "):
                     raise

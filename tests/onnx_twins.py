@@ -239,3 +239,76 @@ def unary_case(rng, kind, activation="int8", fmt="QOperator", **attrs) -> Case:
     return Case(
         desc, q, twin, [codes - shift], [_floats(codes, xs[0], xz[0])], int(yz[0]), float(ys[0]), shift, False
     )
+
+
+def _quant_of_qdq(model_bytes: bytes):
+    """(x scale, x zp), (y scale, y zp) of a one-op QDQ or QOperator model: its first and last
+    QuantizeLinear (the graph input's and the op output's)."""
+    import onnx
+    from onnx import numpy_helper
+
+    m = onnx.load_from_string(model_bytes)
+    inits = {i.name: numpy_helper.to_array(i) for i in m.graph.initializer}
+    qs = [n for n in m.graph.node if n.op_type == "QuantizeLinear"]
+    dqs = [n for n in m.graph.node if n.op_type == "DequantizeLinear"]
+    return _quant(inits, qs[0].input[1], qs[0].input[2]), _quant(inits, dqs[-1].input[1], dqs[-1].input[2])
+
+
+def pool_case(
+    rng, kind, x_shape, kernel=(2, 2), stride=(2, 2), activation="int8", n=2, fmt="QOperator"
+) -> Case:
+    """AveragePool (VALID), GlobalAveragePool or Softmax (over the last axis of x [1, C]): twins
+    AVERAGE_POOL_2D, MEAN over H and W, SOFTMAX. ORT runs QLinearAveragePool,
+    QLinearGlobalAveragePool, QLinearSoftmax."""
+    from npusim.testing.oracle import ModelBuilder, schema
+
+    if kind == "AveragePool":
+        model = oo.pool_model(kind, x_shape, kernel, stride)
+    elif kind == "Softmax":
+        model = oo.unary_model(kind, x_shape, axis=-1)
+    else:
+        model = oo.unary_model(kind, x_shape)
+    feeds = _calibration(model, rng, [float(rng.uniform(0.5, 6.0))])
+    q = oo.quantize(model, fmt, False, activation, calibration=feeds, force_input=True)
+    (xs, xz), (ys, yz) = _quant_of_qdq(q)
+    shift = _shift_of(activation)
+    b = ModelBuilder()
+    nchw = len(x_shape) == 4
+    in_shape = (1, x_shape[2], x_shape[3], x_shape[1]) if nchw else tuple(x_shape)
+    x = b.add_tensor(in_shape, np.int8, float(xs[0]), _signed(xz[0], shift), name="input")
+    if kind == "AveragePool":
+        oh, ow = (in_shape[1] - kernel[0]) // stride[0] + 1, (in_shape[2] - kernel[1]) // stride[1] + 1
+        y = b.add_tensor(
+            (1, oh, ow, in_shape[3]), np.int8, float(ys[0]), _signed(yz[0], shift), name="output"
+        )
+        opt = schema.Pool2DOptionsT()
+        opt.padding = schema.Padding.VALID
+        opt.strideH, opt.strideW = stride
+        opt.filterHeight, opt.filterWidth = kernel
+        b.add_op("AVERAGE_POOL_2D", [x], [y], opt)
+    elif kind == "GlobalAveragePool":
+        y = b.add_tensor((1, 1, 1, in_shape[3]), np.int8, float(ys[0]), _signed(yz[0], shift), name="output")
+        axes = b.add_const(np.array([1, 2], np.int32), name="axes")
+        opt = schema.ReducerOptionsT()
+        opt.keepDims = True
+        b.add_op("MEAN", [x, axes], [y], opt)
+    else:
+        y = b.add_tensor(in_shape, np.int8, float(ys[0]), _signed(yz[0], shift), name="output")
+        opt = schema.SoftmaxOptionsT()
+        opt.beta = 1.0
+        b.add_op("SOFTMAX", [x], [y], opt)
+    twin = b.build([x], [y])
+    codes = _codes(rng, x_shape, shift, n)
+    twin_codes = np.transpose(codes, (0, 2, 3, 1)) if nchw else codes
+    desc = f"{kind} x{list(x_shape)} {activation} {fmt}"
+    return Case(
+        desc,
+        q,
+        twin,
+        [twin_codes - shift],
+        [_floats(codes, xs[0], xz[0])],
+        int(yz[0]),
+        float(ys[0]),
+        shift,
+        nchw,
+    )

@@ -25,6 +25,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..errors import NpusimError
+from .base import Kernel
+from .float_form import real_value
 from .pairwise import every_pair
 
 _F32 = np.float32
@@ -117,8 +120,8 @@ def add_table(sa, za, sb, zb, sc, zc) -> np.ndarray:
 # The op kinds whose arithmetic under the onnxruntime profile is ORT's: the MAC ops (exact sums,
 # MlasRequantizeOutput), the ops with a table above, MUL (see the module docstring), QUANTIZE and
 # DEQUANTIZE (MLAS QuantizeLinear, float32 (q - zp) * scale), and the ops that only move or select
-# codes, exact in every runtime. The interpreter refuses any other kind under this profile rather
-# than run TFLM's arithmetic under ORT's name.
+# codes, exact in every runtime. Any other kind runs as FloatThenQuantize (never TFLM's arithmetic
+# under ORT's name).
 KINDS = frozenset(
     {
         "CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED", "BATCH_MATMUL", "TRANSPOSE_CONV",
@@ -128,3 +131,93 @@ KINDS = frozenset(
         "TILE", "SHAPE", "RESIZE_NEAREST_NEIGHBOR", "MAXIMUM", "MINIMUM", "REDUCE_MAX",
     }
 )  # fmt: skip
+
+
+class FloatThenQuantize(Kernel):
+    """An op of any other kind under the onnxruntime profile, as ORT runs an unfused QDQ node group
+    (and as its optimizations off run every one): DequantizeLinear of each input, the float op (the
+    kernel's float_form), QuantizeLinear of each int8 output. ORT's own float kernels (MLAS) may
+    round a last bit differently from the float form, so this is ORT to within one output step,
+    not bit for bit; ops with an exact ORT model are in KINDS."""
+
+    required_inputs, max_inputs, num_outputs = 0, None, None
+
+    def __init__(self, kernel_class, op, graph, profile):
+        self.kind = op.kind
+        super().__init__(op, graph, profile)
+        self.form = kernel_class.float_form(op, graph)
+        for t in self.outputs:
+            if t.dtype == np.int8 and (t.quant is None or t.quant.per_channel):
+                raise self.error(f"output {t.name!r} is not quantized per tensor, expected int8 per-tensor")
+
+    def __call__(self, *inputs):
+        reals = [x if t is None else real_value(t, x) for x, t in zip(inputs, self.inputs)]
+        ys = self.form(*reals)
+        ys = ys if isinstance(ys, tuple) else (ys,)
+        out = tuple(
+            quantize_linear(y, t.quant.scale[0], t.zero_point).astype(np.int8) if t.dtype == np.int8 else y
+            for y, t in zip(ys, self.outputs)
+        )
+        return out if len(out) > 1 else out[0]
+
+
+class QLinearAveragePool(FloatThenQuantize):
+    """AVERAGE_POOL_2D as QLinearAveragePool (contrib_ops/cpu/quantization/qlinear_pool.cc): each
+    tap dequantized in float32, summed row by row in float32 (the float form's order), divided by
+    the count of taps inside the image, then quantize_value: nearbyintf(y / y_scale + y_zp), the
+    zero point added in float before the rounding (not MlasQuantizeLinear), saturated."""
+
+    def __call__(self, x):
+        y = np.asarray(self.form(real_value(self.inputs[0], x)), np.float32)
+        t = self.outputs[0]
+        with np.errstate(over="ignore", invalid="ignore"):
+            v = (y / _F32(t.scale)).astype(np.float32) + _F32(t.zero_point)
+        return np.clip(np.rint(v), -128, 127).astype(np.int8)
+
+
+class QLinearGlobalAveragePool(Kernel):
+    """MEAN over H and W of an NHWC int8 tensor as QLinearGlobalAveragePool (mlas/lib/qlgavgpool.cpp,
+    x86): the exact int32 sum of the codes minus x_zp * N, times float32 x_scale / (y_scale * N),
+    rounded half to even (MlasRequantizeOutput), + y_zp, saturated."""
+
+    required_inputs, max_inputs = 2, 2
+
+    def __init__(self, op, graph, profile):
+        self.kind = op.kind
+        super().__init__(op, graph, profile)
+        x, y = self.inputs[0], self.outputs[0]
+        self.require_int8(x, y)
+        self.count = int(x.shape[1]) * int(x.shape[2])
+        self.scale = _F32(_F32(x.scale) / _F32(_F32(y.scale) * _F32(self.count)))
+        self.out_shape = tuple(y.shape[1:])
+
+    @staticmethod
+    def applies(op, graph) -> bool:
+        """A MEAN over axes 1 and 2 (H, W) of a 4-D tensor, the lowering of GlobalAveragePool."""
+        x, axes = graph.tensors[op.inputs[0]], graph.tensors[op.inputs[1]] if len(op.inputs) > 1 else None
+        if axes is None or axes.data is None or len(x.shape) != 4:
+            return False
+        return sorted(int(a) % 4 for a in np.asarray(axes.data).ravel()) == [1, 2]
+
+    def __call__(self, x, axes=None):
+        x, y = np.asarray(x), self.outputs[0]
+        acc = x.astype(np.int64).sum(axis=(1, 2)) - self.inputs[0].zero_point * self.count
+        v = np.rint(acc.astype(np.float32) * self.scale)
+        v = np.clip(v, -128 - y.zero_point, 127 - y.zero_point) + y.zero_point
+        return v.astype(np.int8).reshape((x.shape[0],) + self.out_shape)
+
+
+def kernel_for(kernel_class, op, graph, profile, **extra):
+    """The kernel the onnxruntime profile runs for an op: its own (which follows ORT's arithmetic
+    for the kinds in KINDS), else FloatThenQuantize on its float form; a kind with neither is refused."""
+    if op.kind in KINDS:
+        return kernel_class(op, graph, profile, **extra)
+    if op.kind == "AVERAGE_POOL_2D":
+        return QLinearAveragePool(kernel_class, op, graph, profile)
+    if op.kind == "MEAN" and QLinearGlobalAveragePool.applies(op, graph):
+        return QLinearGlobalAveragePool(op, graph, profile)
+    if getattr(kernel_class, "float_form", None) is None:
+        raise NpusimError(
+            f"op {op.index} ({op.kind}): --profile onnxruntime has no model of ONNX Runtime's {op.kind}"
+        )
+    return FloatThenQuantize(kernel_class, op, graph, profile)
