@@ -13,7 +13,7 @@ import numpy as np
 
 from .errors import NpusimError
 from .interpreter import Interpreter
-from .tflite_io import load_model
+from .model_io import load_model
 from .tuning import tune_process
 
 PROFILE = click.option(

@@ -12,10 +12,10 @@ import numpy as np
 from . import tflite_io
 from .errors import NpusimError
 from .graph import Graph
+from .model_io import load_model
 from .ops import KERNELS, MAC_OPS
 from .ops import backend as _backend
 from .quant import profile_id
-from .tflite_io import load_model
 
 
 def execution_order(graph: Graph) -> list:
