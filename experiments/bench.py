@@ -269,11 +269,11 @@ def conv_stages(model: bytes, x: np.ndarray, reps: int) -> list[tuple[str, float
     kernel path, with the default threads and with one Numba and one BLAS thread."""
     import npusim
     from npusim import host
-    from npusim.ops import aligned, amx, vnni
-    from npusim.ops.gemm import accumulator_offset
-    from npusim.ops.microkernel import pack_filters
-    from npusim.ops.output_stage import output_parameters
-    from npusim.ops.padding import pad_input
+    from npusim.engines import aligned, amx, vnni
+    from npusim.engines.gemm import accumulator_offset
+    from npusim.engines.microkernel import pack_filters
+    from npusim.engines.output_stage import output_parameters
+    from npusim.engines.padding import pad_input
 
     sim = npusim.Interpreter(model, profile="tflm")
     kern = sim.kernels[0]
@@ -423,7 +423,7 @@ def kernel_path_rates(batch: int, reps: int, log, only=None) -> list[str]:
     and with one thread, and whether the output has the same bits as the BLAS path's (itself held to
     TFLM by the tests)."""
     import npusim
-    from npusim.ops import backend
+    from npusim.engines import backend
 
     names = [b.name for b in backend.BACKENDS if b.available() and (only is None or b.name in only)]
     lines = [
@@ -565,7 +565,7 @@ def haswell_child(spec_path: str, out_path: str) -> None:
     import numba
 
     import npusim
-    from npusim.ops import backend
+    from npusim.engines import backend
 
     npusim.tune_process()  # as the parent runs
 

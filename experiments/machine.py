@@ -15,17 +15,17 @@ import numpy as np
 
 def kernel_path() -> str:
     from npusim import host
-    from npusim.ops import backend
+    from npusim.engines import backend
 
     chosen = [b.name for b in backend.select().backends]
     parts = []
     if "amx" in chosen:
-        parts.append("AMX-INT8 tiles for CONV_2D with output rows of 16+ pixels (npusim/ops/amx.py)")
+        parts.append("AMX-INT8 tiles for CONV_2D with output rows of 16+ pixels (npusim/engines/amx.py)")
     if "vnni" in chosen:
-        parts.append("AVX-512 VNNI for the other CONV_2D and FULLY_CONNECTED (npusim/ops/vnni.py)")
+        parts.append("AVX-512 VNNI for the other CONV_2D and FULLY_CONNECTED (npusim/engines/vnni.py)")
     elif "avx2" in chosen:
         why = "NPUSIM_VNNI=0" if host.has_vnni() else "no AVX-512 VNNI in the compile target"
-        parts.append(f"AVX2 VPMADDWD on int16-widened operands (npusim/ops/avx2.py; {why})")
+        parts.append(f"AVX2 VPMADDWD on int16-widened operands (npusim/engines/avx2.py; {why})")
     else:
         why = "NPUSIM_VNNI=0 and NPUSIM_AVX2=0" if host.has_avx2() else "no AVX2 in the compile target"
         parts.append(f"float32 BLAS GEMM, exact by chunking ({why})")

@@ -10,12 +10,13 @@ from __future__ import annotations
 import numpy as np
 
 from . import tflite_io
+from .engines import backend as _backend
 from .errors import NpusimError
 from .graph import Graph
 from .model_io import load_model
 from .ops import KERNELS, MAC_OPS
-from .ops import backend as _backend
-from .quant import profile_id
+from .ops.onnxruntime import KINDS as ORT_KINDS
+from .quant import ONNXRUNTIME, profile_id
 
 
 def execution_order(graph: Graph) -> list:
@@ -76,7 +77,7 @@ class Interpreter:
 
     backend: the MAC engines of CONV_2D and FULLY_CONNECTED, and so the vector code of
     DEPTHWISE_CONV_2D, "auto" (the fastest this host runs) or an engine's name, "amx", "vnni" or
-    "blas" (see ops/backend.py); every choice gives the same bits.
+    "blas" (see engines/backend.py); every choice gives the same bits.
     """
 
     def __init__(self, graph: Graph | str | bytes, profile: str = "tflm", backend: str = "auto"):
@@ -89,6 +90,11 @@ class Interpreter:
         for op in ops:
             if op.kind not in KERNELS:
                 raise NpusimError(f"op {op.index} ({op.kind}): operator is not supported")
+            if pid == ONNXRUNTIME and op.kind not in ORT_KINDS:
+                raise NpusimError(
+                    f"op {op.index} ({op.kind}): --profile onnxruntime does not model ONNX Runtime's "
+                    f"arithmetic for {op.kind} (see docs/numerics.md); use --profile tflm"
+                )
         check_activations(self.graph)
         for op in ops:
             try:

@@ -2,7 +2,7 @@
 threads only when the work pays for them.
 
 The cache. Numba revalidates a cached function against its own file only, but kernels inline code
-from other modules (quant.py's rounding, the LLVM intrinsics of ops/output_stage.py): after an edit
+from other modules (quant.py's rounding, the LLVM intrinsics of engines/output_stage.py): after an edit
 or an upgrade there, a kernel would load stale machine code. So every kernel of the package is
 cached in a directory named by a digest of all its sources: a change anywhere starts a fresh
 directory, and nothing is ever deleted, so processes of different versions (or concurrent workers

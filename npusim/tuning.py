@@ -7,7 +7,7 @@ import functools
 import os
 
 from . import host
-from .ops import aligned, backend
+from .engines import aligned, backend
 
 
 def choose_threading_layer():

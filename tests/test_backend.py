@@ -1,4 +1,4 @@
-"""The MAC backend selection (npusim/ops/backend.py): what "auto" and each name choose, and that
+"""The MAC backend selection (npusim/engines/backend.py): what "auto" and each name choose, and that
 an op runs on the engine chosen for its geometry; DEPTHWISE_CONV_2D's vector code follows it."""
 
 from __future__ import annotations
@@ -8,8 +8,9 @@ import pytest
 
 import npusim
 from npusim import host
-from npusim.ops import backend, depthwise
-from npusim.ops.geometry import ConvGeometry
+from npusim.engines import backend
+from npusim.engines.geometry import ConvGeometry
+from npusim.ops import depthwise
 from npusim.testing import oracle as O
 
 import cases as C

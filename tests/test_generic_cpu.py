@@ -21,7 +21,7 @@ from kernel_paths import run_compiled_for
 CHILD = """
 import pickle
 from npusim import host
-from npusim.ops import backend
+from npusim.engines import backend
 from npusim.testing import oracle as O
 
 assert not host.has_vnni() and not host.has_amx(), "the generic code path was not selected"

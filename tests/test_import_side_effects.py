@@ -22,7 +22,7 @@ class WatchedCDLL(ctypes.CDLL):
 ctypes.CDLL = WatchedCDLL
 env_before, layer_before = dict(os.environ), numba.config.THREADING_LAYER
 import npusim, npusim.cli
-from npusim.ops import aligned
+from npusim.engines import aligned
 {action}
 print(json.dumps({{"env_same": dict(os.environ) == env_before,
                    "layer_same": numba.config.THREADING_LAYER == layer_before,

@@ -56,7 +56,7 @@ def test_numba_cache_dir_takes_precedence(tmp_path, monkeypatch):
 CHILD = """
 import json, sys
 import numpy as np
-from npusim.ops.padding import pad_input
+from npusim.engines.padding import pad_input
 x = np.arange(2 * 3 * 3 * 4, dtype=np.int8).reshape(2, 3, 3, 4)
 pad_input(x, 1, 1, np.int8(-5), np.empty((2, 5, 5, 4), np.int8))
 stats = pad_input.serial.stats
@@ -67,7 +67,7 @@ print(json.dumps({"hits": sum(stats.cache_hits.values()), "misses": sum(stats.ca
 def test_a_second_process_loads_and_deletes_nothing(tmp_path):
     """Two processes in turn on one cache directory: the first compiles and writes, the second
     loads; files of another digest (another version's workers) are left alone."""
-    other = tmp_path / "npusim" / "numba-0123456789abcdef0123" / "ops"
+    other = tmp_path / "npusim" / "numba-0123456789abcdef0123" / "engines"
     other.mkdir(parents=True)
     (other / "padding.pad_input-1.py311.nbi").write_bytes(b"another version's index")
     env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path))
@@ -80,7 +80,7 @@ def test_a_second_process_loads_and_deletes_nothing(tmp_path):
         return json.loads(done.stdout.strip().splitlines()[-1])
 
     first = run()
-    fresh = tmp_path / "npusim" / f"numba-{jit.sources_digest()}" / "ops"
+    fresh = tmp_path / "npusim" / f"numba-{jit.sources_digest()}" / "engines"
     written = sorted(fresh.glob("padding.pad_input-*"))
     assert written, "the first process wrote no cache entry"
     second = run()

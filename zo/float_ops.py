@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from npusim.engines.geometry import ConvGeometry
 from npusim.graph import Graph, Op
-from npusim.ops.geometry import ConvGeometry
 from npusim.quant import activation_range
 
 INT8_MIN, INT8_MAX = -128, 127

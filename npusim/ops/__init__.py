@@ -72,5 +72,5 @@ KERNELS = {
 KERNELS["PADV2"] = Pad
 
 # The multiply-accumulate layers: their weights may carry a leading group axis (many weight
-# versions in one call), they run on a MAC engine (backend.py) and on the NPU's conv accelerators.
+# versions in one call), they run on a MAC engine (engines/backend.py) and on the NPU's conv accelerators.
 MAC_OPS = (Conv2D.kind, DepthwiseConv2D.kind, FullyConnected.kind)

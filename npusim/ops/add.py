@@ -15,12 +15,9 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from ..jit import parallel_kernel
-from ..quant import SINGLE, TFLM
-from . import aligned
-from .base import Kernel
-from .int16 import ADD_LEFT_SHIFT, add16, is_int16, range16, require_int16, require_tflm
-from .output_stage import (
+from ..engines import aligned
+from ..engines.int16 import ADD_LEFT_SHIFT, add16, is_int16, range16, require_int16, require_tflm
+from ..engines.output_stage import (
     each_profile,
     lane_mask,
     load_bytes,
@@ -30,7 +27,12 @@ from .output_stage import (
     tflm_multiply,
     vector_output_stage,
 )
-from .requant import output_range, requantization_multiplier
+from ..engines.requant import output_range, requantization_multiplier
+from ..jit import parallel_kernel
+from ..quant import ONNXRUNTIME, SINGLE, TFLM
+from . import onnxruntime as ort
+from .base import Kernel
+from .pairwise import pair_lookup
 
 LEFT_SHIFT = 20
 CHUNK = 1 << 14  # elements per parallel task
@@ -169,6 +171,12 @@ class Add(Kernel):
                 *range16(self, op.options.get("fused_activation_function", "NONE"), y),
             )
             return
+        self.table = None
+        if profile == ONNXRUNTIME:  # QLinearAdd (onnxruntime.add_table), clamped to a fused activation
+            lo, hi = output_range(op.options.get("fused_activation_function", "NONE"), y, profile)
+            table = ort.add_table(a.scale, a.zero_point, b.scale, b.zero_point, y.scale, y.zero_point)
+            self.table = np.clip(table, lo, hi).astype(np.int8)
+            return
         self.params = (
             a.zero_point,
             b.zero_point,
@@ -191,4 +199,6 @@ class Add(Kernel):
         a, b = (np.ascontiguousarray(np.broadcast_to(t, shape)) for t in (a, b))
         if self.params16 is not None:
             return add16(a, b, self.params16)
+        if self.table is not None:
+            return pair_lookup(self.table, a.view(np.uint8), b.view(np.uint8), aligned.empty(shape, np.int8))
         return add_vector(a, b, self.vector_params, np.int64(self.profile), aligned.empty(shape, np.int8))

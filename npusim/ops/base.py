@@ -24,7 +24,7 @@ class Kernel:
     required_inputs = 1
     max_inputs: int | None = 1
     num_outputs: int | None = 1
-    # Whether __init__ takes backends=, the MAC engines chosen by the interpreter (backend.py).
+    # Whether __init__ takes backends=, the MAC engines chosen by the interpreter (engines/backend.py).
     takes_backends = False
 
     def __init__(self, op: Op, graph: Graph, profile: int):

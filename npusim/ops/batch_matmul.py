@@ -13,10 +13,10 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
+from ..engines.requant import requantization_multiplier
 from ..jit import parallel_kernel
 from ..quant import requantize_to_output
 from .base import Kernel
-from .requant import requantization_multiplier
 
 MAX_RANK = 5
 MAX_DEPTH = (2**31 - 1) // (255 * 255)  # no int32 accumulator overflow whatever the data

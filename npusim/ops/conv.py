@@ -1,7 +1,7 @@
 """CONV_2D: int8 NHWC convolution with per-channel requantization (TFLM reference_integer_ops/conv.h).
 
 Eval runs on the MAC engine that the interpreter's backend selection picks for the layer's
-geometry (backend.py): AMX tiles, AVX-512 VNNI, or im2col + an exact float32 GEMM, all exact.
+geometry (engines/backend.py): AMX tiles, AVX-512 VNNI, or im2col + an exact float32 GEMM, all exact.
 Weights may carry an extra leading group axis [G, O, kh, kw, C] (bias [G, O]): the batch is then
 split into G equal groups, group g convolved with weights g. The trainer uses this to run many
 weight perturbations in one call.
@@ -9,11 +9,12 @@ weight perturbations in one call.
 
 from __future__ import annotations
 
-from . import aligned, backend, gemm
+from ..engines import aligned, backend, gemm
+from ..engines.geometry import ConvGeometry, SlidingWindow
+from ..engines.int16 import Stage16, conv16, is_int16
+from ..engines.requant import OutputStage
+from ..quant import mac_profile
 from .base import Kernel, WeightMemo
-from .geometry import ConvGeometry, SlidingWindow
-from .int16 import Stage16, conv16, is_int16
-from .requant import OutputStage
 
 
 class Conv2D(SlidingWindow, Kernel):
@@ -50,7 +51,7 @@ class Conv2D(SlidingWindow, Kernel):
                 f"output shape {list(y.shape)} does not match the computed "
                 f"[N, {self.out_h}, {self.out_w}, {self.out_channels}]"
             )
-        if is_int16(x):  # 16x8: int16 activations, int8 weights (int16.py)
+        if is_int16(x):  # 16x8: int16 activations, int8 weights (engines/int16.py)
             activation = o.get("fused_activation_function", "NONE")
             self.int16 = Stage16.prepare(self, x, w, bias, y, self.out_channels, activation)
             return
@@ -90,7 +91,7 @@ class Conv2D(SlidingWindow, Kernel):
             b,
             self.inputs[0].zero_point,
             self.stage,
-            self.profile,
+            mac_profile(self.profile),
             shared,
             self.workspace,
             self.memo if wg.shape[0] == 1 else None,

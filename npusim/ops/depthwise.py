@@ -31,20 +31,17 @@ from llvmlite import ir
 from numba.core import cgutils
 
 from .. import host
-from ..errors import NpusimError
-from ..jit import ParallelKernel, njit, parallel_kernel, renamed
-from . import aligned, backend
-from .base import Kernel, WeightMemo
-from .geometry import ConvGeometry, SlidingWindow
-from .int16 import Stage16, depthwise16, is_int16
-from .microkernel import (
+from ..engines import aligned, backend
+from ..engines.geometry import ConvGeometry, SlidingWindow
+from ..engines.int16 import Stage16, depthwise16, is_int16
+from ..engines.microkernel import (
     int64_intrinsic,
     packs_to_bytes,
     pmaddwd_add,
     prefetch_range,
     vpdpbusd,
 )
-from .output_stage import (
+from ..engines.output_stage import (
     each_profile,
     lane_mask,
     load_bytes,
@@ -54,7 +51,11 @@ from .output_stage import (
     store_bytes,
     vector_output_stage,
 )
-from .requant import OutputStage
+from ..engines.requant import OutputStage
+from ..errors import NpusimError
+from ..jit import ParallelKernel, njit, parallel_kernel, renamed
+from ..quant import mac_profile
+from .base import Kernel, WeightMemo
 
 LANES = 64  # channels (bytes) per vector block
 GROUP = 4  # taps per VPDPBUSD (the "avx2" variant binds 2: taps per VPMADDWD)
@@ -677,7 +678,7 @@ class DepthwiseConv2D(SlidingWindow, Kernel):
                 f"[N, {self.out_h}, {self.out_w}, {self.out_channels}]"
             )
         self.unpadded_shape = None  # see fuse_pad
-        if is_int16(x):  # 16x8: int16 activations, int8 weights (int16.py)
+        if is_int16(x):  # 16x8: int16 activations, int8 weights (engines/int16.py)
             activation = o.get("fused_activation_function", "NONE")
             self.int16 = Stage16.prepare(self, x, w, bias, y, self.out_channels, activation)
             return
@@ -777,7 +778,7 @@ class DepthwiseConv2D(SlidingWindow, Kernel):
             np.int64(in_zp),
             params,
             vparams,
-            np.int64(self.profile),
+            np.int64(mac_profile(self.profile)),
             np.int64(s.zero_point),
             np.int64(s.lo),
             np.int64(s.hi),

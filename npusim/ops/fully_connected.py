@@ -2,18 +2,19 @@
 
 The input is flattened to [N, K] per image; per-tensor or per-channel weight scales. Weights may
 carry a leading group axis [G, O, K] (bias [G, O]) as in conv.py. Eval is a 1x1 convolution of one
-pixel per row on the MAC engine that the backend selection picks (backend.py).
+pixel per row on the MAC engine that the backend selection picks (engines/backend.py).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from . import backend
+from ..engines import backend
+from ..engines.geometry import ConvGeometry
+from ..engines.int16 import Stage16, is_int16
+from ..engines.requant import OutputStage
+from ..quant import mac_profile
 from .base import Kernel
-from .geometry import ConvGeometry
-from .int16 import Stage16, is_int16
-from .requant import OutputStage
 
 
 class FullyConnected(Kernel):
@@ -58,7 +59,7 @@ class FullyConnected(Kernel):
             )
         self.out_shape = tuple(y.shape[1:])
         self.geometry = ConvGeometry.dense(self.depth)
-        if is_int16(x):  # 16x8: int16 activations, int8 weights (int16.py)
+        if is_int16(x):  # 16x8: int16 activations, int8 weights (engines/int16.py)
             activation = op.options.get("fused_activation_function", "NONE")
             self.int16 = Stage16.prepare(self, x, w, bias, y, self.out_channels, activation)
             return
@@ -86,6 +87,13 @@ class FullyConnected(Kernel):
         rows = x.reshape(-1, 1, 1, self.depth)
         filters = wg.reshape(wg.shape[0], self.out_channels, 1, 1, self.depth)
         out = self.engine.convolve(
-            self.geometry, rows, filters, b, self.inputs[0].zero_point, self.stage, self.profile, shared
+            self.geometry,
+            rows,
+            filters,
+            b,
+            self.inputs[0].zero_point,
+            self.stage,
+            mac_profile(self.profile),
+            shared,
         )
         return out.reshape((-1,) + self.out_shape)

@@ -18,10 +18,10 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
+from ..engines.requant import requantization_multiplier
 from ..jit import parallel_kernel
 from ..quant import clamp, multiply_by_quantized_multiplier
 from .base import Kernel
-from .requant import requantization_multiplier
 
 
 @parallel_kernel

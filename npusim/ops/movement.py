@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import aligned
+from ..engines import aligned
+from ..engines.padding import pad_input
 from .base import Kernel
-from .padding import pad_input
 
 
 def _same_dtype(kernel: Kernel):

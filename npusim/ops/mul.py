@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..engines.int16 import is_int16, mul16, range16
+from ..engines.requant import output_range, requantization_multiplier
 from ..jit import njit
 from ..quant import requantize_to_output
-from .int16 import is_int16, mul16, range16
 from .pairwise import BinaryKernel, every_pair
-from .requant import output_range, requantization_multiplier
 
 
 @njit()

@@ -11,10 +11,10 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
+from ..engines import aligned
+from ..engines.int16 import is_int16, require_int16, require_tflm
 from ..jit import parallel_kernel
-from . import aligned
 from .base import Kernel
-from .int16 import is_int16, require_int16, require_tflm
 
 
 @parallel_kernel

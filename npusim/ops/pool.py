@@ -11,12 +11,12 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
+from ..engines.padding import compute_padding
+from ..engines.requant import output_range
 from ..errors import NpusimError
 from ..jit import njit, parallel_kernel
 from ..quant import clamp
 from .base import Kernel
-from .padding import compute_padding
-from .requant import output_range
 
 
 @njit(inline="always")

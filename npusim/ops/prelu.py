@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..engines.requant import requantization_multiplier
 from ..jit import njit
 from ..quant import requantize_one
 from .pairwise import BinaryKernel, every_pair
-from .requant import requantization_multiplier
 
 
 @njit()

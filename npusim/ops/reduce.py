@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..engines.requant import requantization_multiplier
 from .mean import Mean
-from .requant import requantization_multiplier
 
 
 class Sum(Mean):

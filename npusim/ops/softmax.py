@@ -19,6 +19,7 @@ import math
 import numba as nb
 import numpy as np
 
+from ..engines.int16 import is_int16, require_tflm, softmax16, softmax16_params
 from ..jit import njit, parallel_kernel
 from ..quant import (
     INT32_MAX,
@@ -28,7 +29,6 @@ from ..quant import (
     saturating_rounding_doubling_high_mul,
 )
 from .base import Kernel
-from .int16 import is_int16, require_tflm, softmax16, softmax16_params
 
 # Q5.26 input to exp (TFLM's kScaledDiffIntegerBits), Q12.19 sum (kAccumulationIntegerBits).
 SCALED_DIFF_INTEGER_BITS = 5

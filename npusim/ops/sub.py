@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..engines.int16 import ADD_LEFT_SHIFT, is_int16, range16, sub16
+from ..engines.requant import output_range, requantization_multiplier
 from ..jit import njit
 from ..quant import (
     SINGLE,
@@ -20,9 +22,7 @@ from ..quant import (
     multiply_by_quantized_multiplier,
     multiply_by_quantized_multiplier_single,
 )
-from .int16 import ADD_LEFT_SHIFT, is_int16, range16, sub16
 from .pairwise import BinaryKernel, every_pair
-from .requant import output_range, requantization_multiplier
 
 LEFT_SHIFT = 20
 

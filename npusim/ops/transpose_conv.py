@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import gemm
+from ..engines import gemm
+from ..engines.requant import OutputStage
 from .base import Kernel, WeightMemo
-from .requant import OutputStage
 
 
 def _padding(size: int, k: int, stride: int, padding: str) -> int:

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..engines.int16 import is_int16, require_int16, require_tflm
 from .base import Kernel
-from .int16 import is_int16, require_int16, require_tflm
 from .quantize import lookup
 
 

@@ -1,0 +1,167 @@
+"""--profile onnxruntime against ONNX Runtime itself (onnxruntime 1.32, CPU, one thread).
+
+One-op float models built with onnx.helper are quantized by ORT's quantize_static in QOperator
+format (ORT then runs its integer kernels: QLinearConv, QGemm, QLinearMatMul, QLinearAdd,
+QLinearMul, QLinearSigmoid, QLinearLeakyRelu); npusim runs their .tflite twins (tests/onnx_twins.py:
+the same int8 parameters) under --profile onnxruntime, and must give ORT's codes bit for bit.
+The same ops in QDQ format, with ORT's optimizations off (the literal DequantizeLinear -> float op ->
+QuantizeLinear), agree bit for bit where the float op is a function of one input code (Sigmoid,
+LeakyRelu: a table) and within one step where ORT's float op rounds differently from its integer
+kernel (Conv, Gemm, Add, Mul: float sums of dequantized values).
+
+uint8 activations with 8-bit weights are not claimed for the MAC ops: on an AVX2 host without VNNI,
+ORT's u8s8 GEMM (VPMADDUBSW) saturates each pair of products to int16, which an exact integer sum
+does not (docs/numerics.md); with reduce_range (7-bit weights) ORT is exact and so is npusim.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+import pytest
+
+pytest.importorskip("onnxruntime")
+pytest.importorskip("onnx")
+
+import onnx_twins as T  # noqa: E402
+
+from npusim import Interpreter  # noqa: E402
+from npusim.errors import NpusimError  # noqa: E402
+from npusim.testing import onnx_oracle as oo  # noqa: E402
+from npusim.testing import oracle as O  # noqa: E402
+
+
+def seed_of(*parts) -> int:
+    return zlib.crc32(repr(parts).encode())
+
+
+def assert_bit_exact(case: T.Case):
+    O.assert_same(case.ort_codes(), case.npusim_codes(), f"onnxruntime profile vs ORT: {case.desc}")
+
+
+# Shapes, strides, dilations, padding, per-channel or per-tensor weights: (x_shape, out_c, k, s, d, pad)
+CONV = [
+    ((1, 3, 9, 9), 5, 3, 2, 1, "SAME"),
+    ((1, 4, 8, 8), 8, 3, 1, 1, "SAME"),
+    ((1, 8, 7, 6), 4, 1, 1, 1, "VALID"),
+    ((1, 5, 10, 10), 6, 3, 1, 2, "SAME"),
+    ((1, 3, 11, 9), 7, 5, 2, 1, "VALID"),
+    ((1, 16, 6, 6), 3, 3, 3, 1, "SAME"),
+    ((1, 2, 12, 12), 9, 2, 2, 1, "VALID"),
+    ((1, 40, 5, 5), 12, 3, 1, 1, "SAME"),  # a reduction of 360
+]
+
+
+@pytest.mark.parametrize("per_channel", [True, False])
+@pytest.mark.parametrize("p", CONV, ids=lambda p: "x{}o{}k{}s{}d{}{}".format(p[0][1:], *p[1:]))
+def test_qlinearconv_int8(p, per_channel):
+    rng = np.random.default_rng(seed_of((p, per_channel)))
+    x_shape, out_c, k, s, d, pad = p
+    assert_bit_exact(T.conv_case(rng, x_shape, out_c, k, s, d, pad, per_channel=per_channel))
+
+
+@pytest.mark.parametrize("activation", ["int8", "uint8"])
+@pytest.mark.parametrize(
+    "p",
+    [((1, 6, 8, 8), 3, 1, 1), ((1, 8, 9, 9), 3, 2, 1), ((1, 5, 10, 10), 3, 1, 2), ((1, 4, 7, 7), 5, 1, 1)],
+)
+def test_qlinearconv_depthwise(p, activation):
+    """Depthwise (group = C): ORT's depthwise kernel sums exactly for uint8 too."""
+    rng = np.random.default_rng(seed_of((p, activation)))
+    x_shape, k, s, d = p
+    assert_bit_exact(T.conv_case(rng, x_shape, 0, k, s, d, "SAME", depthwise=True, activation=activation))
+
+
+@pytest.mark.parametrize("p", CONV[:4], ids=lambda p: "x{}o{}k{}s{}d{}{}".format(p[0][1:], *p[1:]))
+def test_qlinearconv_uint8_reduce_range(p):
+    rng = np.random.default_rng(seed_of(p))
+    x_shape, out_c, k, s, d, pad = p
+    assert_bit_exact(T.conv_case(rng, x_shape, out_c, k, s, d, pad, activation="uint8", reduce_range=True))
+
+
+@pytest.mark.parametrize("kind", ["Gemm", "MatMul"])
+@pytest.mark.parametrize("per_channel", [True, False])
+@pytest.mark.parametrize("k,units", [(40, 7), (3, 16), (300, 10)])
+def test_qgemm_qlinearmatmul_int8(kind, per_channel, k, units):
+    rng = np.random.default_rng(seed_of((kind, per_channel, k)))
+    assert_bit_exact(T.gemm_case(rng, k, units, kind, per_channel))
+
+
+@pytest.mark.parametrize("kind", ["Gemm", "MatMul"])
+def test_qgemm_uint8_reduce_range(kind):
+    rng = np.random.default_rng(11)
+    assert_bit_exact(T.gemm_case(rng, 64, 9, kind, True, "uint8", reduce_range=True))
+
+
+@pytest.mark.parametrize("activation", ["int8", "uint8"])
+@pytest.mark.parametrize("kind", ["Add", "Mul"])
+@pytest.mark.parametrize("seed", range(3))
+def test_qlinear_add_mul_every_pair(kind, activation, seed):
+    """All 65,536 input pairs per case; operand scales from different calibration ranges.
+
+    uint8 Add: QLinearAdd's float steps see the raw uint8 codes, npusim's int8 graph the codes
+    shifted by 128, so a sum next to a rounding tie may round the other way (1 pair in 65,536
+    measured): within one step, bit for bit on the rest."""
+    case = T.binary_case(np.random.default_rng(seed), kind, activation)
+    if kind == "Mul" or activation == "int8":
+        return assert_bit_exact(case)
+    ort, sim = case.ort_codes(), case.npusim_codes()
+    assert np.abs(ort - sim).max() <= 1, f"{case.desc}: {O.first_difference(ort, sim)}"
+    assert np.mean(ort == sim) >= 0.999, f"{case.desc}: {O.first_difference(ort, sim)}"
+
+
+@pytest.mark.parametrize("activation", ["int8", "uint8"])
+@pytest.mark.parametrize(
+    "kind,attrs", [("Sigmoid", {}), ("LeakyRelu", {"alpha": 0.1}), ("LeakyRelu", {"alpha": 0.01})]
+)
+@pytest.mark.parametrize("seed", range(3))
+def test_qlinear_unary_every_code(kind, attrs, activation, seed):
+    assert_bit_exact(T.unary_case(np.random.default_rng(seed), kind, activation, **attrs))
+
+
+@pytest.mark.parametrize("kind,attrs", [("Sigmoid", {}), ("LeakyRelu", {"alpha": 0.2})])
+@pytest.mark.parametrize("seed", range(2))
+def test_qdq_unary_literal(kind, attrs, seed):
+    """QDQ, ORT_DISABLE_ALL: DequantizeLinear -> ORT's float Sigmoid / LeakyRelu -> QuantizeLinear is
+    a function of the input code, the same table as the QLinear kernel: bit for bit."""
+    case = T.unary_case(np.random.default_rng(seed), kind, "int8", fmt="QDQ", **attrs)
+    O.assert_same(case.ort_codes(optimize=False), case.npusim_codes(), f"literal QDQ: {case.desc}")
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda rng: T.conv_case(rng, (1, 4, 8, 8), 6, 3, 1, 1, "SAME", qdq=True),
+        lambda rng: T.conv_case(rng, (1, 6, 9, 9), 0, 3, 2, 1, "SAME", depthwise=True, qdq=True),
+        lambda rng: T.gemm_case(rng, 48, 8, "Gemm", True, qdq=True),
+        lambda rng: T.binary_case(rng, "Add", qdq=True),
+        lambda rng: T.binary_case(rng, "Mul", qdq=True),
+    ],
+    ids=["conv", "depthwise", "gemm", "add", "mul"],
+)
+def test_qdq_literal_within_one_step(make):
+    """QDQ, ORT_DISABLE_ALL: ORT's float op on dequantized values, then QuantizeLinear. Its float
+    sums round differently from the integer kernel, so a result next to a rounding tie can move
+    by one step: within one step everywhere, and equal on nearly all elements."""
+    case = make(np.random.default_rng(3))
+    literal, sim = case.ort_codes(optimize=False), case.npusim_codes()
+    diff = np.abs(literal - sim)
+    assert diff.max() <= 1, f"{case.desc}: {O.first_difference(literal, sim)}"
+    assert np.mean(diff == 0) >= 0.99, f"{case.desc}: only {np.mean(diff == 0):.4f} equal"
+
+
+def test_qoperator_runs_integer_kernels():
+    """The premise of the bit-exact tests: ORT keeps the QOperator kernels after its optimizations."""
+    rng = np.random.default_rng(0)
+    case = T.conv_case(rng, (1, 3, 8, 8), 4, 3)
+    assert "QLinearConv" in oo.optimized_op_types(case.onnx)
+    assert "Conv" not in oo.optimized_op_types(case.onnx)
+
+
+def test_unmodelled_op_refused():
+    """An op whose ORT arithmetic the profile does not model is refused in one line, not run with
+    TFLM's arithmetic under ORT's name."""
+    model = O.avg_pool_model((1, 4, 4, 2), 0.05, 3)
+    with pytest.raises(NpusimError, match=r"op 0 \(AVERAGE_POOL_2D\): --profile onnxruntime does not model"):
+        Interpreter(model, profile="onnxruntime")
