@@ -8,7 +8,7 @@ permissions change); a program that runs npusim for a long time calls tune_proce
 from .errors import NpusimError
 from .graph import Graph, Op, Quantization, Tensor
 from .interpreter import Interpreter
-from .tflite_io import load_model, write_model
+from .model_io import load_model, write_model
 from .tuning import tune_process
 
 __version__ = "0.1.0"

@@ -13,8 +13,8 @@ import numpy as np
 
 from .errors import NpusimError
 from .interpreter import Interpreter
+from .model_io import load_model
 from .quant import PROFILES
-from .tflite_io import load_model
 from .tuning import tune_process
 
 PROFILE = click.option(

@@ -13,10 +13,10 @@ from . import tflite_io
 from .engines import backend as _backend
 from .errors import NpusimError
 from .graph import Graph, computes_in_float
+from .model_io import load_model
 from .ops import KERNELS, MAC_OPS
 from .ops.onnxruntime import kernel_for as ort_kernel
 from .quant import ONNXRUNTIME, profile_id
-from .tflite_io import load_model
 
 
 def execution_order(graph: Graph) -> list:
