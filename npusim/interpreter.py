@@ -14,8 +14,7 @@ from .engines import backend as _backend
 from .errors import NpusimError
 from .graph import Graph, computes_in_float
 from .model_io import load_model
-from .ops import KERNELS, MAC_OPS
-from .ops.onnxruntime import kernel_for as ort_kernel
+from .ops import KERNELS, MAC_OPS, ort_kernels
 from .quant import ONNXRUNTIME, profile_id
 
 
@@ -95,12 +94,15 @@ class Interpreter:
             if op.kind not in KERNELS:
                 raise NpusimError(f"op {op.index} ({op.kind}): operator is not supported")
         check_activations(self.graph)
+        plan = ort_kernels.Plan(self.graph) if pid == ONNXRUNTIME else None
         for op in ops:
             try:
                 kernel_class = KERNELS[op.kind]
                 extra = {"backends": self.backends} if kernel_class.takes_backends else {}
                 if pid == ONNXRUNTIME:  # ORT's arithmetic, or its float op then QuantizeLinear
-                    self.kernels.append(ort_kernel(kernel_class, op, self.graph, pid, **extra))
+                    self.kernels.append(
+                        ort_kernels.kernel_for(kernel_class, op, self.graph, pid, plan, **extra)
+                    )
                 else:
                     self.kernels.append(kernel_class(op, self.graph, pid, **extra))
             except NpusimError as e:  # helpers shared by ops (padding, multipliers) do not know the op

@@ -34,6 +34,17 @@ class Case:
         codes = oo.output_steps(y, self.out_scale, self.out_zp) - self.shift
         return np.transpose(codes, (0, 2, 3, 1)) if self.nchw else codes
 
+    def npusim_onnx_codes(self, profile: str = "onnxruntime") -> np.ndarray:
+        """npusim on the .onnx model itself (the importer's graph), fed ORT's float inputs."""
+        import npusim
+
+        graph = npusim.load_model(self.onnx)
+        interp = npusim.Interpreter(graph, profile=profile)
+        values = {graph.inputs[k]: x for k, x in enumerate(self.floats)}
+        y = interp.evaluate(values)[graph.outputs[0]]
+        codes = oo.output_steps(y, self.out_scale, self.out_zp) - self.shift
+        return np.transpose(codes, (0, 2, 3, 1)) if self.nchw else codes
+
     def npusim_codes(self, profile: str = "onnxruntime") -> np.ndarray:
         xs = [c.astype(np.int8) for c in self.codes]
         return O.run_npusim(self.tflite, xs if len(xs) > 1 else xs[0], profile).astype(np.int64)

@@ -26,6 +26,7 @@ pytest.importorskip("onnx")
 
 import onnx_twins as T  # noqa: E402
 
+from npusim.errors import NpusimError  # noqa: E402
 from npusim.testing import onnx_oracle as oo  # noqa: E402
 from npusim.testing import oracle as O  # noqa: E402
 
@@ -35,7 +36,18 @@ def seed_of(*parts) -> int:
 
 
 def assert_bit_exact(case: T.Case):
-    O.assert_same(case.ort_codes(), case.npusim_codes(), f"onnxruntime profile vs ORT: {case.desc}")
+    """npusim equals ORT on the twin and on the .onnx model itself (through the importer)."""
+    ort = case.ort_codes()
+    O.assert_same(ort, case.npusim_codes(), f"onnxruntime profile (twin) vs ORT: {case.desc}")
+    try:
+        sim = case.npusim_onnx_codes()
+    except NpusimError as e:
+        if "is unknown (no value_info" not in str(e):
+            raise
+        # A com.microsoft QLinear* op has no ONNX shape inference, and quantize_static writes no
+        # value_info for its output: the importer's gap, not the profile's (the twin ran above).
+        pytest.xfail(f"importer: {e}")
+    O.assert_same(ort, sim, f"onnxruntime profile (.onnx) vs ORT: {case.desc}")
 
 
 # Shapes, strides, dilations, padding, per-channel or per-tensor weights: (x_shape, out_c, k, s, d, pad)
@@ -124,7 +136,9 @@ def test_qdq_unary_literal(kind, attrs, seed):
     """QDQ, ORT_DISABLE_ALL: DequantizeLinear -> ORT's float Sigmoid / LeakyRelu -> QuantizeLinear is
     a function of the input code, the same table as the QLinear kernel: bit for bit."""
     case = T.unary_case(np.random.default_rng(seed), kind, "int8", fmt="QDQ", **attrs)
-    O.assert_same(case.ort_codes(optimize=False), case.npusim_codes(), f"literal QDQ: {case.desc}")
+    literal = case.ort_codes(optimize=False)
+    O.assert_same(literal, case.npusim_codes(), f"literal QDQ (twin): {case.desc}")
+    O.assert_same(literal, case.npusim_onnx_codes(), f"literal QDQ (.onnx): {case.desc}")
 
 
 @pytest.mark.parametrize(
@@ -143,10 +157,11 @@ def test_qdq_literal_within_one_step(make):
     sums round differently from the integer kernel, so a result next to a rounding tie can move
     by one step: within one step everywhere, and equal on nearly all elements."""
     case = make(np.random.default_rng(3))
-    literal, sim = case.ort_codes(optimize=False), case.npusim_codes()
-    diff = np.abs(literal - sim)
-    assert diff.max() <= 1, f"{case.desc}: {O.first_difference(literal, sim)}"
-    assert np.mean(diff == 0) >= 0.99, f"{case.desc}: only {np.mean(diff == 0):.4f} equal"
+    literal = case.ort_codes(optimize=False)
+    for path, sim in (("twin", case.npusim_codes()), (".onnx", case.npusim_onnx_codes())):
+        diff = np.abs(literal - sim)
+        assert diff.max() <= 1, f"{case.desc} ({path}): {O.first_difference(literal, sim)}"
+        assert np.mean(diff == 0) >= 0.99, f"{case.desc} ({path}): only {np.mean(diff == 0):.4f} equal"
 
 
 def test_qoperator_runs_integer_kernels():
