@@ -358,6 +358,30 @@ def run_ort(model_bytes: bytes, x, optimize: bool = True, threads: int = 1) -> n
     return run_ort_outputs(model_bytes, x, optimize, threads)[0]
 
 
+def with_value_info(model_bytes: bytes) -> bytes:
+    """The model with a value_info (type and shape) for every node output, as ORT computes them on
+    one random feed. quantize_static writes none for the outputs of com.microsoft ops (QLinearAdd,
+    QLinearAveragePool, ...), which ONNX shape inference cannot type; an importer that needs static
+    shapes then stops there (the tests say where they use this)."""
+    import onnx
+    from onnx import helper
+
+    m = onnx.load_from_string(model_bytes)
+    known = {v.name for v in list(m.graph.value_info) + list(m.graph.output) + list(m.graph.input)}
+    names = [o for n in m.graph.node for o in n.output if o and o not in known]
+    probe = onnx.load_from_string(model_bytes)
+    probe.graph.output.extend(helper.make_empty_tensor_value_info(n) for n in names)
+    sess = session(probe.SerializeToString(), optimize=False)
+    feed = random_inputs(m, 1)[0]
+    values = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feed)))
+    for n in names:
+        v = values[n]
+        m.graph.value_info.append(
+            helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(v.dtype), list(v.shape))
+        )
+    return m.SerializeToString()
+
+
 def optimized_op_types(model_bytes: bytes) -> list[str]:
     """The op types of the graph ORT runs after its default optimizations (what it fused)."""
     import onnx
