@@ -44,6 +44,7 @@ import numpy as np
 
 from npusim.testing import oracle
 
+from . import bench_onnx
 from .machine import (
     blas_threads,
     compile_target,
@@ -851,7 +852,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--only",
-        choices=("all", "conv", "paths", "models", "yolo", "zo"),
+        choices=("all", "conv", "paths", "models", "yolo", "onnx", "zo"),
         default="all",
         help="which workloads to run",
     )
@@ -930,6 +931,7 @@ class Results:
     # workload -> (model bytes, input images, npusim's repetitions by batch), for the Haswell section
     inputs: dict = field(default_factory=dict)
     haswell: list = field(default_factory=list)  # lines of "AVX2 code compiled for Haswell"
+    onnx: list = field(default_factory=list)  # lines of "ONNX: YOLO26-256 against ONNX Runtime"
 
 
 def repetitions(args, batches, fast: int, slow: int) -> dict:
@@ -1094,6 +1096,8 @@ def render(results: Results, command: str, quick: bool, started, load_start) -> 
     if rows:
         lines += ["## Floors and targets", "", *targets(rows), ""]
     lines += results.zo
+    if results.onnx:
+        lines += ["## ONNX: YOLO26-256 against ONNX Runtime", "", *results.onnx]
     if results.memory:
         lines += [
             "## Memory of a model run",
@@ -1151,6 +1155,8 @@ def main(argv: list[str] | None = None) -> int:
         run_models(args, results, log)
     if args.only in ("all", "yolo"):
         run_yolo(args, results, log)
+    if args.only in ("all", "onnx"):  # YOLO26-256 ONNX against ONNX Runtime (experiments/bench_onnx.py)
+        results.onnx = bench_onnx.bench_yolo26(args.shared, batch=8, reps=2 if args.quick else 5, log=log)
     run_haswell(args, results, log)
     if args.only in ("all", "zo"):
         log("ZO step: ResNet-8, last residual block + classifier (last:4), batch 32, q = 16")

@@ -14,6 +14,7 @@ from ..graph import Graph, Quantization
 from . import onnxruntime as ort
 from .base import Kernel
 from .float_form import real_value
+from .quantize import lookup
 
 _F32 = np.float32
 
@@ -155,7 +156,7 @@ class SigmoidTable(Kernel):
         )
 
     def __call__(self, x):
-        return self.table[np.ascontiguousarray(x).view(np.uint8)]
+        return lookup(self.table, np.ascontiguousarray(x).view(np.uint8), np.empty(x.shape, dtype=np.int8))
 
 
 class PassThrough(Kernel):
