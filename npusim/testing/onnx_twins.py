@@ -4,7 +4,7 @@ to int8 with zero point - 128), so that npusim's --profile onnxruntime is held t
 kernels on every parameter the quantizer picks, independently of the ONNX importer.
 
 ORT is fed the float values (code - zp) * scale, which its QuantizeLinear maps back to exactly those
-codes (checked), npusim the codes; outputs are compared as codes.
+codes, npusim the codes; outputs are compared as codes.
 """
 
 from __future__ import annotations
