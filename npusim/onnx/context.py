@@ -245,7 +245,8 @@ class Lowering:
         axis = int(self.attr(node, "axis", 1))
         if scale.size > 1 and activation:
             raise self.error("per-axis quantization of an activation is not supported, expected one scale")
-        return Quantization(scale=scale, zero_point=zp, axis=axis), storage
+        offset = 128 if storage == "uint8" else 0
+        return Quantization(scale=scale, zero_point=zp, axis=axis, offset=offset), storage
 
     def q_consumer(self, name: str):
         for c in self.consumers.get(name, []):

@@ -176,7 +176,7 @@ class Add(Kernel):
         self.table = None
         if profile == ONNXRUNTIME:  # QLinearAdd (onnxruntime.add_table), clamped to a fused activation
             lo, hi = output_range(op.options.get("fused_activation_function", "NONE"), y, profile)
-            table = ort.add_table(a.scale, a.zero_point, b.scale, b.zero_point, y.scale, y.zero_point)
+            table = ort.add_table(a, b, y)
             self.table = np.clip(table, lo, hi).astype(np.int8)
             return
         self.params = (

@@ -3,9 +3,6 @@ tables that the one- and two-input int8 ops evaluate.
 
 The MAC ops need nothing here: QLinearConv, QLinearMatMul and QGemm sum exactly in int32 and
 requantize with MlasRequantizeOutput, which is the engines' fp32 output stage (quant.mac_profile).
-MUL needs nothing either: MLAS's x86 QLinearMul (mlas/lib/qlmul.cpp) is
-rint(float32((a - za) * (b - zb)) * (sa * sb / sc)) + zc, saturated: the fp32 requantization of
-the product that mul.py already runs for a float profile.
 
 What differs, and is built here at prepare:
 - QuantizeLinear (mlas/lib/quantize.cpp, MlasQuantizeLinear): x / scale (a true float32 division),
@@ -16,9 +13,11 @@ What differs, and is built here at prepare:
   alpha * v), then MlasQuantizeLinear. ORT's float Sigmoid and LeakyRelu run the same functions,
   so the table is also the literal DequantizeLinear -> op -> QuantizeLinear of a QDQ model.
 - QLinearAdd, AVX2 kernel (mlas/lib/intrinsics/avx2/qladd_avx2.cpp): with rA = sa / sc and
-  rB = sb / sc (float32), c = fma(a, rA, fma(b, rB, zc - (rA * za + rB * zb))), rounded half to
-  even and saturated (packs). Its float steps see the raw codes, so a uint8 model (shifted to int8
-  by the importer) can differ from ORT by one step where a sum lands next to a tie.
+  rB = sb / sc (float32), c = fma(a, rA, fma(b, rB, zc - fma(rA, za, rB * zb))), rounded half to
+  even and saturated (packs). Its float steps see the stored codes: a uint8 model's, which the
+  graph holds shifted to int8 (Quantization.offset).
+- QLinearMul (mlas/lib/qlmul.cpp): the integer product of the centred codes, times float32
+  sa * sb / sc, plus zc in float32, rounded half to even (the order measured against ORT 1.32).
 """
 
 from __future__ import annotations
@@ -104,11 +103,35 @@ def leaky_relu_table(x_scale, x_zp, y_scale, y_zp, alpha) -> np.ndarray:
     return quantize_linear(out, y_scale, y_zp).astype(np.int8)
 
 
-def add_table(sa, za, sb, zb, sc, zc) -> np.ndarray:
-    """QLinearAdd's result for every pair of int8 codes (int8 [65536], pairwise.every_pair order)."""
+def _stored(t):
+    """(scale, zero point, offset) of a tensor as the file stores it: ORT's float steps see the stored
+    codes, graph code + offset (128 for uint8, see graph.Quantization.offset)."""
+    offset = int(getattr(t.quant, "offset", 0))
+    return float(t.quant.scale[0]), t.zero_point + offset, offset
+
+
+def add_table(a_t, b_t, y_t) -> np.ndarray:
+    """QLinearAdd's result for every pair of int8 codes of tensors a_t, b_t (int8 [65536],
+    pairwise.every_pair order), output y_t, computed on the stored codes."""
+    (sa, za, oa), (sb, zb, ob), (sc, zc, oc) = _stored(a_t), _stored(b_t), _stored(y_t)
     ra, rb = _F32(_F32(sa) / _F32(sc)), _F32(_F32(sb) / _F32(sc))
-    fixed = _F32(_F32(zc) - _F32(_F32(ra * _F32(za)) + _F32(rb * _F32(zb))))
+    # ORT's build contracts rA * za + rB * zb into one fused multiply-add (measured against ORT 1.32
+    # on every pair of 24 uint8 models, whose large zero points show it; two roundings miss 2 pairs).
+    fixed = _F32(_F32(zc) - _fma32(ra, _F32(za), _F32(rb * _F32(zb))))
     a, b = every_pair()
-    c = _fma32(a.astype(np.float32), ra, _fma32(b.astype(np.float32), rb, fixed))
+    c = _fma32((a + oa).astype(np.float32), ra, _fma32((b + ob).astype(np.float32), rb, fixed))
     with np.errstate(invalid="ignore"):
-        return np.clip(np.rint(c), -128, 127).astype(np.int8)
+        return (np.clip(np.rint(c), -128 + oc, 127 + oc) - oc).astype(np.int8)
+
+
+def mul_table(a_t, b_t, y_t) -> np.ndarray:
+    """QLinearMul's result for every pair of int8 codes, as ORT 1.32 computes it on x86 (measured
+    against it on every pair: the zero point is added in float32 before the rounding):
+    rint(float32(float32((a - za) * (b - zb)) * (sa * sb / sc)) + zc), saturated."""
+    sa, sb, (sc, zc, oc) = a_t.scale, b_t.scale, _stored(y_t)  # the centred codes need no offset
+    ratio = _F32(_F32(_F32(sa) * _F32(sb)) / _F32(sc))
+    a, b = every_pair()
+    product = ((a - a_t.zero_point) * (b - b_t.zero_point)).astype(np.float32)
+    with np.errstate(invalid="ignore", over="ignore"):
+        c = (product * ratio).astype(np.float32) + _F32(zc)
+        return (np.clip(np.rint(c), -128 + oc, 127 + oc) - oc).astype(np.int8)
