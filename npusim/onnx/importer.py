@@ -13,8 +13,9 @@ import numpy as np
 
 from ..errors import NpusimError
 from ..graph import Quantization
+from ..tflite_io import MAX_TENSOR_BYTES
 from .context import ELEM_TYPES, Const, Lowering, Value, identity, same_quant, to_graph
-from .reader import check_shape, declared_shapes, execution_order, node_name, parse
+from .reader import check_shape, execution_order, node_name, parse
 from .table import LOWERINGS
 
 
@@ -45,7 +46,6 @@ def load_onnx(data: bytes, where: str):
 def _lower(model, where: str):
     order = execution_order(model, where)
     ctx = Lowering(model, where)
-    ctx.shapes = declared_shapes(model, where)
     ctx.load_initializers()
     inputs = _graph_inputs(ctx)
     for node in order:
@@ -234,6 +234,9 @@ def _fold(ctx: Lowering, node):
     a = vals[0]
     op = node.op_type
     if op in ("Mul", "Add", "Sub", "Div"):
+        size = int(np.prod(np.broadcast_shapes(a.shape, vals[1].shape), dtype=np.float64))
+        if size * 8 > MAX_TENSOR_BYTES:
+            raise ctx.error(f"constant arithmetic would make {size} values, more than the limit")
         with np.errstate(all="ignore"):
             r = {"Mul": np.multiply, "Add": np.add, "Sub": np.subtract, "Div": np.divide}[op](a, vals[1])
         if op == "Div" and a.dtype.kind in "iu":
@@ -245,7 +248,9 @@ def _fold(ctx: Lowering, node):
     elif op == "Transpose":
         r = np.transpose(a, ctx.attr(node, "perm", None))
     elif op in ("Reshape", "Unsqueeze", "Squeeze", "Flatten"):
-        r = a.reshape(ctx.declared(node.output[0], a.itemsize))
+        from .lower_movement import reshaped
+
+        r = a.reshape(reshaped(ctx, node, a.shape))
     else:  # Slice
         from .lower_movement import slice_spec
 

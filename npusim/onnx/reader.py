@@ -1,5 +1,5 @@
 """Reading an .onnx file with the `onnx` package: the ModelProto, its constants as numpy arrays, its
-nodes in a checked execution order and every value's declared shape.
+nodes in a checked execution order.
 
 Hostile files stop here with one line: a truncated or damaged protobuf, a file that is not ONNX, a
 graph with a cycle or a value read before anything produces it, an initializer that is missing or
@@ -140,29 +140,6 @@ def execution_order(model, where: str) -> list:
         if o.name not in producer and o.name not in available:
             raise NpusimError(f"{where}: graph output {o.name!r} is never produced")
     return order
-
-
-def declared_shapes(model, where: str) -> dict:
-    """{value name: (shape, elem_type)} from the graph's inputs, outputs, value_info and ONNX shape
-    inference (run here, so a model exported without value_info works too)."""
-    import onnx
-
-    try:
-        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
-    except Exception as e:  # inference is advisory: a node it cannot type is caught by its lowering
-        detail = str(e).splitlines()[0][:160] if str(e) else type(e).__name__
-        raise NpusimError(f"{where}: ONNX shape inference failed ({detail})") from None
-    g = inferred.graph
-    shapes = {}
-    for info in list(g.value_info) + list(g.output) + list(g.input):
-        t = info.type.tensor_type
-        if not t.HasField("shape"):
-            continue
-        dims = []
-        for d in t.shape.dim:
-            dims.append(int(d.dim_value) if d.HasField("dim_value") else -1)
-        shapes[info.name] = (tuple(dims), int(t.elem_type))
-    return shapes
 
 
 def check_shape(shape, name: str, where: str, itemsize: int = 4) -> tuple:
