@@ -25,9 +25,10 @@ class OnnxSource:
 
     format = "onnx"
 
-    def __init__(self, model, weights: dict):
+    def __init__(self, model, weights: dict, op_count: int, tensor_count: int):
         self.model = model
         self.weights = weights
+        self.op_count, self.tensor_count = op_count, tensor_count  # what the import made
 
 
 def load_onnx(data: bytes, where: str):
@@ -69,7 +70,7 @@ def _lower(model, where: str):
             raise ctx.error("operator is not supported (docs/onnx.md lists the ops npusim lowers)")
     ctx.node = None
     outputs = _graph_outputs(ctx)
-    return to_graph(ctx, inputs, outputs, OnnxSource(model, ctx.weights))
+    return to_graph(ctx, inputs, outputs, OnnxSource(model, ctx.weights, len(ctx.ops), len(ctx.tensors)))
 
 
 def _graph_inputs(ctx: Lowering) -> list:

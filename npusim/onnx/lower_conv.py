@@ -342,8 +342,8 @@ def dense(
             kind="dense_nk" if file_nk else "dense_kn",
             storage=w_kn.storage,
             zero_point=w_kn.zero_point,
-            axis=w_kn.axis,
-            shape=w_kn.codes.shape,
+            axis=1 - w_kn.axis if file_nk else w_kn.axis,
+            shape=w_kn.codes.shape[::-1] if file_nk else w_kn.codes.shape,
         )
     bias = b
     if b is not None and beta != 1.0:
