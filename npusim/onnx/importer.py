@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import tflite_io
 from ..errors import NpusimError
 from ..graph import Quantization
-from ..tflite_io import MAX_TENSOR_BYTES
 from .context import ELEM_TYPES, Const, Lowering, Value, identity, same_quant, to_graph
 from .reader import check_shape, execution_order, node_name, parse
 from .table import LOWERINGS
@@ -98,6 +98,8 @@ def _graph_inputs(ctx: Lowering) -> list:
 
 
 def _graph_outputs(ctx: Lowering) -> list:
+    if not ctx.model.graph.output:
+        raise NpusimError(f"{ctx.where}: the graph declares no outputs")
     outputs = []
     for info in ctx.model.graph.output:
         v = ctx.env.get(info.name)
@@ -236,7 +238,7 @@ def _fold(ctx: Lowering, node):
     op = node.op_type
     if op in ("Mul", "Add", "Sub", "Div"):
         size = int(np.prod(np.broadcast_shapes(a.shape, vals[1].shape), dtype=np.float64))
-        if size * 8 > MAX_TENSOR_BYTES:
+        if size * 8 > tflite_io.MAX_TENSOR_BYTES:
             raise ctx.error(f"constant arithmetic would make {size} values, more than the limit")
         with np.errstate(all="ignore"):
             r = {"Mul": np.multiply, "Add": np.add, "Sub": np.subtract, "Div": np.divide}[op](a, vals[1])

@@ -12,8 +12,9 @@ import heapq
 
 import numpy as np
 
+from .. import tflite_io
 from ..errors import NpusimError
-from ..tflite_io import MAX_RANK, MAX_TENSOR_BYTES
+from ..tflite_io import MAX_RANK
 
 # Nodes in one graph: a large detector has a few thousand; the cap bounds the time on a hostile file.
 MAX_NODES = 100_000
@@ -78,10 +79,10 @@ def tensor_array(proto, where: str) -> np.ndarray:
             f"{where}: initializer {proto.name!r} has shape {dims}, expected at most "
             f"{MAX_RANK} non-negative axes"
         )
-    if int(np.prod(dims, dtype=np.float64)) * 8 > MAX_TENSOR_BYTES:
+    if int(np.prod(dims, dtype=np.float64)) * 8 > tflite_io.MAX_TENSOR_BYTES:
         raise NpusimError(
             f"{where}: initializer {proto.name!r} of shape {dims} is larger than the limit of "
-            f"{MAX_TENSOR_BYTES} bytes"
+            f"{tflite_io.MAX_TENSOR_BYTES} bytes"
         )
     try:
         array = numpy_helper.to_array(proto)
@@ -152,9 +153,9 @@ def check_shape(shape, name: str, where: str, itemsize: int = 4) -> tuple:
         raise NpusimError(
             f"{where}: value {name!r} has shape {list(shape)} with an unknown axis, expected static shapes"
         )
-    if int(np.prod(shape, dtype=np.float64)) * itemsize > MAX_TENSOR_BYTES:
+    if int(np.prod(shape, dtype=np.float64)) * itemsize > tflite_io.MAX_TENSOR_BYTES:
         raise NpusimError(
             f"{where}: value {name!r} of shape {list(shape)} needs more than the limit "
-            f"of {MAX_TENSOR_BYTES} bytes"
+            f"of {tflite_io.MAX_TENSOR_BYTES} bytes"
         )
     return shape
