@@ -268,20 +268,24 @@ def test_layout_ops():
     run_case(m, "layout chain", rng, min_equal=0.3)
 
 
-def test_qoperator_small_cnn():
-    """A CNN quantized by ORT's quantize_static in QOperator format (QLinearConv, QLinearAdd,
-    MaxPool, QLinearGlobalAveragePool, QGemm): every layer an ORT integer kernel."""
-    rng = rng_of("qop")
+@pytest.mark.parametrize("activation", ["int8", "uint8"])
+def test_qoperator_small_cnn(activation):
+    """A CNN quantized by ORT's quantize_static in QOperator format (QLinearConv, QLinearAdd, MaxPool,
+    QLinearGlobalAveragePool, QGemm; uint8 with reduce_range): every layer an ORT integer kernel,
+    whose float32 requantization differs from TFLite's fixed-point one by at most a step per layer."""
     m = oo.small_cnn_model(seed=1)
     feeds = oo.random_inputs(m, 8, seed=2)
-    q = oo.quantize(m, fmt="QOperator", per_channel=True, calibration=feeds)
-    x = np.concatenate([oo.random_inputs(m, 4, seed=3)[i]["x"] for i in range(4)])
-    types = set(oo.op_types(q))
-    assert {"QLinearConv", "QLinearAdd"} <= types, types
-    y_ort = oo.run_ort(q, x, optimize=False)
-    y_sim = npusim.Interpreter(npusim.load_model(q)).run(x)
-    assert oo.cosine(y_ort, y_sim) > 0.99
-    del rng
+    q = oo.quantize(
+        m,
+        fmt="QOperator",
+        per_channel=True,
+        calibration=feeds,
+        activation=activation,
+        reduce_range=activation == "uint8",
+    )
+    assert {"QLinearConv", "QLinearAdd", "QGemm", "QLinearGlobalAveragePool"} <= set(oo.op_types(q))
+    x = np.concatenate([f["x"] for f in oo.random_inputs(m, 16, seed=3)])
+    check_against_ort(q, x, f"QOperator CNN {activation}", min_equal=0.6)
 
 
 def test_qdq_by_quantize_static():
@@ -290,3 +294,74 @@ def test_qdq_by_quantize_static():
     q = oo.quantize(m, fmt="QDQ", per_channel=True, calibration=feeds)
     x = np.concatenate([f["x"] for f in oo.random_inputs(m, 4, seed=6)])
     check_against_ort(q, x, "quantize_static QDQ CNN", min_equal=0.5)
+
+
+def conv_qdq(weights="int8"):
+    rng = rng_of("conv-qdq", weights)
+    w = rng.standard_normal((4, 3, 3, 3)).astype(np.float32) * 0.3
+    node = helper.make_node("Conv", ["x", "w", "b"], ["y"], kernel_shape=[3, 3], pads=[1, 1, 1, 1])
+    m = model([node], [("x", (1, 3, 6, 6))], [("w", w), ("b", np.zeros(4, np.float32))])
+    bits, signed = (4 if "4" in weights else 8), not weights.startswith("u")
+    return qdq(m, feeds_for(m, rng), weight_bits=bits, weight_signed=signed)
+
+
+def hostile(kind: str) -> bytes:
+    m = onnx.load_from_string(conv_qdq())
+    if kind == "missing initializer":
+        m.graph.initializer.remove(next(i for i in m.graph.initializer if i.name == "w_q"))
+    elif kind == "cycle":
+        m.graph.node[0].input[0] = m.graph.node[-1].output[0]
+    elif kind == "huge declared shape":
+        m.graph.input[0].type.tensor_type.shape.dim[2].dim_value = 1 << 40
+    elif kind == "unsupported op":
+        conv = next(n for n in m.graph.node if n.op_type == "Conv")
+        conv.op_type, conv.name = "Erf", "my_erf"
+    data = m.SerializeToString()
+    return data[: len(data) // 2] if kind == "truncated protobuf" else data
+
+
+@pytest.mark.parametrize(
+    "kind,message",
+    [
+        ("missing initializer", "'w_q', which no node, input or initializer defines"),
+        ("cycle", "the graph has a cycle"),
+        ("huge declared shape", "more than the limit"),
+        ("truncated protobuf", "not a valid ONNX protobuf"),
+        ("unsupported op", "node 'my_erf' (Erf): operator is not supported"),
+    ],
+)
+def test_hostile_files_exit_2_in_one_line(tmp_path, kind, message):
+    from click.testing import CliRunner
+
+    from npusim.cli import main
+
+    f = tmp_path / "m.onnx"
+    f.write_bytes(hostile(kind))
+    res = CliRunner().invoke(main, ["inspect", str(f)])
+    assert res.exit_code == 2 and message in res.output, res.output
+    assert len(res.output.strip().splitlines()) == 1
+
+
+def test_refuses_an_asymmetric_weight_zero_point_naming_the_node():
+    m = onnx.load_from_string(conv_qdq("uint8"))
+    z = next(i for i in m.graph.initializer if i.name == "w_z")
+    z.CopyFrom(
+        helper.make_tensor("w_z", TensorProto.UINT8, list(z.dims), [100] * max(1, int(np.prod(z.dims))))
+    )
+    w = next(i for i in m.graph.initializer if i.name == "w_q")
+    w.CopyFrom(helper.make_tensor("w_q", TensorProto.UINT8, list(w.dims), [250] * int(np.prod(w.dims))))
+    with pytest.raises(npusim.NpusimError, match=r"node .*\(Conv\): weight .* zero point 100"):
+        npusim.load_model(m.SerializeToString())
+
+
+@pytest.mark.parametrize("weights", ["int8", "uint8", "int4", "uint4"])
+def test_write_model_round_trip_keeps_every_initializer(weights):
+    """An imported graph written back unchanged gives the file's own initializers (layouts, zero
+    points and int4 packing restored), and ORT runs it with the same outputs."""
+    q = conv_qdq(weights)
+    again = npusim.write_model(npusim.load_model(q))
+    a, b = onnx.load_from_string(q), onnx.load_from_string(again)
+    for x, y in zip(a.graph.initializer, b.graph.initializer):
+        assert x.name == y.name and np.array_equal(numpy_helper.to_array(x), numpy_helper.to_array(y)), x.name
+    xin = np.random.default_rng(0).uniform(-1, 1, (2, 3, 6, 6)).astype(np.float32)
+    assert np.array_equal(oo.run_ort(q, xin, optimize=False), oo.run_ort(again, xin, optimize=False))
