@@ -365,3 +365,41 @@ def test_write_model_round_trip_keeps_every_initializer(weights):
         assert x.name == y.name and np.array_equal(numpy_helper.to_array(x), numpy_helper.to_array(y)), x.name
     xin = np.random.default_rng(0).uniform(-1, 1, (2, 3, 6, 6)).astype(np.float32)
     assert np.array_equal(oo.run_ort(q, xin, optimize=False), oo.run_ort(again, xin, optimize=False))
+
+
+def test_batchnorm_folded_into_conv():
+    """Conv -> BatchNormalization (float between them, as exporters leave it) -> QuantizeLinear: one
+    CONV_2D, the BN's factors in the filter scales (negative ones flip the codes) and the bias."""
+    rng = rng_of("bn")
+    o = 6
+    w = rng.standard_normal((o, 3, 3, 3)).astype(np.float32) * 0.3
+    gamma = rng.uniform(0.5, 1.5, o).astype(np.float32) * np.where(np.arange(o) % 2, -1, 1).astype(np.float32)
+    inits = [
+        ("w", w),
+        ("b", rng.standard_normal(o).astype(np.float32) * 0.1),
+        ("g", gamma),
+        ("be", rng.standard_normal(o).astype(np.float32) * 0.1),
+        ("mu", rng.standard_normal(o).astype(np.float32) * 0.1),
+        ("var", rng.uniform(0.5, 2, o).astype(np.float32)),
+    ]
+    nodes = [
+        helper.make_node("Conv", ["x", "w", "b"], ["c"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+        helper.make_node("BatchNormalization", ["c", "g", "be", "mu", "var"], ["y"], epsilon=1e-3),
+    ]
+    m = model(nodes, [("x", (1, 3, 7, 7))], inits)
+    feeds = feeds_for(m, rng)
+    q = qdq(m, feeds, keep_float=("c",))
+    g = check_against_ort(q, np.concatenate([f["x"] for f in feeds]), "Conv + BatchNormalization")
+    assert [op.kind for op in g.ops] == ["QUANTIZE", "TRANSPOSE", "CONV_2D", "TRANSPOSE", "DEQUANTIZE"]
+
+
+def test_standalone_batchnorm_is_refused_naming_the_node():
+    rng = rng_of("bn-alone")
+    inits = [(k, np.ones(3, np.float32)) for k in ("g", "be", "mu", "var")]
+    m = model(
+        [helper.make_node("BatchNormalization", ["x", "g", "be", "mu", "var"], ["y"], name="bn")],
+        [("x", (1, 3, 4, 4))],
+        inits,
+    )
+    with pytest.raises(npusim.NpusimError, match=r"node 'bn' \(BatchNormalization\)"):
+        npusim.load_model(qdq(m, feeds_for(m, rng)))
