@@ -16,9 +16,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .. import tflite_io
 from ..errors import NpusimError
 from ..graph import Graph, Op, Quantization, Tensor
-from .reader import check_shape, node_name, opset, tensor_array
+from ..tflite_io import MAX_RANK
+from .reader import node_name, opset, tensor_array
 
 NHWC = (0, 2, 3, 1)
 
@@ -94,7 +96,6 @@ class Lowering:
             for i in n.input:
                 self.consumers.setdefault(i, []).append(n)
         self.graph_outputs = {o.name for o in model.graph.output}
-        self.shapes: dict = {}
 
     # -- messages --------------------------------------------------------------------------------
     def error(self, message: str, node=None) -> NpusimError:
@@ -104,6 +105,12 @@ class Lowering:
 
     # -- graph building --------------------------------------------------------------------------
     def tensor(self, name, shape, dtype=np.int8, quant=None, data=None) -> int:
+        size = int(np.prod(shape, dtype=np.float64)) * np.dtype(dtype).itemsize
+        if size > tflite_io.MAX_TENSOR_BYTES or any(int(d) < 0 for d in shape) or len(shape) > MAX_RANK:
+            raise self.error(
+                f"tensor {name!r} of shape {list(shape)} is larger than the limit of "
+                f"{tflite_io.MAX_TENSOR_BYTES} bytes or malformed"
+            )
         base, k = name or "t", 1
         while name in self.names or not name:
             name, k = f"{base}_{k}", k + 1
@@ -142,11 +149,6 @@ class Lowering:
         for i, p in enumerate(v.perm):
             out[p] = phys[i]
         return tuple(out)
-
-    def declared(self, name: str, itemsize: int = 1) -> tuple:
-        if name not in self.shapes:
-            raise self.error(f"the shape of {name!r} is unknown (no value_info, shape inference failed)")
-        return check_shape(self.shapes[name][0], name, self.where, itemsize)
 
     # -- operands --------------------------------------------------------------------------------
     def get(self, name: str):

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import tflite_io
 from ..errors import NpusimError
 from ..graph import Quantization
 from .context import ELEM_TYPES, Const, Lowering, Value, identity, same_quant, to_graph
-from .reader import check_shape, declared_shapes, execution_order, node_name, parse
+from .reader import check_shape, execution_order, node_name, parse
 from .table import LOWERINGS
 
 
@@ -24,9 +25,10 @@ class OnnxSource:
 
     format = "onnx"
 
-    def __init__(self, model, weights: dict):
+    def __init__(self, model, weights: dict, op_count: int, tensor_count: int):
         self.model = model
         self.weights = weights
+        self.op_count, self.tensor_count = op_count, tensor_count  # what the import made
 
 
 def load_onnx(data: bytes, where: str):
@@ -45,7 +47,6 @@ def load_onnx(data: bytes, where: str):
 def _lower(model, where: str):
     order = execution_order(model, where)
     ctx = Lowering(model, where)
-    ctx.shapes = declared_shapes(model, where)
     ctx.load_initializers()
     inputs = _graph_inputs(ctx)
     for node in order:
@@ -69,7 +70,7 @@ def _lower(model, where: str):
             raise ctx.error("operator is not supported (docs/onnx.md lists the ops npusim lowers)")
     ctx.node = None
     outputs = _graph_outputs(ctx)
-    return to_graph(ctx, inputs, outputs, OnnxSource(model, ctx.weights))
+    return to_graph(ctx, inputs, outputs, OnnxSource(model, ctx.weights, len(ctx.ops), len(ctx.tensors)))
 
 
 def _graph_inputs(ctx: Lowering) -> list:
@@ -97,6 +98,8 @@ def _graph_inputs(ctx: Lowering) -> list:
 
 
 def _graph_outputs(ctx: Lowering) -> list:
+    if not ctx.model.graph.output:
+        raise NpusimError(f"{ctx.where}: the graph declares no outputs")
     outputs = []
     for info in ctx.model.graph.output:
         v = ctx.env.get(info.name)
@@ -234,6 +237,9 @@ def _fold(ctx: Lowering, node):
     a = vals[0]
     op = node.op_type
     if op in ("Mul", "Add", "Sub", "Div"):
+        size = int(np.prod(np.broadcast_shapes(a.shape, vals[1].shape), dtype=np.float64))
+        if size * 8 > tflite_io.MAX_TENSOR_BYTES:
+            raise ctx.error(f"constant arithmetic would make {size} values, more than the limit")
         with np.errstate(all="ignore"):
             r = {"Mul": np.multiply, "Add": np.add, "Sub": np.subtract, "Div": np.divide}[op](a, vals[1])
         if op == "Div" and a.dtype.kind in "iu":
@@ -245,7 +251,9 @@ def _fold(ctx: Lowering, node):
     elif op == "Transpose":
         r = np.transpose(a, ctx.attr(node, "perm", None))
     elif op in ("Reshape", "Unsqueeze", "Squeeze", "Flatten"):
-        r = a.reshape(ctx.declared(node.output[0], a.itemsize))
+        from .lower_movement import reshaped
+
+        r = a.reshape(reshaped(ctx, node, a.shape))
     else:  # Slice
         from .lower_movement import slice_spec
 

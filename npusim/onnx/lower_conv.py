@@ -159,6 +159,21 @@ def batchnorm_fold(ctx: Lowering, name: str):
     return factor, beta - mean * factor, bn
 
 
+def fold_batchnorm(ctx: Lowering, codes, ws, b: Const | None, bn):
+    """conv * factor + shift folded into the filter scales (|factor|; a negative factor flips the
+    codes' sign, exact but for a -128 code) and the bias: (codes, scales, real bias)."""
+    factor, shift, _ = bn
+    o = codes.shape[0]
+    if factor.size != o or np.any(factor == 0):
+        raise ctx.error("BatchNormalization has a zero factor or not one per output channel: cannot fold it")
+    flip = (factor < 0)[:, None, None, None]
+    if np.any(flip & (codes == -128)):
+        raise ctx.error("BatchNormalization with a negative factor on a -128 weight cannot be folded exactly")
+    codes = np.where(flip, -codes.astype(np.int16), codes).astype(np.int8)
+    base = b.value.astype(np.float64).ravel() if b is not None else np.zeros(o)
+    return codes, np.broadcast_to(ws, (o,)) * np.abs(factor), base * factor + shift
+
+
 def conv(
     ctx: Lowering,
     node,
@@ -187,19 +202,13 @@ def conv(
         if w.scale.size > 1
         else np.asarray(w.scale, np.float64)
     )
+    if w.scale.size > 1 and w.axis != 0:
+        raise ctx.error(
+            f"weight {w.name!r} is quantized along axis {w.axis}, expected the output channels (0)"
+        )
     bias_real = None
-    if bn is not None:  # folded into the filter scales (a negative factor flips the codes' sign)
-        factor, shift, _ = bn
-        if np.any(factor == 0):
-            raise ctx.error("BatchNormalization with a zero factor cannot be folded")
-        if np.any((factor < 0)[:, None, None, None] & (codes == -128)):
-            raise ctx.error(
-                "BatchNormalization with a negative factor on a -128 weight cannot be folded exactly"
-            )
-        codes = np.where((factor < 0)[:, None, None, None], -codes.astype(np.int16), codes).astype(np.int8)
-        ws = np.broadcast_to(ws, (o,)) * np.abs(factor)
-        base = b.value.astype(np.float64).ravel() if b is not None else np.zeros(o)
-        bias_real = base * factor + shift
+    if bn is not None:
+        codes, ws, bias_real = fold_batchnorm(ctx, codes, ws, b, bn)
     strides = list(ctx.attr(node, "strides", [1, 1]))
     dil = list(ctx.attr(node, "dilations", [1, 1]))
     padding, pads = tflite_padding(
@@ -214,11 +223,7 @@ def conv(
     if pads is not None:
         t = pad_nhwc(ctx, t, pads, out_name + "_pad")
         n, h, wd, c = ctx.shape(t)
-    oh = (
-        (h + (2 * 0) - ((kh - 1) * dil[0] + 1)) // strides[0] + 1
-        if padding == "VALID"
-        else -(-h // strides[0])
-    )
+    oh = (h - ((kh - 1) * dil[0] + 1)) // strides[0] + 1 if padding == "VALID" else -(-h // strides[0])
     ow = (wd - ((kw - 1) * dil[1] + 1)) // strides[1] + 1 if padding == "VALID" else -(-wd // strides[1])
     if oh < 1 or ow < 1:
         raise ctx.error(f"kernel {kh}x{kw} does not fit the input {h}x{wd}")
@@ -266,6 +271,16 @@ def conv(
         ctx.emit("CONV_2D", [t, wt, bt], [out], **options)
         return out
     # Grouped: SPLIT the channels, one CONV_2D per group, CONCATENATION (TFLite's converter does the same).
+    grouped_conv(ctx, t, ohwi, ws, bias_const, w.name, out, group, options)
+    return out
+
+
+def grouped_conv(ctx: Lowering, t: int, ohwi, ws, bias_const, w_name: str, out: int, group: int, options):
+    """A convolution of `group` groups as SPLIT, one CONV_2D per group and CONCATENATION into out."""
+    n, h, wd, c = ctx.shape(t)
+    _, oh, ow, o = ctx.shape(out)
+    out_name, out_quant, xq = ctx.tensors[out].name, ctx.quant(out), ctx.quant(t)
+    cg = c // group
     og = o // group
     parts = [ctx.tensor(f"{out_name}_group{g}_in", (n, h, wd, cg), np.int8, xq) for g in range(group)]
     axis = ctx.constant(out_name + "_split_axis", np.asarray(3), np.int32)
@@ -279,7 +294,7 @@ def conv(
             np.zeros(og if np.size(ws) > 1 else 1, np.int64),
             axis=0,
         )
-        wt = ctx.constant(f"{w.name}_group{g}", ohwi[sl], np.int8, wq)
+        wt = ctx.constant(f"{w_name}_group{g}", ohwi[sl], np.int8, wq)
         real = (
             None
             if bias_const is None
@@ -292,7 +307,6 @@ def conv(
         ctx.emit("CONV_2D", [part, wt, bt], [y], **options)
         outs.append(y)
     ctx.emit("CONCATENATION", outs, [out], axis=3, fused_activation_function="NONE")
-    return out
 
 
 def lower_conv(ctx: Lowering, node):
@@ -342,8 +356,8 @@ def dense(
             kind="dense_nk" if file_nk else "dense_kn",
             storage=w_kn.storage,
             zero_point=w_kn.zero_point,
-            axis=w_kn.axis,
-            shape=w_kn.codes.shape,
+            axis=1 - w_kn.axis if file_nk else w_kn.axis,
+            shape=w_kn.codes.shape[::-1] if file_nk else w_kn.codes.shape,
         )
     bias = b
     if b is not None and beta != 1.0:

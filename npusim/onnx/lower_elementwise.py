@@ -22,10 +22,14 @@ LOGISTIC_OUT = Quantization(np.asarray([1 / 256], np.float32), np.asarray([-128]
 def operands(ctx: Lowering, node, a, b):
     """The two inputs of a binary op (Values or Consts) as tensors in one layout, and that layout
     and the output's physical shape."""
-    out_shape = ctx.declared(node.output[0])
-    rank = len(out_shape)
     if isinstance(a, Const) and isinstance(b, Const):
         raise ctx.error("both operands are constants")
+    shapes = [x.value.shape if isinstance(x, Const) else ctx.logical_shape(x) for x in (a, b)]
+    try:
+        out_shape = np.broadcast_shapes(*shapes)
+    except ValueError:
+        raise ctx.error(f"operand shapes {[list(s) for s in shapes]} do not broadcast") from None
+    rank = len(out_shape)
     perm = (a if isinstance(a, Value) else b).perm
     tensors = []
     for k, x in enumerate((a, b)):

@@ -17,11 +17,38 @@ def phys_axis(v: Value, axis: int) -> int:
     return v.perm.index(axis % len(v.perm))
 
 
-def phys_shape(ctx: Lowering, name: str, perm) -> tuple:
-    shape = ctx.declared(name)
-    if len(shape) != len(perm):
-        raise ctx.error(f"{name!r} has rank {len(shape)}, expected {len(perm)}")
-    return tuple(shape[p] for p in perm)
+def reshaped(ctx: Lowering, node, shape: tuple) -> tuple:
+    """The output shape of Reshape, Flatten, Squeeze or Unsqueeze on an input of `shape`, computed
+    as ONNX defines it (shape inference does not reach past the com.microsoft ops of QOperator models)."""
+    op, size = node.op_type, int(np.prod(shape))
+    if op == "Reshape":
+        target = [int(d) for d in ctx.const(node, 1).value.ravel()]
+        allowzero = int(ctx.attr(node, "allowzero", 0))
+        out = [shape[i] if d == 0 and not allowzero and i < len(shape) else d for i, d in enumerate(target)]
+        if out.count(-1) > 1 or any(d < -1 for d in out):
+            raise ctx.error(f"shape {target} has more than one -1 or a negative size")
+        if -1 in out:
+            known = int(np.prod([d for d in out if d != -1]))
+            if known == 0 or size % known:
+                raise ctx.error(f"cannot reshape {list(shape)} into {target}")
+            out[out.index(-1)] = size // known
+        return tuple(out)
+    if op == "Flatten":
+        axis = int(ctx.attr(node, "axis", 1)) % (len(shape) + 1)
+        return (int(np.prod(shape[:axis])), int(np.prod(shape[axis:])))
+    if ctx.opset >= 13 and len(node.input) > 1 and node.input[1]:
+        axes = [int(a) for a in ctx.const(node, 1).value.ravel()]
+    else:
+        axes = list(ctx.attr(node, "axes", []) or [])
+    if op == "Squeeze":
+        axes = [a % len(shape) for a in axes] or [i for i, d in enumerate(shape) if d == 1]
+        return tuple(d for i, d in enumerate(shape) if i not in axes)
+    rank = len(shape) + len(axes)  # Unsqueeze
+    axes = sorted(a % rank for a in axes)
+    out, it = [], iter(shape)
+    for i in range(rank):
+        out.append(1 if i in axes else next(it))
+    return tuple(out)
 
 
 def lower_concat(ctx: Lowering, node, quant=None, inputs=None):
@@ -44,8 +71,16 @@ def lower_concat(ctx: Lowering, node, quant=None, inputs=None):
         if ctx.tensors[t].dtype != np.int8:
             raise ctx.error(f"input {k} is not quantized, expected a DequantizeLinear in front of it")
         parts.append(ctx.requantize(t, quant))  # TFLite's CONCATENATION shares one scale
-    out = ctx.tensor(node.output[0], phys_shape(ctx, node.output[0], perm), np.int8, quant)
-    ctx.emit("CONCATENATION", parts, [out], axis=phys_axis(first, axis), fused_activation_function="NONE")
+    pa = phys_axis(first, axis)
+    shapes = [ctx.shape(t) for t in parts]
+    if any(
+        len(s) != len(shapes[0]) or s[:pa] + s[pa + 1 :] != shapes[0][:pa] + shapes[0][pa + 1 :]
+        for s in shapes
+    ):
+        raise ctx.error(f"input shapes {[list(s) for s in shapes]} differ outside the concatenation axis")
+    shape = shapes[0][:pa] + (sum(s[pa] for s in shapes),) + shapes[0][pa + 1 :]
+    out = ctx.tensor(node.output[0], shape, np.int8, quant)
+    ctx.emit("CONCATENATION", parts, [out], axis=pa, fused_activation_function="NONE")
     ctx.env[node.output[0]] = Value(out, perm)
 
 
@@ -149,8 +184,8 @@ def lower_slice(ctx: Lowering, node):
 def lower_reshape(ctx: Lowering, node):
     """Reshape, Flatten, Squeeze, Unsqueeze: RESHAPE of the declared layout to the declared shape."""
     x = ctx.activation(node, 0)
-    shape = ctx.declared(node.output[0])
     t = ctx.logical(x)
+    shape = reshaped(ctx, node, ctx.shape(t))
     if int(np.prod(shape)) != int(np.prod(ctx.shape(t))) or not shape or shape[0] != ctx.shape(t)[0]:
         raise ctx.error(
             f"reshaping {list(ctx.shape(t))} into {list(shape)} moves elements across the batch axis"
@@ -217,6 +252,21 @@ def lower_pad(ctx: Lowering, node):
     ctx.bind(node, 0, out, x.perm)
 
 
+def resized(ctx: Lowering, node, shape) -> tuple:
+    k_scales, k_sizes = (1, None) if ctx.opset < 11 else (2, 3)
+    sizes = ctx.const(node, k_sizes, required=False) if k_sizes is not None else None
+    if sizes is not None and sizes.value.size:
+        out = tuple(int(d) for d in sizes.value.ravel())
+    else:
+        scales = ctx.const(node, k_scales).value.astype(np.float64).ravel()
+        if scales.size != len(shape):
+            raise ctx.error(f"{scales.size} scales for {len(shape)} axes")
+        out = tuple(int(np.floor(d * np.float32(s))) for d, s in zip(shape, scales))
+    if len(out) != len(shape) or any(d < 1 for d in out):
+        raise ctx.error(f"output size {list(out)} does not fit an input of {list(shape)}")
+    return out
+
+
 NEAREST = {
     ("asymmetric", "floor"): (False, False),
     ("align_corners", "round_prefer_ceil"): (True, False),
@@ -239,8 +289,8 @@ def lower_resize(ctx: Lowering, node):
     ct = ctx.attr(node, "coordinate_transformation_mode", "half_pixel")
     if ctx.opset < 11:
         ct = "asymmetric"
-    shape = ctx.declared(node.output[0])
     n, c, h, w = ctx.logical_shape(x)
+    shape = resized(ctx, node, (n, c, h, w))
     if shape[0] != n or shape[1] != c:
         raise ctx.error(f"resizing {[n, c, h, w]} to {list(shape)} changes more than the spatial axes")
     if int(ctx.attr(node, "antialias", 0)):

@@ -14,6 +14,24 @@ from .lower_conv import pad_nhwc, tflite_padding
 from .lower_elementwise import LOGISTIC_OUT
 
 
+def pooled(ctx: Lowering, node, axis: int, n: int, k: int, s: int) -> int:
+    """ONNX's pooled size along spatial axis 0 or 1 (auto_pad, pads and ceil_mode as the spec has them;
+    with ceil_mode the last window must start inside the input or its leading pad)."""
+    auto = ctx.attr(node, "auto_pad", "NOTSET")
+    if auto in ("SAME_UPPER", "SAME_LOWER"):
+        return -(-n // s)
+    if auto == "VALID":
+        return -(-(n - k + 1) // s)
+    pads = list(ctx.attr(node, "pads", None) or [0, 0, 0, 0])
+    span = n + pads[axis] + pads[axis + 2] - k
+    if span < 0:
+        raise ctx.error(f"kernel {k} does not fit the padded input {n + pads[axis] + pads[axis + 2]}")
+    if not int(ctx.attr(node, "ceil_mode", 0)):
+        return span // s + 1
+    out = -(-span // s) + 1
+    return out - 1 if (out - 1) * s >= n + pads[axis] else out
+
+
 def pool(ctx: Lowering, node, kind: str, out_quant: Quantization | None = None):
     x = ctx.activation(node, 0)
     if len(x.perm) != 4:
@@ -28,7 +46,7 @@ def pool(ctx: Lowering, node, kind: str, out_quant: Quantization | None = None):
         raise ctx.error("MaxPool indices output is not supported")
     t = ctx.physical(x, NHWC)
     n, h, w, c = ctx.shape(t)
-    oh, ow = ctx.declared(node.output[0])[2:]
+    oh, ow = (pooled(ctx, node, i, d, kk, ss) for i, (d, kk, ss) in enumerate(zip((h, w), k, strides)))
     padding, pads = tflite_padding(
         ctx, (h, w), k, strides, (1, 1), ctx.attr(node, "pads", None), ctx.attr(node, "auto_pad", "NOTSET")
     )

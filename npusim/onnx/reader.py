@@ -1,5 +1,5 @@
 """Reading an .onnx file with the `onnx` package: the ModelProto, its constants as numpy arrays, its
-nodes in a checked execution order and every value's declared shape.
+nodes in a checked execution order.
 
 Hostile files stop here with one line: a truncated or damaged protobuf, a file that is not ONNX, a
 graph with a cycle or a value read before anything produces it, an initializer that is missing or
@@ -12,8 +12,9 @@ import heapq
 
 import numpy as np
 
+from .. import tflite_io
 from ..errors import NpusimError
-from ..tflite_io import MAX_RANK, MAX_TENSOR_BYTES
+from ..tflite_io import MAX_RANK
 
 # Nodes in one graph: a large detector has a few thousand; the cap bounds the time on a hostile file.
 MAX_NODES = 100_000
@@ -78,10 +79,10 @@ def tensor_array(proto, where: str) -> np.ndarray:
             f"{where}: initializer {proto.name!r} has shape {dims}, expected at most "
             f"{MAX_RANK} non-negative axes"
         )
-    if int(np.prod(dims, dtype=np.float64)) * 8 > MAX_TENSOR_BYTES:
+    if int(np.prod(dims, dtype=np.float64)) * 8 > tflite_io.MAX_TENSOR_BYTES:
         raise NpusimError(
             f"{where}: initializer {proto.name!r} of shape {dims} is larger than the limit of "
-            f"{MAX_TENSOR_BYTES} bytes"
+            f"{tflite_io.MAX_TENSOR_BYTES} bytes"
         )
     try:
         array = numpy_helper.to_array(proto)
@@ -142,29 +143,6 @@ def execution_order(model, where: str) -> list:
     return order
 
 
-def declared_shapes(model, where: str) -> dict:
-    """{value name: (shape, elem_type)} from the graph's inputs, outputs, value_info and ONNX shape
-    inference (run here, so a model exported without value_info works too)."""
-    import onnx
-
-    try:
-        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
-    except Exception as e:  # inference is advisory: a node it cannot type is caught by its lowering
-        detail = str(e).splitlines()[0][:160] if str(e) else type(e).__name__
-        raise NpusimError(f"{where}: ONNX shape inference failed ({detail})") from None
-    g = inferred.graph
-    shapes = {}
-    for info in list(g.value_info) + list(g.output) + list(g.input):
-        t = info.type.tensor_type
-        if not t.HasField("shape"):
-            continue
-        dims = []
-        for d in t.shape.dim:
-            dims.append(int(d.dim_value) if d.HasField("dim_value") else -1)
-        shapes[info.name] = (tuple(dims), int(t.elem_type))
-    return shapes
-
-
 def check_shape(shape, name: str, where: str, itemsize: int = 4) -> tuple:
     """A declared activation shape: a dynamic leading axis is the batch (1 in the graph), any other
     unknown axis is refused, and the size is bounded before anything is allocated."""
@@ -175,9 +153,9 @@ def check_shape(shape, name: str, where: str, itemsize: int = 4) -> tuple:
         raise NpusimError(
             f"{where}: value {name!r} has shape {list(shape)} with an unknown axis, expected static shapes"
         )
-    if int(np.prod(shape, dtype=np.float64)) * itemsize > MAX_TENSOR_BYTES:
+    if int(np.prod(shape, dtype=np.float64)) * itemsize > tflite_io.MAX_TENSOR_BYTES:
         raise NpusimError(
             f"{where}: value {name!r} of shape {list(shape)} needs more than the limit "
-            f"of {MAX_TENSOR_BYTES} bytes"
+            f"of {tflite_io.MAX_TENSOR_BYTES} bytes"
         )
     return shape
