@@ -212,3 +212,31 @@ def test_qdq_average_pool_within_one_step():
     sim = case.npusim_codes()
     for optimize in (True, False):
         assert np.abs(case.ort_codes(optimize) - sim).max() <= 1
+
+
+def test_single_rounding_only_on_onnx_graphs():
+    """A .tflite LOGISTIC followed by a QUANTIZE keeps both roundings under the profile (they are the
+    model's); the same pair imported from ONNX (Sigmoid -> QuantizeLinear) rounds once."""
+    import npusim
+    from npusim.ops.ort_kernels import Plan
+    from npusim.testing.oracle import ModelBuilder
+
+    b = ModelBuilder()
+    x = b.add_tensor((1, 256), np.int8, 0.05, 3, name="input")
+    mid = b.add_tensor((1, 256), np.int8, 1 / 256, -128, name="logistic")
+    y = b.add_tensor((1, 256), np.int8, 1 / 255, -128, name="output")
+    b.add_op("LOGISTIC", [x], [mid])
+    b.add_op("QUANTIZE", [mid], [y])
+    graph = npusim.load_model(b.build([x], [y]))
+    assert not Plan(graph).out_quant
+    codes = np.arange(-128, 128, dtype=np.int8).reshape(1, 256)
+    two = npusim.Interpreter(graph, profile="onnxruntime").run(codes)
+    once = T.unary_case(np.random.default_rng(0), "Sigmoid", "int8", fmt="QDQ")
+    assert Plan(npusim.load_model(once.onnx)).out_quant  # the imported Sigmoid is planned
+    # the .tflite pair: QLinearSigmoid's table to 1/256, then a second QuantizeLinear to 1/255
+    from npusim.ops import onnxruntime as ort
+
+    first = ort.sigmoid_table(0.05, 3, 1 / 256, -128)[codes.view(np.uint8)]  # tables index by byte
+    real = np.float32(1 / 256) * (first.astype(np.int64) + 128).astype(np.float32)
+    expected = ort.quantize_linear(real, 1 / 255, -128).astype(np.int8)
+    O.assert_same(expected, two, "tflite LOGISTIC + QUANTIZE under onnxruntime")
