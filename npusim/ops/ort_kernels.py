@@ -83,6 +83,11 @@ class FloatThenQuantize(Kernel):
             if t.dtype == np.int8 and (q is None or q.per_channel):
                 raise self.error(f"output {t.name!r} is not quantized per tensor, expected int8 per-tensor")
 
+    def workspace_bytes(self, n: int) -> int:
+        """The float32 copies of the inputs and outputs (the float form's own temporaries aside)."""
+        tensors = [t for t in self.inputs + self.outputs if t is not None]
+        return 4 * n * sum(int(np.prod(t.shape[1:], dtype=np.int64)) for t in tensors)
+
     def quantize(self, y, t, q) -> np.ndarray:
         return ort.quantize_linear(y, q.scale[0], int(q.zero_point[0])).astype(np.int8)
 
