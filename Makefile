@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 SHARED ?= ../shared
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run lint test bench fuzz paper-quick paper defaults stm32n6 clean
+.PHONY: setup run lint test test-quick bench fuzz paper-quick paper defaults stm32n6 op-lists clean
 
 setup: $(STAMP)
 
@@ -23,6 +23,15 @@ lint: setup
 
 test: setup
 	$(PY) -m pytest -q
+
+# A representative slice for development, about 2 minutes on 2 cores once the kernels are compiled:
+# every op family against TFLM at a third of the examples, the int16 paths, the registry and the
+# layout rules, the STM32N6 view, ZO training and a short fuzz campaign. CI runs the full `make test`.
+QUICK_TESTS := tests/test_registry.py tests/test_layout.py tests/test_import_side_effects.py \
+	tests/test_ops_tflm.py tests/test_ops_elementwise.py tests/test_ops_int16.py tests/test_ops_movement.py \
+	tests/test_npu.py tests/test_zo.py tests/test_fuzz.py
+test-quick: setup
+	NPUSIM_TEST_SCALE=0.3 $(PY) -m pytest -q -x $(QUICK_TESTS) --fuzz-examples 150
 
 bench: setup
 	$(PY) -m experiments.bench --shared $(SHARED)
@@ -42,6 +51,10 @@ paper: setup
 
 defaults: setup
 	$(PY) -m experiments.defaults_table --shared $(SHARED) --readme
+
+# The op lists of docs/numerics.md and docs/stm32n6.md, from npusim/registry.py.
+op-lists: setup
+	$(PY) -m experiments.op_lists
 
 stm32n6: setup
 	$(PY) -m experiments.stm32n6_table --shared $(SHARED) --readme --docs

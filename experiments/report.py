@@ -135,34 +135,6 @@ def summarize(grid, runs_dir: Path) -> list[dict]:
     return rows
 
 
-def backprop_bounds(grid, shared: Path, cache_dir: Path) -> dict:
-    """The back-propagation upper bound per cell, for the same trainable layers (cached as JSON)."""
-    from zo.backprop import backprop_baseline
-
-    from .study import prefix_caches
-
-    out = {}
-    for cell in grid.cells:
-        path = cache_dir / f"backprop-{cell.name}-{cell.trainable}-{cell.train_size}.json"
-        if path.exists():
-            out[cell.name] = json.loads(path.read_text())
-            continue
-        from npusim import load_model
-        from zo.trainer import build_model
-
-        data, (train, test) = prefix_caches(cell, shared, cache_dir)
-        model = build_model(cell.config(shared), load_model(shared / "models" / cell.model), data)[0]
-        result = backprop_baseline(model, train, data.y_train, test, data.y_test, seed=0)
-        out[cell.name] = {
-            k: float(v)
-            for k, v in result.items()
-            if isinstance(v, (int, float, np.number)) and not isinstance(v, bool)
-        }
-        cache_dir.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(out[cell.name]))
-    return out
-
-
 ROLES = ("design", "evaluation")
 ROLE_TITLES = {
     "design": "Design cells (the rule and its defaults were chosen on these)",
@@ -275,18 +247,19 @@ def write_report(
     grid,
     runs_dir: Path,
     results: Path,
-    shared: Path,
-    baseline: bool = True,
+    bounds=None,
     command: str = "",
     sweep_seconds: float | None = None,
 ):
+    """bounds: None, or a function of the grid of finished cells giving each cell's back-propagation
+    bound (study.backprop_bounds)."""
     results.mkdir(parents=True, exist_ok=True)
     grid, pending = complete(grid, runs_dir)
     if not grid.cells:
         print("no cell has finished all its runs yet: no report")
         return
     rows = summarize(grid, runs_dir)
-    bounds = backprop_bounds(grid, shared, runs_dir / "_cache") if baseline else {}
+    bounds = bounds(grid) if bounds else {}
     with open(results / "summary.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()

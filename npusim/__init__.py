@@ -2,25 +2,36 @@
 
 Importing npusim leaves the process as it was (no environment variables, malloc settings or OS
 permissions change); a program that runs npusim for a long time calls tune_process() once (the
-`npusim` and `zo` command lines and the benchmark do).
+`npusim` and `zo` command lines and the benchmark do). Importing it is cheap too: the names below
+load their modules (and Numba, with the interpreter) when first used, so reading npusim.registry
+or npusim.errors imports no kernel.
 """
 
+import importlib
+
 from .errors import NpusimError
-from .graph import Graph, Op, Quantization, Tensor
-from .interpreter import Interpreter
-from .model_io import load_model, write_model
-from .tuning import tune_process
 
 __version__ = "0.1.0"
-__all__ = [
-    "Graph",
-    "Interpreter",
-    "NpusimError",
-    "Op",
-    "Quantization",
-    "Tensor",
-    "load_model",
-    "tune_process",
-    "write_model",
-    "__version__",
-]
+_LAZY = {
+    "Graph": "graph",
+    "Op": "graph",
+    "Quantization": "graph",
+    "Tensor": "graph",
+    "Interpreter": "interpreter",
+    "load_model": "model_io",  # .tflite or .onnx, by the file's content
+    "write_model": "model_io",
+    "tune_process": "tuning",
+}
+__all__ = ["NpusimError", "__version__", *_LAZY]
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'npusim' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))

@@ -363,23 +363,26 @@ def compare(model, input_path, a, b, reference):
 
 
 @main.command()
-@click.argument("model", type=click.Path(dir_okay=False))
+@click.argument("int8_model", type=click.Path(dir_okay=False))
 @click.option(
     "--input",
     "input_path",
     required=True,
+    metavar="X.npy",
     type=click.Path(dir_okay=False),
     help="N samples (.npy): float32 (quantized by the model's input quantization) or the model's dtype.",
 )
 @click.option(
     "--float",
     "float_path",
+    metavar="FLOAT_MODEL",
     type=click.Path(dir_okay=False),
     help="The float32 .tflite the int8 model was made from (default: the int8 graph in float).",
 )
 @click.option(
     "--labels",
     "labels_path",
+    metavar="Y.npy",
     type=click.Path(dir_okay=False),
     help="N integer class labels (.npy): top-1 accuracy of both models and their agreement.",
 )
@@ -388,16 +391,25 @@ def compare(model, input_path, a, b, reference):
     "--format", "fmt", type=click.Choice(["text", "json", "csv"]), default="text", show_default=True
 )
 @click.option(
-    "--report", "report_dir", type=click.Path(file_okay=False), help="Write DIR/index.html and its PNG plots."
+    "--report",
+    "report_dir",
+    metavar="DIR",
+    type=click.Path(file_okay=False),
+    help="Write DIR/index.html and its PNG plots.",
 )
 @friendly_errors
-def validate(model, input_path, float_path, labels_path, profile, fmt, report_dir):
-    """How far the int8 MODEL is from float: per output and per layer (docs/validate.md)."""
+def validate(int8_model, input_path, float_path, labels_path, profile, fmt, report_dir):
+    """How far INT8_MODEL is from float: per output and per layer (docs/validate.md)."""
     from . import validate as v
 
+    if report_dir:
+        from .validate_report import report_directory
+
+        report_directory(report_dir)
     x = load_array(input_path, "--input")
     labels = load_array(labels_path, "--labels") if labels_path else None
-    result = v.validate(load_model(model), x, load_model(float_path) if float_path else None, labels, profile)
+    reference = load_model(float_path) if float_path else None
+    result = v.validate(load_model(int8_model), x, reference, labels, profile)
     if report_dir:
         from .validate_report import write_report
 

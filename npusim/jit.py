@@ -1,15 +1,22 @@
-"""Numba compilation for npusim: a cache keyed by the package's sources, and kernels that use
+"""Numba compilation for npusim: a cache keyed by the kernels' sources, and kernels that use
 threads only when the work pays for them.
 
 The cache. Numba revalidates a cached function against its own file only, but kernels inline code
-from other modules (quant.py's rounding, the LLVM intrinsics of engines/output_stage.py): after an edit
-or an upgrade there, a kernel would load stale machine code. So every kernel of the package is
-cached in a directory named by a digest of all its sources: a change anywhere starts a fresh
-directory, and nothing is ever deleted, so processes of different versions (or concurrent workers
-of one) never remove each other's files. The directory is npusim/__pycache__/numba-<digest>, or,
-where the package is read-only, <user cache>/npusim/numba-<digest>; NUMBA_CACHE_DIR, when set,
-takes the place of both. Only npusim's own functions use these locators (per dispatcher): the
-rest of the process keeps Numba's.
+from other modules (quant.py's rounding, the LLVM intrinsics of engines/output_stage.py) and some
+are compiled from templates bound to another module's objects (jit.renamed): after an edit or an
+upgrade there, a kernel would load stale machine code. So every kernel of the package is cached in
+a directory named by a digest of the kernel sources: every module that compiles kernels through
+this one and, transitively, every package module those import (kernel_sources; found by reading
+the imports, nothing is imported). An edit there starts a fresh directory; an edit elsewhere (the
+command lines, the interpreter, the STM32N6 view, the test oracles) recompiles nothing. The
+directory is npusim/__pycache__/numba-<digest>, or, where the package is read-only, <user
+cache>/npusim/numba-<digest>; NUMBA_CACHE_DIR, when set, takes the place of both. Only npusim's own
+functions use these locators (per dispatcher): the rest of the process keeps Numba's.
+
+Stale directories. Each process holds a shared lock (flock) on the directory it caches in, for its
+whole life. A directory of other sources is removed once nobody holds it and nobody has used it for
+STALE_AFTER_S, under an exclusive lock taken without waiting: workers of another version that run
+at the same time (or have just started) keep their files.
 
 The threads. A parallel region waits for its slowest thread: on a small machine that other
 processes share, a thread that is not scheduled stalls the whole region for a scheduler quantum,
@@ -20,11 +27,19 @@ threaded, and the call picks by the size of its largest array.
 
 from __future__ import annotations
 
+import ast
 import functools
 import hashlib
 import os
+import shutil
+import time
 import types
 from pathlib import Path
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - not POSIX: directories are kept, never pruned
+    fcntl = None
 
 import numba as nb
 import numpy as np
@@ -32,20 +47,150 @@ from numba.core import caching, config
 
 PACKAGE = Path(__file__).resolve().parent
 PARALLEL_MIN_WORK = 1 << 18  # elements of the largest array argument
+STALE_AFTER_S = 24 * 3600  # a cache directory of other sources, unused this long, may be pruned
+_LOCK = ".in-use"  # each process holds a shared flock on this file of the directory it caches in
+
+
+def _module_file(package: Path, parts) -> Path | None:
+    """The source file of the package's module parts (a module or a package's __init__), or None."""
+    base = package.joinpath(*parts)
+    for p in (base.with_suffix(".py"), base / "__init__.py"):
+        if parts and p.is_file():
+            return p
+    return None
+
+
+@functools.cache
+def imports_of(path: Path, package: Path = PACKAGE) -> frozenset:
+    """The package's source files that the module at `path` imports, anywhere in its source (ast:
+    nothing is imported). `from package import module` names the module, not the package's __init__."""
+    rel = path.relative_to(package).with_suffix("").parts
+    here = rel[:-1]  # the module's package (for __init__.py: the package itself)
+    out = set()
+    for node in ast.walk(ast.parse(path.read_bytes(), str(path))):
+        if isinstance(node, ast.Import):
+            named = [a.name.split(".") for a in node.names]
+            candidates = [n[1:] for n in named if n[0] == package.name]
+        elif isinstance(node, ast.ImportFrom):
+            mod = (node.module or "").split(".") if node.module else []
+            if node.level:
+                base = list(here[: len(here) - node.level + 1]) + mod
+            elif mod and mod[0] == package.name:
+                base = mod[1:]
+            else:
+                continue
+            candidates = []
+            for a in node.names:
+                sub = _module_file(package, base + [a.name])
+                candidates.append(base + [a.name] if sub else base)
+        else:
+            continue
+        for parts in candidates:
+            f = _module_file(package, parts)
+            if f is not None and f != path:
+                out.add(f)
+    return frozenset(out)
+
+
+def kernel_sources(package: Path = PACKAGE) -> list[Path]:
+    """The sources a compiled kernel can depend on: every module that compiles kernels through
+    this one (it imports jit.py) and, transitively, every module of the package those import.
+    Modules no kernel module imports (the command lines, the interpreter, the STM32N6 view, the
+    test oracles) are not among them: editing them leaves the cache as it is."""
+    jit_file = package / "jit.py"
+    todo = [p for p in package.rglob("*.py") if jit_file in imports_of(p, package)] + [jit_file]
+    seen = set()
+    while todo:
+        p = todo.pop()
+        if p not in seen:
+            seen.add(p)
+            todo.extend(imports_of(p, package))
+    return sorted(seen)
 
 
 def digest_of(package: Path) -> str:
-    """A digest of every source file under package (names and contents)."""
+    """A digest of the kernel sources of the package (names and contents)."""
     h = hashlib.sha256()
-    for p in sorted(package.rglob("*.py")):
+    for p in kernel_sources(package):
         h.update(str(p.relative_to(package)).encode() + b"\0" + p.read_bytes() + b"\0")
     return h.hexdigest()[:20]
 
 
 @functools.cache
 def sources_digest() -> str:
-    """npusim's digest, taken once per process: the sources it compiled its kernels from."""
+    """The digest of npusim's kernel sources, taken once per process: what it compiled its kernels from."""
     return digest_of(PACKAGE)
+
+
+_held: dict = {}  # cache directory -> the descriptor of its lock file, held for the process's life
+
+
+def _lock_shared(directory: Path) -> int | None:
+    """A shared flock on directory's lock file, the directory made if needed; retried when a pruner
+    removed the directory between our open and our lock (the file we hold is then unlinked)."""
+    for _ in range(3):
+        directory.mkdir(parents=True, exist_ok=True)
+        path = directory / _LOCK
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        try:
+            if os.fstat(fd).st_ino == os.stat(path).st_ino:
+                os.utime(path)  # its last use, which pruners read
+                return fd
+        except FileNotFoundError:
+            pass
+        os.close(fd)
+    return None
+
+
+def prune(root: Path, keep: str, now: float | None = None) -> list[Path]:
+    """Remove the numba-* directories of root other than `keep` that no process holds and that were
+    last used more than STALE_AFTER_S ago; returns the ones removed."""
+    if fcntl is None:
+        return []
+    now = time.time() if now is None else now
+    removed = []
+    for d in sorted(root.glob("numba-*")):
+        if d.name == keep or not d.is_dir():
+            continue
+        lock = d / _LOCK
+        try:
+            used = max(d.stat().st_mtime, lock.stat().st_mtime if lock.exists() else 0.0)
+            if now - used < STALE_AFTER_S:
+                continue
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # held: a process of those sources is running
+            os.close(fd)
+            continue
+        try:
+            shutil.rmtree(d, ignore_errors=True)
+            removed.append(d)
+        finally:
+            os.close(fd)
+    return removed
+
+
+def use_directory(directory: Path) -> None:
+    """Hold directory (a numba-<digest> cache directory) for this process, then prune its stale
+    siblings; once per directory and process."""
+    key = str(directory)
+    if fcntl is None or key in _held:
+        return
+    try:
+        fd = _lock_shared(directory)
+    except OSError:
+        return
+    if fd is None:
+        return
+    _held[key] = fd
+    try:
+        prune(directory.parent, directory.name)
+    except OSError:
+        pass
 
 
 def user_cache_dir() -> Path:
@@ -80,7 +225,10 @@ class _DigestLocator(caching._SourceFileBackedLocatorMixin, caching._CacheLocato
             Path(py_file).resolve().relative_to(cls.package)
         except ValueError:
             return None
-        return super().from_function(py_func, py_file)  # None where the directory is not writable
+        locator = super().from_function(py_func, py_file)  # None where the directory is not writable
+        if locator is not None:
+            use_directory(cls.root() / f"numba-{sources_digest()}")
+        return locator
 
 
 class _GivenDirLocator(_DigestLocator):

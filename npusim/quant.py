@@ -107,6 +107,27 @@ def activation_range(
     return lo, hi
 
 
+def wrap16(v):
+    """int64 value(s) -> their int16 two's-complement value, as int64: C++'s wrapping int16
+    arithmetic (gemmlowp's int16 fixed point, TFLM's int16 LUTLookup)."""
+    return ((v + (1 << 15)) & 0xFFFF) - (1 << 15)
+
+
+def wrap32(v):
+    """int64 value(s) -> their int32 two's-complement value, as int64: C++'s wrapping int32
+    arithmetic (gemmlowp's Add and Sub on int32). Plain arithmetic, so kernels use it compiled
+    (wrap32_jit) and numpy code on arrays."""
+    return ((v + (1 << 31)) & 0xFFFFFFFF) - (1 << 31)
+
+
+wrap32_jit = njit(inline="always")(wrap32)
+
+
+def trunc_div(v: np.ndarray, d: int) -> np.ndarray:
+    """C++ integer division (toward zero) of int64 values by a positive d."""
+    return np.where(v >= 0, v // d, -((-v) // d))
+
+
 @njit(inline="always")
 def saturating_rounding_doubling_high_mul(a, b):
     # Written without branches so that kernels' channel loops vectorize; with a and b int32 values

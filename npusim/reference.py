@@ -39,7 +39,16 @@ class FloatInterpreter:
                 if str(e).startswith(f"op {op.index} "):
                     raise
                 raise NpusimError(f"op {op.index} ({op.kind}): {e}") from None
-        self.constants = {i: real_value(t) for i, t in enumerate(self.graph.tensors) if t.is_constant}
+            except (ValueError, IndexError, KeyError, TypeError) as e:
+                # A float model's shapes and options are read as the file states them (the integer
+                # Interpreter's Prepare checks an int8 graph before its forms are made).
+                raise NpusimError(f"op {op.index} ({op.kind}): malformed for its float form ({e})") from None
+        # Each op's constant inputs as real values, once (a MAC op's bias depends on its op).
+        tensors = self.graph.tensors
+        self.constants = [
+            {t: form.constant(k) for k, t in enumerate(form.op.inputs) if t >= 0 and tensors[t].is_constant}
+            for form in self.forms
+        ]
 
     def check_input(self, x: np.ndarray, k: int = 0) -> np.ndarray:
         t = self.graph.input(k)
@@ -55,36 +64,48 @@ class FloatInterpreter:
             raise NpusimError(f"input {k} ({t.name!r}): holds NaN or infinite values")
         return np.ascontiguousarray(x, dtype=np.float32)
 
-    def call(self, form, values: dict):
-        """One op's float form on the values of its inputs (constants: their real values); a tuple,
-        one array per output."""
+    def call(self, position: int, values: dict):
+        """The float form at `position` in the plan on the values of its inputs (constants: their
+        real values); a tuple, one array per output."""
+        form, constants = self.forms[position], self.constants[position]
         args = []
         for t in form.op.inputs:
             if t < 0:
                 args.append(None)
             elif t in values:
                 args.append(values[t])
-            elif t in self.constants:
-                args.append(self.constants[t])
+            elif t in constants:
+                args.append(constants[t])
             else:
                 raise NpusimError(
                     f"op {form.op.index} ({form.kind}): no value for tensor {t} "
                     f"({self.graph.tensors[t].name!r}); expected every graph input to be given"
                 )
-        with np.errstate(over="ignore", under="ignore"):  # exp of large inputs: inf, as in float32
-            result = form(*args)
+        try:
+            with np.errstate(over="ignore", under="ignore"):  # exp of large inputs: inf, as float32's
+                result = form(*args)
+        except (ValueError, IndexError) as e:  # shapes that contradict each other in a float model
+            raise NpusimError(f"op {form.op.index} ({form.kind}): cannot evaluate ({e})") from None
         results = result if isinstance(result, tuple) else (result,)
         if len(results) != len(form.op.outputs):
             raise NpusimError(
                 f"op {form.op.index} ({form.kind}): computed {len(results)} outputs, "
                 f"the model declares {len(form.op.outputs)}"
             )
+        for t, y in zip(form.op.outputs, results):
+            declared = self.graph.tensors[t].shape
+            if np.ndim(y) != len(declared) or tuple(np.shape(y)[1:]) != tuple(declared[1:]):
+                shape = ", ".join(["N", *map(str, declared[1:])])
+                raise NpusimError(
+                    f"op {form.op.index} ({form.kind}): computed {list(np.shape(y))}, the model "
+                    f"declares [{shape}] for {self.graph.tensors[t].name!r}"
+                )
         return results
 
     def evaluate(self, values: dict) -> dict:
         """Run every op on {tensor index: real array}, adding their outputs."""
-        for form in self.forms:
-            for t, y in zip(form.op.outputs, self.call(form, values)):
+        for position, form in enumerate(self.forms):
+            for t, y in zip(form.op.outputs, self.call(position, values)):
                 values[t] = y
         return values
 
@@ -102,4 +123,4 @@ class FloatInterpreter:
         what the int8 run fed it, so the difference to its int8 output is that layer's own error."""
         tensors = self.graph.tensors
         real = {t: dequantize(tensors[t], v) for t, v in int8_values.items()}
-        return {form.op.index: self.call(form, real) for form in self.forms}
+        return {form.op.index: self.call(p, real) for p, form in enumerate(self.forms)}

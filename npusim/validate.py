@@ -20,11 +20,9 @@ import numpy as np
 from .errors import NpusimError
 from .graph import Graph, computes_in_float
 from .interpreter import Interpreter
-from .metrics import NAMES, error_metrics, json_ready
+from .metrics import NAMES, ErrorStats, json_ready
 from .reference import FloatInterpreter, dequantize
 from .tflite_io import load_model
-
-BOUNDARY = ("QUANTIZE", "DEQUANTIZE")
 
 
 @dataclass
@@ -170,8 +168,11 @@ def reference_tensors(int8: Graph, ref: Graph | None) -> tuple[dict, list]:
         for op in int8.ops:
             if op.kind == "QUANTIZE" and op.inputs[0] == i:
                 mapping[op.outputs[0]] = j
-    for i, j in zip(int8.outputs, ref.outputs):  # and a boundary DEQUANTIZE for the float output
-        mapping[i] = j
+    producer = int8.producer()
+    for i, j in zip(int8.outputs, ref.outputs):  # a boundary DEQUANTIZE for the float output, when
+        op = producer.get(i)  # what it dequantizes is matched to what computes that output
+        if op is not None and op.kind == "DEQUANTIZE" and mapping.get(op.inputs[0]) == j:
+            mapping[i] = j
     matched = {id(op) for op in pairs.values()}
     unmatched = [(op.index, op.kind) for op in core_ops(ref) if id(op) not in matched]
     return mapping, unmatched
@@ -181,26 +182,79 @@ def reference_tensors(int8: Graph, ref: Graph | None) -> tuple[dict, list]:
 # The run
 
 
+# Float32 bytes that one chunk of samples may hold across all its tensors (the int8 run's, its
+# dequantized copies, the reference's and the local float outputs): a batch of any size is
+# validated in chunks, its metrics accumulated (metrics.ErrorStats) to the result of the whole.
+CHUNK_BYTES = 256 << 20
+SCATTER_POINTS = 10000  # per layer, kept from the first chunk for the worst layer's scatter plot
+
+
 def _pooled(arrays) -> np.ndarray:
     return np.concatenate([np.asarray(a, np.float64).ravel() for a in arrays])
 
 
-def accuracy(labels: np.ndarray, int8_out: np.ndarray, ref_out: np.ndarray) -> dict:
-    n = int8_out.shape[0]
+def check_labels(labels: np.ndarray, n: int, graph: Graph) -> np.ndarray:
+    out = graph.output(0)
     if labels.ndim != 1 or labels.shape[0] != n or labels.dtype.kind not in "iu":
         raise NpusimError(
             f"--labels: {labels.dtype.name} {list(labels.shape)}, expected {n} integer class labels"
         )
-    if int8_out.ndim != 2:
+    if len(out.shape) != 2:
         raise NpusimError(
-            f"--labels: output 0 has shape {list(int8_out.shape)}, expected [N, classes] scores"
+            f"--labels: output 0 ({out.name!r}) has shape {list(out.shape)}, expected [N, classes] scores"
         )
-    a, b = int8_out.argmax(axis=1), ref_out.argmax(axis=1)
-    return {
-        "int8": float(np.mean(a == labels)),
-        "reference": float(np.mean(b == labels)),
-        "agreement": float(np.mean(a == b)),
-    }
+    return labels
+
+
+def chunk_size(graphs, n: int) -> int:
+    """Samples per chunk: CHUNK_BYTES over four float32 copies of every activation of one sample."""
+    per_sample = 0
+    for graph in graphs:
+        for op in graph.ops:
+            per_sample += sum(int(np.prod(graph.tensors[t].shape[1:], dtype=np.int64)) for t in op.outputs)
+    return max(1, min(n, CHUNK_BYTES // max(1, 16 * per_sample)))
+
+
+class _Tally:
+    """What validate accumulates over the chunks."""
+
+    def __init__(self, int8: Graph, n_outputs: int):
+        self.local = {op.index: ErrorStats() for op in int8.ops}
+        self.propagated = {op.index: ErrorStats() for op in int8.ops}
+        self.outputs = [ErrorStats() for _ in range(n_outputs)]
+        self.pairs = [([], []) for _ in range(n_outputs)]
+        self.scatter: dict = {}
+        self.predictions = ([], [])
+
+
+def _add_chunk(tally: _Tally, int8: Graph, ref_outputs, q_values, r_values, local, mapping):
+    tensors = int8.tensors
+
+    def real(t):
+        return dequantize(tensors[t], q_values[t])
+
+    for op in int8.ops:
+        got = _pooled(real(t) for t in op.outputs)
+        mine = _pooled(local[op.index])
+        tally.local[op.index].add(mine, got)
+        if op.index not in tally.scatter:
+            step = max(1, got.size // SCATTER_POINTS)
+            tally.scatter[op.index] = (mine[::step].astype(np.float32), got[::step].astype(np.float32))
+        stats = tally.propagated[op.index]
+        if stats is not None and all(t in mapping for t in op.outputs):
+            refs = [r_values[mapping[t]] for t in op.outputs]
+            if all(np.size(r) == np.size(q_values[t]) for r, t in zip(refs, op.outputs)):
+                stats.add(_pooled(refs), got)
+                continue
+        tally.propagated[op.index] = None
+    for k, (i, j) in enumerate(zip(int8.outputs, ref_outputs)):
+        r, g = r_values[j], real(i)
+        tally.outputs[k].add(r, g)
+        tally.pairs[k][0].append(np.asarray(r, np.float32).ravel())
+        tally.pairs[k][1].append(np.asarray(g, np.float32).ravel())
+        if k == 0:
+            tally.predictions[0].append(g.reshape(g.shape[0], -1).argmax(axis=1))
+            tally.predictions[1].append(np.asarray(r).reshape(g.shape[0], -1).argmax(axis=1))
 
 
 def validate(
@@ -222,43 +276,46 @@ def validate(
     if len(int8.inputs) != 1:
         raise NpusimError(f"the int8 model has {len(int8.inputs)} inputs, validate feeds one")
     x_int8, x_real = split_inputs(x, int8)
-    q_values = Interpreter(int8, profile=profile).run_all(x_int8)
+    if labels is not None:
+        labels = check_labels(labels, x.shape[0], int8)
+    interpreter = Interpreter(int8, profile=profile)
     local_forms = FloatInterpreter(int8)
     reference = local_forms if ref_graph is None else FloatInterpreter(ref_graph)
-    r_values = reference.run_all(x_real)
-    local = local_forms.local(q_values)
-    del local_forms  # the local outputs are all it was needed for
+    ref_outputs = (ref_graph or int8).outputs
     mapping, unmatched = reference_tensors(int8, ref_graph)
-    tensors = int8.tensors
-
-    def real(t):
-        return dequantize(tensors[t], q_values[t])
-
-    layers, worst = [], None
+    tally = _Tally(int8, len(int8.outputs))
+    chunk = chunk_size([int8] if ref_graph is None else [int8, ref_graph], x.shape[0])
+    for start in range(0, x.shape[0], chunk):
+        q_values = interpreter.run_all(x_int8[start : start + chunk])
+        r_values = reference.run_all(x_real[start : start + chunk])
+        local = local_forms.local(q_values)
+        _add_chunk(tally, int8, ref_outputs, q_values, r_values, local, mapping)
+        del q_values, r_values, local
+    layers = []
     for op in int8.ops:
-        got = [real(t) for t in op.outputs]
-        record = {
-            "op": op.index,
-            "kind": op.kind,
-            "tensor": tensors[op.outputs[0]].name,
-            "local": error_metrics(_pooled(local[op.index]), _pooled(got)),
-            "propagated": None,
-        }
-        if all(t in mapping for t in op.outputs):
-            refs = [r_values[mapping[t]] for t in op.outputs]
-            if all(np.size(r) == np.size(g) for r, g in zip(refs, got)):
-                record["propagated"] = error_metrics(_pooled(refs), _pooled(got))
-        layers.append(record)
-        if worst is None or _rank_key(record) < _rank_key(worst[0]):
-            worst = (record, _pooled(local[op.index]), _pooled(got))
-    outputs, pairs = [], []
-    for k, (i, j) in enumerate(zip(int8.outputs, (ref_graph or int8).outputs)):
-        r, g = r_values[j], real(i)
-        outputs.append({"index": k, "name": tensors[i].name, **error_metrics(r, g)})
-        pairs.append((np.asarray(r, np.float64).ravel(), np.asarray(g, np.float64).ravel()))
+        p = tally.propagated[op.index]
+        layers.append(
+            {
+                "op": op.index,
+                "kind": op.kind,
+                "tensor": int8.tensors[op.outputs[0]].name,
+                "local": tally.local[op.index].result(),
+                "propagated": None if p is None else p.result(),
+            }
+        )
+    worst = min(layers, key=_rank_key)
+    outputs = [
+        {"index": k, "name": int8.tensors[i].name, **stats.result()}
+        for k, (i, stats) in enumerate(zip(int8.outputs, tally.outputs))
+    ]
     acc = None
     if labels is not None:
-        acc = accuracy(labels, real(int8.outputs[0]), r_values[(ref_graph or int8).outputs[0]])
+        a, b = (np.concatenate(p) for p in tally.predictions)
+        acc = {
+            "int8": float(np.mean(a == labels)),
+            "reference": float(np.mean(b == labels)),
+            "agreement": float(np.mean(a == b)),
+        }
     return Validation(
         outputs,
         layers,
@@ -266,8 +323,8 @@ def validate(
         samples=int(x.shape[0]),
         reference="float model" if ref_graph is not None else "int8 graph in float",
         unmatched_float=unmatched,
-        output_pairs=pairs,
-        worst_pair=worst,
+        output_pairs=[(np.concatenate(r), np.concatenate(g)) for r, g in tally.pairs],
+        worst_pair=(worst, *tally.scatter[worst["op"]]),
     )
 
 
@@ -332,8 +389,8 @@ def text_report(result: Validation, worst: int = 10) -> str:
 
 def _table(head: list, rows: list) -> list:
     widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(head)]
-    lines = ["  ".join(h.ljust(w) for h, w in zip(head, widths))]
-    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(head, widths)).rstrip()]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
     return lines
 
 

@@ -93,11 +93,20 @@ def _html_table(head: list, rows: list) -> str:
     return f"<table><tr>{h}</tr>{body}</table>"
 
 
-def write_report(result: Validation, directory) -> Path:
-    """Write DIR/index.html and its PNGs; returns the index path."""
+def report_directory(directory) -> Path:
+    """DIR, created; checked before the run so that a bad --report fails before the work."""
     d = Path(directory)
     try:
         d.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise NpusimError(f"--report {directory}: cannot create ({e.strerror}: {e.filename})") from None
+    return d
+
+
+def write_report(result: Validation, directory) -> Path:
+    """Write DIR/index.html and its PNGs; returns the index path."""
+    d = report_directory(directory)
+    try:
         plot_sqnr(result, d / "sqnr.png")
         for k, ((ref, got), o) in enumerate(zip(result.output_pairs, result.outputs)):
             plot_error(k, o["name"], ref, got, d / f"error_{k}.png")

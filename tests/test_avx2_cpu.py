@@ -25,8 +25,7 @@ from kernel_paths import run_compiled_for
 CHILD = """
 import pickle
 from npusim import host
-from npusim.engines import avx2, backend
-from npusim.ops import depthwise
+from npusim.engines import avx2, backend, depthwise
 from npusim.testing import oracle as O
 
 assert host.has_avx2() and not host.has_vnni() and not host.has_amx(), "not compiling for Haswell"

@@ -327,6 +327,9 @@ def generated_seeds() -> dict[str, bytes]:
         "add_int16": O.binary_model(
             "ADD", (1, 3, 4), (1, 1, 4), 0.001, 0, 0.002, 0, 0.003, 0, dtype=np.int16
         ),
+        "sub_int16": O.binary_model(
+            "SUB", (1, 3, 4), (1, 1, 4), 0.001, 0, 0.002, 0, 0.003, 0, dtype=np.int16
+        ),
         "mul_int16": O.binary_model(
             "MUL", (1, 3, 4), (1, 3, 4), 0.001, 0, 0.002, 0, 0.003, 0, dtype=np.int16
         ),

@@ -84,3 +84,17 @@ def test_json_writes_infinities_as_null():
 def test_shape_mismatch_is_refused():
     with pytest.raises(ValueError, match="3 elements, the result 4"):
         error_metrics(np.zeros(3), np.zeros(4))
+
+
+def test_chunks_accumulate_to_the_whole():
+    from npusim.metrics import ErrorStats
+
+    rng = np.random.default_rng(9)
+    ref = rng.normal(3, 2, 1000)
+    got = ref + rng.normal(0.1, 0.3, 1000)
+    stats = ErrorStats()
+    for lo, hi in ((0, 1), (1, 400), (400, 1000)):
+        stats.add(ref[lo:hi], got[lo:hi])
+    whole = error_metrics(ref, got)
+    for k, v in stats.result().items():
+        assert v == pytest.approx(whole[k], rel=1e-12), k

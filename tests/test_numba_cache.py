@@ -1,7 +1,9 @@
-"""npusim's Numba cache (npusim/jit.py): one directory per digest of the package's sources, so
-that an edit anywhere (kernels inline code from other modules, which Numba's own check does not
-see) starts a fresh cache, nothing is ever deleted (concurrent workers keep their files), and a
-read-only package caches in the user's directory."""
+"""npusim's Numba cache (npusim/jit.py): one directory per digest of the kernels' sources (the
+modules that compile kernels and what they import), so that an edit there (kernels inline code from
+other modules, which Numba's own check does not see) starts a fresh cache and an edit elsewhere (a
+command line, a test helper) recompiles nothing; a directory of other sources is pruned only when
+no process holds it and nobody used it for a day; a read-only package caches in the user's
+directory."""
 
 from __future__ import annotations
 
@@ -15,15 +17,72 @@ import npusim.quant
 from npusim import jit
 
 
-def test_digest_follows_every_source(tmp_path):
+def _package(root, files: dict):
+    pkg = root / "pkg"
+    for name, text in files.items():
+        (pkg / name).parent.mkdir(parents=True, exist_ok=True)
+        (pkg / name).write_text(text)
+    return pkg
+
+
+def test_digest_follows_the_kernel_sources_only(tmp_path):
+    """A module that compiles kernels (it imports jit.py) and what it imports, transitively, relative
+    or absolute, in a function or at the top, count; a module no kernel module imports does not."""
+    pkg = _package(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "jit.py": "def njit(f): return f\n",
+            "kernels.py": "from .jit import njit\nfrom . import rounding\n",
+            "sub/__init__.py": "",
+            "sub/rounding.py": "y = 1\n",
+            "rounding.py": "def f():\n    from pkg.sub import rounding\n",
+            "cli.py": "from . import kernels\n",
+        },
+    )
     digest = jit.digest_of
-    (tmp_path / "kernels.py").write_text("x = 1\n")
-    (tmp_path / "sub").mkdir()
-    (tmp_path / "sub" / "rounding.py").write_text("y = 1\n")
-    first = digest(tmp_path)
-    assert digest(tmp_path) == first
-    (tmp_path / "sub" / "rounding.py").write_text("y = 2\n")  # an edit in another module
-    assert digest(tmp_path) != first
+    first = digest(pkg)
+    names = {str(p.relative_to(pkg)) for p in jit.kernel_sources(pkg)}
+    assert names == {"jit.py", "kernels.py", "rounding.py", "sub/rounding.py"}, names
+    (pkg / "cli.py").write_text("from . import kernels  # a new message\n")
+    jit.imports_of.cache_clear()
+    assert digest(pkg) == first  # the command line: nothing to recompile
+    (pkg / "sub" / "rounding.py").write_text("y = 2\n")  # an edit two imports away
+    jit.imports_of.cache_clear()
+    assert digest(pkg) != first
+
+
+def test_the_command_lines_and_oracles_are_no_kernel_sources():
+    names = {str(p.relative_to(jit.PACKAGE)) for p in jit.kernel_sources()}
+    assert {"quant.py", "engines/output_stage.py", "ops/add.py", "engines/depthwise.py"} <= names
+    assert not {"cli.py", "interpreter.py", "testing/oracle.py", "npu/cost.py", "registry.py"} & names
+
+
+def test_stale_directories_are_pruned_unless_held_or_recent(tmp_path):
+    """Removed: another digest's directory that nobody holds and nobody used for STALE_AFTER_S.
+    Kept: one a running process holds (its shared lock), one used recently, and our own."""
+    import fcntl
+
+    now = 1e9
+    old = now - 2 * jit.STALE_AFTER_S
+    dirs = {}
+    for name in ("numba-ours", "numba-stale", "numba-held", "numba-recent"):
+        d = dirs[name] = tmp_path / name
+        d.mkdir()
+        (d / "f.nbi").write_bytes(b"entry")
+        (d / jit._LOCK).write_bytes(b"")
+        stamp = now - 60 if name == "numba-recent" else old
+        for p in (d / jit._LOCK, d):
+            os.utime(p, (stamp, stamp))
+    fd = os.open(dirs["numba-held"] / jit._LOCK, os.O_RDWR)
+    fcntl.flock(fd, fcntl.LOCK_SH)  # another worker of those sources, still running
+    try:
+        removed = jit.prune(tmp_path, "numba-ours", now=now)
+    finally:
+        os.close(fd)
+    assert removed == [dirs["numba-stale"]]
+    assert not dirs["numba-stale"].exists()
+    assert all(dirs[n].exists() for n in ("numba-ours", "numba-held", "numba-recent"))
 
 
 def _cache_path(py_func) -> str:
@@ -66,7 +125,7 @@ print(json.dumps({"hits": sum(stats.cache_hits.values()), "misses": sum(stats.ca
 
 def test_a_second_process_loads_and_deletes_nothing(tmp_path):
     """Two processes in turn on one cache directory: the first compiles and writes, the second
-    loads; files of another digest (another version's workers) are left alone."""
+    loads; files of another digest used recently (another version's workers) are left alone."""
     other = tmp_path / "npusim" / "numba-0123456789abcdef0123" / "engines"
     other.mkdir(parents=True)
     (other / "padding.pad_input-1.py311.nbi").write_bytes(b"another version's index")

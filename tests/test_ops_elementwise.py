@@ -161,3 +161,25 @@ def test_mul_refuses_uint8():
     b.add_op("MUL", [x, x2], [y], O.schema.MulOptionsT())
     with pytest.raises(npusim.NpusimError, match="uint8, expected int8"):
         npusim.Interpreter(npusim.load_model(b.build([x, x2], [y])))
+
+
+@pytest.mark.parametrize("kind", ["ADD", "SUB", "MUL"])
+def test_binary_refuses_constant_across_the_batch_axis(kind):
+    """ADD shares the pairwise family's checks (pairwise.BinaryKernel): a constant [2, ...] against
+    an activation [1, ...] is refused at Prepare, for ADD as for SUB and MUL."""
+    import npusim
+
+    c = np.zeros((2, 3), np.int8)
+    model = O.binary_model(kind, (1, 3), (2, 3), 0.05, 0, 0.05, 0, 0.1, 0, const2=c)
+    with pytest.raises(npusim.NpusimError, match="spans the batch axis"):
+        npusim.Interpreter(npusim.load_model(model))
+
+
+@pytest.mark.parametrize("kind", ["ADD", "SUB"])
+def test_add_and_sub_refuse_an_output_multiplier_of_one_or_more(kind):
+    """TFLM's QuantizeMultiplierSmallerThanOneExp CHECK-fails (aborts) there; npusim says why."""
+    import npusim
+
+    model = O.binary_model(kind, (1, 3), (1, 3), 1.0, 0, 1.0, 0, 1e-7, 0)
+    with pytest.raises(npusim.NpusimError, match="output multiplier .* is not below 1"):
+        npusim.Interpreter(npusim.load_model(model))

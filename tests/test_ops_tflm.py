@@ -376,7 +376,7 @@ def test_public_api_batch():
 
 
 # ----------------------------------------------------------------------------------------------
-# Quirks of real files (docs/int8-numerics.md)
+# Quirks of real files (docs/numerics.md, "Quirks handled as TFLM does")
 # ----------------------------------------------------------------------------------------------
 
 

@@ -253,7 +253,8 @@ def test_activation_bounds_xnnpack(conv, path, data, seed):
 
 
 def quantize_multiplier(r: float):
-    """QuantizeMultiplier as documented (docs/int8-numerics.md), independent of npusim.quant."""
+    """QuantizeMultiplier as TFLM documents it (quantization_util.cc; docs/numerics.md, the rounding
+    profiles), independent of npusim.quant."""
     if r == 0.0:
         return 0, 0
     q, e = math.frexp(r)

@@ -7,12 +7,9 @@ from __future__ import annotations
 
 from npusim.npu import CostModel, plan_device, plan_fusion, plan_memory
 from npusim.npu.arena import tensor_bytes, tensor_elements
+from npusim.npu.report import kib
 
 from .errors import ZoError
-
-
-def _kib(n: int) -> str:
-    return f"{n:,} B ({n / 1024:.1f} KiB)"
 
 
 def trainable_suffix_start(interp, trainable: set) -> int:
@@ -148,18 +145,18 @@ def format_zo_step_report(r: dict) -> str:
             f"{r['trainable_params']:,} trainable parameters in {len(r['trainable_tensors'])} tensors "
             f"(suffix from op {r['suffix_first_op']}, {r['suffix_ops']} ops)",
             f"cost model: {r['cost_model']}",
-            f"memory, ZO: {_kib(zo['total_bytes'])} = arena {_kib(zo['arena_bytes'])} + weights "
-            f"{_kib(zo['weight_bytes'])} + seeds {_kib(zo['seed_bytes'])} + float32 masters "
-            f"{_kib(zo['master_bytes'])}",
-            f"memory, back-propagation ({r['optimizer_states']} optimizer states): {_kib(bp['total_bytes'])} "
-            f"= weights {_kib(bp['weight_bytes'])} + activations {_kib(bp['activation_bytes'])} (stored "
-            f"suffix {_kib(bp['stored_activation_bytes'])}, gradients "
-            f"{_kib(bp['activation_gradient_bytes'])}) + masters {_kib(bp['master_bytes'])} + gradients "
-            f"{_kib(bp['gradient_bytes'])} + optimizer {_kib(bp['optimizer_bytes'])}",
+            f"memory, ZO: {kib(zo['total_bytes'])} = arena {kib(zo['arena_bytes'])} + weights "
+            f"{kib(zo['weight_bytes'])} + seeds {kib(zo['seed_bytes'])} + float32 masters "
+            f"{kib(zo['master_bytes'])}",
+            f"memory, back-propagation ({r['optimizer_states']} optimizer states): {kib(bp['total_bytes'])} "
+            f"= weights {kib(bp['weight_bytes'])} + activations {kib(bp['activation_bytes'])} (stored "
+            f"suffix {kib(bp['stored_activation_bytes'])}, gradients "
+            f"{kib(bp['activation_gradient_bytes'])}) + masters {kib(bp['master_bytes'])} + gradients "
+            f"{kib(bp['gradient_bytes'])} + optimizer {kib(bp['optimizer_bytes'])}",
             f"time per step: ZO {r['zo_seconds'] * 1e3:.2f} ms ({r['forward_passes']} forward passes x "
             f"{r['batch']} images x {r['forward_s'] * 1e3:.3f} ms), "
             f"{r['zo_seconds_suffix_cached'] * 1e3:.2f} ms with the frozen prefix run once (caching "
-            f"{_kib(r['suffix_cache_bytes'])}); back-propagation (backward on the M55) "
+            f"{kib(r['suffix_cache_bytes'])}); back-propagation (backward on the M55) "
             f"{r['bp_seconds'] * 1e3:.2f} ms",
         ]
     )

@@ -244,13 +244,18 @@ def fit_cost_model(measurements, base=None, parameters=FIT_PARAMETERS, structure
     )
 
 
-def leave_one_out(measurements, base=None, parameters=FIT_PARAMETERS, structures: dict | None = None) -> list:
-    """For each measurement: (measurement, estimated ms with the constants fitted on all the others)."""
+def leave_one_out(
+    measurements, base=None, parameters=FIT_PARAMETERS, structures: dict | None = None, fit=None
+) -> list:
+    """For each measurement: (measurement, estimated ms with the constants fitted on all the others,
+    that fit's Calibration). fit(rest, structures) -> Calibration, when given, replaces
+    fit_cost_model(rest, base, parameters, structures) (experiments/stm32n6_table.py re-chooses the
+    half-depth in it)."""
     measurements = list(measurements)
     structures = _structures(measurements, structures)
     out = []
     for i, held in enumerate(measurements):
         rest = measurements[:i] + measurements[i + 1 :]
-        cal = fit_cost_model(rest, base, parameters, structures)
-        out.append((held, estimate_ms(structures[held.file], measurement_cost(cal.cost, held))))
+        cal = fit(rest, structures) if fit else fit_cost_model(rest, base, parameters, structures)
+        out.append((held, estimate_ms(structures[held.file], measurement_cost(cal.cost, held)), cal))
     return out

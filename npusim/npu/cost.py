@@ -13,8 +13,8 @@ Softmax and DequantizeLinear; ST community thread "Why are some layers executed 
 X-CUBE-AI on STM32N6570-DK"). The per-operator shape limits of the ST table are not modelled
 (assumption: the layers of the models used here are all within them); TRANSPOSE is placed on the
 NPU up to rank 4 only, and any op not named above, or with a float operand, goes to the M55.
-NPU_KIND_SOURCES and M55_KIND_SOURCES give the source of every placement, op by op; the ones
-marked ASSUMPTION were not checked against ST's table.
+The registry (npusim/registry.py) gives the source of every placement, op by op; the ones marked
+ASSUMPTION were not checked against ST's table.
 
 Epochs. ST's compiler emits a hardware epoch per (fused) layer and a software epoch per CPU operator.
 fusion.py decides which ops are layers, which are chained into the previous layer's epoch and which
@@ -43,7 +43,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from ..errors import NpusimError
-from ..ops import MAC_OPS
+from ..registry import M55, NPU, REGISTRY, kinds
 from .arena import ArenaPlan, plan_arena, tensor_bytes, tensor_elements
 from .fusion import EPILOGUE, LAYER, VIEW, FusionPlan, plan_fusion
 from .memory import MemoryLayout, plan_memory
@@ -93,69 +93,11 @@ COST_CONSTANTS = {
     "m55_default_cycles_per_element": "ASSUMPTION",
 }
 
-NPU = "NPU"
-M55 = "M55"
-
-# Hardware operators of the Neural-ART, each with the source of its placement. "ST table": ST's
-# "ST Neural-ART NPU - Supported operators and limitations" (cited in the module docstring). Its
-# operator rows could not be fetched here; the rows below marked "ST table (summary)" come from a
-# third-party digest of the Core 2.2.0 page (a "Modeling Constraints Cheat-Sheet" for the STM32N6 found
-# by code search, which lists the HW and SW_FLOAT/SW_INT operators), ONNX names in brackets.
-# "ASSUMPTION": not in that digest; placed by the Neural-ART's hardware units and the first thing to
-# correct from a `stedgeai analyze` report. docs/stm32n6.md lists them.
-ST_DIGEST = "ST table (summary of Core 2.2.0)"
-NPU_KIND_SOURCES = {
-    "CONV_2D": "ST table (convolution)",
-    "DEPTHWISE_CONV_2D": "ST table (depthwise convolution)",
-    "FULLY_CONNECTED": "ST table (dense: Gemm, MatMul with a constant operand)",
-    "ADD": "ST table (element-wise add)",
-    "AVERAGE_POOL_2D": "ST table (pooling; windows above 3x3 are decomposed)",
-    "MAX_POOL_2D": "ST table (pooling; windows above 3x3 are decomposed)",
-    "MEAN": "ST table (ReduceMean as global average pooling; H and W only, see placement())",
-    "REDUCE_MAX": f"{ST_DIGEST}: ReduceMax as global max pooling; H and W only, see placement()",
-    "PAD": "ST table (padding)",
-    "PADV2": "ST table (padding)",
-    "RESHAPE": "ST table (reshape)",
-    "CONCATENATION": "ST table (concatenation)",
-    "TRANSPOSE": "ST table (limited transpose; rank <= 4, see placement())",
-    "SQUEEZE": f"{ST_DIGEST}: Squeeze",
-    "EXPAND_DIMS": f"{ST_DIGEST}: Unsqueeze",
-    "SUB": f"{ST_DIGEST}: Sub",
-    "MUL": f"{ST_DIGEST}: Mul",
-    "MAXIMUM": f"{ST_DIGEST}: Max",
-    "MINIMUM": f"{ST_DIGEST}: Min",
-    "LOGISTIC": f"{ST_DIGEST}: Sigmoid",
-    "TANH": f"{ST_DIGEST}: Tanh",
-    "HARD_SWISH": f"{ST_DIGEST}: HardSwish",
-    "LEAKY_RELU": f"{ST_DIGEST}: LeakyRelu",
-    "PRELU": f"{ST_DIGEST}: PRelu",
-    "STRIDED_SLICE": "ASSUMPTION: stream-engine strided read (not in the digest)",
-    "SLICE": "ASSUMPTION: stream-engine strided read (not in the digest)",
-    "SPLIT": "ASSUMPTION: stream-engine strided read (not in the digest)",
-    "SPLIT_V": "ASSUMPTION: stream-engine strided read (not in the digest)",
-    "PACK": "ASSUMPTION: stream-engine data movement, as CONCATENATION (not in the digest)",
-    "UNPACK": "ASSUMPTION: stream-engine data movement (not in the digest)",
-    "RESIZE_NEAREST_NEIGHBOR": "ASSUMPTION: pixel copies (the digest lists bilinear Resize only)",
-    "TRANSPOSE_CONV": "ASSUMPTION: convolution accelerators (ConvTranspose is not in the digest)",
-}
-# Ops the simulator runs that are placed on the Cortex-M55 on purpose, and why.
-M55_KIND_SOURCES = {
-    # ST table: Softmax is HW only with the compiler's --expand-softmax, SW_INT otherwise (quoted by the
-    # "STM32N6 Deployment Zoo" README, found by code search); ST's profiles do not pass the flag.
-    "SOFTMAX": "ST table: SW_INT unless compiled with --expand-softmax",
-    "QUANTIZE": f"{ST_DIGEST}: QuantizeLinear at the float boundary is SW_FLOAT",
-    "DEQUANTIZE": f"{ST_DIGEST}: DequantizeLinear is SW_FLOAT (and in ST validate reports)",
-    # ST Edge AI Core 2.1 reports of MoveNet Lightning on the STM32N6 list its Resize bilinear layers
-    # as software epochs (Politecnico di Milano STM32N6 case studies,
-    # giacomocolosio02.github.io/stm32n6-docs/casestudies_page.html).
-    "RESIZE_BILINEAR": f"{ST_DIGEST}: bilinear Resize is SW_FLOAT (and in MoveNet's ST reports)",
-    "GATHER": f"{ST_DIGEST}: Gather is SW_FLOAT",
-    "TILE": "ASSUMPTION: software epoch (not in the digest)",
-    "SHAPE": "int32 output: the NPU runs int8 only",
-    "SUM": f"{ST_DIGEST}: ReduceSum is SW_FLOAT",
-    "BATCH_MATMUL": "ST table: MatMul is HW only with a constant operand; both are activations here",
-}
-CONV_ACCELERATOR_KINDS = frozenset(MAC_OPS) | {"TRANSPOSE_CONV"}
+# Every placement and its source, op by op, is in the registry (npusim/registry.py; docs/stm32n6.md
+# lists them): the ops ST's compiler puts on the NPU, and the ones it leaves to the Cortex-M55.
+NPU_KIND_SOURCES = {k: s.placement for k, s in REGISTRY.items() if s.unit == NPU}
+M55_KIND_SOURCES = {k: s.placement for k, s in REGISTRY.items() if s.unit == M55}
+CONV_ACCELERATOR_KINDS = kinds(conv_accelerator=True)
 NPU_KINDS = frozenset(NPU_KIND_SOURCES)
 # Activations the NPU fuses into the producing layer.
 NPU_FUSED_ACTIVATIONS = frozenset({"NONE", "RELU", "RELU6", "RELU_N1_TO_1"})
@@ -475,11 +417,6 @@ class DeviceReport:
             "m55_s": self.unit_seconds(M55),
             "cost_model": asdict(self.cost),
         }
-
-    def format(self, title: str = "") -> str:
-        from .report import format_report  # the text is report.py's; it reads this class
-
-        return format_report(self, title)
 
 
 def plan_device(

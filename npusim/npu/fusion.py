@@ -30,13 +30,16 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..registry import CHAIN, CONCAT, PAD_TAKEN, RESHAPE, STRIDED_READ, kinds
+
 LAYER, EPILOGUE, VIEW = "layer", "epilogue", "view"
 
-RESHAPE_KINDS = frozenset({"RESHAPE", "SQUEEZE", "EXPAND_DIMS"})
-STRIDED_READ_KINDS = frozenset({"STRIDED_SLICE", "SLICE", "SPLIT", "SPLIT_V"})
-CHAINABLE_KINDS = frozenset(
-    {"LOGISTIC", "MUL", "ADD", "SUB", "TANH", "HARD_SWISH", "LEAKY_RELU", "PRELU", "MAXIMUM", "MINIMUM"}
-)
+# Each op's fusion class is in the registry (npusim/registry.py).
+RESHAPE_KINDS = kinds(fusion=RESHAPE)
+STRIDED_READ_KINDS = kinds(fusion=STRIDED_READ)
+CHAINABLE_KINDS = kinds(fusion=CHAIN)
+PAD_KINDS = kinds(fusion=PAD_TAKEN)
+CONCAT_KINDS = kinds(fusion=CONCAT)
 PAD_TAKERS = (["CONV_2D"], ["DEPTHWISE_CONV_2D"])  # a PAD's only reader that can take its padding over
 
 
@@ -95,7 +98,7 @@ def plan_fusion(interp, units: list, rewrites=REWRITES) -> FusionPlan:
         elif (
             on_npu
             and "pad" in rewrites
-            and kind in ("PAD", "PADV2")
+            and kind in PAD_KINDS
             and _spatial_pad(k)
             and [kernels[r].op.kind for r in readers.get(k.op.outputs[0], [])] in PAD_TAKERS
         ):
@@ -105,7 +108,7 @@ def plan_fusion(interp, units: list, rewrites=REWRITES) -> FusionPlan:
             roles[pos] = VIEW
             for t in k.op.outputs:
                 plan.aliases[t] = acts[0]
-        elif on_npu and "concat" in rewrites and kind == "CONCATENATION":
+        elif on_npu and "concat" in rewrites and kind in CONCAT_KINDS:
             roles[pos] = VIEW
             for t in acts:
                 # an input already written into another concatenation, or a graph input, stays put

@@ -8,7 +8,8 @@ from .cost import M55, NPU, CostModel, DeviceReport, plan_device
 # Text
 
 
-def _kib(n: int) -> str:
+def kib(n: int) -> str:
+    """A byte count as the reports print it: exact bytes and KiB."""
     return f"{n:,} B ({n / 1024:.1f} KiB)"
 
 
@@ -75,11 +76,11 @@ def format_report(dev: DeviceReport, title: str = "", calibration=None) -> str:
         f"in {len(dev.epochs)} blocks",
         f"MACs: {dev.total_macs:,} per image, {npu_macs:,} on NPU "
         f"({100.0 * npu_macs / max(dev.total_macs, 1):.2f} %)",
-        f"weight memory: {_kib(dev.weight_bytes)} (constant tensors, in external flash)",
-        f"internal RAM: {_kib(mem.internal_bytes)} (NPU compiler layout over the RAM banks: {pools} KiB)"
-        + (f", external RAM {_kib(mem.external_bytes)}" if mem.external_bytes else ""),
-        f"activation arena: peak {_kib(a.peak_bytes)} (TFLM greedy first-fit by lifetime), naive sum "
-        f"{_kib(a.naive_bytes)}, largest tensor {_kib(a.largest_tensor_bytes)}",
+        f"weight memory: {kib(dev.weight_bytes)} (constant tensors, in external flash)",
+        f"internal RAM: {kib(mem.internal_bytes)} (NPU compiler layout over the RAM banks: {pools} KiB)"
+        + (f", external RAM {kib(mem.external_bytes)}" if mem.external_bytes else ""),
+        f"activation arena: peak {kib(a.peak_bytes)} (TFLM greedy first-fit by lifetime), naive sum "
+        f"{kib(a.naive_bytes)}, largest tensor {kib(a.largest_tensor_bytes)}",
         f"estimated latency: {lat * 1e3:.3f} ms per image (NPU {dev.unit_seconds(NPU) * 1e3:.3f} ms, "
         f"M55 {dev.unit_seconds(M55) * 1e3:.3f} ms, epoch overheads included), "
         f"{1.0 / lat if lat > 0 else float('inf'):.0f} images/s",

@@ -32,7 +32,7 @@ import numpy as np
 
 from ..engines.requant import requantization_multiplier
 from ..jit import njit
-from ..quant import INT32_MAX, ONNXRUNTIME, quantize_multiplier, requantize_one
+from ..quant import INT32_MAX, ONNXRUNTIME, quantize_multiplier, requantize_one, trunc_div, wrap16
 from . import onnxruntime as ort
 from .float_form import Unary
 from .logistic import q4_activation_table
@@ -120,37 +120,28 @@ class Tanh(UnaryTableKernel):
 I16_MIN, I16_MAX = -(1 << 15), (1 << 15) - 1
 
 
-def _wrap16(x):
-    return ((np.asarray(x, np.int64) + (1 << 15)) & 0xFFFF) - (1 << 15)
-
-
-def _trunc_div(x, d: int):
-    """C++ integer division (toward zero) of an int64 array by a positive d."""
-    return np.where(x >= 0, x // d, -((-x) // d))
-
-
 def srdhm16(a, b):
     """gemmlowp SaturatingRoundingDoublingHighMul on int16."""
     a, b = np.asarray(a, np.int64), np.asarray(b, np.int64)
     ab = a * b
     nudge = np.where(ab >= 0, 1 << 14, 1 - (1 << 14))
-    q = _wrap16(_trunc_div(ab + nudge, 1 << 15))
+    q = wrap16(trunc_div(ab + nudge, 1 << 15))
     return np.where((a == I16_MIN) & (b == I16_MIN), I16_MAX, q)
 
 
 def sdhm16(a, b):
     """reference_ops::SaturatingDoublingHighMul: as srdhm16 but truncating toward zero."""
     a, b = np.asarray(a, np.int64), np.asarray(b, np.int64)
-    q = _wrap16(_trunc_div(a * b, 1 << 15))
+    q = wrap16(trunc_div(a * b, 1 << 15))
     return np.where((a == I16_MIN) & (b == I16_MIN), I16_MAX, q)
 
 
 def rdbpot16(x, exponent: int):
     """gemmlowp RoundingDivideByPOT on int16, mask Dup<int16>((1 << exponent) - 1) included."""
     x = np.asarray(x, np.int64)
-    mask = int(_wrap16((1 << exponent) - 1))
+    mask = int(wrap16((1 << exponent) - 1))
     threshold = (mask >> 1) + (x < 0).astype(np.int64)
-    return _wrap16((x >> exponent) + ((x & mask) > threshold).astype(np.int64))
+    return wrap16((x >> exponent) + ((x & mask) > threshold).astype(np.int64))
 
 
 def saturating_left_shift16(x, amount: int):
@@ -166,7 +157,7 @@ def downscale_multiplier16(m: int) -> int:
 
 def hard_swish_table(x_zp: int, y_zp: int, out_m: int, out_exp: int, rel_m: int, rel_exp: int) -> np.ndarray:
     v = EVERY_CODE - x_zp
-    hires = _wrap16(v * 128)
+    hires = wrap16(v * 128)
     preshift = srdhm16(hires, out_m)
     r = hires
     if rel_exp > 0:
@@ -177,7 +168,7 @@ def hard_swish_table(x_zp: int, y_zp: int, out_m: int, out_exp: int, rel_m: int,
     if rel_exp < 0:
         r = rdbpot16(r, -rel_exp)
     r = (r + (1 << 15)) >> 1
-    out = _wrap16(rdbpot16(sdhm16(r, preshift), -out_exp) + y_zp)
+    out = wrap16(rdbpot16(sdhm16(r, preshift), -out_exp) + y_zp)
     return np.clip(out, -128, 127).astype(np.int8)
 
 

@@ -16,7 +16,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from ..engines import aligned
-from ..engines.int16 import ADD_LEFT_SHIFT, add16, is_int16, range16, require_int16, require_tflm
+from ..engines.int16 import is_int16, range16
 from ..engines.output_stage import (
     each_profile,
     lane_mask,
@@ -27,15 +27,14 @@ from ..engines.output_stage import (
     tflm_multiply,
     vector_output_stage,
 )
-from ..engines.requant import output_range, requantization_multiplier
+from ..engines.requant import output_range
 from ..jit import parallel_kernel
 from ..quant import ONNXRUNTIME, SINGLE, TFLM
 from . import onnxruntime as ort
-from .base import Kernel
 from .float_form import Elementwise
-from .pairwise import pair_lookup
+from .int16 import add16
+from .pairwise import LEFT_SHIFT, BinaryKernel
 
-LEFT_SHIFT = 20
 CHUNK = 1 << 14  # elements per parallel task
 
 
@@ -139,68 +138,34 @@ def add_vector(a, b, params, profile, out):
     return out
 
 
-class Add(Kernel):
+class Add(BinaryKernel):
+    """The pairwise family's checks and multipliers (pairwise.py); eval in vector code, not a table
+    (the onnxruntime profile: QLinearAdd's table, looked up as the family's other ops are)."""
+
     kind = "ADD"
     float_form = Elementwise
-    required_inputs, max_inputs = 2, 2
 
     def __init__(self, op, graph, profile):
         super().__init__(op, graph, profile)
-        a, b, y = self.inputs[0], self.inputs[1], self.outputs[0]
-        self.params16 = None
-        if is_int16(a):  # int16 operands and output (int16.add16)
-            require_tflm(self)
-            require_int16(self, a, b, y)
-        else:
-            self.require_int8(a, b, y)
-        for t in (a, b, y):
-            if t.quant.per_channel:
-                raise self.error(f"tensor {t.name!r} is quantized per channel, expected per-tensor")
-        self.require_broadcast(a, b, y)
-        for t in (a, b):  # an activation's axis 0 is the batch: it must line up with the output's
-            if t.data is None and len(t.shape) != len(y.shape):
-                raise self.error(
-                    f"input {t.name!r} has rank {len(t.shape)}, expected the output's rank {len(y.shape)}"
-                )
-        s1, s2, so = (np.float64(t.quant.scale[0]) for t in (a, b, y))
-        twice_max = 2.0 * max(s1, s2)
-        self.out_shape = tuple(y.shape[1:])
-        if is_int16(a):
-            self.params16 = (
-                *requantization_multiplier(s1 / twice_max),
-                *requantization_multiplier(s2 / twice_max),
-                *requantization_multiplier(twice_max / ((1 << ADD_LEFT_SHIFT) * so)),
-                *range16(self, op.options.get("fused_activation_function", "NONE"), y),
-            )
-            return
+        a, b, y = self.prepare_operands(int16=True)
+        activation = op.options.get("fused_activation_function", "NONE")
         self.table = None
-        if profile == ONNXRUNTIME:  # QLinearAdd (onnxruntime.add_table), clamped to a fused activation
-            lo, hi = output_range(op.options.get("fused_activation_function", "NONE"), y, profile)
-            table = ort.add_table(a, b, y)
-            self.table = np.clip(table, lo, hi).astype(np.int8)
+        if profile == ONNXRUNTIME:
+            # QLinearAdd (onnxruntime.add_table) on the family's lookup, clamped to a fused
+            # activation. ORT rescales in float32, so TFLM's output-multiplier limit (a CHECK in
+            # QuantizeMultiplierSmallerThanOneExp, refused by rescale_multipliers) does not apply.
+            lo, hi = output_range(activation, y, profile)
+            self.table = np.clip(ort.add_table(a, b, y), lo, hi).astype(np.int8)
             return
-        self.params = (
-            a.zero_point,
-            b.zero_point,
-            *requantization_multiplier(s1 / twice_max),
-            *requantization_multiplier(s2 / twice_max),
-            *requantization_multiplier(twice_max / ((1 << LEFT_SHIFT) * so)),
-            y.zero_point,
-            *output_range(op.options.get("fused_activation_function", "NONE"), y),
-        )
+        params = self.rescale_multipliers(a, b, y)
+        if is_int16(a):  # int16 operands and output (int16.add16)
+            params16 = (*params, *range16(self, activation, y))
+            self.int16 = lambda a, b: add16(a, b, params16)
+            return
+        self.params = (a.zero_point, b.zero_point, *params, y.zero_point, *output_range(activation, y))
         self.vector_params = tuple(np.int64(p) for p in self.params)
 
-    def macs(self) -> int:
-        return int(np.prod(self.out_shape))
-
-    def workspace_bytes(self, n: int) -> int:
-        return n * int(np.prod(self.out_shape))  # each operand broadcast to the output shape
-
-    def __call__(self, a, b):
-        shape = self.broadcast_batch(a, b, self.out_shape)
-        a, b = (np.ascontiguousarray(np.broadcast_to(t, shape)) for t in (a, b))
-        if self.params16 is not None:
-            return add16(a, b, self.params16)
-        if self.table is not None:
-            return pair_lookup(self.table, a.view(np.uint8), b.view(np.uint8), aligned.empty(shape, np.int8))
-        return add_vector(a, b, self.vector_params, np.int64(self.profile), aligned.empty(shape, np.int8))
+    def eval_int8(self, a, b):
+        if self.table is not None:  # the onnxruntime profile: the pairwise table lookup
+            return super().eval_int8(a, b)
+        return add_vector(a, b, self.vector_params, np.int64(self.profile), aligned.empty(a.shape, np.int8))

@@ -17,7 +17,7 @@ from ..engines.requant import requantization_multiplier
 from ..jit import parallel_kernel
 from ..quant import requantize_to_output
 from .base import Kernel
-from .float_form import FloatForm
+from .float_form import FloatForm, real
 
 MAX_RANK = 5
 MAX_DEPTH = (2**31 - 1) // (255 * 255)  # no int32 accumulator overflow whatever the data
@@ -41,7 +41,7 @@ class BatchMatMulFloat(FloatForm):
         self.adj_y = bool(op.options.get("adj_y", False))
 
     def __call__(self, lhs, rhs):
-        a, b = np.asarray(lhs, np.float32), np.asarray(rhs, np.float32)
+        a, b = real(lhs), real(rhs)
         if self.adj_x:
             a = np.swapaxes(a, -1, -2)
         if self.adj_y:

@@ -9,20 +9,20 @@ weight perturbations in one call.
 
 from __future__ import annotations
 
-import numpy as np
-
 from ..engines import aligned, backend, gemm
 from ..engines.geometry import ConvGeometry, SlidingWindow
 from ..engines.int16 import Stage16, conv16, is_int16
 from ..engines.requant import OutputStage
 from ..quant import mac_profile
 from .base import Kernel, WeightMemo
-from .float_form import FloatForm, columns
+from .float_form import FloatForm, columns, real
 
 
 class Conv2DFloat(FloatForm):
     """x (*) w + b with a real zero as padding, im2col and one float32 GEMM (LiteRT's float conv
     is im2col + GEMM too, summed in another order), then the fused activation."""
+
+    mac_inputs = (0, 1, 2)
 
     def __init__(self, op, graph):
         super().__init__(op, graph)
@@ -31,7 +31,7 @@ class Conv2DFloat(FloatForm):
 
     def __call__(self, x, w, b=None):
         g = self.geometry
-        y = columns(np.asarray(x, np.float32), g) @ w.reshape(w.shape[0], -1).T
+        y = columns(real(x), g) @ w.reshape(w.shape[0], -1).T
         if b is not None:
             y += b
         return self.activate(y.reshape(x.shape[0], g.out_h, g.out_w, w.shape[0]))

@@ -5,7 +5,9 @@ float model a converter started from) and on a quantized graph (the int8 model's
 TFLite's QuantizationDebugger evaluates it): its __call__ takes float32 arrays in op.inputs order
 (activations with the batch on axis 0, constants as real values: a float graph's own data, a
 quantized graph's constants dequantized, index operands such as shapes and axes as stored) and
-returns float32 arrays, a tuple when the op has several outputs.
+returns float32 arrays, a tuple when the op has several outputs. It computes in the precision of
+its inputs: float32 from the float interpreter (reference.py), float64 in zo's gradient checks
+(zo/float_ops.py runs these same forms and adds the backward passes).
 
 A fused activation is the float clamp LiteRT's float kernels apply (kernels/internal/
 reference/*.h: ActivationFunctionWithMinMax). What a float form never does is clamp to the range an
@@ -49,10 +51,30 @@ def real_value(tensor: Tensor, data: np.ndarray | None = None) -> np.ndarray:
     return (scale * (q.astype(np.float64) - zp)).astype(np.float32)
 
 
+def mac_bias(bias: Tensor, x: Tensor, w: Tensor) -> np.ndarray:
+    """A MAC op's integer bias as its integer kernel adds it: in units of input scale times weight
+    scale, since TFLM (reference_integer_ops/conv.h, fully_connected.h) adds the int32 bias to the
+    accumulator and never reads the bias tensor's own scale. The converter writes that scale as
+    float32(double(s_in) * double(s_w)), so the two agree on a well-formed model; where an edited
+    scale makes them disagree, this is what the int8 layer computes."""
+    s_w = w.quant.scale.astype(np.float64)
+    scale = (np.float64(x.quant.scale[0]) * s_w).astype(np.float32).astype(np.float64)
+    b = bias.data.astype(np.float64)
+    return (b * (scale if scale.size == b.shape[-1] else scale[0])).astype(np.float32)
+
+
+def real(x) -> np.ndarray:
+    """An array of real values in its own float precision (an integer array becomes float32)."""
+    x = np.asarray(x)
+    return x if x.dtype.kind == "f" else x.astype(np.float32)
+
+
 class FloatForm:
     """Prepare in __init__ (geometry, axes, the fused activation), evaluate in __call__."""
 
     kind = ""
+    # MAC ops: the positions of (input, weights, bias) in op.inputs, for constant().
+    mac_inputs: tuple | None = None
 
     def __init__(self, op: Op, graph: Graph):
         self.op = op
@@ -68,9 +90,20 @@ class FloatForm:
     def error(self, message: str) -> NpusimError:
         return NpusimError(f"op {self.op.index} ({self.op.kind}): {message}")
 
+    def constant(self, k: int) -> np.ndarray:
+        """The real value of constant input k: real_value, except a quantized MAC op's integer bias,
+        which is worth what the integer kernel adds (mac_bias)."""
+        t = self.inputs[k]
+        if self.mac_inputs is not None and k == self.mac_inputs[2]:
+            x, w = (self.inputs[i] for i in self.mac_inputs[:2])
+            quantized = all(u is not None and u.quant is not None for u in (x, w))
+            if quantized and np.dtype(t.dtype).kind == "i" and t.quant is not None:
+                return mac_bias(t, x, w)
+        return real_value(t)
+
     def activate(self, y: np.ndarray) -> np.ndarray:
-        """The fused activation as a float clamp; the result is float32."""
-        y = np.asarray(y, dtype=np.float32)
+        """The fused activation as a float clamp."""
+        y = real(y)
         if self.lo is not None or self.hi is not None:
             y = np.clip(y, self.lo, self.hi)
         return y
@@ -83,7 +116,7 @@ class Identity(FloatForm):
     """QUANTIZE and DEQUANTIZE: a change of representation, so the identity on real values."""
 
     def __call__(self, x):
-        return np.asarray(x, dtype=np.float32)
+        return real(x)
 
 
 class Movement(FloatForm):
@@ -108,18 +141,19 @@ class Elementwise(FloatForm):
     function = staticmethod(np.add)
 
     def __call__(self, a, b):
-        return self.activate(self.function(np.asarray(a, np.float32), np.asarray(b, np.float32)))
+        return self.activate(self.function(real(a), real(b)))
 
 
 class Unary(FloatForm):
-    """An elementwise function of one input; subclasses name it (computed in float64, returned as
-    float32, so the only difference from LiteRT's float32 kernel is its own rounding)."""
+    """An elementwise function of one input; subclasses name it (computed in float64, returned in
+    the input's precision, so the only difference from LiteRT's float32 kernel is its rounding)."""
 
     def function(self, x: np.ndarray) -> np.ndarray:
         raise NotImplementedError
 
     def __call__(self, x):
-        return self.activate(self.function(np.asarray(x, np.float64)))
+        x = real(x)
+        return self.activate(self.function(x.astype(np.float64)).astype(x.dtype))
 
 
 # ----------------------------------------------------------------------------------------------

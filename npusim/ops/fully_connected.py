@@ -15,12 +15,14 @@ from ..engines.int16 import Stage16, is_int16
 from ..engines.requant import OutputStage
 from ..quant import mac_profile
 from .base import Kernel
-from .float_form import FloatForm
+from .float_form import FloatForm, real
 
 
 class FullyConnectedFloat(FloatForm):
     """Rows of K input values times the weights [O, K] plus the bias (float32, as LiteRT's float
     FullyConnected), shaped as the output tensor."""
+
+    mac_inputs = (0, 1, 2)
 
     def __init__(self, op, graph):
         super().__init__(op, graph)
@@ -28,7 +30,7 @@ class FullyConnectedFloat(FloatForm):
         self.out_shape = tuple(self.outputs[0].shape[1:])
 
     def __call__(self, x, w, b=None):
-        y = np.asarray(x, np.float32).reshape(-1, self.depth) @ w.T
+        y = real(x).reshape(-1, self.depth) @ w.T
         if b is not None:
             y += b
         return self.activate(y.reshape((-1,) + self.out_shape))

@@ -16,11 +16,12 @@ import math
 
 import numpy as np
 
-from ..engines.int16 import is_int16, logistic16, logistic16_params
+from ..engines.int16 import is_int16
 from ..jit import njit
 from ..quant import INT32_MAX, ONNXRUNTIME, multiply_by_quantized_multiplier, rounding_divide_by_pot
 from . import onnxruntime as ort
 from .float_form import Unary
+from .int16 import logistic16, logistic16_params
 from .softmax import calculate_input_radius, exp_on_negative_values, one_over_one_plus_x_for_x_in_0_1
 from .unary import UnaryTableKernel
 

@@ -22,7 +22,7 @@ from ..engines.requant import requantization_multiplier
 from ..jit import parallel_kernel
 from ..quant import clamp, multiply_by_quantized_multiplier
 from .base import Kernel
-from .float_form import FloatForm
+from .float_form import FloatForm, real
 
 
 @parallel_kernel
@@ -54,7 +54,7 @@ def mean_requantize(sums, input_offset, multiplier, shift, output_zero_point, ou
 
 class MeanFloat(FloatForm):
     """The reduction over the axes tensor as TFLite's ResolveAxis reads it (negative axes count
-    from the end, duplicates dropped), in float64, shaped as the output tensor (keep_dims or not)."""
+    from the end, duplicates dropped), in the input's precision, shaped as the output tensor."""
 
     reduce = staticmethod(np.mean)
 
@@ -66,8 +66,8 @@ class MeanFloat(FloatForm):
         self.out_image_shape = tuple(self.outputs[0].shape[1:])
 
     def __call__(self, x, axes=None):
-        y = self.reduce(np.asarray(x, np.float64), axis=self.axes)
-        return np.asarray(y, np.float32).reshape((x.shape[0],) + self.out_image_shape)
+        y = self.reduce(real(x), axis=self.axes)
+        return np.asarray(y).reshape((x.shape[0],) + self.out_image_shape)
 
 
 class Mean(Kernel):

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..engines.int16 import is_int16, mul16, range16
+from ..engines.int16 import is_int16, range16
 from ..engines.requant import output_range, requantization_multiplier
 from ..jit import njit
 from ..quant import ONNXRUNTIME, requantize_to_output
 from . import onnxruntime as ort
 from .float_form import Elementwise
+from .int16 import mul16
 from .pairwise import BinaryKernel, every_pair
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import registry
 from ..errors import NpusimError
 from ..graph import Graph, Quantization
 from . import onnxruntime as ort
@@ -18,18 +19,11 @@ from .quantize import lookup
 
 _F32 = np.float32
 
-# The kinds whose own kernel follows ORT under this profile: the MAC ops (exact sums,
-# MlasRequantizeOutput), ADD, MUL, LOGISTIC, LEAKY_RELU, QUANTIZE and DEQUANTIZE (onnxruntime.py),
-# and the ops that only move or select codes, exact in every runtime.
-KINDS = frozenset(
-    {
-        "CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED", "BATCH_MATMUL", "TRANSPOSE_CONV",
-        "ADD", "MUL", "LOGISTIC", "LEAKY_RELU", "QUANTIZE", "DEQUANTIZE",
-        "RESHAPE", "TRANSPOSE", "CONCATENATION", "PAD", "PADV2", "MAX_POOL_2D", "SLICE",
-        "STRIDED_SLICE", "SPLIT", "SPLIT_V", "SQUEEZE", "EXPAND_DIMS", "PACK", "UNPACK", "GATHER",
-        "TILE", "SHAPE", "RESIZE_NEAREST_NEIGHBOR", "MAXIMUM", "MINIMUM", "REDUCE_MAX",
-    }
-)  # fmt: skip
+# The kinds whose own kernel follows ORT under this profile (registry ORT_OWN): the MAC ops (exact
+# sums, MlasRequantizeOutput), ADD, MUL, LOGISTIC, LEAKY_RELU, QUANTIZE and DEQUANTIZE
+# (onnxruntime.py), and the ops that only move or select codes, exact in every runtime. The
+# registry's ORT_MODEL kinds are AVERAGE_POOL_2D and MEAN (the classes below), the others ORT_FLOAT.
+KINDS = registry.kinds(onnxruntime=registry.ORT_OWN)
 
 # TFLite's kernels fix the output quantization of these kinds (LOGISTIC and SOFTMAX at 1/256 and
 # -128, AVERAGE_POOL_2D and RESIZE_BILINEAR at their input's), so the ONNX importer follows them with

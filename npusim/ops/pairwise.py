@@ -1,5 +1,6 @@
-"""Shared by the int8 binary elementwise ops (MUL, SUB): operand checks and broadcasting as ADD does
-them, and eval as a lookup in a 65,536-entry table.
+"""The binary elementwise family (ADD, SUB, MUL, MAXIMUM, MINIMUM, PRELU): operand checks and
+broadcasting, written once, ADD's and SUB's rescaling multipliers, and eval as a lookup in a
+65,536-entry table (ADD evaluates with its own vector code instead, add.py).
 
 An int8 binary op of fixed quantization is a function of its two input bytes, so prepare runs the
 op's exact TFLM arithmetic on every pair once and eval gathers table[a, b]: bit-identical to
@@ -13,8 +14,14 @@ import numpy as np
 
 from ..engines import aligned
 from ..engines.int16 import is_int16, require_int16, require_tflm
+from ..engines.requant import requantization_multiplier
 from ..jit import parallel_kernel
 from .base import Kernel
+
+# ADD and SUB bring both inputs to twice the larger scale with this many bits of headroom (TFLM
+# add_common.cc and sub_common.cc: 20 for int8 outputs, 15 for int16), then to the output scale.
+LEFT_SHIFT = 20
+LEFT_SHIFT_16 = 15
 
 
 @parallel_kernel
@@ -74,6 +81,21 @@ class BinaryKernel(Kernel):
         self.out_shape = tuple(y.shape[1:])
         return a, b, y
 
+    def rescale_multipliers(self, a, b, y) -> tuple:
+        """(m1, s1, m2, s2, m_out, s_out) of ADD and SUB, computed in double from the float32 scales
+        as TFLM's Prepare does (QuantizeMultiplierSmallerThanOneExp, which CHECK-fails on an output
+        multiplier not below 1: refused here)."""
+        f1, f2, fo = (np.float64(t.quant.scale[0]) for t in (a, b, y))
+        twice_max = 2.0 * max(f1, f2)
+        left_shift = LEFT_SHIFT_16 if is_int16(a) else LEFT_SHIFT
+        reals = (float(f1 / twice_max), float(f2 / twice_max), float(twice_max / ((1 << left_shift) * fo)))
+        if not 0.0 < reals[2] < 1.0:
+            raise self.error(
+                f"output multiplier {reals[2]:g} is not below 1 (output scale {float(fo):g} too small "
+                "for the input scales)"
+            )
+        return tuple(v for r in reals for v in requantization_multiplier(r))
+
     def macs(self) -> int:
         return int(np.prod(self.out_shape))
 
@@ -84,5 +106,8 @@ class BinaryKernel(Kernel):
         shape = self.broadcast_batch(a, b, self.out_shape)
         if self.int16 is not None:
             return self.int16(*(np.broadcast_to(t, shape) for t in (a, b)))
-        a, b = (np.ascontiguousarray(np.broadcast_to(t, shape)).view(np.uint8) for t in (a, b))
-        return pair_lookup(self.table, a, b, aligned.empty(shape, np.int8))
+        return self.eval_int8(*(np.ascontiguousarray(np.broadcast_to(t, shape)) for t in (a, b)))
+
+    def eval_int8(self, a, b):
+        """a, b: the int8 operands broadcast to the output shape, contiguous: the table lookup."""
+        return pair_lookup(self.table, a.view(np.uint8), b.view(np.uint8), aligned.empty(a.shape, np.int8))

@@ -18,7 +18,7 @@ from ..errors import NpusimError
 from ..jit import njit, parallel_kernel
 from ..quant import clamp
 from .base import Kernel
-from .float_form import FloatForm, pad_spatial, tap
+from .float_form import FloatForm, pad_spatial, real, tap
 
 
 @njit(inline="always")
@@ -94,9 +94,10 @@ class _PoolFloat(FloatForm):
         )
 
     def windows(self, x, value):
+        """The padded input and the views of it that each filter tap reads."""
         g = self.geometry
-        xp = pad_spatial(np.asarray(x, np.float32), g, value)
-        return [tap(xp, g, ky, kx) for ky in range(g.kh) for kx in range(g.kw)]
+        xp = pad_spatial(real(x), g, value)
+        return xp, [tap(xp, g, ky, kx) for ky in range(g.kh) for kx in range(g.kw)]
 
 
 class AveragePool2DFloat(_PoolFloat):
@@ -105,18 +106,25 @@ class AveragePool2DFloat(_PoolFloat):
 
     def __init__(self, op, graph):
         super().__init__(op, graph)
-        ones = np.ones((1,) + tuple(int(d) for d in self.inputs[0].shape[1:3]) + (1,), np.float32)
-        self.count = np.sum(self.windows(ones, 0.0), axis=0)
+        self.count = self.window_sum(np.ones((1,) + tuple(int(d) for d in self.inputs[0].shape[1:3]) + (1,)))
+
+    def window_sum(self, x):
+        taps = self.windows(x, 0.0)[1]
+        total = np.zeros_like(taps[0])
+        for t in taps:  # tap by tap, in the filter's order
+            total += t
+        return total
 
     def __call__(self, x):
-        return self.activate(np.sum(self.windows(x, 0.0), axis=0) / self.count)
+        x = real(x)
+        return self.activate(self.window_sum(x) / self.count.astype(x.dtype))
 
 
 class MaxPool2DFloat(_PoolFloat):
     """The largest tap; padding is -inf, so taps outside the image never win."""
 
     def __call__(self, x):
-        return self.activate(np.max(self.windows(x, -np.inf), axis=0))
+        return self.activate(np.max(self.windows(x, -np.inf)[1], axis=0))
 
 
 class _Pool2D(Kernel):

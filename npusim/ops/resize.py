@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..quant import SINGLE
+from ..quant import SINGLE, trunc_div
 from .base import Kernel
-from .float_form import FloatForm, Movement
+from .float_form import FloatForm, Movement, real
 from .movement import _same_dtype
 
 
@@ -71,10 +71,10 @@ class ResizeBilinearFloat(FloatForm):
     def __call__(self, x, size=None):
         (y0, y1, fy), (x0, x1, fx) = self.axes
         fy, fx = fy.reshape(1, -1, 1, 1), fx.reshape(1, 1, -1, 1)
-        x = np.asarray(x, np.float32)
+        x = real(x)
         top = x[:, y0][:, :, x0] * (1 - fx) + x[:, y0][:, :, x1] * fx
         bottom = x[:, y1][:, :, x0] * (1 - fx) + x[:, y1][:, :, x1] * fx
-        return (top * (1 - fy) + bottom * fy).astype(np.float32)
+        return (top * (1 - fy) + bottom * fy).astype(x.dtype)
 
 
 def _bilinear_axis(in_size: int, out_size: int, align: bool, half: bool):
@@ -116,11 +116,6 @@ class ResizeNearestNeighbor(Kernel):
         return np.ascontiguousarray(x[:, self.rows][:, :, self.cols])
 
 
-def _trunc_div(v: np.ndarray, d: int) -> np.ndarray:
-    """C++ integer division (toward zero) by a positive d."""
-    return np.where(v >= 0, v // d, -((-v) // d))
-
-
 def bilinear_taps(in_size: int, out_size: int, align_corners: bool, half_pixel_centers: bool):
     """ComputeInterpolationValuesInteger along one axis: (i0, i1, w1) with the weight of i1 in
     1/1024 (that of i0 is 1024 - w1; negative at a half-pixel edge, where i0 == i1)."""
@@ -132,8 +127,8 @@ def bilinear_taps(in_size: int, out_size: int, align_corners: bool, half_pixel_c
         scaled = v * scale_10 + scale_10 // 2 - (1 << 9)
     else:
         scaled = v * scale_10
-    i0 = np.maximum(_trunc_div(scaled, 1 << 10), 0)
-    i1 = np.minimum(_trunc_div(scaled + (1 << 10) - 1, 1 << 10), in_size - 1)
+    i0 = np.maximum(trunc_div(scaled, 1 << 10), 0)
+    i1 = np.minimum(trunc_div(scaled + (1 << 10) - 1, 1 << 10), in_size - 1)
     return i0, i1, scaled - (1 << 10) * i0
 
 
@@ -176,5 +171,5 @@ class ResizeBilinear(Kernel):
         if self.single:
             out = (acc + (1 << 19)) >> 20
         else:
-            out = _trunc_div(acc + np.where(acc > 0, 1 << 19, -(1 << 19)), 1 << 20)
+            out = trunc_div(acc + np.where(acc > 0, 1 << 19, -(1 << 19)), 1 << 20)
         return out.astype(np.int8)

@@ -19,7 +19,7 @@ import math
 import numba as nb
 import numpy as np
 
-from ..engines.int16 import is_int16, require_tflm, softmax16, softmax16_params
+from ..engines.int16 import is_int16, require_tflm
 from ..jit import njit, parallel_kernel
 from ..quant import (
     INT32_MAX,
@@ -27,9 +27,11 @@ from ..quant import (
     quantize_multiplier,
     rounding_divide_by_pot,
     saturating_rounding_doubling_high_mul,
+    wrap32_jit,
 )
 from .base import Kernel
-from .float_form import FloatForm
+from .float_form import FloatForm, real
+from .int16 import softmax16, softmax16_params
 
 # Q5.26 input to exp (TFLM's kScaledDiffIntegerBits), Q12.19 sum (kAccumulationIntegerBits).
 SCALED_DIFF_INTEGER_BITS = 5
@@ -39,7 +41,7 @@ ACCUMULATION_INTEGER_BITS = 12
 @njit(inline="always")
 def _wrap32(x):
     """gemmlowp's Add/Sub on int32 are plain (wrapping) integer arithmetic."""
-    return np.int64(np.int32(np.int64(x) & np.int64(0xFFFFFFFF)))
+    return wrap32_jit(np.int64(x))
 
 
 @njit(inline="always")
@@ -228,9 +230,10 @@ class SoftmaxFloat(FloatForm):
         self.beta = float(np.float32(op.options.get("beta", 1.0)))
 
     def __call__(self, x):
-        x = np.asarray(x, np.float64)
-        e = np.exp(self.beta * (x - x.max(axis=-1, keepdims=True)))
-        return (e / e.sum(axis=-1, keepdims=True)).astype(np.float32)
+        x = real(x)
+        z = x.astype(np.float64)
+        e = np.exp(self.beta * (z - z.max(axis=-1, keepdims=True)))
+        return (e / e.sum(axis=-1, keepdims=True)).astype(x.dtype)
 
 
 class Softmax(Kernel):

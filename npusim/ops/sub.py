@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..engines.int16 import ADD_LEFT_SHIFT, is_int16, range16, sub16
-from ..engines.requant import output_range, requantization_multiplier
+from ..engines.int16 import is_int16, range16
+from ..engines.requant import output_range
 from ..jit import njit
 from ..quant import (
     SINGLE,
@@ -23,9 +23,8 @@ from ..quant import (
     multiply_by_quantized_multiplier_single,
 )
 from .float_form import Elementwise
-from .pairwise import BinaryKernel, every_pair
-
-LEFT_SHIFT = 20
+from .int16 import sub16
+from .pairwise import LEFT_SHIFT, BinaryKernel, every_pair
 
 
 @njit(inline="always")
@@ -59,19 +58,7 @@ class Sub(BinaryKernel):
     def __init__(self, op, graph, profile):
         super().__init__(op, graph, profile)
         a, b, y = self.prepare_operands(int16=True)
-        f1, f2, fo = (np.float64(t.quant.scale[0]) for t in (a, b, y))
-        twice_max = 2.0 * max(f1, f2)
-        left_shift = ADD_LEFT_SHIFT if is_int16(a) else LEFT_SHIFT
-        reals = (float(f1 / twice_max), float(f2 / twice_max), float(twice_max / ((1 << left_shift) * fo)))
-        if not 0.0 < reals[2] < 1.0:
-            # QuantizeMultiplierSmallerThanOneExp CHECK-fails in TFLM.
-            raise self.error(
-                f"output multiplier {reals[2]:g} is not below 1 (output scale {float(fo):g} too small "
-                "for the input scales)"
-            )
-        params = []
-        for r in reals:
-            params += requantization_multiplier(r)
+        params = self.rescale_multipliers(a, b, y)
         activation = op.options.get("fused_activation_function", "NONE")
         if is_int16(a):  # int16 operands and output (int16.sub16)
             params16 = (*params, *range16(self, activation, y))

@@ -20,7 +20,7 @@ import numpy as np
 from ..engines import gemm
 from ..engines.requant import OutputStage
 from .base import Kernel, WeightMemo
-from .float_form import FloatForm
+from .float_form import FloatForm, real
 
 
 def _padding(size: int, k: int, stride: int, padding: str) -> int:
@@ -40,6 +40,8 @@ class TransposeConvFloat(FloatForm):
     """The scatter TFLM and LiteRT's reference TransposeConv do, in float32: input pixel (y, x)
     adds x * w[o, fy, fx, :] to output pixel (y * stride - pad + fy, x * stride - pad + fx)."""
 
+    mac_inputs = (2, 1, 3)
+
     def __init__(self, op, graph):
         super().__init__(op, graph)
         w, x, y = self.inputs[1], self.inputs[2], self.outputs[0]
@@ -57,13 +59,12 @@ class TransposeConvFloat(FloatForm):
         (h, wd), (sh, sw), (oh, ow) = self.in_hw, self.stride, self.out_hw
         full_h = max((h - 1) * sh + self.kh, self.pad[0] + oh)
         full_w = max((wd - 1) * sw + self.kw, self.pad[1] + ow)
-        out = np.zeros((x.shape[0], full_h, full_w, w.shape[0]), np.float32)
+        x = real(x)
+        out = np.zeros((x.shape[0], full_h, full_w, w.shape[0]), np.result_type(x, w))
         taps = w.transpose(1, 2, 3, 0)  # [kh, kw, I, O]
         for fy in range(self.kh):
             for fx in range(self.kw):
-                out[:, fy : fy + (h - 1) * sh + 1 : sh, fx : fx + (wd - 1) * sw + 1 : sw] += (
-                    np.asarray(x, np.float32) @ taps[fy, fx]
-                )
+                out[:, fy : fy + (h - 1) * sh + 1 : sh, fx : fx + (wd - 1) * sw + 1 : sw] += x @ taps[fy, fx]
         y = out[:, self.pad[0] : self.pad[0] + oh, self.pad[1] : self.pad[1] + ow]
         if b is not None:
             y = y + b

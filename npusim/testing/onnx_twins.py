@@ -15,6 +15,7 @@ import numpy as np
 
 from npusim.testing import onnx_oracle as oo
 from npusim.testing import oracle as O
+from npusim.testing import runners
 
 
 @dataclass
@@ -47,7 +48,7 @@ class Case:
 
     def npusim_codes(self, profile: str = "onnxruntime") -> np.ndarray:
         xs = [c.astype(np.int8) for c in self.codes]
-        return O.run_npusim(self.tflite, xs if len(xs) > 1 else xs[0], profile).astype(np.int64)
+        return runners.run_npusim(self.tflite, xs if len(xs) > 1 else xs[0], profile).astype(np.int64)
 
 
 def _parameters(model_bytes: bytes, op_type: str):
@@ -271,7 +272,7 @@ def pool_case(
     """AveragePool (VALID), GlobalAveragePool or Softmax (over the last axis of x [1, C]): twins
     AVERAGE_POOL_2D, MEAN over H and W, SOFTMAX. ORT runs QLinearAveragePool,
     QLinearGlobalAveragePool, QLinearSoftmax."""
-    from npusim.testing.oracle import ModelBuilder, schema
+    from npusim.testing.builder import ModelBuilder, schema
 
     if kind == "AveragePool":
         model = oo.pool_model(kind, x_shape, kernel, stride)

@@ -1,0 +1,277 @@
+"""The one-op model builders of the data movement, shape and quantization ops (RESHAPE ... GATHER,
+QUANTIZE, DEQUANTIZE), as oracle.py's for the arithmetic ops; oracle re-exports them."""
+
+from __future__ import annotations
+
+import numpy as np
+from ai_edge_litert import schema_py_generated as schema
+
+from .builder import ModelBuilder
+
+
+def reshape_model(input_shape, new_shape, scale, zp, shape_tensor=True) -> bytes:
+    """RESHAPE; new_shape may hold one -1. shape_tensor: pass the shape as a constant int32 input
+    (what converters write) rather than only in ReshapeOptions."""
+    new_shape = [int(d) for d in new_shape]
+    resolved = list(np.empty(input_shape, np.int8).reshape(new_shape).shape)
+    b = ModelBuilder()
+    x = b.add_tensor(input_shape, np.int8, scale, zp, name="input")
+    inputs = [x]
+    if shape_tensor:
+        inputs.append(b.add_const(np.asarray(new_shape, np.int32), name="shape"))
+    y = b.add_tensor(resolved, np.int8, scale, zp, name="output")
+    opt = schema.ReshapeOptionsT()
+    opt.newShape = new_shape
+    b.add_op("RESHAPE", inputs, [y], opt)
+    return b.build([x], [y])
+
+def pad_model(input_shape, paddings, scale, zp, v2=False) -> bytes:
+    """PAD (pads with the zero point), or PADV2 with an explicit constant pad value = zp."""
+    paddings = np.asarray(paddings, np.int32).reshape(len(input_shape), 2)
+    b = ModelBuilder()
+    x = b.add_tensor(input_shape, np.int8, scale, zp, name="input")
+    p = b.add_const(paddings, name="paddings")
+    inputs = [x, p]
+    if v2:
+        inputs.append(
+            b.add_const(np.asarray([zp], np.int8).reshape(()), scale=scale, zero_point=zp, name="pad_value")
+        )
+    out_shape = tuple(int(d + p0 + p1) for d, (p0, p1) in zip(input_shape, paddings))
+    y = b.add_tensor(out_shape, np.int8, scale, zp, name="output")
+    if v2:
+        b.add_op("PADV2", inputs, [y], schema.PadV2OptionsT())
+    else:
+        b.add_op("PAD", inputs, [y], schema.PadOptionsT())
+    return b.build([x], [y])
+
+def transpose_model(input_shape, perm, scale, zp) -> bytes:
+    b = ModelBuilder()
+    x = b.add_tensor(input_shape, np.int8, scale, zp, name="input")
+    p = b.add_const(np.asarray(perm, np.int32), name="perm")
+    y = b.add_tensor(tuple(input_shape[i] for i in perm), np.int8, scale, zp, name="output")
+    b.add_op("TRANSPOSE", [x, p], [y], schema.TransposeOptionsT())
+    return b.build([x], [y])
+
+def concat_model(shapes, axis, scale, zp, consts=None) -> bytes:
+    """CONCATENATION of int8 tensors that share scale and zero point. consts: optional list, one
+    entry per operand, of int8 data (that operand becomes a constant) or None (a graph input).
+    The first operand must be a graph input."""
+    consts = consts or [None] * len(shapes)
+    b = ModelBuilder()
+    ins, graph_inputs = [], []
+    for i, (shape, c) in enumerate(zip(shapes, consts)):
+        if c is None:
+            t = b.add_tensor(shape, np.int8, scale, zp, name=f"input{i}")
+            graph_inputs.append(t)
+        else:
+            t = b.add_tensor(
+                shape, np.int8, scale, zp, data=np.asarray(c, np.int8).reshape(shape), name=f"const{i}"
+            )
+        ins.append(t)
+    rank = len(shapes[0])
+    ax = axis % rank
+    out_shape = list(shapes[0])
+    out_shape[ax] = sum(s[ax] for s in shapes)
+    y = b.add_tensor(out_shape, np.int8, scale, zp, name="output")
+    opt = schema.ConcatenationOptionsT()
+    opt.axis = int(axis)
+    b.add_op("CONCATENATION", ins, [y], opt)
+    return b.build(graph_inputs, [y])
+
+def strided_slice_model(
+    input_shape,
+    begin,
+    end,
+    strides,
+    scale,
+    zp,
+    begin_mask=0,
+    end_mask=0,
+    shrink_axis_mask=0,
+    ellipsis_mask=0,
+    new_axis_mask=0,
+    output_shape=None,
+) -> bytes:
+    """STRIDED_SLICE with constant int32 begin/end/strides. output_shape: by default the shape of
+    the slice as TFLite defines it (masks per input axis, ellipsis and new axis ignored as TFLM does)."""
+    if output_shape is None:  # TFLM checks the declared shape against its own (CheckOutputSize)
+        from npusim.ops.strided_slice import axis_indices
+
+        output_shape = []
+        for k, d in enumerate(input_shape):
+            flags = (begin_mask >> k & 1, end_mask >> k & 1, shrink_axis_mask >> k & 1)
+            n = len(axis_indices(d, int(begin[k]), int(end[k]), int(strides[k]), *map(bool, flags)))
+            if not flags[2]:
+                output_shape.append(n)
+    b = ModelBuilder()
+    x = b.add_tensor(input_shape, np.int8, scale, zp, name="input")
+    ts = [
+        b.add_const(np.asarray(v, np.int32), name=n)
+        for v, n in ((begin, "begin"), (end, "end"), (strides, "strides"))
+    ]
+    y = b.add_tensor(output_shape, np.int8, scale, zp, name="output")
+    opt = schema.StridedSliceOptionsT()
+    opt.beginMask, opt.endMask, opt.shrinkAxisMask = int(begin_mask), int(end_mask), int(shrink_axis_mask)
+    opt.ellipsisMask, opt.newAxisMask = int(ellipsis_mask), int(new_axis_mask)
+    b.add_op("STRIDED_SLICE", [x, *ts], [y], opt)
+    return b.build([x], [y])
+
+def split_model(input_shape, axis, num_splits, scale, zp) -> bytes:
+    """SPLIT into num_splits equal parts: inputs (axis, input), num_splits outputs."""
+    b = ModelBuilder()
+    a = b.add_const(np.asarray(axis, np.int32).reshape(()), name="axis")
+    x = b.add_tensor(input_shape, np.int8, scale, zp, name="input")
+    part = list(input_shape)
+    part[axis] //= num_splits
+    ys = [b.add_tensor(part, np.int8, scale, zp, name=f"output{i}") for i in range(num_splits)]
+    opt = schema.SplitOptionsT()
+    opt.numSplits = int(num_splits)
+    b.add_op("SPLIT", [a, x], ys, opt)
+    return b.build([x], ys)
+
+def split_v_model(input_shape, size_splits, axis, scale, zp) -> bytes:
+    """SPLIT_V: inputs (input, size_splits, axis); size_splits may hold one -1."""
+    sizes = list(size_splits)
+    if -1 in sizes:
+        sizes[sizes.index(-1)] = input_shape[axis] - (sum(sizes) + 1)
+    b = ModelBuilder()
+    x = b.add_tensor(input_shape, np.int8, scale, zp, name="input")
+    s = b.add_const(np.asarray(size_splits, np.int32), name="size_splits")
+    a = b.add_const(np.asarray(axis, np.int32).reshape(()), name="axis")
+    ys = []
+    for i, n in enumerate(sizes):
+        shape = list(input_shape)
+        shape[axis] = n
+        ys.append(b.add_tensor(shape, np.int8, scale, zp, name=f"output{i}"))
+    opt = schema.SplitVOptionsT()
+    opt.numSplits = len(sizes)
+    b.add_op("SPLIT_V", [x, s, a], ys, opt)
+    return b.build([x], ys)
+
+def pack_model(shape, count, axis, scale, zp) -> bytes:
+    """PACK of `count` graph inputs of one shape along a new axis."""
+    b = ModelBuilder()
+    xs = [b.add_tensor(shape, np.int8, scale, zp, name=f"input{i}") for i in range(count)]
+    out = list(shape)
+    out.insert(axis % (len(shape) + 1), count)
+    y = b.add_tensor(out, np.int8, scale, zp, name="output")
+    opt = schema.PackOptionsT()
+    opt.valuesCount, opt.axis = int(count), int(axis)
+    b.add_op("PACK", xs, [y], opt)
+    return b.build(xs, [y])
+
+def resize_nearest_model(
+    input_shape, size, scale, zp, align_corners=False, half_pixel_centers=False, bilinear=False
+) -> bytes:
+    """RESIZE_NEAREST_NEIGHBOR, or RESIZE_BILINEAR with bilinear=True (same inputs and options)."""
+    b = ModelBuilder()
+    x = b.add_tensor(input_shape, np.int8, scale, zp, name="input")
+    s = b.add_const(np.asarray(size, np.int32), name="size")
+    y = b.add_tensor((input_shape[0], *size, input_shape[3]), np.int8, scale, zp, name="output")
+    opt = schema.ResizeBilinearOptionsT() if bilinear else schema.ResizeNearestNeighborOptionsT()
+    opt.alignCorners, opt.halfPixelCenters = bool(align_corners), bool(half_pixel_centers)
+    b.add_op("RESIZE_BILINEAR" if bilinear else "RESIZE_NEAREST_NEIGHBOR", [x, s], [y], opt)
+    return b.build([x], [y])
+
+def slice_model(input_shape, begin, size, scale, zp, index_dtype=np.int32) -> bytes:
+    """SLICE with constant begin and size (size may hold -1: to the end of the axis)."""
+    out = [d - b if s == -1 else s for d, b, s in zip(input_shape, begin, size)]
+    b = ModelBuilder()
+    x = b.add_tensor(input_shape, np.int8, scale, zp, name="input")
+    bt = b.add_const(np.asarray(begin, index_dtype), name="begin")
+    st = b.add_const(np.asarray(size, index_dtype), name="size")
+    y = b.add_tensor(out, np.int8, scale, zp, name="output")
+    b.add_op("SLICE", [x, bt, st], [y], schema.SliceOptionsT())
+    return b.build([x], [y])
+
+def unpack_model(input_shape, axis, scale, zp) -> bytes:
+    b = ModelBuilder()
+    x = b.add_tensor(input_shape, np.int8, scale, zp, name="input")
+    ax = axis % len(input_shape)
+    part = list(input_shape[:ax]) + list(input_shape[ax + 1 :])
+    ys = [b.add_tensor(part, np.int8, scale, zp, name=f"output{i}") for i in range(input_shape[ax])]
+    opt = schema.UnpackOptionsT()
+    opt.num, opt.axis = int(input_shape[ax]), int(axis)
+    b.add_op("UNPACK", [x], ys, opt)
+    return b.build([x], ys)
+
+def squeeze_model(input_shape, squeeze_dims, scale, zp) -> bytes:
+    rank = len(input_shape)
+    dims = (
+        {d % rank for d in squeeze_dims} if squeeze_dims else {i for i, s in enumerate(input_shape) if s == 1}
+    )
+    b = ModelBuilder()
+    x = b.add_tensor(input_shape, np.int8, scale, zp, name="input")
+    y = b.add_tensor(
+        [s for i, s in enumerate(input_shape) if i not in dims], np.int8, scale, zp, name="output"
+    )
+    opt = schema.SqueezeOptionsT()
+    opt.squeezeDims = [int(d) for d in squeeze_dims]
+    b.add_op("SQUEEZE", [x], [y], opt)
+    return b.build([x], [y])
+
+def expand_dims_model(input_shape, axis, scale, zp) -> bytes:
+    out = list(input_shape)
+    out.insert(axis % (len(input_shape) + 1), 1)
+    b = ModelBuilder()
+    x = b.add_tensor(input_shape, np.int8, scale, zp, name="input")
+    a = b.add_const(np.asarray([axis], np.int32), name="axis")
+    y = b.add_tensor(out, np.int8, scale, zp, name="output")
+    b.add_op("EXPAND_DIMS", [x, a], [y], schema.ExpandDimsOptionsT())
+    return b.build([x], [y])
+
+def shape_model(input_shape, scale, zp, reshape=False) -> bytes:
+    """SHAPE (int32 output); reshape=True feeds it to a RESHAPE of the input as its shape tensor and
+    returns both outputs (the reshape first)."""
+    b = ModelBuilder()
+    x = b.add_tensor(input_shape, np.int8, scale, zp, name="input")
+    s = b.add_tensor([len(input_shape)], np.int32, name="shape")
+    opt = schema.ShapeOptionsT()
+    opt.outType = schema.TensorType.INT32
+    b.add_op("SHAPE", [x], [s], opt)
+    if not reshape:
+        return b.build([x], [s])
+    y = b.add_tensor(input_shape, np.int8, scale, zp, name="output")
+    b.add_op("RESHAPE", [x, s], [y], schema.ReshapeOptionsT())
+    return b.build([x], [y, s])
+
+def tile_model(input_shape, multiples, scale, zp) -> bytes:
+    b = ModelBuilder()
+    x = b.add_tensor(input_shape, np.int8, scale, zp, name="input")
+    m = b.add_const(np.asarray(multiples, np.int32), name="multiples")
+    y = b.add_tensor([d * r for d, r in zip(input_shape, multiples)], np.int8, scale, zp, name="output")
+    b.add_op("TILE", [x, m], [y], schema.TileOptionsT())
+    return b.build([x], [y])
+
+def gather_model(input_shape, indices, axis, scale, zp) -> bytes:
+    """GATHER of an int8 graph input with constant int32 indices (any shape) along axis."""
+    indices = np.asarray(indices, np.int32)
+    ax = axis % len(input_shape)
+    out = list(input_shape[:ax]) + list(indices.shape) + list(input_shape[ax + 1 :])
+    b = ModelBuilder()
+    x = b.add_tensor(input_shape, np.int8, scale, zp, name="input")
+    i = b.add_const(indices, name="indices")
+    y = b.add_tensor(out, np.int8, scale, zp, name="output")
+    opt = schema.GatherOptionsT()
+    opt.axis = int(axis)
+    b.add_op("GATHER", [x, i], [y], opt)
+    return b.build([x], [y])
+
+def quantize_model(input_shape, in_dtype, out_scale, out_zp, in_scale=None, in_zp=None) -> bytes:
+    """QUANTIZE float32 -> int8 (no input quantization), or uint8 / int8 -> int8 (in_scale, in_zp)."""
+    in_dtype = np.dtype(in_dtype)
+    b = ModelBuilder()
+    if in_dtype == np.float32:
+        x = b.add_tensor(input_shape, np.float32, name="input")
+    else:
+        x = b.add_tensor(input_shape, in_dtype, in_scale, in_zp, name="input")
+    y = b.add_tensor(input_shape, np.int8, out_scale, out_zp, name="output")
+    b.add_op("QUANTIZE", [x], [y], schema.QuantizeOptionsT())
+    return b.build([x], [y])
+
+def dequantize_model(input_shape, scale, zp) -> bytes:
+    b = ModelBuilder()
+    x = b.add_tensor(input_shape, np.int8, scale, zp, name="input")
+    y = b.add_tensor(input_shape, np.float32, name="output")
+    b.add_op("DEQUANTIZE", [x], [y], schema.DequantizeOptionsT())
+    return b.build([x], [y])
