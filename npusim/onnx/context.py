@@ -184,6 +184,13 @@ class Lowering:
             )
         return v
 
+    def initializer_storage(self, name: str) -> str:
+        """The element type of the initializer called name ("int8", "uint8", ...), "" if none is."""
+        for init in self.model.graph.initializer:
+            if init.name == name:
+                return ELEM_TYPES.get(init.data_type, "")
+        return ""
+
     def attr(self, node, name: str, default=None):
         from onnx import helper
 

@@ -148,7 +148,7 @@ def _dequantize(ctx: Lowering, node):
         codes = x.value
         if codes.dtype.kind not in "iu":
             raise ctx.error(f"input {node.input[0]!r} is {codes.dtype.name}, expected integer codes")
-        storage = _storage(ctx, x.name) or storage
+        storage = ctx.initializer_storage(x.name) or storage
         zp_c = ctx.const(node, 2, required=False)  # the raw zero point, in the codes' own type
         zp = zp_c.value.astype(np.int64).ravel() if zp_c is not None else np.zeros(1, np.int64)
         zp = np.repeat(zp, quant.scale.size) if zp.size == 1 else zp
@@ -180,13 +180,6 @@ def _dequantize(ctx: Lowering, node):
             f"{node.input[0]!r} ({t.scale:g}, {t.zero_point}), which a DequantizeLinear cannot change"
         )
     ctx.env[node.output[0]] = x
-
-
-def _storage(ctx: Lowering, name: str) -> str:
-    for init in ctx.model.graph.initializer:
-        if init.name == name:
-            return ELEM_TYPES.get(init.data_type, "")
-    return ""
 
 
 def _quantize(ctx: Lowering, node):

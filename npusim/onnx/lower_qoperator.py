@@ -33,8 +33,6 @@ def qinput(ctx: Lowering, node, k: int, s_k: int, zp_k: int):
 
 def qconst(ctx: Lowering, node, k: int, s_k: int, zp_k: int, axis: int) -> Const:
     """A constant operand stored as integer codes with the op's scale and zero point for it."""
-    from .importer import _storage
-
     c = ctx.const(node, k)
     if c.value.dtype.kind not in "iu":
         raise ctx.error(f"input {node.input[k]!r} is {c.value.dtype.name}, expected integer codes")
@@ -53,7 +51,7 @@ def qconst(ctx: Lowering, node, k: int, s_k: int, zp_k: int, axis: int) -> Const
         scale=scale,
         zero_point=zp,
         axis=axis,
-        storage=_storage(ctx, c.name) or c.value.dtype.name,
+        storage=ctx.initializer_storage(c.name) or c.value.dtype.name,
         source=c.name,
     )
 
