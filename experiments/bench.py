@@ -1,7 +1,7 @@
 """Speed benchmark: npusim against LiteRT (XNNPACK) and TFLite Micro, with exactness checks.
 
     python -m experiments.bench --shared ../shared [--quick] [--out experiments/results/bench.md]
-                                [--only all|conv|paths|models|yolo|zo] [--conv-batches 1,16]
+                                [--only all|conv|paths|models|yolo|onnx|zo] [--conv-batches 1,16]
                                 [--model-batches 64,256] [--yolo-batches 8] [--no-haswell]
 
 One run times
@@ -10,6 +10,8 @@ One run times
   2. each shared model (ResNet-8 CIFAR-10, MobileNetV2 0.35 128 flowers) at batch 64 and 256;
   3. ST's YOLOv8n-256 person detector for the STM32N6 (uint8 input, float output) at batch 8, on
      EuroSAT-64 images resized to 256x256 (PIL bilinear);
+  4. ST's YOLO26n-256 QDQ ONNX model at batch 8 under --profile onnxruntime against ONNX Runtime
+     (experiments/bench_onnx.py, its own section of the report);
 with npusim (profile tflm, `Interpreter.run` on the whole batch), LiteRT's default interpreter
 (XNNPACK, 2 threads, input resized to the batch) and TFLM (batch 1 per invoke: a few single images
 are timed and the per-image median is multiplied by N). Every time is the median over repetitions
@@ -37,6 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
+from . import bench_onnx
 from .bench_haswell import haswell_unsupported, run_haswell
 from .bench_paths import conv_stages, kernel_path_rates, op_breakdown, path_settings
 from .bench_report import Results, render
@@ -71,7 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--only",
-        choices=("all", "conv", "paths", "models", "yolo", "zo"),
+        choices=("all", "conv", "paths", "models", "yolo", "onnx", "zo"),
         default="all",
         help="which workloads to run",
     )
@@ -275,6 +278,8 @@ def main(argv: list[str] | None = None) -> int:
         bench_models(args, results, log)
     if args.only in ("all", "yolo"):
         bench_yolo(args, results, log)
+    if args.only in ("all", "onnx"):  # YOLO26-256 ONNX against ONNX Runtime (experiments/bench_onnx.py)
+        results.onnx = bench_onnx.bench_yolo26(args.shared, batch=8, reps=2 if args.quick else 5, log=log)
     run_haswell(args, results, log)
     if args.only in ("all", "zo"):
         log("ZO step: ResNet-8, last residual block + classifier (last:4), batch 32, q = 16")

@@ -30,6 +30,7 @@ class Results:
     # workload -> (model bytes, input images, npusim's repetitions by batch), for the Haswell section
     inputs: dict = field(default_factory=dict)
     haswell: list = field(default_factory=list)  # lines of "AVX2 code compiled for Haswell"
+    onnx: list = field(default_factory=list)  # lines of "ONNX: YOLO26-256 against ONNX Runtime"
 
 
 def table(rows: list[Row]) -> list[str]:
@@ -118,6 +119,8 @@ def render(results: Results, command: str, quick: bool, started, load_start) -> 
     if rows:
         lines += ["## Floors and targets", "", *targets(rows), ""]
     lines += results.zo
+    if results.onnx:
+        lines += ["## ONNX: YOLO26-256 against ONNX Runtime", "", *results.onnx]
     if results.memory:
         lines += [
             "## Memory of a model run",

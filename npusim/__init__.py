@@ -18,8 +18,8 @@ _LAZY = {
     "Quantization": "graph",
     "Tensor": "graph",
     "Interpreter": "interpreter",
-    "load_model": "tflite_io",
-    "write_model": "tflite_io",
+    "load_model": "model_io",  # .tflite or .onnx, by the file's content
+    "write_model": "model_io",
     "tune_process": "tuning",
 }
 __all__ = ["NpusimError", "__version__", *_LAZY]

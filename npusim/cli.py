@@ -13,17 +13,19 @@ import numpy as np
 
 from .errors import NpusimError
 from .interpreter import Interpreter
-from .tflite_io import load_model
+from .model_io import load_model
+from .quant import PROFILES
 from .tuning import tune_process
 
 PROFILE = click.option(
     "--profile",
-    type=click.Choice(["tflm", "xnnpack", "single"]),
+    type=click.Choice(list(PROFILES)),
     default="tflm",
     show_default=True,
     help=(
         "Rounding profile: tflm (TFLite Micro), xnnpack (LiteRT's "
-        "default CPU path), single (CMSIS-NN single rounding)."
+        "default CPU path), single (CMSIS-NN single rounding), onnxruntime (ONNX Runtime's CPU "
+        "kernels: float32 requantization, MLAS tables; see docs/numerics.md)."
     ),
 )
 
@@ -332,14 +334,12 @@ def golden_check(model, golden_file):
     "--a",
     "--profile",
     "a",
-    type=click.Choice(["tflm", "xnnpack", "single"]),
+    type=click.Choice(list(PROFILES)),
     default="tflm",
     show_default=True,
     help="Profile of run A (the simulator's profile when comparing against --reference).",
 )
-@click.option(
-    "--b", "b", type=click.Choice(["tflm", "xnnpack", "single"]), default=None, help="Profile of run B."
-)
+@click.option("--b", "b", type=click.Choice(list(PROFILES)), default=None, help="Profile of run B.")
 @click.option(
     "--reference",
     type=click.Path(file_okay=False),

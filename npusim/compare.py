@@ -23,7 +23,7 @@ import numpy as np
 from .errors import NpusimError
 from .graph import Graph
 from .interpreter import Interpreter
-from .tflite_io import load_model
+from .model_io import load_model
 
 
 def sanitize_name(name: str) -> str:

@@ -35,8 +35,8 @@ from . import __version__
 from .compare import array_difference
 from .errors import NpusimError
 from .interpreter import Interpreter
+from .model_io import load_model
 from .quant import PROFILES
-from .tflite_io import load_model
 
 FORMAT = "npusim-golden"
 FORMAT_VERSION = 1

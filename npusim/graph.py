@@ -17,6 +17,9 @@ class Quantization:
     scale: np.ndarray  # float32, shape [1] or [channels]
     zero_point: np.ndarray  # int64, same shape as scale
     axis: int = 0  # quantized_dimension, meaningful when per-channel
+    # stored code - graph code: 128 where the file stores uint8 and the graph holds the codes shifted
+    # to int8 (ONNX import); the onnxruntime profile's float steps see the stored codes.
+    offset: int = 0
 
     @property
     def per_channel(self) -> bool:

@@ -13,9 +13,9 @@ from . import tflite_io
 from .engines import backend as _backend
 from .errors import NpusimError
 from .graph import Graph, computes_in_float
-from .ops import KERNELS, MAC_OPS
-from .quant import profile_id
-from .tflite_io import load_model
+from .model_io import load_model
+from .ops import KERNELS, MAC_OPS, ort_kernels
+from .quant import ONNXRUNTIME, profile_id
 
 
 def execution_order(graph: Graph) -> list:
@@ -94,11 +94,17 @@ class Interpreter:
             if op.kind not in KERNELS:
                 raise NpusimError(f"op {op.index} ({op.kind}): operator is not supported")
         check_activations(self.graph)
+        plan = ort_kernels.Plan(self.graph) if pid == ONNXRUNTIME else None
         for op in ops:
             try:
                 kernel_class = KERNELS[op.kind]
                 extra = {"backends": self.backends} if kernel_class.takes_backends else {}
-                self.kernels.append(kernel_class(op, self.graph, pid, **extra))
+                if pid == ONNXRUNTIME:  # ORT's arithmetic, or its float op then QuantizeLinear
+                    self.kernels.append(
+                        ort_kernels.kernel_for(kernel_class, op, self.graph, pid, plan, **extra)
+                    )
+                else:
+                    self.kernels.append(kernel_class(op, self.graph, pid, **extra))
             except NpusimError as e:  # helpers shared by ops (padding, multipliers) do not know the op
                 if str(e).startswith(f"op {op.index} "):
                     raise

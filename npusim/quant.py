@@ -14,8 +14,8 @@ from .errors import NpusimError
 from .jit import njit
 
 # Rounding profiles. Integers so that Numba kernels can branch on them.
-TFLM, SINGLE, XNNPACK = 0, 1, 2
-PROFILES = {"tflm": TFLM, "single": SINGLE, "xnnpack": XNNPACK}
+TFLM, SINGLE, XNNPACK, ONNXRUNTIME = 0, 1, 2, 3
+PROFILES = {"tflm": TFLM, "single": SINGLE, "xnnpack": XNNPACK, "onnxruntime": ONNXRUNTIME}
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 
@@ -26,6 +26,15 @@ def profile_id(name: str) -> int:
             f"--profile: unknown rounding profile {name!r}, expected one of {', '.join(PROFILES)}"
         )
     return PROFILES[name]
+
+
+def mac_profile(profile: int) -> int:
+    """The output stage the MAC engines run for a profile. ONNX Runtime's integer kernels
+    (QLinearConv, QLinearMatMul, QGemm) requantize with MlasRequantizeOutput (mlas/lib/quantize.cpp):
+    float32(acc) * float32(x_scale * w_scale / y_scale), clamped in float to [qmin - zp, qmax - zp],
+    rounded half to even (cvtps2dq), + zp. With integer clamp bounds, clamping before or after the
+    rounding is the same, so that is XNNPACK's fp32 output stage, which the engines already emit."""
+    return XNNPACK if profile == ONNXRUNTIME else profile
 
 
 def quantize_multiplier(real: float) -> tuple[int, int]:
@@ -64,6 +73,9 @@ def activation_range(
     with xnn_qs8_quantize, lrintf(clamp(f / scale + (float) zero_point, -128, 127)): the zero point
     is added in float32 before rounding, and rounding is half to even. The two differ on ties, e.g.
     6 / scale = 1.5 with zero point 1: TFLM 1 + 2 = 3, XNNPACK rint(2.5) = 2.
+    ONNX Runtime: its integer kernels have no fused activation; a Relu or Clip that the importer
+    fuses is the float op then QuantizeLinear, so a bound is zero_point + rint(f / scale) (a float32
+    division, MLAS QuantizeLinear), saturated.
     """
     lo, hi = qmin, qmax
 
@@ -76,6 +88,10 @@ def activation_range(
             if not np.isfinite(v):  # refused as for TFLM (see engines/requant.output_range)
                 raise OverflowError(f"{f} / {scale} is not finite in float32")
             return int(np.rint(min(max(v, np.float32(qmin)), np.float32(qmax))))
+        if profile == ONNXRUNTIME:
+            if not np.isfinite(q):
+                raise OverflowError(f"{f} / {scale} is not finite in float32")
+            return int(min(max(np.rint(q) + zero_point, qmin), qmax))
         return zero_point + round_half_away(float(q))
 
     if activation == "RELU":

@@ -1,14 +1,16 @@
 """One entry per TFLite operator the simulator runs, declaring everything the op has: its integer
 kernel (int8 and, where TFLM has one, 16x8), its float form, the ONNX op types that lower to it,
 its STM32N6 placement and fusion class, the test oracle's builder with the op version a converter
-writes, and its fuzz seeds. tests/test_registry.py fails when an entry lacks any of them, and the
-op lists of docs/numerics.md and docs/stm32n6.md are generated from here (experiments/op_lists.py).
+writes, its fuzz seeds, and how the onnxruntime profile runs it. tests/test_registry.py fails when
+an entry lacks any of them, and the op lists of docs/numerics.md and docs/stm32n6.md are generated
+from here (experiments/op_lists.py).
 
 Adding an operator: its module in npusim/ops/, its entry here, its tests.
 
 Plain data, stdlib only: reading the registry imports no kernel (OpSpec.kernel_class imports the
 op's module when asked). npusim.ops builds KERNELS from it, npu/cost.py and npu/fusion.py their
-placement and fusion sets, testing/oracle.py its op versions.
+placement and fusion sets, testing/oracle.py its op versions, ops/ort_kernels.py the kinds that
+keep their own kernel under --profile onnxruntime.
 
 Placement sources. ST Edge AI Core documentation, "ST Neural-ART NPU - Supported operators and
 limitations" (stedgeai-dc.st.com/assets/embedded-docs/stneuralart_operator_support.html, Core
@@ -48,6 +50,12 @@ FAMILIES = {
 
 ST_DIGEST = "ST table (summary of Core 2.2.0)"
 
+# How the onnxruntime profile runs an op (OpSpec.onnxruntime, ops/ort_kernels.kernel_for).
+ORT_OWN = "own kernel"
+ORT_MODEL = "ORT kernel model"
+ORT_FLOAT = "float then QuantizeLinear"
+ORT_WAYS = (ORT_OWN, ORT_MODEL, ORT_FLOAT)
+
 
 @dataclass(frozen=True)
 class OpSpec:
@@ -64,6 +72,10 @@ class OpSpec:
     mac: bool = False  # runs on a MAC engine (npusim/engines/backend.py); weights may carry a group axis
     conv_accelerator: bool = False  # on the NPU, runs on the convolution accelerators (CONVACC)
     onnx: tuple = ()  # the ONNX op types that lower to it (npusim/onnx/table.py LOWERINGS)
+    # How --profile onnxruntime runs it (ops/ort_kernels.py): ORT_OWN, its integer kernel, which then
+    # follows ORT's arithmetic; ORT_MODEL, an exact model of ORT's QLinear kernel; ORT_FLOAT, ORT's
+    # unfused QDQ group: DequantizeLinear, the float form, QuantizeLinear.
+    onnxruntime: str = ORT_FLOAT
 
     def kernel_class(self):
         """The integer kernel class (imports its module, and with it Numba)."""
@@ -91,44 +103,47 @@ REGISTRY = _ops(
     OpSpec("CONV_2D", "conv:Conv2D", "mac", NPU, LAYER, "conv2d_model", 3,
            placement="ST table (convolution)",
            fuzz=("conv2d", "conv2d_1x1", "conv2d_int16"), int16=True, mac=True, conv_accelerator=True,
-           onnx=("Conv", "QLinearConv")),
+           onnx=("Conv", "QLinearConv"), onnxruntime=ORT_OWN),
     OpSpec("DEPTHWISE_CONV_2D", "depthwise:DepthwiseConv2D", "mac", NPU, LAYER, "depthwise_model", 3,
            placement="ST table (depthwise convolution)",
            fuzz=("depthwise", "depthwise_int16"), int16=True, mac=True, conv_accelerator=True,
-           onnx=("Conv", "QLinearConv")),
+           onnx=("Conv", "QLinearConv"), onnxruntime=ORT_OWN),
     OpSpec("FULLY_CONNECTED", "fully_connected:FullyConnected", "mac", NPU, LAYER, "fully_connected_model", 4,
            placement="ST table (dense: Gemm, MatMul with a constant operand)",
            fuzz=("fully_connected", "fully_connected_int16"), int16=True, mac=True, conv_accelerator=True,
-           onnx=("MatMul", "QLinearMatMul", "Gemm", "QGemm")),
+           onnx=("MatMul", "QLinearMatMul", "Gemm", "QGemm"), onnxruntime=ORT_OWN),
     OpSpec("TRANSPOSE_CONV", "transpose_conv:TransposeConv", "mac", NPU, LAYER, "transpose_conv_model", 3,
            placement="ASSUMPTION: convolution accelerators (ConvTranspose is not in the digest)",
-           fuzz=("transpose_conv",), conv_accelerator=True),
+           fuzz=("transpose_conv",), conv_accelerator=True, onnxruntime=ORT_OWN),
     OpSpec("BATCH_MATMUL", "batch_matmul:BatchMatMul", "mac", M55, LAYER, "batch_matmul_model", 4,
            placement="ST table: MatMul is HW only with a constant operand; both are activations here",
-           fuzz=("batch_matmul",), onnx=("MatMul", "QLinearMatMul")),
+           fuzz=("batch_matmul",), onnx=("MatMul", "QLinearMatMul"), onnxruntime=ORT_OWN),
     # -- binary elementwise ----------------------------------------------------------------------
     OpSpec("ADD", "add:Add", "binary", NPU, CHAIN, "add_model", 2,
            placement="ST table (element-wise add)",
-           fuzz=("add_broadcast", "add_const_vector", "add_int16"), int16=True, onnx=("Add", "QLinearAdd")),
+           fuzz=("add_broadcast", "add_const_vector", "add_int16"), int16=True, onnx=("Add", "QLinearAdd"),
+           onnxruntime=ORT_OWN),
     OpSpec("SUB", "sub:Sub", "binary", NPU, CHAIN, "binary_model", 2,
            placement=_st("Sub"),
            fuzz=("sub_const", "sub_int16"), int16=True, onnx=("Sub",)),
     OpSpec("MUL", "mul:Mul", "binary", NPU, CHAIN, "binary_model", 2,
            placement=_st("Mul"),
-           fuzz=("mul_broadcast", "mul_int16"), int16=True, onnx=("Mul", "QLinearMul", "Div", "Neg")),
+           fuzz=("mul_broadcast", "mul_int16"), int16=True, onnx=("Mul", "QLinearMul", "Div", "Neg"),
+           onnxruntime=ORT_OWN),
     OpSpec("MAXIMUM", "minmax:Maximum", "binary", NPU, CHAIN, "plain_binary_model", 2,
            placement=_st("Max"),
-           fuzz=("maximum",), onnx=("Relu", "Clip")),
+           fuzz=("maximum",), onnx=("Relu", "Clip"), onnxruntime=ORT_OWN),
     OpSpec("MINIMUM", "minmax:Minimum", "binary", NPU, CHAIN, "plain_binary_model", 2,
            placement=_st("Min"),
-           fuzz=("minimum_const",), onnx=("Clip",)),
+           fuzz=("minimum_const",), onnx=("Clip",), onnxruntime=ORT_OWN),
     OpSpec("PRELU", "prelu:Prelu", "binary", NPU, CHAIN, "plain_binary_model", 1,
            placement=_st("PRelu"),
            fuzz=("prelu",)),
     # -- activations -----------------------------------------------------------------------------
     OpSpec("LOGISTIC", "logistic:Logistic", "activation", NPU, CHAIN, "logistic_model", 2,
            placement=_st("Sigmoid"),
-           fuzz=("logistic", "logistic_int16"), int16=True, onnx=("Sigmoid", "QLinearSigmoid")),
+           fuzz=("logistic", "logistic_int16"), int16=True, onnx=("Sigmoid", "QLinearSigmoid"),
+           onnxruntime=ORT_OWN),
     OpSpec("TANH", "activations:Tanh", "activation", NPU, CHAIN, "unary_model", 2,
            placement=_st("Tanh"),
            fuzz=("tanh",)),
@@ -137,7 +152,7 @@ REGISTRY = _ops(
            fuzz=("hard_swish",), onnx=("HardSwish",)),
     OpSpec("LEAKY_RELU", "activations:LeakyRelu", "activation", NPU, CHAIN, "leaky_relu_model", 2,
            placement=_st("LeakyRelu"),
-           fuzz=("leaky_relu",), onnx=("LeakyRelu", "QLinearLeakyRelu")),
+           fuzz=("leaky_relu",), onnx=("LeakyRelu", "QLinearLeakyRelu"), onnxruntime=ORT_OWN),
     # ST table: Softmax is HW only with the compiler's --expand-softmax, SW_INT otherwise (quoted by the
     # "STM32N6 Deployment Zoo" README, found by code search); ST's profiles do not pass the flag.
     OpSpec("SOFTMAX", "softmax:Softmax", "activation", M55, LAYER, "softmax_model", 2,
@@ -146,24 +161,25 @@ REGISTRY = _ops(
     # -- pooling and reductions ------------------------------------------------------------------
     OpSpec("AVERAGE_POOL_2D", "pool:AveragePool2D", "reduce", NPU, LAYER, "avg_pool_model", 2,
            placement="ST table (pooling; windows above 3x3 are decomposed)",
-           fuzz=("avg_pool",), onnx=("AveragePool", "QLinearAveragePool")),
+           fuzz=("avg_pool",), onnx=("AveragePool", "QLinearAveragePool"), onnxruntime=ORT_MODEL),
     OpSpec("MAX_POOL_2D", "pool:MaxPool2D", "reduce", NPU, LAYER, "max_pool_model", 2,
            placement="ST table (pooling; windows above 3x3 are decomposed)",
-           fuzz=("max_pool",), onnx=("MaxPool",)),
+           fuzz=("max_pool",), onnx=("MaxPool",), onnxruntime=ORT_OWN),
     OpSpec("MEAN", "mean:Mean", "reduce", NPU, LAYER, "mean_model", 2,
            placement="ST table (ReduceMean as global average pooling; H and W only, see placement())",
-           fuzz=("mean",), onnx=("GlobalAveragePool", "QLinearGlobalAveragePool", "ReduceMean")),
+           fuzz=("mean",), onnx=("GlobalAveragePool", "QLinearGlobalAveragePool", "ReduceMean"),
+           onnxruntime=ORT_MODEL),
     OpSpec("SUM", "reduce:Sum", "reduce", M55, LAYER, "mean_model", 2,
            placement=_st("ReduceSum is SW_FLOAT"),
            fuzz=("sum",)),
     OpSpec("REDUCE_MAX", "reduce:ReduceMax", "reduce", NPU, LAYER, "mean_model", 2,
            placement=_st("ReduceMax as global max pooling; H and W only, see placement()"),
-           fuzz=("reduce_max",)),
+           fuzz=("reduce_max",), onnxruntime=ORT_OWN),
     # -- resizing --------------------------------------------------------------------------------
     OpSpec("RESIZE_NEAREST_NEIGHBOR", "resize:ResizeNearestNeighbor", "resize", NPU, LAYER,
            "resize_nearest_model", 2,
            placement="ASSUMPTION: pixel copies (the digest lists bilinear Resize only)",
-           fuzz=("resize_nearest",), onnx=("Resize",)),
+           fuzz=("resize_nearest",), onnx=("Resize",), onnxruntime=ORT_OWN),
     # ST Edge AI Core 2.1 reports of MoveNet Lightning on the STM32N6 list its Resize bilinear layers as
     # software epochs (Politecnico di Milano STM32N6 case studies,
     # giacomocolosio02.github.io/stm32n6-docs/casestudies_page.html).
@@ -173,60 +189,60 @@ REGISTRY = _ops(
     # -- data movement and shapes ----------------------------------------------------------------
     OpSpec("RESHAPE", "movement:Reshape", "movement", NPU, RESHAPE, "reshape_model", 1,
            placement="ST table (reshape)",
-           fuzz=("reshape",), onnx=("Reshape", "Flatten", "Squeeze", "Unsqueeze")),
+           fuzz=("reshape",), onnx=("Reshape", "Flatten", "Squeeze", "Unsqueeze"), onnxruntime=ORT_OWN),
     OpSpec("SQUEEZE", "shapes:Squeeze", "movement", NPU, RESHAPE, "squeeze_model", 1,
            placement=_st("Squeeze"),
-           fuzz=("squeeze",)),
+           fuzz=("squeeze",), onnxruntime=ORT_OWN),
     OpSpec("EXPAND_DIMS", "shapes:ExpandDims", "movement", NPU, RESHAPE, "expand_dims_model", 1,
            placement=_st("Unsqueeze"),
-           fuzz=("expand_dims",)),
+           fuzz=("expand_dims",), onnxruntime=ORT_OWN),
     OpSpec("SHAPE", "shapes:Shape", "movement", M55, LAYER, "shape_model", 1,
            placement="int32 output: the NPU runs int8 only",
-           fuzz=("shape_reshape",)),
+           fuzz=("shape_reshape",), onnxruntime=ORT_OWN),
     OpSpec("PAD", "movement:Pad", "movement", NPU, PAD_TAKEN, "pad_model", 2,
            placement="ST table (padding)",
-           fuzz=("pad",), onnx=("Pad",)),
+           fuzz=("pad",), onnx=("Pad",), onnxruntime=ORT_OWN),
     OpSpec("PADV2", "movement:Pad", "movement", NPU, PAD_TAKEN, "pad_model", 2,
            placement="ST table (padding)",
-           fuzz=("padv2",), onnx=("Pad",)),
+           fuzz=("padv2",), onnx=("Pad",), onnxruntime=ORT_OWN),
     OpSpec("TRANSPOSE", "movement:Transpose", "movement", NPU, LAYER, "transpose_model", 2,
            placement="ST table (limited transpose; rank <= 4, see placement())",
-           fuzz=("transpose",)),
+           fuzz=("transpose",), onnxruntime=ORT_OWN),
     OpSpec("CONCATENATION", "movement:Concatenation", "movement", NPU, CONCAT, "concat_model", 2,
            placement="ST table (concatenation)",
-           fuzz=("concat", "concat_two_inputs"), onnx=("Concat", "QLinearConcat")),
+           fuzz=("concat", "concat_two_inputs"), onnx=("Concat", "QLinearConcat"), onnxruntime=ORT_OWN),
     OpSpec("STRIDED_SLICE", "strided_slice:StridedSlice", "movement", NPU, STRIDED_READ,
            "strided_slice_model", 2,
            placement=_STREAM,
-           fuzz=("strided_slice",), onnx=("Slice",)),
+           fuzz=("strided_slice",), onnx=("Slice",), onnxruntime=ORT_OWN),
     OpSpec("SLICE", "shapes:Slice", "movement", NPU, STRIDED_READ, "slice_model", 2,
            placement=_STREAM,
-           fuzz=("slice",)),
+           fuzz=("slice",), onnxruntime=ORT_OWN),
     OpSpec("SPLIT", "split:Split", "movement", NPU, STRIDED_READ, "split_model", 2,
            placement=_STREAM,
-           fuzz=("split",)),
+           fuzz=("split",), onnxruntime=ORT_OWN),
     OpSpec("SPLIT_V", "split:SplitV", "movement", NPU, STRIDED_READ, "split_v_model", 2,
            placement=_STREAM,
-           fuzz=("split_v",), onnx=("Split",)),
+           fuzz=("split_v",), onnx=("Split",), onnxruntime=ORT_OWN),
     OpSpec("PACK", "pack:Pack", "movement", NPU, LAYER, "pack_model", 2,
            placement="ASSUMPTION: stream-engine data movement, as CONCATENATION (not in the digest)",
-           fuzz=("pack",)),
+           fuzz=("pack",), onnxruntime=ORT_OWN),
     OpSpec("UNPACK", "shapes:Unpack", "movement", NPU, LAYER, "unpack_model", 2,
            placement="ASSUMPTION: stream-engine data movement (not in the digest)",
-           fuzz=("unpack",)),
+           fuzz=("unpack",), onnxruntime=ORT_OWN),
     OpSpec("TILE", "shapes:Tile", "movement", M55, LAYER, "tile_model", 1,
            placement="ASSUMPTION: software epoch (not in the digest)",
-           fuzz=("tile",)),
+           fuzz=("tile",), onnxruntime=ORT_OWN),
     OpSpec("GATHER", "shapes:Gather", "movement", M55, LAYER, "gather_model", 2,
            placement=_st("Gather is SW_FLOAT"),
-           fuzz=("gather",)),
+           fuzz=("gather",), onnxruntime=ORT_OWN),
     # -- quantization at the graph edges ---------------------------------------------------------
     OpSpec("QUANTIZE", "quantize:Quantize", "quantize", M55, LAYER, "quantize_model", 2,
            placement=_st("QuantizeLinear at the float boundary is SW_FLOAT"),
-           fuzz=("quantize_float", "quantize_uint8", "quantize_int8")),
+           fuzz=("quantize_float", "quantize_uint8", "quantize_int8"), onnxruntime=ORT_OWN),
     OpSpec("DEQUANTIZE", "quantize:Dequantize", "quantize", M55, LAYER, "dequantize_model", 2,
            placement=_st("DequantizeLinear is SW_FLOAT (and in ST validate reports)"),
-           fuzz=("dequantize",)),
+           fuzz=("dequantize",), onnxruntime=ORT_OWN),
 )
 
 

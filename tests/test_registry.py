@@ -2,6 +2,8 @@
 places that used to keep their own op lists (KERNELS, the STM32N6 placement and fusion sets, the
 oracle's op versions, the fuzz seeds, the docs' op lists) read it.
 
+Each entry also says how --profile onnxruntime runs the op (branch `onnx-ort`, ops/ort_kernels.py).
+
 Every op has its float form (branch `validate`; tests/test_float_forms.py checks them against
 LiteRT): FLOAT_FORM_NOT_YET stays empty, and an op added without one fails here.
 
@@ -91,6 +93,21 @@ def test_onnx_lowerings_match_the_importer_table():
         made = set(rule.kinds) - {"QUANTIZE"}  # what it lowers to, beside the requantization it may append
         if made:
             assert any(onnx_type in R.REGISTRY[k].onnx for k in made), f"{onnx_type}: no entry names it"
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=_ids(SPECS))
+def test_onnxruntime_profile_kernel(spec):
+    """How --profile onnxruntime runs the op (ops/ort_kernels.kernel_for): its own kernel (the kinds
+    ort_kernels keeps, read from here), a model of ORT's QLinear kernel, or the float form then
+    QuantizeLinear, which needs the float form."""
+    from npusim.ops import ort_kernels
+
+    assert spec.onnxruntime in R.ORT_WAYS, spec.onnxruntime
+    assert (spec.kind in ort_kernels.KINDS) == (spec.onnxruntime == R.ORT_OWN)
+    if spec.onnxruntime == R.ORT_MODEL:
+        assert spec.kind in ("AVERAGE_POOL_2D", "MEAN"), "ort_kernels.kernel_for models only these"
+    if spec.onnxruntime != R.ORT_OWN:
+        assert spec.float_form() is not None, f"{spec.kind}: no float form for FloatThenQuantize"
 
 
 @pytest.mark.parametrize("spec", SPECS, ids=_ids(SPECS))

@@ -1,4 +1,4 @@
-"""The `zo` command line: forward-only fine-tuning of an int8 .tflite model on npusim."""
+"""The `zo` command line: forward-only fine-tuning of an int8 .tflite or .onnx model on npusim."""
 
 from __future__ import annotations
 
@@ -26,7 +26,12 @@ def main():
 
 
 @main.command()
-@click.option("--model", required=True, type=click.Path(dir_okay=False), help="Deployed int8 .tflite model.")
+@click.option(
+    "--model",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="Deployed int8 model, .tflite or ONNX QDQ / QOperator .onnx.",
+)
 @click.option(
     "--data",
     required=True,
@@ -237,14 +242,20 @@ def train(
         if (checkpoints / "last.npz").exists():
             fail(f"interrupted; checkpoint written to {checkpoints}; continue with --resume", 130)
         fail("interrupted before the first step; nothing to resume", 130)
+    exported = next(Path(out_dir).glob("model.*"), Path(out_dir) / "model.tflite")
     click.echo(
         f"test accuracy {before:.4f} -> {result['test_accuracy']:.4f} after {result['steps']} steps, "
-        f"{result['forward_passes']} forward passes; model written to {Path(out_dir) / 'model.tflite'}"
+        f"{result['forward_passes']} forward passes; model written to {exported}"
     )
 
 
 @main.command()
-@click.option("--model", required=True, type=click.Path(dir_okay=False), help="Deployed int8 .tflite model.")
+@click.option(
+    "--model",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="Deployed int8 model, .tflite or ONNX QDQ / QOperator .onnx.",
+)
 @click.option("--trainable", default="last:1", show_default=True, help="last:K | NAME,... | biases")
 @click.option("--q", "q", type=int, default=8, show_default=True, help="Gradient samples per step.")
 @click.option("--batch", type=int, default=32, show_default=True)

@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from npusim import NpusimError, load_model, write_model
+from npusim.model_io import model_suffix
 from npusim.npu import plan_device
 
 from . import checkpoint
@@ -414,7 +415,7 @@ class Trainer:
         metrics.flush()
         self.save_checkpoint()
         metrics.close()
-        self.export(self.out / "model.tflite")
+        self.export(self.out / ("model" + model_suffix(self.model.graph)))  # model.tflite or model.onnx
         return {
             "steps": self.step,
             "forward_passes": self.forward_passes,

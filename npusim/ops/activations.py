@@ -32,7 +32,8 @@ import numpy as np
 
 from ..engines.requant import requantization_multiplier
 from ..jit import njit
-from ..quant import INT32_MAX, quantize_multiplier, requantize_one, trunc_div, wrap16
+from ..quant import INT32_MAX, ONNXRUNTIME, quantize_multiplier, requantize_one, trunc_div, wrap16
+from . import onnxruntime as ort
 from .float_form import Unary
 from .logistic import q4_activation_table
 from .softmax import (
@@ -237,6 +238,9 @@ class LeakyRelu(UnaryTableKernel):
         super().__init__(op, graph, profile)
         x, y = self.prepare_operands()
         alpha = op.options.get("alpha", 0.0)
+        if profile == ONNXRUNTIME:  # QLinearLeakyRelu and ORT's float LeakyRelu
+            self.table = ort.leaky_relu_table(x.scale, x.zero_point, y.scale, y.zero_point, alpha)
+            return
         f32 = np.float32
         # float32 arithmetic, as TFLM writes it (scale * alpha / scale on floats)
         with np.errstate(over="ignore", under="ignore", invalid="ignore"):

@@ -26,8 +26,10 @@ from ..engines.output_stage import (
     tflm_multiply,
     vector_output_stage,
 )
+from ..engines.requant import output_range
 from ..jit import parallel_kernel
-from ..quant import SINGLE, TFLM
+from ..quant import ONNXRUNTIME, SINGLE, TFLM
+from . import onnxruntime as ort
 from .float_form import Elementwise
 from .int16 import add16
 from .pairwise import LEFT_SHIFT, BinaryKernel
@@ -136,16 +138,29 @@ def add_vector(a, b, params, profile, out):
 
 
 class Add(BinaryKernel):
-    """The pairwise family's checks and multipliers (pairwise.py); eval in vector code, not a table."""
+    """The pairwise family's checks and multipliers (pairwise.py); eval in vector code, not a table
+    (the onnxruntime profile: QLinearAdd's table, looked up as the family's other ops are)."""
 
     kind = "ADD"
     float_form = Elementwise
 
     def __init__(self, op, graph, profile):
         super().__init__(op, graph, profile)
+        self.table = None
+        if profile == ONNXRUNTIME:
+            # QLinearAdd (onnxruntime.add_table) on the family's lookup, clamped to a fused
+            # activation. ORT rescales in float32, so TFLM's output-multiplier limit (a CHECK in
+            # QuantizeMultiplierSmallerThanOneExp, refused by rescale_multipliers) does not apply;
+            # the family's operand checks do, and int8 operands only (ORT's 16-bit QDQ is not modelled).
+            a, b, y = self.prepare_operands()
+            lo, hi = output_range(op.options.get("fused_activation_function", "NONE"), y, profile)
+            self.table = np.clip(ort.add_table(a, b, y), lo, hi).astype(np.int8)
+            return
         self.params = self.prepare_rescaled(add16)  # None with int16 operands (int16.add16)
         if self.params is not None:
             self.vector_params = tuple(np.int64(p) for p in self.params)
 
     def eval_int8(self, a, b):
+        if self.table is not None:  # the onnxruntime profile: the pairwise table lookup
+            return super().eval_int8(a, b)
         return add_vector(a, b, self.vector_params, np.int64(self.profile), aligned.empty(a.shape, np.int8))

@@ -13,6 +13,7 @@ from ..engines import aligned, backend, gemm
 from ..engines.geometry import ConvGeometry, SlidingWindow
 from ..engines.int16 import Stage16, conv16, is_int16
 from ..engines.requant import OutputStage
+from ..quant import mac_profile
 from .base import Kernel, WeightMemo
 from .float_form import FloatForm, columns, real
 
@@ -111,7 +112,7 @@ class Conv2D(SlidingWindow, Kernel):
             b,
             self.inputs[0].zero_point,
             self.stage,
-            self.profile,
+            mac_profile(self.profile),
             shared,
             self.workspace,
             self.memo if wg.shape[0] == 1 else None,

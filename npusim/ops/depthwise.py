@@ -14,6 +14,7 @@ from ..engines import aligned, backend, depthwise
 from ..engines.geometry import ConvGeometry, SlidingWindow
 from ..engines.int16 import Stage16, depthwise16, is_int16
 from ..engines.requant import OutputStage
+from ..quant import mac_profile
 from .base import Kernel, WeightMemo
 from .float_form import FloatForm, pad_spatial, real, tap
 
@@ -168,7 +169,7 @@ class DepthwiseConv2D(SlidingWindow, Kernel):
             np.int64(in_zp),
             params,
             vparams,
-            np.int64(self.profile),
+            np.int64(mac_profile(self.profile)),
             np.int64(s.zero_point),
             np.int64(s.lo),
             np.int64(s.hi),

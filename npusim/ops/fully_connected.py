@@ -13,6 +13,7 @@ from ..engines import backend
 from ..engines.geometry import ConvGeometry
 from ..engines.int16 import Stage16, is_int16
 from ..engines.requant import OutputStage
+from ..quant import mac_profile
 from .base import Kernel
 from .float_form import FloatForm, real
 
@@ -106,6 +107,13 @@ class FullyConnected(Kernel):
         rows = x.reshape(-1, 1, 1, self.depth)
         filters = wg.reshape(wg.shape[0], self.out_channels, 1, 1, self.depth)
         out = self.engine.convolve(
-            self.geometry, rows, filters, b, self.inputs[0].zero_point, self.stage, self.profile, shared
+            self.geometry,
+            rows,
+            filters,
+            b,
+            self.inputs[0].zero_point,
+            self.stage,
+            mac_profile(self.profile),
+            shared,
         )
         return out.reshape((-1,) + self.out_shape)

@@ -18,7 +18,8 @@ import numpy as np
 
 from ..engines.int16 import is_int16
 from ..jit import njit
-from ..quant import INT32_MAX, multiply_by_quantized_multiplier, rounding_divide_by_pot
+from ..quant import INT32_MAX, ONNXRUNTIME, multiply_by_quantized_multiplier, rounding_divide_by_pot
+from . import onnxruntime as ort
 from .float_form import Unary
 from .int16 import logistic16, logistic16_params
 from .softmax import calculate_input_radius, exp_on_negative_values, one_over_one_plus_x_for_x_in_0_1
@@ -72,6 +73,9 @@ class Logistic(UnaryTableKernel):
         if is_int16(x):  # int16 in and out (int16.logistic16)
             multiplier, shift = logistic16_params(self, x, y)
             self.int16 = lambda v: logistic16(v, multiplier, shift)
+            return
+        if profile == ONNXRUNTIME:  # QLinearSigmoid and ORT's float Sigmoid (onnxruntime.sigmoid_table)
+            self.table = ort.sigmoid_table(x.scale, x.zero_point, y.scale, y.zero_point)
             return
         if y.zero_point != -128:  # TF_LITE_ENSURE_EQ in TFLM's Prepare
             raise self.error(

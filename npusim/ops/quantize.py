@@ -11,7 +11,8 @@ import numpy as np
 from ..engines.requant import requantization_multiplier
 from ..errors import NpusimError
 from ..jit import parallel_kernel
-from ..quant import clamp, mbqm_array
+from ..quant import ONNXRUNTIME, clamp, mbqm_array
+from . import onnxruntime as ort
 from .base import Kernel
 from .float_form import Identity
 
@@ -70,9 +71,16 @@ class Quantize(Kernel):
             raise self.error(f"output {y.name!r} has scale {y.quant.scale[0]:g}, expected a positive scale")
         if tuple(y.shape) != tuple(x.shape):
             raise self.error(f"output shape {list(y.shape)} differs from the input shape {list(x.shape)}")
+        self.ort = profile == ONNXRUNTIME  # MLAS QuantizeLinear (onnxruntime.quantize_linear)
         if x.dtype == np.uint8 or x.dtype == np.int8:
             if x.quant is None:
                 raise self.error(f"input {x.name!r} has no quantization parameters")
+            if self.ort:  # DequantizeLinear then QuantizeLinear, per input code
+                self.requant, self.code_offset = (), None
+                codes = np.arange(256, dtype=np.uint8).view(x.dtype).astype(np.int64)
+                real = np.float32(x.quant.scale[0]) * (codes - x.zero_point).astype(np.float32)
+                self.table = ort.quantize_linear(real, y.quant.scale[0], y.zero_point).astype(np.int8)
+                return
             self.requant = requantization_multiplier(
                 np.float64(x.quant.scale[0]) / np.float64(y.quant.scale[0])
             )
@@ -107,6 +115,8 @@ class Quantize(Kernel):
                 self.table, np.ascontiguousarray(x).view(np.uint8), np.empty(x.shape, dtype=np.int8)
             )
         scale = np.float32(y.quant.scale[0])
+        if self.ort:
+            return ort.quantize_linear(x, scale, y.zero_point).astype(np.int8)
         out = np.empty(x.shape, dtype=np.int8)
         if affine_quantize(np.ascontiguousarray(x, dtype=np.float32), scale, np.int64(y.zero_point), out):
             name = self.inputs[0].name

@@ -1,0 +1,257 @@
+"""ONNX (QDQ or QOperator) to npusim's Graph: the walk over the nodes.
+
+QuantizeLinear and DequantizeLinear are not ops of the Graph: a DequantizeLinear of an activation
+names the same int8 tensor (same real values), a QuantizeLinear after a float op gives that op's
+output its scale and zero point, so DQ -> op -> Q becomes one integer op (as TFLite's converter
+builds it). They become QUANTIZE / DEQUANTIZE only where the graph really changes representation:
+a float graph input, a requantization between two different scales, a float graph output.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import tflite_io
+from ..errors import NpusimError
+from ..graph import Quantization
+from .context import ELEM_TYPES, Const, Lowering, Value, identity, same_quant, to_graph
+from .reader import check_shape, execution_order, node_name, parse
+from .table import LOWERINGS
+
+
+class OnnxSource:
+    """Graph.source of an imported model: the file's ModelProto and, per weight tensor of the Graph,
+    where its codes live in the file (writer.py puts trained weights back there)."""
+
+    format = "onnx"
+
+    def __init__(self, model, weights: dict, op_count: int, tensor_count: int):
+        self.model = model
+        self.weights = weights
+        self.op_count, self.tensor_count = op_count, tensor_count  # what the import made
+
+
+def load_onnx(data: bytes, where: str):
+    model = parse(data, where)
+    try:
+        return _lower(model, where)
+    except NpusimError:
+        raise
+    except RecursionError:
+        raise NpusimError(f"{where}: ONNX graph nests too deeply") from None
+    except (ValueError, TypeError, IndexError, KeyError, OverflowError, AttributeError) as e:
+        detail = str(e).splitlines()[0][:160] if str(e) else ""
+        raise NpusimError(f"{where}: malformed ONNX model ({type(e).__name__}: {detail})") from None
+
+
+def _lower(model, where: str):
+    order = execution_order(model, where)
+    ctx = Lowering(model, where)
+    ctx.load_initializers()
+    inputs = _graph_inputs(ctx)
+    for node in order:
+        ctx.node = node
+        if id(node) in ctx.skip:
+            continue
+        if node.domain not in ("", "ai.onnx", "com.microsoft"):
+            raise ctx.error(f"operator domain {node.domain!r} is not supported")
+        if node.op_type == "Constant":
+            _constant(ctx, node)
+        elif node.op_type == "DequantizeLinear":
+            _dequantize(ctx, node)
+        elif node.op_type == "QuantizeLinear":
+            _quantize(ctx, node)
+        elif node.op_type in LOWERINGS:
+            if all(isinstance(ctx.env.get(i), Const) for i in node.input if i) and node.op_type in FOLDABLE:
+                _fold(ctx, node)
+            else:
+                LOWERINGS[node.op_type].lower(ctx, node)
+        else:
+            raise ctx.error("operator is not supported (docs/onnx.md lists the ops npusim lowers)")
+    ctx.node = None
+    outputs = _graph_outputs(ctx)
+    return to_graph(ctx, inputs, outputs, OnnxSource(model, ctx.weights, len(ctx.ops), len(ctx.tensors)))
+
+
+def _graph_inputs(ctx: Lowering) -> list:
+    inputs = []
+    initializers = {t.name for t in ctx.model.graph.initializer}
+    for info in ctx.model.graph.input:
+        if info.name in initializers:  # old exporters list initializers as inputs too
+            continue
+        elem = info.type.tensor_type.elem_type
+        if elem != 1:
+            raise NpusimError(
+                f"{ctx.where}: graph input {info.name!r} is {ELEM_TYPES.get(elem, elem)}, expected float32 "
+                "(quantized by the graph's first QuantizeLinear)"
+            )
+        dims = tuple(
+            int(d.dim_value) if d.HasField("dim_value") else -1 for d in info.type.tensor_type.shape.dim
+        )
+        shape = check_shape(dims, info.name, ctx.where)
+        t = ctx.tensor(info.name, shape, np.float32)
+        ctx.env[info.name] = Value(t, identity(len(shape)))
+        inputs.append(t)
+    if not inputs:
+        raise NpusimError(f"{ctx.where}: the graph has no inputs")
+    return inputs
+
+
+def _graph_outputs(ctx: Lowering) -> list:
+    if not ctx.model.graph.output:
+        raise NpusimError(f"{ctx.where}: the graph declares no outputs")
+    outputs = []
+    for info in ctx.model.graph.output:
+        v = ctx.env.get(info.name)
+        if not isinstance(v, Value):
+            raise NpusimError(f"{ctx.where}: graph output {info.name!r} is a constant or was not computed")
+        t = ctx.logical(v)  # outputs keep the declared layout
+        elem = info.type.tensor_type.elem_type
+        src = ctx.tensors[t]
+        if elem == 1 and src.dtype == np.int8:  # dequantized where the graph dequantizes it
+            out = ctx.tensor(info.name, src.shape, np.float32)
+            ctx.emit("DEQUANTIZE", [t], [out])
+            t = out
+        elif elem == 1 and src.dtype == np.float32:
+            raise NpusimError(f"{ctx.where}: graph output {info.name!r} is the float input itself")
+        elif elem not in (1, 3):
+            raise NpusimError(
+                f"{ctx.where}: graph output {info.name!r} is {ELEM_TYPES.get(elem, elem)}, expected float32 "
+                "(after a DequantizeLinear) or int8"
+            )
+        if t in outputs:
+            raise NpusimError(f"{ctx.where}: graph output {info.name!r} repeats another output")
+        outputs.append(t)
+    return outputs
+
+
+def _constant(ctx: Lowering, node):
+    from .reader import tensor_array
+
+    value = ctx.attr(node, "value")
+    if value is None:
+        for key in ("value_float", "value_floats", "value_int", "value_ints"):
+            v = ctx.attr(node, key)
+            if v is not None:
+                ctx.env[node.output[0]] = Const(
+                    node.output[0], np.asarray(v, np.float32 if "float" in key else np.int64)
+                )
+                return
+        raise ctx.error("Constant without a tensor value is not supported")
+    ctx.env[node.output[0]] = Const(node.output[0], tensor_array(value, ctx.where))
+
+
+def _dequantize(ctx: Lowering, node):
+    x = ctx.get(node.input[0])
+    quant, storage = ctx.qparams(node, 1, 2, activation=False)
+    if isinstance(x, Const):  # a quantized weight, bias or constant operand
+        codes = x.value
+        if codes.dtype.kind not in "iu":
+            raise ctx.error(f"input {node.input[0]!r} is {codes.dtype.name}, expected integer codes")
+        storage = ctx.initializer_storage(x.name) or storage
+        zp_c = ctx.const(node, 2, required=False)  # the raw zero point, in the codes' own type
+        zp = zp_c.value.astype(np.int64).ravel() if zp_c is not None else np.zeros(1, np.int64)
+        zp = np.repeat(zp, quant.scale.size) if zp.size == 1 else zp
+        axis = int(ctx.attr(node, "axis", 1)) % max(codes.ndim, 1)
+        shape = [1] * codes.ndim
+        if quant.scale.size > 1:
+            if codes.ndim == 0 or codes.shape[axis] != quant.scale.size:
+                raise ctx.error(f"{quant.scale.size} scales for axis {axis} of {list(codes.shape)}")
+            shape[axis] = quant.scale.size
+        scale = quant.scale.reshape(shape) if codes.ndim else quant.scale.reshape(())
+        real = (codes.astype(np.int64) - zp.reshape(shape if codes.ndim else ())) * scale.astype(np.float64)
+        ctx.env[node.output[0]] = Const(
+            node.output[0],
+            real.astype(np.float32),
+            codes=codes,
+            scale=quant.scale,
+            zero_point=zp,
+            axis=axis,
+            storage=storage,
+            source=x.name,
+        )
+        return
+    t = ctx.tensors[x.tensor]
+    if t.dtype != np.int8:
+        raise ctx.error(f"input {node.input[0]!r} is {t.dtype.name}, expected a quantized tensor")
+    if storage not in ("int8", "uint8") or not same_quant(t.quant, quant):
+        raise ctx.error(
+            f"scale/zero point ({float(quant.scale[0]):g}, {int(quant.zero_point[0])}) differ from those of "
+            f"{node.input[0]!r} ({t.scale:g}, {t.zero_point}), which a DequantizeLinear cannot change"
+        )
+    ctx.env[node.output[0]] = x
+
+
+def _quantize(ctx: Lowering, node):
+    x = ctx.get(node.input[0])
+    quant, storage = ctx.qparams(node, 1, 2)
+    if isinstance(x, Const):  # a float constant quantized in the graph: fold it
+        v = x.value.astype(np.float32)
+        codes = np.clip(np.rint(v / quant.scale[0]) + quant.zero_point[0], -128, 127)
+        real = (codes - quant.zero_point[0]) * np.float64(quant.scale[0])
+        zp = quant.zero_point + (128 if storage == "uint8" else 0)
+        ctx.env[node.output[0]] = Const(
+            node.output[0],
+            real.astype(np.float32),
+            codes=(codes + (128 if storage == "uint8" else 0)).astype(np.int64),
+            scale=quant.scale,
+            zero_point=zp,
+            storage=storage,
+        )
+        return
+    t = ctx.tensors[x.tensor]
+    if t.dtype == np.float32:  # a float graph input: QUANTIZE
+        out = ctx.tensor(node.output[0], t.shape, np.int8, quant)
+        ctx.emit("QUANTIZE", [x.tensor], [out])
+        ctx.env[node.output[0]] = Value(out, x.perm)
+        return
+    ctx.env[node.output[0]] = Value(ctx.requantize(x.tensor, quant, node.output[0]), x.perm)
+
+
+# Shape arithmetic some exporters leave in the graph on constants: computed at import.
+FOLDABLE = {
+    "Reshape",
+    "Unsqueeze",
+    "Squeeze",
+    "Concat",
+    "Transpose",
+    "Mul",
+    "Add",
+    "Sub",
+    "Div",
+    "Neg",
+    "Flatten",
+    "Slice",
+}
+
+
+def _fold(ctx: Lowering, node):
+    vals = [ctx.env[i].value if i else None for i in node.input]
+    a = vals[0]
+    op = node.op_type
+    if op in ("Mul", "Add", "Sub", "Div"):
+        size = int(np.prod(np.broadcast_shapes(a.shape, vals[1].shape), dtype=np.float64))
+        if size * 8 > tflite_io.MAX_TENSOR_BYTES:
+            raise ctx.error(f"constant arithmetic would make {size} values, more than the limit")
+        with np.errstate(all="ignore"):
+            r = {"Mul": np.multiply, "Add": np.add, "Sub": np.subtract, "Div": np.divide}[op](a, vals[1])
+        if op == "Div" and a.dtype.kind in "iu":
+            r = np.trunc(r).astype(a.dtype)
+    elif op == "Neg":
+        r = -a
+    elif op == "Concat":
+        r = np.concatenate([v for v in vals if v is not None], axis=int(ctx.attr(node, "axis", 0)))
+    elif op == "Transpose":
+        r = np.transpose(a, ctx.attr(node, "perm", None))
+    elif op in ("Reshape", "Unsqueeze", "Squeeze", "Flatten"):
+        from .lower_movement import reshaped
+
+        r = a.reshape(reshaped(ctx, node, a.shape))
+    else:  # Slice
+        from .lower_movement import slice_spec
+
+        r = a[tuple(slice(b, e, s) for b, e, s in slice_spec(ctx, node, a.shape))]
+    ctx.env[node.output[0]] = Const(node.output[0], np.asarray(r))
+
+
+__all__ = ["OnnxSource", "load_onnx", "node_name", "Quantization"]

@@ -1,0 +1,405 @@
+"""The ONNX importer against ONNX Runtime: one-op QDQ models across the ops of ST's QDQ models
+(shapes, strides, pads, groups, dilations, per-channel, uint8 activations, uint8 / int4 / uint4
+weights), and QOperator models quantized by ORT's own quantize_static.
+
+The oracle is ORT with its optimizations off (ORT_DISABLE_ALL: DequantizeLinear, the float op and
+QuantizeLinear as written, the literal QDQ semantics). npusim (--profile tflm) runs the integer op
+TFLite's converter would build; both outputs are compared in output codes: within one step
+everywhere (a float op then one rounding against a fixed-point requantization), and equal on most
+elements.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+import pytest
+
+pytest.importorskip("onnxruntime")
+onnx = pytest.importorskip("onnx")
+
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+from onnx_qdq import qdq  # noqa: E402
+
+import npusim  # noqa: E402
+from npusim.testing import onnx_oracle as oo  # noqa: E402
+
+
+def rng_of(*parts):
+    return np.random.default_rng(zlib.crc32(repr(parts).encode()))
+
+
+def model(nodes, inputs, inits=(), opset=17):
+    graph = helper.make_graph(
+        nodes,
+        "t",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in inputs],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(np.asarray(v), k) for k, v in inits],
+    )
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    m.ir_version = 9
+    return m
+
+
+def feeds_for(m, rng, n=6, low=-1.0, high=1.0):
+    shapes = oo.input_shapes(m)
+    return [{k: rng.uniform(low, high, s).astype(np.float32) for k, s in shapes.items()} for _ in range(n)]
+
+
+def codes(y, scale, zp):
+    return np.rint(np.asarray(y, np.float64) / scale).astype(np.int64) + zp
+
+
+def check_against_ort(qbytes: bytes, x: np.ndarray, desc: str, min_equal: float = 0.5, steps: int = 1):
+    y_ort = oo.run_ort(qbytes, x, optimize=False)
+    graph = npusim.load_model(qbytes)
+    y_sim = npusim.Interpreter(graph, profile="tflm").run(x)
+    assert y_sim.shape == y_ort.shape, desc
+    scale, zp = oo.output_quantization(qbytes)
+    a, b = codes(y_sim, scale, zp), codes(y_ort, scale, zp)
+    diff = np.abs(a - b)
+    assert diff.max() <= steps, (
+        f"{desc}: {int(diff.max())} steps apart at {np.unravel_index(diff.argmax(), diff.shape)}"
+    )
+    assert np.mean(diff == 0) >= min_equal, f"{desc}: only {np.mean(diff == 0):.2f} of the codes equal"
+    return graph
+
+
+def run_case(m, desc, rng, min_equal=0.5, low=-1.0, high=1.0, steps=1, **qdq_options):
+    feeds = feeds_for(m, rng, low=low, high=high)
+    q = qdq(m, feeds, **qdq_options)
+    x = np.concatenate([f[next(iter(f))] for f in feeds])
+    return check_against_ort(q, x, desc, min_equal, steps)
+
+
+# (x_shape, out_c, k, stride, dilation, pads, group)
+CONVS = [
+    ((1, 3, 9, 9), 5, 3, 2, 1, (1, 1, 1, 1), 1),
+    ((1, 4, 8, 8), 8, 3, 1, 1, (1, 1, 1, 1), 1),
+    ((1, 8, 7, 6), 4, 1, 1, 1, (0, 0, 0, 0), 1),
+    ((1, 5, 10, 10), 6, 3, 1, 2, (2, 2, 2, 2), 1),
+    ((1, 3, 11, 9), 7, 5, 2, 1, (0, 0, 0, 0), 1),
+    ((1, 6, 8, 8), 6, 3, 2, 1, (0, 0, 1, 1), 6),  # depthwise, TFLite SAME
+    ((1, 4, 9, 9), 8, 3, 1, 1, (1, 1, 1, 1), 4),  # depthwise, multiplier 2
+    ((1, 8, 6, 6), 8, 3, 1, 1, (1, 0, 1, 2), 2),  # grouped, asymmetric pads
+]
+
+
+@pytest.mark.parametrize("weights", ["int8", "uint8", "int4", "uint4", "int8-per-tensor"])
+@pytest.mark.parametrize(
+    "p", CONVS, ids=lambda p: "x{}o{}k{}s{}d{}p{}g{}".format("x".join(map(str, p[0][1:])), *p[1:])
+)
+def test_conv(p, weights):
+    rng = rng_of("conv", p, weights)
+    x_shape, o, k, s, d, pads, g = p
+    w = rng.standard_normal((o, x_shape[1] // g, k, k)).astype(np.float32) * 0.3
+    b = rng.standard_normal(o).astype(np.float32) * 0.2
+    node = helper.make_node(
+        "Conv",
+        ["x", "w", "b"],
+        ["y"],
+        kernel_shape=[k, k],
+        strides=[s, s],
+        dilations=[d, d],
+        pads=list(pads),
+        group=g,
+    )
+    m = model([node], [("x", x_shape)], [("w", w), ("b", b)])
+    bits, signed = (4 if "4" in weights else 8), not weights.startswith("u")
+    run_case(
+        m,
+        f"Conv {p} {weights}",
+        rng,
+        weight_bits=bits,
+        weight_signed=signed,
+        per_channel=weights != "int8-per-tensor",
+    )
+
+
+def test_conv_uint8_activations_and_fused_relu():
+    rng = rng_of("conv-relu")
+    w = rng.standard_normal((6, 3, 3, 3)).astype(np.float32) * 0.3
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["c"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c"], ["y"]),
+    ]
+    m = model(nodes, [("x", (1, 3, 8, 8))], [("w", w)])
+    g = run_case(m, "Conv+Relu uint8", rng, activation="uint8")
+    assert [op.kind for op in g.ops].count("CONV_2D") == 1
+    assert any(op.options.get("fused_activation_function") == "RELU" for op in g.ops)
+
+
+@pytest.mark.parametrize("kind", ["Add", "Sub", "Mul"])
+@pytest.mark.parametrize("b_shape", [(1, 4, 5, 6), (1, 4, 1, 1), "const"])
+def test_binary(kind, b_shape):
+    rng = rng_of("binary", kind, b_shape)
+    node = helper.make_node(kind, ["x", "b"], ["y"])
+    if b_shape == "const":
+        m = model([node], [("x", (1, 4, 5, 6))], [("b", rng.uniform(-1, 1, (1, 4, 1, 1)).astype(np.float32))])
+    else:
+        m = model([node], [("x", (1, 4, 5, 6)), ("b", b_shape)])
+    feeds = feeds_for(m, rng)
+    q = qdq(m, feeds)
+    xs = [np.concatenate([f[k] for f in feeds]) for k in oo.input_shapes(m)]
+    if len(xs) == 1:
+        check_against_ort(q, xs[0], f"{kind} {b_shape}")
+        return
+    y_ort = oo.run_ort(q, xs, optimize=False)
+    g = npusim.load_model(q)
+    interp = npusim.Interpreter(g)
+    vals = interp.evaluate({t: x for t, x in zip(g.inputs, xs)}, keep=set(g.outputs))
+    scale, zp = oo.output_quantization(q)
+    assert np.abs(codes(vals[g.outputs[0]], scale, zp) - codes(y_ort, scale, zp)).max() <= 1
+
+
+@pytest.mark.parametrize(
+    "kind,attrs",
+    [
+        ("Sigmoid", {}),
+        ("LeakyRelu", {"alpha": 0.1}),
+        ("HardSwish", {}),
+        ("Relu", {}),
+        ("Neg", {}),
+        ("Softmax", {"axis": -1}),
+        ("Softmax", {"axis": 1}),
+    ],
+)
+def test_unary(kind, attrs):
+    rng = rng_of("unary", kind, attrs)
+    m = model([helper.make_node(kind, ["x"], ["y"], **attrs)], [("x", (1, 6, 5, 7))])
+    run_case(m, f"{kind} {attrs}", rng, low=-4, high=4)
+
+
+def test_clip_and_div():
+    rng = rng_of("clip-div")
+    nodes = [helper.make_node("Clip", ["x", "lo", "hi"], ["c"]), helper.make_node("Div", ["c", "d"], ["y"])]
+    m = model(
+        nodes,
+        [("x", (1, 3, 4, 5))],
+        [("lo", np.float32(-0.5)), ("hi", np.float32(1.5)), ("d", np.float32(3.0))],
+    )
+    run_case(m, "Clip, Div", rng, low=-2, high=2)
+
+
+@pytest.mark.parametrize(
+    "kind,k,s,pads,ceil",
+    [
+        ("MaxPool", 2, 2, (0, 0, 0, 0), 0),
+        ("MaxPool", 5, 1, (2, 2, 2, 2), 0),
+        ("MaxPool", 3, 2, (1, 1, 1, 1), 0),
+        ("MaxPool", 3, 2, (0, 0, 0, 0), 1),
+        ("AveragePool", 2, 2, (0, 0, 0, 0), 0),
+        ("AveragePool", 3, 1, (1, 1, 1, 1), 0),
+    ],
+)
+def test_pool(kind, k, s, pads, ceil):
+    rng = rng_of("pool", kind, k, s, pads, ceil)
+    attrs = dict(kernel_shape=[k, k], strides=[s, s], pads=list(pads), ceil_mode=ceil)
+    m = model([helper.make_node(kind, ["x"], ["y"], **attrs)], [("x", (1, 4, 10, 9))])
+    run_case(m, f"{kind} k{k} s{s} {pads} ceil{ceil}", rng)
+
+
+def test_global_average_pool_and_reduce_mean():
+    rng = rng_of("gap")
+    m = model([helper.make_node("GlobalAveragePool", ["x"], ["y"])], [("x", (1, 5, 6, 7))])
+    run_case(m, "GlobalAveragePool", rng)
+    m = model(
+        [helper.make_node("ReduceMean", ["x", "axes"], ["y"], keepdims=0)],
+        [("x", (1, 5, 6, 7))],
+        [("axes", np.asarray([1]))],
+        opset=18,
+    )
+    run_case(m, "ReduceMean over channels", rng)
+
+
+# TFLite's int8 bilinear interpolates the codes with weights in 1/1024 and rounds, then the QUANTIZE to
+# the QuantizeLinear's scale rounds again: two roundings against ORT's one (docs/onnx.md).
+@pytest.mark.parametrize(
+    "mode,ct,nm,steps",
+    [
+        ("nearest", "asymmetric", "floor", 1),
+        ("linear", "half_pixel", None, 2),
+        ("linear", "align_corners", None, 2),
+    ],
+)
+def test_resize(mode, ct, nm, steps):
+    rng = rng_of("resize", mode, ct)
+    attrs = dict(mode=mode, coordinate_transformation_mode=ct, **({"nearest_mode": nm} if nm else {}))
+    m = model(
+        [helper.make_node("Resize", ["x", "", "sc"], ["y"], **attrs)],
+        [("x", (1, 3, 5, 6))],
+        [("sc", np.asarray([1, 1, 2, 2], np.float32))],
+    )
+    run_case(m, f"Resize {mode} {ct}", rng, steps=steps)
+
+
+def test_layout_ops():
+    """Concat, Split, Slice, Pad, Transpose, Reshape, Flatten, Squeeze/Unsqueeze and MatMul around a
+    Conv (whose NHWC output they read in the declared NCHW layout)."""
+    rng = rng_of("layout")
+    w = rng.standard_normal((8, 3, 3, 3)).astype(np.float32) * 0.3
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["c"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+        helper.make_node("Split", ["c", "sp"], ["s0", "s1"], axis=1),
+        helper.make_node("Slice", ["s1", "st", "en", "ax", "stp"], ["sl"]),
+        helper.make_node("Pad", ["sl", "pd"], ["pa"]),
+        helper.make_node("Concat", ["s0", "pa"], ["cc"], axis=1),
+        helper.make_node("Transpose", ["cc"], ["tr"], perm=[0, 2, 3, 1]),
+        helper.make_node("Reshape", ["tr", "shp"], ["rs"]),
+        helper.make_node("MatMul", ["rs", "mw"], ["mm"]),
+        helper.make_node("Unsqueeze", ["mm", "ua"], ["un"]),
+        helper.make_node("Flatten", ["un"], ["y"], axis=1),
+    ]
+    inits = [
+        ("w", w),
+        ("sp", np.asarray([3, 5])),
+        ("st", np.asarray([1, 0])),
+        ("en", np.asarray([5, 99])),
+        ("ax", np.asarray([1, 3])),
+        ("stp", np.asarray([1, 2])),
+        ("pd", np.asarray([0, 0, 0, 0, 0, 1, 0, 4])),
+        ("shp", np.asarray([1, 6, -1])),
+        ("mw", rng.standard_normal((64, 5)).astype(np.float32) * 0.2),
+        ("ua", np.asarray([1])),
+    ]
+    m = model(nodes, [("x", (1, 3, 6, 8))], inits, opset=17)
+    run_case(m, "layout chain", rng, min_equal=0.3)
+
+
+@pytest.mark.parametrize("activation", ["int8", "uint8"])
+def test_qoperator_small_cnn(activation):
+    """A CNN quantized by ORT's quantize_static in QOperator format (QLinearConv, QLinearAdd, MaxPool,
+    QLinearGlobalAveragePool, QGemm; uint8 with reduce_range): every layer an ORT integer kernel,
+    whose float32 requantization differs from TFLite's fixed-point one by at most a step per layer."""
+    m = oo.small_cnn_model(seed=1)
+    feeds = oo.random_inputs(m, 8, seed=2)
+    q = oo.quantize(
+        m,
+        fmt="QOperator",
+        per_channel=True,
+        calibration=feeds,
+        activation=activation,
+        reduce_range=activation == "uint8",
+    )
+    assert {"QLinearConv", "QLinearAdd", "QGemm", "QLinearGlobalAveragePool"} <= set(oo.op_types(q))
+    x = np.concatenate([f["x"] for f in oo.random_inputs(m, 16, seed=3)])
+    check_against_ort(q, x, f"QOperator CNN {activation}", min_equal=0.6)
+
+
+def test_qdq_by_quantize_static():
+    m = oo.small_cnn_model(seed=4)
+    feeds = oo.random_inputs(m, 8, seed=5)
+    q = oo.quantize(m, fmt="QDQ", per_channel=True, calibration=feeds)
+    x = np.concatenate([f["x"] for f in oo.random_inputs(m, 4, seed=6)])
+    check_against_ort(q, x, "quantize_static QDQ CNN", min_equal=0.5)
+
+
+def conv_qdq(weights="int8"):
+    rng = rng_of("conv-qdq", weights)
+    w = rng.standard_normal((4, 3, 3, 3)).astype(np.float32) * 0.3
+    node = helper.make_node("Conv", ["x", "w", "b"], ["y"], kernel_shape=[3, 3], pads=[1, 1, 1, 1])
+    m = model([node], [("x", (1, 3, 6, 6))], [("w", w), ("b", np.zeros(4, np.float32))])
+    bits, signed = (4 if "4" in weights else 8), not weights.startswith("u")
+    return qdq(m, feeds_for(m, rng), weight_bits=bits, weight_signed=signed)
+
+
+def hostile(kind: str) -> bytes:
+    m = onnx.load_from_string(conv_qdq())
+    if kind == "missing initializer":
+        m.graph.initializer.remove(next(i for i in m.graph.initializer if i.name == "w_q"))
+    elif kind == "cycle":
+        m.graph.node[0].input[0] = m.graph.node[-1].output[0]
+    elif kind == "huge declared shape":
+        m.graph.input[0].type.tensor_type.shape.dim[2].dim_value = 1 << 40
+    elif kind == "unsupported op":
+        conv = next(n for n in m.graph.node if n.op_type == "Conv")
+        conv.op_type, conv.name = "Erf", "my_erf"
+    data = m.SerializeToString()
+    return data[: len(data) // 2] if kind == "truncated protobuf" else data
+
+
+@pytest.mark.parametrize(
+    "kind,message",
+    [
+        ("missing initializer", "'w_q', which no node, input or initializer defines"),
+        ("cycle", "the graph has a cycle"),
+        ("huge declared shape", "more than the limit"),
+        ("truncated protobuf", "not a valid ONNX protobuf"),
+        ("unsupported op", "node 'my_erf' (Erf): operator is not supported"),
+    ],
+)
+def test_hostile_files_exit_2_in_one_line(tmp_path, kind, message):
+    from click.testing import CliRunner
+
+    from npusim.cli import main
+
+    f = tmp_path / "m.onnx"
+    f.write_bytes(hostile(kind))
+    res = CliRunner().invoke(main, ["inspect", str(f)])
+    assert res.exit_code == 2 and message in res.output, res.output
+    assert len(res.output.strip().splitlines()) == 1
+
+
+def test_refuses_an_asymmetric_weight_zero_point_naming_the_node():
+    m = onnx.load_from_string(conv_qdq("uint8"))
+    z = next(i for i in m.graph.initializer if i.name == "w_z")
+    z.CopyFrom(
+        helper.make_tensor("w_z", TensorProto.UINT8, list(z.dims), [100] * max(1, int(np.prod(z.dims))))
+    )
+    w = next(i for i in m.graph.initializer if i.name == "w_q")
+    w.CopyFrom(helper.make_tensor("w_q", TensorProto.UINT8, list(w.dims), [250] * int(np.prod(w.dims))))
+    with pytest.raises(npusim.NpusimError, match=r"node .*\(Conv\): weight .* zero point 100"):
+        npusim.load_model(m.SerializeToString())
+
+
+@pytest.mark.parametrize("weights", ["int8", "uint8", "int4", "uint4"])
+def test_write_model_round_trip_keeps_every_initializer(weights):
+    """An imported graph written back unchanged gives the file's own initializers (layouts, zero
+    points and int4 packing restored), and ORT runs it with the same outputs."""
+    q = conv_qdq(weights)
+    again = npusim.write_model(npusim.load_model(q))
+    a, b = onnx.load_from_string(q), onnx.load_from_string(again)
+    for x, y in zip(a.graph.initializer, b.graph.initializer):
+        assert x.name == y.name and np.array_equal(numpy_helper.to_array(x), numpy_helper.to_array(y)), x.name
+    xin = np.random.default_rng(0).uniform(-1, 1, (2, 3, 6, 6)).astype(np.float32)
+    assert np.array_equal(oo.run_ort(q, xin, optimize=False), oo.run_ort(again, xin, optimize=False))
+
+
+def test_batchnorm_folded_into_conv():
+    """Conv -> BatchNormalization (float between them, as exporters leave it) -> QuantizeLinear: one
+    CONV_2D, the BN's factors in the filter scales (negative ones flip the codes) and the bias."""
+    rng = rng_of("bn")
+    o = 6
+    w = rng.standard_normal((o, 3, 3, 3)).astype(np.float32) * 0.3
+    gamma = rng.uniform(0.5, 1.5, o).astype(np.float32) * np.where(np.arange(o) % 2, -1, 1).astype(np.float32)
+    inits = [
+        ("w", w),
+        ("b", rng.standard_normal(o).astype(np.float32) * 0.1),
+        ("g", gamma),
+        ("be", rng.standard_normal(o).astype(np.float32) * 0.1),
+        ("mu", rng.standard_normal(o).astype(np.float32) * 0.1),
+        ("var", rng.uniform(0.5, 2, o).astype(np.float32)),
+    ]
+    nodes = [
+        helper.make_node("Conv", ["x", "w", "b"], ["c"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+        helper.make_node("BatchNormalization", ["c", "g", "be", "mu", "var"], ["y"], epsilon=1e-3),
+    ]
+    m = model(nodes, [("x", (1, 3, 7, 7))], inits)
+    feeds = feeds_for(m, rng)
+    q = qdq(m, feeds, keep_float=("c",))
+    g = check_against_ort(q, np.concatenate([f["x"] for f in feeds]), "Conv + BatchNormalization")
+    assert [op.kind for op in g.ops] == ["QUANTIZE", "TRANSPOSE", "CONV_2D", "TRANSPOSE", "DEQUANTIZE"]
+
+
+def test_standalone_batchnorm_is_refused_naming_the_node():
+    rng = rng_of("bn-alone")
+    inits = [(k, np.ones(3, np.float32)) for k in ("g", "be", "mu", "var")]
+    m = model(
+        [helper.make_node("BatchNormalization", ["x", "g", "be", "mu", "var"], ["y"], name="bn")],
+        [("x", (1, 3, 4, 4))],
+        inits,
+    )
+    with pytest.raises(npusim.NpusimError, match=r"node 'bn' \(BatchNormalization\)"):
+        npusim.load_model(qdq(m, feeds_for(m, rng)))
