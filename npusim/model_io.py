@@ -32,7 +32,8 @@ def load_model(source) -> Graph:
 
         return load(data, where)
     raise NpusimError(
-        f"{where}: neither a TFLite flatbuffer (no 'TFL3' identifier) nor an ONNX model (protobuf)"
+        f"{where}: not a TFLite flatbuffer (no 'TFL3' identifier) and not an ONNX model (protobuf), "
+        "expected one of the two"
     )
 
 

@@ -160,6 +160,8 @@ def test_binary(kind, b_shape):
         ("Sigmoid", {}),
         ("LeakyRelu", {"alpha": 0.1}),
         ("HardSwish", {}),
+        ("HardSigmoid", {}),
+        ("HardSigmoid", {"alpha": 0.3, "beta": 0.4}),
         ("Relu", {}),
         ("Neg", {}),
         ("Softmax", {"axis": -1}),

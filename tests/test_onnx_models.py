@@ -127,8 +127,11 @@ def test_stm32n6_view_does_not_charge_layout_transposes():
     "data,message",
     [
         (b"\x08\x07" + b"\xff" * 40, "not a valid ONNX protobuf"),
-        (b"hello, this is not a model at all", "neither a TFLite flatbuffer"),
-        (b"", "neither a TFLite flatbuffer"),
+        (
+            b"hello, this is not a model at all",
+            "not a TFLite flatbuffer (no 'TFL3' identifier) and not an ONNX model",
+        ),
+        (b"", "not a TFLite flatbuffer (no 'TFL3' identifier) and not an ONNX model"),
     ],
 )
 def test_bad_files_exit_2_naming_both_formats(tmp_path, data, message):

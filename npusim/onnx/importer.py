@@ -160,6 +160,10 @@ def _dequantize(ctx: Lowering, node):
             shape[axis] = quant.scale.size
         scale = quant.scale.reshape(shape) if codes.ndim else quant.scale.reshape(())
         real = (codes.astype(np.int64) - zp.reshape(shape if codes.ndim else ())) * scale.astype(np.float64)
+        if real.size and np.max(np.abs(real)) >= np.finfo(np.float32).max:
+            raise ctx.error(
+                f"dequantized {node.input[0]!r} exceeds the float32 range (scale {quant.scale.max():g})"
+            )
         ctx.env[node.output[0]] = Const(
             node.output[0],
             real.astype(np.float32),

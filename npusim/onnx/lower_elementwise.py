@@ -146,3 +146,40 @@ def lower_leakyrelu(ctx: Lowering, node, out_quant: Quantization | None = None):
     )
     ctx.emit("LEAKY_RELU", [x.tensor], [out], alpha=float(np.float32(ctx.attr(node, "alpha", 0.01))))
     ctx.env[node.output[0]] = Value(out, x.perm)
+
+
+def lower_hardsigmoid(ctx: Lowering, node):
+    """max(0, min(1, alpha x + beta)) = MUL by alpha into the output's scale with its zero point moved
+    by beta (so the int8 range saturates where the clamp would), ADD beta, then the clamp."""
+    x = ctx.activation(node, 0)
+    alpha = float(np.float32(ctx.attr(node, "alpha", 0.2)))
+    beta = float(np.float32(ctx.attr(node, "beta", 0.5)))
+    yq = ctx.out_quant(node)
+    s, zp = float(yq.scale[0]), int(yq.zero_point[0])
+    rank, shape = len(x.perm), ctx.shape(x.tensor)
+    mq = Quantization(yq.scale.copy(), np.asarray([int(np.clip(zp + round(beta / s), -128, 127))], np.int64))
+    m = ctx.tensor(node.output[0] + "_scaled", shape, np.int8, mq)
+    ctx.emit(
+        "MUL",
+        [x.tensor, ctx.operand(Const("alpha", np.float32(alpha)), rank, x.perm, m_name(ctx, m, "alpha"))],
+        [m],
+        fused_activation_function="NONE",
+    )
+    t = ctx.tensor(node.output[0] + "_shifted", shape, np.int8, yq)
+    ctx.emit(
+        "ADD",
+        [m, ctx.operand(Const("beta", np.float32(beta)), rank, x.perm, m_name(ctx, m, "beta"))],
+        [t],
+        fused_activation_function="NONE",
+    )
+    for kind, bound in (("MAXIMUM", 0.0), ("MINIMUM", 1.0)):
+        code = int(np.clip(np.rint(bound / s) + zp, -128, 127))
+        c = ctx.constant(f"{node.output[0]}_{kind.lower()}_bound", np.full((1,) * rank, code), np.int8, yq)
+        out = ctx.tensor(f"{node.output[0]}_{kind.lower()}", shape, np.int8, yq)
+        ctx.emit(kind, [t, c], [out])
+        t = out
+    ctx.env[node.output[0]] = Value(t, x.perm)
+
+
+def m_name(ctx: Lowering, t: int, what: str) -> str:
+    return f"{ctx.tensors[t].name}_{what}"

@@ -45,6 +45,7 @@ LOWERINGS = {
     "LeakyRelu": Rule(ew.lower_leakyrelu, ("LEAKY_RELU",)),
     "QLinearLeakyRelu": Rule(qop.lower_qunary(ew.lower_leakyrelu), ("LEAKY_RELU",)),
     "HardSwish": Rule(ew.lower_hardswish, ("HARD_SWISH",)),
+    "HardSigmoid": Rule(ew.lower_hardsigmoid, ("MUL", "ADD", "MAXIMUM", "MINIMUM")),
     "Concat": Rule(mv.lower_concat, ("CONCATENATION",) + _REQ + _LAYOUT),
     "QLinearConcat": Rule(qop.lower_qlinearconcat, ("CONCATENATION",) + _REQ + _LAYOUT),
     "Split": Rule(mv.lower_split, ("SPLIT_V",) + _REQ),
