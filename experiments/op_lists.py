@@ -64,7 +64,7 @@ BLOCKS = {  # file -> (marker name, block)
 }
 # README.md gets its block (`--readme`) from the lead, who then sets this to True so that the
 # README's list is checked and rewritten with the others.
-README_PLACED = False
+README_PLACED = True
 if README_PLACED:
     BLOCKS["README.md"] = ("ops", readme_block)
 
