@@ -92,12 +92,13 @@ class FloatForm:
 
     def constant(self, k: int) -> np.ndarray:
         """The real value of constant input k: real_value, except a quantized MAC op's integer bias,
-        which is worth what the integer kernel adds (mac_bias)."""
+        which is worth what the integer kernel adds (mac_bias), whether or not the bias tensor
+        carries quantization of its own (an ONNX model's int32 bias has none: its scale is implied)."""
         t = self.inputs[k]
         if self.mac_inputs is not None and k == self.mac_inputs[2]:
             x, w = (self.inputs[i] for i in self.mac_inputs[:2])
             quantized = all(u is not None and u.quant is not None for u in (x, w))
-            if quantized and np.dtype(t.dtype).kind == "i" and t.quant is not None:
+            if quantized and np.dtype(t.dtype).kind == "i":
                 return mac_bias(t, x, w)
         return real_value(t)
 
