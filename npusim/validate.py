@@ -22,7 +22,7 @@ from .graph import Graph, computes_in_float
 from .interpreter import Interpreter
 from .metrics import NAMES, ErrorStats, json_ready
 from .reference import FloatInterpreter, dequantize
-from .tflite_io import load_model
+from .model_io import load_model
 
 
 @dataclass
