@@ -21,8 +21,8 @@ from .errors import NpusimError
 from .graph import Graph, computes_in_float
 from .interpreter import Interpreter
 from .metrics import NAMES, ErrorStats, json_ready
-from .reference import FloatInterpreter, dequantize
 from .model_io import load_model
+from .reference import FloatInterpreter, dequantize
 
 
 @dataclass
