@@ -143,7 +143,7 @@ def uint8_asymmetric_model() -> bytes:
     "case, message",
     [
         ("truncated", "malformed"),
-        ("not-tflite", "neither a TFLite flatbuffer"),
+        ("not-tflite", "not a TFLite flatbuffer"),
         ("missing", "cannot read model file"),
         ("uint8-model", "uint8"),
         ("wrong-shape", "shape"),

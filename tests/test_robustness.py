@@ -198,7 +198,7 @@ def test_cli_bad_files_exit_2_with_one_line(files, tmp_path):
         ((files["float32"], "--input", tmp_path / "missing.npy", "--output", out), ["cannot read as .npy"]),
         ((tmp_path / "missing.tflite", "--input", x, "--output", out), ["cannot read model file"]),
         ((tmp_path, "--input", x, "--output", out), []),  # a directory: click's own usage error, exit 2
-        ((empty, "--input", x, "--output", out), ["neither a TFLite flatbuffer", "nor an ONNX model"]),
+        ((empty, "--input", x, "--output", out), ["not a TFLite flatbuffer", "and not an ONNX model"]),
         ((truncated, "--input", x, "--output", out), ["malformed flatbuffer"]),
         ((files["two_inputs"], "--input", x, "--output", out), ["model has 2 inputs"]),
         (

@@ -125,14 +125,26 @@ class Movement(FloatForm):
     indifferent to the element type, so the float form prepares that same kernel on the graph (its
     checks hold for float32 tensors too) and runs it on real values."""
 
+    kernel_class = None  # the integer kernel class, bound by MovementForm
+
     def __init__(self, op: Op, graph: Graph):
         super().__init__(op, graph)
-        from . import KERNELS  # the kernel table imports this module
-
-        self.kernel = KERNELS[op.kind](op, graph, 0)
+        self.kernel = self.kernel_class(op, graph, 0)
 
     def __call__(self, *inputs):
         return self.kernel(*inputs)
+
+
+class MovementForm:
+    """`float_form = MovementForm()` in a data-movement kernel's class body: Movement bound to that
+    kernel class when the class is made, so the form needs no kernel table (and the kernel sources
+    that key the Numba cache stay free of the registry)."""
+
+    def __set_name__(self, owner, name):
+        self.form = type(f"{owner.__name__}Float", (Movement,), {"kernel_class": owner})
+
+    def __get__(self, instance, owner=None):
+        return self.form
 
 
 class Elementwise(FloatForm):

@@ -11,7 +11,7 @@ import numpy as np
 from ..engines import aligned
 from ..engines.padding import pad_input
 from .base import Kernel
-from .float_form import Movement
+from .float_form import Movement, MovementForm
 
 
 def _same_dtype(kernel: Kernel):
@@ -24,8 +24,8 @@ def _same_dtype(kernel: Kernel):
 
 
 class PadFloat(Movement):
-    """The padding of the prepared integer kernel with a real value: PADV2's constant (as a real
-    number), else 0.0, which is what padding with the zero point means in int8."""
+    """The padding of the prepared integer kernel (Pad, bound below it) with a real value: PADV2's
+    constant (as a real number), else 0.0, which is what padding with the zero point means in int8."""
 
     def __call__(self, x, paddings=None, value=None):
         v = 0.0 if value is None else float(np.asarray(value).reshape(-1)[0])
@@ -34,7 +34,7 @@ class PadFloat(Movement):
 
 class Reshape(Kernel):
     kind = "RESHAPE"
-    float_form = Movement
+    float_form = MovementForm()
     required_inputs, max_inputs, data_inputs = 1, 2, 1
 
     def __init__(self, op, graph, profile):
@@ -100,9 +100,12 @@ class Pad(Kernel):
         return np.pad(x, [tuple(q) for q in p], constant_values=self.value)
 
 
+
+PadFloat.kernel_class = Pad
+
 class Transpose(Kernel):
     kind = "TRANSPOSE"
-    float_form = Movement
+    float_form = MovementForm()
     required_inputs, max_inputs, data_inputs = 2, 2, 1
 
     def __init__(self, op, graph, profile):
@@ -128,7 +131,7 @@ class Transpose(Kernel):
 
 class Concatenation(Kernel):
     kind = "CONCATENATION"
-    float_form = Movement
+    float_form = MovementForm()
     required_inputs, max_inputs, data_inputs = 1, None, None
 
     def __init__(self, op, graph, profile):

@@ -6,13 +6,13 @@ from __future__ import annotations
 import numpy as np
 
 from .base import Kernel
-from .float_form import Movement
+from .float_form import MovementForm
 from .movement import _same_dtype
 
 
 class Pack(Kernel):
     kind = "PACK"
-    float_form = Movement
+    float_form = MovementForm()
     required_inputs, max_inputs, data_inputs = 1, None, None
 
     def __init__(self, op, graph, profile):

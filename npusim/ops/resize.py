@@ -12,7 +12,7 @@ import numpy as np
 
 from ..quant import SINGLE, trunc_div
 from .base import Kernel
-from .float_form import FloatForm, Movement, real
+from .float_form import FloatForm, MovementForm, real
 from .movement import _same_dtype
 
 
@@ -93,7 +93,7 @@ def _bilinear_axis(in_size: int, out_size: int, align: bool, half: bool):
 
 class ResizeNearestNeighbor(Kernel):
     kind = "RESIZE_NEAREST_NEIGHBOR"
-    float_form = Movement
+    float_form = MovementForm()
     required_inputs, max_inputs, data_inputs = 2, 2, 1
 
     def __init__(self, op, graph, profile):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from .base import Kernel
-from .float_form import Movement
+from .float_form import MovementForm
 from .movement import Reshape, _same_dtype
 
 MAX_SLICE_DIMS = 5  # TFLM slice.cc kMaxDim
@@ -40,7 +40,7 @@ def _expect_shape(kernel: Kernel, y, expected):
 
 class Slice(Kernel):
     kind = "SLICE"
-    float_form = Movement
+    float_form = MovementForm()
     required_inputs, max_inputs, data_inputs = 3, 3, 1
 
     def __init__(self, op, graph, profile):
@@ -77,7 +77,7 @@ class Slice(Kernel):
 
 class Unpack(Kernel):
     kind = "UNPACK"
-    float_form = Movement
+    float_form = MovementForm()
     required_inputs, max_inputs, num_outputs = 1, 1, None
 
     def __init__(self, op, graph, profile):
@@ -157,7 +157,7 @@ class Shape(Kernel):
     has no batch axis (each of TFLM's batch-1 runs gives this same array)."""
 
     kind = "SHAPE"
-    float_form = Movement
+    float_form = MovementForm()
 
     def __init__(self, op, graph, profile):
         super().__init__(op, graph, profile)
@@ -173,7 +173,7 @@ class Shape(Kernel):
 
 class Tile(Kernel):
     kind = "TILE"
-    float_form = Movement
+    float_form = MovementForm()
     required_inputs, max_inputs, data_inputs = 2, 2, 1
 
     def __init__(self, op, graph, profile):
@@ -200,7 +200,7 @@ class Gather(Kernel):
     params[..., indices, ...]. TFLM refuses an index out of range at Eval; npusim at prepare."""
 
     kind = "GATHER"
-    float_form = Movement
+    float_form = MovementForm()
     required_inputs, max_inputs = 2, 2
 
     def __init__(self, op, graph, profile):

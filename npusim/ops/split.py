@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from .base import Kernel
-from .float_form import Movement
+from .float_form import MovementForm
 
 
 def _check_outputs(kernel: Kernel, x, axis_tensor, sizes):
@@ -44,7 +44,7 @@ def _check_outputs(kernel: Kernel, x, axis_tensor, sizes):
 
 class Split(Kernel):
     kind = "SPLIT"
-    float_form = Movement
+    float_form = MovementForm()
     required_inputs, max_inputs, num_outputs = 2, 2, None
 
     def __init__(self, op, graph, profile):
@@ -68,7 +68,7 @@ class Split(Kernel):
 
 class SplitV(Kernel):
     kind = "SPLIT_V"
-    float_form = Movement
+    float_form = MovementForm()
     required_inputs, max_inputs, num_outputs = 3, 3, None
 
     def __init__(self, op, graph, profile):

@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from .base import Kernel
-from .float_form import Movement
+from .float_form import MovementForm
 from .movement import _same_dtype
 
 INT32_LOWEST, INT32_MAX = -(2**31), 2**31 - 1
@@ -62,7 +62,7 @@ def _as_slice(idx: list) -> slice:
 
 class StridedSlice(Kernel):
     kind = "STRIDED_SLICE"
-    float_form = Movement
+    float_form = MovementForm()
     required_inputs, max_inputs, data_inputs = 4, 4, 1
 
     def __init__(self, op, graph, profile):
