@@ -25,9 +25,12 @@ class OnnxSource:
 
     format = "onnx"
 
-    def __init__(self, model, weights: dict, op_count: int, tensor_count: int):
+    def __init__(self, model, weights: dict, op_count: int, tensor_count: int, values: dict | None = None):
         self.model = model
         self.weights = weights
+        # ONNX value name -> (graph tensor, perm): where each activation of the file lives in the
+        # Graph (physical = logical.transpose(perm)), for per-layer comparisons against ORT.
+        self.values = values or {}
         self.op_count, self.tensor_count = op_count, tensor_count  # what the import made
 
 
@@ -70,7 +73,9 @@ def _lower(model, where: str):
             raise ctx.error("operator is not supported (docs/onnx.md lists the ops npusim lowers)")
     ctx.node = None
     outputs = _graph_outputs(ctx)
-    return to_graph(ctx, inputs, outputs, OnnxSource(model, ctx.weights, len(ctx.ops), len(ctx.tensors)))
+    values = {k: (v.tensor, v.perm) for k, v in ctx.env.items() if isinstance(v, Value)}
+    source = OnnxSource(model, ctx.weights, len(ctx.ops), len(ctx.tensors), values)
+    return to_graph(ctx, inputs, outputs, source)
 
 
 def _graph_inputs(ctx: Lowering) -> list:
