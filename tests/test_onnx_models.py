@@ -51,10 +51,10 @@ def output_codes(graph, y):
             2,
             marks=pytest.mark.xfail(
                 strict=True,
-                reason="measured 0.71 within one step against 0.83 between ORT's runs (8 images): ±1 steps "
-                "that TFLM's integer arithmetic adds at every layer (double-rounding fixed-point multipliers "
-                "and LOGISTIC's 1/256) accumulate over ~100 layers and the box decoding multiplies one distance "
-                "code into up to 3.4 output steps; per layer in docs/onnx.md (experiments/onnx_layers.py)",
+                reason="measured 0.71 within one step against 0.83 between ORT's runs (8 images): the "
+                "one-step differences TFLM's integer arithmetic adds at each layer (double-rounding "
+                "fixed-point multipliers, LOGISTIC's 1/256) accumulate over ~100 layers, and the box "
+                "decoding turns one distance code into up to 3.4 output steps (docs/onnx.md)",
             ),
         ),
     ],
