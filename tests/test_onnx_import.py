@@ -437,3 +437,7 @@ def test_bias_near_the_int32_limit_widens_the_filter_scale(op):
     mac = next(op for op in g.ops if op.kind == kind)
     assert g.tensors[mac.inputs[1]].quant.scale[0] > 1.9 * peak / 127  # widened about twofold
     assert abs(int(g.tensors[mac.inputs[2]].data[0])) <= 2**30 + 2**20  # the middle half of int32
+    npusim.write_model(g)  # untrained: the file as it was
+    g.tensors[mac.inputs[1]].data = g.tensors[mac.inputs[1]].data // 2  # "trained"
+    with pytest.raises(npusim.NpusimError, match="rebuilt at import"):
+        npusim.write_model(g)  # its codes are at the widened scale, not the file's

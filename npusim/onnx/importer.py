@@ -31,6 +31,7 @@ class OnnxSource:
         # ONNX value name -> (graph tensor, perm): where each activation of the file lives in the
         # Graph (physical = logical.transpose(perm)), for per-layer comparisons against ORT.
         self.values = values or {}
+        self.rebuilt: dict = {}  # tensor -> data at import of MAC weights that are not the file's codes
         self.op_count, self.tensor_count = op_count, tensor_count  # what the import made
 
 
@@ -75,7 +76,24 @@ def _lower(model, where: str):
     outputs = _graph_outputs(ctx)
     values = {k: (v.tensor, v.perm) for k, v in ctx.env.items() if isinstance(v, Value)}
     source = OnnxSource(model, ctx.weights, len(ctx.ops), len(ctx.tensors), values)
+    source.rebuilt = _rebuilt_weights(ctx)
     return to_graph(ctx, inputs, outputs, source)
+
+
+MAC_KINDS = ("CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED")
+
+
+def _rebuilt_weights(ctx: Lowering) -> dict:
+    """{tensor: its data at import} for the weights and biases of MAC ops that are not the file's codes
+    (a folded BatchNormalization, a filter scale widened for its bias, a split group, Gemm's alpha):
+    writer.py cannot put them back, and refuses if training changed them."""
+    out = {}
+    for op in ctx.ops:
+        if op.kind in MAC_KINDS:
+            for t in op.inputs[1:3]:
+                if t >= 0 and t not in ctx.weights and ctx.tensors[t].data is not None:
+                    out[t] = ctx.tensors[t].data.copy()
+    return out
 
 
 def _graph_inputs(ctx: Lowering) -> list:

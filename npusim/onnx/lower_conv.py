@@ -83,20 +83,23 @@ def fit_bias_range(codes: np.ndarray, ws: np.ndarray, bias_real, in_scale: float
     s_in = np.float64(np.float32(in_scale))
     b = np.abs(np.asarray(bias_real, np.float64).ravel())
     o = codes.shape[axis]
-    if np.size(ws) == 1:  # per tensor: the bias's half range decides, as in the converter
-        half = float(b.max()) if b.size else 0.0
-        if half / k < 0.5 * s_in * float(np.ravel(ws)[0]):
-            return codes, ws, False
-        new = np.full(np.shape(ws), 2.0 * half / (k * s_in))
-        ratio = np.full(o, float(np.ravel(ws)[0]) / new.ravel()[0])
-    else:
-        ws = np.broadcast_to(np.asarray(ws, np.float64).reshape(-1), (o,))
-        b = np.broadcast_to(b, (o,))
-        wide = b >= 0.5 * s_in * ws * k
-        if not np.any(wide):
-            return codes, ws, False
-        new = np.where(wide, 2.0 * b / (k * s_in), ws)
-        ratio = ws / new
+    with np.errstate(all="ignore"):  # a hostile file's inf / NaN is left to bias_tensor to refuse
+        if np.size(ws) == 1:  # per tensor: the bias's half range decides, as in the converter
+            half = float(b.max()) if b.size else 0.0
+            if not half / k >= 0.5 * s_in * float(np.ravel(ws)[0]):
+                return codes, ws, False
+            new = np.full(np.shape(ws), 2.0 * half / (k * s_in))
+            ratio = np.full(o, float(np.ravel(ws)[0]) / new.ravel()[0])
+        else:
+            ws = np.broadcast_to(np.asarray(ws, np.float64).reshape(-1), (o,))
+            b = np.broadcast_to(b, (o,))
+            wide = b >= 0.5 * s_in * ws * k
+            if not np.any(wide):
+                return codes, ws, False
+            new = np.where(wide, 2.0 * b / (k * s_in), ws)
+            ratio = ws / new
+    if not np.all(np.isfinite(new) & (np.asarray(new) > 0) & np.isfinite(ratio)):
+        return codes, ws, False
     shape = [1] * codes.ndim
     shape[axis] = o
     scaled = codes.astype(np.float64) * ratio.reshape(shape)
