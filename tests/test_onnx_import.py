@@ -405,3 +405,39 @@ def test_standalone_batchnorm_is_refused_naming_the_node():
     )
     with pytest.raises(npusim.NpusimError, match=r"node 'bn' \(BatchNormalization\)"):
         npusim.load_model(qdq(m, feeds_for(m, rng)))
+
+
+@pytest.mark.parametrize("op", ["Conv", "Gemm"])
+def test_bias_near_the_int32_limit_widens_the_filter_scale(op):
+    """A channel with tiny weights and a bias whose int32 code sits near -2^31 (ORT's quantizer
+    saturates such biases; ST's YOLO26 has two): int32 accumulation would wrap. TFLite's converter
+    widens that channel's filter scale until the bias fits the middle half of int32
+    (AdjustWeightsForBiasScale); npusim then stays within one step of ORT, which adds it in float."""
+    rng = rng_of("bias-limit", op)
+    b = np.asarray([-0.005, -0.05, 0.05, 0.1], np.float32)  # channel 0: replaced by a code near -2^31
+    if op == "Conv":
+        w = rng.standard_normal((4, 8, 3, 3)).astype(np.float32) * 0.3
+        w[0] *= 1e-7
+        node = helper.make_node("Conv", ["x", "w", "b"], ["y"], kernel_shape=[3, 3], pads=[1, 1, 1, 1])
+        m = model([node], [("x", (1, 8, 6, 6))], [("w", w), ("b", b)])
+        kind, peak = "CONV_2D", np.max(np.abs(w[0]))
+    else:
+        w = rng.standard_normal((72, 4)).astype(np.float32) * 0.3
+        w[:, 0] *= 1e-7
+        m = model([helper.make_node("Gemm", ["x", "w", "b"], ["y"])], [("x", (1, 72))], [("w", w), ("b", b)])
+        kind, peak = "FULLY_CONNECTED", np.max(np.abs(w[:, 0]))
+    feeds = feeds_for(m, rng)
+    q = onnx.load_from_string(qdq(m, feeds))
+    bias = next(i for i in q.graph.initializer if i.name == "b_q")
+    codes = numpy_helper.to_array(bias).copy()
+    codes[0] = -2147400000  # 83,648 above the limit: an accumulator of 72 products crosses it
+    bias.CopyFrom(numpy_helper.from_array(codes, "b_q"))
+    x = np.concatenate([f["x"] for f in feeds])
+    g = check_against_ort(q.SerializeToString(), x, f"{op} with a bias near -2^31")
+    mac = next(op for op in g.ops if op.kind == kind)
+    assert g.tensors[mac.inputs[1]].quant.scale[0] > 1.9 * peak / 127  # widened about twofold
+    assert abs(int(g.tensors[mac.inputs[2]].data[0])) <= 2**30 + 2**20  # the middle half of int32
+    npusim.write_model(g)  # untrained: the file as it was
+    g.tensors[mac.inputs[1]].data = g.tensors[mac.inputs[1]].data // 2  # "trained"
+    with pytest.raises(npusim.NpusimError, match="rebuilt at import"):
+        npusim.write_model(g)  # its codes are at the widened scale, not the file's

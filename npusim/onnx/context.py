@@ -299,18 +299,21 @@ class Lowering:
 
     def operand(self, c: Const, rank: int, perm, name: str) -> int:
         """A constant operand of an element-wise op: broadcast to the op's rank, in its layout, as int8
-        (its own codes when the file quantized it per tensor, else quantized symmetrically on its range)."""
+        (its own codes when the file quantized it per tensor, else quantized asymmetrically on its range
+        with zero, so that a constant far from zero, such as anchor points, keeps all 256 codes)."""
         value, codes = c.value, c.codes
         if codes is not None and c.scale is not None and c.scale.size == 1 and c.storage in ("int8", "uint8"):
             zp = int(c.zero_point[0]) - (128 if c.storage == "uint8" else 0)
             q = codes.astype(np.int64) - (128 if c.storage == "uint8" else 0)
             quant = Quantization(np.asarray([c.scale[0]], np.float32), np.asarray([zp], np.int64))
-        else:
+        else:  # a float constant: all 256 codes over its range with 0 (as TFLite quantizes a range)
             value = np.asarray(value, np.float64)
-            peak = float(np.max(np.abs(value))) if value.size else 0.0
-            scale = np.float32(peak / 127.0) if peak > 0 else np.float32(1.0)
-            q = np.clip(np.round(value / np.float64(scale)), -127, 127).astype(np.int64)
-            quant = Quantization(np.asarray([scale], np.float32), np.asarray([0], np.int64))
+            lo = min(0.0, float(value.min())) if value.size else 0.0
+            hi = max(0.0, float(value.max())) if value.size else 0.0
+            scale = np.float32((hi - lo) / 255.0) if hi > lo else np.float32(1.0)
+            zp = int(np.clip(-128 - np.round(lo / np.float64(scale)), -128, 127))
+            q = np.clip(np.round(value / np.float64(scale)) + zp, -128, 127).astype(np.int64)
+            quant = Quantization(np.asarray([scale], np.float32), np.asarray([zp], np.int64))
         if q.ndim > rank:
             raise self.error(f"constant {c.name!r} has rank {q.ndim}, above the activation's {rank}")
         q = q.reshape((1,) * (rank - q.ndim) + q.shape).transpose(perm)

@@ -25,9 +25,13 @@ class OnnxSource:
 
     format = "onnx"
 
-    def __init__(self, model, weights: dict, op_count: int, tensor_count: int):
+    def __init__(self, model, weights: dict, op_count: int, tensor_count: int, values: dict | None = None):
         self.model = model
         self.weights = weights
+        # ONNX value name -> (graph tensor, perm): where each activation of the file lives in the
+        # Graph (physical = logical.transpose(perm)), for per-layer comparisons against ORT.
+        self.values = values or {}
+        self.rebuilt: dict = {}  # tensor -> data at import of MAC weights that are not the file's codes
         self.op_count, self.tensor_count = op_count, tensor_count  # what the import made
 
 
@@ -70,7 +74,26 @@ def _lower(model, where: str):
             raise ctx.error("operator is not supported (docs/onnx.md lists the ops npusim lowers)")
     ctx.node = None
     outputs = _graph_outputs(ctx)
-    return to_graph(ctx, inputs, outputs, OnnxSource(model, ctx.weights, len(ctx.ops), len(ctx.tensors)))
+    values = {k: (v.tensor, v.perm) for k, v in ctx.env.items() if isinstance(v, Value)}
+    source = OnnxSource(model, ctx.weights, len(ctx.ops), len(ctx.tensors), values)
+    source.rebuilt = _rebuilt_weights(ctx)
+    return to_graph(ctx, inputs, outputs, source)
+
+
+MAC_KINDS = ("CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED")
+
+
+def _rebuilt_weights(ctx: Lowering) -> dict:
+    """{tensor: its data at import} for the weights and biases of MAC ops that are not the file's codes
+    (a folded BatchNormalization, a filter scale widened for its bias, a split group, Gemm's alpha):
+    writer.py cannot put them back, and refuses if training changed them."""
+    out = {}
+    for op in ctx.ops:
+        if op.kind in MAC_KINDS:
+            for t in op.inputs[1:3]:
+                if t >= 0 and t not in ctx.weights and ctx.tensors[t].data is not None:
+                    out[t] = ctx.tensors[t].data.copy()
+    return out
 
 
 def _graph_inputs(ctx: Lowering) -> list:

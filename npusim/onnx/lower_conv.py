@@ -69,6 +69,44 @@ def bias_tensor(
     return ctx.constant(name, codes, np.int32)
 
 
+def fit_bias_range(codes: np.ndarray, ws: np.ndarray, bias_real, in_scale: float, axis: int = 0):
+    """Widen the filter scale of every output channel whose bias would leave the middle half of int32
+    at input scale x filter scale, as TFLite's converter does before it quantizes the weights
+    (AdjustWeightsForBiasScale in tensorflow/lite/tools/optimize/quantization_utils.cc): the new scale
+    is 2 |bias| / (int32 max x input scale) and the channel's codes are requantized to it (rounding
+    half away from zero, [-127, 127]). Without it the accumulator wraps when it adds a bias near
+    -2^31 (ORT's quantizer saturates such biases; ORT adds them in float). Returns (codes, scales,
+    whether any channel changed)."""
+    if bias_real is None:
+        return codes, ws, False
+    k = np.float64(np.iinfo(np.int32).max)
+    s_in = np.float64(np.float32(in_scale))
+    b = np.abs(np.asarray(bias_real, np.float64).ravel())
+    o = codes.shape[axis]
+    with np.errstate(all="ignore"):  # a hostile file's inf / NaN is left to bias_tensor to refuse
+        if np.size(ws) == 1:  # per tensor: the bias's half range decides, as in the converter
+            half = float(b.max()) if b.size else 0.0
+            if not half / k >= 0.5 * s_in * float(np.ravel(ws)[0]):
+                return codes, ws, False
+            new = np.full(np.shape(ws), 2.0 * half / (k * s_in))
+            ratio = np.full(o, float(np.ravel(ws)[0]) / new.ravel()[0])
+        else:
+            ws = np.broadcast_to(np.asarray(ws, np.float64).reshape(-1), (o,))
+            b = np.broadcast_to(b, (o,))
+            wide = b >= 0.5 * s_in * ws * k
+            if not np.any(wide):
+                return codes, ws, False
+            new = np.where(wide, 2.0 * b / (k * s_in), ws)
+            ratio = ws / new
+    if not np.all(np.isfinite(new) & (np.asarray(new) > 0) & np.isfinite(ratio)):
+        return codes, ws, False
+    shape = [1] * codes.ndim
+    shape[axis] = o
+    scaled = codes.astype(np.float64) * ratio.reshape(shape)
+    q = np.clip(np.sign(scaled) * np.floor(np.abs(scaled) + 0.5), -127, 127).astype(np.int8)
+    return q, new, True
+
+
 def tflite_padding(ctx, in_hw, k, s, d, pads, auto_pad):
     """('SAME' | 'VALID', explicit [top, left, bottom, right] to PAD first or None)."""
     same = []
@@ -209,6 +247,9 @@ def conv(
     bias_real = None
     if bn is not None:
         codes, ws, bias_real = fold_batchnorm(ctx, codes, ws, b, bn)
+    b_real = bias_real if bn is not None else (None if b is None else b.value)
+    codes, ws, refit = fit_bias_range(codes, ws, b_real, ctx.quant(t).scale[0])
+    keep_file_codes = bn is None and not refit  # the Graph's codes are the file's (writer.py)
     strides = list(ctx.attr(node, "strides", [1, 1]))
     dil = list(ctx.attr(node, "dilations", [1, 1]))
     padding, pads = tflite_padding(
@@ -228,6 +269,8 @@ def conv(
     if oh < 1 or ow < 1:
         raise ctx.error(f"kernel {kh}x{kw} does not fit the input {h}x{wd}")
     xq = ctx.quant(t)
+    if refit and bias_real is None:
+        bias_real = b.value
     options = dict(
         padding=padding,
         stride_h=int(strides[0]),
@@ -242,7 +285,7 @@ def conv(
     if depthwise:
         wq = Quantization(np.asarray(ws, np.float32).reshape(-1), np.zeros(np.size(ws), np.int64), axis=3)
         wt = ctx.constant(w.name, codes.reshape(o, kh, kw).transpose(1, 2, 0)[None], np.int8, wq)
-        if bn is None:
+        if keep_file_codes:
             ctx.weights[wt] = dict(
                 init=w.source,
                 kind="depthwise",
@@ -258,7 +301,7 @@ def conv(
     if group == 1:
         wq = Quantization(np.asarray(ws, np.float32).reshape(-1), np.zeros(np.size(ws), np.int64), axis=0)
         wt = ctx.constant(w.name, ohwi, np.int8, wq)
-        if bn is None:
+        if keep_file_codes:
             ctx.weights[wt] = dict(
                 init=w.source,
                 kind="conv",
@@ -348,9 +391,17 @@ def dense(
     if alpha <= 0:
         raise ctx.error(f"alpha {alpha:g} is not positive")
     ws = ws * alpha
+    bias = b
+    if b is not None and beta != 1.0:
+        bias = Const(b.name, np.asarray(b.value, np.float64) * beta)
+    bias_real = None if bias is None else bias.value
+    codes, ws, refit = fit_bias_range(codes, ws, bias_real, ctx.quant(t).scale[0], axis=1)
+    if refit:  # the bias's codes are no longer at the file's scale: requantize its real values
+        bias = Const(bias.name, np.asarray(bias.value, np.float64))
+    ws = np.asarray(ws, np.float64).reshape(-1)
     wq = Quantization(ws.astype(np.float32), np.zeros(ws.size, np.int64), axis=0)
     wt = ctx.constant(w_kn.name, codes.T, np.int8, wq)
-    if alpha == 1.0 and w_kn.source:
+    if alpha == 1.0 and w_kn.source and not refit:
         ctx.weights[wt] = dict(
             init=w_kn.source,
             kind="dense_nk" if file_nk else "dense_kn",
@@ -359,9 +410,6 @@ def dense(
             axis=1 - w_kn.axis if file_nk else w_kn.axis,
             shape=w_kn.codes.shape[::-1] if file_nk else w_kn.codes.shape,
         )
-    bias = b
-    if b is not None and beta != 1.0:
-        bias = Const(b.name, np.asarray(b.value, np.float64) * beta)
     bt = bias_tensor(ctx, bias, ctx.quant(t).scale[0], ws, nout, out_name + "_bias")
     out_shape = tuple(shape[:-1]) + (nout,)
     out = ctx.tensor(out_name, out_shape, np.int8, out_quant)

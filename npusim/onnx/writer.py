@@ -40,6 +40,13 @@ def write_onnx(graph) -> bytes:
             "the graph has ops or tensors added after import (a new head); writing them into the ONNX "
             "graph is not supported, expected the imported graph with updated weights"
         )
+    for index, data in src.rebuilt.items():
+        if not np.array_equal(graph.tensors[index].data, data):
+            raise NpusimError(
+                f"weight {graph.tensors[index].name!r} was rebuilt at import (a folded BatchNormalization, "
+                "a filter scale widened for its bias, a split group or Gemm's alpha): its trained codes "
+                "cannot be written back into the file's initializer"
+            )
     model = type(src.model)()
     model.CopyFrom(src.model)
     inits = {t.name: t for t in model.graph.initializer}

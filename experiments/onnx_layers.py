@@ -1,0 +1,111 @@
+"""Layer by layer, npusim against ONNX Runtime's literal QDQ run (ORT_DISABLE_ALL) on an ONNX QDQ
+model: every QuantizeLinear output of the file is exposed as an ORT graph output and compared, in
+codes, with the Graph tensor the importer made of it (OnnxSource.values).
+
+    python -m experiments.onnx_layers MODEL.onnx --shared ../shared --images 4 [--profile tflm]
+        [--substitute 488,497] [--prefix 100,200,300]
+
+Prints (1) the local disagreement of each lowered layer: the share of its codes that differ from
+ORT's when every input is ORT's own (the error the layer adds), grouped by ONNX op type and Graph
+kind; (2) the share of final output elements within one step of ORT: npusim alone, with ORT's tensor
+substituted at the given op indices, and with ORT's tensors substituted at every layer before each
+prefix index (where in depth the output's disagreement comes from).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+from pathlib import Path
+
+import numpy as np
+
+
+def ort_layers(path: Path, x: np.ndarray) -> dict:
+    """{QuantizeLinear output name: int8 codes (uint8 shifted by -128)} of ORT's unoptimized run."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import helper
+
+    m = onnx.load(str(path))
+    inits = {i.name: i for i in m.graph.initializer}
+    types = {}
+    for n in m.graph.node:
+        if n.op_type == "QuantizeLinear" and n.input[0] not in inits:
+            zp = inits.get(n.input[2]) if len(n.input) > 2 else None
+            types[n.output[0]] = zp.data_type if zp is not None else 2
+    known = {o.name for o in m.graph.output}
+    for name, et in types.items():
+        if name not in known:
+            m.graph.output.append(helper.make_tensor_value_info(name, et, None))
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    sess = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    names = [o.name for o in sess.get_outputs()]
+    runs = [sess.run(None, {sess.get_inputs()[0].name: x[i : i + 1]}) for i in range(len(x))]
+    out = {}
+    for j, name in enumerate(names):
+        if name in types:
+            a = np.concatenate([r[j] for r in runs]).astype(np.int64)
+            out[name] = (a - 128 if types[name] == 2 else a).astype(np.int8)
+    return out
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("model", type=Path)
+    p.add_argument("--shared", type=Path, default=Path("../shared"))
+    p.add_argument("--images", type=int, default=4)
+    p.add_argument("--profile", default="tflm")
+    p.add_argument("--substitute", default="")
+    p.add_argument("--prefix", default="")
+    args = p.parse_args()
+
+    import npusim
+    from zo.data import resize_images
+
+    graph = npusim.load_model(args.model)
+    d = np.load(args.shared / "data" / "eurosat64_subset.npz")
+    x = resize_images(d["x_test"][: args.images], graph.input().shape[2]).astype(np.float32) / 255.0
+    x = np.ascontiguousarray(x.transpose(0, 3, 1, 2))
+    layers = ort_layers(args.model, x)
+    producer = {o: n for n in graph.source.model.graph.node for o in n.output}
+    ref, op_type = {}, {}
+    for name, codes in layers.items():
+        if name in graph.source.values:
+            t, perm = graph.source.values[name]
+            ref[t] = np.ascontiguousarray(codes.transpose(perm))
+            q = producer[name]
+            op_type[t] = producer[q.input[0]].op_type if q.input[0] in producer else "(input)"
+    it = npusim.Interpreter(graph, profile=args.profile)
+    out_t = graph.ops[-1].inputs[0] if graph.ops[-1].kind == "DEQUANTIZE" else graph.outputs[0]
+
+    def run(substitute, local=None):
+        values = {graph.inputs[0]: it.check_input(x)}
+        for k in it.kernels:
+            it.evaluate(values, kernels=[k])
+            o = k.op.outputs[0]
+            if local is not None and o in ref:
+                local[(op_type[o], k.kind)].append(np.mean(values[o] != ref[o]) * values[o].size)
+                local[(op_type[o], k.kind, "n")].append(values[o].size)
+            if o in ref and o != out_t and substitute(k.op.index):
+                values[o] = ref[o]
+        diff = np.abs(values[out_t].astype(np.int64) - ref[out_t])
+        return float(np.mean(diff <= 1))
+
+    local = collections.defaultdict(list)
+    run(lambda i: True, local)
+    print("local disagreement per layer kind (ORT's inputs), share of codes off:")
+    rows = [(k, sum(v), sum(local[k + ("n",)])) for k, v in local.items() if len(k) == 2]
+    for (onnx_op, kind), off, n in sorted(rows, key=lambda r: -r[1] / r[2]):
+        print(f"  {onnx_op:12s} {kind:24s} layers={len(local[(onnx_op, kind)]):3d} off={off / n:.4f}")
+    print(f"final output within one step: npusim {run(lambda i: False):.4f}")
+    if args.substitute:
+        idx = {int(s) for s in args.substitute.split(",")}
+        print(f"  ORT's tensors at ops {sorted(idx)}: {run(lambda i: i in idx):.4f}")
+    for n in (int(s) for s in args.prefix.split(",") if s):
+        print(f"  ORT's tensors before op {n}: {run(lambda i, n=n: i < n):.4f}")
+
+
+if __name__ == "__main__":
+    main()
