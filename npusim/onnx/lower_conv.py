@@ -212,6 +212,14 @@ def fold_batchnorm(ctx: Lowering, codes, ws, b: Const | None, bn):
     return codes, np.broadcast_to(ws, (o,)) * np.abs(factor), base * factor + shift
 
 
+def keep_file_layout(ctx: Lowering, tensor: int, w, kind: str):
+    """Record how the filter tensor's codes stand in the file (initializer, storage type, layout
+    kind), so that writer.py can put trained codes back where they came from."""
+    ctx.weights[tensor] = dict(
+        init=w.source, kind=kind, storage=w.storage, zero_point=w.zero_point, axis=w.axis, shape=w.codes.shape
+    )
+
+
 def conv(
     ctx: Lowering,
     node,
@@ -286,14 +294,7 @@ def conv(
         wq = Quantization(np.asarray(ws, np.float32).reshape(-1), np.zeros(np.size(ws), np.int64), axis=3)
         wt = ctx.constant(w.name, codes.reshape(o, kh, kw).transpose(1, 2, 0)[None], np.int8, wq)
         if keep_file_codes:
-            ctx.weights[wt] = dict(
-                init=w.source,
-                kind="depthwise",
-                storage=w.storage,
-                zero_point=w.zero_point,
-                axis=w.axis,
-                shape=w.codes.shape,
-            )
+            keep_file_layout(ctx, wt, w, "depthwise")
         bt = bias_tensor(ctx, bias_const, xq.scale[0], ws, o, out_name + "_bias")
         ctx.emit("DEPTHWISE_CONV_2D", [t, wt, bt], [out], depth_multiplier=o // c, **options)
         return out
@@ -302,14 +303,7 @@ def conv(
         wq = Quantization(np.asarray(ws, np.float32).reshape(-1), np.zeros(np.size(ws), np.int64), axis=0)
         wt = ctx.constant(w.name, ohwi, np.int8, wq)
         if keep_file_codes:
-            ctx.weights[wt] = dict(
-                init=w.source,
-                kind="conv",
-                storage=w.storage,
-                zero_point=w.zero_point,
-                axis=w.axis,
-                shape=w.codes.shape,
-            )
+            keep_file_layout(ctx, wt, w, "conv")
         bt = bias_tensor(ctx, bias_const, xq.scale[0], ws, o, out_name + "_bias")
         ctx.emit("CONV_2D", [t, wt, bt], [out], **options)
         return out
