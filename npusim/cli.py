@@ -13,9 +13,13 @@ import numpy as np
 
 from .errors import NpusimError
 from .interpreter import Interpreter
-from .model_io import load_model
+from .model_io import load_model, model_suffix
 from .quant import PROFILES
 from .tuning import tune_process
+
+# Not click.Path(dir_okay=False): click answers a folder with its usage block; the readers
+# (load_model, load_array) say what the path is in one `error:` line, as for every other bad file.
+FILE = click.Path()
 
 PROFILE = click.option(
     "--profile",
@@ -62,6 +66,26 @@ def load_array(path: str, what: str) -> np.ndarray:
     return x
 
 
+def check_output_path(path: str, option: str, suffixes=(".npy", ".npz")):
+    """Before anything runs: an output path names its format, one of `suffixes` (numpy would add
+    .npy to any other name and write a file the user did not name)."""
+    if Path(path).suffix.lower() not in suffixes:
+        names = " or ".join(suffixes)
+        raise NpusimError(f"{option} {path}: expected a path ending in {names}, nothing written")
+
+
+def save_array(path: str, value=None, archive: dict | None = None):
+    """np.save / np.savez to exactly `path` (given a name, both would append their own suffix)."""
+    try:
+        with open(path, "wb") as f:
+            if archive is None:
+                np.save(f, value)
+            else:
+                np.savez(f, **archive)
+    except OSError as e:
+        raise NpusimError(f"cannot write output: {e.strerror}: {e.filename}") from None
+
+
 def tensor_file_name(index: int, name: str) -> str:
     return f"{index:04d}_{re.sub(r'[^A-Za-z0-9_.-]+', '_', name)[:80]}.npy"
 
@@ -74,19 +98,19 @@ def main():
 
 
 @main.command()
-@click.argument("model", type=click.Path(dir_okay=False))
+@click.argument("model", type=FILE)
 @click.option(
     "--input",
     "input_path",
     required=True,
-    type=click.Path(dir_okay=False),
+    type=FILE,
     help="N inputs stacked on axis 0 (.npy).",
 )
 @click.option(
     "--output",
     "output_path",
     required=True,
-    type=click.Path(dir_okay=False),
+    type=FILE,
     help=(
         "Where to write the N outputs: .npy (a model with one output) or .npz (every output, keys "
         "output_0, output_1, ... in the graph's output order)."
@@ -101,6 +125,7 @@ def main():
 @friendly_errors
 def run(model, input_path, output_path, profile, dump):
     """Run MODEL on a batch of inputs."""
+    check_output_path(output_path, "--output")
     interp = Interpreter(load_model(model), profile=profile)
     outputs = interp.graph.outputs
     archive = output_path.lower().endswith(".npz")
@@ -111,15 +136,15 @@ def run(model, input_path, output_path, profile, dump):
         )
     x = load_array(input_path, "--input")
     values = interp.run_all(x)
-    try:
-        if archive:
-            np.savez(output_path, **{f"output_{k}": values[t] for k, t in enumerate(outputs)})
-        else:
-            np.save(output_path, values[outputs[0]])
-        if dump:
+    if archive:
+        save_array(output_path, archive={f"output_{k}": values[t] for k, t in enumerate(outputs)})
+    else:
+        save_array(output_path, values[outputs[0]])
+    if dump:
+        try:
             write_dump(interp, values, Path(dump))
-    except OSError as e:
-        raise NpusimError(f"cannot write output: {e.strerror}: {e.filename}") from None
+        except OSError as e:
+            raise NpusimError(f"--dump: cannot write: {e.strerror}: {e.filename}") from None
 
 
 def write_dump(interp: Interpreter, values: dict, directory: Path):
@@ -128,12 +153,8 @@ def write_dump(interp: Interpreter, values: dict, directory: Path):
         np.save(directory / tensor_file_name(index, interp.graph.tensors[index].name), value)
 
 
-def shape_text(shape) -> str:
-    return "x".join(str(d) for d in shape) if shape else "scalar"
-
-
 @main.command()
-@click.argument("model", type=click.Path(dir_okay=False))
+@click.argument("model", type=FILE)
 @click.option("--target", type=click.Choice(["generic", "stm32n6"]), default="generic", show_default=True)
 @click.option(
     "--format",
@@ -145,7 +166,7 @@ def shape_text(shape) -> str:
 )
 @click.option(
     "--calibration",
-    type=click.Path(dir_okay=False),
+    type=FILE,
     default=None,
     help=(
         "stm32n6: refit the latency model's NPU efficiency and epoch overhead on your own board "
@@ -176,7 +197,13 @@ def inspect(model, target, fmt, calibration, npu_efficiency, m55_macs_per_cycle)
 
     With --target stm32n6: the NPU/M55 placement, epochs, internal RAM over the N6 RAM banks, weight
     memory and an estimated latency (the model, its constants and their sources: docs/stm32n6.md)."""
-    interp = Interpreter(load_model(model))
+    from .inspect_report import io_details, io_lines, op_records, op_table, unsupported_line
+
+    interp = Interpreter(load_model(model), plan_only=True)
+    inputs, outputs = io_details(interp.graph)
+    edges = {"model": Path(model).name, "inputs": inputs, "outputs": outputs}
+    left_out = [{"index": op.index, "op": op.kind} for op in interp.unsupported]
+    onnx = model_suffix(interp.graph) == ".onnx"
     if target == "stm32n6":
         from .npu import (
             CostModel,
@@ -197,59 +224,28 @@ def inspect(model, target, fmt, calibration, npu_efficiency, m55_macs_per_cycle)
             cost.m55_macs_per_cycle = m55_macs_per_cycle
         cost.__post_init__()  # validate the overrides
         dev = plan_device(interp, cost)
+        note = unsupported_line(interp, "left out of this estimate")
         if fmt == "json":
-            click.echo(json.dumps(report_dict(dev, Path(model).name, fitted), indent=1))
+            data = {**edges, **report_dict(dev, Path(model).name, fitted), "unsupported": left_out}
+            click.echo(json.dumps(data, indent=1))
         else:
-            click.echo(format_report(dev, Path(model).name, fitted))
+            text = format_report(dev, Path(model).name, fitted)
+            click.echo("\n".join([*io_lines(inputs, outputs, onnx), text, *([note] if note else [])]))
         return
     if npu_efficiency is not None or m55_macs_per_cycle is not None or calibration is not None:
         raise NpusimError(
             "--calibration, --npu-efficiency and --m55-macs-per-cycle apply only with --target stm32n6"
         )
-    g = interp.graph
-    header = ("#", "op", "inputs", "outputs", "MACs", "params")
-    rows, records = [header], []
-    total_macs = total_params = 0
-    for k in interp.kernels:
-        acts = [g.tensors[t].shape for t in k.op.inputs if t >= 0 and not g.tensors[t].is_constant]
-        params = sum(g.tensors[t].data.size for t in k.op.inputs if t >= 0 and g.tensors[t].is_constant)
-        outs = [g.tensors[t].shape for t in k.op.outputs]
-        macs = k.macs()
-        total_macs += macs
-        total_params += params
-        records.append(
-            {
-                "index": k.op.index,
-                "op": k.kind,
-                "inputs": [list(s) for s in acts],
-                "outputs": [list(s) for s in outs],
-                "macs": int(macs),
-                "params": int(params),
-            }
-        )
-        rows.append(
-            (
-                str(k.op.index),
-                k.kind,
-                ", ".join(shape_text(s) for s in acts),
-                ", ".join(shape_text(s) for s in outs),
-                f"{macs:,}",
-                f"{params:,}",
-            )
-        )
+    records = op_records(interp)
     if fmt == "json":
-        data = {"model": Path(model).name, "target": "generic", "ops": records}
-        data.update(total_macs=int(total_macs), total_params=int(total_params))
+        data = {**edges, "target": "generic", "ops": records, "unsupported": left_out}
+        data.update(
+            total_macs=sum(r["macs"] or 0 for r in records), total_params=sum(r["params"] for r in records)
+        )
         click.echo(json.dumps(data, indent=1))
         return
-    rows.append(("", "total", "", "", f"{total_macs:,}", f"{total_params:,}"))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    for r in rows:
-        click.echo(
-            "  ".join(
-                c.rjust(w) if i in (0, 4, 5) else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))
-            ).rstrip()
-        )
+    note = unsupported_line(interp, "`npusim run` refuses the model, the totals leave them out")
+    click.echo("\n".join([*io_lines(inputs, outputs, onnx), *op_table(records), *([note] if note else [])]))
 
 
 @main.group()
@@ -258,12 +254,12 @@ def golden():
 
 
 @golden.command("record")
-@click.argument("model", type=click.Path(dir_okay=False))
+@click.argument("model", type=FILE)
 @click.option(
     "--input",
     "input_path",
     required=True,
-    type=click.Path(dir_okay=False),
+    type=FILE,
     help="N inputs stacked on axis 0 (.npy).",
 )
 @click.option(
@@ -271,7 +267,7 @@ def golden():
     "--output",
     "output_path",
     required=True,
-    type=click.Path(dir_okay=False),
+    type=FILE,
     help="Golden file to write (.npz).",
 )
 @PROFILE
@@ -290,6 +286,7 @@ def golden_record(model, input_path, output_path, profile, store_limit):
     """Run MODEL on --input and write inputs, outputs, per-tensor hashes and small intermediates."""
     from .golden import DEFAULT_STORE_LIMIT, record
 
+    check_output_path(output_path, "-o", (".npz",))
     x = load_array(input_path, "--input")
     meta = record(
         model,
@@ -306,8 +303,8 @@ def golden_record(model, input_path, output_path, profile, store_limit):
 
 
 @golden.command("check")
-@click.argument("model", type=click.Path(dir_okay=False))
-@click.argument("golden_file", metavar="GOLDEN", type=click.Path(dir_okay=False))
+@click.argument("model", type=FILE)
+@click.argument("golden_file", metavar="GOLDEN", type=FILE)
 @friendly_errors
 def golden_check(model, golden_file):
     """Re-run MODEL on the golden input and check every tensor and every graph output. Exit 0: all
@@ -322,12 +319,12 @@ def golden_check(model, golden_file):
 
 
 @main.command()
-@click.argument("model", type=click.Path(dir_okay=False))
+@click.argument("model", type=FILE)
 @click.option(
     "--input",
     "input_path",
     required=True,
-    type=click.Path(dir_okay=False),
+    type=FILE,
     help="N inputs stacked on axis 0 (.npy).",
 )
 @click.option(
@@ -363,27 +360,27 @@ def compare(model, input_path, a, b, reference):
 
 
 @main.command()
-@click.argument("int8_model", type=click.Path(dir_okay=False))
+@click.argument("int8_model", type=FILE)
 @click.option(
     "--input",
     "input_path",
     required=True,
     metavar="X.npy",
-    type=click.Path(dir_okay=False),
+    type=FILE,
     help="N samples (.npy): float32 (quantized by the model's input quantization) or the model's dtype.",
 )
 @click.option(
     "--float",
     "float_path",
     metavar="FLOAT_MODEL",
-    type=click.Path(dir_okay=False),
+    type=FILE,
     help="The float32 .tflite the int8 model was made from (default: the int8 graph in float).",
 )
 @click.option(
     "--labels",
     "labels_path",
     metavar="Y.npy",
-    type=click.Path(dir_okay=False),
+    type=FILE,
     help="N integer class labels (.npy): top-1 accuracy of both models and their agreement.",
 )
 @PROFILE

@@ -64,6 +64,7 @@ class Graph:
     outputs: list[int]
     # The file's own object tree, kept so that writing back changes only what was edited.
     source: object = None
+    origin: str = "model"  # the file it was read from (load_model), for messages that name it
 
     def input(self, k: int = 0) -> Tensor:
         return self.tensors[self.inputs[k]]
@@ -93,3 +94,17 @@ def computes_in_float(graph: Graph) -> bool:
             if t is not None and t.quant is not None and np.dtype(t.dtype).kind in "iu":
                 return False
     return True
+
+
+def legacy_uint8(graph: Graph):
+    """(op, tensor) of the first op past the graph edges that computes on uint8 codes, as TFLite's
+    legacy uint8 quantization does (int8 kernels, TFLM's included, take none); None for an int8
+    model, whose uint8 tensors, if any, enter or leave the graph through QUANTIZE or DEQUANTIZE."""
+    for op in graph.ops:
+        if op.kind in ("QUANTIZE", "DEQUANTIZE"):
+            continue
+        for i in (*op.inputs, *op.outputs):
+            t = graph.tensors[i] if i >= 0 else None
+            if t is not None and t.quant is not None and np.dtype(t.dtype) == np.uint8:
+                return op, t
+    return None

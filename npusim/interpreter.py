@@ -12,7 +12,7 @@ import numpy as np
 from . import tflite_io
 from .engines import backend as _backend
 from .errors import NpusimError
-from .graph import Graph, computes_in_float
+from .graph import Graph, computes_in_float, legacy_uint8
 from .model_io import load_model
 from .ops import KERNELS, MAC_OPS, ort_kernels
 from .quant import ONNXRUNTIME, profile_id
@@ -40,6 +40,27 @@ def execution_order(graph: Graph) -> list:
         if t not in ready:
             raise NpusimError(f"graph output tensor {t} ({graph.tensors[t].name!r}) is never produced")
     return list(graph.ops)
+
+
+def unsupported_error(op) -> NpusimError:
+    return NpusimError(f"op {op.index} ({op.kind}): operator is not supported")
+
+
+def check_int8(graph: Graph):
+    """Refuse, naming the file and what to do, the two kinds of model npusim does not run."""
+    if graph.ops and computes_in_float(graph):
+        raise NpusimError(
+            f"{graph.origin}: a float model: npusim runs int8 models; quantize it to int8, or give it to "
+            "`npusim validate --float` as the reference of its int8 model"
+        )
+    legacy = legacy_uint8(graph)
+    if legacy is not None:
+        op, t = legacy
+        raise NpusimError(
+            f"{graph.origin}: a uint8 model (TFLite's legacy quantization: op {op.index} ({op.kind}) "
+            f"computes on uint8 {t.name!r}): npusim runs int8 models; quantize it again to int8 "
+            "(full-integer post-training quantization)"
+        )
 
 
 def check_activations(graph: Graph):
@@ -79,23 +100,31 @@ class Interpreter:
     "blas" (see engines/backend.py); every choice gives the same bits.
     """
 
-    def __init__(self, graph: Graph | str | bytes, profile: str = "tflm", backend: str = "auto"):
+    def __init__(
+        self,
+        graph: Graph | str | bytes,
+        profile: str = "tflm",
+        backend: str = "auto",
+        *,
+        plan_only: bool = False,
+    ):
+        """plan_only (what `npusim inspect` needs): ops npusim lacks are listed in self.unsupported and
+        left out of self.kernels instead of refused; such an Interpreter plans but runs nothing."""
         self.graph = graph if isinstance(graph, Graph) else load_model(graph)
         self.profile = profile
         self.backends = _backend.select(backend)
         pid = profile_id(profile)
-        if self.graph.ops and computes_in_float(self.graph):
-            raise NpusimError(
-                "a float model: npusim runs int8 models; quantize it, or give it to `npusim validate --float`"
-            )
+        check_int8(self.graph)
         self.kernels = []
         ops = execution_order(self.graph)
-        for op in ops:
-            if op.kind not in KERNELS:
-                raise NpusimError(f"op {op.index} ({op.kind}): operator is not supported")
+        self.unsupported = [op for op in ops if op.kind not in KERNELS]
+        if self.unsupported and not plan_only:
+            raise unsupported_error(self.unsupported[0])
         check_activations(self.graph)
         plan = ort_kernels.Plan(self.graph) if pid == ONNXRUNTIME else None
         for op in ops:
+            if op.kind not in KERNELS:
+                continue
             try:
                 kernel_class = KERNELS[op.kind]
                 extra = {"backends": self.backends} if kernel_class.takes_backends else {}
@@ -186,7 +215,9 @@ class Interpreter:
         shared_batch: int | None = None,
         keep: set | None = None,
     ) -> dict:
-        """Run kernels (default: all) on a dict {tensor index: array}, adding their outputs to it.
+        """Run kernels (default: all) on a dict {tensor index: array}, adding their outputs to it;
+        returns that dict (the same object). Feeds a model with several inputs: give each graph
+        input's index (graph.inputs) its batch.
 
         overrides maps constant tensor indices to replacement arrays. Weights of CONV_2D,
         DEPTHWISE_CONV_2D and FULLY_CONNECTED may carry a leading group axis G (see ops/conv.py):
@@ -198,6 +229,8 @@ class Interpreter:
         run holds only the live tensors (a batch of 256 through MobileNetV2 would otherwise hold them
         all, several hundred MB).
         """
+        if self.unsupported:
+            raise unsupported_error(self.unsupported[0])
         tensors = self.graph.tensors
         plan = self.kernels if kernels is None else kernels
         whole_run = keep is not None and kernels is None and shared_batch is None
@@ -292,7 +325,9 @@ class Interpreter:
         return kernel(*args)
 
     def run_all(self, x: np.ndarray, overrides: dict | None = None) -> dict:
-        """Every activation tensor's value for the batch x, keyed by tensor index."""
+        """Every tensor's value for the batch x: a dict {tensor index: array [N, ...]} holding the
+        graph input, every intermediate and every output (graph.outputs lists the outputs' indices,
+        graph.tensors[i].name names any). overrides: as in evaluate()."""
         if len(self.graph.inputs) != 1:
             raise NpusimError(
                 f"model has {len(self.graph.inputs)} inputs, run feeds one; give them all to evaluate()"
@@ -300,14 +335,21 @@ class Interpreter:
         values = {self.graph.inputs[0]: self.check_input(x)}
         return self.evaluate(values, overrides=overrides)
 
-    def run(self, x: np.ndarray, overrides: dict | None = None) -> np.ndarray:
+    def run(self, x: np.ndarray, overrides: dict | None = None):
+        """The model's outputs for the batch x (the input's dtype and shape, N on axis 0).
+
+        One output: its array [N, ...]. Several: a list of arrays in the graph's output order, as
+        ONNX Runtime's InferenceSession.run and Keras's predict give them (LiteRT users: the order
+        of get_output_details()). Only the outputs are kept while running; run_all() keeps every
+        tensor."""
         if len(self.graph.inputs) != 1:
             raise NpusimError(
                 f"model has {len(self.graph.inputs)} inputs, run feeds one; give them all to evaluate()"
             )
-        out = self.graph.outputs[0]
+        outs = self.graph.outputs
         values = {self.graph.inputs[0]: self.check_input(x)}
-        return self.evaluate(values, overrides=overrides, keep={out})[out]
+        values = self.evaluate(values, overrides=overrides, keep=set(outs))
+        return values[outs[0]] if len(outs) == 1 else [values[t] for t in outs]
 
     def macs(self) -> int:
         return sum(k.macs() for k in self.kernels)

@@ -19,7 +19,7 @@ import numpy as np
 
 from .errors import NpusimError
 from .graph import Graph, computes_in_float
-from .interpreter import Interpreter
+from .interpreter import Interpreter, check_int8
 from .metrics import NAMES, ErrorStats, json_ready
 from .model_io import load_model
 from .reference import FloatInterpreter, dequantize
@@ -268,7 +268,11 @@ def validate(
     one, against its own graph in float."""
     int8 = int8_model if isinstance(int8_model, Graph) else load_model(int8_model)
     if computes_in_float(int8):
-        raise NpusimError("INT8_MODEL is a float model; give it as --float, with its int8 model first")
+        raise NpusimError(
+            f"{int8.origin}: a float model: npusim runs int8 models; as INT8_MODEL give its int8 model, "
+            "and this one as --float"
+        )
+    check_int8(int8)  # a legacy uint8 model
     ref_graph = None
     if float_model is not None:
         ref_graph = float_model if isinstance(float_model, Graph) else load_model(float_model)

@@ -296,7 +296,7 @@ def test_inputs_are_quantized_or_dequantized():
     [
         ("float64", "dtype float64, expected float32"),
         ("shape", "shape [2, 5, 6, 3], expected [N, 6, 6, 3]"),
-        ("float_as_int8", "INT8_MODEL is a float model"),
+        ("float_as_int8", "f.tflite: a float model: npusim runs int8 models; as INT8_MODEL give its int8"),
         ("int8_as_float", "--float: the model computes in integers"),
         ("other_model", "the model pair does not correspond: input 0"),
         ("labels", "--labels: int64 [3], expected 2 integer class labels"),
@@ -356,7 +356,10 @@ def test_a_float_model_loads_and_the_integer_interpreter_refuses_it():
 
     graph = load_model(need(FLOAT_RESNET))
     assert FloatInterpreter(graph).graph is graph
-    message = "a float model: npusim runs int8 models; quantize it, or give it to `npusim validate --float`"
+    message = (
+        "resnet8_cifar10_float.tflite: a float model: npusim runs int8 models; quantize it to int8, "
+        "or give it to `npusim validate --float`"
+    )
     with pytest.raises(NpusimError, match=re.escape(message)):
         Interpreter(graph)
     result = cli("run", FLOAT_RESNET, "--input", "x.npy", "--output", "y.npy")

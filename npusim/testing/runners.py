@@ -140,14 +140,14 @@ def on_backend(name: str):
 
 def run_npusim(model_bytes, x_batch, profile: str = "tflm", backend: str | None = None) -> np.ndarray:
     """npusim output 0 for the whole batch at once, on `backend` (default: the one on_backend set,
-    else "auto"). A single-input model goes through the public `Interpreter.run`; several graph
-    inputs are fed through `Interpreter.evaluate`."""
+    else "auto"). A single-input single-output model goes through the public `Interpreter.run`;
+    several graph inputs or outputs through `Interpreter.evaluate`."""
     import npusim
 
     graph = npusim.load_model(model_bytes)
     interp = npusim.Interpreter(graph, profile=profile, backend=backend or _BACKEND.get())
     xs = _as_inputs(x_batch)
-    if len(xs) == 1:
+    if len(xs) == 1 and len(graph.outputs) == 1:
         return interp.run(xs[0])
     values = {graph.inputs[k]: np.ascontiguousarray(x) for k, x in enumerate(xs)}
     return interp.evaluate(values)[graph.outputs[0]]
