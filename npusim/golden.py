@@ -34,7 +34,7 @@ import numpy as np
 from . import __version__
 from .compare import array_difference
 from .errors import NpusimError
-from .interpreter import Interpreter
+from .interpreter import Interpreter, check_int8
 from .model_io import load_model
 from .quant import PROFILES
 
@@ -412,6 +412,8 @@ class CheckResult:
 def check(model_path, golden_path) -> CheckResult:
     """Re-run the model on the golden's input and compare. Raises NpusimError (exit 2) for a damaged
     or foreign golden file or a model other than the recorded one; mismatches are in the result."""
+    graph = load_model(model_path)  # first: a folder, a float or a foreign file says what it is
+    check_int8(graph)
     golden = load_golden(golden_path)
     meta = golden.meta
     sha = file_sha256(model_path)
@@ -420,7 +422,6 @@ def check(model_path, golden_path) -> CheckResult:
             f"{model_path} (sha256 {sha[:12]}...) is not the model {golden_path} was recorded for "
             f"({meta['model_name']}, sha256 {meta['model_sha256'][:12]}...)"
         )
-    graph = load_model(model_path)
     _require(
         meta["outputs"] == len(graph.outputs),
         f"{golden_path}: damaged golden file: {meta['outputs']} output(s) recorded, "

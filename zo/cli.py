@@ -29,7 +29,7 @@ def main():
 @click.option(
     "--model",
     required=True,
-    type=click.Path(dir_okay=False),
+    type=click.Path(),  # a folder: load_model's one error line, not click's usage block
     help="Deployed int8 model, .tflite or ONNX QDQ / QOperator .onnx.",
 )
 @click.option(
@@ -253,7 +253,7 @@ def train(
 @click.option(
     "--model",
     required=True,
-    type=click.Path(dir_okay=False),
+    type=click.Path(),  # a folder: load_model's one error line, not click's usage block
     help="Deployed int8 model, .tflite or ONNX QDQ / QOperator .onnx.",
 )
 @click.option("--trainable", default="last:1", show_default=True, help="last:K | NAME,... | biases")

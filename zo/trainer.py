@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from npusim import NpusimError, load_model, write_model
+from npusim.interpreter import check_int8
 from npusim.model_io import model_suffix
 from npusim.npu import plan_device
 
@@ -144,6 +145,7 @@ class Trainer:
         self.out = Path(out_dir)
         try:
             graph = load_model(config.model)
+            check_int8(graph)  # before the input checks: a float or uint8 model says what it is
         except NpusimError as e:
             raise ZoError(str(e)) from None
         if dataset is None:

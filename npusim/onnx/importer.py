@@ -50,6 +50,13 @@ def load_onnx(data: bytes, where: str):
 
 def _lower(model, where: str):
     order = execution_order(model, where)
+    integer = ("QuantizeLinear", "DynamicQuantizeLinear", "QLinear", "ConvInteger", "MatMulInteger")
+    if not any(n.op_type.startswith(integer) for n in order):
+        # no node makes an integer tensor: the same one line as a float .tflite, not a per-node complaint
+        raise NpusimError(
+            f"{where}: a float model: npusim runs int8 models; quantize it to int8 (QDQ or QOperator, e.g. "
+            "onnxruntime.quantization.quantize_static)"
+        )
     ctx = Lowering(model, where)
     ctx.load_initializers()
     inputs = _graph_inputs(ctx)
