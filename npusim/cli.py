@@ -193,7 +193,8 @@ def write_dump(interp: Interpreter, values: dict, directory: Path):
 )
 @friendly_errors
 def inspect(model, target, fmt, calibration, npu_efficiency, m55_macs_per_cycle):
-    """One row per op: shapes, MACs and parameters, then the totals.
+    """The inputs and outputs (name, shape, dtype, scale, zero point: how to feed the model), then one
+    row per op: shapes, MACs and parameters, whether npusim runs it, then the totals (docs/inspect.md).
 
     With --target stm32n6: the NPU/M55 placement, epochs, internal RAM over the N6 RAM banks, weight
     memory and an estimated latency (the model, its constants and their sources: docs/stm32n6.md)."""

@@ -193,6 +193,8 @@ def compare_reference(model, x: np.ndarray, directory, profile: str = "tflm") ->
                 ) from None
             if not isinstance(ref, np.ndarray) or ref.dtype.kind not in "iubf":
                 raise NpusimError(f"--reference {files[t]}: expected a numeric .npy array")
+            if values[t].shape[0] == 1 and ref.shape == values[t].shape[1:]:
+                ref = ref[None]  # one image without its batch axis, as TFLM's tensors hold it
             if ref.shape != values[t].shape:  # another batch or another model: no diff would mean anything
                 raise NpusimError(
                     f"--reference {files[t]}: shape {list(ref.shape)}, this run's tensor {t} "

@@ -64,7 +64,7 @@ class Graph:
     outputs: list[int]
     # The file's own object tree, kept so that writing back changes only what was edited.
     source: object = None
-    origin: str = "model"  # the file it was read from (load_model), for messages that name it
+    origin: str = "model"  # the file it was read from ("model" for bytes), for messages that name it
 
     def input(self, k: int = 0) -> Tensor:
         return self.tensors[self.inputs[k]]

@@ -41,21 +41,18 @@ def load_model(source) -> Graph:
 
     data, where = _read(source)
     if len(data) >= 8 and data[4:8] == b"TFL3":
-        graph = tflite_io.load_model(data if not isinstance(source, (str, Path)) else source)
-    elif looks_like_onnx(data):
+        return tflite_io.load_model(data if not isinstance(source, (str, Path)) else source)
+    if looks_like_onnx(data):
         from .onnx import load
 
-        graph = load(data, where)
-    else:
-        for magic, what in _FOREIGN.items():
-            if data.startswith(magic):
-                raise NpusimError(f"{where}: {what}, expected a .tflite or .onnx model")
-        raise NpusimError(
-            f"{where}: not a TFLite flatbuffer (no 'TFL3' identifier) and not an ONNX model (protobuf), "
-            "expected one of the two"
-        )
-    graph.origin = where
-    return graph
+        return load(data, where)
+    for magic, what in _FOREIGN.items():
+        if data.startswith(magic):
+            raise NpusimError(f"{where}: {what}, expected a .tflite or .onnx model")
+    raise NpusimError(
+        f"{where}: not a TFLite flatbuffer (no 'TFL3' identifier) and not an ONNX model (protobuf), "
+        "expected one of the two"
+    )
 
 
 def write_model(graph: Graph) -> bytes:

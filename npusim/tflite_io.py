@@ -323,7 +323,7 @@ def _to_graph(model, where: str) -> Graph:
     outputs = check_indices(sg.outputs, "subgraph outputs")
     if not inputs or not outputs:
         raise NpusimError(f"{where}: subgraph declares no inputs or no outputs")
-    return Graph(tensors=tensors, ops=ops, inputs=inputs, outputs=outputs, source=model)
+    return Graph(tensors=tensors, ops=ops, inputs=inputs, outputs=outputs, source=model, origin=where)
 
 
 def write_model(graph: Graph) -> bytes:

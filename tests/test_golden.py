@@ -60,9 +60,9 @@ def resnet_golden(tmp_path_factory):
     d = tmp_path_factory.mktemp("golden")
     x = np.random.default_rng(0).integers(-128, 128, (3, 32, 32, 3)).astype(np.int8)
     np.save(d / "x.npy", x)
-    result = cli("golden", "record", model, "--input", d / "x.npy", "-o", d / "resnet.golden")
+    result = cli("golden", "record", model, "--input", d / "x.npy", "-o", d / "resnet.golden.npz")
     assert result.exit_code == 0, result.output
-    return model, d / "resnet.golden", x, d
+    return model, d / "resnet.golden.npz", x, d
 
 
 # -- record ----------------------------------------------------------------------------------
@@ -70,7 +70,7 @@ def resnet_golden(tmp_path_factory):
 
 def test_record_writes_exact_path_and_contents(resnet_golden):
     model, golden, x, _ = resnet_golden
-    assert golden.exists() and not Path(str(golden) + ".npz").exists()  # no .npz appended
+    assert golden.exists() and not Path(str(golden) + ".npz").exists()  # written at exactly the path given
     arrays = read_npz(golden)  # readable without pickle
     meta = meta_of(arrays)
     assert meta["npusim_version"] == npusim.__version__

@@ -329,4 +329,6 @@ def same_quant(a: Quantization | None, b: Quantization | None) -> bool:
 
 
 def to_graph(ctx: Lowering, inputs: list, outputs: list, source) -> Graph:
-    return Graph(tensors=ctx.tensors, ops=ctx.ops, inputs=inputs, outputs=outputs, source=source)
+    return Graph(
+        tensors=ctx.tensors, ops=ctx.ops, inputs=inputs, outputs=outputs, source=source, origin=ctx.where
+    )
