@@ -222,6 +222,7 @@ def test_efficiency_measures_at_its_overhead_and_keeps_budget_for_a_window():
     assert s.every() == 75  # 3 passes every 75 steps of 2: 2%
     s.q = 64
     assert s.every() == 2
+
     # Noise that costs a hundred times the progress, measured often enough (every 6th step) that
     # the first window decides: with an unlimited budget q doubles at step 400.
     def run(budget):
