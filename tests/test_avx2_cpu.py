@@ -15,6 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from test_rounding_ties import tie_cases
 
 from npusim import host
 from npusim.testing import oracle as O
@@ -145,6 +146,8 @@ def all_cases() -> list:
         cases.append(C.depthwise_case(channels, hw, stride, seed=i))
     for i, p in enumerate(DEPTHWISE_MORE):
         cases.append(C.make_depthwise(dict(BASE_DEPTHWISE, **p), seed=i))
+    # every input code on the output stage's ties and on a multiplier that truncation would change
+    cases += tie_cases(["CONV_2D 1x1", "CONV_2D 3x3", "FULLY_CONNECTED", "DEPTHWISE_CONV_2D"])
     return cases
 
 

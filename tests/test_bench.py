@@ -38,6 +38,13 @@ def _read_table(out: Path) -> list[str]:
     return rows
 
 
+def _exactness(row: str) -> tuple[str, str]:
+    """The main table's last two cells: "exact vs TFLM" (npusim tflm) and "exact vs LiteRT**"
+    (npusim xnnpack), e.g. ("yes (2 img)", "yes (2 img)")."""
+    cells = [c.strip() for c in row.strip().strip("|").split("|")]
+    return cells[-2], cells[-1]
+
+
 def _section(out: Path, title: str) -> str:
     text = out.read_text()
     assert f"## {title}" in text, f"no section {title!r}"
@@ -77,9 +84,15 @@ def test_conv_quick_batch1(tmp_path, capsys):
     rows = _read_table(out)
     assert len(rows) == 1 and rows[0].startswith("| conv | 1 |")
     # Exactness is a property, not a timing: npusim equals TFLM and (xnnpack profile) LiteRT.
-    assert rows[0].count("yes (1 img)") == 2, rows[0]
+    assert _exactness(rows[0]) == ("yes (1 img)", "yes (1 img)"), rows[0]
     assert "| conv | 1 |" in capsys.readouterr().out  # the table is printed too
     _haswell_rows(out, ["conv"])
+
+
+# Models on which the xnnpack profile is known to differ from LiteRT's default interpreter (issue 30,
+# item 6: at batch 2, 4 of MobileNetV2's 10 outputs), so that the test reports them as xfailed, not
+# passed. Any other difference fails it; an entry whose column turns "yes" passes it: then drop it.
+KNOWN_LITERT_GAPS = {"mobilenet_v2"}
 
 
 def test_models_quick_small_batch(tmp_path):
@@ -108,8 +121,11 @@ def test_models_quick_small_batch(tmp_path):
     )
     rows = _read_table(out)
     assert [r.split("|")[1].strip() for r in rows] == list(bench.MODELS)
-    for r in rows:
-        assert "| yes (2 img) |" in r, r  # npusim (tflm) == TFLM on the timed images
+    # npusim (tflm) == TFLM on the timed images, npusim (xnnpack) == LiteRT on the whole batch.
+    tflm = {r.split("|")[1].strip(): _exactness(r)[0] for r in rows}
+    litert = {r.split("|")[1].strip(): _exactness(r)[1] for r in rows}
+    assert tflm == {name: "yes (2 img)" for name in bench.MODELS}, rows
+    litert_gaps = sorted(name for name, cell in litert.items() if cell != "yes (2 img)")
     section = out.read_text().split("## Memory of a model run", 1)[1].split("\n## ", 1)[0]
     memory = [
         line for line in section.splitlines() if line.startswith(("| resnet8 | 2 |", "| mobilenet_v2 | 2 |"))
@@ -119,6 +135,9 @@ def test_models_quick_small_batch(tmp_path):
         assert abs(float(line.rstrip(" |").split("|")[-1])) < 8.0, line
     for row in _haswell_rows(out, list(bench.MODELS)):
         assert row.split("|")[2].strip() == "2", row  # the largest batch of the main table
+    if litert_gaps and set(litert_gaps) <= KNOWN_LITERT_GAPS:  # every other check above held
+        pytest.xfail(f"--profile xnnpack differs from LiteRT on {', '.join(litert_gaps)} (issue 30, item 6)")
+    assert not litert_gaps, {name: litert[name] for name in litert_gaps}
 
 
 def test_haswell_skipped_with_its_reason(tmp_path, monkeypatch):
@@ -136,9 +155,22 @@ def test_haswell_skipped_with_its_reason(tmp_path, monkeypatch):
     assert "Skipped: --no-haswell." in _section(out, HASWELL)
 
 
-def test_bad_batches_rejected(tmp_path):
-    with pytest.raises(SystemExit):
-        bench.main(["--only", "conv", "--conv-batches", "0", "--out", str(tmp_path / "x.md")])
+@pytest.mark.parametrize(
+    "option, value, reason",
+    [
+        ("--conv-batches", "0", f"expected positive batch sizes, got {'0'!r}"),
+        ("--model-batches", "64,-1", f"expected positive batch sizes, got {'64,-1'!r}"),
+        ("--yolo-batches", ",", f"expected positive batch sizes, got {','!r}"),
+        ("--conv-batches", "1,x", f"expected comma-separated batch sizes, got {'1,x'!r}"),
+    ],
+)
+def test_bad_batches_rejected(tmp_path, capsys, option, value, reason):
+    out = tmp_path / "x.md"
+    with pytest.raises(SystemExit) as exit_:
+        bench.main(["--only", "conv", option, value, "--out", str(out)])
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1].endswith(f"error: argument {option}: {reason}")
+    assert not out.exists()
 
 
 def test_yolo_quick_batch1(tmp_path):

@@ -20,6 +20,7 @@ import zlib
 import numpy as np
 import pytest
 
+from npusim.errors import NpusimError
 from npusim.ops import KERNELS
 from npusim.reference import FloatInterpreter
 from npusim.testing import oracle as O
@@ -336,7 +337,7 @@ def test_fused_activation_without_float_form_is_refused():
     m = O.binary_model("ADD", (1, 4), (1, 4), 0.05, 0, 0.05, 0, 0.1, 0)
     graph = load_model(m)
     graph.ops[0].options["fused_activation_function"] = "SIGN_BIT"
-    with pytest.raises(Exception, match=r"op 0 \(ADD\): fused activation SIGN_BIT has no float form"):
+    with pytest.raises(NpusimError, match=r"^op 0 \(ADD\): fused activation SIGN_BIT has no float form$"):
         FloatInterpreter(graph)
 
 

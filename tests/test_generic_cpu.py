@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from test_rounding_ties import PAIR_TIES, tie_cases
+
 from npusim.testing import oracle as O
 
 import cases as C
@@ -45,10 +47,17 @@ def test_generic_vector_code_matches_tflm(tmp_path: Path):
     ]:
         case = C.depthwise_case(channels, hw, stride)
         cases.append((case.desc, case.model, case.xs, O.run_tflm(case.model, case.xs), "tflm"))
-    add = O.add_model((1, 65536), (1, 65536), 0.05, 3, 0.02, -7, 0.07, 1, "RELU6")
+    # every input code on the output stage's ties and on a multiplier that truncation would change
+    for case in tie_cases(["CONV_2D 1x1", "DEPTHWISE_CONV_2D"]):
+        cases.append((case.desc, case.model, case.xs, O.run_tflm(case.model, case.xs), "tflm"))
     pairs = C.every_int8_pair()
+    add = O.add_model((1, 65536), (1, 65536), 0.05, 3, 0.02, -7, 0.07, 1, "RELU6")
     for profile in ("tflm", "xnnpack"):
         cases.append(
             (f"ADD of every int8 pair, profile {profile}", add, pairs, O.run_tflm(add, pairs), profile)
         )
+    ties = O.add_model((1, 65536), (1, 65536), *PAIR_TIES[1])
+    cases.append(
+        (f"ADD of every int8 pair on ties, {PAIR_TIES[1]}", ties, pairs, O.run_tflm(ties, pairs), "tflm")
+    )
     run_compiled_for("generic", CHILD, cases, tmp_path)

@@ -242,11 +242,25 @@ def test_greedy_first_fit_reuses_memory_of_dead_tensors():
     assert peak == 150
 
 
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("npu_efficiency", 0.0, r"cost model: npu_efficiency must be in \(0, 1\], got 0.0$"),
+        ("npu_efficiency", 1.5, r"cost model: npu_efficiency must be in \(0, 1\], got 1.5$"),
+        ("m55_macs_per_cycle", 0.0, "cost model: m55_macs_per_cycle must be positive, got 0.0$"),
+        ("npu_clock_hz", -1.0, "cost model: npu_clock_hz must be positive, got -1.0$"),
+        ("weight_bytes_per_s", float("nan"), "cost model: weight_bytes_per_s must be positive, got nan$"),
+        ("npu_conv_accelerators", 0, "cost model: npu_conv_accelerators must be >= 1, "),
+        ("epoch_overhead_s", -1e-6, "epoch_overhead_s and ca_half_depth >= 0$"),
+    ],
+)
+def test_cost_model_validation_names_the_field(field, value, message):
+    with pytest.raises(NpusimError, match=message):
+        CostModel(**{field: value})
+
+
 def test_cost_model_validation():
-    with pytest.raises(NpusimError):
-        CostModel(npu_efficiency=0)
-    with pytest.raises(NpusimError):
-        CostModel(m55_macs_per_cycle=0)
+    CostModel(npu_efficiency=1.0)  # the bound itself is valid
     c = CostModel()
     assert c.npu_peak_macs_per_s == pytest.approx(300e9)
     assert "300 GMAC/s" in c.describe()

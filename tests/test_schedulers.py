@@ -222,9 +222,21 @@ def test_efficiency_measures_at_its_overhead_and_keeps_budget_for_a_window():
     assert s.every() == 75  # 3 passes every 75 steps of 2: 2%
     s.q = 64
     assert s.every() == 2
-    s = EfficiencyTest(q_init=1, window=400)
-    feed_efficiency(s, 0.1e-4, 1e-4, 800, np.random.default_rng(2), budget=800 * 2 + 40 + 2 * 2 * 400 - 1)
-    assert s.q == 1
+
+    # Noise that costs a hundred times the progress, measured often enough (every 6th step) that
+    # the first window decides: with an unlimited budget q doubles at step 400.
+    def run(budget):
+        s = EfficiencyTest(q_init=1, window=400, overhead=0.25)
+        passes = feed_efficiency(s, 0.1e-4, 1e-3, 400, np.random.default_rng(2), budget=budget)
+        return s, passes
+
+    unlimited, spent = run(10**9)
+    assert unlimited.changes == [(400, 2)]
+    # The doubling needs one window at q = 2 left: 2 * 2 * 400 passes beyond those spent.
+    enough, _ = run(spent + 2 * 2 * 400)
+    assert enough.changes == [(400, 2)]
+    short, _ = run(spent + 2 * 2 * 400 - 1)
+    assert short.q == 1 and short.changes == []
 
 
 def test_efficiency_state_round_trips_through_json():

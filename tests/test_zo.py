@@ -511,7 +511,18 @@ def test_zo_step_report_whole_network_stores_more_activations():
 def test_zo_step_report_rejects_activations():
     need_shared()
     interp = npusim.Interpreter(str(RESNET))
-    with pytest.raises(ZoError):
-        zo_step_report(interp, [interp.graph.inputs[0]], q=1, batch=1)
-    with pytest.raises(ZoError):
-        zo_step_report(interp, [7], q=0, batch=1)
+    x = interp.graph.inputs[0]
+    not_constant = f"tensor {x} is not a constant tensor of the model, so it cannot be trained"
+    with pytest.raises(ZoError, match=f"^{not_constant}$"):
+        zo_step_report(interp, [x], q=1, batch=1)
+    activation = interp.graph.ops[0].outputs[0]  # an op's output: computed, not a weight
+    with pytest.raises(ZoError, match=f"^tensor {activation} is not a constant tensor"):
+        zo_step_report(interp, [activation], q=1, batch=1)
+    with pytest.raises(ZoError, match=f"^tensor {len(interp.graph.tensors)} is not a constant tensor"):
+        zo_step_report(interp, [len(interp.graph.tensors)], q=1, batch=1)  # past the last tensor
+    weight = next(t for t in interp.kernels[0].op.inputs[1:] if t >= 0)
+    assert interp.graph.tensors[weight].is_constant
+    for q, batch, resident in ((0, 1, 1), (1, 0, 1), (1, 1, 0)):
+        bad = f"q={q}, batch={batch}, resident_images={resident}"
+        with pytest.raises(ZoError, match=f"^q, batch and resident_images must be at least 1, got {bad}$"):
+            zo_step_report(interp, [weight], q=q, batch=batch, resident_images=resident)
