@@ -72,3 +72,51 @@ def add_table(a, b, y, subtract: bool, activation: str) -> np.ndarray:
     # |bias + a * ma + b * mb| < 2^31 for int8 codes and |m| <= 2^21: XNNPACK's int32 never wraps.
     acc = bias + xa * ma + xb * mb
     return np.clip((acc >> shift) + y.zero_point, lo, hi).astype(np.int8)
+
+
+# ----------------------------------------------------------------------------------------------
+# QUANTIZE
+# ----------------------------------------------------------------------------------------------
+# float32 -> int8 (f32-qs8-vcvt; always delegated): x * float32(1 / so) in float32, min'ed with
+# 127 - zo in float (a NaN becomes 127 - zo: MINPS returns its second operand), rounded half to
+# even (CVTPS2DQ; beyond int32 it gives INT32_MIN), + zo and saturated. TFLM divides instead and
+# rounds half away from zero.
+# int8 -> int8 (qs8-vcvt), delegated while 2^-8 <= float32(si / so) <= 2^7: M = lrintf(256 *
+# float32(si / so)), y = ((x - zi) * M + 128) >> 8 (round half up) + zo, saturated. The AVX2
+# kernel's MULHRS of ((zi - x) << 7) by -M rounds the same way.
+# Outside the delegate (uint8 inputs, int8 ratios out of range): LiteRT's builtin QUANTIZE, whose
+# optimized Requantize runs NEON code (NEON_2_SSE on x86) on each run of 16 elements: VQRDMULH
+# (rounding half up) then VRSHL (half up), where TFLM's MultiplyByQuantizedMultiplier rounds both
+# steps half away from zero; the last size % 16 elements of a tensor take TFLM's scalar loop.
+REQUANT_RATIO_MIN, REQUANT_RATIO_MAX = 2.0**-8, 2.0**7
+
+
+def quantize_f32(x: np.ndarray, scale, zero_point: int) -> np.ndarray:
+    """f32-qs8-vcvt: float32 x to int8 codes."""
+    inv = np.float32(1.0) / np.float32(scale)
+    with np.errstate(over="ignore", invalid="ignore"):
+        v = np.asarray(x, dtype=np.float32) * inv
+        v = np.where(np.isnan(v), np.float32(127 - zero_point), np.minimum(v, np.float32(127 - zero_point)))
+        r = np.rint(v.astype(np.float64))
+    r = np.where(r < -(2.0**31), -(2.0**31), r)  # CVTPS2DQ's "integer indefinite" is INT32_MIN
+    return np.clip(r.astype(np.int64) + zero_point, -128, 127).astype(np.int8)
+
+
+def delegates_requantize(x, y) -> bool:
+    """Whether the delegate takes an 8-bit -> int8 QUANTIZE (int8 input, ratio in range)."""
+    ratio = float(np.float32(x.quant.scale[0]) / np.float32(y.quant.scale[0]))
+    return x.dtype == np.int8 and REQUANT_RATIO_MIN <= ratio <= REQUANT_RATIO_MAX
+
+
+def requantize_codes(centred: np.ndarray, x, y) -> np.ndarray:
+    """qs8-vcvt on the centred input codes (x - zi), int64 -> int8 output codes."""
+    m = int(np.rint(np.float32(256.0) * (np.float32(x.quant.scale[0]) / np.float32(y.quant.scale[0]))))
+    return np.clip(((centred * m + 128) >> 8) + y.zero_point, -128, 127).astype(np.int8)
+
+
+def neon_multiply(x: np.ndarray, m: int, shift: int) -> np.ndarray:
+    """TFLite's MultiplyByQuantizedMultiplier4Rows (NEON): VQRDMULH(x << left, M) rounds half up,
+    then VRSHL by -right rounds half up (int64 in, int64 out; |x| < 2^31 after the left shift)."""
+    left, right = max(shift, 0), max(-shift, 0)
+    high = ((x << left) * m * 2 + (1 << 31)) >> 32
+    return (high + ((1 << right) >> 1)) >> right if right else high
