@@ -215,3 +215,12 @@ def test_requantize_uint8(shape, si, zi, so, zo):
 @pytest.mark.parametrize("scale, zp", [(0.02, 3), (1 / 255, -128), (0.5, 0), (0.125, 7)])
 def test_dequantize(scale, zp):
     check(C.Case(O.dequantize_model((1, 256), scale, zp), CODES, f"DEQUANTIZE {scale} {zp}"), True)
+
+
+@pytest.mark.parametrize("kind", ["MAXIMUM", "MINIMUM"])
+@pytest.mark.parametrize("q", [((0.1, 3), (0.1, 3), (0.1, 3)), ((0.1, 3), (0.2, -5), (0.05, 7))])
+def test_maximum_minimum_stay_builtin(kind, q):
+    """The delegate takes int8 MAXIMUM and MINIMUM from no model: LiteRT's builtin kernels, which
+    compare the codes as TFLM does."""
+    model = O.plain_binary_model(kind, (1, 65536), (1, 65536), *q)
+    check(C.Case(model, C.every_int8_pair(), f"{kind} of every pair, {q}"), delegated=False)
