@@ -28,8 +28,9 @@ from ..engines.output_stage import (
 )
 from ..engines.requant import output_range
 from ..jit import parallel_kernel
-from ..quant import ONNXRUNTIME, SINGLE, TFLM
+from ..quant import ONNXRUNTIME, SINGLE, TFLM, XNNPACK
 from . import onnxruntime as ort
+from . import xnnpack as xnn
 from .float_form import Elementwise
 from .int16 import add16
 from .pairwise import LEFT_SHIFT, BinaryKernel
@@ -41,7 +42,8 @@ CHUNK = 1 << 14  # elements per parallel task
 def add_run(typingctx, a_ptr, b_ptr, out_ptr, count, z1, z2, m1, s1, m2, s2, mo, so, zo, lo, hi, profile):
     """out[i] = the int8 sum of int8 a[i] and b[i] for i < count, the steps of TFLM's add on 16
     lanes: (x - z) << 20 rescaled by (m1, s1) or (m2, s2), summed in int32, then the output stage
-    with (mo, so), zo and the clamp [lo, hi]. The xnnpack profile adds as TFLM does."""
+    with (mo, so), zo and the clamp [lo, hi]. The xnnpack profile runs this where the XNNPACK
+    delegate refuses the op (LiteRT's builtin ADD is TFLM's arithmetic), a table otherwise."""
     sig = types.void(*([types.int64] * 16))
 
     def codegen(context, builder, signature, args):
@@ -61,7 +63,7 @@ def add_run(typingctx, a_ptr, b_ptr, out_ptr, count, z1, z2, m1, s1, m2, s2, mo,
             )
 
         rescale = [(vec(z), vec(m), *shifts(sh)) for z, m, sh in ((z1, m1, s1), (z2, m2, s2))]
-        # (offset, M, left, right, xnnpack scale): the scale is never read, the xnnpack profile adding as TFLM
+        # (offset, M, left, right, xnnpack scale): the scale is never read (XNNPACK's ADD is a table)
         out_params = [
             ir.Constant(v16, 0),
             vec(mo),
@@ -157,10 +159,14 @@ class Add(BinaryKernel):
             self.table = np.clip(ort.add_table(a, b, y), lo, hi).astype(np.int8)
             return
         self.params = self.prepare_rescaled(add16)  # None with int16 operands (int16.add16)
-        if self.params is not None:
-            self.vector_params = tuple(np.int64(p) for p in self.params)
+        if self.params is None:
+            return
+        a, b, y = self.inputs[0], self.inputs[1], self.outputs[0]
+        if profile == XNNPACK and xnn.delegates_add(a, b, y):  # XNNPACK's qs8-vadd, as a table
+            self.table = xnn.add_table(a, b, y, False, self.activation)
+        self.vector_params = tuple(np.int64(p) for p in self.params)
 
     def eval_int8(self, a, b):
-        if self.table is not None:  # the onnxruntime profile: the pairwise table lookup
+        if self.table is not None:  # onnxruntime, or XNNPACK's ADD: the pairwise table lookup
             return super().eval_int8(a, b)
         return add_vector(a, b, self.vector_params, np.int64(self.profile), aligned.empty(a.shape, np.int8))

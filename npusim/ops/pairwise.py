@@ -103,7 +103,7 @@ class BinaryKernel(Kernel):
         s1, m2, s2, m_out, s_out, z_out, lo, hi) of the op's int8 arithmetic."""
         a, b, y = self.prepare_operands(int16=True)
         multipliers = self.rescale_multipliers(a, b, y)
-        activation = self.op.options.get("fused_activation_function", "NONE")
+        activation = self.activation = self.op.options.get("fused_activation_function", "NONE")
         if is_int16(a):
             params16 = (*multipliers, *range16(self, activation, y))
             self.int16 = lambda a, b: form16(a, b, params16)

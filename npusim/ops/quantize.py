@@ -11,8 +11,9 @@ import numpy as np
 from ..engines.requant import requantization_multiplier
 from ..errors import NpusimError
 from ..jit import parallel_kernel
-from ..quant import ONNXRUNTIME, clamp, mbqm_array
+from ..quant import ONNXRUNTIME, XNNPACK, clamp, mbqm_array
 from . import onnxruntime as ort
+from . import xnnpack as xnn
 from .base import Kernel
 from .float_form import Identity
 
@@ -72,6 +73,7 @@ class Quantize(Kernel):
         if tuple(y.shape) != tuple(x.shape):
             raise self.error(f"output shape {list(y.shape)} differs from the input shape {list(x.shape)}")
         self.ort = profile == ONNXRUNTIME  # MLAS QuantizeLinear (onnxruntime.quantize_linear)
+        self.tail = None  # xnnpack: (how many last elements of each input, their table) in TFLM's form
         if x.dtype == np.uint8 or x.dtype == np.int8:
             if x.quant is None:
                 raise self.error(f"input {x.name!r} has no quantization parameters")
@@ -90,6 +92,8 @@ class Quantize(Kernel):
             self.table = np.clip(
                 mbqm_array(codes - x.zero_point, *self.requant) + y.zero_point, -128, 127
             ).astype(np.int8)
+            if profile == XNNPACK:
+                self.table = self.xnnpack_table(codes - x.zero_point)
             # The usual input QUANTIZE (uint8 to int8 of the same scale) only shifts every code by one
             # constant, with no clamping: eval is then a vector add instead of a gather.
             steps = self.table - codes
@@ -99,6 +103,19 @@ class Quantize(Kernel):
         else:
             raise self.error(f"input {x.name!r} has type {x.dtype.name}, expected float32, uint8 or int8")
 
+    def xnnpack_table(self, centred: np.ndarray) -> np.ndarray:
+        """The xnnpack profile's table of an 8-bit input (xnnpack.py): XNNPACK's qs8-vcvt where the
+        delegate takes the op, else LiteRT's builtin NEON form, whose last size % 16 elements keep
+        TFLM's table (self.tail)."""
+        x, y = self.inputs[0], self.outputs[0]
+        if xnn.delegates_requantize(x, y):
+            return xnn.requantize_codes(centred, x, y)
+        neon = np.clip(xnn.neon_multiply(centred, *self.requant) + y.zero_point, -128, 127).astype(np.int8)
+        leftover = int(np.prod(x.shape, dtype=np.int64)) % 16  # LiteRT invokes a batch-1 tensor
+        if leftover and not np.array_equal(neon, self.table):
+            self.tail = (leftover, self.table)
+        return neon
+
     def workspace_bytes(self, n: int) -> int:
         return (
             n * 8 * int(np.prod(self.outputs[0].shape[1:], dtype=np.int64))
@@ -106,6 +123,12 @@ class Quantize(Kernel):
 
     def __call__(self, x):
         y = self.outputs[0]
+        if self.requant is not None and self.tail is not None:
+            out = lookup(self.table, np.ascontiguousarray(x).view(np.uint8), np.empty(x.shape, dtype=np.int8))
+            count, table = self.tail
+            flat, codes = out.reshape(len(x), -1), np.ascontiguousarray(x).view(np.uint8).reshape(len(x), -1)
+            flat[:, -count:] = table[codes[:, -count:]]
+            return out
         if self.requant is not None and self.code_offset is not None:
             return add_bytes(
                 np.ascontiguousarray(x).view(np.uint8), self.code_offset, np.empty(x.shape, dtype=np.uint8)
@@ -117,6 +140,8 @@ class Quantize(Kernel):
         scale = np.float32(y.quant.scale[0])
         if self.ort:
             return ort.quantize_linear(x, scale, y.zero_point).astype(np.int8)
+        if self.profile == XNNPACK:  # f32-qs8-vcvt: defined for every float32 value
+            return xnn.quantize_f32(x, scale, y.zero_point)
         out = np.empty(x.shape, dtype=np.int8)
         if affine_quantize(np.ascontiguousarray(x, dtype=np.float32), scale, np.int64(y.zero_point), out):
             name = self.inputs[0].name

@@ -16,10 +16,12 @@ import numpy as np
 from ..jit import njit
 from ..quant import (
     SINGLE,
+    XNNPACK,
     clamp,
     multiply_by_quantized_multiplier,
     multiply_by_quantized_multiplier_single,
 )
+from . import xnnpack as xnn
 from .float_form import Elementwise
 from .int16 import sub16
 from .pairwise import LEFT_SHIFT, BinaryKernel, every_pair
@@ -34,7 +36,7 @@ def _rescale(x, m, shift, profile):
 
 @njit()
 def sub_table(a, b, params, profile):
-    """All pairs; the xnnpack profile subtracts as TFLM does (as ADD)."""
+    """All pairs, TFLM's arithmetic (the xnnpack profile's too where the delegate refuses the op)."""
     z1, z2, m1, s1, m2, s2, mo, so, zo, lo, hi = params
     out = np.empty(a.size, dtype=np.int8)
     for i in range(a.size):
@@ -56,6 +58,10 @@ class Sub(BinaryKernel):
     def __init__(self, op, graph, profile):
         super().__init__(op, graph, profile)
         params = self.prepare_rescaled(sub16)  # None with int16 operands (int16.sub16)
-        if params is not None:
+        a, b, y = self.inputs[0], self.inputs[1], self.outputs[0]
+        if params is not None and profile == XNNPACK and xnn.delegates_add(a, b, y):
+            # XNNPACK subtracts with its ADD kernel, the second operand's scale negated
+            self.table = xnn.add_table(a, b, y, True, self.activation)
+        elif params is not None:
             xa, xb = every_pair()
             self.table = sub_table(xa, xb, tuple(np.int64(p) for p in params), np.int64(profile))
