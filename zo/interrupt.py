@@ -52,9 +52,11 @@ def _handler(signum, frame):
     raise KeyboardInterrupt
 
 
-def check():
-    """A safe point: raise the interrupt recorded since the last one."""
-    if _state.pending:
+def check(between_steps: bool = False):
+    """A safe point: raise the interrupt recorded since the last one. Inside deferred(), only the
+    training loop's own point (between_steps) raises; a chunk of an evaluation in the middle of a
+    step leaves it to that point."""
+    if _state.pending and (between_steps or not _state.deferring):
         _state.pending = False
         raise KeyboardInterrupt
 
@@ -85,7 +87,7 @@ class guarded:
         if _state.installed == 0:
             previous = _state.previous
             signal.signal(signal.SIGINT, signal.SIG_DFL if previous is None else previous)
-        if exc_type is None and not _state.deferring:
+        if exc_type is None:
             check()
         return False
 
