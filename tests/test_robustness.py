@@ -404,7 +404,7 @@ def test_resume_with_another_model_or_data_exits_2(run, tmp_path):
         CliRunner().invoke(
             zo.cli.main, train_args(other_model, data, run, "--resume", str(run)), catch_exceptions=False
         ),
-        "different model sha256",
+        "--model (the model file's sha256) differs from the run's",
     )
     other_data = tmp_path / "other.npz"
     np.savez(other_data, **color_dataset(seed=3))
@@ -412,9 +412,9 @@ def test_resume_with_another_model_or_data_exits_2(run, tmp_path):
         CliRunner().invoke(
             zo.cli.main, train_args(model, other_data, run, "--resume", str(run)), catch_exceptions=False
         ),
-        "different data sha256",
+        "--data (the data file's sha256, or the folder) differs from the run's",
     )
-    one_line_error(resume(model, data, run, "--seed", "7"), "--seed differs")
+    one_line_error(resume(model, data, run, "--seed", "7"), "--seed 7 differs from the run's --seed 0")
     good = checkpoint(run).read_bytes()
     Trainer(train_config(model, data), run).load_checkpoint(
         run

@@ -383,7 +383,7 @@ def test_ctrl_c_writes_a_checkpoint(tiny, tmp_path):
         ("name", "no trainable layer named"),
         ("budget", "below one step"),
         ("q", "--q"),
-        ("resume-other-data", "different"),
+        ("resume-other-data", "--data (the data file's sha256, or the folder) differs from the run's"),
     ],
 )
 def test_bad_input_exits_2_with_one_line(tiny, tmp_path, problem, message):

@@ -35,6 +35,14 @@ RESUME_KEYS = (
     "profile",
     "new_head",
 )
+# What each part of the fingerprint is, named by the options that decide it.
+FINGERPRINT_OPTIONS = {
+    "model_sha256": "--model (the model file's sha256)",
+    "data_sha256": "--data (the data file's sha256, or the folder)",
+    "train_size": "--train-size (training images)",
+    "test_size": "--test-size (test images)",
+    "input_mapping": "the input mapping of --input-range, --mean, --std",
+}
 # dead_steps: the run of steps whose probe pairs were all equal, so the dead-run warning resumes too.
 COUNTERS = ("step", "forward_passes", "metric_rows", "next_eval", "dead_steps")
 
@@ -155,8 +163,8 @@ def validate(ck: Checkpoint, config, identity: dict, params: list, size: int) ->
     for key in identity:
         if ck.fingerprint.get(key) != identity[key]:
             raise ZoError(
-                f"--resume {directory}: checkpoint was made with a different "
-                f"{key.replace('_', ' ')} ({ck.fingerprint.get(key)} != {identity[key]})"
+                f"--resume {directory}: {FINGERPRINT_OPTIONS.get(key, key)} differs from the run's: "
+                f"{ck.fingerprint.get(key)} recorded, {identity[key]} given"
             )
     if ck.params != params:
         raise ZoError(

@@ -1,16 +1,19 @@
-"""The `zo` command line: forward-only fine-tuning of an int8 .tflite or .onnx model on npusim."""
+"""The `zo` command line: forward-only fine-tuning of an int8 .tflite or .onnx model on npusim.
+
+Only click and zo's light modules are imported here: npusim and the trainer are imported by the
+commands, under the interrupt guard, so that Ctrl-C while they load is one line too."""
 
 from __future__ import annotations
 
+import signal
 import sys
 from pathlib import Path
 
 import click
+from click.core import ParameterSource
 
-import npusim
-
+from . import interrupt
 from .errors import ZoError
-from .trainer import TrainConfig, Trainer
 
 
 def fail(message: str, code: int = 2):
@@ -18,23 +21,26 @@ def fail(message: str, code: int = 2):
     sys.exit(code)
 
 
+def interrupted(message: str):
+    """Ctrl-C's one line and exit 130; a second Ctrl-C while it is written changes nothing."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    fail(message, 130)
+
+
 @click.group()
 @click.version_option(package_name="npusim-zo")
 def main():
     """Zeroth-order (forward-only) on-device training on the npusim INT8 simulator."""
-    npusim.tune_process()
 
 
 @main.command()
 @click.option(
     "--model",
-    required=True,
     type=click.Path(),  # a folder: load_model's one error line, not click's usage block
     help="Deployed int8 model, .tflite or ONNX QDQ / QOperator .onnx.",
 )
 @click.option(
     "--data",
-    required=True,
     type=click.Path(),
     help=".npz, EuroSAT folder of class folders, or STL-10 binary folder.",
 )
@@ -46,7 +52,7 @@ def main():
 )
 @click.option(
     "--q",
-    "q_spec",
+    "q",
     default="qscheduler",
     show_default=True,
     help="fixed:N | qscheduler[:QMAX] (the slope test under nsgd, the efficiency test under sgd and adam) "
@@ -129,124 +135,112 @@ def main():
     "--mean", default=None, help="Per-channel mean, R,G,B: input = (pixel/255 - mean) / std (with --std)."
 )
 @click.option("--std", default=None, help="Per-channel std, R,G,B (with --mean).")
-@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Run directory.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), help="Run directory.")
 @click.option(
     "--resume",
     type=click.Path(file_okay=False),
     default=None,
-    help="Continue the run in DIR from its last checkpoint.",
+    help="Continue the run in DIR from its last checkpoint, with the options in DIR/config.json.",
 )
-@click.option("--quiet", is_flag=True, help="No progress bar.")
-def train(
-    model,
-    data,
-    trainable,
-    q_spec,
-    optimizer,
-    lr,
-    lr_schedule,
-    momentum,
-    eps,
-    direction,
-    rounding,
-    batch,
-    budget,
-    seed,
-    eval_every,
-    checkpoint_every,
-    profile,
-    train_size,
-    test_size,
-    new_head,
-    input_range,
-    mean,
-    std,
-    out_dir,
-    resume,
-    quiet,
-):
-    """Fine-tune MODEL on DATA with zeroth-order gradient estimates; all forward passes on npusim."""
-    config = TrainConfig(
-        model=model,
-        data=data,
-        trainable=trainable,
-        q=q_spec,
-        optimizer=optimizer,
-        lr=lr,
-        lr_schedule=lr_schedule,
-        momentum=momentum,
-        eps=eps,
-        direction=direction,
-        rounding=rounding,
-        batch=batch,
-        budget=budget,
-        seed=seed,
-        eval_every=eval_every,
-        checkpoint_every=checkpoint_every,
-        profile=profile,
-        train_size=train_size,
-        test_size=test_size,
-        new_head=new_head,
-        input_range=input_range,
-        mean=mean,
-        std=std,
-    )
+@click.option("--quiet", is_flag=True, help="No setup lines and no progress line.")
+@click.pass_context
+def train(ctx, out_dir, resume, quiet, **options):
+    """Fine-tune MODEL on DATA with zeroth-order gradient estimates; all forward passes on npusim.
+
+    `zo train --resume DIR` alone continues the run in DIR with the options it recorded."""
+    given = {k for k in options if ctx.get_parameter_source(k) is ParameterSource.COMMANDLINE}
+    run_dir = resume or out_dir
+    trainer = None
     try:
-        trainer = Trainer(config, resume or out_dir)
-        if resume:
-            if Path(resume).resolve() != Path(out_dir).resolve():
-                raise ZoError(f"--resume {resume}: resume continues a run in place, expected --out {resume}")
-            trainer.load_checkpoint(Path(resume))
-        elif (Path(out_dir) / "checkpoints" / "last.npz").exists():
-            raise ZoError(
-                f"--out {out_dir}: already holds a run; pass --resume {out_dir} to continue it, or "
-                "choose a new directory"
-            )
-        before = trainer.test_accuracy()
-        bar = (
-            None
-            if quiet
-            else click.progressbar(
-                length=config.budget,
-                label="zo train",
-                file=sys.stderr,
-                item_show_func=lambda s: s,
-                show_pos=True,
-            )
-        )
-
-        def on_step(t, q, loss):
-            if bar is not None:
-                bar.update(
-                    t.forward_passes - bar.pos,
-                    f"step {t.step} q {q} loss {loss:.4f} passes {t.forward_passes}",
-                )
-
-        if bar is not None:
-            bar.__enter__()
-            bar.update(trainer.forward_passes)
-        try:
-            result = trainer.run(on_step)
-        finally:
-            if bar is not None:
-                bar.__exit__(None, None, None)
+        with interrupt.guarded():
+            trainer = set_up(options, given, out_dir, resume, quiet)
+            result, before = train_and_report(trainer, quiet)
     except ZoError as e:
         fail(str(e))
     except OSError as e:  # metrics.csv, config.json or the exported model could not be written
+        from .resume import resume_command
+
         fail(
-            f"cannot write {e.filename or out_dir}: {e.strerror or e}; the last checkpoint is "
-            "kept, continue with --resume"
+            f"cannot write {e.filename or run_dir}: {e.strerror or e}; the last checkpoint is kept, "
+            f"continue with: {resume_command(run_dir)}"
         )
-    except KeyboardInterrupt:
-        checkpoints = Path(resume or out_dir) / "checkpoints"
-        if (checkpoints / "last.npz").exists():
-            fail(f"interrupted; checkpoint written to {checkpoints}; continue with --resume", 130)
-        fail("interrupted before the first step; nothing to resume", 130)
-    exported = next(Path(out_dir).glob("model.*"), Path(out_dir) / "model.tflite")
+    except (KeyboardInterrupt, SystemError) as e:
+        if not interrupt.is_interrupt(e):
+            raise
+        interrupted(interrupt_message(run_dir, trainer, {k: options[k] for k in given}))
+    from .progress import percent
+
+    exported = next(Path(run_dir).glob("model.*"), Path(run_dir) / "model.tflite")
     click.echo(
-        f"test accuracy {before:.4f} -> {result['test_accuracy']:.4f} after {result['steps']} steps, "
-        f"{result['forward_passes']} forward passes; model written to {exported}"
+        f"test accuracy {percent(before)} -> {percent(result['test_accuracy'])} after {result['steps']} "
+        f"steps, {result['forward_passes']} forward passes; model written to {exported}"
     )
+
+
+def interrupt_message(run_dir, trainer, given: dict) -> str:
+    if run_dir is None:
+        return "interrupted before the first step; nothing to resume"
+    from .resume import resume_command
+
+    checkpoint = Path(run_dir) / "checkpoints" / "last.npz"
+    if not checkpoint.exists():
+        return "interrupted before the first step; nothing to resume"
+    at = f" at step {trainer.step}" if trainer is not None else ""
+    return f"interrupted{at}; checkpoint {checkpoint}; continue with: {resume_command(run_dir, given)}"
+
+
+def set_up(options: dict, given: set, out_dir, resume, quiet):
+    """The Trainer of the command's run: a new one, or the one in --resume DIR with its checkpoint."""
+    import npusim
+
+    from .resume import resume_command, resumed_options
+    from .trainer import TrainConfig, Trainer
+
+    npusim.tune_process()
+    for name in ("model", "data"):
+        if options[name] is not None:  # recorded as absolute paths: a resume works from anywhere
+            options[name] = str(Path(options[name]).absolute())
+    if resume:
+        if out_dir is not None and Path(resume).resolve() != Path(out_dir).resolve():
+            raise ZoError(
+                f"--resume {resume}: resume continues a run in place, expected no --out or --out {resume}"
+            )
+        options = resumed_options(resume, options, given)
+    else:
+        for name in ("model", "data", "out_dir"):
+            if (options | {"out_dir": out_dir})[name] is None:
+                raise ZoError(
+                    f"--{name.split('_')[0]} is required to start a run (or --resume DIR to continue one)"
+                )
+        if (Path(out_dir) / "checkpoints" / "last.npz").exists():
+            raise ZoError(
+                f"--out {out_dir}: already holds a run; continue it with: {resume_command(out_dir)}, or "
+                "choose a new directory"
+            )
+    report = None if quiet else (lambda message: click.echo(f"zo train: {message}", err=True))
+    trainer = Trainer(TrainConfig(**options), resume or out_dir, report=report)
+    if resume:
+        trainer.load_checkpoint(Path(resume))
+        trainer.report(
+            f"resumed from {Path(resume) / 'checkpoints' / 'last.npz'} at step {trainer.step}, "
+            f"{trainer.forward_passes} of {trainer.config.budget} forward passes"
+        )
+    return trainer
+
+
+def train_and_report(trainer, quiet: bool) -> tuple[dict, float]:
+    from .progress import StatusLine, percent
+
+    trainer.report("evaluating the model on the test images before training")
+    before = trainer.test_accuracy()
+    trainer.report(f"test accuracy {percent(before)}; training (Ctrl-C stops at the next step, checkpointed)")
+    status = None if quiet else StatusLine(trainer.config.budget)
+    try:
+        result = trainer.run(status.update if status else None)
+    finally:
+        if status is not None:
+            status.close()
+    return result, before
 
 
 @main.command()
@@ -283,6 +277,9 @@ def cost(model, trainable, q, batch, classes, new_head, calibration):
 
     if q < 1 or batch < 1:
         fail(f"--q {q} --batch {batch}: expected both >= 1")
+    import npusim
+
+    npusim.tune_process()
     try:
         m = TrainableModel(load_model(model), trainable, num_classes=classes, new_head=new_head)
         device = fit_cost_model(read_calibration_csv(calibration)).cost if calibration else None

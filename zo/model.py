@@ -14,6 +14,7 @@ from npusim import Interpreter, NpusimError
 from npusim.graph import Graph
 from npusim.ops import MAC_OPS
 
+from . import interrupt
 from .errors import ZoError
 from .head import feature_tensor, find_head, fresh_head
 
@@ -110,6 +111,7 @@ class TrainableModel:
         plan = self.interp.kernels[: producer[tensor] + 1] if tensor in producer else []
         parts = []
         for i in range(0, len(x), chunk):
+            interrupt.check()  # a safe point in the setup (zo/interrupt.py)
             values = {self.interp.graph.inputs[0]: self.interp.check_input(x[i : i + chunk])}
             self.interp.evaluate(values, plan)
             parts.append(values[tensor].reshape(len(values[tensor]), -1))
@@ -198,6 +200,7 @@ class TrainableModel:
         """The frozen prefix's outputs that the suffix reads, for a whole set of inputs (computed once)."""
         parts = []
         for i in range(0, len(x), chunk):
+            interrupt.check()  # a safe point in the setup (zo/interrupt.py)
             values = {self.graph.inputs[0]: self.interp.check_input(x[i : i + chunk])}
             self.interp.evaluate(values, self.prefix)
             parts.append({t: values[t] for t in self.boundary})
@@ -220,6 +223,7 @@ class TrainableModel:
         preds = []
         n = len(next(iter(boundary.values())))
         for i in range(0, n, chunk):
+            interrupt.check()  # a safe point in the setup (zo/interrupt.py)
             values = {t: v[i : i + chunk] for t, v in boundary.items()}
             self.interp.evaluate(values, self.suffix + self.tail)
             preds.append(

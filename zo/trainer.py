@@ -12,9 +12,7 @@ from __future__ import annotations
 import functools
 import json
 import os
-import signal
 import sys
-import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -26,7 +24,7 @@ from npusim.interpreter import check_int8
 from npusim.model_io import model_suffix
 from npusim.npu import plan_device
 
-from . import checkpoint
+from . import checkpoint, interrupt
 from .data import Dataset, load_dataset, subset
 from .errors import ZoError
 from .inputs import SATURATION_WARNING, ImageInput, InputMapping, choose_mapping, model_inputs, parse_channels
@@ -137,25 +135,44 @@ class Trainer:
         scheduler: Scheduler | None = None,
         caches: tuple[dict, dict] | None = None,
         warn=None,
+        report=None,
     ):
         """dataset and caches (the prefix activations of train and test) let a sweep share them across runs;
-        warn(message) reports what the user should know (default: a line on stderr)."""
+        warn(message) reports what the user should know (default: a line on stderr); report(message)
+        says what each step of the setup does (default: nothing). Ctrl-C in the setup is a
+        KeyboardInterrupt, never another exception (zo/interrupt.py)."""
+        self.warn = warn or (lambda message: print(f"warning: {message}", file=sys.stderr, flush=True))
+        self.report = report or (lambda message: None)
+        with interrupt.guarded():
+            self._set_up(config, out_dir, dataset, scheduler, caches)
+
+    def _set_up(self, config, out_dir, dataset, scheduler, caches):
         config.validate()
         self.config = config
         self.out = Path(out_dir)
+        self.report(f"reading the model {config.model}")
         try:
             graph = load_model(config.model)
             check_int8(graph)  # before the input checks: a float or uint8 model says what it is
         except NpusimError as e:
             raise ZoError(str(e)) from None
         if dataset is None:
+            self.report(f"reading the data {config.data}")
             dataset = load_dataset(config.data)
             if config.train_size or config.test_size:
                 dataset = subset(dataset, config.train_size, config.test_size, seed=0)
         data = dataset
         self.data = data
+        fresh = config.new_head or data.num_classes != graph.output().shape[-1]
+        calibrated = len(calibration_indices(len(data.y_train)))
+        head = f", with a fresh head quantized from the features of {calibrated} training images"
+        self.report(
+            f"{len(data.y_train)} training and {len(data.y_test)} test images, {data.num_classes} classes; "
+            f"preparing the {config.profile} interpreter and the trainable layers {config.trainable}"
+            + (head if fresh else "")
+        )
         self.model, self.image, self.mapping = build_model(config, graph, data)
-        self.warn = warn or (lambda message: print(f"warning: {message}", file=sys.stderr, flush=True))
+        interrupt.check()
         clipped = model_inputs(data.x_train[: config.batch], self.image, self.mapping)[1]
         if clipped > SATURATION_WARNING:
             self.warn(
@@ -177,10 +194,16 @@ class Trainer:
         if config.budget < first_step:
             raise ZoError(f"--budget {config.budget}: below one step ({first_step} forward passes)")
         # The frozen prefix never changes: its outputs are computed once for the whole data set.
-        self.train_cache, self.test_cache = caches or (
-            self.model.boundary_activations(self.inputs_of(data.x_train)),
-            self.model.boundary_activations(self.inputs_of(data.x_test)),
-        )
+        if caches is None:
+            self.report(
+                f"{self.model.size:,} trainable parameters; running the frozen prefix "
+                f"({len(self.model.prefix)} ops) once over the {len(data.y_train) + len(data.y_test)} images"
+            )
+            caches = (
+                self.model.boundary_activations(self.inputs_of(data.x_train)),
+                self.model.boundary_activations(self.inputs_of(data.x_test)),
+            )
+        self.train_cache, self.test_cache = caches
         self.units = np.concatenate(
             [
                 np.full(v.size, p.unit, dtype=np.float64)
@@ -370,54 +393,48 @@ class Trainer:
         self.last_lr = learning_rate(cfg.learning_rate, cfg.lr_schedule, self.forward_passes / cfg.budget)
         metrics = self.metrics
         metrics.open()
-        # Ctrl-C is taken between steps: an interrupt landing inside a Numba compilation or a BLAS
-        # call could otherwise surface as another exception and skip the checkpoint.
-        interrupted = []
-        previous_handler = None
-        if threading.current_thread() is threading.main_thread():
-            previous_handler = signal.signal(signal.SIGINT, lambda signum, frame: interrupted.append(signum))
-        try:
-            if self.forward_passes >= self.next_eval:
-                self.log_eval()
-            while True:
-                if interrupted:
-                    raise KeyboardInterrupt
-                progress = Progress(self.step, self.forward_passes, cfg.budget)
-                q = self.scheduler.next_q(progress)
-                batches = self.scheduler.probe_batches(progress)
-                if self.forward_passes + 2 * q * batches > cfg.budget:
-                    break
-                loss = self.train_step(q, batches)
-                self.log(
-                    {
-                        "step": self.step,
-                        "q": q,
-                        "forward_passes": self.forward_passes,
-                        "train_loss": f"{loss:.6f}",
-                        "zero_differences": f"{self.zero_differences:.4f}",
-                    }
-                )
+        # Ctrl-C is taken between steps (zo/interrupt.py): the checkpoint then records a whole step.
+        with interrupt.deferred():
+            try:
                 if self.forward_passes >= self.next_eval:
                     self.log_eval()
-                if on_step:
-                    on_step(self, q, loss)
-                if self.step % cfg.checkpoint_every == 0:
-                    metrics.flush()
-                    self.save_checkpoint()
-            if self.forward_passes != self.last_eval_passes:
-                self.log_eval()
-        except KeyboardInterrupt:
+                while True:
+                    interrupt.check(between_steps=True)
+                    progress = Progress(self.step, self.forward_passes, cfg.budget)
+                    q = self.scheduler.next_q(progress)
+                    batches = self.scheduler.probe_batches(progress)
+                    if self.forward_passes + 2 * q * batches > cfg.budget:
+                        break
+                    loss = self.train_step(q, batches)
+                    self.log(
+                        {
+                            "step": self.step,
+                            "q": q,
+                            "forward_passes": self.forward_passes,
+                            "train_loss": f"{loss:.6f}",
+                            "zero_differences": f"{self.zero_differences:.4f}",
+                        }
+                    )
+                    if self.forward_passes >= self.next_eval:
+                        self.log_eval()
+                    if on_step:
+                        on_step(self, q, loss)
+                    if self.step % cfg.checkpoint_every == 0:
+                        metrics.flush()
+                        self.save_checkpoint()
+                if self.forward_passes != self.last_eval_passes:
+                    self.log_eval()
+            except KeyboardInterrupt:
+                metrics.flush()
+                self.save_checkpoint()
+                metrics.close()
+                raise
             metrics.flush()
             self.save_checkpoint()
             metrics.close()
-            raise
-        finally:
-            if previous_handler is not None:
-                signal.signal(signal.SIGINT, previous_handler)
-        metrics.flush()
-        self.save_checkpoint()
-        metrics.close()
-        self.export(self.out / ("model" + model_suffix(self.model.graph)))  # model.tflite or model.onnx
+            # An interrupt from here on is raised when the block ends: after the export, which a
+            # resumed run (nothing left to train) would write again.
+            self.export(self.out / ("model" + model_suffix(self.model.graph)))  # model.tflite or model.onnx
         return {
             "steps": self.step,
             "forward_passes": self.forward_passes,
