@@ -118,6 +118,8 @@ def test_inspect_lists_ops_and_totals():
     r = npusim_cli("inspect", RESNET)
     assert r.returncode == 0, r.stderr
     lines = r.stdout.strip().splitlines()
+    assert lines[0] == "inputs:" and lines[2] == "outputs:"  # one input, one output, then the table
+    lines = lines[4:]
     assert len(lines) == 1 + 16 + 1
     assert "CONV_2D" in r.stdout and "total" in lines[-1]
     assert "12,534,410" in lines[-1]  # MACs: every conv, FC, pool, add of the network
@@ -145,7 +147,7 @@ def uint8_asymmetric_model() -> bytes:
         ("truncated", "malformed"),
         ("not-tflite", "not a TFLite flatbuffer"),
         ("missing", "cannot read model file"),
-        ("uint8-model", "uint8"),
+        ("uint8-model", "a uint8 model (TFLite's legacy quantization: op 0 (CONV_2D)"),
         ("wrong-shape", "shape"),
         ("wrong-dtype", "dtype"),
         ("empty-batch", "empty batch"),
