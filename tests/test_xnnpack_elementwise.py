@@ -108,6 +108,13 @@ def test_add_sub_delegate_limits(kind, ratio, delegated):
     check(case, delegated=delegated)
 
 
+@pytest.mark.parametrize("kind", ["ADD", "SUB"])
+@pytest.mark.parametrize("s1, s2, so", [(2.0**-12, 0.5, 1.0), (2.0**-14, 2.0, 4.0)])
+def test_add_sub_below_the_delegate_with_ties(kind, s1, s2, so):
+    """Powers of two below the delegate's 2^-10: LiteRT's builtin kernel rounds its ties as TFLM."""
+    check(pair_case(kind, s1, 3, s2, -5, so, 7), delegated=False)
+
+
 @pytest.mark.xfail(
     strict=True,
     reason="ADD with an input scale 2^8 or more times the output's is refused by the delegate and "
