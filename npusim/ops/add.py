@@ -43,7 +43,7 @@ def add_run(typingctx, a_ptr, b_ptr, out_ptr, count, z1, z2, m1, s1, m2, s2, mo,
     """out[i] = the int8 sum of int8 a[i] and b[i] for i < count, the steps of TFLM's add on 16
     lanes: (x - z) << 20 rescaled by (m1, s1) or (m2, s2), summed in int32, then the output stage
     with (mo, so), zo and the clamp [lo, hi]. The xnnpack profile runs this where the XNNPACK
-    delegate refuses the op (LiteRT's builtin ADD is TFLM's arithmetic), a table otherwise."""
+    delegate refuses the op (LiteRT's builtin ADD, taken as TFLM's), a table otherwise."""
     sig = types.void(*([types.int64] * 16))
 
     def codegen(context, builder, signature, args):

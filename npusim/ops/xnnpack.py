@@ -1,7 +1,7 @@
 """XNNPACK's arithmetic for the xnnpack profile (quant.XNNPACK): what LiteRT's default CPU
 interpreter (OpResolverType.AUTO, the XNNPACK delegate) computes for the ops it delegates, as the
 tables the one- and two-input int8 ops evaluate. An op the delegate refuses runs on LiteRT's
-builtin kernel, whose arithmetic is TFLM's; the predicates here say which.
+builtin kernel; the predicates here say which (limits probed against LiteRT 2.3.0, docs/numerics.md).
 
 The MAC ops need nothing here: their fp32 output stage is in the engines (quant.requantize_one).
 
@@ -13,14 +13,15 @@ The MAC ops need nothing here: their fp32 output stage is in the engines (quant.
   an arithmetic shift, so a tie rounds toward +inf. One rounding, 21-bit multipliers: it parts
   from TFLM's three double-rounded 31-bit multiplies on a few pairs (more with power-of-two scales,
   where ties are common). The delegate takes the op only while sa / so and sb / so (float32) lie
-  in [2^-10, 2^8) (xnnpack_delegate.cc, CheckTensorsInputOutputScale); outside, LiteRT's builtin
-  ADD, which is TFLM's arithmetic.
+  in [2^-10, 2^8); outside, LiteRT's builtin ADD, taken as TFLM's arithmetic (equal below 2^-10 in
+  the cases tested; from 2^8 on it wraps where TFLM saturates, not modelled).
 - MUL (qs8-vmul fp32): (a - za) * (b - zb) in int32, times float32(float32(sa * sb) / so), rounded
   half to even, + zo: the engines' fp32 output stage (quant.requantize_one), so mul.py needs only
-  the predicate: the delegate takes MUL while that product ratio lies in [2^-16, 2^8)
-  (CheckTensorsInputProductOutputScale); outside, LiteRT's builtin MUL.
-- Every AVX2, AVX-512 and SSE4 kernel of qs8-vadd computes exactly the scalar expression above
-  (32-bit products, no overflow for int8 inputs), so the result does not depend on the ISA.
+  the predicate: the delegate takes MUL while that product ratio lies in [2^-16, 2^8); outside,
+  LiteRT's builtin MUL, taken as TFLM's (not so from 2^8 on: not modelled).
+- XNNPACK's kernel tests require every x86 variant of these kernels to equal its scalar reference,
+  the expressions here; the AVX2 qs8-vadd is that expression in 32-bit lanes, which int8 inputs
+  cannot overflow. This machine runs the AVX2 kernels only.
 """
 
 from __future__ import annotations
