@@ -12,10 +12,11 @@ import click
 import numpy as np
 
 from .errors import NpusimError
-from .interpreter import Interpreter
 from .model_io import load_model
-from .quant import PROFILES
-from .tuning import tune_process
+from .profiles import PROFILES
+
+# The kernels (interpreter.py, and with it Numba) are imported by the commands that run a model,
+# when they run: `npusim --help` and a bad argument answer at once.
 
 PROFILE = click.option(
     "--profile",
@@ -40,7 +41,10 @@ def friendly_errors(func):
 
     @functools.wraps(func)
     def wrapper(*args, **kwargs):
+        from .tuning import tune_process  # here, not in the group: a usage error loads no kernel
+
         try:
+            tune_process()
             return func(*args, **kwargs)
         except NpusimError as e:
             fail(str(e))
@@ -70,7 +74,6 @@ def tensor_file_name(index: int, name: str) -> str:
 @click.version_option(package_name="npusim-zo")
 def main():
     """Bit-exact INT8 NPU simulator (TFLite Micro integer numerics)."""
-    tune_process()
 
 
 @main.command()
@@ -101,6 +104,8 @@ def main():
 @friendly_errors
 def run(model, input_path, output_path, profile, dump):
     """Run MODEL on a batch of inputs."""
+    from .interpreter import Interpreter
+
     interp = Interpreter(load_model(model), profile=profile)
     outputs = interp.graph.outputs
     archive = output_path.lower().endswith(".npz")
@@ -122,7 +127,7 @@ def run(model, input_path, output_path, profile, dump):
         raise NpusimError(f"cannot write output: {e.strerror}: {e.filename}") from None
 
 
-def write_dump(interp: Interpreter, values: dict, directory: Path):
+def write_dump(interp, values: dict, directory: Path):
     directory.mkdir(parents=True, exist_ok=True)
     for index, value in values.items():
         np.save(directory / tensor_file_name(index, interp.graph.tensors[index].name), value)
@@ -176,6 +181,8 @@ def inspect(model, target, fmt, calibration, npu_efficiency, m55_macs_per_cycle)
 
     With --target stm32n6: the NPU/M55 placement, epochs, internal RAM over the N6 RAM banks, weight
     memory and an estimated latency (the model, its constants and their sources: docs/stm32n6.md)."""
+    from .interpreter import Interpreter
+
     interp = Interpreter(load_model(model))
     if target == "stm32n6":
         from .npu import (

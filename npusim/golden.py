@@ -36,7 +36,7 @@ from .compare import array_difference
 from .errors import NpusimError
 from .interpreter import Interpreter
 from .model_io import load_model
-from .quant import PROFILES
+from .profiles import PROFILES
 
 FORMAT = "npusim-golden"
 FORMAT_VERSION = 1
