@@ -13,6 +13,7 @@ whose other ops round differently in XNNPACK says "no" here, as in the main tabl
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import subprocess
 import sys
@@ -44,6 +45,52 @@ it.set_tensor(inp["index"], x)
 it.invoke()
 np.save(y_path, it.get_tensor(it.get_output_details()[0]["index"]))
 """
+
+
+# Where a one-shot run's time goes: the CPU seconds (time.process_time, unmoved by other processes'
+# load as wall time is) of each step of `npusim run` in the order it takes them, in a fresh process.
+# Numba's first compiled function sets up its target (its registries, and scipy.linalg, imported to
+# see whether BLAS is there): done here by hand to time it apart from the kernels' own loads.
+PHASES_SCRIPT = """
+import json, sys, time
+c = time.process_time
+marks = [("Python start", c())]
+import numpy as np; marks.append(("numpy", c()))
+import click; marks.append(("click", c()))
+import numba; marks.append(("numba import", c()))
+from npusim import jit; jit.sources_digest(); marks.append(("kernel-source digest (jit.py)", c()))
+import npusim.cli, npusim.interpreter; marks.append(("npusim modules", c()))
+import numba.np.linalg; numba.np.linalg.ensure_blas(); marks.append(("scipy.linalg, Numba's BLAS check", c()))
+from numba.core.registry import cpu_target
+cpu_target.target_context.refresh(); marks.append(("the rest of Numba's target set-up", c()))
+it = npusim.interpreter.Interpreter(sys.argv[1]); marks.append(("load + prepare (its kernels' loads)", c()))
+x = np.load(sys.argv[2]); it.run(x); marks.append(("first run (its kernels' loads)", c()))
+it.run(x); marks.append(("a second run", c()))
+print(json.dumps([[k, v - (marks[i - 1][1] if i else 0.0)] for i, (k, v) in enumerate(marks)]))
+"""
+
+
+def startup_phases(model: Path, x_path: Path, reps: int) -> list[str]:
+    """Table lines: the median CPU seconds of each phase over reps fresh processes."""
+    runs = []
+    for _ in range(reps + 1):  # the first process may compile: untimed
+        done = subprocess.run(
+            [sys.executable, "-c", PHASES_SCRIPT, str(model), str(x_path)],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+        )
+        if done.returncode:
+            raise SystemExit(f"one shot phases failed: {(done.stderr.strip().splitlines() or ['?'])[-1]}")
+        runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    runs = runs[1:]
+    lines = ["| phase | CPU ms (median) |", "|---|---|"]
+    lines += [
+        f"| {name} | {fmt_ms(statistics.median(r[i][1] for r in runs))} |"
+        for i, (name, _) in enumerate(runs[0])
+    ]
+    total = statistics.median(sum(v for _, v in r) for r in runs)
+    return lines + [f"| total | {fmt_ms(total)} |"]
 
 
 def commands(model: Path, x_path: Path, out_dir: Path) -> dict:
@@ -104,6 +151,9 @@ def bench_one_shot(shared: Path, batches: dict, reps: int, log=print) -> list[st
                     f"{fmt_ms(max(times['npusim']))}] | {fmt_ms(lrt)} [{fmt_ms(min(times['litert']))}-"
                     f"{fmt_ms(max(times['litert']))}] | {lrt / sim:.2f}x | {'yes' if exact else 'no'} |"
                 )
+        first = next(iter(batches))
+        x_path = tmp / f"{first}_1.npy"
+        phases = startup_phases(shared / "models" / MODELS[first], x_path, reps) if x_path.exists() else []
     return [
         f"CPU: {cpu_model()}; features {cpu_flags()}; npusim MAC kernels: {kernel_path()}.",
         "",
@@ -117,8 +167,19 @@ def bench_one_shot(shared: Path, batches: dict, reps: int, log=print) -> list[st
         f"Y.npy --profile xnnpack`. LiteRT: a script that loads the model (num_threads={LITERT_THREADS}, "
         "XNNPACK), resizes the input to the batch, invokes once and saves the output "
         "(experiments/bench_oneshot.py LITERT_SCRIPT). A ratio under 1 means npusim takes longer; what its "
-        "start-up is made of: docs/performance.md.",
+        "start-up is made of: below and docs/performance.md.",
         "",
+        *(
+            [
+                f"Where the time of `npusim run` on {first}, 1 image, goes: CPU time of each step in a fresh "
+                f"process (experiments/bench_oneshot.py PHASES_SCRIPT), median of {reps} processes.",
+                "",
+                *phases,
+                "",
+            ]
+            if phases
+            else []
+        ),
     ]
 
 

@@ -197,5 +197,9 @@ def test_one_shot_section_quick(tmp_path):
     ], section
     for r in rows:
         assert r[4].strip().endswith("x") and r[5].strip() in ("yes", "no"), r
+    table = [line for line in section.split("Where the time of", 1)[1].splitlines() if line.startswith("| ")]
+    phases = [line.split("|")[1].strip() for line in table[1:]]  # after the header
+    assert phases[:3] == ["Python start", "numpy", "click"], phases
+    assert phases[-2:] == ["a second run", "total"], phases
     # ResNet-8 under the xnnpack profile is LiteRT's output bit for bit, as in the main table.
     assert [r[5].strip() for r in rows[:2]] == ["yes", "yes"], rows
