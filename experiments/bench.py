@@ -1,7 +1,7 @@
 """Speed benchmark: npusim against LiteRT (XNNPACK) and TFLite Micro, with exactness checks.
 
     python -m experiments.bench --shared ../shared [--quick] [--out experiments/results/bench.md]
-                                [--only all|conv|paths|models|yolo|onnx|zo] [--conv-batches 1,16]
+                                [--only all|conv|paths|models|yolo|onnx|zo|oneshot] [--conv-batches 1,16]
                                 [--model-batches 64,256] [--yolo-batches 8] [--no-haswell]
 
 One run times
@@ -12,6 +12,8 @@ One run times
      EuroSAT-64 images resized to 256x256 (PIL bilinear);
   4. ST's YOLO26n-256 QDQ ONNX model at batch 8 under --profile onnxruntime against ONNX Runtime
      (experiments/bench_onnx.py, its own section of the report);
+  5. one shot: `npusim run` in a fresh process against a LiteRT script, each shared model on 1 image
+     and the largest --model-batches (experiments/bench_oneshot.py, its own section);
 with npusim (profile tflm, `Interpreter.run` on the whole batch), LiteRT's default interpreter
 (XNNPACK, 2 threads, input resized to the batch) and TFLM (batch 1 per invoke: a few single images
 are timed and the per-image median is multiplied by N). Every time is the median over repetitions
@@ -41,13 +43,13 @@ import numpy as np
 
 from . import bench_onnx
 from .bench_haswell import haswell_unsupported, run_haswell
+from .bench_oneshot import bench_one_shot
 from .bench_paths import conv_stages, kernel_path_rates, op_breakdown, path_settings
 from .bench_report import Results, render
 from .bench_timing import bench_workload, fmt_ms, median_time, memory_of_run, timings
 from .bench_workloads import MODELS, TFLM_ARENA, YOLO_MODELS, bench_inputs, conv_model
 
 __all__ = ["MODELS", "YOLO_MODELS", "build_parser", "haswell_unsupported", "main"]
-
 
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "bench.md"
@@ -74,7 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--only",
-        choices=("all", "conv", "paths", "models", "yolo", "onnx", "zo"),
+        choices=("all", "conv", "paths", "models", "yolo", "onnx", "zo", "oneshot"),
         default="all",
         help="which workloads to run",
     )
@@ -280,6 +282,12 @@ def main(argv: list[str] | None = None) -> int:
         bench_yolo(args, results, log)
     if args.only in ("all", "onnx"):  # YOLO26-256 ONNX against ONNX Runtime (experiments/bench_onnx.py)
         results.onnx = bench_onnx.bench_yolo26(args.shared, batch=8, reps=2 if args.quick else 5, log=log)
+    if args.only in ("all", "oneshot"):  # fresh processes, start to output written (bench_oneshot.py)
+        log("one shot: npusim run against a LiteRT script, 1 image and the largest model batch")
+        sizes = [1, max(args.model_batches)]
+        results.oneshot = bench_one_shot(
+            args.shared, dict.fromkeys(MODELS, sizes), 1 if args.quick else 5, log
+        )
     run_haswell(args, results, log)
     if args.only in ("all", "zo"):
         log("ZO step: ResNet-8, last residual block + classifier (last:4), batch 32, q = 16")
@@ -290,7 +298,6 @@ def main(argv: list[str] | None = None) -> int:
     args.out.write_text(report)
     log(f"written {args.out}")
     return 0
-
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ class Results:
     inputs: dict = field(default_factory=dict)
     haswell: list = field(default_factory=list)  # lines of "AVX2 code compiled for Haswell"
     onnx: list = field(default_factory=list)  # lines of "ONNX: YOLO26-256 against ONNX Runtime"
+    oneshot: list = field(default_factory=list)  # lines of "One shot: a fresh process per run"
 
 
 def table(rows: list[Row]) -> list[str]:
@@ -119,6 +120,8 @@ def render(results: Results, command: str, quick: bool, started, load_start) -> 
     if rows:
         lines += ["## Floors and targets", "", *targets(rows), ""]
     lines += results.zo
+    if results.oneshot:
+        lines += ["## One shot: a fresh process per run", "", *results.oneshot]
     if results.onnx:
         lines += ["## ONNX: YOLO26-256 against ONNX Runtime", "", *results.onnx]
     if results.memory:

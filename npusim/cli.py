@@ -12,10 +12,11 @@ import click
 import numpy as np
 
 from .errors import NpusimError
-from .interpreter import Interpreter
 from .model_io import load_model, model_suffix
-from .quant import PROFILES
-from .tuning import tune_process
+from .profiles import PROFILES
+
+# The kernels (interpreter.py, and with it Numba) are imported by the commands that run a model,
+# when they run: `npusim --help` and a bad argument answer at once.
 
 # Not click.Path(dir_okay=False): click answers a folder with its usage block; the readers
 # (load_model, load_array) say what the path is in one `error:` line, as for every other bad file.
@@ -44,7 +45,10 @@ def friendly_errors(func):
 
     @functools.wraps(func)
     def wrapper(*args, **kwargs):
+        from .tuning import tune_process  # here, not in the group: a usage error loads no kernel
+
         try:
+            tune_process()
             return func(*args, **kwargs)
         except NpusimError as e:
             fail(str(e))
@@ -94,60 +98,73 @@ def tensor_file_name(index: int, name: str) -> str:
 @click.version_option(package_name="npusim-zo")
 def main():
     """Bit-exact INT8 NPU simulator (TFLite Micro integer numerics)."""
-    tune_process()
 
 
 @main.command()
 @click.argument("model", type=FILE)
 @click.option(
     "--input",
-    "input_path",
+    "input_paths",
     required=True,
+    multiple=True,
     type=FILE,
-    help="N inputs stacked on axis 0 (.npy).",
+    help="N inputs stacked on axis 0 (.npy). Repeat --input and --output to run several in one process.",
 )
 @click.option(
     "--output",
-    "output_path",
+    "output_paths",
     required=True,
+    multiple=True,
     type=FILE,
     help=(
         "Where to write the N outputs: .npy (a model with one output) or .npz (every output, keys "
-        "output_0, output_1, ... in the graph's output order)."
+        "output_0, output_1, ... in the graph's output order). The k-th --output takes the k-th --input's."
     ),
 )
 @PROFILE
 @click.option(
     "--dump",
     type=click.Path(file_okay=False),
-    help="Write every intermediate tensor as DIR/<index>_<name>.npy.",
+    help="Write every intermediate tensor as DIR/<index>_<name>.npy (one --input).",
 )
 @friendly_errors
-def run(model, input_path, output_path, profile, dump):
+def run(model, input_paths, output_paths, profile, dump):
     """Run MODEL on a batch of inputs."""
-    check_output_path(output_path, "--output")
+    from .interpreter import Interpreter
+
+    if len(input_paths) != len(output_paths):
+        raise NpusimError(
+            f"--input given {len(input_paths)} time(s), --output {len(output_paths)}: "
+            "expected one --output per --input, in the same order"
+        )
+    if dump and len(input_paths) > 1:
+        raise NpusimError(f"--dump writes the tensors of one input, got {len(input_paths)} --input")
+    for output_path in output_paths:
+        check_output_path(output_path, "--output")
     interp = Interpreter(load_model(model), profile=profile)
     outputs = interp.graph.outputs
-    archive = output_path.lower().endswith(".npz")
-    if not archive and len(outputs) > 1:
-        raise NpusimError(
-            f"model has {len(outputs)} outputs, --output {output_path} holds one: "
-            "give an .npz path to write them all (keys output_0, output_1, ...)"
-        )
-    x = load_array(input_path, "--input")
-    values = interp.run_all(x)
-    if archive:
-        save_array(output_path, archive={f"output_{k}": values[t] for k, t in enumerate(outputs)})
-    else:
-        save_array(output_path, values[outputs[0]])
-    if dump:
-        try:
-            write_dump(interp, values, Path(dump))
-        except OSError as e:
-            raise NpusimError(f"--dump: cannot write: {e.strerror}: {e.filename}") from None
+    for output_path in output_paths:
+        if not output_path.lower().endswith(".npz") and len(outputs) > 1:
+            raise NpusimError(
+                f"model has {len(outputs)} outputs, --output {output_path} holds one: "
+                "give an .npz path to write them all (keys output_0, output_1, ...)"
+            )
+    xs = [load_array(input_path, "--input") for input_path in input_paths]  # all read before any run
+    for x, output_path in zip(xs, output_paths):
+        values = interp.run_all(x)
+        if output_path.lower().endswith(".npz"):
+            save_array(output_path, archive={f"output_{k}": values[t] for k, t in enumerate(outputs)})
+        else:
+            save_array(output_path, values[outputs[0]])
+        if dump:
+            try:
+                write_dump(interp, values, Path(dump))
+            except OSError as e:
+                raise NpusimError(f"--dump: cannot write: {e.strerror}: {e.filename}") from None
+        values = None  # this input's tensors go before the next input runs
 
 
-def write_dump(interp: Interpreter, values: dict, directory: Path):
+def write_dump(interp, values: dict, directory: Path):
     directory.mkdir(parents=True, exist_ok=True)
     for index, value in values.items():
         np.save(directory / tensor_file_name(index, interp.graph.tensors[index].name), value)
@@ -199,6 +216,7 @@ def inspect(model, target, fmt, calibration, npu_efficiency, m55_macs_per_cycle)
     With --target stm32n6: the NPU/M55 placement, epochs, internal RAM over the N6 RAM banks, weight
     memory and an estimated latency (the model, its constants and their sources: docs/stm32n6.md)."""
     from .inspect_report import io_details, io_lines, op_records, op_table, unsupported_line
+    from .interpreter import Interpreter
 
     interp = Interpreter(load_model(model), plan_only=True)
     inputs, outputs = io_details(interp.graph)
@@ -304,19 +322,65 @@ def golden_record(model, input_path, output_path, profile, store_limit):
 
 
 @golden.command("check")
-@click.argument("model", type=FILE)
-@click.argument("golden_file", metavar="GOLDEN", type=FILE)
+@click.argument("paths", nargs=-1, required=True, metavar="MODEL GOLDEN [MODEL GOLDEN]... | DIR")
 @friendly_errors
-def golden_check(model, golden_file):
+def golden_check(paths):
     """Re-run MODEL on the golden input and check every tensor and every graph output. Exit 0: all
     match; 1: mismatch (first diverging op and the differing outputs printed); 2: another model, or a
-    damaged or foreign golden file."""
+    damaged or foreign golden file.
+
+    Several MODEL GOLDEN pairs, or a DIR of NAME.golden.npz files each beside its NAME.tflite or
+    NAME.onnx (subfolders included), are checked in one process: one line per golden, then a count.
+    Exit 2 if any pair is bad input, else 1 if any mismatches, else 0 (docs/golden.md)."""
     from .golden import check
 
-    result = check(model, golden_file)
-    click.echo(result.message())
-    if not result.ok:
-        sys.exit(1)
+    if len(paths) == 2:  # one pair: its contract as it always was
+        result = check(*paths)
+        click.echo(result.message())
+        if not result.ok:
+            sys.exit(1)
+        return
+    sys.exit(check_pairs(golden_pairs(paths)))
+
+
+def golden_pairs(paths) -> list:
+    """(model or None, golden, problem or None) from the arguments of `golden check`: MODEL GOLDEN
+    pairs, or one directory."""
+    from .golden import pairs_in_directory
+
+    if len(paths) == 1:
+        if not Path(paths[0]).is_dir():
+            raise NpusimError(f"golden check {paths[0]}: expected MODEL GOLDEN, MODEL GOLDEN pairs or a DIR")
+        return pairs_in_directory(paths[0])
+    if len(paths) % 2:
+        raise NpusimError(
+            f"golden check: {len(paths)} paths, expected MODEL GOLDEN pairs (an even number) or one DIR"
+        )
+    return [(m, g, None) for m, g in zip(paths[::2], paths[1::2])]
+
+
+def check_pairs(pairs) -> int:
+    """Check each pair in this process (the start-up is paid once), one line each: GOLDEN: OK: ... or
+    GOLDEN: MISMATCH: ... on stdout, error: ... on stderr; then the counts. Returns the exit code."""
+    from .golden import check
+
+    ok = mismatched = failed = 0
+    for model, golden_file, problem in pairs:
+        try:
+            if problem:
+                raise NpusimError(problem)
+            result = check(model, golden_file)
+        except NpusimError as e:
+            failed += 1
+            message = str(e)
+            named = str(golden_file) in message or str(model) in message
+            click.echo(f"error: {message if named else f'{golden_file}: {message}'}", err=True)
+            continue
+        click.echo(f"{golden_file}: {result.message()}")
+        ok += result.ok
+        mismatched += not result.ok
+    click.echo(f"{len(pairs)} golden file(s) checked: {ok} OK, {mismatched} MISMATCH, {failed} error(s)")
+    return 2 if failed else 1 if mismatched else 0
 
 
 @main.command()

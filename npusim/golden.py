@@ -36,7 +36,7 @@ from .compare import array_difference
 from .errors import NpusimError
 from .interpreter import Interpreter, check_int8
 from .model_io import load_model
-from .quant import PROFILES
+from .profiles import PROFILES
 
 FORMAT = "npusim-golden"
 FORMAT_VERSION = 1
@@ -151,6 +151,31 @@ def record(
     except OSError as e:
         raise NpusimError(f"cannot write golden file {out_path}: {e.strerror}") from None
     return meta
+
+
+GOLDEN_SUFFIX = ".golden.npz"
+MODEL_SUFFIXES = (".tflite", ".onnx")
+
+
+def pairs_in_directory(directory) -> list:
+    """(model or None, golden, problem or None) for every NAME.golden.npz under directory, subfolders
+    included, in path order; its model is NAME.tflite or NAME.onnx beside it, the layout of
+    docs/golden.md. A golden with no model, or with both, has a problem instead of a model."""
+    directory = Path(directory)
+    goldens = sorted(p for p in directory.rglob("*" + GOLDEN_SUFFIX) if p.is_file())
+    if not goldens:
+        raise NpusimError(f"{directory}: no *{GOLDEN_SUFFIX} golden file in the directory or below")
+    out = []
+    for g in goldens:
+        stem = g.name[: -len(GOLDEN_SUFFIX)]
+        models = [g.with_name(stem + s) for s in MODEL_SUFFIXES if g.with_name(stem + s).is_file()]
+        if len(models) == 1:
+            out.append((models[0], g, None))
+        else:
+            names = " or ".join(stem + s for s in MODEL_SUFFIXES)
+            why = f"no model beside it, expected {names}" if not models else f"both {names} beside it"
+            out.append((None, g, f"{g}: {why}; name the pair: golden check MODEL {g}"))
+    return out
 
 
 # ----------------------------------------------------------------------------------------------

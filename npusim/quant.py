@@ -12,10 +12,7 @@ import numpy as np
 
 from .errors import NpusimError
 from .jit import njit
-
-# Rounding profiles. Integers so that Numba kernels can branch on them.
-TFLM, SINGLE, XNNPACK, ONNXRUNTIME = 0, 1, 2, 3
-PROFILES = {"tflm": TFLM, "single": SINGLE, "xnnpack": XNNPACK, "onnxruntime": ONNXRUNTIME}
+from .profiles import ONNXRUNTIME, PROFILES, SINGLE, TFLM, XNNPACK  # noqa: F401 - re-exported
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 

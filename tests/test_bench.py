@@ -195,3 +195,43 @@ def test_yolo_in_the_default_workloads():
     args = bench.build_parser().parse_args([])
     assert args.yolo_batches == [8] and args.only == "all"
     assert bench.YOLO_MODELS["yolov8n_256"].endswith("yolov8n_256_quant_pc_uf_od_coco-person.tflite")
+
+
+def test_one_shot_section_quick(tmp_path):
+    """The one-shot section: npusim run and the LiteRT script as fresh processes on 1 image and the
+    largest model batch, each row with its ratio and whether the two output files are equal."""
+    if not (SHARED / "models" / bench.MODELS["resnet8"]).exists():
+        msg = f"shared models not found under {SHARED} (set NPU_SHARED): the one-shot section NOT tested"
+        warnings.warn(msg, stacklevel=1)
+        pytest.skip(msg)
+    out = tmp_path / "bench.md"
+    args = [
+        "--shared",
+        str(SHARED),
+        "--quick",
+        "--only",
+        "oneshot",
+        "--model-batches",
+        "2",
+        "--out",
+        str(out),
+    ]
+    assert bench.main(args) == 0
+    section = _section(out, "One shot: a fresh process per run")
+    assert section.strip().startswith("CPU: ") and "; features " in section  # the CPU is stated
+    rows = [line.split("|")[1:-1] for line in section.splitlines() if line.startswith("| resnet8 |")]
+    rows += [line.split("|")[1:-1] for line in section.splitlines() if line.startswith("| mobilenet_v2 |")]
+    assert [(r[0].strip(), r[1].strip()) for r in rows] == [
+        ("resnet8", "1"),
+        ("resnet8", "2"),
+        ("mobilenet_v2", "1"),
+        ("mobilenet_v2", "2"),
+    ], section
+    for r in rows:
+        assert r[4].strip().endswith("x") and r[5].strip() in ("yes", "no"), r
+    table = [line for line in section.split("Where the time of", 1)[1].splitlines() if line.startswith("| ")]
+    phases = [line.split("|")[1].strip() for line in table[1:]]  # after the header
+    assert phases[:3] == ["Python start", "numpy", "click"], phases
+    assert phases[-2:] == ["a second run", "total"], phases
+    # ResNet-8 under the xnnpack profile is LiteRT's output bit for bit, as in the main table.
+    assert [r[5].strip() for r in rows[:2]] == ["yes", "yes"], rows

@@ -69,3 +69,20 @@ def test_tune_process_is_the_opt_in():
     seen = _child("npusim.tune_process()")
     assert seen["pooling"], "tune_process did not turn on the pool of freed mappings"
     assert "mallopt" in seen["called"], "tune_process did not tune malloc"
+
+
+def test_the_command_line_loads_no_kernel_until_a_command_runs_a_model():
+    """`npusim --help`, a command's help and a usage error answer without Numba or the kernels
+    (start-up is most of a one-shot call; see docs/performance.md)."""
+    code = (
+        "import json, sys\n"
+        "from click.testing import CliRunner\n"
+        "from npusim.cli import main\n"
+        "codes = [CliRunner().invoke(main, a).exit_code for a in (['--help'], ['run', '--help'], ['run'])]\n"
+        "heavy = sorted(m for m in ('numba', 'npusim.interpreter', 'npusim.quant') if m in sys.modules)\n"
+        "print(json.dumps([codes, heavy]))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    codes, heavy = json.loads(done.stdout.strip().splitlines()[-1])
+    assert codes == [0, 0, 2] and heavy == [], (codes, heavy)

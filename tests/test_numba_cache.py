@@ -52,6 +52,37 @@ def test_digest_follows_the_kernel_sources_only(tmp_path):
     assert digest(pkg) != first
 
 
+def test_digest_memo_is_read_back_until_a_source_changes(tmp_path, monkeypatch):
+    """The digest is parsed once and read back from the package's __pycache__ while no source file
+    changes (path, size, modification time); any edit, a kernel source's or not, parses again."""
+    pkg = _package(
+        tmp_path,
+        {"__init__.py": "", "jit.py": "def njit(f): return f\n", "kernels.py": "from .jit import njit\n"},
+    )
+    parse = jit.digest_of
+    parsed = []
+    monkeypatch.setattr(jit, "digest_of", lambda p: parsed.append(p) or parse(p))
+    first = jit.memoized_digest(pkg)
+    assert parsed == [pkg] and (pkg / "__pycache__" / "npusim-sources.json").is_file()
+    assert jit.memoized_digest(pkg) == first and parsed == [pkg]  # read back, not parsed
+    (pkg / "kernels.py").write_text("from .jit import njit\nX = 1\n")
+    jit.imports_of.cache_clear()
+    second = jit.memoized_digest(pkg)
+    assert len(parsed) == 2 and second != first
+    (pkg / "cli.py").write_text("from . import kernels\n")  # no kernel source: parsed, same digest
+    assert jit.memoized_digest(pkg) == second and len(parsed) == 3
+
+
+def test_digest_memo_goes_to_the_user_cache_where_the_package_takes_none(tmp_path, monkeypatch):
+    pkg = _package(tmp_path, {"__init__.py": "", "jit.py": "", "kernels.py": "from .jit import njit\n"})
+    (pkg / "__pycache__").write_text("")  # a file, not a folder: nothing can be written under it
+    monkeypatch.setattr(jit, "user_cache_dir", lambda: tmp_path / "user")
+    digest = jit.memoized_digest(pkg)
+    memo = json.loads((tmp_path / "user" / "sources.json").read_text())
+    assert memo["digest"] == digest == jit.digest_of(pkg)
+    assert memo["stamp"] == jit.tree_stamp(pkg)
+
+
 def test_the_command_lines_and_oracles_are_no_kernel_sources():
     names = {str(p.relative_to(jit.PACKAGE)) for p in jit.kernel_sources()}
     assert {"quant.py", "engines/output_stage.py", "ops/add.py", "engines/depthwise.py"} <= names

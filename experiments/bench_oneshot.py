@@ -1,0 +1,200 @@
+"""The bench's one-shot section (experiments/bench.py): `npusim run` end to end, a fresh process from
+its start to its output written, against a LiteRT script that does the same (load the model, set
+the input, invoke, save the .npy), on 1 image and on the largest batch of each shared model.
+
+    python -m experiments.bench_oneshot --shared ../shared [--batch 256] [--reps 5]
+
+Both sides run as subprocesses of this one, round-robin (npusim, LiteRT, npusim, ...), so that a
+change of load on the machine hits both. npusim runs `--profile xnnpack`, LiteRT's arithmetic, so
+that the two files can be compared bit for bit (the xnnpack profile's claim is the MAC ops; a model
+whose other ops round differently in XNNPACK says "no" here, as in the main table).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from .bench_timing import LITERT_THREADS, fmt_ms
+from .bench_workloads import MODELS, bench_inputs
+from .machine import cpu_flags, cpu_model, kernel_path
+
+REPO = Path(__file__).resolve().parents[1]
+
+# What a user of LiteRT writes for a one-shot run: its Python interpreter, XNNPACK by default.
+LITERT_SCRIPT = f"""
+import sys
+import numpy as np
+from ai_edge_litert.interpreter import Interpreter
+model, x_path, y_path = sys.argv[1:4]
+x = np.load(x_path)
+it = Interpreter(model_path=model, num_threads={LITERT_THREADS})
+inp = it.get_input_details()[0]
+if x.shape[0] != inp["shape"][0]:
+    it.resize_tensor_input(inp["index"], list(x.shape), strict=False)
+it.allocate_tensors()
+it.set_tensor(inp["index"], x)
+it.invoke()
+np.save(y_path, it.get_tensor(it.get_output_details()[0]["index"]))
+"""
+
+
+# Where a one-shot run's time goes: the CPU seconds (time.process_time, unmoved by other processes'
+# load as wall time is) of each step of `npusim run` in the order it takes them, in a fresh process.
+# Numba's first compiled function sets up its target (its registries, and scipy.linalg, imported to
+# see whether BLAS is there): done here by hand to time it apart from the kernels' own loads.
+PHASES_SCRIPT = """
+import json, sys, time
+c = time.process_time
+marks = [("Python start", c())]
+import numpy as np; marks.append(("numpy", c()))
+import click; marks.append(("click", c()))
+import numba; marks.append(("numba import", c()))
+from npusim import jit; jit.sources_digest(); marks.append(("kernel-source digest (jit.py)", c()))
+import npusim.cli, npusim.interpreter; marks.append(("npusim modules", c()))
+import numba.np.linalg; numba.np.linalg.ensure_blas(); marks.append(("scipy.linalg, Numba's BLAS check", c()))
+from numba.core.registry import cpu_target
+cpu_target.target_context.refresh(); marks.append(("the rest of Numba's target set-up", c()))
+it = npusim.interpreter.Interpreter(sys.argv[1]); marks.append(("load + prepare (its kernels' loads)", c()))
+x = np.load(sys.argv[2]); it.run(x); marks.append(("first run (its kernels' loads)", c()))
+it.run(x); marks.append(("a second run", c()))
+print(json.dumps([[k, v - (marks[i - 1][1] if i else 0.0)] for i, (k, v) in enumerate(marks)]))
+"""
+
+
+def startup_phases(model: Path, x_path: Path, reps: int) -> list[str]:
+    """Table lines: the median CPU seconds of each phase over reps fresh processes."""
+    runs = []
+    for _ in range(reps + 1):  # the first process may compile: untimed
+        done = subprocess.run(
+            [sys.executable, "-c", PHASES_SCRIPT, str(model), str(x_path)],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+        )
+        if done.returncode:
+            raise SystemExit(f"one shot phases failed: {(done.stderr.strip().splitlines() or ['?'])[-1]}")
+        runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    runs = runs[1:]
+    lines = ["| phase | CPU ms (median) |", "|---|---|"]
+    lines += [
+        f"| {name} | {fmt_ms(statistics.median(r[i][1] for r in runs))} |"
+        for i, (name, _) in enumerate(runs[0])
+    ]
+    total = statistics.median(sum(v for _, v in r) for r in runs)
+    return lines + [f"| total | {fmt_ms(total)} |"]
+
+
+def commands(model: Path, x_path: Path, out_dir: Path) -> dict:
+    """The two one-shot commands on one input file, and where each writes its output."""
+    y_sim, y_lrt = out_dir / "npusim.npy", out_dir / "litert.npy"
+    return {
+        "npusim": (
+            [sys.executable, "-m", "npusim.cli", "run", str(model), "--input", str(x_path)]
+            + ["--output", str(y_sim), "--profile", "xnnpack"],
+            y_sim,
+        ),
+        "litert": ([sys.executable, "-c", LITERT_SCRIPT, str(model), str(x_path), str(y_lrt)], y_lrt),
+    }
+
+
+def time_round_robin(cmds: dict, reps: int, warmup: int = 1) -> dict:
+    """Wall seconds of each command, process start to exit, reps times in turn after warmup untimed
+    rounds (the first npusim process of a checkout compiles or loads its Numba cache from disk)."""
+    times = {name: [] for name in cmds}
+    for r in range(warmup + reps):
+        for name, (argv, _) in cmds.items():
+            t0 = time.perf_counter()
+            done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True)
+            elapsed = time.perf_counter() - t0
+            if done.returncode:
+                tail = (done.stderr.strip().splitlines() or ["no message"])[-1]
+                raise SystemExit(f"one shot: {name} failed (exit {done.returncode}): {tail}")
+            if r >= warmup:
+                times[name].append(elapsed)
+    return times
+
+
+def bench_one_shot(shared: Path, batches: dict, reps: int, log=print) -> list[str]:
+    """The section's lines: per model and batch, the median wall time of each side, their ratio and
+    whether the outputs are equal. batches: model name -> batch sizes."""
+    import npusim
+
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        for name, sizes in batches.items():
+            model = shared / "models" / MODELS[name]
+            if not model.exists():
+                raise SystemExit(f"{model}: not found (pass --shared, the folder that holds models/)")
+            t_in = npusim.load_model(str(model)).input(0)
+            x, _ = bench_inputs(shared, name, max(sizes), t_in.shape, t_in.dtype)
+            for n in sizes:
+                x_path = tmp / f"{name}_{n}.npy"
+                np.save(x_path, np.ascontiguousarray(x[:n]))
+                cmds = commands(model, x_path, tmp)
+                times = time_round_robin(cmds, reps)
+                sim, lrt = (statistics.median(times[k]) for k in ("npusim", "litert"))
+                a, b = np.load(cmds["npusim"][1]), np.load(cmds["litert"][1])
+                exact = a.shape == b.shape and a.dtype == b.dtype and np.array_equal(a, b)
+                log(f"  one shot {name} batch {n}: npusim {sim:.3f} s, LiteRT {lrt:.3f} s, exact {exact}")
+                rows.append(
+                    f"| {name} | {n} | {fmt_ms(sim)} [{fmt_ms(min(times['npusim']))}-"
+                    f"{fmt_ms(max(times['npusim']))}] | {fmt_ms(lrt)} [{fmt_ms(min(times['litert']))}-"
+                    f"{fmt_ms(max(times['litert']))}] | {lrt / sim:.2f}x | {'yes' if exact else 'no'} |"
+                )
+        first = next(iter(batches))
+        x_path = tmp / f"{first}_1.npy"
+        phases = startup_phases(shared / "models" / MODELS[first], x_path, reps) if x_path.exists() else []
+    return [
+        f"CPU: {cpu_model()}; features {cpu_flags()}; npusim MAC kernels: {kernel_path()}.",
+        "",
+        "| model | batch | npusim run ms [min-max] | LiteRT script ms [min-max] | LiteRT/npusim | "
+        "exact (xnnpack profile) |",
+        "|---|---|---|---|---|---|",
+        *rows,
+        "",
+        f"Wall time of a fresh process, start to output written, median of {reps} runs after one untimed "
+        "round, the two sides in turn. npusim: `python -m npusim.cli run MODEL --input X.npy --output "
+        f"Y.npy --profile xnnpack`. LiteRT: a script that loads the model (num_threads={LITERT_THREADS}, "
+        "XNNPACK), resizes the input to the batch, invokes once and saves the output "
+        "(experiments/bench_oneshot.py LITERT_SCRIPT). A ratio under 1 means npusim takes longer; what its "
+        "start-up is made of: below and docs/performance.md.",
+        "",
+        *(
+            [
+                f"Where the time of `npusim run` on {first}, 1 image, goes: CPU time of each step in a fresh "
+                f"process (experiments/bench_oneshot.py PHASES_SCRIPT), median of {reps} processes.",
+                "",
+                *phases,
+                "",
+            ]
+            if phases
+            else []
+        ),
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m experiments.bench_oneshot", description=__doc__.split("\n\n")[0]
+    )
+    p.add_argument("--shared", type=Path, default=Path("../shared"))
+    p.add_argument("--batch", type=int, default=256, help="the large batch (default 256), beside 1 image")
+    p.add_argument("--reps", type=int, default=5)
+    args = p.parse_args(argv)
+    lines = bench_one_shot(args.shared, {name: [1, args.batch] for name in MODELS}, args.reps, log=print)
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
