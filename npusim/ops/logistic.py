@@ -18,8 +18,9 @@ import numpy as np
 
 from ..engines.int16 import is_int16
 from ..jit import njit
-from ..quant import INT32_MAX, ONNXRUNTIME, multiply_by_quantized_multiplier, rounding_divide_by_pot
+from ..quant import INT32_MAX, ONNXRUNTIME, XNNPACK, multiply_by_quantized_multiplier, rounding_divide_by_pot
 from . import onnxruntime as ort
+from . import xnnpack
 from .float_form import Unary
 from .int16 import logistic16, logistic16_params
 from .softmax import calculate_input_radius, exp_on_negative_values, one_over_one_plus_x_for_x_in_0_1
@@ -59,8 +60,12 @@ def q4_activation_table(zero_point, radius, multiplier, left_shift, function, ou
 
 
 class LogisticFloat(Unary):
-    def function(self, x):
+    @staticmethod
+    def sigmoid(x):
         return 1.0 / (1.0 + np.exp(-x))
+
+    def function(self, x):
+        return self.sigmoid(x)
 
 
 class Logistic(UnaryTableKernel):
@@ -76,6 +81,11 @@ class Logistic(UnaryTableKernel):
             return
         if profile == ONNXRUNTIME:  # QLinearSigmoid and ORT's float Sigmoid (onnxruntime.sigmoid_table)
             self.table = ort.sigmoid_table(x.scale, x.zero_point, y.scale, y.zero_point)
+            return
+        if profile == XNNPACK:  # XNNPACK's float lookup table (xnnpack.lut_table)
+            self.table = xnnpack.lut_table(
+                LogisticFloat.sigmoid, x.scale, x.zero_point, y.scale, y.zero_point
+            )
             return
         if y.zero_point != -128:  # TF_LITE_ENSURE_EQ in TFLM's Prepare
             raise self.error(
