@@ -60,12 +60,8 @@ def q4_activation_table(zero_point, radius, multiplier, left_shift, function, ou
 
 
 class LogisticFloat(Unary):
-    @staticmethod
-    def sigmoid(x):
-        return 1.0 / (1.0 + np.exp(-x))
-
     def function(self, x):
-        return self.sigmoid(x)
+        return 1.0 / (1.0 + np.exp(-x))
 
 
 class Logistic(UnaryTableKernel):
@@ -83,9 +79,7 @@ class Logistic(UnaryTableKernel):
             self.table = ort.sigmoid_table(x.scale, x.zero_point, y.scale, y.zero_point)
             return
         if profile == XNNPACK:  # XNNPACK's float lookup table (xnnpack.lut_table)
-            self.table = xnnpack.lut_table(
-                LogisticFloat.sigmoid, x.scale, x.zero_point, y.scale, y.zero_point
-            )
+            self.table = xnnpack.lut_table(xnnpack.sigmoid, x.scale, x.zero_point, y.scale, y.zero_point)
             return
         if y.zero_point != -128:  # TF_LITE_ENSURE_EQ in TFLM's Prepare
             raise self.error(

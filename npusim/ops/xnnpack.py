@@ -13,7 +13,7 @@ XNNPACK sources are the reference; the arithmetic is re-expressed here, not copi
   clamped. XNNPACK refuses (and LiteRT runs its builtin kernel, TFLM's arithmetic) unless both
   real multipliers lie in XNNPACK's range (leaky_relu_delegated).
 - TANH and LOGISTIC (the qs8 lookup-table operators): every code dequantized in float32,
-  the float function applied, y = rint(f / s_out) + zp_out, clamped.
+  the float function applied, y = rint(f * float32(1 / s_out) + zp_out) in float32, clamped.
 - RESIZE_BILINEAR (qs8-ibilinear with the q11 indirection of XNNPACK's resize-bilinear operator):
   source coordinates in float32, fractional parts as 11-bit weights lrintf(alpha * 2048), an
   exact integer blend of the four taps rounded by (acc + 2^21) >> 22.
@@ -67,12 +67,20 @@ def leaky_relu_table(s_in, zp_in, s_out, zp_out, alpha) -> np.ndarray:
 
 
 def lut_table(function, s_in, zp_in, s_out, zp_out) -> np.ndarray:
-    """XNNPACK's qs8 lookup table for a float function (TANH, LOGISTIC): float32 dequantized codes,
-    the function (evaluated in float64 and rounded to float32, as tanhf / expf are correctly rounded
-    nearly always), divided by the output scale in float32, rounded half to even, + zp_out."""
-    x = _F32(s_in) * (EVERY_CODE - zp_in).astype(np.float32)
+    """XNNPACK's qs8 lookup table for a float function (TANH, LOGISTIC): each code dequantized in
+    float32, the function (evaluated in float64 and rounded to float32), times float32(1 / s_out),
+    plus zp_out in float32 before rounding half to even (a near-tie such as 1.4999963 - 128 becomes
+    -126.5 there and rounds to -126, where rounding first would give -127)."""
+    x = (EVERY_CODE - zp_in).astype(np.float32) * _F32(s_in)
     y = function(x.astype(np.float64)).astype(np.float32)
-    return np.clip(np.rint(y / _F32(s_out)) + zp_out, -128, 127).astype(np.int8)
+    q = (y * (_F32(1.0) / _F32(s_out))) + _F32(zp_out)
+    return np.rint(np.clip(q, _F32(-128), _F32(127))).astype(np.int8)
+
+
+def sigmoid(x: np.ndarray) -> np.ndarray:
+    """XNNPACK's reference sigmoid in float64: e / (1 + e) with e = exp(x), 0 below -100, 1 above 100."""
+    e = np.exp(np.clip(x, -100.0, 100.0))
+    return np.where(x > 100, 1.0, np.where(x < -100, 0.0, e / (1.0 + e)))
 
 
 def bilinear_taps(size_in: int, size_out: int, align_corners: bool, half_pixel_centers: bool):
@@ -101,3 +109,26 @@ def resize_bilinear(x: np.ndarray, size: tuple, align_corners: bool, half_pixel_
     lower = (bl << 11) + (br - bl) * ah
     acc = (upper << 11) + (lower - upper) * av
     return ((acc + (1 << 21)) >> 22).astype(np.int8)
+
+
+# SOFTMAX is not delegated in int8: LiteRT's builtin kernel (kernels/activations.cc, generic
+# optimized) runs it with a float lookup table, not TFLM's fixed point. x86 builds; a build with
+# TFLITE_SOFTMAX_USE_UINT16_LUT (ARM NEON) takes a different table.
+
+
+def softmax_table(s_in, beta) -> np.ndarray:
+    """PopulateSoftmaxLookupTable: table[255 - d] = expf(float32(-s_in * beta) * d) for d in 0..255."""
+    scale = _F32(-_F32(s_in) * _F32(beta))
+    d = np.arange(256).astype(np.float32)
+    return np.exp((scale * d).astype(np.float64)).astype(np.float32)[::-1].copy()
+
+
+def softmax(rows: np.ndarray, table: np.ndarray, s_out, zp_out) -> np.ndarray:
+    """LiteRT's int8 softmax of each row (int8 [R, depth]): e = table[255 - max + x], summed in
+    float32 left to right, y = round(e / (sum * s_out)) half away from zero, + zp_out, clamped."""
+    x = rows.astype(np.int64)
+    e = table[255 - x.max(axis=1, keepdims=True) + x]
+    total = np.cumsum(e, axis=1, dtype=np.float32)[:, -1:]  # sequential, as the C++ loop adds
+    prob = e * (_F32(1.0) / (total * _F32(s_out)))
+    q = np.floor(prob.astype(np.float64) + 0.5)  # std::round of a non-negative float32
+    return np.clip(q + zp_out, -128, 127).astype(np.int8)
