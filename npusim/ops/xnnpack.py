@@ -17,6 +17,7 @@ XNNPACK sources are the reference; the arithmetic is re-expressed here, not copi
 - RESIZE_BILINEAR (qs8-ibilinear with the q11 indirection of XNNPACK's resize-bilinear operator):
   source coordinates in float32, fractional parts as 11-bit weights lrintf(alpha * 2048), an
   exact integer blend of the four taps rounded by (acc + 2^21) >> 22.
+- SOFTMAX, which XNNPACK does not take in int8: LiteRT's builtin float-table softmax (below).
 """
 
 from __future__ import annotations
