@@ -32,8 +32,18 @@ import numpy as np
 
 from ..engines.requant import requantization_multiplier
 from ..jit import njit
-from ..quant import INT32_MAX, ONNXRUNTIME, quantize_multiplier, requantize_one, trunc_div, wrap16
+from ..quant import (
+    INT32_MAX,
+    ONNXRUNTIME,
+    TFLM,
+    XNNPACK,
+    quantize_multiplier,
+    requantize_one,
+    trunc_div,
+    wrap16,
+)
 from . import onnxruntime as ort
+from . import xnnpack
 from .float_form import Unary
 from .logistic import q4_activation_table
 from .softmax import (
@@ -101,7 +111,10 @@ class Tanh(UnaryTableKernel):
 
     def __init__(self, op, graph, profile):
         super().__init__(op, graph, profile)
-        x, _ = self.prepare_operands()
+        x, y = self.prepare_operands()
+        if profile == XNNPACK:  # XNNPACK's float lookup table, which honours the output scale
+            self.table = xnnpack.lut_table(np.tanh, x.scale, x.zero_point, y.scale, y.zero_point)
+            return
         # As LOGISTIC: double(scale) * 2^27, frexp, TfLiteRound(q * 2^31).
         q, left_shift = math.frexp(float(np.float32(x.scale)) * float(1 << (31 - INPUT_INTEGER_BITS)))
         if left_shift < 0:
@@ -241,6 +254,11 @@ class LeakyRelu(UnaryTableKernel):
         if profile == ONNXRUNTIME:  # QLinearLeakyRelu and ORT's float LeakyRelu
             self.table = ort.leaky_relu_table(x.scale, x.zero_point, y.scale, y.zero_point, alpha)
             return
+        if profile == XNNPACK:
+            if xnnpack.leaky_relu_delegated(x.scale, y.scale, alpha):
+                self.table = xnnpack.leaky_relu_table(x.scale, x.zero_point, y.scale, y.zero_point, alpha)
+                return
+            profile = TFLM  # XNNPACK refuses these scales: LiteRT's builtin kernel, TFLM's arithmetic
         f32 = np.float32
         # float32 arithmetic, as TFLM writes it (scale * alpha / scale on floats)
         with np.errstate(over="ignore", under="ignore", invalid="ignore"):

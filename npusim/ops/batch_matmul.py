@@ -5,7 +5,8 @@ out[..., i, j] = clamp(MBQM(sum_k (L[..., i, k] - z_L) * (R[..., k, j] - z_R), M
 127), with (M, s) = QuantizeMultiplier(double(s_L) * double(s_R) / double(s_out)); adj_x / adj_y
 transpose the last two axes of L / R first, and the batch axes broadcast (numpy rules, rank <= 5).
 TFLM accumulates in int32: a depth whose sum could overflow it is refused. The products are summed
-exactly in float64 (|sum| < 2^53) by BLAS, then requantized in compiled code.
+exactly in float64 (|sum| < 2^53) by BLAS, then requantized in compiled code. The xnnpack
+profile requantizes in float32 as XNNPACK does when LiteRT's delegate takes the op (z_R = 0).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import numpy as np
 
 from ..engines.requant import requantization_multiplier
 from ..jit import parallel_kernel
-from ..quant import requantize_to_output
+from ..quant import TFLM, XNNPACK, requantize_to_output
 from .base import Kernel
 from .float_form import FloatForm, real
 
@@ -101,7 +102,9 @@ class BatchMatMul(Kernel):
         with np.errstate(over="ignore", under="ignore"):  # the xnnpack profile's float32 scale
             self.real = np.float32(np.float32(s_l) * np.float32(s_r) / np.float32(s_o))
         self.zl, self.zr, self.zo = lhs.zero_point, rhs.zero_point, y.zero_point
-        self.profile = profile
+        # LiteRT's XNNPACK delegate takes BATCH_MATMUL only with a right operand of zero point 0 (its
+        # qs8 weights are symmetric); else LiteRT's builtin kernel runs, which rounds as TFLM does.
+        self.profile = TFLM if profile == XNNPACK and self.zr != 0 else profile
         self.out_image = tuple(y.shape[1:])
 
     def macs(self) -> int:

@@ -18,8 +18,9 @@ import numpy as np
 
 from ..engines.int16 import is_int16
 from ..jit import njit
-from ..quant import INT32_MAX, ONNXRUNTIME, multiply_by_quantized_multiplier, rounding_divide_by_pot
+from ..quant import INT32_MAX, ONNXRUNTIME, XNNPACK, multiply_by_quantized_multiplier, rounding_divide_by_pot
 from . import onnxruntime as ort
+from . import xnnpack
 from .float_form import Unary
 from .int16 import logistic16, logistic16_params
 from .softmax import calculate_input_radius, exp_on_negative_values, one_over_one_plus_x_for_x_in_0_1
@@ -76,6 +77,9 @@ class Logistic(UnaryTableKernel):
             return
         if profile == ONNXRUNTIME:  # QLinearSigmoid and ORT's float Sigmoid (onnxruntime.sigmoid_table)
             self.table = ort.sigmoid_table(x.scale, x.zero_point, y.scale, y.zero_point)
+            return
+        if profile == XNNPACK:  # XNNPACK's float lookup table (xnnpack.lut_table)
+            self.table = xnnpack.lut_table(xnnpack.sigmoid, x.scale, x.zero_point, y.scale, y.zero_point)
             return
         if y.zero_point != -128:  # TF_LITE_ENSURE_EQ in TFLM's Prepare
             raise self.error(

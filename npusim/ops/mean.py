@@ -8,9 +8,10 @@ y = clamp(MultiplyByQuantizedMultiplier(int32(sum - zp_in * n), M', e') + zp_out
 Older reduce_common.cc sources take reference_ops::Mean (raw sum / n, C++ truncating division) when
 input and output share scale and zero point. The oracle TFLM (PyPI tflite-micro 0.dev20261023) no
 longer does: with equal quantization it rounds exactly as above (checked on one-op models), so there
-is one path here. The output elements follow the input's dims with the reduced axes dropped (or kept
-as 1 with keep_dims); as in TFLM, which never resizes outputs, they take the declared output shape
-(checked to hold as many elements per image).
+is one path here. The xnnpack profile requantizes the sums as XNNPACK's reduce operator does
+(xnnpack.reduce_output: float32, round half to even). The output elements follow the input's dims
+with the reduced axes dropped (or kept as 1 with keep_dims); as in TFLM, which never resizes
+outputs, they take the declared output shape (checked to hold as many elements per image).
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ import numpy as np
 
 from ..engines.requant import requantization_multiplier
 from ..jit import parallel_kernel
-from ..quant import clamp, multiply_by_quantized_multiplier
+from ..quant import XNNPACK, clamp, multiply_by_quantized_multiplier
+from . import xnnpack
 from .base import Kernel
 from .float_form import FloatForm, real
 
@@ -74,6 +76,7 @@ class Mean(Kernel):
     kind = "MEAN"
     float_form = MeanFloat
     required_inputs, max_inputs = 2, 2
+    is_mean = True  # SUM: False (no 1/n under the xnnpack profile)
 
     def __init__(self, op, graph, profile):
         super().__init__(op, graph, profile)
@@ -167,6 +170,12 @@ class Mean(Kernel):
             sums = sum_middle_axis(view, np.empty((outer, view.shape[2]), dtype=np.int64))
         else:
             sums = np.ascontiguousarray(x.sum(axis=axes, dtype=np.int64))
+        if self.profile == XNNPACK:
+            i, o = self.inputs[0], self.outputs[0]
+            out = xnnpack.reduce_output(
+                sums, self.count, i.scale, i.zero_point, o.scale, o.zero_point, self.is_mean
+            )
+            return out.reshape((x.shape[0],) + self.out_image_shape)
         out = np.empty(sums.shape, dtype=np.int8)
         mean_requantize(
             sums,

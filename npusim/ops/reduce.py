@@ -29,6 +29,7 @@ class ReduceMaxFloat(MeanFloat):
 class Sum(Mean):
     kind = "SUM"
     float_form = SumFloat
+    is_mean = False
 
     def __init__(self, op, graph, profile):
         super().__init__(op, graph, profile)

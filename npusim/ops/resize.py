@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..quant import SINGLE, trunc_div
+from ..quant import SINGLE, XNNPACK, trunc_div
+from . import xnnpack
 from .base import Kernel
 from .float_form import FloatForm, MovementForm, real
 from .movement import _same_dtype
@@ -137,7 +138,8 @@ class ResizeBilinear(Kernel):
     ResizeBilinearInteger): scales in 1/1024 rounded to nearest, per output pixel the four corner
     codes weighted in 1/2^20 (int64), then (sum + sign(sum) * 2^19) / 2^20 truncated toward zero
     (with TFLITE_SINGLE_ROUNDING, the "single" profile: (sum + 2^19) >> 20), cast to int8. TFLM
-    interpolates the raw codes and checks neither quantization: npusim follows it."""
+    interpolates the raw codes and checks neither quantization: npusim follows it. The xnnpack
+    profile blends in XNNPACK's 11-bit weights instead (xnnpack.resize_bilinear)."""
 
     kind = "RESIZE_BILINEAR"
     float_form = ResizeBilinearFloat
@@ -154,12 +156,15 @@ class ResizeBilinear(Kernel):
         self.rows = bilinear_taps(x.shape[1], oh, align, half)
         self.cols = bilinear_taps(x.shape[2], ow, align, half)
         self.single = profile == SINGLE
+        self.xnnpack = (align, half) if profile == XNNPACK else None
         self.out_image = (oh, ow, x.shape[3])
 
     def workspace_bytes(self, n: int) -> int:
         return 4 * 8 * n * int(np.prod(self.out_image))
 
     def __call__(self, x, size=None):
+        if self.xnnpack is not None:
+            return xnnpack.resize_bilinear(np.asarray(x), self.out_image[:2], *self.xnnpack)
         y0, y1, wy = self.rows
         x0, x1, wx = self.cols
         one = np.int64(1 << 10)

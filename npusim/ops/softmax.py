@@ -8,6 +8,9 @@ Everything after the row maximum is a pure function of d = max - x in [0, 255], 
 exp(-d) once (in Q0.31 and in the Q12.19 accumulation format); eval only sums table entries, takes
 the reciprocal and rescales. This is bit-identical to evaluating exp per element as TFLM does.
 
+The xnnpack profile runs LiteRT's builtin int8 softmax instead, a float lookup table
+(xnnpack.softmax): XNNPACK takes no int8 SOFTMAX.
+
 int16 in and out (output scale 1/32768, zero point 0, tflm profile) takes TFLM's int16 path: exp and
 1 / (1 + x) from interpolated lookup tables built as TFLM's Prepare builds them (int16.softmax16).
 """
@@ -24,11 +27,13 @@ from ..jit import njit, parallel_kernel
 from ..quant import (
     INT32_MAX,
     INT32_MIN,
+    XNNPACK,
     quantize_multiplier,
     rounding_divide_by_pot,
     saturating_rounding_doubling_high_mul,
     wrap32_jit,
 )
+from . import xnnpack
 from .base import Kernel
 from .float_form import FloatForm, real
 from .int16 import softmax16, softmax16_params
@@ -243,7 +248,7 @@ class Softmax(Kernel):
     def __init__(self, op, graph, profile):
         super().__init__(op, graph, profile)
         inp, out = self.inputs[0], self.outputs[0]
-        self.params16 = None
+        self.params16 = self.lut = None
         if is_int16(inp):
             require_tflm(self)
         else:
@@ -266,6 +271,9 @@ class Softmax(Kernel):
                 "expected scale 1/256 and zero point -128 (TFLM int8 softmax)"
             )
         beta = float(np.float32(op.options.get("beta", 1.0)))  # TfLiteSoftmaxParams.beta is a float
+        if profile == XNNPACK:  # not delegated: LiteRT's builtin float-table softmax (xnnpack.softmax)
+            self.lut = xnnpack.softmax_table(inp.scale, beta)
+            return
         input_scale = float(np.float32(inp.scale))
         real = beta * input_scale * float(1 << (31 - SCALED_DIFF_INTEGER_BITS))
         if not real > 1.0:
@@ -302,6 +310,8 @@ class Softmax(Kernel):
         if x.ndim < 1 or x.shape[-1] != self.depth:
             raise self.error(f"input array has shape {list(x.shape)}, expected last dimension {self.depth}")
         rows = np.ascontiguousarray(x.reshape(-1, self.depth))
+        if self.lut is not None:
+            return xnnpack.softmax(rows, self.lut, self.outputs[0].scale, -128).reshape(x.shape)
         out = np.empty(rows.shape, dtype=np.int8)
         bad = np.zeros(rows.shape[0], dtype=np.bool_)
         softmax_rows(rows, self.exp_q0, self.exp_q12, self.usable, out, bad)

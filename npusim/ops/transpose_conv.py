@@ -10,7 +10,8 @@ clamp of the fused activation.
 
 Eval: one exact float64 matrix product per filter tap (x - in_zp is at most 255 in magnitude, so
 every partial sum is an integer far below 2^53) added into a strided view of the accumulator, then
-the output stage of the MAC ops (gemm.requantize_products).
+the output stage of the MAC ops (gemm.requantize_products), under the xnnpack profile XNNPACK's
+where LiteRT's delegate takes the op.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import numpy as np
 
 from ..engines import gemm
 from ..engines.requant import OutputStage
+from ..quant import TFLM, XNNPACK
 from .base import Kernel, WeightMemo
 from .float_form import FloatForm, real
 
@@ -111,6 +113,14 @@ class TransposeConv(Kernel):
         )
         self.in_hw = tuple(x.shape[1:3])
         self.out_hw = tuple(y.shape[1:3])
+        if (
+            profile == XNNPACK
+            and padding == "SAME"
+            and (self.stride[0] > self.kh or self.stride[1] > self.kw)
+        ):
+            # SAME with a stride beyond the filter pads negatively: LiteRT's XNNPACK delegate refuses it
+            # and runs its builtin kernel, which rounds as TFLM does (measured, ai-edge-litert 2.3.0).
+            self.profile = TFLM
         self.stage = OutputStage.prepare(
             x, w, y, self.out_channels, o.get("fused_activation_function", "NONE"), self.profile
         )
