@@ -29,7 +29,7 @@ PROFILE = click.option(
     show_default=True,
     help=(
         "Rounding profile: tflm (TFLite Micro), xnnpack (LiteRT's "
-        "default CPU path), single (CMSIS-NN single rounding), onnxruntime (ONNX Runtime's CPU "
+        "default CPU interpreter: XNNPACK and LiteRT's builtin kernels), single (CMSIS-NN single rounding), onnxruntime (ONNX Runtime's CPU "
         "kernels: float32 requantization, MLAS tables; see docs/numerics.md)."
     ),
 )

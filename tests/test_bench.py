@@ -89,12 +89,6 @@ def test_conv_quick_batch1(tmp_path, capsys):
     _haswell_rows(out, ["conv"])
 
 
-# Models on which the xnnpack profile is known to differ from LiteRT's default interpreter (issue 30,
-# item 6: at batch 2, 4 of MobileNetV2's 10 outputs), so that the test reports them as xfailed, not
-# passed. Any other difference fails it; an entry whose column turns "yes" passes it: then drop it.
-KNOWN_LITERT_GAPS = {"mobilenet_v2"}
-
-
 def test_models_quick_small_batch(tmp_path):
     if not (SHARED / "models" / bench.MODELS["resnet8"]).exists():
         msg = (
@@ -135,8 +129,6 @@ def test_models_quick_small_batch(tmp_path):
         assert abs(float(line.rstrip(" |").split("|")[-1])) < 8.0, line
     for row in _haswell_rows(out, list(bench.MODELS)):
         assert row.split("|")[2].strip() == "2", row  # the largest batch of the main table
-    if litert_gaps and set(litert_gaps) <= KNOWN_LITERT_GAPS:  # every other check above held
-        pytest.xfail(f"--profile xnnpack differs from LiteRT on {', '.join(litert_gaps)} (issue 30, item 6)")
     assert not litert_gaps, {name: litert[name] for name in litert_gaps}
 
 

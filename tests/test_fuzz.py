@@ -1179,7 +1179,6 @@ def shared_reference_bomb(k: int) -> bytes:
 
 def test_shared_references_are_refused_before_unpacking():
     data = shared_reference_bomb(3000)
-    t0 = time.perf_counter()
     tracemalloc.start()
     try:
         with pytest.raises(NpusimError, match="over and over"):
@@ -1187,12 +1186,11 @@ def test_shared_references_are_refused_before_unpacking():
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
-    assert time.perf_counter() - t0 < 5
-    assert peak < 64 << 20
+    assert peak < 64 << 20  # refused before the shared tables were unpacked (no wall time asserted)
 
 
 def test_forged_vector_lengths_are_refused():
-    """The length word of each vector in a real file set to 2^31 - 1: refused, fast, no big allocation."""
+    """The length word of each vector in a real file set to 2^31 - 1: refused, no big allocation."""
     seed = tiny_classifier()
     model = schema.Model.GetRootAs(bytearray(seed), 0)
     sg = model.Subgraphs(0)
@@ -1205,12 +1203,17 @@ def test_forged_vector_lengths_are_refused():
     for pos in lengths:
         data = bytearray(seed)
         data[pos : pos + 4] = (INT32_MAX).to_bytes(4, "little")
-        t0 = time.perf_counter()
         # the vectors' lengths say "longer than the file"; the shape's, read by the flatbuffers
         # runtime, "file truncated or damaged"
-        with pytest.raises(NpusimError, match="^model: malformed flatbuffer[:,] ") as e:
-            Interpreter(load_model(bytes(data))).run(np.zeros((1, 4, 4, 3), np.int8))
-        assert time.perf_counter() - t0 < 5 and "\n" not in str(e.value)
+        tracemalloc.start()
+        try:
+            with pytest.raises(NpusimError, match="^model: malformed flatbuffer[:,] ") as e:
+                Interpreter(load_model(bytes(data))).run(np.zeros((1, 4, 4, 3), np.int8))
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert "\n" not in str(e.value)
+        assert peak < 64 << 20, (pos, peak)  # the forged 2^31 - 1 was never allocated
 
 
 def test_constants_sharing_a_buffer_count_against_the_limit(monkeypatch):

@@ -25,16 +25,6 @@ MODELS = SHARED / "models"
 # models see many images and a run stays near a minute.
 PIXELS, MIN_IMAGES, MAX_IMAGES = 1 << 20, 16, 256
 
-# Models whose difference comes from an op the xnnpack profile does not yet model (LiteRT's XNNPACK
-# MEAN and SOFTMAX are the other half of this work): the first op that parts, as measured. (YOLOv8n-seg
-# passes on these images, though its SOFTMAX op 277 parts on a few elements that its outputs absorb.)
-PENDING = {
-    "mobilenet_v2_0.35_128_flowers_int8.tflite": "MEAN (op 67)",
-    "stm32n6/mobilenetv2_a100_256_128_fft_int8.tflite": "MEAN (op 63)",
-    "stm32n6/yolov8n_256_quant_pc_uf_od_coco-person.tflite": "SOFTMAX (op 241)",
-    "resnet8_cifar10_int8.tflite": "SOFTMAX (op 15)",
-}
-
 
 def int8_models() -> list:
     """Every .tflite under the models folder with int8 tensors (float models are not npusim's)."""
@@ -45,12 +35,7 @@ def int8_models() -> list:
         name = path.relative_to(MODELS).as_posix()
         if not any(np.dtype(t.dtype) == np.int8 for t in load_model(str(path)).tensors):
             continue
-        marks = (
-            [pytest.mark.xfail(strict=True, reason=f"LiteRT parts at {PENDING[name]}")]
-            if name in PENDING
-            else []
-        )
-        found.append(pytest.param(name, id=name, marks=marks))
+        found.append(pytest.param(name, id=name))
     return found
 
 
