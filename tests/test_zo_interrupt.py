@@ -51,8 +51,9 @@ def train_args(model, data, out, *extra):
 
 
 def child(patch: str, args: list) -> subprocess.Popen:
-    """`zo train ARGS` in a fresh process, after the Python lines `patch` (may be empty)."""
-    code = f"{patch}\nimport zo.cli\nzo.cli.main(args={args!r}, prog_name='zo')\n"
+    """`python -m zo.cli ARGS` in a fresh process, after the Python lines `patch` (may be empty)."""
+    code = f"{patch}\nimport runpy, sys\nsys.argv = ['zo', *{args!r}]\n"
+    code += "runpy.run_module('zo.cli', run_name='__main__', alter_sys=True)\n"
     return subprocess.Popen(
         [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
