@@ -355,24 +355,6 @@ def test_sigkill_and_resume_ends_with_identical_weights(tiny, tmp_path):
     assert read_metrics(run) == read_metrics(reference)
 
 
-def test_ctrl_c_writes_a_checkpoint(tiny, tmp_path):
-    model, data = tiny
-    run = tmp_path / "run"
-    args = cli_args(model, data, run)
-    args[args.index("--budget") + 1] = "1000000"
-    args[args.index("--checkpoint-every") + 1] = "100000"
-    proc = subprocess.Popen(ZO + args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 120
-    while time.time() < deadline and not (run / "metrics.csv").exists():
-        time.sleep(0.05)
-    time.sleep(1.0)
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130
-    assert "checkpoint" in err and "Traceback" not in err
-    assert (run / "checkpoints" / "last.npz").exists()
-
-
 # -- bad input through the CLI --------------------------------------------------------------------------
 @pytest.mark.parametrize(
     "problem, message",

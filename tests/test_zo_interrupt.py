@@ -51,8 +51,9 @@ def train_args(model, data, out, *extra):
 
 
 def child(patch: str, args: list) -> subprocess.Popen:
-    """`zo train ARGS` in a fresh process, after the Python lines `patch` (may be empty)."""
-    code = f"{patch}\nimport zo.cli\nzo.cli.main(args={args!r}, prog_name='zo')\n"
+    """`python -m zo.cli ARGS` in a fresh process, after the Python lines `patch` (may be empty)."""
+    code = f"{patch}\nimport runpy, sys\nsys.argv = ['zo', *{args!r}]\n"
+    code += "runpy.run_module('zo.cli', run_name='__main__', alter_sys=True)\n"
     return subprocess.Popen(
         [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
@@ -390,3 +391,19 @@ def test_the_status_line_is_one_line_per_evaluation_off_a_terminal():
     assert len(lines) == 4  # evaluations at 250, 500, 750, 1000 passes
     assert lines[0].startswith("zo train  25%  250/1000 passes  step 25  q 2  loss 1.5000  test 22.5%")
     assert lines[0].endswith("ETA 1:15")  # 240 passes in 24 s after the first step: 750 more in 75 s
+
+
+def test_a_system_error_caused_by_a_keyboard_interrupt_is_an_interrupt():
+    """The form Python's own handler gives inside a Numba callback, should another handler be installed."""
+    from zo.interrupt import is_interrupt
+
+    def numba_like():
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt as e:
+            raise SystemError("CPUDispatcher(<function f>) returned a result with an exception set") from e
+
+    with pytest.raises(SystemError) as caught:
+        numba_like()
+    assert is_interrupt(caught.value) and is_interrupt(KeyboardInterrupt())
+    assert not is_interrupt(SystemError("a real one")) and not is_interrupt(ValueError())

@@ -10,12 +10,15 @@ CPUDispatcher(<... _conv__...__threaded>) returned a result with an exception se
 KeyboardInterrupt as its cause. Setup spends most of its time in such kernels (the frozen prefix
 over the whole data set): 1 to 2 Ctrl-C in 8 ended so.
 
-The handler installed here raises KeyboardInterrupt at once, as Python's does, except in two cases,
-where it only records the signal for check() (a safe point: between chunks of a data set, between
-training steps) or for the end of the guarded block to raise:
-- inside a function that Numba's native code calls (the cause above);
-- inside deferred(): training, checkpoints and the export, where an exception in the middle of a
-  step or a write would leave a state that the checkpoint written on interrupt must not record.
+The handler installed here raises KeyboardInterrupt at once, as Python's does, except:
+- inside the function that Numba's native code calls (the cause above): the signal is recorded and
+  raised at the first Python event outside it (a profile function set until then: the kernel's
+  caller returning), or, should a profiler be running, at the next check() (a safe point: between
+  chunks of a data set);
+- inside deferred() (training, checkpoints, the export, where an exception in the middle of a step
+  or a write would leave a state that the checkpoint written on interrupt must not record): the
+  signal is recorded, and the training loop's check between steps raises it.
+A signal recorded and not yet raised when the outermost guard ends is raised then.
 """
 
 from __future__ import annotations
@@ -45,11 +48,26 @@ def _inside_native_callback(frame) -> bool:
     return False
 
 
-def _handler(signum, frame):
-    if _state.deferring or _inside_native_callback(frame):
-        _state.pending = True
+def _raise_once_outside(frame, event, arg):
+    """A profile function, set for as long as a signal recorded inside the callback waits: the first
+    event of a frame outside it (the kernel's caller returning, the next call) raises it there."""
+    if _inside_native_callback(frame):
         return
-    raise KeyboardInterrupt
+    sys.setprofile(None)
+    if _state.pending and not _state.deferring:
+        _state.pending = False
+        raise KeyboardInterrupt
+
+
+def _handler(signum, frame):
+    if _state.deferring:
+        _state.pending = True
+    elif _inside_native_callback(frame):
+        _state.pending = True
+        if sys.getprofile() is None:  # else (a profiler runs) the next check() raises it
+            sys.setprofile(_raise_once_outside)
+    else:
+        raise KeyboardInterrupt
 
 
 def check(between_steps: bool = False):
@@ -87,6 +105,8 @@ class guarded:
         if _state.installed == 0:
             previous = _state.previous
             signal.signal(signal.SIGINT, signal.SIG_DFL if previous is None else previous)
+            if sys.getprofile() is _raise_once_outside:
+                sys.setprofile(None)
         if exc_type is None:
             check()
         return False

@@ -197,7 +197,8 @@ class TrainableModel:
 
     # -- forward passes ------------------------------------------------------------------------
     def boundary_activations(self, x: np.ndarray, chunk: int = 256) -> dict:
-        """The frozen prefix's outputs that the suffix reads, for a whole set of inputs (computed once)."""
+        """The frozen prefix's outputs that the suffix reads, for a whole set of inputs (computed once).
+        Chunks of 256 images: 64 took 2.2 to 2.9 times as long on MobileNetV2-0.35."""
         parts = []
         for i in range(0, len(x), chunk):
             interrupt.check()  # a safe point in the setup (zo/interrupt.py)
