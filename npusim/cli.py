@@ -28,9 +28,9 @@ PROFILE = click.option(
     default="tflm",
     show_default=True,
     help=(
-        "Rounding profile: tflm (TFLite Micro), xnnpack (LiteRT's "
-        "default CPU interpreter: XNNPACK and LiteRT's builtin kernels), single (CMSIS-NN single rounding), onnxruntime (ONNX Runtime's CPU "
-        "kernels: float32 requantization, MLAS tables; see docs/numerics.md)."
+        "Rounding profile: tflm (TFLite Micro), xnnpack (LiteRT's default CPU interpreter: "
+        "XNNPACK and LiteRT's builtin kernels), single (CMSIS-NN single rounding), onnxruntime "
+        "(ONNX Runtime's CPU kernels: float32 requantization, MLAS tables; see docs/numerics.md)."
     ),
 )
 

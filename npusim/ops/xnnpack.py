@@ -35,8 +35,8 @@ The MAC ops need nothing here: their fp32 output stage is in the engines (quant.
   exact integer blend of the four taps rounded by (acc + 2^21) >> 22.
 - SOFTMAX, which XNNPACK does not take in int8: LiteRT's builtin float-table softmax (below).
 - XNNPACK's kernel tests require every x86 variant of the ADD, SUB, MUL and QUANTIZE kernels to
-  equal its scalar reference, the expressions here; the AVX2 qs8-vadd is that expression in 32-bit lanes, which int8 inputs
-  cannot overflow. This machine runs the AVX2 kernels only.
+  equal its scalar reference, the expressions here; the AVX2 qs8-vadd is that expression in 32-bit
+  lanes, which int8 inputs cannot overflow. This machine runs the AVX2 kernels only.
 """
 
 from __future__ import annotations
