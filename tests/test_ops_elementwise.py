@@ -159,7 +159,8 @@ def test_mul_refuses_uint8():
     x2 = b.add_tensor((1, 4), np.uint8, 0.1, 128, name="input2")
     y = b.add_tensor((1, 4), np.uint8, 0.1, 128, name="output")
     b.add_op("MUL", [x, x2], [y], O.schema.MulOptionsT())
-    with pytest.raises(npusim.NpusimError, match="uint8, expected int8"):
+    legacy = r"a uint8 model \(TFLite's legacy quantization: op 0 \(MUL\) computes on uint8"
+    with pytest.raises(npusim.NpusimError, match=legacy):
         npusim.Interpreter(npusim.load_model(b.build([x, x2], [y])))
 
 
