@@ -74,6 +74,29 @@ def targets(rows: list[Row]) -> list[str]:
     return out
 
 
+def main_table(rows, tflm_imgs) -> list:
+    """The workloads' table and what its columns mean."""
+    return [
+        *table(rows),
+        "",
+        "Times are medians over repetitions after one untimed warm-up call, for the whole batch, including "
+        "set_tensor/get_tensor (LiteRT) and the input check (npusim). npusim: `Interpreter(model, "
+        "profile='tflm').run(x)` on the whole batch. LiteRT: default "
+        "interpreter (XNNPACK delegate), input resized to the batch.",
+        "*TFLM runs batch 1 per invoke: its time is the median per image over "
+        + ", ".join(f"{n} image(s) ({w})" for w, n in tflm_imgs)
+        + ", multiplied by the batch (extrapolated, not measured on the whole batch).",
+        "npusim 1T: the same run with numba.set_num_threads(1) and OpenBLAS set to 1 thread (diagnostic; "
+        "the ratios use the default threads).",
+        "Ratios are throughput ratios (other runtime's time / npusim's time): >1 means npusim is faster.",
+        "exact vs TFLM: npusim (tflm profile) output == TFLM output on the images TFLM ran. **exact vs "
+        "LiteRT: npusim (xnnpack profile) output == LiteRT output on the whole timed batch, for the conv "
+        "and the whole models alike (the xnnpack profile is LiteRT's default interpreter op by op: "
+        "docs/numerics.md).",
+        *[f"- {r.workload} batch {r.batch}: {n}" for r in rows for n in r.notes],
+    ]
+
+
 def render(results: Results, command: str, quick: bool, started, load_start) -> str:
     """The Markdown report."""
     import numba
@@ -96,27 +119,10 @@ def render(results: Results, command: str, quick: bool, started, load_start) -> 
         f"(layer {numba.threading_layer() if rows else 'n/a'}); BLAS: {blas_threads()}",
         f"- npusim MAC kernels (CONV_2D, FULLY_CONNECTED): {kernel_path()}",
         f"- npusim kernels compiled for: {compile_target()}",
-        "",
-        *table(rows),
-        "",
-        "Times are medians over repetitions after one untimed warm-up call, for the whole batch, including "
-        "set_tensor/get_tensor (LiteRT) and the input check (npusim). npusim: `Interpreter(model, "
-        "profile='tflm').run(x)` on the whole batch. LiteRT: default "
-        "interpreter (XNNPACK delegate), input resized to the batch.",
-        "*TFLM runs batch 1 per invoke: its time is the median per image over "
-        + ", ".join(f"{n} image(s) ({w})" for w, n in tflm_imgs)
-        + ", multiplied by the batch (extrapolated, not measured on the whole batch).",
-        "npusim 1T: the same run with numba.set_num_threads(1) and OpenBLAS set to 1 thread (diagnostic; "
-        "the ratios use the default threads).",
-        "Ratios are throughput ratios (other runtime's time / npusim's time): >1 means npusim is faster.",
-        "exact vs TFLM: npusim (tflm profile) output == TFLM output on the images TFLM ran. **exact vs "
-        "LiteRT: npusim (xnnpack profile) output == LiteRT output on the whole timed batch; the claim for "
-        "the conv, informational for whole models (the xnnpack profile is XNNPACK's requantization of the "
-        "MAC ops; other ops such as ADD, MEAN and SOFTMAX may round differently in XNNPACK).",
-        *[f"- {n}" for n in results.notes],
-        *[f"- {r.workload} batch {r.batch}: {n}" for r in rows for n in r.notes],
-        "",
     ]
+    if rows:  # a run of other sections only (--only oneshot, onnx, zo) has no main table
+        lines += ["", *main_table(rows, tflm_imgs)]
+    lines += [*[f"- {n}" for n in results.notes], ""]
     if rows:
         lines += ["## Floors and targets", "", *targets(rows), ""]
     lines += results.zo
