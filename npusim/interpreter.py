@@ -92,6 +92,59 @@ def check_activations(graph: Graph):
             )
 
 
+class BatchPlan:
+    """How a run treats the batch, decided once from the graph at prepare time. A model whose ops
+    keep axis 0 the batch runs the user's whole batch at once; one with an op that moves elements
+    across axis 0 (a RESHAPE [1, 2, 64, 32] -> [2, 64, 32]) is valid at its declared shapes only,
+    so it runs image by image (chunks of the declared batch), the batch axis kept outside the
+    graph, as TFLM runs it."""
+
+    def __init__(self, declared: int, why: str | None):
+        self.declared = declared
+        self.why = why
+        self.by_image = why is not None
+
+    def as_dict(self) -> dict:
+        runs = "image by image" if self.by_image else "whole batch"
+        return {"declared": self.declared, "runs": runs, **({"why": self.why} if self.why else {})}
+
+
+def batch_plan(graph: Graph, kernels) -> BatchPlan:
+    """The BatchPlan of a prepared graph: the first op that crosses axis 0 says why, if any."""
+    first = next((k for k in kernels if k.crosses_batch), None)
+    declared = int(graph.input(0).shape[0]) if graph.inputs and graph.input(0).shape else 1
+    why = None if first is None else f"op {first.op.index} ({first.kind}) {first.crosses_batch}"
+    return BatchPlan(declared, why)
+
+
+def image_chunks(graph: Graph, values: dict) -> list[dict]:
+    """values cut into the runs of a model run image by image: every given activation along axis 0
+    into pieces of its declared size (the graph input's declared batch, or a [2, 64, 32] tensor's
+    2 rows); constants as they are."""
+    tensors = graph.tensors
+    rows = {t: tensors[t].shape[0] for t in values if not tensors[t].is_constant}
+    counts = {t: len(values[t]) // d for t, d in rows.items()}
+    for t, d in rows.items():
+        if len(values[t]) % d or counts[t] != next(iter(counts.values())):
+            raise NpusimError(
+                f"tensor {t} ({tensors[t].name!r}): {len(values[t])} rows, expected a multiple of its "
+                f"declared {d} and the other inputs' number of runs (the model runs image by image)"
+            )
+    n = next(iter(counts.values()), 1)
+    return [
+        {t: v[c * rows[t] : (c + 1) * rows[t]] if t in rows else v for t, v in values.items()}
+        for c in range(n)
+    ]
+
+
+def by_image(graph: Graph, values: dict, run) -> dict:
+    """run(chunk) -> dict on each of image_chunks(values); the tensors computed are joined along
+    axis 0 and added to values, which is returned."""
+    runs = [run(chunk) for chunk in image_chunks(graph, values)]
+    values.update({t: np.concatenate([r[t] for r in runs]) for t in runs[0] if t not in values})
+    return values
+
+
 class Interpreter:
     """A prepared model. `run(x)` evaluates a batch: x has the model input's shape with N on axis 0.
 
@@ -154,10 +207,11 @@ class Interpreter:
                 and reads[0][0].fuse_pad(k)
             ):
                 self._pad_sources[t] = k.op.inputs[0]
+        self.batch = batch_plan(self.graph, self.kernels)
         tensors = self.graph.tensors
         self._activation_bytes = [
             (
-                int(np.prod(tensors[t].shape[1:], dtype=np.float64)) * tensors[t].dtype.itemsize,
+                int(np.prod(tensors[t].shape, dtype=np.float64) / self.rows(t)) * tensors[t].dtype.itemsize,
                 f"tensor {tensors[t].name!r}",
             )
             for t in sorted(set(self.graph.inputs) | {t for k in self.kernels for t in k.op.outputs})
@@ -174,9 +228,23 @@ class Interpreter:
         and what it is. check_input refuses a batch that would take more than the allocation limit."""
         sizes = [(n * size, what) for size, what in self._activation_bytes]
         sizes += [
-            (k.workspace_bytes(n), f"the workspace of op {k.op.index} ({k.kind})") for k in self.kernels
+            (
+                k.workspace_bytes(k.outputs[0].shape[0] if self.batch.by_image else n),
+                f"the workspace of op {k.op.index} ({k.kind})",
+            )
+            for k in self.kernels
         ]
         return max(sizes)
+
+    def rows(self, t: int) -> float:
+        """Rows of tensor t's axis 0 per image of the user's batch: 1, but in a model run image by
+        image, where a tensor's axis 0 need not be the batch (a [2, 64, 32] of a batch-1 model: 2)."""
+        shape = self.graph.tensors[t].shape
+        return shape[0] / self.batch.declared if self.batch.by_image else 1.0
+
+    def op_macs(self, kernel) -> int:
+        """The MACs of one op per image (Kernel.macs() counts them per row of axis 0)."""
+        return int(round(kernel.macs() * self.rows(kernel.op.outputs[0])))
 
     # -- inputs -------------------------------------------------------------------------------
     def check_input(self, x: np.ndarray, k: int = 0) -> np.ndarray:
@@ -196,6 +264,11 @@ class Interpreter:
             )
         if x.shape[0] == 0:
             raise NpusimError(f"input {k} ({t.name!r}): empty batch, expected at least one input")
+        if self.batch.by_image and x.shape[0] % t.shape[0]:
+            raise NpusimError(
+                f"input {k} ({t.name!r}): a batch of {x.shape[0]}, expected a multiple of the model's "
+                f"declared batch {t.shape[0]} (it runs image by image: {self.batch.why})"
+            )
         need, what = self.largest_allocation(x.shape[0])
         if need > tflite_io.MAX_TENSOR_BYTES:
             raise NpusimError(
@@ -231,6 +304,16 @@ class Interpreter:
         """
         if self.unsupported:
             raise unsupported_error(self.unsupported[0])
+        if self.batch.by_image:
+            if shared_batch is not None:
+                raise NpusimError("a model run image by image takes grouped weights through run_grouped()")
+            return by_image(
+                self.graph, values, lambda chunk: self._walk(chunk, kernels, overrides, None, keep)
+            )
+        return self._walk(values, kernels, overrides, shared_batch, keep)
+
+    def _walk(self, values, kernels, overrides, shared_batch, keep) -> dict:
+        """evaluate() on one chunk: the kernels in order on values."""
         tensors = self.graph.tensors
         plan = self.kernels if kernels is None else kernels
         whole_run = keep is not None and kernels is None and shared_batch is None
@@ -294,8 +377,15 @@ class Interpreter:
         grouped kernel takes grouped weights), so that an op whose bias alone varies runs grouped.
         Outputs computed after the first grouped op have batch G*B, group-major."""
         tensors = self.graph.tensors
-        overrides = dict(weights)
         groups = next(iter(weights.values())).shape[0] if weights else 1
+        if self.batch.by_image:  # one group after the other, each image by image
+            runs = [
+                self.evaluate(dict(values), kernels, {t: w[g] for t, w in weights.items()})
+                for g in range(groups)
+            ]
+            values.update({t: np.concatenate([r[t] for r in runs]) for t in runs[0] if t not in values})
+            return values
+        overrides = dict(weights)
         for kernel in kernels:
             w = kernel.op.inputs[1] if kernel.kind in MAC_OPS else None
             if w is not None and w not in overrides and any(t in overrides for t in kernel.op.inputs):
@@ -352,4 +442,4 @@ class Interpreter:
         return values[outs[0]] if len(outs) == 1 else [values[t] for t in outs]
 
     def macs(self) -> int:
-        return sum(k.macs() for k in self.kernels)
+        return sum(self.op_macs(k) for k in self.kernels)

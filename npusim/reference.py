@@ -12,7 +12,7 @@ import numpy as np
 
 from .errors import NpusimError
 from .graph import Graph
-from .interpreter import execution_order
+from .interpreter import batch_plan, by_image, execution_order, image_chunks
 from .ops import KERNELS
 from .ops.float_form import real_value
 from .tflite_io import load_model
@@ -43,6 +43,8 @@ class FloatInterpreter:
                 # A float model's shapes and options are read as the file states them (the integer
                 # Interpreter's Prepare checks an int8 graph before its forms are made).
                 raise NpusimError(f"op {op.index} ({op.kind}): malformed for its float form ({e})") from None
+        # Run image by image as the integer Interpreter does, for the same reason (interpreter.py).
+        self.batch = batch_plan(self.graph, [f.kernel for f in self.forms if hasattr(f, "kernel")])
         # Each op's constant inputs as real values, once (a MAC op's bias depends on its op).
         tensors = self.graph.tensors
         self.constants = [
@@ -104,6 +106,11 @@ class FloatInterpreter:
 
     def evaluate(self, values: dict) -> dict:
         """Run every op on {tensor index: real array}, adding their outputs."""
+        if self.batch.by_image:
+            return by_image(self.graph, values, self._walk)
+        return self._walk(values)
+
+    def _walk(self, values: dict) -> dict:
         for position, form in enumerate(self.forms):
             for t, y in zip(form.op.outputs, self.call(position, values)):
                 values[t] = y
@@ -123,4 +130,10 @@ class FloatInterpreter:
         what the int8 run fed it, so the difference to its int8 output is that layer's own error."""
         tensors = self.graph.tensors
         real = {t: dequantize(tensors[t], v) for t, v in int8_values.items()}
-        return {form.op.index: self.call(p, real) for p, form in enumerate(self.forms)}
+        if not self.batch.by_image:
+            return {form.op.index: self.call(p, real) for p, form in enumerate(self.forms)}
+        parts = [
+            {f.op.index: self.call(p, chunk) for p, f in enumerate(self.forms)}
+            for chunk in image_chunks(self.graph, real)
+        ]
+        return {i: tuple(np.concatenate(ys) for ys in zip(*(part[i] for part in parts))) for i in parts[0]}

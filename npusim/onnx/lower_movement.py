@@ -186,9 +186,11 @@ def lower_reshape(ctx: Lowering, node):
     x = ctx.activation(node, 0)
     t = ctx.logical(x)
     shape = reshaped(ctx, node, ctx.shape(t))
-    if int(np.prod(shape)) != int(np.prod(ctx.shape(t))) or not shape or shape[0] != ctx.shape(t)[0]:
+    # A reshape across the batch axis is lowered as it is: the RESHAPE kernel marks it, and the
+    # Interpreter runs such a model image by image (ops/movement.py).
+    if int(np.prod(shape)) != int(np.prod(ctx.shape(t))) or not shape:
         raise ctx.error(
-            f"reshaping {list(ctx.shape(t))} into {list(shape)} moves elements across the batch axis"
+            f"cannot reshape {list(ctx.shape(t))} ({int(np.prod(ctx.shape(t)))} elements) into {list(shape)}"
         )
     out = ctx.tensor(node.output[0], shape, np.int8, ctx.quant(t))
     ctx.emit(

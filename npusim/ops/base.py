@@ -26,6 +26,9 @@ class Kernel:
     num_outputs: int | None = 1
     # Whether __init__ takes backends=, the MAC engines chosen by the interpreter (engines/backend.py).
     takes_backends = False
+    # Set in __init__ by an op that moves elements across axis 0 (what it does, for inspect): it is
+    # valid at the model's declared shapes only, so the Interpreter runs the model image by image.
+    crosses_batch: str | None = None
 
     def __init__(self, op: Op, graph: Graph, profile: int):
         self.op = op

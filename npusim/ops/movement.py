@@ -1,7 +1,9 @@
 """Data movement: RESHAPE, PAD, TRANSPOSE, CONCATENATION. No arithmetic, so no rounding.
 
-Activations carry the batch on axis 0 where the model has 1; each op keeps it there and refuses
-a model that would move it (which only a batch of 1 could run).
+Activations carry the batch on axis 0 where the model has 1, and each op keeps it there, but for
+a model that moves elements across axis 0 (YOLO11's attention reshapes [1, 2, 64, 32] into
+[2, 64, 32]): such an op sets `crosses_batch`, runs on its declared shapes only, and the
+Interpreter runs that model image by image (chunks of the declared batch), as TFLM does.
 """
 
 from __future__ import annotations
@@ -45,15 +47,15 @@ class Reshape(Kernel):
             raise self.error(
                 f"cannot reshape {list(x.shape)} ({int(np.prod(x.shape))} elements) into {list(y.shape)}"
             )
-        if not x.shape or not y.shape or int(np.prod(x.shape[1:])) != int(np.prod(y.shape[1:])):
-            raise self.error(
-                f"reshaping {list(x.shape)} into {list(y.shape)} moves elements across the batch axis 0"
-            )
+        if int(np.prod(x.shape[1:])) != int(np.prod(y.shape[1:])):
+            self.crosses_batch = f"moves elements across axis 0 ({list(x.shape)} into {list(y.shape)})"
         if x.quant is not None and y.quant is not None and (x.scale, x.zero_point) != (y.scale, y.zero_point):
             raise self.error("input and output quantization differ, expected a pure reshape")
         self.per_image = tuple(y.shape[1:])
 
     def __call__(self, x, shape=None):
+        if self.crosses_batch:  # at the declared shapes only (the Interpreter runs image by image)
+            return x.reshape(self.outputs[0].shape)
         return x.reshape((x.shape[0],) + self.per_image)
 
 
@@ -79,7 +81,7 @@ class Pad(Kernel):
                 f"paddings {self.paddings.tolist()} are negative, expected [rank, 2] non-negative"
             )
         if np.any(self.paddings[0] != 0):
-            raise self.error("padding the batch axis is not supported")
+            self.crosses_batch = f"pads axis 0 by {self.paddings[0].tolist()}"
         padded = [int(d + p0 + p1) for d, (p0, p1) in zip(x.shape, self.paddings)]
         if padded != list(y.shape):
             raise self.error(f"output shape {list(y.shape)} is not the padded input shape {padded}")
@@ -92,7 +94,7 @@ class Pad(Kernel):
 
     def __call__(self, x, paddings=None, value=None):
         p = self.paddings
-        if x.ndim == 4 and x.dtype == np.int8 and not p[3].any():  # spatial padding of NHWC: one pass
+        if x.ndim == 4 and x.dtype == np.int8 and not p[0].any() and not p[3].any():  # spatial padding of NHWC: one pass
             out = aligned.empty(
                 (x.shape[0], *(int(d + a + b) for d, (a, b) in zip(x.shape[1:], p[1:]))), np.int8
             )
@@ -120,7 +122,7 @@ class Transpose(Kernel):
                 f"permutation {self.perm} is not a permutation of the input's {len(x.shape)} axes"
             )
         if self.perm[0] != 0:
-            raise self.error(f"permutation {self.perm} moves the batch axis, which is not supported")
+            self.crosses_batch = f"permutation {self.perm} moves axis 0"
         permuted = [x.shape[p] for p in self.perm]
         if permuted != list(y.shape):
             raise self.error(f"output shape {list(y.shape)} is not the permuted input shape {permuted}")
@@ -144,7 +146,7 @@ class Concatenation(Kernel):
             raise self.error(f"axis {axis} is out of range for rank {rank}")
         self.axis = axis % rank
         if self.axis == 0:
-            raise self.error("concatenation along the batch axis is not supported")
+            self.crosses_batch = "concatenates along axis 0"
         if op.options.get("fused_activation_function", "NONE") != "NONE":
             raise self.error("fused activation on CONCATENATION is not supported")
         for t in self.inputs:
@@ -166,4 +168,6 @@ class Concatenation(Kernel):
             )
 
     def __call__(self, *xs):
+        if self.crosses_batch:  # constants join as stored: there is no batch to broadcast them to
+            return np.concatenate(xs, axis=0)
         return np.concatenate(self.batch_aligned(xs), axis=self.axis)

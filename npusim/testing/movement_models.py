@@ -275,3 +275,50 @@ def dequantize_model(input_shape, scale, zp) -> bytes:
     y = b.add_tensor(input_shape, np.float32, name="output")
     b.add_op("DEQUANTIZE", [x], [y], schema.DequantizeOptionsT())
     return b.build([x], [y])
+
+def batch_axis_head_model(seed: int = 3, heads: int = 2, batch: int = 1) -> bytes:
+    """A model that moves data across axis 0, as YOLO11's C2PSA attention does (its TFLite export
+    reshapes [1, 2, 64, 32] into [2, 64, 32]), then a head like YOLOv8n's DFL (a 1x1 CONV_2D after a
+    reshape): input [batch, 4, 8, 6] -> RESHAPE [batch * heads, 32 / heads, 6] -> BATCH_MATMUL
+    (r r^T) -> SOFTMAX -> BATCH_MATMUL (p r) -> RESHAPE [.., 1, 6] -> CONV_2D 1x1 to 3 channels
+    (the new leading axis as its batch) -> RESHAPE back to [batch, 96] -> ADD of a constant."""
+    rng = np.random.default_rng(seed)
+    rows = 32 // heads
+    b = ModelBuilder()
+    x = b.add_tensor((batch, 4, 8, 6), np.int8, 0.05, -3, name="input")
+
+    def reshape(src, shape, name, scale, zp):
+        y = b.add_tensor(shape, np.int8, scale, zp, name=name)
+        opt = schema.ReshapeOptionsT()
+        opt.newShape = list(shape)
+        b.add_op("RESHAPE", [src, b.add_const(np.asarray(shape, np.int32), name=name + "_shape")], [y], opt)
+        return y
+
+    def matmul(lhs, rhs, shape, name, q, adj_y):
+        y = b.add_tensor(shape, np.int8, *q, name=name)
+        opt = schema.BatchMatMulOptionsT()
+        opt.adjX, opt.adjY = False, adj_y
+        b.add_op("BATCH_MATMUL", [lhs, rhs], [y], opt)
+        return y
+
+    n = batch * heads
+    r = reshape(x, (n, rows, 6), "heads", 0.05, -3)  # across axis 0
+    s = matmul(r, r, (n, rows, rows), "scores", (0.09, 5), True)
+    p = b.add_tensor((n, rows, rows), np.int8, 1.0 / 256, -128, name="attention")
+    sm = schema.SoftmaxOptionsT()
+    sm.beta = 1.0
+    b.add_op("SOFTMAX", [s], [p], sm)
+    v = matmul(p, r, (n, rows, 6), "mixed", (0.004, 2), False)
+    v4 = reshape(v, (n, rows, 1, 6), "mixed4", 0.004, 2)
+    w = b.add_const(rng.integers(-127, 128, (3, 1, 1, 6)).astype(np.int8), scale=0.02, zero_point=0, name="w")
+    bias = b.add_const(rng.integers(-50, 50, 3).astype(np.int32), scale=0.004 * 0.02, zero_point=0, name="b")
+    c = b.add_tensor((n, rows, 1, 3), np.int8, 0.003, -1, name="dfl")
+    opt = schema.Conv2DOptionsT()
+    opt.padding = schema.Padding.VALID
+    opt.strideH = opt.strideW = opt.dilationHFactor = opt.dilationWFactor = 1
+    b.add_op("CONV_2D", [v4, w, bias], [c], opt)
+    flat = reshape(c, (batch, n * rows * 3 // batch), "flat", 0.003, -1)  # back across axis 0
+    k = b.add_const(rng.integers(-128, 128, (1, n * rows * 3 // batch)).astype(np.int8), scale=0.01, zero_point=4)
+    y = b.add_tensor((batch, n * rows * 3 // batch), np.int8, 0.012, 0, name="output")
+    b.add_op("ADD", [flat, k], [y], schema.AddOptionsT())
+    return b.build([x], [y])

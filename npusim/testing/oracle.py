@@ -38,6 +38,7 @@ from .builder import (  # noqa: F401
     model_inputs,
 )
 from .movement_models import (  # noqa: F401
+    batch_axis_head_model,
     concat_model,
     dequantize_model,
     expand_dims_model,
