@@ -215,14 +215,15 @@ def inspect(model, target, fmt, calibration, npu_efficiency, m55_macs_per_cycle)
 
     With --target stm32n6: the NPU/M55 placement, epochs, internal RAM over the N6 RAM banks, weight
     memory and an estimated latency (the model, its constants and their sources: docs/stm32n6.md)."""
-    from .inspect_report import io_details, io_lines, op_records, op_table, unsupported_line
+    from .inspect_report import batch_lines, io_details, io_lines, op_records, op_table, unsupported_line
     from .interpreter import Interpreter
 
     interp = Interpreter(load_model(model), plan_only=True)
     inputs, outputs = io_details(interp.graph)
-    edges = {"model": Path(model).name, "inputs": inputs, "outputs": outputs}
+    edges = {"model": Path(model).name, "inputs": inputs, "outputs": outputs, "batch": interp.batch.as_dict()}
     left_out = [{"index": op.index, "op": op.kind} for op in interp.unsupported]
     onnx = model_suffix(interp.graph) == ".onnx"
+    head = [*io_lines(inputs, outputs, onnx), *batch_lines(interp.batch)]
     if target == "stm32n6":
         from .npu import (
             CostModel,
@@ -249,7 +250,7 @@ def inspect(model, target, fmt, calibration, npu_efficiency, m55_macs_per_cycle)
             click.echo(json.dumps(data, indent=1))
         else:
             text = format_report(dev, Path(model).name, fitted)
-            click.echo("\n".join([*io_lines(inputs, outputs, onnx), text, *([note] if note else [])]))
+            click.echo("\n".join([*head, text, *([note] if note else [])]))
         return
     if npu_efficiency is not None or m55_macs_per_cycle is not None or calibration is not None:
         raise NpusimError(
@@ -264,7 +265,7 @@ def inspect(model, target, fmt, calibration, npu_efficiency, m55_macs_per_cycle)
         click.echo(json.dumps(data, indent=1))
         return
     note = unsupported_line(interp, "`npusim run` refuses the model, the totals leave them out")
-    click.echo("\n".join([*io_lines(inputs, outputs, onnx), *op_table(records), *([note] if note else [])]))
+    click.echo("\n".join([*head, *op_table(records), *([note] if note else [])]))
 
 
 @main.group()

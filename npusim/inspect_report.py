@@ -88,6 +88,14 @@ def io_lines(inputs: list, outputs: list, onnx: bool = False) -> list[str]:
     return lines
 
 
+def batch_lines(batch) -> list[str]:
+    """The line that says a model runs image by image, and why (none for one that runs its batch
+    whole): after the inputs and outputs, once."""
+    if not batch.by_image:
+        return []
+    return [f"batch: declared {batch.declared}, runs image by image: {batch.why}"]
+
+
 def op_records(interp) -> list[dict]:
     """One record per op in execution order; ops npusim lacks (interp.unsupported, an Interpreter
     prepared with plan_only=True) have their shapes and parameters but no MACs."""
@@ -104,7 +112,7 @@ def op_records(interp) -> list[dict]:
                     list(g.tensors[t].shape) for t in op.inputs if t >= 0 and not g.tensors[t].is_constant
                 ],
                 "outputs": [list(g.tensors[t].shape) for t in op.outputs],
-                "macs": None if k is None else int(k.macs()),
+                "macs": None if k is None else interp.op_macs(k),
                 "params": int(
                     sum(g.tensors[t].data.size for t in op.inputs if t >= 0 and g.tensors[t].is_constant)
                 ),

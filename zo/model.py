@@ -227,7 +227,6 @@ class TrainableModel:
             interrupt.check()  # a safe point in the setup (zo/interrupt.py)
             values = {t: v[i : i + chunk] for t, v in boundary.items()}
             self.interp.evaluate(values, self.suffix + self.tail)
-            preds.append(
-                np.argmax(values[self.graph.outputs[0]].reshape(len(values[self.boundary[0]]), -1), axis=1)
-            )
+            out = values[self.graph.outputs[0]]  # [N, ...]: a boundary tensor's axis 0 may hold rows
+            preds.append(np.argmax(out.reshape(len(out), -1), axis=1))
         return np.concatenate(preds)

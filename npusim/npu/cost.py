@@ -301,7 +301,7 @@ def device_structure(interp, area_scale: float = 1.0) -> DeviceStructure:
         ]
         constants.update(consts)
         acts = [t for t in list(k.inputs) + list(k.outputs) if t is not None and not t.is_constant]
-        macs = int(k.macs())
+        macs = interp.op_macs(k)  # per image: a tensor's axis 0 may hold rows (Interpreter.rows)
         out_elements = sum(tensor_elements(t) for t in k.outputs)
         bank = _activation_traffic(k, fusion, memory, graph, area_scale)
         ops.append(
