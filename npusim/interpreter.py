@@ -117,6 +117,17 @@ def batch_plan(graph: Graph, kernels) -> BatchPlan:
     return BatchPlan(declared, why)
 
 
+def rows_per_image(graph: Graph, batch: BatchPlan, t: int) -> float:
+    """Rows of tensor t's axis 0 per image of the user's batch: 1, but in a model run image by
+    image, where a tensor's axis 0 need not be the batch (a [2, 64, 32] of a batch-1 model: 2)."""
+    return graph.tensors[t].shape[0] / batch.declared if batch.by_image else 1.0
+
+
+def macs_per_image(graph: Graph, batch: BatchPlan, kernel) -> int:
+    """The MACs of one op per image (Kernel.macs() counts them per row of axis 0)."""
+    return int(round(kernel.macs() * rows_per_image(graph, batch, kernel.op.outputs[0])))
+
+
 def image_chunks(graph: Graph, values: dict) -> list[dict]:
     """values cut into the runs of a model run image by image: every given activation along axis 0
     into pieces of its declared size (the graph input's declared batch, or a [2, 64, 32] tensor's
@@ -237,14 +248,10 @@ class Interpreter:
         return max(sizes)
 
     def rows(self, t: int) -> float:
-        """Rows of tensor t's axis 0 per image of the user's batch: 1, but in a model run image by
-        image, where a tensor's axis 0 need not be the batch (a [2, 64, 32] of a batch-1 model: 2)."""
-        shape = self.graph.tensors[t].shape
-        return shape[0] / self.batch.declared if self.batch.by_image else 1.0
+        return rows_per_image(self.graph, self.batch, t)
 
     def op_macs(self, kernel) -> int:
-        """The MACs of one op per image (Kernel.macs() counts them per row of axis 0)."""
-        return int(round(kernel.macs() * self.rows(kernel.op.outputs[0])))
+        return macs_per_image(self.graph, self.batch, kernel)
 
     # -- inputs -------------------------------------------------------------------------------
     def check_input(self, x: np.ndarray, k: int = 0) -> np.ndarray:

@@ -43,6 +43,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from ..errors import NpusimError
+from ..interpreter import batch_plan, macs_per_image
 from ..registry import M55, NPU, REGISTRY, kinds
 from .arena import ArenaPlan, plan_arena, tensor_bytes, tensor_elements
 from .fusion import EPILOGUE, LAYER, VIEW, FusionPlan, plan_fusion
@@ -288,6 +289,7 @@ def device_structure(interp, area_scale: float = 1.0) -> DeviceStructure:
     multiplied by it (weights unchanged): exact for a fully convolutional graph whose spatial sizes all
     scale by the same factor, as YOLOv8n at any multiple of 32 (experiments/stm32n6_table.py)."""
     graph = interp.graph
+    batch = batch_plan(graph, interp.kernels)
     units = [placement(k) for k in interp.kernels]
     fusion = plan_fusion(interp, [u for u, _ in units])
     memory = plan_memory(interp, fusion, scale=area_scale)
@@ -301,7 +303,7 @@ def device_structure(interp, area_scale: float = 1.0) -> DeviceStructure:
         ]
         constants.update(consts)
         acts = [t for t in list(k.inputs) + list(k.outputs) if t is not None and not t.is_constant]
-        macs = interp.op_macs(k)  # per image: a tensor's axis 0 may hold rows (Interpreter.rows)
+        macs = macs_per_image(graph, batch, k)  # a tensor's axis 0 may hold rows (interpreter.py)
         out_elements = sum(tensor_elements(t) for t in k.outputs)
         bank = _activation_traffic(k, fusion, memory, graph, area_scale)
         ops.append(

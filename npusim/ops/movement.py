@@ -94,7 +94,8 @@ class Pad(Kernel):
 
     def __call__(self, x, paddings=None, value=None):
         p = self.paddings
-        if x.ndim == 4 and x.dtype == np.int8 and not p[0].any() and not p[3].any():  # spatial padding of NHWC: one pass
+        # spatial padding of NHWC: one pass
+        if x.ndim == 4 and x.dtype == np.int8 and not p[0].any() and not p[3].any():
             out = aligned.empty(
                 (x.shape[0], *(int(d + a + b) for d, (a, b) in zip(x.shape[1:], p[1:]))), np.int8
             )

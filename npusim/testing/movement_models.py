@@ -317,8 +317,9 @@ def batch_axis_head_model(seed: int = 3, heads: int = 2, batch: int = 1) -> byte
     opt.padding = schema.Padding.VALID
     opt.strideH = opt.strideW = opt.dilationHFactor = opt.dilationWFactor = 1
     b.add_op("CONV_2D", [v4, w, bias], [c], opt)
-    flat = reshape(c, (batch, n * rows * 3 // batch), "flat", 0.003, -1)  # back across axis 0
-    k = b.add_const(rng.integers(-128, 128, (1, n * rows * 3 // batch)).astype(np.int8), scale=0.01, zero_point=4)
-    y = b.add_tensor((batch, n * rows * 3 // batch), np.int8, 0.012, 0, name="output")
+    width = heads * rows * 3
+    flat = reshape(c, (batch, width), "flat", 0.003, -1)  # back across axis 0
+    k = b.add_const(rng.integers(-128, 128, (1, width)).astype(np.int8), scale=0.01, zero_point=4)
+    y = b.add_tensor((batch, width), np.int8, 0.012, 0, name="output")
     b.add_op("ADD", [flat, k], [y], schema.AddOptionsT())
     return b.build([x], [y])
