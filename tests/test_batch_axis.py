@@ -49,6 +49,18 @@ def test_attention_head_runs_image_by_image_as_tflm_and_litert(heads, seed):
     O.assert_same(np.concatenate([interp.run(x[i : i + 1]) for i in range(5)]), interp.run(x), "per image")
 
 
+@pytest.mark.parametrize("anchors", [21, 84])
+def test_yolov8n_dfl_head_across_the_batch_axis_as_tflm_and_litert(anchors):
+    """The DFL head of the shared YOLOv8n models, its RESHAPE written across axis 0."""
+    model = O.dfl_across_batch_model(anchors=anchors)
+    x = np.random.default_rng(anchors).integers(-128, 128, (4, 64, anchors)).astype(np.int8)
+    why = npusim.Interpreter(npusim.load_model(model)).batch.why
+    assert why == f"op 0 (RESHAPE) moves elements across axis 0 ([1, 64, {anchors}] into [4, 16, {anchors}])"
+    O.assert_same(O.run_tflm(model, x), O.run_npusim(model, x), "tflm")
+    O.assert_same(O.run_litert(model, x, "REF"), O.run_npusim(model, x, "tflm"), "LiteRT reference kernels")
+    O.assert_same(O.run_litert(model, x, "AUTO"), O.run_npusim(model, x, "xnnpack"), "LiteRT default")
+
+
 def test_declared_batch_two_runs_in_chunks_of_two():
     model = O.batch_axis_head_model(5, batch=2)
     x = images(6, 1)

@@ -323,3 +323,37 @@ def batch_axis_head_model(seed: int = 3, heads: int = 2, batch: int = 1) -> byte
     y = b.add_tensor((batch, width), np.int8, 0.012, 0, name="output")
     b.add_op("ADD", [flat, k], [y], schema.AddOptionsT())
     return b.build([x], [y])
+
+def dfl_across_batch_model(seed: int = 1, anchors: int = 21) -> bytes:
+    """YOLOv8n's DFL head (the shared yolov8n_256 model's ops 238-245: RESHAPE [1, 64, A] ->
+    [1, 4, 16, A], TRANSPOSEs to [1, 4, A, 16], SOFTMAX, a 1x1 CONV_2D 16 -> 1, RESHAPE to [1, 4, A])
+    written across axis 0, as a converter that drops the leading 1 does: RESHAPE [1, 64, A] ->
+    [4, 16, A], TRANSPOSE [4, A, 16], SOFTMAX, RESHAPE [4, A, 1, 16], CONV_2D, RESHAPE [1, 4, A]."""
+    rng = np.random.default_rng(seed)
+    b = ModelBuilder()
+    x = b.add_tensor((1, 64, anchors), np.int8, 0.08, 10, name="input")
+
+    def reshape(src, shape, name, scale, zp):
+        y = b.add_tensor(shape, np.int8, scale, zp, name=name)
+        opt = schema.ReshapeOptionsT()
+        opt.newShape = list(shape)
+        b.add_op("RESHAPE", [src, b.add_const(np.asarray(shape, np.int32), name=name + "_shape")], [y], opt)
+        return y
+
+    r = reshape(x, (4, 16, anchors), "sides", 0.08, 10)  # across axis 0
+    t = b.add_tensor((4, anchors, 16), np.int8, 0.08, 10, name="bins")
+    b.add_op("TRANSPOSE", [r, b.add_const(np.asarray([0, 2, 1], np.int32))], [t], schema.TransposeOptionsT())
+    p = b.add_tensor((4, anchors, 16), np.int8, 1.0 / 256, -128, name="softmax")
+    sm = schema.SoftmaxOptionsT()
+    sm.beta = 1.0
+    b.add_op("SOFTMAX", [t], [p], sm)
+    p4 = reshape(p, (4, anchors, 1, 16), "softmax4", 1.0 / 256, -128)
+    w = b.add_const(np.arange(16, dtype=np.int8).reshape(1, 1, 1, 16) * 8, scale=0.1, zero_point=0, name="w")
+    bias = b.add_const(rng.integers(-20, 20, 1).astype(np.int32), scale=0.1 / 256, zero_point=0, name="b")
+    c = b.add_tensor((4, anchors, 1, 1), np.int8, 0.06, -128, name="distance")
+    opt = schema.Conv2DOptionsT()
+    opt.padding = schema.Padding.VALID
+    opt.strideH = opt.strideW = opt.dilationHFactor = opt.dilationWFactor = 1
+    b.add_op("CONV_2D", [p4, w, bias], [c], opt)
+    y = reshape(c, (1, 4, anchors), "output", 0.06, -128)  # back across axis 0
+    return b.build([x], [y])

@@ -41,6 +41,7 @@ from .movement_models import (  # noqa: F401
     batch_axis_head_model,
     concat_model,
     dequantize_model,
+    dfl_across_batch_model,
     expand_dims_model,
     gather_model,
     pack_model,
