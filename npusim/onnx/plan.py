@@ -5,7 +5,7 @@ The node becomes an op of its ONNX type (e.g. "Erf"), which no kernel runs, so t
 plan_only lists it in `unsupported` as it lists a .tflite op npusim lacks (docs/inspect.md). Its
 outputs get the shapes ONNX shape inference gives them, int8 at the scale of the QuantizeLinear that
 reads them (so the nodes after it lower as usual), float32 otherwise. An output whose shape
-inference cannot tell stays unbound: the nodes that read it are recorded in turn, each with its
+inference cannot tell, or a scalar, stays unbound: the nodes that read it are recorded in turn, each with its
 own line. What a failed lowering had already added to the graph is taken back first (Mark).
 """
 
@@ -69,7 +69,7 @@ def unlowered(ctx: Lowering, node, reason: str):
     outputs = []
     for name in node.output:
         shape = _inferred(ctx).get(name, (None, 0))[0] if name else None
-        if shape is None:
+        if not shape:  # unknown, or a scalar (a stand-in's outputs carry the batch axis)
             continue
         try:
             shape = check_shape(shape, name, ctx.where)
