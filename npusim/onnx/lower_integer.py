@@ -111,29 +111,22 @@ def lower_integer(ctx: Lowering, node):
     out_quant = ctx.out_quant(node, name=final)
     xs = np.float64(ctx.tensors[x.tensor].quant.scale[0])
     is_conv = node.op_type == "ConvInteger"
-    w = _weights(ctx, node, axis=0 if is_conv else 1)
+    axis = 0 if is_conv else 1  # the output channels' axis of the weights (OIHW, [K, N])
+    w = _weights(ctx, node, axis)
     codes = int8_weights(ctx, w, "weight")  # refuses a zero point that leaves int8, naming the node
     channels = w.value.shape[0 if is_conv else -1]
     rank = 4 if is_conv else len(ctx.logical_shape(x))
-    m = per_channel(ctx, scale, rank, 1 if is_conv else rank - 1, channels, f"scale {node.input[1]!r}")
-    b = None if bias is None else per_channel(ctx, bias, rank, 1 if is_conv else rank - 1, channels, "bias")
+    out_axis = 1 if is_conv else rank - 1  # and of the output (NCHW, [..., N])
+    m = per_channel(ctx, scale, rank, out_axis, channels, "scale")
+    b = None if bias is None else per_channel(ctx, bias, rank, out_axis, channels, "bias")
     if not np.all(np.isfinite(m) & (m > 0)):
         raise ctx.error(f"rescale factor {m[:4].tolist()} is not positive and finite")
     ws = (m.astype(np.float64) / xs).astype(np.float32)  # so that x_scale * w_scale = M
-    if fit_bias_range(codes, ws, b, xs, axis=0 if is_conv else 1)[2]:
+    if fit_bias_range(codes, ws, b, xs, axis)[2]:
         raise ctx.error("bias is beyond the int32 accumulator at the rescale factor (|b / M| >= 2^30)")
-    axis = 0 if is_conv else 1
     # the file's codes and zero point (conv() and dense() subtract it, and zo writes codes back there)
-    wq = Const(
-        w.name,
-        codes * ws.reshape(_along(codes.ndim, axis)),
-        w.codes,
-        ws,
-        w.zero_point,
-        axis,
-        w.storage,
-        w.source,
-    )
+    real = codes * ws.reshape([-1 if i == axis else 1 for i in range(codes.ndim)])
+    wq = Const(w.name, real, w.codes, ws, w.zero_point, axis, w.storage, w.source)
     b_const = None if b is None else Const(node.output[0] + "_bias", b.astype(np.float64))
     x_type = "uint8" if ctx.tensors[x.tensor].quant.offset else "int8"
     types = (x_type, "uint8" if w.value.dtype == np.uint8 else "int8")
@@ -153,10 +146,6 @@ def lower_integer(ctx: Lowering, node):
             first += n
     ctx.skip.update(id(n) for n in taken)
     ctx.env[final] = value
-
-
-def _along(ndim: int, axis: int) -> list:
-    return [-1 if i == axis else 1 for i in range(ndim)]
 
 
 def lower_dynamic_quantize(ctx: Lowering, node):
