@@ -215,13 +215,21 @@ def inspect(model, target, fmt, calibration, npu_efficiency, m55_macs_per_cycle)
 
     With --target stm32n6: the NPU/M55 placement, epochs, internal RAM over the N6 RAM banks, weight
     memory and an estimated latency (the model, its constants and their sources: docs/stm32n6.md)."""
-    from .inspect_report import batch_lines, io_details, io_lines, op_records, op_table, unsupported_line
+    from .inspect_report import (
+        batch_lines,
+        io_details,
+        io_lines,
+        op_records,
+        op_table,
+        unsupported,
+        unsupported_line,
+    )
     from .interpreter import Interpreter
 
-    interp = Interpreter(load_model(model), plan_only=True)
+    interp = Interpreter(load_model(model, plan_only=True), plan_only=True)
     inputs, outputs = io_details(interp.graph)
     edges = {"model": Path(model).name, "inputs": inputs, "outputs": outputs, "batch": interp.batch.as_dict()}
-    left_out = [{"index": op.index, "op": op.kind} for op in interp.unsupported]
+    left_out = unsupported(interp)
     onnx = model_suffix(interp.graph) == ".onnx"
     head = [*io_lines(inputs, outputs, onnx), *batch_lines(interp.batch)]
     if target == "stm32n6":

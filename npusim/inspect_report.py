@@ -122,12 +122,29 @@ def op_records(interp) -> list[dict]:
     return records
 
 
+def unsupported(interp) -> list[dict]:
+    """What npusim cannot run, {"index", "op"} per op; an ONNX model's nodes it cannot lower also
+    name the node and give the one line `npusim run` stops at ({"index", "op", "node", "reason"}, op
+    the ONNX type; index the op standing in for the node, null where there is none: onnx/plan.py)."""
+    nodes = list(getattr(interp.graph.source, "unlowered", None) or [])
+    stand_ins = {e["index"] for e in nodes}
+    ops = [{"index": op.index, "op": op.kind} for op in interp.unsupported if op.index not in stand_ins]
+    return ops + [
+        {"index": e["index"], "op": e["op"], "node": e["node"], "reason": e["reason"]} for e in nodes
+    ]
+
+
 def unsupported_line(interp, what: str) -> str | None:
-    """The summary line naming the ops npusim lacks, or None when it runs every op."""
-    if not interp.unsupported:
+    """The summary line naming the ops npusim lacks (the ONNX nodes it cannot lower, each with its
+    reason), or None when it runs every op."""
+    entries = unsupported(interp)
+    if not entries:
         return None
-    names = ", ".join(f"op {op.index} ({op.kind})" for op in interp.unsupported)
-    n = len(interp.unsupported)
+    n = len(entries)
+    if any("node" in e for e in entries):
+        names = "; ".join(e.get("reason") or f"op {e['index']} ({e['op']})" for e in entries)
+        return f"{n} node{'s' if n > 1 else ''} npusim cannot lower, {what}: {names}"
+    names = ", ".join(f"op {e['index']} ({e['op']})" for e in entries)
     return f"{n} op{'s' if n > 1 else ''} npusim lacks, {what}: {names}"
 
 

@@ -32,10 +32,11 @@ def _read(source) -> tuple[bytes, str]:
     return bytes(source), "model"
 
 
-def load_model(source) -> Graph:
+def load_model(source, plan_only: bool = False) -> Graph:
     """The .tflite or .onnx model at `source` (a path, or the file's bytes) as a Graph: plain data,
     its tensors, ops and quantization, int8 or float alike (an Interpreter refuses float and legacy
-    uint8 models, npusim.validate takes a float one). Every defect ends in NpusimError."""
+    uint8 models, npusim.validate takes a float one). Every defect ends in NpusimError. plan_only
+    (`npusim inspect`): an ONNX node npusim cannot lower is listed, not refused (onnx/plan.py)."""
     from . import tflite_io
     from .onnx.reader import looks_like_onnx
 
@@ -45,7 +46,7 @@ def load_model(source) -> Graph:
     if looks_like_onnx(data):
         from .onnx import load
 
-        return load(data, where)
+        return load(data, where, plan_only)
     for magic, what in _FOREIGN.items():
         if data.startswith(magic):
             raise NpusimError(f"{where}: {what}, expected a .tflite or .onnx model")

@@ -329,7 +329,6 @@ def hostile(kind: str) -> bytes:
         ("cycle", "the graph has a cycle"),
         ("huge declared shape", "more than the limit"),
         ("truncated protobuf", "not a valid ONNX protobuf"),
-        ("unsupported op", "node 'my_erf' (Erf): operator is not supported"),
     ],
 )
 def test_hostile_files_exit_2_in_one_line(tmp_path, kind, message):
@@ -342,6 +341,72 @@ def test_hostile_files_exit_2_in_one_line(tmp_path, kind, message):
     res = CliRunner().invoke(main, ["inspect", str(f)])
     assert res.exit_code == 2 and message in res.output, res.output
     assert len(res.output.strip().splitlines()) == 1
+
+
+def test_inspect_lists_a_node_npusim_cannot_lower_and_run_refuses_it(tmp_path):
+    """As for a .tflite op npusim lacks (docs/inspect.md): inspect exits 0 with the node listed
+    ("supported": false, and in "unsupported" with its node name and reason), run exits 2 naming it."""
+    import json
+
+    from click.testing import CliRunner
+
+    from npusim.cli import main
+
+    f = tmp_path / "m.onnx"
+    f.write_bytes(hostile("unsupported op"))
+    reason = "node 'my_erf' (Erf): operator is not supported (docs/onnx.md lists the ops npusim lowers)"
+    res = CliRunner().invoke(main, ["inspect", str(f), "--format", "json"])
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.output)
+    erf = [o for o in data["ops"] if o["op"] == "Erf"]
+    assert len(erf) == 1 and erf[0]["supported"] is False and erf[0]["macs"] is None
+    assert erf[0]["outputs"] == [[1, 3, 6, 6]]  # ONNX shape inference: Erf keeps its input's shape
+    assert all(o["supported"] for o in data["ops"] if o["op"] != "Erf")
+    assert data["unsupported"] == [
+        {"index": erf[0]["index"], "op": "Erf", "node": "my_erf", "reason": reason}
+    ]
+    assert data["outputs"][0]["shape"] == [1, 3, 6, 6]
+    res = CliRunner().invoke(main, ["inspect", str(f)])
+    assert res.exit_code == 0, res.output
+    assert "Erf (unsupported)" in res.output
+    assert res.output.splitlines()[-1] == (
+        f"1 node npusim cannot lower, `npusim run` refuses the model, the totals leave them out: {reason}"
+    )
+    res = CliRunner().invoke(main, ["inspect", str(f), "--target", "stm32n6", "--format", "json"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.output)["unsupported"] == data["unsupported"]
+    np.save(tmp_path / "x.npy", np.zeros((1, 3, 6, 6), np.float32))
+    res = CliRunner().invoke(
+        main, ["run", str(f), "--input", str(tmp_path / "x.npy"), "--output", str(tmp_path / "y.npy")]
+    )
+    assert res.exit_code == 2 and res.output.strip() == f"error: {reason}", res.output
+    with pytest.raises(npusim.NpusimError, match=r"^node 'my_erf' \(Erf\): operator is not supported"):
+        npusim.load_model(hostile("unsupported op"))
+
+
+def test_plan_only_undoes_a_lowering_that_stops_halfway():
+    """A Conv whose 9x9 kernel does not fit its 6x6 input is refused after its input's layout change
+    was emitted; the plan takes that back (the graph is the one without the node), and the node that
+    reads its output is listed too, saying why."""
+    m = onnx.load_from_string(conv_qdq())
+    graph = npusim.load_model(m.SerializeToString())
+    w9 = numpy_helper.from_array(np.ones((2, 3, 9, 9), np.int8), "w9")
+    m.graph.initializer.append(w9)
+    extra = [
+        helper.make_node("DequantizeLinear", ["w9", "x_s"], ["w9_dq"], name="dq_w9"),
+        helper.make_node("Conv", ["x_dq", "w9_dq"], ["big"], name="big_conv"),
+        helper.make_node("QuantizeLinear", ["big", "y_s", "y_z"], ["big_q"], name="q_big"),
+    ]
+    for k, n in enumerate(extra):  # before the file's Conv, so that its layout change comes first
+        m.graph.node.insert(4 + k, n)
+    planned = npusim.load_model(m.SerializeToString(), plan_only=True)
+    assert [e["node"] for e in planned.source.unlowered] == ["big_conv", "q_big"]
+    assert "kernel 9x9 does not fit the input 6x6" in planned.source.unlowered[0]["reason"]
+    assert "'big' is not available" in planned.source.unlowered[1]["reason"]
+    assert [op.kind for op in planned.ops] == [op.kind for op in graph.ops]
+    assert len(planned.tensors) == len(graph.tensors)
+    with pytest.raises(npusim.NpusimError, match=r"^node 'big_conv' \(Conv\): kernel 9x9 does not fit"):
+        npusim.load_model(m.SerializeToString())
 
 
 def test_refuses_an_asymmetric_weight_zero_point_naming_the_node():

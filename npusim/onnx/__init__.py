@@ -4,10 +4,10 @@ only when a model is read (docs/onnx.md)."""
 from __future__ import annotations
 
 
-def load(data: bytes, where: str):
+def load(data: bytes, where: str, plan_only: bool = False):
     from .importer import load_onnx
 
-    return load_onnx(data, where)
+    return load_onnx(data, where, plan_only)
 
 
 def write(graph) -> bytes:

@@ -91,6 +91,8 @@ class Lowering:
         self.skip: set = set()  # ids of nodes a fused lowering has taken over
         self.weights: dict = {}  # graph tensor index -> (initializer name, how to write it back)
         self.node = None  # the node being lowered, for messages
+        self.unlowered: list = []  # plan_only: the nodes npusim cannot lower (plan.py)
+        self.inferred: dict | None = None  # plan_only: ONNX shape inference, once
         self.consumers: dict = {}
         for n in model.graph.node:
             for i in n.input:

@@ -14,6 +14,7 @@ import numpy as np
 from .. import tflite_io
 from ..errors import NpusimError
 from ..graph import Quantization
+from . import plan
 from .context import ELEM_TYPES, Const, Lowering, Value, identity, same_quant, to_graph
 from .reader import check_shape, execution_order, node_name, parse
 from .table import LOWERINGS
@@ -32,13 +33,19 @@ class OnnxSource:
         # Graph (physical = logical.transpose(perm)), for per-layer comparisons against ORT.
         self.values = values or {}
         self.rebuilt: dict = {}  # tensor -> data at import of MAC weights that are not the file's codes
+        # plan_only: {"node", "op", "reason", "index"} per node npusim cannot lower (plan.py); index is
+        # the op standing in for it, None where it has none
+        self.unlowered: list = []
         self.op_count, self.tensor_count = op_count, tensor_count  # what the import made
 
 
-def load_onnx(data: bytes, where: str):
+def load_onnx(data: bytes, where: str, plan_only: bool = False):
+    """plan_only (what `npusim inspect` asks for): a node npusim cannot lower becomes an op of its
+    ONNX type, which no kernel runs (plan.py), instead of ending the import; a malformed file still
+    raises."""
     model = parse(data, where)
     try:
-        return _lower(model, where)
+        return _lower(model, where, plan_only)
     except NpusimError:
         raise
     except RecursionError:
@@ -48,7 +55,7 @@ def load_onnx(data: bytes, where: str):
         raise NpusimError(f"{where}: malformed ONNX model ({type(e).__name__}: {detail})") from None
 
 
-def _lower(model, where: str):
+def _lower(model, where: str, plan_only: bool = False):
     order = execution_order(model, where)
     integer = ("QuantizeLinear", "DynamicQuantizeLinear", "QLinear", "ConvInteger", "MatMulInteger")
     if not any(n.op_type.startswith(integer) for n in order):
@@ -64,27 +71,40 @@ def _lower(model, where: str):
         ctx.node = node
         if id(node) in ctx.skip:
             continue
-        if node.domain not in ("", "ai.onnx", "com.microsoft"):
-            raise ctx.error(f"operator domain {node.domain!r} is not supported")
-        if node.op_type == "Constant":
-            _constant(ctx, node)
-        elif node.op_type == "DequantizeLinear":
-            _dequantize(ctx, node)
-        elif node.op_type == "QuantizeLinear":
-            _quantize(ctx, node)
-        elif node.op_type in LOWERINGS:
-            if all(isinstance(ctx.env.get(i), Const) for i in node.input if i) and node.op_type in FOLDABLE:
-                _fold(ctx, node)
-            else:
-                LOWERINGS[node.op_type].lower(ctx, node)
-        else:
-            raise ctx.error("operator is not supported (docs/onnx.md lists the ops npusim lowers)")
+        if not plan_only:
+            _lower_node(ctx, node)
+            continue
+        mark = plan.Mark(ctx)
+        try:
+            _lower_node(ctx, node)
+        except NpusimError as e:
+            mark.undo()
+            plan.unlowered(ctx, node, str(e))
     ctx.node = None
-    outputs = _graph_outputs(ctx)
+    outputs = _graph_outputs(ctx, plan_only)
     values = {k: (v.tensor, v.perm) for k, v in ctx.env.items() if isinstance(v, Value)}
     source = OnnxSource(model, ctx.weights, len(ctx.ops), len(ctx.tensors), values)
     source.rebuilt = _rebuilt_weights(ctx)
+    source.unlowered = ctx.unlowered
     return to_graph(ctx, inputs, outputs, source)
+
+
+def _lower_node(ctx: Lowering, node):
+    if node.domain not in ("", "ai.onnx", "com.microsoft"):
+        raise ctx.error(f"operator domain {node.domain!r} is not supported")
+    if node.op_type == "Constant":
+        _constant(ctx, node)
+    elif node.op_type == "DequantizeLinear":
+        _dequantize(ctx, node)
+    elif node.op_type == "QuantizeLinear":
+        _quantize(ctx, node)
+    elif node.op_type in LOWERINGS:
+        if all(isinstance(ctx.env.get(i), Const) for i in node.input if i) and node.op_type in FOLDABLE:
+            _fold(ctx, node)
+        else:
+            LOWERINGS[node.op_type].lower(ctx, node)
+    else:
+        raise ctx.error("operator is not supported (docs/onnx.md lists the ops npusim lowers)")
 
 
 MAC_KINDS = ("CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED")
@@ -127,12 +147,14 @@ def _graph_inputs(ctx: Lowering) -> list:
     return inputs
 
 
-def _graph_outputs(ctx: Lowering) -> list:
+def _graph_outputs(ctx: Lowering, plan_only: bool = False) -> list:
     if not ctx.model.graph.output:
         raise NpusimError(f"{ctx.where}: the graph declares no outputs")
     outputs = []
     for info in ctx.model.graph.output:
         v = ctx.env.get(info.name)
+        if plan_only and info.name not in ctx.env and ctx.unlowered:
+            continue  # downstream of a node npusim cannot lower: listed there
         if not isinstance(v, Value):
             raise NpusimError(f"{ctx.where}: graph output {info.name!r} is a constant or was not computed")
         t = ctx.logical(v)  # outputs keep the declared layout
@@ -143,6 +165,9 @@ def _graph_outputs(ctx: Lowering) -> list:
             ctx.emit("DEQUANTIZE", [t], [out])
             t = out
         elif elem == 1 and src.dtype == np.float32:
+            if plan_only and any(t in op.outputs for op in ctx.ops):
+                outputs.append(t)  # a stand-in's float output (plan.py)
+                continue
             raise NpusimError(f"{ctx.where}: graph output {info.name!r} is the float input itself")
         elif elem not in (1, 3):
             raise NpusimError(

@@ -146,10 +146,3 @@ QUNARY = {
     "QLinearSigmoid": lower_sigmoid,
     "QLinearLeakyRelu": lower_leakyrelu,
 }
-
-
-def lower_integer(ctx: Lowering, node):
-    raise ctx.error(
-        "produces int32 sums for a float rescale after it (dynamic quantization); npusim runs "
-        "int8 layers with a static output scale (QLinearConv / QDQ)"
-    )

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from . import lower_conv as conv
 from . import lower_elementwise as ew
+from . import lower_integer as integer
 from . import lower_movement as mv
 from . import lower_pool as pool
 from . import lower_qoperator as qop
@@ -70,6 +71,8 @@ LOWERINGS = {
     # BatchNormalization is folded into the Conv in front of it (lower_conv.batchnorm_fold);
     # alone it is refused.
     "BatchNormalization": Rule(conv.lower_batchnorm, ()),
-    "ConvInteger": Rule(qop.lower_integer, ()),
-    "MatMulInteger": Rule(qop.lower_integer, ()),
+    "ConvInteger": Rule(integer.lower_integer, _CONV + _LAYOUT),
+    "MatMulInteger": Rule(integer.lower_integer, ("FULLY_CONNECTED",) + _LAYOUT),
+    # refused with its reason (lower_integer.py): a per-run scale is no deployed integer graph
+    "DynamicQuantizeLinear": Rule(integer.lower_dynamic_quantize, ()),
 }

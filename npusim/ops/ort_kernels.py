@@ -158,6 +158,48 @@ class SigmoidTable(Kernel):
         return lookup(self.table, np.ascontiguousarray(x).view(np.uint8), np.empty(x.shape, dtype=np.int8))
 
 
+class IntegerRescale(Kernel):
+    """A MAC op lowered from ConvInteger / MatMulInteger (onnx/lower_integer.py), as ORT runs the
+    chain: the exact integer sum of (x - x_zp) * w (its float form on float64 copies of the codes:
+    exact, every partial sum an integer below 2^53), Cast to float32, times M[c] in float32, plus
+    b[c] in float32 (Mul and Add, one rounding each), then MlasQuantizeLinear. The int32 bias tensor
+    of the op is the `tflm` lowering's; this kernel adds b in float, as the graph does."""
+
+    required_inputs, max_inputs = 2, 3
+
+    def __init__(self, kernel_class, op, graph, profile):
+        self.kind = op.kind
+        super().__init__(op, graph, profile)
+        x, w, y = self.inputs[0], self.inputs[1], self.outputs[0]
+        self.require_int8(x, y)
+        self.form = kernel_class.float_form(op, graph)
+        r = op.options["onnx_rescale"]
+        if r["op"] == "ConvInteger" and r["types"] == ("int8", "uint8"):
+            # measured: ORT 1.32's ConvInteger gives sums thousands off the exact ones for this pair
+            raise self.error(
+                "ConvInteger of int8 inputs with uint8 weights: ONNX Runtime's CPU kernel does not compute "
+                "the exact sums for this pair of types (docs/onnx.md), and npusim has no model of it"
+            )
+        self.scale = np.asarray(r["scale"], _F32)
+        self.bias = None if r["bias"] is None else np.asarray(r["bias"], _F32)
+        self.x_zp = np.float64(x.zero_point)
+        self.w = w.data
+        self.y_scale, self.y_zp = y.quant.scale[0], int(y.quant.zero_point[0])
+
+    def macs(self) -> int:
+        out = self.outputs[0].shape
+        return int(np.prod(out[1:], dtype=np.int64)) * (self.w.size // out[-1])
+
+    def __call__(self, x, w=None, b=None, shared=False):
+        acc = self.form(
+            np.asarray(x, np.float64) - self.x_zp, np.asarray(self.w if w is None else w, np.float64)
+        )
+        v = acc.astype(_F32) * self.scale  # Cast (int32 -> float32, nearest), then Mul
+        if self.bias is not None:
+            v = v + self.bias  # Add, float32
+        return ort.quantize_linear(v, self.y_scale, self.y_zp).astype(np.int8)
+
+
 class PassThrough(Kernel):
     """A QUANTIZE whose rounding its producer already did (Plan): the codes pass on unchanged."""
 
@@ -172,6 +214,8 @@ class PassThrough(Kernel):
 def kernel_for(kernel_class, op, graph, profile, plan: Plan, **extra) -> Kernel:
     """The kernel the onnxruntime profile runs for op (see the module docstring)."""
     out_quant = plan.out_quant.get(op.index)
+    if "onnx_rescale" in op.options:
+        return IntegerRescale(kernel_class, op, graph, profile)
     if op.index in plan.pass_through:
         return PassThrough(op, graph, profile)
     if op.kind == "LOGISTIC" and out_quant is not None:
