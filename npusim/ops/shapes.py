@@ -3,7 +3,8 @@
 No arithmetic: outputs keep the input's bytes (int8 operands must share the output's quantization,
 as TFLM copies bytes). Activations carry the batch on axis 0; an op that moves or cuts axis 0 sets
 crosses_batch and computes on the declared shapes (the Interpreter runs that model image by
-image). Sources: TFLM micro/kernels/slice.cc, unpack.cc, squeeze.cc, expand_dims.cc, shape.cc, gather.cc; TILE is not in TFLM (the PyPI build registers no TILE): it follows LiteRT's
+image). Sources: TFLM micro/kernels/slice.cc, unpack.cc, squeeze.cc, expand_dims.cc, shape.cc,
+gather.cc; TILE is not in TFLM (the PyPI build registers no TILE): it follows LiteRT's
 kernels/tile.cc, whose reference resolver is the oracle of its tests.
 """
 
