@@ -113,7 +113,7 @@ def batch_plan(graph: Graph, kernels) -> BatchPlan:
     """The BatchPlan of a prepared graph: the first op that crosses axis 0 says why, if any."""
     first = next((k for k in kernels if k.crosses_batch), None)
     declared = int(graph.input(0).shape[0]) if graph.inputs and graph.input(0).shape else 1
-    why = None if first is None else f"op {first.op.index} ({first.kind}) {first.crosses_batch}"
+    why = None if first is None else f"op {first.op.index} ({first.op.kind}) {first.crosses_batch}"
     return BatchPlan(declared, why)
 
 

@@ -44,7 +44,7 @@ class FloatInterpreter:
                 # Interpreter's Prepare checks an int8 graph before its forms are made).
                 raise NpusimError(f"op {op.index} ({op.kind}): malformed for its float form ({e})") from None
         # Run image by image as the integer Interpreter does, for the same reason (interpreter.py).
-        self.batch = batch_plan(self.graph, [f.kernel for f in self.forms if hasattr(f, "kernel")])
+        self.batch = batch_plan(self.graph, self.forms)
         # Each op's constant inputs as real values, once (a MAC op's bias depends on its op).
         tensors = self.graph.tensors
         self.constants = [

@@ -26,6 +26,14 @@ def refuses(model: bytes, match: str):
         npusim.Interpreter(npusim.load_model(model))
 
 
+def runs_by_image(model: bytes) -> str | None:
+    """Why the model runs image by image (an op across axis 0: tests/test_batch_axis_ops.py runs
+    each such op against TFLM), or None."""
+    import npusim
+
+    return npusim.Interpreter(npusim.load_model(model)).batch.why
+
+
 # ----------------------------------------------------------------------------------------------
 # SLICE
 # ----------------------------------------------------------------------------------------------
@@ -45,8 +53,9 @@ def test_slice(d, data, q, n, seed, int64):
     check(C.Case(model, x, f"SLICE {shape} begin={begin} size={size}"))
 
 
-def test_slice_refuses_batch_and_out_of_range():
-    refuses(O.slice_model((2, 4), [1, 0], [1, 4], 0.1, 0), "batch axis")
+def test_slice_of_axis_zero_runs_image_by_image_and_out_of_range_is_refused():
+    why = runs_by_image(O.slice_model((2, 4), [1, 0], [1, 4], 0.1, 0))
+    assert why == "op 0 (SLICE) slices axis 0 (1:2 of 2)"
     b = O.ModelBuilder()
     x = b.add_tensor((1, 4), np.int8, 0.1, 0)
     ts = [b.add_const(np.asarray(v, np.int32)) for v in ([0, 3], [1, 2])]
@@ -85,9 +94,11 @@ def test_squeeze(d, data, q, n):
     check(C.Case(model, x, f"SQUEEZE {shape} dims={picked}"))
 
 
-def test_squeeze_refuses_batch_axis():
-    refuses(O.squeeze_model((1, 1, 3), [], 0.1, 0), "batch axis")
-    refuses(O.squeeze_model((1, 1, 3), [0], 0.1, 0), "batch axis")
+def test_squeeze_of_axis_zero():
+    """[1, 1, 3] -> [3] moves elements across axis 0; -> [1, 3] keeps one image per row."""
+    why = "op 0 (SQUEEZE) moves elements across axis 0 ([1, 1, 3] into [3])"
+    assert runs_by_image(O.squeeze_model((1, 1, 3), [], 0.1, 0)) == why
+    assert runs_by_image(O.squeeze_model((1, 1, 3), [0], 0.1, 0)) is None
 
 
 @settings(max_examples=examples(40))
@@ -141,10 +152,10 @@ def test_tile_litert_ref(d, data, q, seed):
     O.assert_same(O.run_litert(model, x, "REF"), O.run_npusim(model, x), f"TILE {shape} x {reps}")
 
 
-def test_tile_not_in_tflm_and_refuses_batch():
+def test_tile_not_in_tflm_and_across_axis_zero():
     model = O.tile_model((1, 2), [1, 2], 0.1, 0)
     assert tflm_refuses(model, np.zeros((1, 2), np.int8))
-    refuses(O.tile_model((1, 2), [2, 1], 0.1, 0), "batch axis")
+    assert runs_by_image(O.tile_model((1, 2), [2, 1], 0.1, 0)) == "op 0 (TILE) tiles axis 0 2 times"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -173,8 +184,8 @@ def test_gather(d, data, idx_shape, q, n, seed):
     check(C.Case(model, x, f"GATHER {shape} axis={axis} indices={indices.tolist()}"))
 
 
-def test_gather_refuses_bad_index_and_batch_axis():
+def test_gather_refuses_bad_index_and_runs_axis_zero_image_by_image():
     model = O.gather_model((1, 4, 2), [0, 4], 1, 0.1, 0)
     assert tflm_refuses(model, np.zeros((1, 4, 2), np.int8))
     refuses(model, "out of range")
-    refuses(O.gather_model((1, 4), [0], 0, 0.1, 0), "batch axis")
+    assert runs_by_image(O.gather_model((1, 4), [0], 0, 0.1, 0)) == "op 0 (GATHER) gathers along axis 0"

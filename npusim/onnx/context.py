@@ -215,9 +215,9 @@ class Lowering:
         key = (v.tensor, perm)
         if key not in self.transposed:
             inv = inverse(v.perm)
-            q = [inv[p] for p in perm]  # physical_out = physical_in.transpose(q)
-            if q[0] != 0:
-                raise self.error("a layout change would move the batch axis 0")
+            # physical_out = physical_in.transpose(q); q[0] != 0 moves axis 0: the TRANSPOSE
+            # kernel marks it and the model runs image by image (ops/movement.py)
+            q = [inv[p] for p in perm]
             src = self.tensors[v.tensor]
             shape = tuple(src.shape[i] for i in q)
             out = self.tensor(src.name + "_" + "".join(map(str, perm)), shape, src.dtype, src.quant)

@@ -153,9 +153,7 @@ def slice_spec(ctx: Lowering, node, shape) -> list:
 def lower_slice(ctx: Lowering, node):
     x = ctx.activation(node, 0)
     spec = slice_spec(ctx, node, ctx.logical_shape(x))
-    phys = [spec[p] for p in x.perm]
-    if spec[0][0] != 0 or len(range(spec[0][0], -1 if spec[0][1] is None else spec[0][1], spec[0][2])) != 1:
-        raise ctx.error("slicing the batch axis is not supported")
+    phys = [spec[p] for p in x.perm]  # a cut of axis 0: STRIDED_SLICE marks it (image by image)
     begin = [b for b, _, _ in phys]
     end = [0 if e is None else e for _, e, _ in phys]
     mask = sum(1 << i for i, (_, e, _) in enumerate(phys) if e is None)
@@ -208,10 +206,10 @@ def lower_transpose(ctx: Lowering, node):
     t = list(ctx.attr(node, "perm", list(reversed(range(rank)))))
     if sorted(t) != list(range(rank)):
         raise ctx.error(f"perm {t} is not a permutation of {rank} axes")
-    if t[0] != 0:
-        raise ctx.error(f"perm {t} moves the batch axis 0, which is not supported")
     tinv = inverse(t)
-    ctx.bind(node, 0, x.tensor, tuple(tinv[p] for p in x.perm))  # no data moves
+    # No data moves; a perm moving axis 0 becomes a TRANSPOSE across it when a consumer needs the
+    # layout (Lowering.physical), which runs the model image by image.
+    ctx.bind(node, 0, x.tensor, tuple(tinv[p] for p in x.perm))
 
 
 def lower_pad(ctx: Lowering, node):
@@ -238,8 +236,6 @@ def lower_pad(ctx: Lowering, node):
         logical[a] = [pads[k], pads[k + len(axes)]]
     if any(p < 0 for pair in logical for p in pair):
         raise ctx.error(f"negative pads {pads} (cropping) are not supported")
-    if any(logical[0]):
-        raise ctx.error("padding the batch axis is not supported")
     paddings = [logical[p] for p in x.perm]
     q = ctx.quant(x.tensor)
     shape = tuple(d + a + b for d, (a, b) in zip(ctx.shape(x.tensor), paddings))

@@ -8,6 +8,23 @@ from ..errors import NpusimError
 from ..graph import Graph, Op, Tensor
 
 
+def broadcast_crossing(operands, y, core: int = 0) -> str | None:
+    """Why an op whose operands broadcast to y (numpy rules over all axes but the last `core`, a
+    matrix's two for BATCH_MATMUL) does not keep axis 0 the batch, or None: a constant of y's rank
+    that spans axis 0 ([2, 3] against an activation [1, 3]), an activation of another rank, or one
+    broadcast along axis 0. TFLM computes these on the declared shapes; npusim runs them there
+    too, image by image (Kernel.crosses_batch)."""
+    for t in operands:
+        if t.data is not None and len(t.shape) == len(y.shape) > core and t.shape[0] != 1:
+            return f"takes constant {t.name!r} of shape {list(t.shape)} along axis 0"
+    for t in operands:
+        if t.data is None and (len(t.shape) != len(y.shape) or len(t.shape) <= core):
+            return f"broadcasts activation {t.name!r} of shape {list(t.shape)} to {list(y.shape)}"
+        if t.data is None and t.shape[0] != y.shape[0]:
+            return f"broadcasts activation {t.name!r} of shape {list(t.shape)} along axis 0"
+    return None
+
+
 class Kernel:
     """Prepare (TFLM's Prepare, fills the op data) in __init__; Eval in __call__.
 

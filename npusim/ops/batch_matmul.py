@@ -17,7 +17,7 @@ import numpy as np
 from ..engines.requant import requantization_multiplier
 from ..jit import parallel_kernel
 from ..quant import TFLM, XNNPACK, requantize_to_output
-from .base import Kernel
+from .base import Kernel, broadcast_crossing
 from .float_form import FloatForm, real
 
 MAX_RANK = 5
@@ -40,6 +40,7 @@ class BatchMatMulFloat(FloatForm):
         super().__init__(op, graph)
         self.adj_x = bool(op.options.get("adj_x", False))
         self.adj_y = bool(op.options.get("adj_y", False))
+        self.crosses_batch = broadcast_crossing(self.inputs, self.outputs[0], core=2)
 
     def __call__(self, lhs, rhs):
         a, b = real(lhs), real(rhs)
@@ -84,16 +85,9 @@ class BatchMatMul(Kernel):
         expected = [*batch, ls[-2], rs[-1]]
         if list(y.shape) != expected:
             raise self.error(f"output shape {list(y.shape)}, expected {expected}")
-        for t in (lhs, rhs):  # an activation's axis 0 is the batch: in front of the matrix axes
-            if t.data is None and (len(t.shape) != len(y.shape) or len(t.shape) < 3):
-                raise self.error(
-                    f"activation {t.name!r} of shape {list(t.shape)}: expected a batch axis in front of "
-                    f"its matrix axes and the output's rank {len(y.shape)}"
-                )
-        if len(rhs.shape) == len(y.shape) and rhs.data is not None and rhs.shape[0] != 1:
-            raise self.error(f"constant {rhs.name!r} of shape {list(rhs.shape)} spans the batch axis 0")
-        if len(lhs.shape) == len(y.shape) and lhs.data is not None and lhs.shape[0] != 1:
-            raise self.error(f"constant {lhs.name!r} of shape {list(lhs.shape)} spans the batch axis 0")
+        # A constant [3, 4, 5] against an activation [1, 2, 4], or an activation of rank 2: valid at
+        # the declared shapes, where np.matmul broadcasts as TFLM does (the model runs image by image).
+        self.crosses_batch = broadcast_crossing((lhs, rhs), y, core=2)
         self.depth = ls[-1]
         if self.depth > MAX_DEPTH:
             raise self.error(f"depth {self.depth} could overflow TFLM's int32 accumulator")

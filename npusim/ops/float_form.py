@@ -20,6 +20,7 @@ import numpy as np
 
 from ..errors import NpusimError
 from ..graph import Graph, Op, Tensor
+from .base import broadcast_crossing
 
 # tflite kernel_util.h CalculateActivationRange: the real bounds of each fused activation.
 ACTIVATION_BOUNDS = {
@@ -73,6 +74,9 @@ class FloatForm:
     """Prepare in __init__ (geometry, axes, the fused activation), evaluate in __call__."""
 
     kind = ""
+    # As Kernel.crosses_batch: set by a form whose op is valid at the declared shapes only, so the
+    # float reference runs the model image by image as the integer Interpreter does.
+    crosses_batch: str | None = None
     # MAC ops: the positions of (input, weights, bias) in op.inputs, for constant().
     mac_inputs: tuple | None = None
 
@@ -130,6 +134,7 @@ class Movement(FloatForm):
     def __init__(self, op: Op, graph: Graph):
         super().__init__(op, graph)
         self.kernel = self.kernel_class(op, graph, 0)
+        self.crosses_batch = self.kernel.crosses_batch
 
     def __call__(self, *inputs):
         return self.kernel(*inputs)
@@ -152,6 +157,10 @@ class Elementwise(FloatForm):
     by the fused activation; subclasses name the function."""
 
     function = staticmethod(np.add)
+
+    def __init__(self, op: Op, graph: Graph):
+        super().__init__(op, graph)
+        self.crosses_batch = broadcast_crossing(self.inputs[:2], self.outputs[0])
 
     def __call__(self, a, b):
         return self.activate(self.function(real(a), real(b)))

@@ -66,10 +66,13 @@ class MeanFloat(FloatForm):
         axes = {int(a) % rank for a in np.asarray(self.inputs[1].data).ravel()}
         self.axes = tuple(sorted(axes))
         self.out_image_shape = tuple(self.outputs[0].shape[1:])
+        self.crosses_batch = "reduces axis 0" if 0 in self.axes else None
 
     def __call__(self, x, axes=None):
-        y = self.reduce(real(x), axis=self.axes)
-        return np.asarray(y).reshape((x.shape[0],) + self.out_image_shape)
+        y = np.asarray(self.reduce(real(x), axis=self.axes))
+        if self.crosses_batch:
+            return y.reshape(self.outputs[0].shape)
+        return y.reshape((x.shape[0],) + self.out_image_shape)
 
 
 class Mean(Kernel):
@@ -98,10 +101,8 @@ class Mean(Kernel):
                 f"axes tensor {axes_t.name!r} has type {np.dtype(axes_t.dtype).name}, expected int32"
             )
         rank = len(inp.shape)
-        if rank < 2:
-            raise self.error(
-                f"input {inp.name!r} has shape {list(inp.shape)}, expected a batch axis and at least one more"
-            )
+        if rank < 1:
+            raise self.error(f"input {inp.name!r} is a scalar, expected at least one axis to reduce")
         # ResolveAxis: negative axes count from the end, duplicates are dropped.
         axes: list[int] = []
         for a in np.asarray(axes_t.data).ravel().tolist():
@@ -110,11 +111,8 @@ class Mean(Kernel):
                 raise self.error(f"axis {a} is out of range for input of rank {rank}")
             if r not in axes:
                 axes.append(r)
-        if 0 in axes:
-            raise self.error(
-                "reduces the batch axis 0, which the simulator keeps per image; expected axes among 1.."
-                f"{rank - 1}"
-            )
+        if 0 in axes:  # valid at the declared shapes: the model runs image by image
+            self.crosses_batch = "reduces axis 0"
         if not axes:
             raise self.error("no axis to reduce")
         self.axes = tuple(sorted(axes))
@@ -128,11 +126,8 @@ class Mean(Kernel):
         else:
             kept = [d for i, d in enumerate(self.in_shape) if i not in self.axes]
         declared = tuple(int(d) for d in out.shape)
-        if (
-            not declared
-            or declared[0] != kept[0]
-            or int(np.prod(declared[1:], dtype=np.int64)) != int(np.prod(kept[1:], dtype=np.int64))
-        ):
+        elements = int(np.prod(declared, dtype=np.int64)) == int(np.prod(kept, dtype=np.int64))
+        if not declared or not elements or (not self.crosses_batch and declared[0] != kept[0]):
             raise self.error(
                 f"output {out.name!r} has shape {list(declared)}, "
                 f"expected {kept} (or as many elements per image)"
@@ -148,8 +143,8 @@ class Mean(Kernel):
         self.multiplier = (m << sh) // n  # int64 division of non-negative values
         self.shift = e - sh
 
-    def macs(self) -> int:
-        return int(np.prod(self.in_shape[1:], dtype=np.int64))
+    def macs(self) -> int:  # per row of the output's axis 0, which is the input's unless it is reduced
+        return int(np.prod(self.in_shape, dtype=np.int64)) // self.outputs[0].shape[0]
 
     def workspace_bytes(self, n: int) -> int:
         return n * 8 * int(np.prod(self.out_image_shape, dtype=np.int64))  # int64 sums
@@ -175,7 +170,7 @@ class Mean(Kernel):
             out = xnnpack.reduce_output(
                 sums, self.count, i.scale, i.zero_point, o.scale, o.zero_point, self.is_mean
             )
-            return out.reshape((x.shape[0],) + self.out_image_shape)
+            return self.shaped(out, x)
         out = np.empty(sums.shape, dtype=np.int8)
         mean_requantize(
             sums,
@@ -185,4 +180,11 @@ class Mean(Kernel):
             np.int64(self.output_zero_point),
             out,
         )
+        return self.shaped(out, x)
+
+    def shaped(self, out, x):
+        """The reduced values in the output's declared shape (over the batch of x, unless axis 0
+        was reduced: then the run is image by image, at the declared shapes)."""
+        if self.crosses_batch:
+            return out.reshape(self.outputs[0].shape)
         return out.reshape((x.shape[0],) + self.out_image_shape)

@@ -29,7 +29,7 @@ class Pack(Kernel):
             raise self.error(f"axis {axis} is out of range for an output of rank {rank}")
         self.axis = axis % rank
         if self.axis == 0:
-            raise self.error("packing along the batch axis 0 is not supported")
+            self.crosses_batch = "packs along axis 0"
         for t in self.inputs:
             if tuple(t.shape) != shape:
                 raise self.error(f"input {t.name!r} has shape {list(t.shape)}, expected {list(shape)}")
@@ -45,4 +45,6 @@ class Pack(Kernel):
             raise self.error(f"output shape {list(y.shape)} is not the packed shape {expected}")
 
     def __call__(self, *xs):
+        if self.crosses_batch:  # constants join as stored: there is no batch to broadcast them to
+            return np.stack(xs, axis=0)
         return np.stack(self.batch_aligned(xs), axis=self.axis)

@@ -16,7 +16,7 @@ from ..engines import aligned
 from ..engines.int16 import is_int16, range16, require_int16, require_tflm
 from ..engines.requant import output_range, requantization_multiplier
 from ..jit import parallel_kernel
-from .base import Kernel
+from .base import Kernel, broadcast_crossing
 
 # ADD and SUB bring both inputs to twice the larger scale with this many bits of headroom (TFLM
 # add_common.cc and sub_common.cc: 20 for int8 outputs, 15 for int16), then to the output scale.
@@ -68,16 +68,9 @@ class BinaryKernel(Kernel):
             raise self.error(
                 f"broadcasting over {len(shape)} dimensions, TFLM supports at most {self.max_rank}"
             )
-        for t in (a, b):  # a constant may not broadcast along the batch axis 0
-            if t.data is not None and len(t.shape) == len(y.shape) and len(t.shape) and t.shape[0] != 1:
-                raise self.error(
-                    f"constant {t.name!r} of shape {list(t.shape)} spans the batch axis 0 (size 1 expected)"
-                )
-        for t in (a, b):  # an activation's axis 0 is the batch: it must line up with the output's
-            if t.data is None and len(t.shape) != len(y.shape):
-                raise self.error(
-                    f"input {t.name!r} has rank {len(t.shape)}, expected the output's rank {len(y.shape)}"
-                )
+        # A constant [2, 3] against an activation [1, 3], or an activation of another rank: valid at
+        # the declared shapes only, where __call__ then broadcasts (the model runs image by image).
+        self.crosses_batch = broadcast_crossing((a, b), y)
         self.out_shape = tuple(y.shape[1:])
         return a, b, y
 
@@ -117,7 +110,10 @@ class BinaryKernel(Kernel):
         return 2 * n * int(np.prod(self.out_shape))  # each operand broadcast to the output shape
 
     def __call__(self, a, b):
-        shape = self.broadcast_batch(a, b, self.out_shape)
+        if self.crosses_batch:
+            shape = tuple(self.outputs[0].shape)
+        else:
+            shape = self.broadcast_batch(a, b, self.out_shape)
         if self.int16 is not None:
             return self.int16(*(np.broadcast_to(t, shape) for t in (a, b)))
         return self.eval_int8(*(np.ascontiguousarray(np.broadcast_to(t, shape)) for t in (a, b)))

@@ -61,4 +61,4 @@ class ReduceMax(Mean):
             raise self.error(
                 f"input array {x.dtype} {list(x.shape)}, expected int8 [N, {list(self.in_shape[1:])}]"
             )
-        return np.ascontiguousarray(x.max(axis=self.axes)).reshape((x.shape[0],) + self.out_image_shape)
+        return self.shaped(np.ascontiguousarray(x.max(axis=self.axes)), x)

@@ -1,8 +1,9 @@
 """Data movement and shape ops: SLICE, UNPACK, SQUEEZE, EXPAND_DIMS, SHAPE, TILE, GATHER.
 
 No arithmetic: outputs keep the input's bytes (int8 operands must share the output's quantization,
-as TFLM copies bytes). Activations carry the batch on axis 0; an op that would move or cut it is
-refused. Sources: TFLM micro/kernels/slice.cc, unpack.cc, squeeze.cc, expand_dims.cc, shape.cc,
+as TFLM copies bytes). Activations carry the batch on axis 0; an op that moves or cuts axis 0 sets
+crosses_batch and computes on the declared shapes (the Interpreter runs that model image by
+image). Sources: TFLM micro/kernels/slice.cc, unpack.cc, squeeze.cc, expand_dims.cc, shape.cc,
 gather.cc; TILE is not in TFLM (the PyPI build registers no TILE): it follows LiteRT's
 kernels/tile.cc, whose reference resolver is the oracle of its tests.
 """
@@ -66,10 +67,12 @@ class Slice(Kernel):
             raise self.error(
                 f"begin {begin.tolist()} and size {size.tolist()} reach outside the input {list(x.shape)}"
             )
-        if begin[0] != 0 or size[0] != x.shape[0]:
-            raise self.error("slicing the batch axis 0 is not supported")
         _expect_shape(self, y, size)
-        self.index = (slice(None),) + tuple(slice(int(b), int(b + s)) for b, s in zip(begin[1:], size[1:]))
+        self.index = tuple(slice(int(b), int(b + s)) for b, s in zip(begin, size))
+        if begin[0] != 0 or size[0] != x.shape[0]:
+            self.crosses_batch = f"slices axis 0 ({begin[0]}:{begin[0] + size[0]} of {x.shape[0]})"
+        else:
+            self.index = (slice(None),) + self.index[1:]  # axis 0 whole: the batch
 
     def __call__(self, x, begin=None, size=None):
         return np.ascontiguousarray(x[self.index])
@@ -88,8 +91,8 @@ class Unpack(Kernel):
         if not -rank <= axis < rank:
             raise self.error(f"axis {axis} is out of range for rank {rank}")
         self.axis = axis % rank
-        if self.axis == 0:
-            raise self.error("unpacking along the batch axis 0 is not supported")
+        if self.axis == 0:  # np.take on the declared shapes (the model runs image by image)
+            self.crosses_batch = "unpacks along axis 0"
         num = int(op.options.get("num", x.shape[self.axis]))
         if num != x.shape[self.axis] or num != len(self.outputs):
             raise self.error(
@@ -120,8 +123,6 @@ class Squeeze(Reshape):
         if any(not -rank <= d < rank for d in dims):
             raise self.error(f"squeeze_dims {dims} out of range for rank {rank}")
         dims = {d % rank for d in dims} if dims else {i for i, s in enumerate(x.shape) if s == 1}
-        if 0 in dims:
-            raise self.error("squeezing the batch axis 0 is not supported")
         if any(x.shape[d] != 1 for d in dims):
             raise self.error(f"squeeze_dims {sorted(dims)} name axes of {list(x.shape)} that are not 1")
         _expect_shape(self, y, [s for i, s in enumerate(x.shape) if i not in dims])
@@ -144,8 +145,6 @@ class ExpandDims(Reshape):
         if not -rank <= axis < rank:
             raise self.error(f"axis {axis} is out of range for an output of rank {rank}")
         axis %= rank
-        if axis == 0:
-            raise self.error("a new axis in front of the batch axis 0 is not supported")
         expected = list(x.shape)
         expected.insert(axis, 1)
         _expect_shape(self, y, expected)
@@ -186,8 +185,8 @@ class Tile(Kernel):
             raise self.error(f"multiples {reps.tolist()} do not have one value per axis of {list(x.shape)}")
         if np.any(reps < 1):
             raise self.error(f"multiples {reps.tolist()} must be positive")
-        if reps[0] != 1:
-            raise self.error("tiling the batch axis 0 is not supported")
+        if reps[0] != 1:  # np.tile on the declared shapes (the model runs image by image)
+            self.crosses_batch = f"tiles axis 0 {int(reps[0])} times"
         _expect_shape(self, y, np.asarray(x.shape) * reps)
         self.reps = tuple(int(r) for r in reps)
 
@@ -218,8 +217,8 @@ class Gather(Kernel):
         if not -rank <= axis < rank:
             raise self.error(f"axis {axis} is out of range for rank {rank}")
         axis %= rank
-        if axis == 0:
-            raise self.error("gathering along the batch axis 0 is not supported")
+        if axis == 0:  # np.take on the declared shapes (the model runs image by image)
+            self.crosses_batch = "gathers along axis 0"
         if int(op.options.get("batch_dims", 0)) != 0:
             raise self.error(f"batch_dims {op.options.get('batch_dims')} is not supported, expected 0")
         if np.any(idx < 0) or np.any(idx >= x.shape[axis]):

@@ -25,8 +25,8 @@ def _check_outputs(kernel: Kernel, x, axis_tensor, sizes):
     if not -rank <= axis < rank:
         raise kernel.error(f"axis {axis} is out of range for rank {rank}")
     axis %= rank
-    if axis == 0:
-        raise kernel.error("splitting the batch axis 0 is not supported")
+    if axis == 0:  # np.split on the declared shapes (the model runs image by image)
+        kernel.crosses_batch = "splits axis 0"
     if len(sizes) != len(kernel.outputs):
         raise kernel.error(f"{len(sizes)} parts for {len(kernel.outputs)} outputs")
     for t, size in zip(kernel.outputs, sizes):

@@ -86,7 +86,7 @@ class StridedSlice(Kernel):
         shrink_mask = int(opt.get("shrink_axis_mask", 0))
         if opt.get("offset", False):
             raise self.error("offset=True (end taken relative to begin) is not supported")
-        self.slices = [slice(None)]  # the batch axis, whole
+        self.slices = []
         out_shape = []
         for k in range(rank):
             if strides[k] == 0:
@@ -101,12 +101,6 @@ class StridedSlice(Kernel):
                 bool(end_mask >> k & 1),
                 shrink,
             )
-            if k == 0:
-                if idx != [0] or shrink:
-                    raise self.error(
-                        "the slice selects or removes the batch axis 0, expected it taken whole (batch 1)"
-                    )
-                continue
             if not idx:
                 raise self.error(
                     f"the slice of axis {k} is empty"
@@ -119,10 +113,13 @@ class StridedSlice(Kernel):
                 )
             if not shrink:
                 out_shape.append(len(idx))
-            self.slices.append(_as_slice(idx))
-        if [y.shape[0], *out_shape] != list(y.shape) or len(y.shape) != 1 + len(out_shape):
+            self.slices.append(_as_slice(idx) if shrink or idx != list(range(x.shape[k])) else slice(None))
+        # Axis 0 cut, reversed or shrunk: valid at the declared shapes (the model runs image by image).
+        if self.slices[0] != slice(None) or shrink_mask & 1:
+            self.crosses_batch = f"slices axis 0 (begin {begin[0]}, end {end[0]}, stride {strides[0]})"
+        if out_shape != list(y.shape):
             raise self.error(
-                f"output shape {list(y.shape)} is not the sliced shape {[1, *out_shape]}"
+                f"output shape {list(y.shape)} is not the sliced shape {out_shape}"
                 + (
                     " (ellipsis_mask and new_axis_mask are ignored, as TFLM does)"
                     if opt.get("ellipsis_mask", 0) or opt.get("new_axis_mask", 0)
@@ -131,5 +128,7 @@ class StridedSlice(Kernel):
             )
 
     def __call__(self, x, begin=None, end=None, strides=None):
-        out = x[tuple(self.slices)]
-        return np.ascontiguousarray(out).reshape((x.shape[0],) + tuple(self.outputs[0].shape[1:]))
+        out = np.ascontiguousarray(x[tuple(self.slices)])
+        if self.crosses_batch:
+            return out.reshape(self.outputs[0].shape)
+        return out.reshape((x.shape[0],) + tuple(self.outputs[0].shape[1:]))

@@ -3,6 +3,7 @@ QUANTIZE, DEQUANTIZE), as oracle.py's for the arithmetic ops; oracle re-exports 
 
 from __future__ import annotations
 
+import flatbuffers
 import numpy as np
 from ai_edge_litert import schema_py_generated as schema
 
@@ -357,3 +358,38 @@ def dfl_across_batch_model(seed: int = 1, anchors: int = 21) -> bytes:
     b.add_op("CONV_2D", [p4, w, bias], [c], opt)
     y = reshape(c, (1, 4, anchors), "output", 0.06, -128)  # back across axis 0
     return b.build([x], [y])
+
+
+def behind_reshape(model: bytes) -> bytes:
+    """A one-op model fed as YOLO11's attention feeds its ops: each graph input becomes a batch-1
+    input [1, K] RESHAPEd into the op's declared input shape (whose axis 0 may be 2 or more), so the
+    op works across the axis 0 of a model exported at batch 1."""
+    m = schema.ModelT.InitFromPackedBuf(bytes(model), 0)
+    sg = m.subgraphs[0]
+    code = schema.OperatorCodeT()
+    code.builtinCode = code.deprecatedBuiltinCode = schema.BuiltinOperator.RESHAPE
+    code.version = 1
+    m.operatorCodes.append(code)
+    front = []
+    sg.inputs = [int(t) for t in sg.inputs]
+    for k, t in enumerate(list(sg.inputs)):
+        old = sg.tensors[t]
+        flat = schema.TensorT()
+        flat.shape, flat.type, flat.buffer = [1, int(np.prod(old.shape))], old.type, 0
+        flat.name, flat.quantization = f"flat{k}", old.quantization
+        shape = schema.TensorT()
+        shape.shape, shape.type, shape.name = [len(old.shape)], schema.TensorType.INT32, f"flat{k}_shape"
+        buf = schema.BufferT()
+        buf.data = np.frombuffer(np.asarray(old.shape, np.int32).tobytes(), np.uint8)
+        m.buffers.append(buf)
+        shape.buffer = len(m.buffers) - 1
+        sg.tensors += [flat, shape]
+        op = schema.OperatorT()
+        op.opcodeIndex = len(m.operatorCodes) - 1
+        op.inputs, op.outputs = [len(sg.tensors) - 2, len(sg.tensors) - 1], [t]
+        front.append(op)
+        sg.inputs[k] = len(sg.tensors) - 2
+    sg.operators = front + list(sg.operators)
+    builder = flatbuffers.Builder(0)
+    builder.Finish(m.Pack(builder), file_identifier=b"TFL3")
+    return bytes(builder.Output())

@@ -39,6 +39,7 @@ from .builder import (  # noqa: F401
 )
 from .movement_models import (  # noqa: F401
     batch_axis_head_model,
+    behind_reshape,
     concat_model,
     dequantize_model,
     dfl_across_batch_model,
