@@ -186,10 +186,12 @@ def onnx_across(node, extra_inits=(), fmt="QOperator"):
         (
             lambda h: (h.make_node("Pad", ["x", "p"], ["y"]), [("p", np.asarray([1, 0, 0, 0, 0, 0, 0, 1]))]),
             "pads axis 0 by [1, 0]",
-            # QDQ, the Pad alone: a QOperator Pad's quantized constant_value is read as a real
-            # value by the importer (lower_pad), and a QDQ Conv's rounding may part from ORT's by
-            # one code (found here, neither an axis-0 matter)
             "QDQ",
+        ),
+        (  # ORT's QOperator Pad pads with a uint8 code (the zero point), not a real value
+            lambda h: (h.make_node("Pad", ["c", "p"], ["y"]), [("p", np.asarray([1, 0, 0, 0, 0, 0, 0, 1]))]),
+            "pads axis 0 by [1, 0]",
+            "QOperator",
         ),
         (
             lambda h: (
@@ -200,7 +202,7 @@ def onnx_across(node, extra_inits=(), fmt="QOperator"):
             "QOperator",
         ),
     ],
-    ids=["transpose", "pad", "slice whole"],
+    ids=["transpose", "pad qdq", "pad qoperator", "slice whole"],
 )
 def test_onnx_across_axis_zero_as_onnxruntime(make, why, fmt):
     """Transpose moving axis 0 (a TRANSPOSE where the layout is needed), Pad of axis 0: lowered as

@@ -220,7 +220,7 @@ def lower_pad(ctx: Lowering, node):
     if ctx.opset >= 11:
         pads = [int(v) for v in ctx.const(node, 1).value.ravel()]
         value_c = ctx.const(node, 2, required=False)
-        value = float(value_c.value.ravel()[0]) if value_c is not None and value_c.value.size else 0.0
+        value = value_c.value.ravel()[0] if value_c is not None and value_c.value.size else 0.0
         axes_c = ctx.const(node, 3, required=False)
         axes = [int(a) % rank for a in axes_c.value.ravel()] if axes_c is not None else list(range(rank))
     else:
@@ -241,8 +241,13 @@ def lower_pad(ctx: Lowering, node):
     shape = tuple(d + a + b for d, (a, b) in zip(ctx.shape(x.tensor), paddings))
     out = ctx.tensor(node.output[0], shape, np.int8, q)
     p = ctx.constant(node.output[0] + "_paddings", paddings, np.int32)
-    code = np.rint(value / np.float64(q.scale[0])) + q.zero_point[0]
-    if value == 0.0:
+    if isinstance(value, (np.int8, np.uint8)):
+        # A QOperator Pad pads its quantized tensor with a code of the tensor's own type (ORT's
+        # quantizer writes the zero point there), not a real value; uint8 codes shift as the tensor's.
+        code = int(value) - 128 * isinstance(value, np.uint8)
+    else:
+        code = np.rint(float(value) / np.float64(q.scale[0])) + q.zero_point[0]
+    if code == q.zero_point[0]:  # TFLite's PAD pads int8 with the zero point
         ctx.emit("PAD", [x.tensor, p], [out])
     else:
         v = ctx.constant(node.output[0] + "_value", [int(np.clip(code, -128, 127))], np.int8, q)
