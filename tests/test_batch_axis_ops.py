@@ -253,3 +253,43 @@ def test_onnx_slice_of_axis_zero_as_onnxruntime():
     kinds = {k.kind: k.crosses_batch for k in interp.kernels}
     assert kinds["STRIDED_SLICE"] == "slices axis 0 (begin 1, end 3, stride 1)"
     O.assert_same(oo.run_ort(q, x), interp.run(x), "QOperator model vs ORT")
+
+
+@pytest.mark.parametrize("keepdims", [0, 1])
+def test_onnx_reduce_mean_of_axis_zero_as_onnxruntime(keepdims):
+    """Q, Reshape [1, 4, 4, 6] -> [4, 4, 6], ReduceMean over axis 0, Q, written as QDQ by hand (ORT's
+    quantizer leaves ReduceMean float): a MEAN across axis 0, run image by image, equal to ORT's
+    literal QDQ semantics (optimizations off) bit for bit."""
+    pytest.importorskip("onnxruntime")
+    from onnx import TensorProto, helper, numpy_helper
+
+    from npusim.testing import onnx_oracle as oo
+
+    def qdq(src, dst, scale):
+        return [
+            helper.make_node("QuantizeLinear", [src, scale, "zp"], [dst + "_q"]),
+            helper.make_node("DequantizeLinear", [dst + "_q", scale, "zp"], [dst]),
+        ]
+
+    nodes = [
+        *qdq("x", "xq", "s_in"),
+        helper.make_node("Reshape", ["xq", "shape"], ["r"]),
+        helper.make_node("ReduceMean", ["r", "axes"], ["m"], keepdims=keepdims),
+        *qdq("m", "y", "s_out"),
+    ]
+    consts = {"s_in": np.float32(0.05), "s_out": np.float32(0.03), "zp": np.int8(3)}
+    consts |= {"shape": np.asarray([4, 4, 6], np.int64), "axes": np.asarray([0], np.int64)}
+    graph = helper.make_graph(
+        nodes,
+        "mean0",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, (1, 4, 4, 6))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(np.asarray(v), k) for k, v in consts.items()],
+    )
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    m.ir_version = 9
+    q = m.SerializeToString()
+    x = np.random.default_rng(5).uniform(-6, 6, (3, 4, 4, 6)).astype(np.float32)
+    interp = npusim.Interpreter(npusim.load_model(q), profile="onnxruntime")
+    assert interp.batch.by_image
+    O.assert_same(oo.run_ort(q, x, optimize=False), interp.run(x), "QDQ ReduceMean over axis 0 vs ORT")
