@@ -277,6 +277,15 @@ def dequantize_model(input_shape, scale, zp) -> bytes:
     b.add_op("DEQUANTIZE", [x], [y], schema.DequantizeOptionsT())
     return b.build([x], [y])
 
+def add_reshape(b: ModelBuilder, src: int, shape, name: str, scale: float, zp: int) -> int:
+    """A RESHAPE of src into an int8 tensor of shape (its new_shape option and shape input both set)."""
+    y = b.add_tensor(shape, np.int8, scale, zp, name=name)
+    opt = schema.ReshapeOptionsT()
+    opt.newShape = list(shape)
+    b.add_op("RESHAPE", [src, b.add_const(np.asarray(shape, np.int32), name=name + "_shape")], [y], opt)
+    return y
+
+
 def batch_axis_head_model(seed: int = 3, heads: int = 2, batch: int = 1) -> bytes:
     """A model that moves data across axis 0, as YOLO11's C2PSA attention does (its TFLite export
     reshapes [1, 2, 64, 32] into [2, 64, 32]), then a head like YOLOv8n's DFL (a 1x1 CONV_2D after a
@@ -289,11 +298,7 @@ def batch_axis_head_model(seed: int = 3, heads: int = 2, batch: int = 1) -> byte
     x = b.add_tensor((batch, 4, 8, 6), np.int8, 0.05, -3, name="input")
 
     def reshape(src, shape, name, scale, zp):
-        y = b.add_tensor(shape, np.int8, scale, zp, name=name)
-        opt = schema.ReshapeOptionsT()
-        opt.newShape = list(shape)
-        b.add_op("RESHAPE", [src, b.add_const(np.asarray(shape, np.int32), name=name + "_shape")], [y], opt)
-        return y
+        return add_reshape(b, src, shape, name, scale, zp)
 
     def matmul(lhs, rhs, shape, name, q, adj_y):
         y = b.add_tensor(shape, np.int8, *q, name=name)
@@ -335,11 +340,7 @@ def dfl_across_batch_model(seed: int = 1, anchors: int = 21) -> bytes:
     x = b.add_tensor((1, 64, anchors), np.int8, 0.08, 10, name="input")
 
     def reshape(src, shape, name, scale, zp):
-        y = b.add_tensor(shape, np.int8, scale, zp, name=name)
-        opt = schema.ReshapeOptionsT()
-        opt.newShape = list(shape)
-        b.add_op("RESHAPE", [src, b.add_const(np.asarray(shape, np.int32), name=name + "_shape")], [y], opt)
-        return y
+        return add_reshape(b, src, shape, name, scale, zp)
 
     r = reshape(x, (4, 16, anchors), "sides", 0.08, 10)  # across axis 0
     t = b.add_tensor((4, anchors, 16), np.int8, 0.08, 10, name="bins")
