@@ -59,6 +59,21 @@ def test_initialized_head_starts_below_ln_c(tiny, tmp_path, method):
     assert not np.all(t.model.values()[0] == 0)
 
 
+def test_initialized_weights_fit_the_head_scales(tiny, tmp_path):
+    """Per class the probe rule's scale, or a coarser one that holds the fitted weights unclamped."""
+    model, data = tiny
+    zero = Trainer(config(model, data, head_init="zero"), tmp_path / "zero")
+    t = Trainer(config(model, data), tmp_path / "ridge")
+    head = t.model.head_op
+    probe = zero.model.graph.tensors[zero.model.head_op.inputs[1]].quant.scale
+    w = t.model.graph.tensors[head.inputs[1]]
+    b = t.model.graph.tensors[head.inputs[2]]
+    assert np.all(w.quant.scale >= probe) and t.head_clamped == 0.0
+    assert np.all(np.abs(w.data).max(axis=1)[w.quant.scale > probe] == 127)
+    in_scale = np.float64(t.model.graph.tensors[head.inputs[0]].scale)
+    assert np.allclose(b.quant.scale, in_scale * w.quant.scale.astype(np.float64), rtol=1e-6)
+
+
 def test_temperature_minimizes_the_cross_entropy():
     rng = np.random.default_rng(0)
     labels = rng.integers(0, 3, 300)
