@@ -54,7 +54,8 @@ class TrainableModel:
         calibration: np.ndarray | None = None,
     ):
         """num_classes different from the model's, or new_head, gives a fresh zero head (zo/head.py),
-        quantized from the frozen features of calibration (model-input values of a batch)."""
+        quantized from the frozen features of calibration (model-input values of a batch); the
+        trainer may then initialize it (zo/head_init.py, requantize_head)."""
         if num_classes is not None and num_classes < 2:
             raise ZoError(f"{num_classes} class(es): a classifier needs at least 2 classes")
         try:
