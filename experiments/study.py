@@ -171,6 +171,18 @@ V31_CELLS = (
         "resnet8-cifar10-last4-adam", RESNET8, "cifar10_subset.npz", "last:4", DEEP_BUDGET, optimizer="adam"
     ),
 )
+# The study's claim on the trainer with an initialized fresh head (`--head-init ridge`, the default
+# since issue 28), pre-registered with the frozen trainer and rule before any of these runs ran
+# (docs/study.md, "An initialized head"): a trainable set no nsgd grid ran (ResNet-8 `last:2`) and
+# two evaluation cells of the full grid on seeds no grid ran (5, 6). Evaluation only. Registered
+# first at 60,000 / 120,000 passes; re-registered at 30,000 when the first run (unread) showed that
+# the loaded machine could not finish that grid in the session (docs/study.md).
+INIT_BUDGET = 30_000
+INIT_CELLS = (
+    Cell("resnet8-eurosat-last2-init", RESNET8, "eurosat32_subset.npz", "last:2", INIT_BUDGET),
+    Cell("resnet8-cifar10-init", RESNET8, "cifar10_subset.npz", "last:1", INIT_BUDGET),
+    Cell("mobilenetv2-cifar10-init", MOBILENETV2, "cifar10_subset.npz", "last:1", INIT_BUDGET),
+)
 FIXED = tuple(f"fixed:{q}" for q in (1, 2, 4, 8, 16, 32, 64))
 # The design cells under the two step rules whose step does not grow with q: with the nsgd design
 # cells, where QScheduler v3's efficiency test was designed (docs/study.md, "QScheduler v3").
@@ -200,6 +212,9 @@ GRIDS = {
     "steprules": Grid(STEP_RULE_CELLS, FIXED + ("slope", "linear:32", "power:32"), SEEDS, headline="slope"),
     "v3": Grid(V3_CELLS, FIXED + ("qscheduler",), SEEDS),
     "v31": Grid(V31_CELLS, FIXED + ("qscheduler",), SEEDS),
+    # q up to 32 (the best fixed q of every nsgd cell of the full grid lay there), 2 seeds: to fit the
+    # machine's time (docs/study.md).
+    "init": Grid(INIT_CELLS, FIXED[:6] + ("qscheduler",), (5, 6)),
     # The same study at twice the budgets, for the flattening criterion that 7 of 8 cells of "full"
     # miss (docs/study.md); the rule stays the one frozen before "full" ran.
     "long": Grid(
@@ -226,6 +241,7 @@ DOCS_BLOCKS = {
     "full": "study",
     "steprules": "study-steprules",
     "v31": "study-v31",
+    "init": "study-init",
 }  # grid -> its marked block in docs/study.md
 
 

@@ -140,6 +140,13 @@ def main():
     help="Start from a zero classifier head even when the class count is unchanged.",
 )
 @click.option(
+    "--head-init",
+    default="ridge",
+    show_default=True,
+    help="How a fresh head starts: ridge (least squares on the training images' features), imprint "
+    "(class-mean prototypes) or zero; the feature passes are charged to --budget.",
+)
+@click.option(
     "--input-range",
     type=click.Choice(["auto", "0:255", "0:1", "-1:1"]),
     default="auto",

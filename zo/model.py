@@ -54,7 +54,8 @@ class TrainableModel:
         calibration: np.ndarray | None = None,
     ):
         """num_classes different from the model's, or new_head, gives a fresh zero head (zo/head.py),
-        quantized from the frozen features of calibration (model-input values of a batch)."""
+        quantized from the frozen features of calibration (model-input values of a batch); the
+        trainer may then initialize it (zo/head_init.py, requantize_head)."""
         if num_classes is not None and num_classes < 2:
             raise ZoError(f"{num_classes} class(es): a classifier needs at least 2 classes")
         try:
@@ -69,16 +70,36 @@ class TrainableModel:
                     f"not a FULLY_CONNECTED classifier for {num_classes} classes: pass --new-head "
                     "to append one"
                 )
-            if new_head or (num_classes is not None and num_classes != out_classes):
+            fresh = new_head or (num_classes is not None and num_classes != out_classes)
+            if fresh:
                 features = self.features(calibration, feature_tensor(graph))
                 self.interp = Interpreter(
                     fresh_head(graph, num_classes or out_classes, features), profile=profile
                 )
         except NpusimError as e:
             raise ZoError(str(e)) from None
+        self.trainable = trainable
+        # The fresh head's FULLY_CONNECTED (None for the model's own head): what zo/head_init.py fills.
+        self.head_op = find_head(self.interp.graph) if fresh else None
+        self._split()
+
+    def requantize_head(self, w_scale: np.ndarray):
+        """New per-class weight scales for the fresh head (and bias scales in_scale * w_scale), before
+        training: the interpreter is prepared again, as the compiler would compile the new head."""
+        tensors = self.graph.tensors
+        head = self.head_op
+        tensors[head.inputs[1]].quant.scale = w_scale.astype(np.float32)
+        if len(head.inputs) > 2 and head.inputs[2] >= 0:
+            in_scale = np.float64(tensors[head.inputs[0]].scale)
+            tensors[head.inputs[2]].quant.scale = (in_scale * w_scale.astype(np.float64)).astype(np.float32)
+        self.interp = Interpreter(self.graph, profile=self.interp.profile)
+        self._split()
+
+    def _split(self):
+        """The trainable parameters, and the prefix / suffix / tail split at them."""
         self.graph = self.interp.graph
         self.num_classes = self.graph.output().shape[-1]
-        self.params = self._select(trainable)
+        self.params = self._select(self.trainable)
         kernels = self.interp.kernels
         trainable_ops = {p.op_index for p in self.params}
         start = min(i for i, k in enumerate(kernels) if k.op.index in trainable_ops)
@@ -115,6 +136,22 @@ class TrainableModel:
             values = {self.interp.graph.inputs[0]: self.interp.check_input(x[i : i + chunk])}
             self.interp.evaluate(values, plan)
             parts.append(values[tensor].reshape(len(values[tensor]), -1))
+        return t.scale * (np.concatenate(parts).astype(np.float64) - t.zero_point)
+
+    def head_features(self, boundary: dict, chunk: int = 256) -> np.ndarray:
+        """Real values [N, D] of the fresh head's input for cached boundary activations: the frozen
+        prefix (cached) and the suffix's ops before the head, as deployed."""
+        x = self.head_op.inputs[0]
+        t = self.graph.tensors[x]
+        head = self.head_op.outputs[0]
+        before = self.suffix[: next(i for i, k in enumerate(self.suffix) if head in k.op.outputs)]
+        n = len(next(iter(boundary.values())))
+        parts = []
+        for i in range(0, n, chunk):
+            interrupt.check()  # a safe point in the setup (zo/interrupt.py)
+            values = {b: v[i : i + chunk] for b, v in boundary.items()}
+            self.interp.evaluate(values, before)
+            parts.append(values[x].reshape(len(values[x]), -1))
         return t.scale * (np.concatenate(parts).astype(np.float64) - t.zero_point)
 
     # -- the trainable set -------------------------------------------------------------------

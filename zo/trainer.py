@@ -24,9 +24,18 @@ from npusim.interpreter import check_int8
 from npusim.model_io import model_suffix
 from npusim.npu import plan_device
 
-from . import checkpoint, interrupt
+from . import checkpoint, head_init, interrupt
 from .data import Dataset, load_dataset, subset
 from .errors import ZoError
+from .head import LOGIT_RANGE
+from .head_init import (
+    DEFAULT_HEAD_INIT,
+    check_head_init,
+    fit_head,
+    fit_temperature,
+    holding_scales,
+    quantize_head,
+)
 from .inputs import SATURATION_WARNING, ImageInput, InputMapping, choose_mapping, model_inputs, parse_channels
 from .loss import group_losses
 from .metrics import MetricsLog
@@ -66,7 +75,8 @@ class TrainConfig:
     profile: str = "tflm"
     train_size: int | None = None
     test_size: int | None = None
-    new_head: bool = False  # start from a zero head even when the number of classes is unchanged
+    new_head: bool = False  # start from a fresh head even when the number of classes is unchanged
+    head_init: str = DEFAULT_HEAD_INIT  # how a fresh head starts (zo/head_init.py)
     input_range: str = "auto"  # pixels -> model input (zo/inputs.py)
     mean: str | None = None  # "R,G,B", torchvision's convention, with std
     std: str | None = None
@@ -80,6 +90,7 @@ class TrainConfig:
             raise ZoError(f"--direction {self.direction!r}: expected one of {', '.join(KINDS)}")
         if self.rounding not in ("nearest", "stochastic"):
             raise ZoError(f"--rounding {self.rounding!r}: expected nearest or stochastic")
+        check_head_init(self.head_init)
         if self.eps < 1:
             raise ZoError(f"--eps {self.eps}: expected a positive number of int8 steps")
         if self.batch < 1:
@@ -191,8 +202,13 @@ class Trainer:
                 "efficiency test under this step rule) or a fixed q"
             )
         first_step = 2 * self.scheduler.next_q(Progress(0, 0, config.budget))
-        if config.budget < first_step:
-            raise ZoError(f"--budget {config.budget}: below one step ({first_step} forward passes)")
+        fresh = self.model.head_op is not None and config.head_init != "zero"
+        init = self.feature_passes() if fresh else 0
+        if config.budget < first_step + init:
+            head = f" and the head's initialization ({init})" if init else ""
+            raise ZoError(
+                f"--budget {config.budget}: below one step ({first_step} forward passes){head}"
+            )
         # The frozen prefix never changes: its outputs are computed once for the whole data set.
         if caches is None:
             self.report(
@@ -204,6 +220,9 @@ class Trainer:
                 self.model.boundary_activations(self.inputs_of(data.x_test)),
             )
         self.train_cache, self.test_cache = caches
+        # The fresh head as deployed before any training (zero): the back-propagation bound's start.
+        self.uninitialized = [v.copy() for v in self.model.values()]
+        self.init_passes = self.initialize_head() if self.model.head_op is not None else 0
         self.units = np.concatenate(
             [
                 np.full(v.size, p.unit, dtype=np.float64)
@@ -217,7 +236,7 @@ class Trainer:
         self.optimizer = make_optimizer(config.optimizer, self.master.size, config.momentum)
         self.u_moment = second_moment(config.direction)
         self.step = 0
-        self.forward_passes = 0
+        self.forward_passes = self.init_passes  # the head's initialization is paid from the budget
         self.wall_offset = 0.0
         # What the device pays per forward pass of a mini-batch, kept apart from simulator wall time.
         self.macs_per_pass = self.model.interp.macs() * config.batch
@@ -231,6 +250,40 @@ class Trainer:
         self.last_eval_passes, self.final_accuracy = -1, float("nan")
         self.wall = lambda: self.wall_offset
         self.metrics = MetricsLog(self.out / "metrics.csv")
+
+    # -- the fresh head's initialization -----------------------------------------------------------
+    def feature_passes(self) -> int:
+        """Forward passes of the head's initialization: one per mini-batch of the training set, as
+        the device would run the deployed model over it (the budget counts mini-batch passes)."""
+        return -(-len(self.data.y_train) // self.config.batch)
+
+    def initialize_head(self) -> int:
+        """Fill the fresh head from the features of the training images (zo/head_init.py); returns
+        the forward passes it cost."""
+        cfg = self.config
+        if cfg.head_init == "zero":
+            return 0
+        self.report(f"initializing the fresh head ({cfg.head_init}) from the features of the training images")
+        features = self.model.head_features(self.train_cache)
+        labels = self.data.y_train
+        w, b = fit_head(features, labels, self.model.num_classes, cfg.head_init)
+        s = fit_temperature(features @ w.T + b, labels, LOGIT_RANGE)
+        w, b = s * w, s * b
+        head = self.model.head_op
+        if head_init.SCALE_RULE == "hold":
+            probe = self.model.graph.tensors[head.inputs[1]].quant.scale
+            scales = holding_scales(w, probe)
+            if np.any(scales != probe):
+                self.model.requantize_head(scales)
+        tensors = self.model.graph.tensors
+        weights = tensors[head.inputs[1]]
+        codes, bias, self.head_clamped = quantize_head(
+            w, b, weights.quant.scale.astype(np.float64), tensors[head.inputs[0]].scale
+        )
+        weights.data = codes
+        if len(head.inputs) > 2 and head.inputs[2] >= 0:
+            tensors[head.inputs[2]].data = bias
+        return self.feature_passes()
 
     # -- data ---------------------------------------------------------------------------------
     def inputs_of(self, x_uint8: np.ndarray) -> np.ndarray:
