@@ -10,6 +10,7 @@ NPUSIM_TEST_SCALE=k multiplies the number of examples of the op tests (e.g. 10 f
 import os
 import sys
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -34,3 +35,17 @@ def pytest_addoption(parser):
         metavar="N",
         help="number of fuzz cases of tests/test_fuzz.py (default 3000)",
     )
+
+
+@pytest.fixture
+def tiny(tmp_path):
+    """zo's tests: a tiny .tflite classifier and a colour data set, as files (tests/zo_fixtures.py)."""
+    import numpy as np
+
+    from zo_fixtures import color_dataset, tiny_classifier
+
+    model = tmp_path / "tiny.tflite"
+    model.write_bytes(tiny_classifier())
+    data = tmp_path / "colors.npz"
+    np.savez(data, **color_dataset())
+    return model, data

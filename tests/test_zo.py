@@ -25,7 +25,7 @@ from zo.perturbation import direction, second_moment
 from zo.trainer import TrainConfig, Trainer
 
 from shared_paths import MOBILENET, RESNET, SHARED
-from zo_fixtures import color_dataset, tiny_classifier
+from zo_fixtures import color_dataset
 
 ZO = [sys.executable, "-m", "zo.cli"]
 
@@ -33,15 +33,6 @@ ZO = [sys.executable, "-m", "zo.cli"]
 def need_shared():
     if not RESNET.exists():
         pytest.skip(f"SHARED DATA MISSING: {SHARED} not found (set NPU_SHARED); real-model test skipped")
-
-
-@pytest.fixture
-def tiny(tmp_path):
-    model = tmp_path / "tiny.tflite"
-    model.write_bytes(tiny_classifier())
-    data = tmp_path / "colors.npz"
-    np.savez(data, **color_dataset())
-    return model, data
 
 
 def config(model, data, **kw):

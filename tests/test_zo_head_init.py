@@ -13,18 +13,7 @@ import pytest
 from zo.head_init import fit_head, fit_temperature
 from zo.trainer import TrainConfig, Trainer
 
-from zo_fixtures import color_dataset, tiny_classifier
-
 ZO = [sys.executable, "-m", "zo.cli"]
-
-
-@pytest.fixture
-def tiny(tmp_path):
-    model = tmp_path / "tiny.tflite"
-    model.write_bytes(tiny_classifier())
-    data = tmp_path / "colors.npz"
-    np.savez(data, **color_dataset())
-    return model, data
 
 
 def config(model, data, **kw):

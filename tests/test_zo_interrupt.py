@@ -31,15 +31,6 @@ ZO = [sys.executable, "-m", "zo.cli"]
 NOT_STARTED = "error: interrupted before the first step; nothing to resume"
 
 
-@pytest.fixture
-def tiny(tmp_path):
-    model = tmp_path / "tiny.tflite"
-    model.write_bytes(tiny_classifier())
-    data = tmp_path / "colors.npz"
-    np.savez(data, **color_dataset())
-    return model, data
-
-
 def train_args(model, data, out, *extra):
     return [
         "train",
