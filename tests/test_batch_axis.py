@@ -186,7 +186,7 @@ def test_onnx_reshape_across_the_batch_axis_as_onnxruntime():
     ORT's quantize_static QOperator model, run image by image under --profile onnxruntime, gives
     ORT's output bit for bit."""
     pytest.importorskip("onnxruntime")
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import helper, numpy_helper
 
     from npusim.testing import onnx_oracle as oo
 
@@ -203,15 +203,7 @@ def test_onnx_reshape_across_the_batch_axis_as_onnxruntime():
         numpy_helper.from_array(rng.standard_normal((6, 5)).astype(np.float32) * 0.3, "w"),
         numpy_helper.from_array(np.asarray([1, 80], np.int64), "s2"),
     ]
-    graph = helper.make_graph(
-        nodes,
-        "across",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, (1, 4, 4, 6))],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-        inits,
-    )
-    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    m.ir_version = 9
+    m = oo._model(nodes, [oo._value("x", (1, 4, 4, 6))], [oo._value("y", None)], inits)
     q = oo.quantize(m, fmt="QOperator", seed=1)
     x = np.concatenate([f["x"] for f in oo.random_inputs(m, 5, seed=3)])
     interp = npusim.Interpreter(npusim.load_model(q), profile="onnxruntime")

@@ -155,7 +155,7 @@ def test_float_reference_runs_a_constant_across_axis_zero_image_by_image():
 def onnx_across(node, extra_inits=(), fmt="QOperator"):
     """A float ONNX graph Conv 1x1 -> `node` (on the Conv's output 'c', or on 'x' alone, giving
     'y'), quantized by ORT's quantize_static (fmt: QOperator or QDQ)."""
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import helper, numpy_helper
 
     from npusim.testing import onnx_oracle as oo
 
@@ -163,15 +163,12 @@ def onnx_across(node, extra_inits=(), fmt="QOperator"):
     inits = [numpy_helper.from_array(rng.standard_normal((4, 4, 1, 1)).astype(np.float32) * 0.5, "cw")]
     inits = inits[: "c" in node.input] + [numpy_helper.from_array(np.asarray(v), k) for k, v in extra_inits]
     conv = helper.make_node("Conv", ["x", "cw"], ["c"], kernel_shape=[1, 1])
-    graph = helper.make_graph(
+    m = oo._model(
         [conv, node] if "c" in node.input else [node],
-        "across",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, (1, 4, 4, 6))],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [oo._value("x", (1, 4, 4, 6))],
+        [oo._value("y", None)],
         inits,
     )
-    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    m.ir_version = 9
     return oo.quantize(m, fmt=fmt, seed=1), m
 
 
@@ -223,7 +220,7 @@ def test_onnx_across_axis_zero_as_onnxruntime(make, why, fmt):
 def test_onnx_slice_of_axis_zero_as_onnxruntime():
     """Reshape [1, 4, 4, 6] -> [4, 4, 6], then Slice rows 1:3 of axis 0 (a STRIDED_SLICE across it)."""
     pytest.importorskip("onnxruntime")
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import helper, numpy_helper
 
     from npusim.testing import onnx_oracle as oo
 
@@ -238,15 +235,7 @@ def test_onnx_slice_of_axis_zero_as_onnxruntime():
         numpy_helper.from_array(np.asarray(v, np.int64), k)
         for k, v in (("s1", [4, 4, 6]), ("b", [1]), ("e", [3]), ("a", [0]))
     ]
-    graph = helper.make_graph(
-        nodes,
-        "slice0",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, (1, 4, 4, 6))],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-        inits,
-    )
-    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    m.ir_version = 9
+    m = oo._model(nodes, [oo._value("x", (1, 4, 4, 6))], [oo._value("y", None)], inits)
     q = oo.quantize(m, fmt="QOperator", seed=1)
     x = np.concatenate([f["x"] for f in oo.random_inputs(m, 3, seed=4)])
     interp = npusim.Interpreter(npusim.load_model(q), profile="onnxruntime")
@@ -261,7 +250,7 @@ def test_onnx_reduce_mean_of_axis_zero_as_onnxruntime(keepdims):
     quantizer leaves ReduceMean float): a MEAN across axis 0, run image by image, equal to ORT's
     literal QDQ semantics (optimizations off) bit for bit."""
     pytest.importorskip("onnxruntime")
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import helper, numpy_helper
 
     from npusim.testing import onnx_oracle as oo
 
@@ -279,15 +268,13 @@ def test_onnx_reduce_mean_of_axis_zero_as_onnxruntime(keepdims):
     ]
     consts = {"s_in": np.float32(0.05), "s_out": np.float32(0.03), "zp": np.int8(3)}
     consts |= {"shape": np.asarray([4, 4, 6], np.int64), "axes": np.asarray([0], np.int64)}
-    graph = helper.make_graph(
+    m = oo._model(
         nodes,
-        "mean0",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, (1, 4, 4, 6))],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [oo._value("x", (1, 4, 4, 6))],
+        [oo._value("y", None)],
         [numpy_helper.from_array(np.asarray(v), k) for k, v in consts.items()],
+        opset=18,
     )
-    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
-    m.ir_version = 9
     q = m.SerializeToString()
     x = np.random.default_rng(5).uniform(-6, 6, (3, 4, 4, 6)).astype(np.float32)
     interp = npusim.Interpreter(npusim.load_model(q), profile="onnxruntime")
