@@ -19,7 +19,7 @@ from dataclasses import fields
 from pathlib import Path
 
 from .errors import ZoError
-from .trainer import DEFAULT_LR, TrainConfig
+from .trainer import TrainConfig, default_lr
 
 MAY_CHANGE = ("budget", "eval_every", "checkpoint_every")
 BY_CONTENT = ("model", "data")
@@ -48,11 +48,9 @@ def recorded_options(directory: str | Path) -> dict:
 
 
 def _same(name: str, recorded, given, options: dict) -> bool:
-    if name == "lr":  # unset means the optimizer's default: --lr 0.03 under nsgd is the same run
-        optimizer = options["optimizer"]
-        return (recorded if recorded is not None else DEFAULT_LR[optimizer]) == (
-            given if given is not None else DEFAULT_LR[optimizer]
-        )
+    if name == "lr":  # unset means the default: --lr 0.01 under nsgd from a ridge head is the same run
+        default = default_lr(options["optimizer"], options["head_init"])
+        return (recorded if recorded is not None else default) == (given if given is not None else default)
     return recorded == given
 
 
