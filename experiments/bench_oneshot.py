@@ -49,8 +49,8 @@ np.save(y_path, it.get_tensor(it.get_output_details()[0]["index"]))
 
 # Where a one-shot run's time goes: the CPU seconds (time.process_time, unmoved by other processes'
 # load as wall time is) of each step of `npusim run` in the order it takes them, in a fresh process.
-# Numba's first compiled function sets up its target (its registries, and scipy.linalg, imported to
-# see whether BLAS is there): done here by hand to time it apart from the kernels' own loads.
+# Numba's target (its registries, and the BLAS check, jit.set_up_target) is set up by hand here, as
+# Interpreter does it, to time it apart from the kernels' own loads.
 PHASES_SCRIPT = """
 import json, sys, time
 c = time.process_time
@@ -60,9 +60,7 @@ import click; marks.append(("click", c()))
 import numba; marks.append(("numba import", c()))
 from npusim import jit; jit.sources_digest(); marks.append(("kernel-source digest (jit.py)", c()))
 import npusim.cli, npusim.interpreter; marks.append(("npusim modules", c()))
-import numba.np.linalg; numba.np.linalg.ensure_blas(); marks.append(("scipy.linalg, Numba's BLAS check", c()))
-from numba.core.registry import cpu_target
-cpu_target.target_context.refresh(); marks.append(("the rest of Numba's target set-up", c()))
+jit.set_up_target(); marks.append(("Numba's target set-up (jit.set_up_target)", c()))
 it = npusim.interpreter.Interpreter(sys.argv[1]); marks.append(("load + prepare (its kernels' loads)", c()))
 x = np.load(sys.argv[2]); it.run(x); marks.append(("first run (its kernels' loads)", c()))
 it.run(x); marks.append(("a second run", c()))

@@ -10,11 +10,14 @@ from __future__ import annotations
 import numpy as np
 
 from . import tflite_io
+from .chains import find_chains
 from .engines import backend as _backend
 from .errors import NpusimError
 from .graph import Graph, computes_in_float, legacy_uint8
+from .jit import set_up_target
 from .model_io import load_model
 from .ops import KERNELS, MAC_OPS, ort_kernels
+from .ops.quantize import lookup
 from .quant import ONNXRUNTIME, profile_id
 
 
@@ -175,6 +178,7 @@ class Interpreter:
         """plan_only (what `npusim inspect` needs): ops npusim lacks are listed in self.unsupported and
         left out of self.kernels instead of refused; such an Interpreter plans but runs nothing."""
         self.graph = graph if isinstance(graph, Graph) else load_model(graph)
+        set_up_target()  # before the first kernel loads (jit.py: a cheaper BLAS check)
         self.profile = profile
         self.backends = _backend.select(backend)
         pid = profile_id(profile)
@@ -220,6 +224,19 @@ class Interpreter:
                 and reads[0][0].fuse_pad(k)
             ):
                 self._pad_sources[t] = k.op.inputs[0]
+        # Chains of elementwise ops over one 8-bit tensor (YOLO's SiLU: LOGISTIC, MUL) run as one
+        # lookup, in run() only, like the PADs above (chains.py): {chain output tensor: Chain}.
+        self._chains = {c.output: c for c in find_chains(self.graph, self.kernels)}
+        inner = {k.op.outputs[0] for c in self._chains.values() for k in c.kernels[:-1]}
+        # What each kernel of run()'s walk reads, or None where it is folded into a later one.
+        self._run_reads = [
+            None
+            if k.op.outputs[0] in self._pad_sources or k.op.outputs[0] in inner
+            else (self._chains[k.op.outputs[0]].root,)
+            if k.op.outputs[0] in self._chains
+            else tuple(self._pad_sources.get(t, t) for t in k.op.inputs)
+            for k in self.kernels
+        ]
         self.batch = batch_plan(self.graph, self.kernels)
         tensors = self.graph.tensors
         self._activation_bytes = [
@@ -326,13 +343,14 @@ class Interpreter:
         tensors = self.graph.tensors
         plan = self.kernels if kernels is None else kernels
         whole_run = keep is not None and kernels is None and shared_batch is None
-        fused = self._pad_sources if whole_run else {}
-        last_reader = self._last_reader(fused) if whole_run else {}
+        last_reader = self._last_reader() if whole_run else {}
         for position, kernel in enumerate(plan):
-            if kernel.op.outputs[0] in fused:  # a PAD folded into its reader
+            reads = self._run_reads[position] if whole_run else kernel.op.inputs
+            if reads is None:  # a PAD folded into its reader, or an op inside a chain
                 continue
+            chain = self._chains.get(kernel.op.outputs[0]) if whole_run else None
             args = []
-            for t in (fused.get(t, t) for t in kernel.op.inputs):
+            for t in reads:
                 if t < 0:
                     args.append(None)
                 elif overrides is not None and t in overrides:
@@ -346,7 +364,10 @@ class Interpreter:
                         f"op {kernel.op.index} ({kernel.kind}): no value for tensor {t} "
                         f"({tensors[t].name!r}); expected every graph input to be given"
                     )
-            if shared_batch is None:
+            if chain is not None:
+                x = np.ascontiguousarray(args[0]).view(np.uint8)
+                result = lookup(chain.table, x, np.empty(x.shape, chain.table.dtype))
+            elif shared_batch is None:
                 result = kernel(*args)
             else:
                 result = self._call_grouped(kernel, args, shared_batch)
@@ -372,8 +393,7 @@ class Interpreter:
                         f"{np.dtype(out.dtype).name} [{declared}] for {out.name!r}"
                     )
                 values[t] = result
-            for t in kernel.op.inputs:
-                t = fused.get(t, t)
+            for t in reads if whole_run else ():
                 if last_reader.get(t) == position and t not in keep:
                     values.pop(t, None)
         return values
@@ -401,14 +421,13 @@ class Interpreter:
                 overrides[w] = np.broadcast_to(tensors[w].data, (groups,) + tensors[w].data.shape)
         return self.evaluate(values, kernels, overrides, shared_batch=shared_batch)
 
-    def _last_reader(self, fused: dict) -> dict:
-        """{tensor index: position in the plan of the last kernel that reads it}, reading a fused
-        PAD's input where its output is named."""
+    def _last_reader(self) -> dict:
+        """{tensor index: position in the plan of the last kernel of run()'s walk that reads it}."""
         last = {}
-        for position, kernel in enumerate(self.kernels):
-            for t in kernel.op.inputs:
+        for position, reads in enumerate(self._run_reads):
+            for t in reads or ():
                 if t >= 0:
-                    last[fused.get(t, t)] = position
+                    last[t] = position
         return last
 
     def _call_grouped(self, kernel, args, shared_batch):

@@ -347,3 +347,51 @@ class ParallelKernel:
 def parallel_kernel(fn) -> ParallelKernel:
     """Decorator for a function written with numba.prange (a plain range when compiled serially)."""
     return ParallelKernel(fn)
+
+
+_BLAS_CHECK = "scipy.linalg.cython_blas"
+
+
+@functools.cache
+def set_up_target() -> None:
+    """Set up Numba's CPU target once, before the first kernel loads (Interpreter calls it).
+
+    Numba does it on the first compiled function a process loads, and on the way imports
+    numba.np.arraymath, which imports scipy.linalg.cython_blas only to learn whether BLAS is there
+    for np.dot: that import runs scipy.linalg's package, about 0.3 s of a one-shot `npusim run`'s
+    1.8 s of CPU (docs/performance.md). npusim's kernels call no BLAS from compiled code, so the
+    check is given the extension module loaded by itself, and the entry is taken out of sys.modules
+    again afterwards: the process is left with less imported than Numba alone would leave, and a
+    later np.dot in compiled code (the caller's own) imports scipy.linalg in full as it always does.
+    Where the module is not found, Numba's own check runs."""
+    import importlib.machinery
+    import importlib.util
+    import sys
+
+    if "numba.np.arraymath" in sys.modules or _BLAS_CHECK in sys.modules:
+        return
+    scipy = importlib.util.find_spec("scipy")
+    folders = list(scipy.submodule_search_locations or ()) if scipy else []
+    paths = [
+        Path(folder, "linalg", "cython_blas" + suffix)
+        for folder in folders
+        for suffix in importlib.machinery.EXTENSION_SUFFIXES
+    ]
+    path = next((p for p in paths if p.is_file()), None)
+    module = None
+    if path is not None:
+        try:
+            spec = importlib.util.spec_from_file_location(_BLAS_CHECK, path)
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+            sys.modules[_BLAS_CHECK] = module
+        except Exception:  # noqa: BLE001 - any failure: Numba's own import decides, as without this
+            module = None
+    try:
+        from numba.core.registry import cpu_target
+
+        cpu_target.target_context.refresh()
+    finally:
+        ours = module is not None and sys.modules.get(_BLAS_CHECK) is module
+        if ours and "scipy.linalg" not in sys.modules:
+            del sys.modules[_BLAS_CHECK]

@@ -86,3 +86,25 @@ def test_the_command_line_loads_no_kernel_until_a_command_runs_a_model():
     assert done.returncode == 0, done.stderr[-2000:]
     codes, heavy = json.loads(done.stdout.strip().splitlines()[-1])
     assert codes == [0, 0, 2] and heavy == [], (codes, heavy)
+
+
+def test_a_run_imports_no_scipy_linalg_and_numba_still_finds_blas():
+    """jit.set_up_target gives Numba's BLAS check the extension module alone: a run leaves
+    scipy.linalg unimported and no stray entry in sys.modules, and Numba still sees BLAS, so the
+    caller's own compiled np.dot works."""
+    code = (
+        "import json, sys\n"
+        "import numba, numpy as np\n"
+        "from npusim.testing import oracle as O\n"
+        "m = O.conv2d_model((1, 4, 4, 8), np.ones((8, 1, 1, 8), np.int8), None, 0.1, 0, 0.01, 0.2, 0)\n"
+        "O.run_npusim(m, np.zeros((2, 4, 4, 8), np.int8))\n"
+        "left = sorted(k for k in ('scipy.linalg', 'scipy.linalg.cython_blas') if k in sys.modules)\n"
+        "import numba.np.arraymath as am\n"
+        "dot = numba.njit(lambda a, b: np.dot(a, b))\n"
+        "a = np.arange(6.0).reshape(2, 3)\n"
+        "print(json.dumps([left, am._HAVE_BLAS, bool(np.allclose(dot(a, a.T), a @ a.T))]))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    left, have_blas, dot_ok = json.loads(done.stdout.strip().splitlines()[-1])
+    assert left == [] and have_blas and dot_ok, (left, have_blas, dot_ok)

@@ -47,6 +47,13 @@ class Kernel:
     # valid at the model's declared shapes only, so the Interpreter runs the model image by image.
     crosses_batch: str | None = None
 
+    @property
+    def elementwise(self) -> bool:
+        """Whether each output element is a function of the inputs' elements at its own position
+        (no broadcasting of anything but scalars): such kernels over one 8-bit tensor run as one
+        table (npusim/chains.py)."""
+        return False
+
     def __init__(self, op: Op, graph: Graph, profile: int):
         self.op = op
         self.graph = graph

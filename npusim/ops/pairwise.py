@@ -109,6 +109,10 @@ class BinaryKernel(Kernel):
     def workspace_bytes(self, n: int) -> int:
         return 2 * n * int(np.prod(self.out_shape))  # each operand broadcast to the output shape
 
+    @property
+    def elementwise(self) -> bool:
+        return self.int16 is None and not self.crosses_batch  # a scalar operand broadcasts, nothing else
+
     def __call__(self, a, b):
         if self.crosses_batch:
             shape = tuple(self.outputs[0].shape)

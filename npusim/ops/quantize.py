@@ -116,6 +116,11 @@ class Quantize(Kernel):
             self.tail = (leftover, self.table)
         return neon
 
+    @property
+    def elementwise(self) -> bool:
+        # An 8-bit input's table; not the xnnpack tail, which depends on the element's position.
+        return self.requant is not None and self.tail is None
+
     def workspace_bytes(self, n: int) -> int:
         return (
             n * 8 * int(np.prod(self.outputs[0].shape[1:], dtype=np.int64))

@@ -34,6 +34,10 @@ class UnaryTableKernel(Kernel):
             raise self.error(f"output shape {list(y.shape)} differs from the input shape {list(x.shape)}")
         return x, y
 
+    @property
+    def elementwise(self) -> bool:
+        return self.int16 is None  # the 8-bit table
+
     def __call__(self, x):
         if self.int16 is not None:
             return self.int16(np.asarray(x))

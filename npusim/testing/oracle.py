@@ -478,3 +478,43 @@ def two_head_model(seed: int = 7) -> bytes:
     opt.strideH = opt.strideW = opt.dilationHFactor = opt.dilationWFactor = 1
     b.add_op("CONV_2D", [x, w, bias], [conv], opt)
     return b.build([x], [conv, pool])
+
+
+def silu_chain_model(shape, variant: str = "silu", seed: int = 0) -> bytes:
+    """Elementwise chains over one activation, as YOLO's SiLU is (npusim/chains.py): a 1x1 CONV_2D
+    gives x, then by variant
+    - "silu": LOGISTIC(x) -> s, MUL(x, s); "swapped": MUL(s, x);
+    - "long": SiLU, then ADD of a scalar constant, then TANH (a chain of four);
+    - "exposed": SiLU with s a graph output too (no chain may drop it);
+    - "uint8": no conv, a uint8 input -> QUANTIZE to int8 -> SiLU (the chain's root is uint8).
+    shape: [N, H, W, C] of x."""
+    rng = np.random.default_rng(seed)
+    b = ModelBuilder()
+    outputs = []
+    if variant == "uint8":
+        inp = b.add_tensor(shape, np.uint8, 0.05, 131, name="input")
+        x = b.add_tensor(shape, np.int8, 0.05, 3, name="x")
+        b.add_op("QUANTIZE", [inp], [x])
+    else:
+        inp = b.add_tensor(shape, np.int8, 0.04, -5, name="input")
+        c = shape[-1]
+        w = b.add_const(rng.integers(-127, 128, (c, 1, 1, c)).astype(np.int8), scale=0.03, zero_point=0)
+        bias = b.add_const(rng.integers(-300, 300, c).astype(np.int32), scale=0.04 * 0.03, zero_point=0)
+        x = b.add_tensor(shape, np.int8, 0.07, 9, name="x")
+        opt = schema.Conv2DOptionsT()
+        opt.padding = schema.Padding.VALID
+        opt.strideH = opt.strideW = opt.dilationHFactor = opt.dilationWFactor = 1
+        b.add_op("CONV_2D", [inp, w, bias], [x], opt)
+    s = b.add_tensor(shape, np.int8, 1.0 / 256, -128, name="sigmoid")
+    b.add_op("LOGISTIC", [x], [s])
+    y = b.add_tensor(shape, np.int8, 0.04, -110, name="silu")
+    b.add_op("MUL", [s, x] if variant == "swapped" else [x, s], [y], schema.MulOptionsT())
+    if variant == "long":
+        k = b.add_const(np.array([37], np.int8), scale=0.02, zero_point=-4)
+        z = b.add_tensor(shape, np.int8, 0.05, -20, name="shifted")
+        b.add_op("ADD", [y, k], [z], schema.AddOptionsT())
+        y = b.add_tensor(shape, np.int8, 1.0 / 128, 0, name="tanh")
+        b.add_op("TANH", [z], [y])
+    if variant == "exposed":
+        outputs.append(s)
+    return b.build([inp], [y, *outputs])

@@ -1,0 +1,58 @@
+"""Elementwise chains over one 8-bit tensor run as one lookup in Interpreter.run (npusim/chains.py):
+the result equals TFLM's and the unfused walk's, and a chain is taken only where nothing else needs
+its intermediates."""
+
+import numpy as np
+import pytest
+
+from npusim import Interpreter
+from npusim.testing.oracle import silu_chain_model
+from npusim.testing.runners import assert_same, run_tflm_outputs
+
+CASES = [  # variant, x's shape in the model (batch 1), the chains' lengths run() takes
+    ("silu", (1, 5, 6, 8), [2]),
+    ("swapped", (1, 4, 4, 16), [2]),
+    ("long", (1, 3, 7, 5), [4]),
+    ("exposed", (1, 4, 5, 3), []),
+    ("uint8", (1, 6, 6, 3), [3]),
+    ("silu", (1, 1, 1, 3), [2]),  # fewer elements per image than codes: the table takes several images
+]
+IMAGES = 3
+
+
+def inputs(model: Interpreter, n: int, seed: int = 0) -> np.ndarray:
+    t = model.graph.tensors[model.graph.inputs[0]]
+    codes = np.random.default_rng(seed).integers(0, 256, (n, *t.shape[1:]), dtype=np.uint8)
+    return codes.view(t.dtype)
+
+
+@pytest.mark.parametrize("profile", ["tflm", "xnnpack", "single"])
+@pytest.mark.parametrize("variant, shape, lengths", CASES)
+def test_chain_runs_as_one_lookup_and_equals_the_unfused_walk(variant, shape, lengths, profile):
+    model = Interpreter(silu_chain_model(shape, variant), profile=profile)
+    assert sorted(len(c.kernels) for c in model._chains.values()) == lengths
+    x = inputs(model, IMAGES)
+    fused = model.run(x)
+    walked = model.run_all(x)
+    for got, t in zip(fused if isinstance(fused, list) else [fused], model.graph.outputs):
+        assert_same(walked[t], got, f"{variant} {profile}")
+
+
+@pytest.mark.parametrize("variant, shape, lengths", CASES)
+def test_chain_equals_tflm(variant, shape, lengths):
+    data = silu_chain_model(shape, variant)
+    model = Interpreter(data)
+    x = inputs(model, IMAGES, seed=1)
+    got = model.run(x)
+    expected = run_tflm_outputs(data, x)
+    for e, g in zip(expected, got if isinstance(got, list) else [got]):
+        assert_same(e, g, variant)
+
+
+def test_every_code_of_the_root_is_looked_up_as_computed():
+    """All 256 input codes, each in many positions: the table holds each code's own result."""
+    data = silu_chain_model((1, 16, 16, 1), "uint8")
+    model = Interpreter(data)
+    x = np.arange(256, dtype=np.uint8).reshape(1, 16, 16, 1)
+    x = np.concatenate([x, x[:, ::-1]])
+    assert_same(run_tflm_outputs(data, x)[0], model.run(x), "every code")
