@@ -14,7 +14,6 @@ from .chains import find_chains
 from .engines import backend as _backend
 from .errors import NpusimError
 from .graph import Graph, computes_in_float, legacy_uint8
-from .jit import set_up_target
 from .model_io import load_model
 from .ops import KERNELS, MAC_OPS, ort_kernels
 from .ops.quantize import lookup
@@ -178,7 +177,6 @@ class Interpreter:
         """plan_only (what `npusim inspect` needs): ops npusim lacks are listed in self.unsupported and
         left out of self.kernels instead of refused; such an Interpreter plans but runs nothing."""
         self.graph = graph if isinstance(graph, Graph) else load_model(graph)
-        set_up_target()  # before the first kernel loads (jit.py: a cheaper BLAS check)
         self.profile = profile
         self.backends = _backend.select(backend)
         pid = profile_id(profile)

@@ -354,7 +354,7 @@ _BLAS_CHECK = "scipy.linalg.cython_blas"
 
 @functools.cache
 def set_up_target() -> None:
-    """Set up Numba's CPU target once, before the first kernel loads (Interpreter calls it).
+    """Set up Numba's CPU target once, before the first kernel loads (each Kernel's prepare calls it).
 
     Numba does it on the first compiled function a process loads, and on the way imports
     numba.np.arraymath, which imports scipy.linalg.cython_blas only to learn whether BLAS is there

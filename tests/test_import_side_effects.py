@@ -43,6 +43,13 @@ def _child(action: str = "", env=None) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def _printed(code: str):
+    """What a fresh interpreter running code printed last, as JSON."""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 def test_import_changes_nothing():
     seen = _child()
     assert seen["env_same"], f"import npusim set environment variables {seen['added']}"
@@ -82,9 +89,7 @@ def test_the_command_line_loads_no_kernel_until_a_command_runs_a_model():
         "heavy = sorted(m for m in ('numba', 'npusim.interpreter', 'npusim.quant') if m in sys.modules)\n"
         "print(json.dumps([codes, heavy]))"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr[-2000:]
-    codes, heavy = json.loads(done.stdout.strip().splitlines()[-1])
+    codes, heavy = _printed(code)
     assert codes == [0, 0, 2] and heavy == [], (codes, heavy)
 
 
@@ -104,7 +109,5 @@ def test_a_run_imports_no_scipy_linalg_and_numba_still_finds_blas():
         "a = np.arange(6.0).reshape(2, 3)\n"
         "print(json.dumps([left, am._HAVE_BLAS, bool(np.allclose(dot(a, a.T), a @ a.T))]))"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
-    left, have_blas, dot_ok = json.loads(done.stdout.strip().splitlines()[-1])
+    left, have_blas, dot_ok = _printed(code)
     assert left == [] and have_blas and dot_ok, (left, have_blas, dot_ok)

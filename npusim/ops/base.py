@@ -6,6 +6,7 @@ import numpy as np
 
 from ..errors import NpusimError
 from ..graph import Graph, Op, Tensor
+from ..jit import set_up_target
 
 
 def broadcast_crossing(operands, y, core: int = 0) -> str | None:
@@ -55,6 +56,7 @@ class Kernel:
         return False
 
     def __init__(self, op: Op, graph: Graph, profile: int):
+        set_up_target()  # once per process, before the first kernel loads (jit.py: a cheaper BLAS check)
         self.op = op
         self.graph = graph
         self.profile = profile
