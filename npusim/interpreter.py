@@ -158,6 +158,17 @@ def by_image(graph: Graph, values: dict, run) -> dict:
     return values
 
 
+def _last_reader(reads: list) -> dict:
+    """{tensor index: position in the plan of the last kernel that reads it}, from each kernel's
+    reads (None: a kernel that the walk skips)."""
+    last = {}
+    for position, tensors in enumerate(reads):
+        for t in tensors or ():
+            if t >= 0:
+                last[t] = position
+    return last
+
+
 class Interpreter:
     """A prepared model. `run(x)` evaluates a batch: x has the model input's shape with N on axis 0.
 
@@ -226,7 +237,8 @@ class Interpreter:
         # lookup, in run() only, like the PADs above (chains.py): {chain output tensor: Chain}.
         self._chains = {c.output: c for c in find_chains(self.graph, self.kernels)}
         inner = {k.op.outputs[0] for c in self._chains.values() for k in c.kernels[:-1]}
-        # What each kernel of run()'s walk reads, or None where it is folded into a later one.
+        # What each kernel of run()'s walk reads, or None where it is folded into a later one. The
+        # folds were prepared with the model's constants: a run that overrides some walks unfolded.
         self._run_reads = [
             None
             if k.op.outputs[0] in self._pad_sources or k.op.outputs[0] in inner
@@ -235,6 +247,10 @@ class Interpreter:
             else tuple(self._pad_sources.get(t, t) for t in k.op.inputs)
             for k in self.kernels
         ]
+        self._last_readers = {
+            True: _last_reader(self._run_reads),
+            False: _last_reader([k.op.inputs for k in self.kernels]),
+        }
         self.batch = batch_plan(self.graph, self.kernels)
         tensors = self.graph.tensors
         self._activation_bytes = [
@@ -341,12 +357,13 @@ class Interpreter:
         tensors = self.graph.tensors
         plan = self.kernels if kernels is None else kernels
         whole_run = keep is not None and kernels is None and shared_batch is None
-        last_reader = self._last_reader() if whole_run else {}
+        folded = whole_run and not overrides
+        last_reader = self._last_readers[folded] if whole_run else {}
         for position, kernel in enumerate(plan):
-            reads = self._run_reads[position] if whole_run else kernel.op.inputs
+            reads = self._run_reads[position] if folded else kernel.op.inputs
             if reads is None:  # a PAD folded into its reader, or an op inside a chain
                 continue
-            chain = self._chains.get(kernel.op.outputs[0]) if whole_run else None
+            chain = self._chains.get(kernel.op.outputs[0]) if folded else None
             args = []
             for t in reads:
                 if t < 0:
@@ -418,15 +435,6 @@ class Interpreter:
             if w is not None and w not in overrides and any(t in overrides for t in kernel.op.inputs):
                 overrides[w] = np.broadcast_to(tensors[w].data, (groups,) + tensors[w].data.shape)
         return self.evaluate(values, kernels, overrides, shared_batch=shared_batch)
-
-    def _last_reader(self) -> dict:
-        """{tensor index: position in the plan of the last kernel of run()'s walk that reads it}."""
-        last = {}
-        for position, reads in enumerate(self._run_reads):
-            for t in reads or ():
-                if t >= 0:
-                    last[t] = position
-        return last
 
     def _call_grouped(self, kernel, args, shared_batch):
         tensors = self.graph.tensors

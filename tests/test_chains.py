@@ -56,3 +56,15 @@ def test_every_code_of_the_root_is_looked_up_as_computed():
     x = np.arange(256, dtype=np.uint8).reshape(1, 16, 16, 1)
     x = np.concatenate([x, x[:, ::-1]])
     assert_same(run_tflm_outputs(data, x)[0], model.run(x), "every code")
+
+
+def test_a_run_that_overrides_a_chain_constant_walks_unfolded():
+    """The table holds the model's constants: run(x, overrides) with another scalar in the chain
+    computes with that scalar, as run_all does, not with the table."""
+    model = Interpreter(silu_chain_model((1, 3, 7, 5), "long"))
+    k = next(t for t, v in enumerate(model.graph.tensors) if v.data is not None and v.data.size == 1)
+    x = inputs(model, IMAGES, seed=2)
+    other = {k: np.array([-90], np.int8)}
+    got = model.run(x, overrides=other)
+    assert_same(model.run_all(x, overrides=other)[model.graph.outputs[0]], got, "overridden")
+    assert not np.array_equal(got, model.run(x))
