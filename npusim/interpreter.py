@@ -153,7 +153,11 @@ def image_chunks(graph: Graph, values: dict) -> list[dict]:
 def by_image(graph: Graph, values: dict, run) -> dict:
     """run(chunk) -> dict on each of image_chunks(values); the tensors computed are joined along
     axis 0 and added to values, which is returned."""
-    runs = [run(chunk) for chunk in image_chunks(graph, values)]
+    return joined(values, [run(chunk) for chunk in image_chunks(graph, values)])
+
+
+def joined(values: dict, runs: list) -> dict:
+    """values with the tensors the runs computed (each a dict) added, joined along axis 0."""
     values.update({t: np.concatenate([r[t] for r in runs]) for t in runs[0] if t not in values})
     return values
 
@@ -239,14 +243,15 @@ class Interpreter:
         inner = {k.op.outputs[0] for c in self._chains.values() for k in c.kernels[:-1]}
         # What each kernel of run()'s walk reads, or None where it is folded into a later one. The
         # folds were prepared with the model's constants: a run that overrides some walks unfolded.
-        self._run_reads = [
-            None
-            if k.op.outputs[0] in self._pad_sources or k.op.outputs[0] in inner
-            else (self._chains[k.op.outputs[0]].root,)
-            if k.op.outputs[0] in self._chains
-            else tuple(self._pad_sources.get(t, t) for t in k.op.inputs)
-            for k in self.kernels
-        ]
+        self._run_reads = []
+        for k in self.kernels:
+            out = k.op.outputs[0]
+            if out in self._pad_sources or out in inner:
+                self._run_reads.append(None)
+            elif out in self._chains:
+                self._run_reads.append((self._chains[out].root,))
+            else:
+                self._run_reads.append(tuple(self._pad_sources.get(t, t) for t in k.op.inputs))
         self._last_readers = {
             True: _last_reader(self._run_reads),
             False: _last_reader([k.op.inputs for k in self.kernels]),
@@ -427,8 +432,7 @@ class Interpreter:
                 self.evaluate(dict(values), kernels, {t: w[g] for t, w in weights.items()})
                 for g in range(groups)
             ]
-            values.update({t: np.concatenate([r[t] for r in runs]) for t in runs[0] if t not in values})
-            return values
+            return joined(values, runs)
         overrides = dict(weights)
         for kernel in kernels:
             w = kernel.op.inputs[1] if kernel.kind in MAC_OPS else None
