@@ -43,13 +43,13 @@ import numpy as np
 
 from . import bench_onnx
 from .bench_haswell import haswell_unsupported, run_haswell
-from .bench_oneshot import bench_one_shot
+from .bench_oneshot import bench_one_shot, first_call_lines
 from .bench_paths import conv_stages, kernel_path_rates, op_breakdown, path_settings
 from .bench_report import Results, render
 from .bench_timing import bench_workload, fmt_ms, median_time, memory_of_run, timings
-from .bench_workloads import MODELS, TFLM_ARENA, YOLO_MODELS, bench_inputs, conv_model
+from .bench_workloads import ALL_MODELS, MODELS, TFLM_ARENA, YOLO_MODELS, bench_inputs, conv_model
 
-__all__ = ["MODELS", "YOLO_MODELS", "build_parser", "haswell_unsupported", "main"]
+__all__ = ["ALL_MODELS", "MODELS", "YOLO_MODELS", "build_parser", "haswell_unsupported", "main"]
 
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "bench.md"
@@ -288,6 +288,9 @@ def main(argv: list[str] | None = None) -> int:
         results.oneshot = bench_one_shot(
             args.shared, dict.fromkeys(MODELS, sizes), 1 if args.quick else 5, log
         )
+        log("first call: a process's first Interpreter.run against its warm runs")
+        firsts = {**dict.fromkeys(MODELS, sizes[1]), **dict.fromkeys(YOLO_MODELS, max(args.yolo_batches))}
+        results.oneshot += first_call_lines(args.shared, firsts, 1 if args.quick else 5, log)
     run_haswell(args, results, log)
     if args.only in ("all", "zo"):
         log("ZO step: ResNet-8, last residual block + classifier (last:4), batch 32, q = 16")

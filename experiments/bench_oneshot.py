@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from .bench_timing import LITERT_THREADS, fmt_ms
-from .bench_workloads import MODELS, bench_inputs
+from .bench_workloads import ALL_MODELS, MODELS, bench_inputs
 from .machine import cpu_flags, cpu_model, kernel_path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -49,8 +49,7 @@ np.save(y_path, it.get_tensor(it.get_output_details()[0]["index"]))
 
 # Where a one-shot run's time goes: the CPU seconds (time.process_time, unmoved by other processes'
 # load as wall time is) of each step of `npusim run` in the order it takes them, in a fresh process.
-# Numba's target (its registries, and the BLAS check, jit.set_up_target) is set up by hand here, as
-# Interpreter does it, to time it apart from the kernels' own loads.
+# Numba's target is not set up on a warm cache (jit._FunctionCache): its registries are never imported.
 PHASES_SCRIPT = """
 import json, sys, time
 c = time.process_time
@@ -60,8 +59,8 @@ import click; marks.append(("click", c()))
 import numba; marks.append(("numba import", c()))
 from npusim import jit; jit.sources_digest(); marks.append(("kernel-source digest (jit.py)", c()))
 import npusim.cli, npusim.interpreter; marks.append(("npusim modules", c()))
-jit.set_up_target(); marks.append(("Numba's target set-up (jit.set_up_target)", c()))
-it = npusim.interpreter.Interpreter(sys.argv[1]); marks.append(("load + prepare (its kernels' loads)", c()))
+it = npusim.interpreter.Interpreter(sys.argv[1], warm=False)  # as `npusim run` builds it
+marks.append(("load + prepare (its kernels' loads)", c()))
 x = np.load(sys.argv[2]); it.run(x); marks.append(("first run (its kernels' loads)", c()))
 it.run(x); marks.append(("a second run", c()))
 print(json.dumps([[k, v - (marks[i - 1][1] if i else 0.0)] for i, (k, v) in enumerate(marks)]))
@@ -89,6 +88,76 @@ def startup_phases(model: Path, x_path: Path, reps: int) -> list[str]:
     ]
     total = statistics.median(sum(v for _, v in r) for r in runs)
     return lines + [f"| total | {fmt_ms(total)} |"]
+
+
+# The first Interpreter.run in a process against its warm runs: a fresh process builds the
+# Interpreter (which loads the kernels it calls: Interpreter.warm_up), then times its first run and
+# WARM_RUNS more on the same batch, wall time as a user feels it.
+FIRST_CALL_SCRIPT = """
+import json, statistics, sys, time
+import numpy as np
+from npusim.interpreter import Interpreter
+x = np.load(sys.argv[2])
+t0 = time.perf_counter(); it = Interpreter(sys.argv[1]); t1 = time.perf_counter()
+times = []
+for _ in range(1 + int(sys.argv[3])):
+    s = time.perf_counter(); it.run(x); times.append(time.perf_counter() - s)
+print(json.dumps({"prepare": t1 - t0, "first": times[0], "warm": statistics.median(times[1:])}))
+"""
+WARM_RUNS = 5
+
+
+def first_call(model: Path, x_path: Path, reps: int) -> dict:
+    """Medians over reps fresh processes (after one untimed, which may compile) of the prepare, the
+    first run and the median warm run, in seconds, and of each process's first/warm ratio."""
+    runs = []
+    for _ in range(reps + 1):
+        done = subprocess.run(
+            [sys.executable, "-c", FIRST_CALL_SCRIPT, str(model), str(x_path), str(WARM_RUNS)],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+        )
+        if done.returncode:
+            raise SystemExit(f"first call failed: {(done.stderr.strip().splitlines() or ['?'])[-1]}")
+        runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    runs = runs[1:]
+    med = {k: statistics.median(r[k] for r in runs) for k in ("prepare", "first", "warm")}
+    return {**med, "ratio": statistics.median(r["first"] / r["warm"] for r in runs)}
+
+
+def first_call_lines(shared: Path, batches: dict, reps: int, log=print) -> list[str]:
+    """The table of the first run in a process against a warm one, per model at its batch
+    (batches: a name of bench_workloads.ALL_MODELS -> batch)."""
+    import npusim
+
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, n in batches.items():
+            model = shared / "models" / ALL_MODELS[name]
+            if not model.exists():
+                raise SystemExit(f"{model}: not found (pass --shared, the folder that holds models/)")
+            t_in = npusim.load_model(str(model)).input(0)
+            x, _ = bench_inputs(shared, name, n, t_in.shape, t_in.dtype)
+            x_path = Path(tmp) / f"{name}_{n}.npy"
+            np.save(x_path, np.ascontiguousarray(x[:n]))
+            r = first_call(model, x_path, reps)
+            log(f"  first call {name} batch {n}: {r['first']:.3f} s, warm {r['warm']:.3f} s")
+            rows.append(
+                f"| {name} | {n} | {fmt_ms(r['prepare'])} | {fmt_ms(r['first'])} | {fmt_ms(r['warm'])} | "
+                f"{r['ratio']:.2f}x |"
+            )
+    return [
+        "| model | batch | Interpreter() ms | first run ms | warm run ms | first / warm |",
+        "|---|---|---|---|---|---|",
+        *rows,
+        "",
+        f"Each a fresh process (experiments/bench_oneshot.py FIRST_CALL_SCRIPT), median of {reps} after "
+        f"one untimed: the wall time of building the Interpreter (model load, prepare and the loads of its "
+        f"kernels, Interpreter.warm_up), of its first run, and the median of {WARM_RUNS} more on the same "
+        "batch; first / warm is the median of each process's own ratio.",
+        "",
+    ]
 
 
 def commands(model: Path, x_path: Path, out_dir: Path) -> dict:
@@ -190,6 +259,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reps", type=int, default=5)
     args = p.parse_args(argv)
     lines = bench_one_shot(args.shared, {name: [1, args.batch] for name in MODELS}, args.reps, log=print)
+    lines += first_call_lines(args.shared, {**dict.fromkeys(MODELS, args.batch), "yolov8n_256": 8}, args.reps)
     print("\n".join(lines))
     return 0
 

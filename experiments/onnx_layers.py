@@ -21,36 +21,6 @@ from pathlib import Path
 import numpy as np
 
 
-def ort_layers(path: Path, x: np.ndarray) -> dict:
-    """{QuantizeLinear output name: int8 codes (uint8 shifted by -128)} of ORT's unoptimized run."""
-    import onnx
-    import onnxruntime as ort
-    from onnx import helper
-
-    m = onnx.load(str(path))
-    inits = {i.name: i for i in m.graph.initializer}
-    types = {}
-    for n in m.graph.node:
-        if n.op_type == "QuantizeLinear" and n.input[0] not in inits:
-            zp = inits.get(n.input[2]) if len(n.input) > 2 else None
-            types[n.output[0]] = zp.data_type if zp is not None else 2
-    known = {o.name for o in m.graph.output}
-    for name, et in types.items():
-        if name not in known:
-            m.graph.output.append(helper.make_tensor_value_info(name, et, None))
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    sess = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
-    names = [o.name for o in sess.get_outputs()]
-    runs = [sess.run(None, {sess.get_inputs()[0].name: x[i : i + 1]}) for i in range(len(x))]
-    out = {}
-    for j, name in enumerate(names):
-        if name in types:
-            a = np.concatenate([r[j] for r in runs]).astype(np.int64)
-            out[name] = (a - 128 if types[name] == 2 else a).astype(np.int8)
-    return out
-
-
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("model", type=Path)
@@ -62,21 +32,22 @@ def main():
     args = p.parse_args()
 
     import npusim
+    from npusim.testing import onnx_oracle as oo
     from zo.data import resize_images
 
     graph = npusim.load_model(args.model)
     d = np.load(args.shared / "data" / "eurosat64_subset.npz")
     x = resize_images(d["x_test"][: args.images], graph.input().shape[2]).astype(np.float32) / 255.0
     x = np.ascontiguousarray(x.transpose(0, 3, 1, 2))
-    layers = ort_layers(args.model, x)
+    layers = oo.literal_layer_codes(args.model.read_bytes(), x)
+    ref = oo.graph_layer_codes(graph, layers)
     producer = {o: n for n in graph.source.model.graph.node for o in n.output}
-    ref, op_type = {}, {}
-    for name, codes in layers.items():
+    op_type = {}
+    for name in layers:
         if name in graph.source.values:
-            t, perm = graph.source.values[name]
-            ref[t] = np.ascontiguousarray(codes.transpose(perm))
-            q = producer[name]
-            op_type[t] = producer[q.input[0]].op_type if q.input[0] in producer else "(input)"
+            q = producer[name]  # the QuantizeLinear; its input's producer is the layer
+            layer = producer.get(q.input[0])
+            op_type[graph.source.values[name][0]] = layer.op_type if layer is not None else "(input)"
     it = npusim.Interpreter(graph, profile=args.profile)
     out_t = graph.ops[-1].inputs[0] if graph.ops[-1].kind == "DEQUANTIZE" else graph.outputs[0]
 

@@ -439,7 +439,7 @@ def main(argv=None):
 
     csv_path = a.calibration or a.shared / "models" / "stm32n6" / "published.csv"
     measurements = read_calibration_csv(csv_path)
-    interps = {m.file: Interpreter(str(m.path)) for m in measurements}
+    interps = {m.file: Interpreter(str(m.path), warm=False) for m in measurements}
     structures = {f: device_structure(it) for f, it in interps.items()}
     best, fits, sse = fit_all(measurements, structures)
     cost = best.cost

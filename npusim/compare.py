@@ -121,7 +121,7 @@ def _elements(values: dict, t: int, tensor) -> int:
 def compare_profiles(model, x: np.ndarray, a: str = "tflm", b: str = "xnnpack") -> Comparison:
     """Run the model under profiles a and b on x and diff every op output."""
     graph = model if isinstance(model, Graph) else load_model(model)
-    ia, ib = Interpreter(graph, profile=a), Interpreter(graph, profile=b)
+    ia, ib = (Interpreter(graph, profile=p, warm=False) for p in (a, b))  # one run each
     va, vb = ia.run_all(x), ib.run_all(x)
     tensors = ia.graph.tensors
     rows = []
@@ -171,7 +171,7 @@ def reference_files(directory: Path, graph) -> tuple[dict, list]:
 def compare_reference(model, x: np.ndarray, directory, profile: str = "tflm") -> Comparison:
     """Run the model under `profile` on x and diff every op output against the reference files."""
     directory = Path(directory)
-    interp = Interpreter(model, profile=profile)
+    interp = Interpreter(model, profile=profile, warm=False)  # one run
     files, ignored = reference_files(directory, interp.graph)
     if not files:
         raise NpusimError(

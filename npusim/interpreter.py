@@ -16,6 +16,7 @@ from .errors import NpusimError
 from .graph import Graph, computes_in_float, legacy_uint8
 from .model_io import load_model
 from .ops import KERNELS, MAC_OPS, ort_kernels
+from .ops.base import both_forms
 from .ops.quantize import lookup
 from .quant import ONNXRUNTIME, profile_id
 
@@ -188,9 +189,12 @@ class Interpreter:
         backend: str = "auto",
         *,
         plan_only: bool = False,
+        warm: bool = True,
     ):
         """plan_only (what `npusim inspect` needs): ops npusim lacks are listed in self.unsupported and
-        left out of self.kernels instead of refused; such an Interpreter plans but runs nothing."""
+        left out of self.kernels instead of refused; such an Interpreter plans but runs nothing.
+        warm: load the compiled kernels now (warm_up()), so that the first run costs what later ones
+        do; a caller that runs the model once gains nothing from it (the command lines)."""
         self.graph = graph if isinstance(graph, Graph) else load_model(graph)
         self.profile = profile
         self.backends = _backend.select(backend)
@@ -271,6 +275,23 @@ class Interpreter:
                 f"{what} needs {need} bytes for one image, more than the limit of "
                 f"{tflite_io.MAX_TENSOR_BYTES}"
             )
+        if warm and not plan_only:
+            self.warm_up()
+
+    def warm_up(self) -> None:
+        """Load every compiled kernel that run() calls, in its serial and its threaded form. Numba
+        loads a kernel from its cache on the first call of each form and signature, 20-40 ms each:
+        without this, ResNet-8's first batch of 256 in a process takes 4-5x a later one. The walk
+        runs the declared input shapes (one image, mostly) of zeros, each parallel kernel in both
+        forms (jit.both_forms); its outputs are dropped. An error it meets is left for a real run to
+        report, on real data."""
+        tensors = self.graph.tensors
+        values = {t: np.zeros(tensors[t].shape, tensors[t].dtype) for t in self.graph.inputs}
+        with both_forms():
+            try:
+                self.evaluate(values, keep=set(self.graph.outputs))
+            except NpusimError:
+                pass
 
     def largest_allocation(self, n: int) -> tuple[int, str]:
         """The largest array a run on a batch of n allocates, an activation or a kernel's workspace,

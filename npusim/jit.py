@@ -28,6 +28,7 @@ threaded, and the call picks by the size of its largest array.
 from __future__ import annotations
 
 import ast
+import contextlib
 import functools
 import hashlib
 import json
@@ -46,6 +47,7 @@ except ImportError:  # pragma: no cover - not POSIX: directories are kept, never
 import numba as nb
 import numpy as np
 from numba.core import caching, config
+from numba.core.runtime import rtsys
 
 PACKAGE = Path(__file__).resolve().parent
 PARALLEL_MIN_WORK = 1 << 18  # elements of the largest array argument
@@ -306,7 +308,23 @@ class _CacheImpl(caching.CompileResultCacheImpl):
 
 
 class _FunctionCache(caching.FunctionCache):
+    """Numba's FunctionCache, loading without setting up the whole target.
+
+    Numba refreshes its CPU target before every cache load: that imports and installs all its
+    lowering registries (numba.np.arraymath, numba.typed, the cpython implementations...), about
+    0.4 s of CPU in a fresh process, which only compiling needs. Machine code loaded from the cache
+    needs the runtime (NRT) alone. So a load initializes NRT; a miss, which Numba's compiler follows,
+    sets the full target up first (set_up_target, with its cheaper BLAS check)."""
+
     _impl_class = _CacheImpl
+
+    def load_overload(self, sig, target_context):
+        rtsys.initialize(target_context)
+        with self._guard_against_spurious_io_errors():
+            cres = self._load_overload(sig, target_context)
+        if cres is None:
+            set_up_target()
+        return cres
 
 
 def njit(fn=None, **flags):
@@ -333,6 +351,8 @@ def renamed(fn, suffix: str, **globals_):
 
 
 class ParallelKernel:
+    both_forms = False  # set by both_forms(): each call runs the threaded form, then the serial one
+
     def __init__(self, fn):
         self.serial = njit(fn)
         self.threaded = njit(renamed(fn, "threaded"), parallel=True)  # its own cache entry (renamed)
@@ -340,8 +360,22 @@ class ParallelKernel:
         self.__name__ = fn.__name__
 
     def __call__(self, *args):
+        if ParallelKernel.both_forms:
+            self.threaded(*args)
+            return self.serial(*args)
         work = max((a.size for a in args if isinstance(a, np.ndarray)), default=0)
         return (self.threaded if work >= PARALLEL_MIN_WORK else self.serial)(*args)
+
+
+@contextlib.contextmanager
+def both_forms():
+    """Within it, every parallel kernel runs in both its forms, and so loads both (Interpreter's
+    warm-up: a small batch then loads what a large one calls)."""
+    ParallelKernel.both_forms = True
+    try:
+        yield
+    finally:
+        ParallelKernel.both_forms = False
 
 
 def parallel_kernel(fn) -> ParallelKernel:
@@ -354,7 +388,7 @@ _BLAS_CHECK = "scipy.linalg.cython_blas"
 
 @functools.cache
 def set_up_target() -> None:
-    """Set up Numba's CPU target once, before the first kernel loads (each Kernel's prepare calls it).
+    """Set up Numba's CPU target once, before the first kernel compiles (a cache miss calls it).
 
     Numba does it on the first compiled function a process loads, and on the way imports
     numba.np.arraymath, which imports scipy.linalg.cython_blas only to learn whether BLAS is there

@@ -282,7 +282,7 @@ def validate(
     x_int8, x_real = split_inputs(x, int8)
     if labels is not None:
         labels = check_labels(labels, x.shape[0], int8)
-    interpreter = Interpreter(int8, profile=profile)
+    interpreter = Interpreter(int8, profile=profile, warm=False)  # one run
     local_forms = FloatInterpreter(int8)
     reference = local_forms if ref_graph is None else FloatInterpreter(ref_graph)
     ref_outputs = (ref_graph or int8).outputs

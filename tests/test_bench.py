@@ -205,14 +205,18 @@ def test_one_shot_section_quick(tmp_path):
         "oneshot",
         "--model-batches",
         "2",
+        "--yolo-batches",
+        "1",
+        "--no-haswell",
         "--out",
         str(out),
     ]
     assert bench.main(args) == 0
     section = _section(out, "One shot: a fresh process per run")
     assert section.strip().startswith("CPU: ") and "; features " in section  # the CPU is stated
-    rows = [line.split("|")[1:-1] for line in section.splitlines() if line.startswith("| resnet8 |")]
-    rows += [line.split("|")[1:-1] for line in section.splitlines() if line.startswith("| mobilenet_v2 |")]
+    cli = section.split("Where the time of", 1)[0].splitlines()
+    rows = [line.split("|")[1:-1] for line in cli if line.startswith("| resnet8 |")]
+    rows += [line.split("|")[1:-1] for line in cli if line.startswith("| mobilenet_v2 |")]
     assert [(r[0].strip(), r[1].strip()) for r in rows] == [
         ("resnet8", "1"),
         ("resnet8", "2"),
@@ -221,9 +225,18 @@ def test_one_shot_section_quick(tmp_path):
     ], section
     for r in rows:
         assert r[4].strip().endswith("x") and r[5].strip() in ("yes", "no"), r
-    table = [line for line in section.split("Where the time of", 1)[1].splitlines() if line.startswith("| ")]
+    table = section.split("Where the time of", 1)[1].split("| first / warm |", 1)[0].splitlines()
+    table = [line for line in table if line.startswith("| ")][:-1]  # up to the first-call header
     phases = [line.split("|")[1].strip() for line in table[1:]]  # after the header
     assert phases[:3] == ["Python start", "numpy", "click"], phases
     assert phases[-2:] == ["a second run", "total"], phases
     # ResNet-8 under the xnnpack profile is LiteRT's output bit for bit, as in the main table.
     assert [r[5].strip() for r in rows[:2]] == ["yes", "yes"], rows
+    # A process's first run against its warm ones, per model at the largest batch (ratios reported).
+    firsts = section.split("| first / warm |", 1)[1].split("\n\n", 1)[0].splitlines()[2:]
+    assert [(r.split("|")[1].strip(), r.split("|")[2].strip()) for r in firsts] == [
+        ("resnet8", "2"),
+        ("mobilenet_v2", "2"),
+        ("yolov8n_256", "1"),
+    ], section
+    assert all(float(r.split("|")[-2].strip().rstrip("x")) > 0 for r in firsts), firsts

@@ -111,3 +111,21 @@ def test_a_run_imports_no_scipy_linalg_and_numba_still_finds_blas():
     )
     left, have_blas, dot_ok = _printed(code)
     assert left == [] and have_blas and dot_ok, (left, have_blas, dot_ok)
+
+
+def test_a_run_on_a_warm_cache_imports_none_of_numbas_compiler_registries():
+    """Machine code loaded from the cache needs Numba's runtime alone (jit._FunctionCache): once the
+    kernels are cached, a fresh process that runs a model, serial and threaded, sets up none of the
+    lowering registries that compiling needs (about 0.4 s of a one-shot run's CPU)."""
+    code = (
+        "import json, sys\n"
+        "import numpy as np\n"
+        "from npusim.testing import oracle as O\n"
+        "m = O.conv2d_model((1, 4, 4, 8), np.ones((8, 1, 1, 8), np.int8), None, 0.1, 0, 0.01, 0.2, 0)\n"
+        "for n in (2, 2048):\n"  # 2048 images reach jit.PARALLEL_MIN_WORK: the threaded kernels
+        "    O.run_npusim(m, np.zeros((n, 4, 4, 8), np.int8))\n"
+        "names = ('numba.np.arraymath', 'numba.np.linalg', 'numba.np.npyimpl', 'numba.typed.dictimpl')\n"
+        "print(json.dumps(sorted(k for k in names if k in sys.modules)))"
+    )
+    _printed(code)  # the first process may compile (and so set the target up): the cache is warm after
+    assert _printed(code) == []

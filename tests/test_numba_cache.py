@@ -176,3 +176,34 @@ def test_a_second_process_loads_and_deletes_nothing(tmp_path):
     second = run()
     assert second["hits"] >= 1 and second["misses"] == 0, (first, second)
     assert (other / "padding.pad_input-1.py311.nbi").exists()
+
+
+WARM_CHILD = """
+import json, sys
+import numpy as np
+from npusim import Interpreter, jit
+from npusim.testing import oracle as O
+m = O.conv2d_model((1, 4, 4, 8), np.ones((8, 1, 1, 8), np.int8), None, 0.1, 0, 0.01, 0.2, 0)
+it = Interpreter(m, warm=sys.argv[1] == "warm")
+loads, load = [], jit._FunctionCache.load_overload
+jit._FunctionCache.load_overload = lambda self, sig, ctx: loads.append(self._name) or load(self, sig, ctx)
+for n in (1, 2048):  # 2048 images reach jit.PARALLEL_MIN_WORK: the threaded kernels
+    it.run(np.zeros((n, 4, 4, 8), np.int8))
+print(json.dumps(loads))
+"""
+
+
+def test_the_first_runs_after_prepare_load_no_kernel():
+    """Interpreter's warm-up loads the kernels that run() calls, serial and threaded, when it is
+    built: its first runs, of one image and of a batch that takes the threaded kernels, load none.
+    Built with warm=False, the same runs load them (what the warm-up takes off the first call)."""
+
+    def loads(mode):
+        done = subprocess.run(
+            [sys.executable, "-c", WARM_CHILD, mode], capture_output=True, text=True, timeout=600
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+    assert loads("warm") == []
+    assert loads("cold") != []

@@ -1,10 +1,13 @@
 """ST's ONNX QDQ models (../shared/models/onnx) end to end on real images, and the CLI on ONNX.
 
-The tolerance comes from ONNX Runtime itself: its optimized run (some layers fused into integer
-QLinear kernels, the rest float between DequantizeLinear and QuantizeLinear) and its unoptimized run
-(ORT_DISABLE_ALL, the literal QDQ semantics) agree on a share of the output elements within one
-output step. npusim --profile tflm (TFLite's integer kernels on the lowered graph) must come within
-0.10 of that share against one of the two runs, with cosine >= 0.999 against both.
+npusim --profile tflm runs TFLite's integer kernels on the lowered graph; ONNX Runtime's literal run
+(ORT_DISABLE_ALL, the QDQ semantics as written) rounds each layer once in float. The two may differ
+by one output step per layer, so the oracle is layer by layer: every lowered layer, fed ORT's own
+codes of its inputs, is within one step of ORT's codes of its output. End to end those steps add
+up over the depth (docs/onnx.md); the output must keep a cosine >= 0.999 against both of ORT's runs.
+The share of output elements within one step of ORT is not a bar: ORT's own two runs agree on 0.41
+of face landmarks' outputs on an AVX2 host (its u8s8 GEMM saturates pairs of products) and on 0.99
+on an AVX-512 VNNI one, so a bar taken from them moves with the host's CPU.
 """
 
 from __future__ import annotations
@@ -37,29 +40,7 @@ def eurosat(size: int, n: int) -> np.ndarray:
     return np.ascontiguousarray(x.transpose(0, 3, 1, 2))
 
 
-def output_codes(graph, y):
-    t = graph.tensors[graph.ops[-1].inputs[0]]  # the int8 tensor the final DEQUANTIZE reads
-    return np.rint(np.asarray(y, np.float64) / t.scale).astype(np.int64) + t.zero_point
-
-
-@pytest.mark.parametrize(
-    "path,n",
-    [
-        (FACE, 4),
-        pytest.param(
-            YOLO,
-            2,
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="measured 0.71 within one step against 0.83 between ORT's runs (8 images): the "
-                "one-step differences TFLM's integer arithmetic adds at each layer (double-rounding "
-                "fixed-point multipliers, LOGISTIC's 1/256) accumulate over ~100 layers, and the box "
-                "decoding turns one distance code into up to 3.4 output steps (docs/onnx.md)",
-            ),
-        ),
-    ],
-    ids=["face_landmarks", "yolo26"],
-)
+@pytest.mark.parametrize("path,n", [(FACE, 4), (YOLO, 2)], ids=["face_landmarks", "yolo26"])
 def test_shared_model_against_onnxruntime(path, n):
     model = need(path)
     graph = npusim.load_model(model)
@@ -69,14 +50,14 @@ def test_shared_model_against_onnxruntime(path, n):
         oo.run_ort(data, x, optimize=True, threads=2),
         oo.run_ort(data, x, optimize=False, threads=2),
     )
-    y_sim = npusim.Interpreter(graph, profile="tflm").run(x)
+    interp = npusim.Interpreter(graph, profile="tflm")
+    y_sim = interp.run(x)
     assert oo.cosine(y_sim, y_lit) >= 0.999 and oo.cosine(y_sim, y_opt) >= 0.999
-    c_opt, c_lit, c_sim = (output_codes(graph, y) for y in (y_opt, y_lit, y_sim))
-    tolerance = oo.within_one_step(c_opt, c_lit)
-    best = max(oo.within_one_step(c_sim, c_lit), oo.within_one_step(c_sim, c_opt))
-    assert best >= tolerance - 0.10, (
-        f"npusim within one step of ORT: {best:.3f}, ORT's two runs: {tolerance:.3f}"
-    )
+    ref = oo.graph_layer_codes(graph, oo.literal_layer_codes(data, x))
+    rows = oo.layer_by_layer(interp, x, ref)
+    assert len(rows) >= len(ref) // 2, f"{len(rows)} of ORT's {len(ref)} quantized tensors compared"
+    worst = max(rows, key=lambda r: r[2])
+    assert worst[2] <= 1, f"op {worst[0]} ({worst[1]}), fed ORT's inputs, is {worst[2]} steps off ORT"
 
 
 def test_cli_run_inspect_golden_compare_on_onnx(tmp_path):

@@ -187,7 +187,7 @@ def _structures(measurements, structures: dict | None) -> dict:
     for m in measurements:
         if m.file not in structures:
             try:
-                structures[m.file] = device_structure(Interpreter(str(m.path)))
+                structures[m.file] = device_structure(Interpreter(str(m.path), warm=False))
             except NpusimError as e:
                 raise NpusimError(f"calibration model {m.file}: {e}") from None
     return structures

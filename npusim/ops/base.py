@@ -6,7 +6,7 @@ import numpy as np
 
 from ..errors import NpusimError
 from ..graph import Graph, Op, Tensor
-from ..jit import set_up_target
+from ..jit import both_forms  # noqa: F401 - for the interpreter's warm-up, which must not import jit.py (jit.py: kernel sources)
 
 
 def broadcast_crossing(operands, y, core: int = 0) -> str | None:
@@ -56,7 +56,6 @@ class Kernel:
         return False
 
     def __init__(self, op: Op, graph: Graph, profile: int):
-        set_up_target()  # once per process, before the first kernel loads (jit.py: a cheaper BLAS check)
         self.op = op
         self.graph = graph
         self.profile = profile

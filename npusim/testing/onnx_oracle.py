@@ -427,3 +427,61 @@ def within_one_step(a: np.ndarray, b: np.ndarray) -> float:
 def cosine(a: np.ndarray, b: np.ndarray) -> float:
     a, b = np.asarray(a, np.float64).ravel(), np.asarray(b, np.float64).ravel()
     return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b) + 1e-30))
+
+
+# ----------------------------------------------------------------------------------------------
+# Layer by layer against the literal run
+# ----------------------------------------------------------------------------------------------
+
+
+def literal_layer_codes(model_bytes: bytes, x: np.ndarray) -> dict:
+    """{QuantizeLinear output name: its codes as int8 (uint8 shifted by -128)} of ORT's literal run
+    (ORT_DISABLE_ALL) on x, one sample per run: every activation QuantizeLinear of the file made a
+    graph output."""
+    import onnx
+    from onnx import helper
+
+    m = onnx.load_from_string(model_bytes)
+    inits = {i.name: i for i in m.graph.initializer}
+    types = {}
+    for n in m.graph.node:
+        if n.op_type == "QuantizeLinear" and n.input[0] not in inits:
+            zp = inits.get(n.input[2]) if len(n.input) > 2 else None
+            types[n.output[0]] = zp.data_type if zp is not None else onnx.TensorProto.UINT8
+    known = {o.name for o in m.graph.output}
+    added = [k for k in types if k not in known]
+    m.graph.output.extend(helper.make_tensor_value_info(k, types[k], None) for k in added)
+    sess = session(m.SerializeToString(), optimize=False)
+    names = [o.name for o in sess.get_outputs()]
+    outs = dict(zip(names, run_ort_outputs(b"", x, sess=sess)))
+    return {
+        k: (outs[k].astype(np.int64) - (128 if t == onnx.TensorProto.UINT8 else 0)).astype(np.int8)
+        for k, t in types.items()
+    }
+
+
+def graph_layer_codes(graph, layers: dict) -> dict:
+    """literal_layer_codes keyed by the Graph tensor the importer made of each (OnnxSource.values),
+    in the Graph's layout (NHWC where it moved the channels)."""
+    out = {}
+    for name, codes in layers.items():
+        if name in graph.source.values:
+            t, perm = graph.source.values[name]
+            out[t] = np.ascontiguousarray(codes.transpose(perm))
+    return out
+
+
+def layer_by_layer(interp, x: np.ndarray, ref: dict) -> list[tuple]:
+    """Each op of the Interpreter run with ORT's codes (ref: graph_layer_codes) in place of every
+    earlier output ORT has: (op index, kind, largest |difference| in codes, share of codes that
+    differ) per op whose output ORT has, the error each layer adds on its own."""
+    values = {interp.graph.inputs[0]: interp.check_input(x)}
+    rows = []
+    for k in interp.kernels:
+        interp.evaluate(values, kernels=[k])
+        o = k.op.outputs[0]
+        if o in ref:
+            diff = np.abs(values[o].astype(np.int64) - ref[o])
+            rows.append((k.op.index, k.kind, int(diff.max(initial=0)), float(np.mean(diff != 0))))
+            values[o] = ref[o]
+    return rows
