@@ -90,13 +90,16 @@ def startup_phases(model: Path, x_path: Path, reps: int) -> list[str]:
     return lines + [f"| total | {fmt_ms(total)} |"]
 
 
-# The first Interpreter.run in a process against its warm runs: a fresh process builds the
-# Interpreter (which loads the kernels it calls: Interpreter.warm_up), then times its first run and
-# WARM_RUNS more on the same batch, wall time as a user feels it.
+# The first Interpreter.run in a process against its warm runs: a fresh process, tuned as the main
+# table's (npusim.tune_process: freed memory kept for reuse), builds the Interpreter (which loads
+# the kernels it calls: Interpreter.warm_up), then times its first run and WARM_RUNS more on the
+# same batch, wall time as a user feels it.
 FIRST_CALL_SCRIPT = """
 import json, statistics, sys, time
 import numpy as np
+import npusim
 from npusim.interpreter import Interpreter
+npusim.tune_process()  # as the command lines and the bench's main table run
 x = np.load(sys.argv[2])
 t0 = time.perf_counter(); it = Interpreter(sys.argv[1]); t1 = time.perf_counter()
 times = []
@@ -152,9 +155,10 @@ def first_call_lines(shared: Path, batches: dict, reps: int, log=print) -> list[
         "|---|---|---|---|---|---|",
         *rows,
         "",
-        f"Each a fresh process (experiments/bench_oneshot.py FIRST_CALL_SCRIPT), median of {reps} after "
-        f"one untimed: the wall time of building the Interpreter (model load, prepare and the loads of its "
-        f"kernels, Interpreter.warm_up), of its first run, and the median of {WARM_RUNS} more on the same "
+        f"Each a fresh process (experiments/bench_oneshot.py FIRST_CALL_SCRIPT, npusim.tune_process() "
+        f"first, as the main table), median of {reps} after one untimed: the wall time of building the "
+        "Interpreter (model load, prepare and the loads of its kernels, Interpreter.warm_up), of its "
+        f"first run, and the median of {WARM_RUNS} more on the same "
         "batch; first / warm is the median of each process's own ratio.",
         "",
     ]
