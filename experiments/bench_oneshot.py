@@ -91,9 +91,9 @@ def startup_phases(model: Path, x_path: Path, reps: int) -> list[str]:
 
 
 # The first Interpreter.run in a process against its warm runs: a fresh process, tuned as the main
-# table's (npusim.tune_process: freed memory kept for reuse), builds the Interpreter (which loads
-# the kernels it calls: Interpreter.warm_up), then times its first run and WARM_RUNS more on the
-# same batch, wall time as a user feels it.
+# table's (npusim.tune_process: freed memory kept for reuse), builds the Interpreter (by default it
+# loads the kernels it calls, Interpreter.warm_up; argv[4] "0" builds it with warm=False), then
+# times its first run and WARM_RUNS more on the same batch, wall time as a user feels it.
 FIRST_CALL_SCRIPT = """
 import json, statistics, sys, time
 import numpy as np
@@ -101,7 +101,7 @@ import npusim
 from npusim.interpreter import Interpreter
 npusim.tune_process()  # as the command lines and the bench's main table run
 x = np.load(sys.argv[2])
-t0 = time.perf_counter(); it = Interpreter(sys.argv[1]); t1 = time.perf_counter()
+t0 = time.perf_counter(); it = Interpreter(sys.argv[1], warm=sys.argv[4] == "1"); t1 = time.perf_counter()
 times = []
 for _ in range(1 + int(sys.argv[3])):
     s = time.perf_counter(); it.run(x); times.append(time.perf_counter() - s)
@@ -111,27 +111,30 @@ WARM_RUNS = 5
 
 
 def first_call(model: Path, x_path: Path, reps: int) -> dict:
-    """Medians over reps fresh processes (after one untimed, which may compile) of the prepare, the
+    """{True: with the warm-up, False: without} -> medians over reps fresh processes each (after one
+    untimed round, which may compile), the two kinds in turn, of the Interpreter's construction, the
     first run and the median warm run, in seconds, and of each process's first/warm ratio."""
-    runs = []
-    for _ in range(reps + 1):
-        done = subprocess.run(
-            [sys.executable, "-c", FIRST_CALL_SCRIPT, str(model), str(x_path), str(WARM_RUNS)],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-        )
-        if done.returncode:
-            raise SystemExit(f"first call failed: {(done.stderr.strip().splitlines() or ['?'])[-1]}")
-        runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
-    runs = runs[1:]
-    med = {k: statistics.median(r[k] for r in runs) for k in ("prepare", "first", "warm")}
-    return {**med, "ratio": statistics.median(r["first"] / r["warm"] for r in runs)}
+    runs = {True: [], False: []}
+    for r in range(reps + 1):
+        for warm in runs:
+            argv = [sys.executable, "-c", FIRST_CALL_SCRIPT, str(model), str(x_path), str(WARM_RUNS)]
+            done = subprocess.run([*argv, str(int(warm))], cwd=REPO, capture_output=True, text=True)
+            if done.returncode:
+                raise SystemExit(f"first call failed: {(done.stderr.strip().splitlines() or ['?'])[-1]}")
+            if r:
+                runs[warm].append(json.loads(done.stdout.strip().splitlines()[-1]))
+    return {
+        warm: {
+            **{k: statistics.median(r[k] for r in rs) for k in ("prepare", "first", "warm")},
+            "ratio": statistics.median(r["first"] / r["warm"] for r in rs),
+        }
+        for warm, rs in runs.items()
+    }
 
 
 def first_call_lines(shared: Path, batches: dict, reps: int, log=print) -> list[str]:
     """The table of the first run in a process against a warm one, per model at its batch
-    (batches: a name of bench_workloads.ALL_MODELS -> batch)."""
+    (batches: a name of bench_workloads.ALL_MODELS -> batch), with and without the warm-up."""
     import npusim
 
     rows = []
@@ -144,22 +147,26 @@ def first_call_lines(shared: Path, batches: dict, reps: int, log=print) -> list[
             x, _ = bench_inputs(shared, name, n, t_in.shape, t_in.dtype)
             x_path = Path(tmp) / f"{name}_{n}.npy"
             np.save(x_path, np.ascontiguousarray(x[:n]))
-            r = first_call(model, x_path, reps)
+            both = first_call(model, x_path, reps)
+            r, cold = both[True], both[False]
             log(f"  first call {name} batch {n}: {r['first']:.3f} s, warm {r['warm']:.3f} s")
             rows.append(
                 f"| {name} | {n} | {fmt_ms(r['prepare'])} | {fmt_ms(r['first'])} | {fmt_ms(r['warm'])} | "
-                f"{r['ratio']:.2f}x |"
+                f"{r['ratio']:.2f}x | {fmt_ms(cold['prepare'])} | {fmt_ms(cold['first'])} | "
+                f"{cold['ratio']:.2f}x |"
             )
     return [
-        "| model | batch | Interpreter() ms | first run ms | warm run ms | first / warm |",
-        "|---|---|---|---|---|---|",
+        "| model | batch | Interpreter() ms | first run ms | warm run ms | first / warm | "
+        "warm=False: Interpreter() ms | first run ms | first / warm |",
+        "|---|---|---|---|---|---|---|---|---|",
         *rows,
         "",
         f"Each a fresh process (experiments/bench_oneshot.py FIRST_CALL_SCRIPT, npusim.tune_process() "
-        f"first, as the main table), median of {reps} after one untimed: the wall time of building the "
-        "Interpreter (model load, prepare and the loads of its kernels, Interpreter.warm_up), of its "
-        f"first run, and the median of {WARM_RUNS} more on the same "
-        "batch; first / warm is the median of each process's own ratio.",
+        f"first, as the main table), median of {reps} after one untimed round, the two kinds in turn: the "
+        "wall time of building the Interpreter (model load, prepare and, by default, the loads of its "
+        f"kernels: Interpreter.warm_up), of its first run, and the median of {WARM_RUNS} more on the same "
+        "batch; first / warm is the median of each process's own ratio. `warm=False` (what the command "
+        "lines build, since they run each input once) leaves the kernels' loads to the first run.",
         "",
     ]
 
