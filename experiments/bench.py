@@ -18,7 +18,7 @@ with npusim (profile tflm, `Interpreter.run` on the whole batch), LiteRT's defau
 (XNNPACK, 2 threads, input resized to the batch) and TFLM (batch 1 per invoke: a few single images
 are timed and the per-image median is multiplied by N). Every time is the median over repetitions
 after a warm-up call (npusim's first call loads or compiles its Numba kernels; XNNPACK packs its
-weights on the first invoke).
+weights on the first invoke), npusim's and LiteRT's repetitions in turn (bench_timing.interleaved).
 
 Exactness is checked on the timed inputs: npusim (tflm) against TFLM on the images TFLM ran, and
 npusim (xnnpack profile) against LiteRT on the whole timed batch. Speed without exactness means

@@ -79,7 +79,8 @@ def main_table(rows, tflm_imgs) -> list:
     return [
         *table(rows),
         "",
-        "Times are medians over repetitions after one untimed warm-up call, for the whole batch, including "
+        "Times are medians over repetitions after one untimed warm-up call, npusim and LiteRT called in "
+        "turn, for the whole batch, including "
         "set_tensor/get_tensor (LiteRT) and the input check (npusim). npusim: `Interpreter(model, "
         "profile='tflm').run(x)` on the whole batch. LiteRT: default "
         "interpreter (XNNPACK delegate), input resized to the batch.",

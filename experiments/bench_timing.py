@@ -34,6 +34,24 @@ def timings(fn, reps: int, warmup: int = 1) -> list[float]:
     return times
 
 
+def interleaved(fns: dict, reps: dict, warmup: int = 1) -> dict:
+    """{name: wall times} of each fn() of fns, reps[name] calls each after warmup untimed ones, the
+    sides called in turn (one call of each per round), so that a change of load on the machine, which
+    moves one side 2x here, hits both alike."""
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    times = {name: [] for name in fns}
+    gc.collect()
+    for r in range(max(reps.values())):
+        for name, fn in fns.items():
+            if r < reps[name]:
+                t0 = time.perf_counter()
+                fn()
+                times[name].append(time.perf_counter() - t0)
+    return times
+
+
 def median_time(fn, reps: int, warmup: int = 1) -> float:
     return statistics.median(timings(fn, reps, warmup))
 
@@ -120,11 +138,11 @@ def bench_workload(
         t0 = time.perf_counter()
         y_sim = sim.run(x)  # first call: Numba kernels load from the cache (or compile)
         first = time.perf_counter() - t0
-        ts = timings(lambda x=x: sim.run(x), reps["npusim"][n], warmup=1)
-        t_sim = statistics.median(ts)
         lrt = oracle.BatchedLiteRT(model, n, threads=LITERT_THREADS)
-        tl = timings(lambda lrt=lrt, x=x: lrt(x), reps["litert"][n], warmup=1)
-        t_lrt = statistics.median(tl)
+        sides = {"npusim": lambda x=x: sim.run(x), "litert": lambda lrt=lrt, x=x: lrt(x)}
+        both = interleaved(sides, {side: reps[side][n] for side in sides})
+        ts, tl = both["npusim"], both["litert"]
+        t_sim, t_lrt = statistics.median(ts), statistics.median(tl)
         with single_thread():
             t_1t = median_time(lambda x=x: sim.run(x), reps["npusim"][n], warmup=1)
         y_lrt = lrt(x)
