@@ -37,14 +37,15 @@ def timings(fn, reps: int, warmup: int = 1) -> list[float]:
 def interleaved(fns: dict, reps: dict, warmup: int = 1) -> dict:
     """{name: wall times} of each fn() of fns, reps[name] calls each after warmup untimed ones, the
     sides called in turn (one call of each per round), so that a change of load on the machine, which
-    moves one side 2x here, hits both alike."""
+    moves one side 2x here, hits both alike; the order flips every round, as a runtime's worker
+    threads may still spin after its call and slow whichever call comes next."""
     for fn in fns.values():
         for _ in range(warmup):
             fn()
     times = {name: [] for name in fns}
     gc.collect()
     for r in range(max(reps.values())):
-        for name, fn in fns.items():
+        for name, fn in list(fns.items())[:: 1 if r % 2 == 0 else -1]:
             if r < reps[name]:
                 t0 = time.perf_counter()
                 fn()
@@ -136,7 +137,7 @@ def bench_workload(
         if x.shape[0] != n:
             raise SystemExit(f"{name}: only {inputs.shape[0]} input images, need {n}")
         t0 = time.perf_counter()
-        y_sim = sim.run(x)  # first call: Numba kernels load from the cache (or compile)
+        y_sim = sim.run(x)  # first call (kernels loaded by Interpreter(); its batch's memory is fresh)
         first = time.perf_counter() - t0
         lrt = oracle.BatchedLiteRT(model, n, threads=LITERT_THREADS)
         sides = {"npusim": lambda x=x: sim.run(x), "litert": lambda lrt=lrt, x=x: lrt(x)}

@@ -193,8 +193,9 @@ class Interpreter:
     ):
         """plan_only (what `npusim inspect` needs): ops npusim lacks are listed in self.unsupported and
         left out of self.kernels instead of refused; such an Interpreter plans but runs nothing.
-        warm: load the compiled kernels now (warm_up()), so that the first run costs what later ones
-        do; a caller that runs the model once gains nothing from it (the command lines)."""
+        warm: load the compiled kernels now (warm_up()), so that the first run loads none (the first
+        touch of its batch's memory remains); a caller that runs the model once gains nothing from
+        it (the command lines)."""
         self.graph = graph if isinstance(graph, Graph) else load_model(graph)
         self.profile = profile
         self.backends = _backend.select(backend)
@@ -287,12 +288,17 @@ class Interpreter:
     def warm_up(self) -> None:
         """Load every compiled kernel that run() calls, in its serial and its threaded form. Numba
         loads a kernel from its cache on the first call of each form and signature, 20-40 ms each:
-        without this, ResNet-8's first batch of 256 in a process takes 4-5x a later one. The walk
-        runs the declared input shapes (one image, mostly) of zeros, each parallel kernel in both
-        forms (jit.both_forms); its outputs are dropped. An error it meets is left for a real run to
-        report, on real data."""
+        without this, a process's first batch paid them (ResNet-8 at batch 256: 4.7x a warm run in
+        the bench). The walk runs zeros of one image (a model run image by image: its declared
+        shapes), each parallel kernel in both forms (jit.both_forms); its outputs are dropped. An
+        error it meets is left for a real run to report, on real data."""
         tensors = self.graph.tensors
-        values = {t: np.zeros(tensors[t].shape, tensors[t].dtype) for t in self.graph.inputs}
+        values = {}
+        for t in self.graph.inputs:
+            shape = tensors[t].shape
+            if shape and not self.batch.by_image:
+                shape = (1, *shape[1:])
+            values[t] = np.zeros(shape, tensors[t].dtype)
         with both_forms():
             try:
                 self.evaluate(values, keep=set(self.graph.outputs))

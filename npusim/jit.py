@@ -35,6 +35,7 @@ import json
 import os
 import shutil
 import tempfile
+import threading
 import time
 import types
 from pathlib import Path
@@ -320,6 +321,7 @@ class _FunctionCache(caching.FunctionCache):
 
     def load_overload(self, sig, target_context):
         rtsys.initialize(target_context)
+        cres = None  # also where the guard swallows an error (Windows: EACCES)
         with self._guard_against_spurious_io_errors():
             cres = self._load_overload(sig, target_context)
         if cres is None:
@@ -350,8 +352,10 @@ def renamed(fn, suffix: str, **globals_):
     return copy
 
 
+_FORMS = threading.local()  # .both, set by both_forms() in this thread only
+
+
 class ParallelKernel:
-    both_forms = False  # set by both_forms(): each call runs the threaded form, then the serial one
 
     def __init__(self, fn):
         self.serial = njit(fn)
@@ -360,7 +364,7 @@ class ParallelKernel:
         self.__name__ = fn.__name__
 
     def __call__(self, *args):
-        if ParallelKernel.both_forms:
+        if getattr(_FORMS, "both", False):
             self.threaded(*args)
             return self.serial(*args)
         work = max((a.size for a in args if isinstance(a, np.ndarray)), default=0)
@@ -369,13 +373,15 @@ class ParallelKernel:
 
 @contextlib.contextmanager
 def both_forms():
-    """Within it, every parallel kernel runs in both its forms, and so loads both (Interpreter's
-    warm-up: a small batch then loads what a large one calls)."""
-    ParallelKernel.both_forms = True
+    """Within it, every parallel kernel called by this thread runs in both its forms, threaded then
+    serial, and so loads both (Interpreter's warm-up: a small batch then loads what a large one
+    calls). Other threads' calls are not affected."""
+    before = getattr(_FORMS, "both", False)
+    _FORMS.both = True
     try:
         yield
     finally:
-        ParallelKernel.both_forms = False
+        _FORMS.both = before
 
 
 def parallel_kernel(fn) -> ParallelKernel:

@@ -53,9 +53,11 @@ def test_shared_model_against_onnxruntime(path, n):
     interp = npusim.Interpreter(graph, profile="tflm")
     y_sim = interp.run(x)
     assert oo.cosine(y_sim, y_lit) >= 0.999 and oo.cosine(y_sim, y_opt) >= 0.999
-    ref = oo.graph_layer_codes(graph, oo.literal_layer_codes(data, x))
-    rows = oo.layer_by_layer(interp, x, ref)
-    assert len(rows) >= len(ref) // 2, f"{len(rows)} of ORT's {len(ref)} quantized tensors compared"
+    layers = oo.literal_layer_codes(data, x)
+    rows = oo.layer_by_layer(interp, x, oo.graph_layer_codes(graph, layers))
+    # Most of ORT's quantized tensors are a lowered op's output (face landmarks 147 of 147, YOLO26
+    # 364 of 377); an importer that stopped recording them would leave the check empty.
+    assert len(rows) >= 0.9 * len(layers), f"{len(rows)} of ORT's {len(layers)} quantized tensors compared"
     worst = max(rows, key=lambda r: r[2])
     assert worst[2] <= 1, f"op {worst[0]} ({worst[1]}), fed ORT's inputs, is {worst[2]} steps off ORT"
 

@@ -141,8 +141,9 @@ def zeros(shape, dtype) -> np.ndarray:
 class Workspace:
     """A scratch buffer that a kernel keeps between calls (fresh pages cost a page fault each,
     about 2 us here: a 3 MB padded copy paid 1.5 ms of faults per call). get() returns an aligned
-    view of the requested shape, growing the buffer when needed. One per kernel; not for use by two
-    threads at once."""
+    view of the requested shape, growing the buffer when needed. Not for use by two threads at once;
+    the contents are not kept for the next user (an Interpreter's convolutions share one, as they
+    run one at a time)."""
 
     def __init__(self):
         self._raw = np.empty(0, dtype=np.uint8)
