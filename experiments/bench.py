@@ -48,6 +48,7 @@ from .bench_paths import conv_stages, kernel_path_rates, op_breakdown, path_sett
 from .bench_report import Results, render
 from .bench_timing import bench_workload, fmt_ms, median_time, memory_of_run, timings
 from .bench_workloads import ALL_MODELS, MODELS, TFLM_ARENA, YOLO_MODELS, bench_inputs, conv_model
+from .machine import cpu_ticks
 
 __all__ = ["ALL_MODELS", "MODELS", "YOLO_MODELS", "build_parser", "haswell_unsupported", "main"]
 
@@ -266,6 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     command = "python -m experiments.bench " + " ".join(argv)
     started = _dt.datetime.now().astimezone()
     load_start = os.getloadavg()
+    ticks_start = cpu_ticks()
 
     def log(msg: str):
         print(msg, file=sys.stderr, flush=True)
@@ -295,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.only in ("all", "zo"):
         log("ZO step: ResNet-8, last residual block + classifier (last:4), batch 32, q = 16")
         results.zo = bench_zo_step(args.shared, reps=3 if args.quick else 10)
-    report = render(results, command, args.quick, started, load_start)
+    report = render(results, command, args.quick, started, load_start, ticks_start)
     print(report)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(report)

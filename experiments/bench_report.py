@@ -8,7 +8,16 @@ import platform
 from dataclasses import dataclass, field
 
 from .bench_timing import LITERT_THREADS, Row, fmt_ms
-from .machine import blas_threads, compile_target, cpu_flags, cpu_model, kernel_path, peak_rss_mb, versions
+from .machine import (
+    blas_threads,
+    compile_target,
+    cpu_flags,
+    cpu_model,
+    kernel_path,
+    peak_rss_mb,
+    steal_share,
+    versions,
+)
 
 # Floors and targets of the speed issue (throughput ratios, higher is better for npusim).
 FLOOR_TFLM, FLOOR_LITERT = 20.0, 0.25
@@ -98,7 +107,7 @@ def main_table(rows, tflm_imgs) -> list:
     ]
 
 
-def render(results: Results, command: str, quick: bool, started, load_start) -> str:
+def render(results: Results, command: str, quick: bool, started, load_start, ticks_start=None) -> str:
     """The Markdown report."""
     import numba
 
@@ -115,7 +124,8 @@ def render(results: Results, command: str, quick: bool, started, load_start) -> 
         f"- versions: {versions()}",
         f"- load average (1/5/15 min) at start {' '.join(f'{v:.2f}' for v in load_start)}, at end "
         f"{' '.join(f'{v:.2f}' for v in os.getloadavg())} "
-        "(other processes on the machine skew every time here)",
+        "(other processes on the machine skew every time here); CPU time stolen by the hypervisor "
+        f"during the run (/proc/stat steal): {steal_share(ticks_start)}",
         f"- threads: LiteRT num_threads={LITERT_THREADS}; numba.get_num_threads()={numba.get_num_threads()} "
         f"(layer {numba.threading_layer() if rows else 'n/a'}); BLAS: {blas_threads()}",
         f"- npusim MAC kernels (CONV_2D, FULLY_CONNECTED): {kernel_path()}",

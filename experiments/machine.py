@@ -165,6 +165,24 @@ def versions() -> str:
     return ", ".join(parts)
 
 
+def cpu_ticks() -> tuple[int, int] | None:
+    """(steal, total) clock ticks of all CPUs since boot, from /proc/stat (steal: time the
+    hypervisor gave this VM's CPUs to others), or None where there is no such file."""
+    try:
+        fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except (OSError, ValueError):
+        return None
+    return (fields[7] if len(fields) > 7 else 0), sum(fields)
+
+
+def steal_share(start: tuple[int, int] | None) -> str:
+    """The share of CPU time stolen by the hypervisor since start (cpu_ticks()), as text."""
+    end = cpu_ticks()
+    if start is None or end is None or end[1] <= start[1]:
+        return "not measured"
+    return f"{100 * (end[0] - start[0]) / (end[1] - start[1]):.1f}%"
+
+
 def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # Linux: kilobytes
 
