@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from .bench_timing import LITERT_THREADS, fmt_ms
-from .bench_workloads import ALL_MODELS, MODELS, bench_inputs
+from .bench_workloads import ALL_MODELS, MODELS, YOLO_MODELS, bench_inputs
 from .machine import cpu_flags, cpu_model, kernel_path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -270,7 +270,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reps", type=int, default=5)
     args = p.parse_args(argv)
     lines = bench_one_shot(args.shared, {name: [1, args.batch] for name in MODELS}, args.reps, log=print)
-    lines += first_call_lines(args.shared, {**dict.fromkeys(MODELS, args.batch), "yolov8n_256": 8}, args.reps)
+    firsts = {**dict.fromkeys(MODELS, args.batch), **dict.fromkeys(YOLO_MODELS, 8)}
+    lines += first_call_lines(args.shared, firsts, args.reps)
     print("\n".join(lines))
     return 0
 

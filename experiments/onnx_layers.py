@@ -51,25 +51,27 @@ def main():
     it = npusim.Interpreter(graph, profile=args.profile)
     out_t = graph.ops[-1].inputs[0] if graph.ops[-1].kind == "DEQUANTIZE" else graph.outputs[0]
 
-    def run(substitute, local=None):
+    def run(substitute):
         values = {graph.inputs[0]: it.check_input(x)}
         for k in it.kernels:
             it.evaluate(values, kernels=[k])
             o = k.op.outputs[0]
-            if local is not None and o in ref:
-                local[(op_type[o], k.kind)].append(np.mean(values[o] != ref[o]) * values[o].size)
-                local[(op_type[o], k.kind, "n")].append(values[o].size)
             if o in ref and o != out_t and substitute(k.op.index):
                 values[o] = ref[o]
         diff = np.abs(values[out_t].astype(np.int64) - ref[out_t])
         return float(np.mean(diff <= 1))
 
-    local = collections.defaultdict(list)
-    run(lambda i: True, local)
+    output_of = {k.op.index: k.op.outputs[0] for k in it.kernels}
+    local = collections.defaultdict(lambda: [0.0, 0, 0])  # codes off, codes, layers
+    for index, kind, _, share in oo.layer_by_layer(it, x, ref):
+        o = output_of[index]
+        group = local[(op_type[o], kind)]
+        group[0] += share * ref[o].size
+        group[1] += ref[o].size
+        group[2] += 1
     print("local disagreement per layer kind (ORT's inputs), share of codes off:")
-    rows = [(k, sum(v), sum(local[k + ("n",)])) for k, v in local.items() if len(k) == 2]
-    for (onnx_op, kind), off, n in sorted(rows, key=lambda r: -r[1] / r[2]):
-        print(f"  {onnx_op:12s} {kind:24s} layers={len(local[(onnx_op, kind)]):3d} off={off / n:.4f}")
+    for (onnx_op, kind), (off, n, count) in sorted(local.items(), key=lambda r: -r[1][0] / r[1][1]):
+        print(f"  {onnx_op:12s} {kind:24s} layers={count:3d} off={off / n:.4f}")
     print(f"final output within one step: npusim {run(lambda i: False):.4f}")
     if args.substitute:
         idx = {int(s) for s in args.substitute.split(",")}

@@ -288,8 +288,8 @@ class Interpreter:
     def warm_up(self) -> None:
         """Load every compiled kernel that run() calls, in its serial and its threaded form. Numba
         loads a kernel from its cache on the first call of each form and signature, 20-40 ms each:
-        without this, a process's first batch paid them (ResNet-8 at batch 256: 4.7x a warm run in
-        the bench). The walk runs zeros of one image (a model run image by image: its declared
+        without this, a process's first batch paid them (the bench's first-call table, with and
+        without it). The walk runs zeros of one image (a model run image by image: its declared
         shapes), each parallel kernel in both forms (jit.both_forms); its outputs are dropped. An
         error it meets is left for a real run to report, on real data."""
         tensors = self.graph.tensors
