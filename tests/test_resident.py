@@ -1,0 +1,219 @@
+"""The resident server (npusim/resident.py, NPUSIM_RESIDENT=1): a call through it writes the same
+bytes, prints the same lines and exits with the same status as the command in its own process; it
+reads and writes the caller's own files, working directory and streams; Ctrl-C interrupts the
+command and the server serves on; one server serves many calls, and another environment gets
+another server. Each test has its own runtime folder and stops its servers."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+import pytest
+
+from npusim import resident
+from npusim.testing import oracle as O
+
+pytestmark = pytest.mark.skipif(not hasattr(socket, "send_fds"), reason="no AF_UNIX descriptor passing here")
+ENTRY = [sys.executable, "-m", "npusim.resident"]
+
+
+def conv_model() -> bytes:
+    b = O.ModelBuilder()
+    x = b.add_tensor((1, 6, 6, 3), np.int8, 0.05, -3, name="input")
+    w = b.add_const(
+        np.arange(-27, 27, dtype=np.int8).reshape(2, 3, 3, 3), scale=0.02, zero_point=0, name="weights"
+    )
+    bias = b.add_const(np.array([100, -50], np.int32), scale=0.001, zero_point=0, name="bias")
+    y = b.add_tensor((1, 6, 6, 2), np.int8, 0.1, 5, name="output")
+    opt = O.schema.Conv2DOptionsT()
+    opt.padding, opt.strideH, opt.strideW = O.schema.Padding.SAME, 1, 1
+    b.add_op("CONV_2D", [x, w, bias], [y], opt)
+    return b.build([x], [y])
+
+
+@pytest.fixture
+def env():
+    # A short folder of its own (a socket path must stay under 100 bytes; pytest's can be longer).
+    runtime = tempfile.mkdtemp(prefix="npr", dir="/tmp")
+    e = dict(os.environ, XDG_RUNTIME_DIR=runtime, NPUSIM_RESIDENT="1", NPUSIM_RESIDENT_IDLE_S="120")
+    yield e
+    for variant in (e, dict(e, NPUSIM_AVX2="0")):
+        resident.stop(variant)
+    shutil.rmtree(runtime, ignore_errors=True)
+
+
+@pytest.fixture
+def files(tmp_path):
+    (tmp_path / "conv.tflite").write_bytes(conv_model())
+    x = np.random.default_rng(1).integers(-128, 128, (4, 6, 6, 3)).astype(np.int8)
+    np.save(tmp_path / "x.npy", x)
+    return tmp_path
+
+
+def npusim(args, env, cwd, **kw):
+    return subprocess.run(
+        ENTRY + [str(a) for a in args], env=env, cwd=cwd, capture_output=True, text=True, **kw
+    )
+
+
+def alive(pid: int) -> bool:
+    """Whether the process runs (a zombie that a container's init never reaps has exited)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+    except OSError:
+        try:
+            os.kill(pid, 0)
+            return True
+        except ProcessLookupError:
+            return False
+
+
+def server_pid(env) -> int:
+    with open(resident.server_paths(env)["pid"]) as f:
+        return int(f.read())
+
+
+def test_a_call_writes_prints_and_exits_as_the_command_in_its_own_process(env, files):
+    in_process = dict(env, NPUSIM_RESIDENT="0")
+    for args in (
+        ["run", "conv.tflite", "--input", "x.npy", "--output", "y.npy"],  # relative: the caller's folder
+        ["inspect", "conv.tflite"],
+        ["run", "missing.tflite", "--input", "x.npy", "--output", "y.npy"],
+        ["run", "conv.tflite", "--input", "x.npy", "--output", "y.txt"],
+        ["run", "conv.tflite", "--input", "x.npy"],  # click's usage error
+        ["--version"],
+    ):
+        (files / "y.npy").unlink(missing_ok=True)
+        alone = npusim(args, in_process, files)
+        y_alone = (files / "y.npy").read_bytes() if (files / "y.npy").exists() else None
+        (files / "y.npy").unlink(missing_ok=True)
+        served = npusim(args, env, files)
+        y_served = (files / "y.npy").read_bytes() if (files / "y.npy").exists() else None
+        assert (served.returncode, served.stdout, served.stderr) == (
+            alone.returncode,
+            alone.stdout,
+            alone.stderr,
+        ), args
+        assert y_served == y_alone, args
+    assert server_pid(env) > 0
+
+
+def test_one_server_serves_many_calls_and_another_environment_gets_its_own(env, files):
+    args = ["run", "conv.tflite", "--input", "x.npy", "--output", "y.npy"]
+    assert npusim(args, env, files).returncode == 0
+    first = server_pid(env)
+    assert npusim(args, env, files).returncode == 0
+    assert server_pid(env) == first
+    other = dict(env, NPUSIM_AVX2="0")  # a numeric switch: another key, another server
+    assert resident.server_key(other) != resident.server_key(env)
+    assert npusim(args, other, files).returncode == 0
+    assert server_pid(other) != first
+    assert resident.server_key(env) == resident.server_key(dict(env, UNRELATED="1"))
+
+
+def test_the_caller_stdin_is_the_command_stdin(env, files):
+    # The descriptor passed is the caller's own: /dev/stdin in the server is the caller's file.
+    with open(files / "x.npy", "rb") as x:
+        done = subprocess.run(
+            ENTRY + ["run", "conv.tflite", "--input", "/dev/stdin", "--output", "y.npy"],
+            env=env,
+            cwd=files,
+            stdin=x,
+            capture_output=True,
+        )
+    assert done.returncode == 0, done.stderr
+    alone = npusim(
+        ["run", "conv.tflite", "--input", "x.npy", "--output", "y2.npy"],
+        dict(env, NPUSIM_RESIDENT="0"),
+        files,
+    )
+    assert alone.returncode == 0
+    assert (files / "y.npy").read_bytes() == (files / "y2.npy").read_bytes()
+
+
+@pytest.mark.parametrize("how", ["ctrl-c", "killed"])
+def test_an_interrupted_call_stops_its_command_and_the_server_serves_on(env, files, how):
+    fifo = files / "never-written.npy"
+    os.mkfifo(fifo)  # reading it blocks until a writer comes: a command that waits, deterministically
+    assert npusim(["inspect", "conv.tflite"], env, files).returncode == 0  # the server is up
+    pid = server_pid(env)
+    waiting = subprocess.Popen(
+        ENTRY + ["run", "conv.tflite", "--input", str(fifo), "--output", "y.npy"],
+        env=env,
+        cwd=files,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    time.sleep(1.0)  # the call has reached the server and blocks in it
+    assert waiting.poll() is None
+    waiting.send_signal(signal.SIGINT if how == "ctrl-c" else signal.SIGKILL)
+    out, err = waiting.communicate(timeout=60)
+    if how == "ctrl-c":
+        assert waiting.returncode == 130 and err.strip().endswith("error: interrupted")
+    done = npusim(["run", "conv.tflite", "--input", "x.npy", "--output", "y.npy"], env, files, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert server_pid(env) == pid
+    assert not (files / "never-written.npy.tmp").exists()
+
+
+def test_a_bad_switch_or_idle_time_is_one_error_line(env, files):
+    for var, value in (
+        ("NPUSIM_RESIDENT", "yes"),
+        ("NPUSIM_RESIDENT_IDLE_S", "soon"),
+        ("NPUSIM_RESIDENT_IDLE_S", "0"),
+    ):
+        done = npusim(["inspect", "conv.tflite"], dict(env, **{var: value}), files)
+        assert done.returncode == 2
+        assert done.stderr.strip().splitlines() == [done.stderr.strip()] and var in done.stderr
+        assert done.stdout == ""
+
+
+def test_a_runtime_folder_others_can_enter_runs_the_command_in_its_own_process(env, files):
+    folder = os.path.join(env["XDG_RUNTIME_DIR"], f"npusim-{os.getuid()}")
+    os.makedirs(folder, exist_ok=True)
+    os.chmod(folder, 0o777)
+    done = npusim(["inspect", "conv.tflite"], env, files)
+    assert done.returncode == 0 and "inputs:" in done.stdout
+    assert done.stderr.startswith("npusim: no resident server (") and "mode 700" in done.stderr
+    assert not os.path.exists(os.path.join(folder, resident.server_key(env) + ".sock"))
+
+
+def test_a_server_that_died_is_replaced(env, files):
+    assert npusim(["inspect", "conv.tflite"], env, files).returncode == 0
+    pid = server_pid(env)
+    os.kill(pid, signal.SIGKILL)  # its socket file stays behind
+    for _ in range(200):
+        if not alive(pid):
+            break
+        time.sleep(0.01)
+    done = npusim(["inspect", "conv.tflite"], env, files)
+    assert done.returncode == 0, done.stderr
+    assert server_pid(env) != pid
+
+
+def test_an_idle_server_exits_and_removes_its_socket(env, files):
+    short = dict(env, NPUSIM_RESIDENT_IDLE_S="0.5")
+    assert npusim(["inspect", "conv.tflite"], short, files).returncode == 0
+    paths = resident.server_paths(short)
+    pid = server_pid(short)
+    deadline = time.monotonic() + 60
+    while os.path.exists(paths["sock"]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not os.path.exists(paths["sock"]) and not os.path.exists(paths["pid"])
+    while time.monotonic() < deadline:
+        if not alive(pid):
+            return
+        time.sleep(0.05)
+    raise AssertionError("the idle server did not exit")
