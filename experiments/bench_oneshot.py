@@ -13,7 +13,10 @@ whose other ops round differently in XNNPACK says "no" here, as in the main tabl
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -138,7 +141,7 @@ def first_call_lines(shared: Path, batches: dict, reps: int, log=print) -> list[
     import npusim
 
     rows = []
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, resident_server() as resident_env:
         for name, n in batches.items():
             model = shared / "models" / ALL_MODELS[name]
             if not model.exists():
@@ -171,27 +174,43 @@ def first_call_lines(shared: Path, batches: dict, reps: int, log=print) -> list[
     ]
 
 
-def commands(model: Path, x_path: Path, out_dir: Path) -> dict:
-    """The two one-shot commands on one input file, and where each writes its output."""
-    y_sim, y_lrt = out_dir / "npusim.npy", out_dir / "litert.npy"
+def commands(model: Path, x_path: Path, out_dir: Path, resident_env: dict) -> dict:
+    """The one-shot commands on one input file: name -> (argv, where it writes its output, its
+    environment). "resident" is the same `npusim run` as a call to the resident server
+    (npusim/resident.py) that resident_env points to."""
+    y_sim, y_res, y_lrt = out_dir / "npusim.npy", out_dir / "resident.npy", out_dir / "litert.npy"
+    run = ["run", str(model), "--input", str(x_path), "--profile", "xnnpack", "--output"]
     return {
-        "npusim": (
-            [sys.executable, "-m", "npusim.cli", "run", str(model), "--input", str(x_path)]
-            + ["--output", str(y_sim), "--profile", "xnnpack"],
-            y_sim,
-        ),
-        "litert": ([sys.executable, "-c", LITERT_SCRIPT, str(model), str(x_path), str(y_lrt)], y_lrt),
+        "npusim": ([sys.executable, "-m", "npusim.cli", *run, str(y_sim)], y_sim, None),
+        "resident": ([sys.executable, "-m", "npusim.resident", *run, str(y_res)], y_res, resident_env),
+        "litert": ([sys.executable, "-c", LITERT_SCRIPT, str(model), str(x_path), str(y_lrt)], y_lrt, None),
     }
+
+
+@contextlib.contextmanager
+def resident_server():
+    """The environment of a resident server of the bench's own (a private runtime folder), stopped
+    and removed after."""
+    from npusim import resident
+
+    folder = tempfile.mkdtemp(prefix="npb", dir="/tmp")  # short: a socket path is at most 100 bytes
+    env = dict(os.environ, NPUSIM_RESIDENT="1", XDG_RUNTIME_DIR=folder)
+    try:
+        yield env
+    finally:
+        resident.stop(env)
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def time_round_robin(cmds: dict, reps: int, warmup: int = 1) -> dict:
     """Wall seconds of each command, process start to exit, reps times in turn after warmup untimed
-    rounds (the first npusim process of a checkout compiles or loads its Numba cache from disk)."""
+    rounds (the first npusim process of a checkout compiles or loads its Numba cache from disk, the
+    first resident call starts its server)."""
     times = {name: [] for name in cmds}
     for r in range(warmup + reps):
-        for name, (argv, _) in cmds.items():
+        for name, (argv, _, env) in cmds.items():
             t0 = time.perf_counter()
-            done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True)
+            done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, env=env)
             elapsed = time.perf_counter() - t0
             if done.returncode:
                 tail = (done.stderr.strip().splitlines() or ["no message"])[-1]
@@ -207,7 +226,7 @@ def bench_one_shot(shared: Path, batches: dict, reps: int, log=print) -> list[st
     import npusim
 
     rows = []
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, resident_server() as resident_env:
         tmp = Path(tmp)
         for name, sizes in batches.items():
             model = shared / "models" / MODELS[name]
@@ -218,16 +237,20 @@ def bench_one_shot(shared: Path, batches: dict, reps: int, log=print) -> list[st
             for n in sizes:
                 x_path = tmp / f"{name}_{n}.npy"
                 np.save(x_path, np.ascontiguousarray(x[:n]))
-                cmds = commands(model, x_path, tmp)
+                cmds = commands(model, x_path, tmp, resident_env)
                 times = time_round_robin(cmds, reps)
-                sim, lrt = (statistics.median(times[k]) for k in ("npusim", "litert"))
-                a, b = np.load(cmds["npusim"][1]), np.load(cmds["litert"][1])
-                exact = a.shape == b.shape and a.dtype == b.dtype and np.array_equal(a, b)
-                log(f"  one shot {name} batch {n}: npusim {sim:.3f} s, LiteRT {lrt:.3f} s, exact {exact}")
+                sim, res, lrt = (statistics.median(times[k]) for k in ("npusim", "resident", "litert"))
+                a, r, b = (np.load(cmds[k][1]) for k in ("npusim", "resident", "litert"))
+                exact = all(v.shape == b.shape and v.dtype == b.dtype and np.array_equal(v, b) for v in (a, r))
+                log(
+                    f"  one shot {name} batch {n}: npusim {sim:.3f} s, resident {res:.3f} s, "
+                    f"LiteRT {lrt:.3f} s, exact {exact}"
+                )
+                spread = {k: f"{fmt_ms(min(v))}-{fmt_ms(max(v))}" for k, v in times.items()}
                 rows.append(
-                    f"| {name} | {n} | {fmt_ms(sim)} [{fmt_ms(min(times['npusim']))}-"
-                    f"{fmt_ms(max(times['npusim']))}] | {fmt_ms(lrt)} [{fmt_ms(min(times['litert']))}-"
-                    f"{fmt_ms(max(times['litert']))}] | {lrt / sim:.2f}x | {'yes' if exact else 'no'} |"
+                    f"| {name} | {n} | {fmt_ms(sim)} [{spread['npusim']}] | {fmt_ms(res)} [{spread['resident']}] "
+                    f"| {fmt_ms(lrt)} [{spread['litert']}] | {lrt / sim:.2f}x | {lrt / res:.2f}x "
+                    f"| {'yes' if exact else 'no'} |"
                 )
         first = next(iter(batches))
         x_path = tmp / f"{first}_1.npy"
@@ -235,14 +258,16 @@ def bench_one_shot(shared: Path, batches: dict, reps: int, log=print) -> list[st
     return [
         f"CPU: {cpu_model()}; features {cpu_flags()}; npusim MAC kernels: {kernel_path()}.",
         "",
-        "| model | batch | npusim run ms [min-max] | LiteRT script ms [min-max] | LiteRT/npusim | "
-        "exact (xnnpack profile) |",
-        "|---|---|---|---|---|---|",
+        "| model | batch | npusim run ms [min-max] | resident ms [min-max] | LiteRT script ms [min-max] "
+        "| LiteRT/npusim | LiteRT/resident | exact (xnnpack profile) |",
+        "|---|---|---|---|---|---|---|---|",
         *rows,
         "",
         f"Wall time of a fresh process, start to output written, median of {reps} runs after one untimed "
         "round, the two sides in turn. npusim: `python -m npusim.cli run MODEL --input X.npy --output "
-        f"Y.npy --profile xnnpack`. LiteRT: a script that loads the model (num_threads={LITERT_THREADS}, "
+        f"Y.npy --profile xnnpack`. resident: the same call with NPUSIM_RESIDENT=1 (`python -m "
+        "npusim.resident run ...`, what the `npusim` script runs), served by a server that the untimed "
+        "round started and that stays up between calls (npusim/resident.py). LiteRT: a script that loads the model (num_threads={LITERT_THREADS}, "
         "XNNPACK), resizes the input to the batch, invokes once and saves the output "
         "(experiments/bench_oneshot.py LITERT_SCRIPT). A ratio under 1 means npusim takes longer; what its "
         "start-up is made of: below and docs/performance.md.",

@@ -190,8 +190,9 @@ def test_yolo_in_the_default_workloads():
 
 
 def test_one_shot_section_quick(tmp_path):
-    """The one-shot section: npusim run and the LiteRT script as fresh processes on 1 image and the
-    largest model batch, each row with its ratio and whether the two output files are equal."""
+    """The one-shot section: npusim run (in its own process and through the resident server) and the
+    LiteRT script as fresh processes on 1 image and the largest model batch, each row with its ratios
+    and whether the output files are equal."""
     if not (SHARED / "models" / bench.MODELS["resnet8"]).exists():
         msg = f"shared models not found under {SHARED} (set NPU_SHARED): the one-shot section NOT tested"
         warnings.warn(msg, stacklevel=1)
@@ -223,15 +224,15 @@ def test_one_shot_section_quick(tmp_path):
         ("mobilenet_v2", "1"),
         ("mobilenet_v2", "2"),
     ], section
-    for r in rows:
-        assert r[4].strip().endswith("x") and r[5].strip() in ("yes", "no"), r
+    for r in rows:  # in process and through the resident server, against the LiteRT script
+        assert r[5].strip().endswith("x") and r[6].strip().endswith("x") and r[7].strip() in ("yes", "no"), r
     table = section.split("Where the time of", 1)[1].split("| first / warm |", 1)[0].splitlines()
     table = [line for line in table if line.startswith("| ")][:-1]  # up to the first-call header
     phases = [line.split("|")[1].strip() for line in table[1:]]  # after the header
     assert phases[:3] == ["Python start", "numpy", "click"], phases
     assert phases[-2:] == ["a second run", "total"], phases
     # ResNet-8 under the xnnpack profile is LiteRT's output bit for bit, as in the main table.
-    assert [r[5].strip() for r in rows[:2]] == ["yes", "yes"], rows
+    assert [r[7].strip() for r in rows[:2]] == ["yes", "yes"], rows
     # A process's first run against its warm ones, per model at the largest batch (ratios reported).
     firsts = section.split("| first / warm |", 1)[1].split("\n\n", 1)[0].splitlines()[2:]
     assert [(r.split("|")[1].strip(), r.split("|")[2].strip()) for r in firsts] == [
