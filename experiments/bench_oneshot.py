@@ -141,7 +141,7 @@ def first_call_lines(shared: Path, batches: dict, reps: int, log=print) -> list[
     import npusim
 
     rows = []
-    with tempfile.TemporaryDirectory() as tmp, resident_server() as resident_env:
+    with tempfile.TemporaryDirectory() as tmp:
         for name, n in batches.items():
             model = shared / "models" / ALL_MODELS[name]
             if not model.exists():
@@ -241,14 +241,17 @@ def bench_one_shot(shared: Path, batches: dict, reps: int, log=print) -> list[st
                 times = time_round_robin(cmds, reps)
                 sim, res, lrt = (statistics.median(times[k]) for k in ("npusim", "resident", "litert"))
                 a, r, b = (np.load(cmds[k][1]) for k in ("npusim", "resident", "litert"))
-                exact = all(v.shape == b.shape and v.dtype == b.dtype and np.array_equal(v, b) for v in (a, r))
+                exact = all(
+                    v.shape == b.shape and v.dtype == b.dtype and np.array_equal(v, b) for v in (a, r)
+                )
                 log(
                     f"  one shot {name} batch {n}: npusim {sim:.3f} s, resident {res:.3f} s, "
                     f"LiteRT {lrt:.3f} s, exact {exact}"
                 )
                 spread = {k: f"{fmt_ms(min(v))}-{fmt_ms(max(v))}" for k, v in times.items()}
                 rows.append(
-                    f"| {name} | {n} | {fmt_ms(sim)} [{spread['npusim']}] | {fmt_ms(res)} [{spread['resident']}] "
+                    f"| {name} | {n} | {fmt_ms(sim)} [{spread['npusim']}] "
+                    f"| {fmt_ms(res)} [{spread['resident']}] "
                     f"| {fmt_ms(lrt)} [{spread['litert']}] | {lrt / sim:.2f}x | {lrt / res:.2f}x "
                     f"| {'yes' if exact else 'no'} |"
                 )
@@ -264,10 +267,11 @@ def bench_one_shot(shared: Path, batches: dict, reps: int, log=print) -> list[st
         *rows,
         "",
         f"Wall time of a fresh process, start to output written, median of {reps} runs after one untimed "
-        "round, the two sides in turn. npusim: `python -m npusim.cli run MODEL --input X.npy --output "
+        "round, the three in turn. npusim: `python -m npusim.cli run MODEL --input X.npy --output "
         f"Y.npy --profile xnnpack`. resident: the same call with NPUSIM_RESIDENT=1 (`python -m "
         "npusim.resident run ...`, what the `npusim` script runs), served by a server that the untimed "
-        "round started and that stays up between calls (npusim/resident.py). LiteRT: a script that loads the model (num_threads={LITERT_THREADS}, "
+        "round started and that stays up between calls (npusim/resident.py). LiteRT: a script that "
+        f"loads the model (num_threads={LITERT_THREADS}, "
         "XNNPACK), resizes the input to the batch, invokes once and saves the output "
         "(experiments/bench_oneshot.py LITERT_SCRIPT). A ratio under 1 means npusim takes longer; what its "
         "start-up is made of: below and docs/performance.md.",

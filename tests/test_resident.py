@@ -217,3 +217,13 @@ def test_an_idle_server_exits_and_removes_its_socket(env, files):
             return
         time.sleep(0.05)
     raise AssertionError("the idle server did not exit")
+
+
+def test_the_client_imports_no_numerics(env, files):
+    # What a call through the server costs in its own process: Python and the standard library.
+    code = (
+        "import sys; from npusim import resident; s = resident.call(['inspect', 'conv.tflite']); "
+        "print(s, *(m in sys.modules for m in ('numpy', 'numba', 'click', 'npusim.cli')))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], env=env, cwd=files, capture_output=True, text=True)
+    assert done.stdout.splitlines()[-1] == "0 False False False False", done.stdout + done.stderr
