@@ -52,6 +52,7 @@ KEYED_PREFIXES = (
 DEPENDENCIES = ("numpy", "numba", "llvmlite", "scipy", "click", "flatbuffers")
 STDIO = (0, 1, 2)
 START_TIMEOUT_S = 120.0
+BUSY_WAIT_S = 2.0  # a server busy with another call this long: the call runs in its own process
 _HEADER = struct.Struct("!I")
 _STATUS = struct.Struct("!i")
 
@@ -163,11 +164,11 @@ def _connect(path: str):
 
 
 def connect_or_start(paths: dict, env=os.environ):
-    """A connection to the server at paths["sock"], started first when none answers there. One
-    client at a time starts it (an flock), the others then connect to it."""
+    """A connection to the server at paths["sock"], started first when none answers there, and
+    whether it was. One client at a time starts it (an flock), the others then connect to it."""
     s = _connect(paths["sock"])
     if s is not None:
-        return s
+        return s, False
     import fcntl
     import subprocess
     import time
@@ -176,7 +177,7 @@ def connect_or_start(paths: dict, env=os.environ):
         fcntl.flock(lock, fcntl.LOCK_EX)
         s = _connect(paths["sock"])
         if s is not None:
-            return s
+            return s, False
         if os.path.exists(paths["sock"]):  # a server that was killed left its socket
             os.unlink(paths["sock"])
         with open(paths["log"], "ab") as log:
@@ -198,7 +199,7 @@ def connect_or_start(paths: dict, env=os.environ):
         while time.monotonic() < deadline:
             s = _connect(paths["sock"])
             if s is not None:
-                return s
+                return s, True
             if server.poll() is not None:
                 raise Unavailable(
                     f"the server exited at start with status {server.returncode}, see {paths['log']}"
@@ -233,8 +234,18 @@ def call(argv: list, env=os.environ) -> int:
     """Run `npusim argv` on the resident server; its exit status."""
     idle_seconds(env)  # a bad value is the caller's error, before a server is started with it
     paths = server_paths(env)
-    conn = connect_or_start(paths, env)
+    conn, fresh = connect_or_start(paths, env)
     with conn:
+        # The server says when it takes the call. One busy with another (a long run, or a command
+        # blocked on a pipe) must not hold this one: past BUSY_WAIT_S it runs in its own process.
+        conn.settimeout(START_TIMEOUT_S if fresh else BUSY_WAIT_S)
+        try:
+            ready = conn.recv(1)
+        except TimeoutError:
+            raise Unavailable("the server is busy with another call") from None
+        if ready != b"R":
+            raise Unavailable(f"the server closed the connection, see {paths['log']}")
+        conn.settimeout(None)
         header = json.dumps({"argv": list(argv), "cwd": os.getcwd(), "env": dict(env)}).encode()
         socket.send_fds(conn, [_HEADER.pack(len(header))], _open_stdio())
         conn.sendall(header)
@@ -242,7 +253,7 @@ def call(argv: list, env=os.environ) -> int:
 
         def forward(signum, frame):
             # The first Ctrl-C (or TERM, HUP) asks the server to interrupt the command, which then
-            # answers 130; a second one leaves at once (the server still interrupts it: EOF).
+            # answers 130; a second one leaves at once.
             interrupts.append(signum)
             if len(interrupts) > 1:
                 os._exit(130)
@@ -263,12 +274,22 @@ def call(argv: list, env=os.environ) -> int:
     return _STATUS.unpack(status)[0]
 
 
+def _read(path: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
+
+
 def stop(env=os.environ) -> bool:
     """Stop the server that would serve a call under `env`, if one runs (SIGTERM); whether one did."""
     try:
         paths = server_paths(env)
         with open(paths["pid"]) as f:
             pid = int(f.read())
+        if os.path.isdir("/proc") and b"npusim.resident" not in _read(f"/proc/{pid}/cmdline"):
+            return False  # a stale pid file, its number reused by another process
         os.kill(pid, signal.SIGTERM)
     except (Unavailable, OSError, ValueError):
         return False
@@ -289,7 +310,12 @@ class _Call:
     def __init__(self, request: dict, fds: list):
         self.request, self.fds = request, fds
         self.active = False  # whether a forwarded Ctrl-C interrupts (read by the SIGINT handler)
+        self.interrupted = False  # a Ctrl-C that came before the command started
+        self.dirty = False  # interrupted or crashed: its state may be half made (caches, imports)
         self.saved = None
+        import threading
+
+        self.lock = threading.Lock()
 
     def enter(self):
         self.saved = (
@@ -340,22 +366,30 @@ class _Call:
 def _run_command(argv: list, current: _Call) -> int:
     """The command line on argv, as its own process would end it: its exit status."""
     import traceback
+    import warnings
 
     from .cli import main as cli_main
 
     try:
-        current.active = True
-        cli_main.main(args=argv, prog_name="npusim", standalone_mode=True)
+        with current.lock:
+            current.active = True
+            if current.interrupted:
+                raise KeyboardInterrupt
+        with warnings.catch_warnings():  # each call warns as a fresh process would, once
+            cli_main.main(args=argv, prog_name="npusim", standalone_mode=True)
         return 0
     except SystemExit as e:
+        current.dirty = current.dirty or e.code == 130  # the command line's own "interrupted"
         if e.code is None or isinstance(e.code, int):
             return e.code or 0
         print(e.code, file=sys.stderr)
         return 1
     except KeyboardInterrupt:
+        current.dirty = True
         print("error: interrupted", file=sys.stderr)
         return 130
-    except BaseException:  # what Python prints and exits 1 with; the server serves on
+    except BaseException:  # what Python prints and exits 1 with
+        current.dirty = True
         traceback.print_exc()
         return 1
     finally:
@@ -365,6 +399,7 @@ def _run_command(argv: list, current: _Call) -> int:
 def _serve_one(conn, state: dict) -> None:
     import threading
 
+    conn.sendall(b"R")  # taken (the client may have left: then what follows reads nothing)
     msg, fds, _, _ = socket.recv_fds(conn, _HEADER.size, len(STDIO))
     current = _Call(None, list(fds))
     try:
@@ -373,7 +408,7 @@ def _serve_one(conn, state: dict) -> None:
         (n,) = _HEADER.unpack(msg)
         current.request = json.loads(_recv_exactly(conn, n))
         main_thread = threading.get_ident()
-        lock = threading.Lock()
+        lock = current.lock
 
         def watch():
             # A byte from the client (its Ctrl-C) or its end (killed) interrupts the command.
@@ -384,6 +419,8 @@ def _serve_one(conn, state: dict) -> None:
             with lock:
                 if current.active:
                     signal.pthread_kill(main_thread, signal.SIGINT)
+                else:
+                    current.interrupted = True
 
         current.enter()
         state["current"] = current
@@ -399,11 +436,13 @@ def _serve_one(conn, state: dict) -> None:
     finally:
         current.restore()
         state["current"] = None
+        state["dirty"] = state.get("dirty") or current.dirty
 
 
 def _serve_safely(conn, state: dict) -> None:
-    """One call; whatever goes wrong in it (a client that left mid-call, a bug here) goes to the log,
-    and the server serves on."""
+    """One call; whatever goes wrong in it (a client that left mid-call, a bug here) goes to the log.
+    After a call that was interrupted or crashed the server exits (state["dirty"]): its imports and
+    caches may be half made, which a process of its own would not pass on."""
     import traceback
 
     try:
@@ -411,11 +450,16 @@ def _serve_safely(conn, state: dict) -> None:
     except BaseException as e:
         if isinstance(e, SystemExit):
             raise
+        state["dirty"] = True
         traceback.print_exc()
 
 
 def serve(path: str) -> None:
     """Listen at `path` (a socket of mode 600) and serve calls until IDLE seconds pass without one."""
+    sys.path[:] = [p for p in sys.path if p not in ("", ".")]  # never the caller's folder's modules
+    if os.path.basename(path) != server_key() + ".sock":  # its imports are not the client's sources
+        print(f"npusim resident: {path}: this Python imports other npusim sources", file=sys.stderr)
+        return
     old = os.umask(0o077)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
@@ -430,7 +474,7 @@ def serve(path: str) -> None:
     pid_path = path[: -len(".sock")] + ".pid"
     with open(pid_path, "w") as f:
         f.write(str(os.getpid()))
-    state = {"current": None}
+    state = {"current": None, "dirty": False}
 
     def interrupt(signum, frame):
         current = state["current"]
@@ -452,6 +496,8 @@ def serve(path: str) -> None:
         with conn:
             conn.settimeout(None)
             _serve_safely(conn, state)
+        if state.get("dirty"):
+            break
     # Idle: new clients start a new server from here on; those already queued are served first.
     try:
         if os.stat(path).st_ino == inode:
@@ -460,7 +506,7 @@ def serve(path: str) -> None:
     except FileNotFoundError:  # stop() took them
         pass
     listener.setblocking(False)
-    while True:
+    while not state.get("dirty"):  # queued clients of a dirty server run in their own process
         try:
             conn, _ = listener.accept()
         except (BlockingIOError, OSError):

@@ -143,7 +143,7 @@ def test_the_caller_stdin_is_the_command_stdin(env, files):
 
 
 @pytest.mark.parametrize("how", ["ctrl-c", "killed"])
-def test_an_interrupted_call_stops_its_command_and_the_server_serves_on(env, files, how):
+def test_an_interrupted_call_stops_its_command_and_a_fresh_server_takes_the_next(env, files, how):
     fifo = files / "never-written.npy"
     os.mkfifo(fifo)  # reading it blocks until a writer comes: a command that waits, deterministically
     assert npusim(["inspect", "conv.tflite"], env, files).returncode == 0  # the server is up
@@ -162,9 +162,10 @@ def test_an_interrupted_call_stops_its_command_and_the_server_serves_on(env, fil
     out, err = waiting.communicate(timeout=60)
     if how == "ctrl-c":
         assert waiting.returncode == 130 and err.strip().endswith("error: interrupted")
+    # The interrupted command's state may be half made: its server exits, the next call starts another.
     done = npusim(["run", "conv.tflite", "--input", "x.npy", "--output", "y.npy"], env, files, timeout=60)
     assert done.returncode == 0, done.stderr
-    assert server_pid(env) == pid
+    assert server_pid(env) != pid and not alive(pid)
     assert not (files / "never-written.npy.tmp").exists()
 
 
