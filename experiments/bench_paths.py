@@ -35,12 +35,12 @@ def conv_stages(model: bytes, x: np.ndarray, reps: int) -> list[tuple[str, float
     wg = w[None]  # [G, O, kh, kw, C] with one weight group, as Conv2D hands its weights to an engine
 
     def padded():
-        return vnni.padded_input(x, g.kh, g.kw, g.stride, g.dilation, g.pad, g.out_hw, zp)
+        return vnni.padded_input(x, g.kh, g.kw, g.stride, g.dilation, g.pad, g.out_hw, zp, unsigned=True)
 
     def filters():  # the VNNI engine takes the accumulator offset at the unsigned zero point
         return vnni.prepared_filters("vnni", wg, b, zp + 128, stage)
 
-    xp, taps = padded()
+    xp, taps, unsigned = padded()
     packed, params = filters()
     stages = [
         ("vnni.padded_input (Numba: the padded int8 copy)", padded),
@@ -64,8 +64,20 @@ def conv_stages(model: bytes, x: np.ndarray, reps: int) -> list[tuple[str, float
             (
                 "conv_vnni (VNNI micro-kernel + vector output stage)",
                 lambda: run_conv(
-                    vnni.conv_vnni, x, wg, xp, taps, quads, packed, params, g.stride, g.out_hw, False,
-                    stage, profile,
+                    vnni.conv_vnni,
+                    x,
+                    wg,
+                    xp,
+                    taps,
+                    quads,
+                    packed,
+                    params,
+                    g.stride,
+                    g.out_hw,
+                    False,
+                    stage,
+                    profile,
+                    unsigned,
                 ),
             )
         )

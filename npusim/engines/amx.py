@@ -316,7 +316,7 @@ def convolve(
         out_h, out_w = 1, xp.shape[2]
         taps = np.zeros(1, dtype=np.int64)
     else:
-        xp, taps = padded_input(x, kh, kw, stride, dilation, pad, out_hw, input_zero_point, workspace)
+        xp, taps, _ = padded_input(x, kh, kw, stride, dilation, pad, out_hw, input_zero_point, workspace)
     if out_w < ROWS:  # the kernel would read past the input: callers check usable() first
         raise ValueError(f"AMX convolution needs output rows of at least {ROWS} pixels, got {out_w}")
     packed, params = prepared_filters("amx", w, bias, input_zero_point, stage, memo)

@@ -63,7 +63,7 @@ ISA = Isa(
     dtype=np.int16,
     pack=packs_to_bytes,
 )
-conv_avx2 = conv_kernel(ISA)  # (xp, packed, taps, c2, out_h, out_w, ...): see microkernel._conv
+conv_avx2 = conv_kernel(ISA)  # (xp, unsigned, packed, taps, c2, out_h, out_w, ...): see microkernel._conv
 
 
 def _int8_pair(builder, pair):

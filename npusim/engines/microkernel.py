@@ -141,7 +141,9 @@ class Isa:
     store(builder, y, dst, count): the first count of the int8 outputs y at dst; dtype: of the
     activations and weights; pack: with two vectors of channels per pixel, narrows both to bytes at
     once (the outputs in int32 lanes), where that is cheaper than two narrowings; group_bytes: the
-    bytes of one group of activations that broadcast receives (as an integer of that width)."""
+    bytes of one group of activations that broadcast receives (as an integer of that width);
+    broadcast_unsigned: as broadcast, for activations that their copy already holds in the form the
+    multiply takes (VNNI: unsigned), chosen by the kernel's `unsigned` argument."""
 
     name: str
     lanes: int
@@ -153,6 +155,7 @@ class Isa:
     dtype: type
     pack: Callable | None = None  # pack(builder, y0, y1): the bytes of two int32 output vectors
     group_bytes: int = 4  # bytes of one group of a pixel's activations (2: a pair of int8)
+    broadcast_unsigned: Callable | None = None  # broadcast of a copy already in the unsigned form
 
     @property
     def block(self) -> int:
@@ -160,7 +163,7 @@ class Isa:
         return self.lanes * self.max_nr
 
 
-_KERNEL_ARGS = """nr x_ptr bases_ptr taps_ptr n_taps groups w_ptr out_ptr out_stride rows width
+_KERNEL_ARGS = """nr unsigned x_ptr bases_ptr taps_ptr n_taps groups w_ptr out_ptr out_stride rows width
     params_ptr params_stride profile zero_point lo hi"""
 
 
@@ -168,24 +171,34 @@ def micro_kernel(isa: Isa):
     """out[r, lanes * j + l] for r < rows and lanes * j + l < width: the output stage of
     sum over taps t and channel groups q of x[base[r] + tap[t] + q * isa.group_bytes] .
     packed[(t * groups + q) * nr + j],
-    for MR pixels and nr (1 to isa.max_nr, a switch inside) vectors of isa.lanes channels."""
+    for MR pixels and nr (1 to isa.max_nr, a switch inside) vectors of isa.lanes channels; x in
+    the form of isa.broadcast_unsigned where `unsigned` is nonzero and the ISA has one."""
+    forms = [(0, isa.broadcast)] + ([(1, isa.broadcast_unsigned)] if isa.broadcast_unsigned else [])
 
     @int64_intrinsic(_KERNEL_ARGS)
     def kernel(builder, a):
         done = builder.append_basic_block("done")
-        bodies = [builder.append_basic_block(f"nr{nr}") for nr in range(1, isa.max_nr + 1)]
-        switch = builder.switch(a.nr, bodies[0])  # an nr out of range runs one vector
-        for nr, body in enumerate(bodies, 1):
-            switch.add_case(ir.Constant(_I64, nr), body)
-            builder.position_at_end(body)
-            _micro_kernel_body(builder, isa, nr, a)
-            builder.branch(done)
+        key = a.nr
+        if len(forms) > 1:
+            unsigned = builder.icmp_signed("!=", a.unsigned, ir.Constant(_I64, 0))
+            key = builder.add(key, builder.select(unsigned, ir.Constant(_I64, 8), ir.Constant(_I64, 0)))
+        default = builder.append_basic_block("nr_out_of_range")
+        switch = builder.switch(key, default)
+        for form, broadcast in forms:
+            for nr in range(1, isa.max_nr + 1):
+                body = builder.append_basic_block(f"nr{nr}_{form}")
+                switch.add_case(ir.Constant(_I64, nr + 8 * form), body)
+                builder.position_at_end(body)
+                _micro_kernel_body(builder, isa, nr, broadcast, a)
+                builder.branch(done)
+        builder.position_at_end(default)  # callers pass 1 <= nr <= isa.max_nr
+        builder.branch(done)
         builder.position_at_end(done)
 
     return kernel
 
 
-def _micro_kernel_body(builder, isa: Isa, nr: int, a):
+def _micro_kernel_body(builder, isa: Isa, nr: int, broadcast, a):
     i8p = ir.IntType(8).as_pointer()
     acc_t = ir.VectorType(_I32, isa.lanes)
     x = builder.inttoptr(a.x_ptr, i8p)
@@ -224,7 +237,7 @@ def _micro_kernel_body(builder, isa: Isa, nr: int, a):
                     ),
                     align=1,
                 )
-                xv = isa.broadcast(builder, xq)
+                xv = broadcast(builder, xq)
                 for j in range(nr):
                     builder.store(isa.multiply_add(builder, builder.load(accs[r][j]), xv, wv[j]), accs[r][j])
     # Output stage on the registers; per-channel parameters: 5 rows of params_stride bytes.
@@ -306,6 +319,7 @@ def _pack_filters(w, cp, out):
 
 def _conv(
     xp,
+    unsigned,
     packed,
     taps,
     groups_per_tap,
@@ -325,9 +339,10 @@ def _conv(
 ):
     """out[g * P + p, c] for P output pixels per group: the output stage (params[g], see
     output_parameters) of the exact sum over taps and their channel groups of xp at pixel p's
-    corner + tap, times filter g's channel c. shared: every group reads all N images of xp; else
-    group g reads its slice of N / groups. The template of the kernels that conv_kernel compiles, where
-    the name micro_kernel stands for micro_kernel(isa)."""
+    corner + tap, times filter g's channel c; unsigned: xp in the ISA's unsigned form. shared:
+    every group reads all N images of xp; else group g reads its slice of N / groups. The
+    template of the kernels that conv_kernel compiles, where the name micro_kernel stands for
+    micro_kernel(isa)."""
     n_in, hp, wp, cp = xp.shape
     pixel = cp * xp.itemsize  # bytes per input pixel
     pixels = out_h * out_w
@@ -366,6 +381,7 @@ def _conv(
             for cb in range(0, out_c, BLOCK):
                 micro_kernel(
                     min(BLOCK, o_padded - cb) // LANES,
+                    unsigned,
                     xp.ctypes.data,
                     bases.ctypes.data,
                     taps.ctypes.data,
@@ -386,14 +402,18 @@ def _conv(
     return out
 
 
-def run_conv(kernel, x, w, xp, taps, groups_per_tap, packed, params, stride, out_hw, shared, stage, profile):
+def run_conv(
+    kernel, x, w, xp, taps, groups_per_tap, packed, params, stride, out_hw, shared, stage, profile, unsigned=0
+):
     """kernel (a conv_kernel) on xp, taps and packed, the input x and weights w [G, O, ...] as its
-    engine prepares them: int8 [G * P, O], as vnni.convolve returns it."""
+    engine prepares them: int8 [G * P, O], as vnni.convolve returns it. unsigned: xp holds the
+    ISA's unsigned form (vnni.padded_input)."""
     groups, out_c = w.shape[:2]
     (sh, sw), (out_h, out_w) = stride, out_hw
     out = aligned.empty((x.shape[0] * out_h * out_w * (groups if shared else 1), out_c), np.int8)
     return kernel(
         xp,
+        unsigned,
         packed,
         taps,
         groups_per_tap,

@@ -27,9 +27,11 @@ def compute_padding(in_size: int, k: int, stride: int, dilation: int, padding: s
 
 
 @parallel_kernel
-def pad_input(x, pad_top, pad_left, fill, out):
-    """out[n, y, x, c] = x[n, y - pad_top, x - pad_left, c] inside the image, fill outside, for the
-    rows and columns of out (which may end before or after the image); out has x's channels."""
+def pad_input(x, pad_top, pad_left, fill, flip, out):
+    """out[n, y, x, c] = x[n, y - pad_top, x - pad_left, c] ^ flip inside the image, fill outside,
+    for the rows and columns of out (which may end before or after the image); out has x's
+    channels. flip: 0 for a plain copy, or -128 for the unsigned bytes x + 128 that VPDPBUSD reads
+    (vnni.padded_input), so that its kernel broadcasts them straight from memory."""
     n_batch, in_h, in_w, channels = x.shape
     _, hp, wp, _ = out.shape
     inside = max(0, min(in_w, wp - pad_left))  # image columns that land in out
@@ -42,7 +44,12 @@ def pad_input(x, pad_top, pad_left, fill, out):
             dst[:] = fill
             continue
         # Whole rows are contiguous on both sides: one flat copy between the two fills.
-        dst[: pad_left * channels] = fill
-        dst[(pad_left + inside) * channels :] = fill
-        dst[pad_left * channels : (pad_left + inside) * channels] = x[n, iy].reshape(-1)[: inside * channels]
+        first, count = pad_left * channels, inside * channels
+        dst[:first] = fill
+        dst[first + count :] = fill
+        # A loop over two slices, indexed by the loop variable alone, is one vector loop (10x a
+        # slice assignment's copy in the serial form, which became a loop of one byte at a time).
+        inner, src = dst[first : first + count], x[n, iy].reshape(-1)[:count]
+        for k in range(count):
+            inner[k] = src[k] ^ flip
     return out

@@ -99,12 +99,13 @@ class Pad(Kernel):
             out = aligned.empty(
                 (x.shape[0], *(int(d + a + b) for d, (a, b) in zip(x.shape[1:], p[1:]))), np.int8
             )
-            return pad_input(np.ascontiguousarray(x), int(p[1, 0]), int(p[2, 0]), np.int8(self.value), out)
+            fill, top, left = np.int8(self.value), int(p[1, 0]), int(p[2, 0])
+            return pad_input(np.ascontiguousarray(x), top, left, fill, np.int8(0), out)
         return np.pad(x, [tuple(q) for q in p], constant_values=self.value)
 
 
-
 PadFloat.kernel_class = Pad
+
 
 class Transpose(Kernel):
     kind = "TRANSPOSE"
