@@ -18,9 +18,9 @@ saturates its int16 pair sums and is not exact. Here the activations are widened
 
 Every int32 sum is exact while the depth K stays at most MAX_DEPTH (|x - zp| <= 255, |w| <= 128,
 K * 255 * 128 < 2^31). The micro-kernel (LLVM IR, microkernel.py, from the description ISA
-below) computes MR output pixels x nr * 8
-channels over the whole reduction in MR * nr YMM accumulators: with nr = 2, 12 of the 16 YMM
-registers, two for the filter and one for the broadcast activation pair. Only AVX2 instructions:
+below) computes MR output pixels x nr * 8 channels over the whole reduction, in register tiles of
+12 pixels (nr = 1) or 6 (nr = 2): 12 of the 16 YMM registers hold sums, one or two the filter
+and one the broadcast activation pair. Only AVX2 instructions:
 an AVX-512 host runs the same code (tests/test_avx2_cpu.py compiles it for Haswell).
 """
 

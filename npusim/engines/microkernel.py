@@ -30,7 +30,7 @@ from ..jit import ParallelKernel, njit, renamed
 from . import aligned
 from .output_stage import each_profile, load_parameters, vector_output_stage
 
-MR = 6  # output pixels per micro-kernel call
+MR = 12  # output pixels per micro-kernel call, computed in tiles of tile_rows(isa, nr) pixels
 BLOCKS_PER_TASK = 16  # pixel blocks per parallel task (one scratch allocation each)
 
 _I32, _I64 = ir.IntType(32), ir.IntType(64)
@@ -198,18 +198,33 @@ def micro_kernel(isa: Isa):
     return kernel
 
 
+def tile_rows(isa: Isa, nr: int) -> int:
+    """Pixels per register tile at nr vectors per pixel: the largest divisor of MR whose tile fits
+    the accumulators that 6 pixels take at isa.max_nr (VNNI 24 ZMM, AVX2 12 YMM of 16), so a
+    block of few channels keeps 12 sums in flight instead of 6, enough to hide VPDPBUSD's latency."""
+    return max(d for d in range(1, MR + 1) if MR % d == 0 and d * nr <= 6 * isa.max_nr)
+
+
 def _micro_kernel_body(builder, isa: Isa, nr: int, broadcast, a):
+    rows = tile_rows(isa, nr)
+    for first in range(0, MR, rows):
+        with builder.if_then(builder.icmp_signed("<", ir.Constant(_I64, first), a.rows)):
+            _tile(builder, isa, nr, broadcast, a, range(first, first + rows))
+
+
+def _tile(builder, isa: Isa, nr: int, broadcast, a, pixels: range):
+    """The micro-kernel on the block's pixels `pixels`, whole: the reduction and the output stage."""
     i8p = ir.IntType(8).as_pointer()
     acc_t = ir.VectorType(_I32, isa.lanes)
     x = builder.inttoptr(a.x_ptr, i8p)
     w = builder.inttoptr(a.w_ptr, i8p)
     bases = builder.inttoptr(a.bases_ptr, _I64.as_pointer())
     taps = builder.inttoptr(a.taps_ptr, _I64.as_pointer())
-    row_base = [builder.load(builder.gep(bases, [ir.Constant(_I64, r)])) for r in range(MR)]
+    row_base = {r: builder.load(builder.gep(bases, [ir.Constant(_I64, r)])) for r in pixels}
     # Allocas in the entry block: LLVM promotes them to registers (phis) across the loops.
-    accs = [
-        [cgutils.alloca_once_value(builder, ir.Constant(acc_t, None)) for _ in range(nr)] for _ in range(MR)
-    ]
+    accs = {
+        r: [cgutils.alloca_once_value(builder, ir.Constant(acc_t, None)) for _ in range(nr)] for r in pixels
+    }
     vector = 4 * isa.lanes  # bytes of one group of `lanes` channels
     step = ir.Constant(_I64, nr * vector)  # bytes of packed filter per channel group
     with cgutils.for_range(builder, a.n_taps) as tap_loop:
@@ -229,7 +244,7 @@ def _micro_kernel_body(builder, isa: Isa, nr: int, broadcast, a):
                 )
                 for j in range(nr)
             ]
-            for r in range(MR):
+            for r in pixels:
                 xq = builder.load(
                     builder.bitcast(
                         builder.gep(x, [builder.add(row_base[r], x_off)]),
@@ -246,7 +261,7 @@ def _micro_kernel_body(builder, isa: Isa, nr: int, broadcast, a):
     if isa.pack is not None and nr == 2:  # both vectors of a pixel narrowed together
         pj = [load_parameters(builder, params, a.params_stride, j, lanes=isa.lanes) for j in range(nr)]
         for pid in each_profile(builder, a.profile):
-            for r in range(MR):
+            for r in pixels:
                 with builder.if_then(builder.icmp_signed("<", ir.Constant(_I64, r), a.rows)):
                     ys = [
                         vector_output_stage(
@@ -267,7 +282,7 @@ def _micro_kernel_body(builder, isa: Isa, nr: int, broadcast, a):
     for j in range(nr):
         pj = load_parameters(builder, params, a.params_stride, j, lanes=isa.lanes)
         for pid in each_profile(builder, a.profile):
-            for r in range(MR):
+            for r in pixels:
                 with builder.if_then(builder.icmp_signed("<", ir.Constant(_I64, r), a.rows)):
                     y = vector_output_stage(
                         builder, builder.load(accs[r][j]), pj, pid, a.zero_point, a.lo, a.hi
