@@ -148,7 +148,7 @@ import json, sys
 import numpy as np
 from npusim.engines.padding import pad_input
 x = np.arange(2 * 3 * 3 * 4, dtype=np.int8).reshape(2, 3, 3, 4)
-pad_input(x, 1, 1, np.int8(-5), np.empty((2, 5, 5, 4), np.int8))
+pad_input(x, 1, 1, np.int8(-5), np.int8(0), np.empty((2, 5, 5, 4), np.int8))
 stats = pad_input.serial.stats
 print(json.dumps({"hits": sum(stats.cache_hits.values()), "misses": sum(stats.cache_misses.values())}))
 """
