@@ -158,3 +158,47 @@ def test_mul_every_pair_on_ties(r0, family):
     in_scale, scales, _ = channel_scales(family, r0)
     assert_premise(family, r0, in_scale, scales)
     check_every_pair("MUL", (in_scale, 0, float(scales[0]), 0, 64.0, 0))
+
+
+def test_add_rescale_32_bit_form_equals_tflm_high_mul():
+    """ADD's input rescale computes SaturatingRoundingDoublingHighMul((x - z) << 20, m) in 32-bit
+    lanes (ops/add.py shifted_high_mul). Its low bits almost never reach an output (they sit 20 bits
+    below it), so the every-pair tests above cannot see an error there: held here to TFLM's 64-bit
+    formula (nudge 2^30 or 1 - 2^30, division by 2^31 truncating toward zero) for every difference
+    x - z and multipliers of every residue of the 11 bits the 32-bit form splits off."""
+    from llvmlite import ir
+    from numba import njit, types
+    from numba.core import cgutils
+    from numba.extending import intrinsic
+
+    from npusim.ops.add import shifted_high_mul
+
+    @intrinsic
+    def high_mul_lanes(typingctx, d_ptr, m_ptr, out_ptr, count):
+        def codegen(context, builder, signature, args):
+            v16 = ir.VectorType(ir.IntType(32), 16)
+            d, m, out = (builder.inttoptr(a, v16.as_pointer()) for a in args[:3])
+            with cgutils.for_range(builder, builder.sdiv(args[3], ir.Constant(args[3].type, 16))) as loop:
+                i = loop.index
+                d_i, m_i = (builder.load(builder.gep(a, [i]), align=4) for a in (d, m))
+                builder.store(shifted_high_mul(builder, d_i, m_i), builder.gep(out, [i]), align=4)
+            return context.get_dummy_value()
+
+        return types.void(types.int64, types.int64, types.int64, types.int64), codegen
+
+    @njit
+    def run(d, m, out):
+        high_mul_lanes(d.ctypes.data, m.ctypes.data, out.ctypes.data, d.size)
+        return out
+
+    rng = np.random.default_rng(0)
+    high = np.concatenate([[0, 1, (1 << 20) - 1], rng.integers(0, 1 << 20, 5)])  # m >> 11
+    m = (high[:, None] << 11 | np.arange(1 << 11)[None, :]).ravel()
+    m = m[(m >= 0) & (m < (1 << 31))]
+    d = np.arange(-256, 256)
+    dd, mm = (a.ravel().astype(np.int32) for a in np.meshgrid(d, m, indexing="ij"))
+    got = run(dd, mm, np.empty_like(dd))
+    p = (dd.astype(np.int64) << 20) * mm.astype(np.int64)
+    nudged = p + np.where(p >= 0, 1 << 30, 1 - (1 << 30))
+    expected = np.where(nudged >= 0, nudged // (1 << 31), -((-nudged) // (1 << 31)))
+    np.testing.assert_array_equal(got, expected)

@@ -61,12 +61,16 @@ def tflm_multiply(builder, x, m, left, right):
         builder.bitcast(builder.shl(odd, ir.Constant(i64x8, 1)), x.type),
         ir.Constant(x.type, [k + lanes * (k % 2) for k in range(lanes)]),
     )
-    # RoundingDivideByPOT rounds half away from zero: sign(h) * floor((|h| + half) / 2^right),
-    # half = 2^right / 2 (0 for right = 0). As unsigned, |h| + half < 2^32 (|INT32_MIN| included),
-    # so a logical shift is exact.
+    return rounding_divide_by_pot(builder, high, right)
+
+
+def rounding_divide_by_pot(builder, x, right):
+    """gemmlowp's RoundingDivideByPOT on int32 lanes: x / 2^right rounded half away from zero,
+    sign(x) * floor((|x| + half) / 2^right), half = 2^right / 2 (0 for right = 0). As unsigned,
+    |x| + half < 2^32 (|INT32_MIN| included), so a logical shift is exact."""
     one, zero = ir.Constant(x.type, 1), ir.Constant(x.type, 0)
-    negative = builder.icmp_signed("<", high, zero)
-    magnitude = builder.select(negative, builder.sub(zero, high), high)
+    negative = builder.icmp_signed("<", x, zero)
+    magnitude = builder.select(negative, builder.sub(zero, x), x)
     half = builder.lshr(builder.shl(one, right), one)
     rounded = builder.lshr(builder.add(magnitude, half), right)
     return builder.select(negative, builder.sub(zero, rounded), rounded)

@@ -20,10 +20,10 @@ from ..engines.output_stage import (
     each_profile,
     lane_mask,
     load_bytes,
+    rounding_divide_by_pot,
     single_multiply,
     splat,
     store_bytes,
-    tflm_multiply,
     vector_output_stage,
 )
 from ..engines.requant import output_range
@@ -36,6 +36,24 @@ from .int16 import add16
 from .pairwise import LEFT_SHIFT, BinaryKernel
 
 CHUNK = 1 << 14  # elements per parallel task
+
+
+LEFT_SHIFT_ROUNDING = 31 - LEFT_SHIFT  # the bits below the high half that the input's shift leaves
+
+
+def shifted_high_mul(builder, d, m):
+    """SaturatingRoundingDoublingHighMul(d << 20, m) on int32 lanes with |d| < 2^8 and 0 <= m < 2^31,
+    without 64-bit products. TFLM's nudge and truncation equal floor((p + 2^30) / 2^31) for every
+    product p (output_stage.tflm_multiply); with p = d * m * 2^20 that is floor((d * m + 2^10) / 2^11)
+    exactly, and with m = mh * 2^11 + ml (0 <= ml < 2^11) it is d * mh + floor((d * ml + 2^10) / 2^11),
+    as d * mh * 2^11 is a multiple of 2^11: two 32-bit products (|d * mh| < 2^28, |d * ml| < 2^19)
+    instead of the four 64-bit multiplies and the shuffles of the general form (no saturation: d << 20
+    is never INT32_MIN)."""
+    low_bits = LEFT_SHIFT_ROUNDING
+    mh = builder.lshr(m, ir.Constant(m.type, low_bits))
+    ml = builder.and_(m, ir.Constant(m.type, (1 << low_bits) - 1))
+    rounded = builder.add(builder.mul(d, ml), ir.Constant(m.type, 1 << (low_bits - 1)))
+    return builder.add(builder.mul(d, mh), builder.ashr(rounded, ir.Constant(m.type, low_bits)))
 
 
 @intrinsic
@@ -83,13 +101,14 @@ def add_run(typingctx, a_ptr, b_ptr, out_ptr, count, z1, z2, m1, s1, m2, s2, mo,
                     xb = load_bytes(builder, ptr, valid)
                 else:
                     xb = builder.load(builder.bitcast(ptr, ir.VectorType(i8, 16).as_pointer()), align=1)
-                x = builder.shl(builder.sub(builder.sext(xb, v16), z), ir.Constant(v16, LEFT_SHIFT))
-                # |x| < 2^28 and the rescale multipliers are at most 1/2: the results fit int32.
-                y = (
-                    builder.trunc(single_multiply(builder, x, m, left, right), v16)
-                    if pid == SINGLE
-                    else tflm_multiply(builder, x, m, left, right)
-                )
+                d = builder.sub(builder.sext(xb, v16), z)
+                # |d| < 2^8, so |d << 20| < 2^28, and the rescale multipliers are at most 1/2: the
+                # results fit int32.
+                if pid == SINGLE:
+                    x = builder.shl(d, ir.Constant(v16, LEFT_SHIFT))
+                    y = builder.trunc(single_multiply(builder, x, m, left, right), v16)
+                else:  # left is 0: a multiplier at most 1/2 has a shift of at most 0
+                    y = rounding_divide_by_pot(builder, shifted_high_mul(builder, d, m), right)
                 total = builder.add(total, y)
             y = vector_output_stage(builder, total, out_params, SINGLE if pid == SINGLE else TFLM, zo, lo, hi)
             dst = builder.gep(out, [first])
@@ -162,6 +181,8 @@ class Add(BinaryKernel):
         if self.params is None:
             return
         a, b, y = self.inputs[0], self.inputs[1], self.outputs[0]
+        if self.params[3] > 0 or self.params[5] > 0:  # add_run's shifted_high_mul takes no left shift
+            raise self.error(f"input rescale shifts {self.params[3]}, {self.params[5]}: expected at most 0")
         if profile == XNNPACK and xnn.delegates_add(a, b, y):  # XNNPACK's qs8-vadd, as a table
             self.table = xnn.add_table(a, b, y, False, self.activation)
         self.vector_params = tuple(np.int64(p) for p in self.params)
