@@ -21,6 +21,7 @@ import math
 
 import numba as nb
 import numpy as np
+from numba.cpython.unsafe.numbers import leading_zeros
 
 from ..engines.int16 import is_int16, require_tflm
 from ..jit import njit, parallel_kernel
@@ -143,10 +144,11 @@ def one_over_one_plus_x_for_x_in_0_1(a):
 
 @njit()
 def build_exp_tables(input_multiplier, input_left_shift, diff_min):
-    """exp(beta * s * -d) for d = max - x in [0, 255]: (Q0.31, Q12.19, usable) per d."""
+    """exp(beta * s * -d) for d = max - x in [0, 255]: (Q0.31, Q12.19) per d, 0 where d is beyond
+    diff_min. TFLM skips those elements (no term in the sum, output -128); a zero entry does the
+    same, as a term of 0 adds nothing and scale x 0 rounds to 0, an output of -128."""
     exp_q0 = np.zeros(256, dtype=np.int64)
     exp_q12 = np.zeros(256, dtype=np.int64)
-    usable = np.zeros(256, dtype=np.bool_)
     for d in range(256):
         input_diff = -d
         if input_diff < diff_min:
@@ -159,13 +161,13 @@ def build_exp_tables(input_multiplier, input_left_shift, diff_min):
         e = exp_on_negative_values_q5_26(np.int64(rescaled))
         exp_q0[d] = e
         exp_q12[d] = rounding_divide_by_pot(e, ACCUMULATION_INTEGER_BITS)  # Rescale<12>
-        usable[d] = True
-    return exp_q0, exp_q12, usable
+    return exp_q0, exp_q12
 
 
 @parallel_kernel
-def softmax_rows(x, exp_q0, exp_q12, usable, out, bad):
-    """x, out: [rows, depth] int8. reference_ops::Softmax, int8 output (zero point -128).
+def softmax_rows(x, exp_q0, exp_q12, out, bad):
+    """x, out: [rows, depth] int8. reference_ops::Softmax, int8 output (zero point -128). The loops
+    over a row have no branch (the tables are 0 where TFLM skips an element), so they vectorize.
 
     bad[r] is set where TFLM's TFLITE_CHECK(0 <= exponent <= 31) aborts: exponent = 35 - clz(sum),
     so any row whose sum of exponentials reaches 512.0 (e.g. more than 512 equal maxima) aborts TFLM.
@@ -174,18 +176,13 @@ def softmax_rows(x, exp_q0, exp_q12, usable, out, bad):
     for r in nb.prange(rows):
         max_in_row = np.int64(-128)
         for c in range(depth):
-            if x[r, c] > max_in_row:
-                max_in_row = np.int64(x[r, c])
+            max_in_row = max(max_in_row, np.int64(x[r, c]))
         sum_of_exps = np.int64(0)  # Q12.19, each term at most 2^19; wraps as in C++ past 4096 terms
         for c in range(depth):
-            d = max_in_row - x[r, c]
-            if usable[d]:
-                sum_of_exps = _wrap32(sum_of_exps + exp_q12[d])
+            sum_of_exps = _wrap32(sum_of_exps + exp_q12[max_in_row - x[r, c]])
         # GetReciprocal(sum, kAccumulationIntegerBits): normalise to [1, 2), Newton-Raphson 1/(1+x).
         u = np.uint32(sum_of_exps & 0xFFFFFFFF)
-        headroom_plus_one = 0
-        while headroom_plus_one < 32 and (np.int64(u) << headroom_plus_one) & np.int64(0x80000000) == 0:
-            headroom_plus_one += 1
+        headroom_plus_one = np.int64(leading_zeros(u))  # CountLeadingZeros (32 for 0)
         num_bits_over_unit = ACCUMULATION_INTEGER_BITS - headroom_plus_one
         shifted_sum_minus_one = _wrap32((np.int64(u) << headroom_plus_one) - (np.int64(1) << 31))
         shifted_scale = one_over_one_plus_x_for_x_in_0_1(shifted_sum_minus_one)
@@ -194,17 +191,8 @@ def softmax_rows(x, exp_q0, exp_q12, usable, out, bad):
             bad[r] = True
             continue
         for c in range(depth):
-            d = max_in_row - x[r, c]
-            if usable[d]:
-                unsat = rounding_divide_by_pot(_fx_mul(shifted_scale, exp_q0[d]), exponent)
-                v = unsat - 128
-                if v > 127:
-                    v = 127
-                elif v < -128:
-                    v = -128
-                out[r, c] = v
-            else:
-                out[r, c] = -128
+            unsat = rounding_divide_by_pot(_fx_mul(shifted_scale, exp_q0[max_in_row - x[r, c]]), exponent)
+            out[r, c] = min(max(unsat - 128, -128), 127)
     return out
 
 
@@ -285,7 +273,7 @@ class Softmax(Kernel):
             beta, input_scale, SCALED_DIFF_INTEGER_BITS
         )
         self.diff_min = -calculate_input_radius(SCALED_DIFF_INTEGER_BITS, self.input_left_shift)
-        self.exp_q0, self.exp_q12, self.usable = build_exp_tables(
+        self.exp_q0, self.exp_q12 = build_exp_tables(
             np.int64(self.input_multiplier), np.int64(self.input_left_shift), np.int64(self.diff_min)
         )
         self.depth = int(inp.shape[-1])
@@ -314,7 +302,7 @@ class Softmax(Kernel):
             return xnnpack.softmax(rows, self.lut, self.outputs[0].scale, -128).reshape(x.shape)
         out = np.empty(rows.shape, dtype=np.int8)
         bad = np.zeros(rows.shape[0], dtype=np.bool_)
-        softmax_rows(rows, self.exp_q0, self.exp_q12, self.usable, out, bad)
+        softmax_rows(rows, self.exp_q0, self.exp_q12, out, bad)
         if bad.any():
             raise self.error(
                 f"sum of exponentials reached 512 ({int(bad.sum())} of {bad.size} rows, {self.depth} "
