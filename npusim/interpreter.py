@@ -276,6 +276,7 @@ class Interpreter:
             )
             for t in sorted(set(self.graph.inputs) | {t for k in self.kernels for t in k.op.outputs})
         ]
+        self._largest = {}  # {batch size: largest_allocation}
         need, what = self.largest_allocation(1)
         if need > tflite_io.MAX_TENSOR_BYTES:
             raise NpusimError(
@@ -307,7 +308,16 @@ class Interpreter:
 
     def largest_allocation(self, n: int) -> tuple[int, str]:
         """The largest array a run on a batch of n allocates, an activation or a kernel's workspace,
-        and what it is. check_input refuses a batch that would take more than the allocation limit."""
+        and what it is. check_input refuses a batch that would take more than the allocation limit.
+        Kept per batch size: every run asks, and a model of 250 ops took 1 ms per run to work it out."""
+        known = self._largest
+        if n not in known:
+            if len(known) > 64:  # many batch sizes: keep the memo small
+                known.clear()
+            known[n] = self._largest_allocation(n)
+        return known[n]
+
+    def _largest_allocation(self, n: int) -> tuple[int, str]:
         sizes = [(n * size, what) for size, what in self._activation_bytes]
         sizes += [
             (
