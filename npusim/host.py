@@ -63,6 +63,13 @@ def has_vnni() -> bool:
 
 
 @functools.cache
+def has_vbmi() -> bool:
+    """Whether VPERMI2B on ZMM registers (AVX-512 VBMI) can be compiled and run here (the byte-table
+    lookup, engines/lookup.py)."""
+    return _compiling_for_host() and _has_features("avx512f", "avx512bw", "avx512vbmi")
+
+
+@functools.cache
 def has_amx() -> bool:
     """Whether AMX-INT8 tiles run here: the CPU flags, Numba compiling for this host, and Linux's
     permission for the tile data state (without it the first tile instruction raises SIGILL).

@@ -12,12 +12,12 @@ import numpy as np
 from . import tflite_io
 from .chains import find_chains
 from .engines import backend as _backend
+from .engines.lookup import lookup
 from .errors import NpusimError
 from .graph import Graph, computes_in_float, legacy_uint8
 from .model_io import load_model
 from .ops import KERNELS, MAC_OPS, ort_kernels
 from .ops.base import both_forms
-from .ops.quantize import lookup
 from .quant import ONNXRUNTIME, profile_id
 
 

@@ -68,3 +68,18 @@ def test_a_run_that_overrides_a_chain_constant_walks_unfolded():
     got = model.run(x, overrides=other)
     assert_same(model.run_all(x, overrides=other)[model.graph.outputs[0]], got, "overridden")
     assert not np.array_equal(got, model.run(x))
+
+
+def test_byte_lookup_equals_indexing_at_every_tail():
+    """engines/lookup.py: 64 bytes per VPERMI2B step where the host has AVX-512 VBMI, then a masked
+    tail (the scalar loop elsewhere: tests/test_avx2_cpu.py and test_generic_cpu.py run it), against
+    numpy's indexing for sizes around the vector and the parallel task boundaries."""
+    from npusim.engines import lookup as L
+
+    rng = np.random.default_rng(3)
+    for dtype in (np.int8, np.uint8):
+        table = rng.integers(0, 256, 256).astype(dtype)
+        for n in (1, 63, 64, 65, 127, 200, L.CHUNK - 1, L.CHUNK, L.CHUNK + 65, 3 * L.CHUNK + 5):
+            x = rng.integers(0, 256, n, dtype=np.uint8)
+            out = L.lookup(table, x, np.empty(n, dtype))
+            assert out.dtype == dtype and np.array_equal(out, table[x]), (dtype, n)

@@ -10,12 +10,12 @@ from __future__ import annotations
 import numpy as np
 
 from .. import registry
+from ..engines.lookup import lookup
 from ..errors import NpusimError
 from ..graph import Graph, Quantization
 from . import onnxruntime as ort
 from .base import Kernel
 from .float_form import real_value
-from .quantize import lookup
 
 _F32 = np.float32
 

@@ -8,6 +8,7 @@ import math
 import numba as nb
 import numpy as np
 
+from ..engines.lookup import lookup
 from ..engines.requant import requantization_multiplier
 from ..errors import NpusimError
 from ..jit import parallel_kernel
@@ -37,16 +38,6 @@ def affine_quantize(x, scale, zero_point, out):
         v = np.int64(q if r >= 0 else -q) + zero_point
         of[i] = clamp(v, -128, 127)
     return bad
-
-
-@parallel_kernel
-def lookup(table, x, out):
-    """out = table[x] for bytes x."""
-    xf = x.reshape(-1)
-    of = out.reshape(-1)
-    for i in nb.prange(xf.size):
-        of[i] = table[xf[i]]
-    return out
 
 
 @parallel_kernel

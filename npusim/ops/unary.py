@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..engines.int16 import is_int16, require_int16, require_tflm
+from ..engines.lookup import lookup
 from .base import Kernel
-from .quantize import lookup
 
 
 class UnaryTableKernel(Kernel):
