@@ -8,10 +8,12 @@ Interpreter runs that model image by image (chunks of the declared batch), as TF
 
 from __future__ import annotations
 
+import numba as nb
 import numpy as np
 
 from ..engines import aligned
 from ..engines.padding import pad_input
+from ..jit import parallel_kernel
 from .base import Kernel
 from .float_form import Movement, MovementForm
 
@@ -133,6 +135,37 @@ class Transpose(Kernel):
         return np.ascontiguousarray(x.transpose(self.perm))
 
 
+@parallel_kernel
+def copy_columns(x, out, first):
+    """out[r, first : first + width] = x[r] for the rows r of x [rows, width], bytes."""
+    rows, width = x.shape
+    for r in nb.prange(rows):
+        # Two slices indexed by the loop variable alone: one vector loop (see padding.pad_input).
+        dst, src = out[r, first : first + width], x[r]
+        for k in range(width):
+            dst[k] = src[k]
+    return out
+
+
+def concatenate(xs, axis: int) -> np.ndarray:
+    """np.concatenate(xs, axis) of arrays that agree outside axis: each input's rows (the axes from
+    `axis` on, as bytes) copied into its columns of the output by one vector loop per row, where
+    numpy's copy of a few channels per pixel ran at about 1 GB/s (YOLOv8n's concatenations along
+    the channels, 3.6 ms of its 47 ms at batch 8)."""
+    shape = list(xs[0].shape)
+    shape[axis] = sum(x.shape[axis] for x in xs)
+    out = aligned.empty(tuple(shape), xs[0].dtype)
+    rows = int(np.prod(shape[:axis], dtype=np.int64))
+    flat = out.reshape(rows, -1).view(np.uint8)
+    first = 0
+    for x in xs:
+        block = np.ascontiguousarray(x).reshape(rows, -1).view(np.uint8)
+        if block.size:
+            copy_columns(block, flat, first)
+        first += block.shape[1]
+    return out
+
+
 class Concatenation(Kernel):
     kind = "CONCATENATION"
     float_form = MovementForm()
@@ -172,4 +205,4 @@ class Concatenation(Kernel):
     def __call__(self, *xs):
         if self.crosses_batch:  # constants join as stored: there is no batch to broadcast them to
             return np.concatenate(xs, axis=0)
-        return np.concatenate(self.batch_aligned(xs), axis=self.axis)
+        return concatenate(self.batch_aligned(xs), self.axis)
