@@ -37,10 +37,13 @@ def conv_stages(model: bytes, x: np.ndarray, reps: int) -> list[tuple[str, float
     def padded():
         return vnni.padded_input(x, g.kh, g.kw, g.stride, g.dilation, g.pad, g.out_hw, zp, unsigned=True)
 
+    rows = vnni.row_runs(g.kw, g.dilation[1])  # as vnni.convolve reads the filter
+
     def filters():  # the VNNI engine takes the accumulator offset at the unsigned zero point
-        return vnni.prepared_filters("vnni", wg, b, zp + 128, stage)
+        return vnni.prepared_filters("vnni", wg, b, zp + 128, stage, rows=rows)
 
     xp, taps, unsigned = padded()
+    taps, quads = vnni.reduction(taps, g.kw, g.in_channels, rows)
     packed, params = filters()
     stages = [
         ("vnni.padded_input (Numba: the padded int8 copy)", padded),
@@ -59,7 +62,6 @@ def conv_stages(model: bytes, x: np.ndarray, reps: int) -> list[tuple[str, float
         )
         paths.append("AMX")
     if host.has_vnni():
-        quads = (g.in_channels + 3) // 4
         stages.append(
             (
                 "conv_vnni (VNNI micro-kernel + vector output stage)",

@@ -17,7 +17,9 @@ Layouts:
   straight from this copy: the reduction index is (tap, channel), and a tap is a fixed offset from
   the output pixel's corner (no im2col).
 - filters: per block of up to 64 output channels, [K4, nr, 16, 4] bytes (K4 = taps * Cp / 4,
-  nr = block width / 16), so one 64-byte load holds 4 reduction steps of 16 channels.
+  nr = block width / 16), so one 64-byte load holds 4 reduction steps of 16 channels. Without
+  dilation along the width, a filter row is one tap of kw * C bytes (row_runs): K4 = kh * the
+  quads of kw * C.
 
 The micro-kernel (LLVM IR, microkernel.py, from the description ISA below) computes MR (12) output
 pixels x nr*16 channels over the whole reduction, in register tiles of 12 pixels (nr 1 and 2) or
@@ -105,18 +107,37 @@ def padded_input(x, kh, kw, stride, dilation, pad, out_hw, zero_point, workspace
     return xp, taps, unsigned
 
 
-def prepared_filters(tag, w, bias, offset_zero_point, stage, memo=None):
-    """(packed filters, output parameters) of weights w [G, O, kh, kw, C], the accumulator offset
-    taken at offset_zero_point; from memo (a base.WeightMemo, or None) while w and bias are unchanged."""
+def row_runs(kw: int, dilation_w: int) -> bool:
+    """Whether the kernel reads each filter row as one tap of kw * C bytes, as the AVX2 engine does
+    (avx2.row_runs): without dilation along the width a row's kw taps are contiguous in the input,
+    and the micro-kernel's loop over taps, which re-derives its rows' addresses at each tap, runs kh
+    times instead of kh * kw (a 3-channel first layer: 3 taps of 3 quads for 9 taps of one). A run's
+    last quad may take up to 3 bytes of the next pixel, which meet zero weights."""
+    return dilation_w == 1 and kw > 1
+
+
+def reduction(taps, kw: int, c: int, rows: bool):
+    """(tap offsets, quads per tap) of the kernel: padded_input's taps, or their filter rows."""
+    if rows:
+        return np.ascontiguousarray(taps[::kw]), (kw * c + 3) // 4
+    return taps, (c + 3) // 4
+
+
+def prepared_filters(tag, w, bias, offset_zero_point, stage, memo=None, rows=False):
+    """(packed filters, output parameters) of weights w [G, O, kh, kw, C], as taps of C or, with
+    rows (row_runs), as filter rows of kw * C weights; the accumulator offset taken at
+    offset_zero_point; from memo (a base.WeightMemo, or None) while w and bias are unchanged."""
     groups, o, kh, kw, c = w.shape
 
     def prepare():
+        taps = w.reshape(groups, o, kh, kw * c) if rows else w.reshape(groups, o, kh * kw, c)
         return (
-            pack_filters(np.ascontiguousarray(w).reshape(groups, o, kh * kw, c), (c + 3) // 4 * 4, ISA),
+            pack_filters(np.ascontiguousarray(taps), (taps.shape[3] + 3) // 4 * 4, ISA),
             output_parameters(accumulator_offset(w, bias, offset_zero_point), stage),
         )
 
-    return memo.get(tag, w, bias, prepare) if memo is not None else prepare()
+    key = f"{tag} rows" if rows else tag
+    return memo.get(key, w, bias, prepare) if memo is not None else prepare()
 
 
 def convolve(
@@ -147,8 +168,9 @@ def convolve(
     xp, taps, unsigned = padded_input(
         x, kh, kw, stride, dilation, pad, out_hw, input_zero_point, workspace, unsigned=True
     )
-    packed, params = prepared_filters("vnni", w, bias, input_zero_point + 128, stage, memo)
-    quads = (c + 3) // 4
+    rows = row_runs(kw, dilation[1])
+    taps, quads = reduction(taps, kw, c, rows)
+    packed, params = prepared_filters("vnni", w, bias, input_zero_point + 128, stage, memo, rows)
     return run_conv(
         conv_vnni, x, w, xp, taps, quads, packed, params, stride, out_hw, shared, stage, profile, unsigned
     )
