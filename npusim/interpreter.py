@@ -232,7 +232,7 @@ class Interpreter:
         scratch = [k for k in self.kernels if getattr(k, "workspace", None) is not None]
         for k in scratch:
             k.workspace = scratch[0].workspace
-        # PADs whose only reader is a depthwise conv that takes their padding over (in run() only;
+        # PADs whose only reader is a convolution that takes their padding over (in run() only;
         # the other entry points compute every tensor): {PAD output tensor: PAD input tensor}.
         self._pad_sources = {}
         for k in self.kernels:
@@ -243,7 +243,8 @@ class Interpreter:
             if (
                 len(reads) == 1
                 and reads[0][1] == 1
-                and reads[0][0].kind == "DEPTHWISE_CONV_2D"
+                and reads[0][0].kind in ("DEPTHWISE_CONV_2D", "CONV_2D")
+                and hasattr(reads[0][0], "fuse_pad")  # (not the onnxruntime profile's float wrappers)
                 and reads[0][0].op.inputs[0] == t
                 and reads[0][0].fuse_pad(k)
             ):

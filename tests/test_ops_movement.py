@@ -12,6 +12,7 @@ from npusim.ops.strided_slice import axis_indices
 from npusim.testing import oracle as O
 
 import cases as C
+from kernel_paths import PATHS, kernel_path
 
 
 def check_outputs(case: C.Case):
@@ -267,3 +268,73 @@ def test_quantize_uint8_to_int8_same_scale(in_zp, out_zp):
     model = O.quantize_model((1, 256), np.uint8, 0.0039215689, out_zp, 0.0039215689, in_zp)
     x = np.arange(256, dtype=np.uint8).reshape(1, 256)
     check(C.Case(model, x, f"QUANTIZE uint8 zp {in_zp} -> int8 zp {out_zp}"))
+
+
+def pad_then_conv_model(pads, channels, stride, seed, pad_value=None) -> bytes:
+    """PAD (paddings [[0, 0], [t, b], [l, r], [0, 0]]) then a 3x3 VALID CONV_2D, as converters write
+    SAME stride-2 layers (YOLOv8's); pad_value: a PADV2 constant instead (not the zero point)."""
+    from ai_edge_litert import schema_py_generated as schema
+
+    rng = np.random.default_rng(seed)
+    b = O.ModelBuilder()
+    h, w = 9, 10
+    zp = 5
+    x = b.add_tensor((1, h, w, channels), np.int8, 0.05, zp, name="input")
+    p = b.add_const(np.array(pads, np.int32), name="paddings")
+    ph, pw = h + pads[1][0] + pads[1][1], w + pads[2][0] + pads[2][1]
+    y = b.add_tensor((1, ph, pw, channels), np.int8, 0.05, zp, name="padded")
+    if pad_value is None:
+        b.add_op("PAD", [x, p], [y], schema.PadOptionsT())
+    else:
+        v = b.add_const(np.array([pad_value], np.int8), scale=0.05, zero_point=zp, name="pad_value")
+        b.add_op("PADV2", [x, p, v], [y], schema.PadV2OptionsT())
+    ws = np.full(8, 0.02, np.float32)
+    wt = b.add_const(
+        rng.integers(-127, 128, (8, 3, 3, channels)).astype(np.int8),
+        scale=ws, zero_point=np.zeros(8, np.int64), axis=0, name="weights",
+    )
+    bt = b.add_const(
+        rng.integers(-2000, 2000, 8).astype(np.int32),
+        scale=O.bias_scale(0.05, ws), zero_point=np.zeros(8, np.int64), name="bias",
+    )
+    oh, ow = (ph - 3) // stride + 1, (pw - 3) // stride + 1
+    out = b.add_tensor((1, oh, ow, 8), np.int8, 0.1, -3, name="output")
+    opt = schema.Conv2DOptionsT()
+    opt.padding, opt.strideH, opt.strideW = schema.Padding.VALID, stride, stride
+    opt.dilationHFactor = opt.dilationWFactor = 1
+    b.add_op("CONV_2D", [y, wt, bt], [out], opt)
+    return b.build([x], [out])
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize(
+    "pads,channels,stride",
+    [
+        ([[0, 0], [1, 1], [1, 1], [0, 0]], 16, 2),
+        ([[0, 0], [0, 1], [0, 1], [0, 0]], 3, 2),  # TF's SAME stride 2: bottom and right only
+        ([[0, 0], [2, 0], [0, 3], [0, 0]], 5, 1),
+    ],
+)
+def test_conv_takes_over_the_pad_that_feeds_it(pads, channels, stride, path):
+    """run() folds a PAD whose only reader is a CONV_2D into the convolution's own padding (the PAD's
+    copy saved); every kernel path equals TFLM with the fold and the unfolded walk."""
+    import npusim
+
+    model = pad_then_conv_model(pads, channels, stride, seed=channels)
+    x = np.random.default_rng(1).integers(-128, 128, (3, 9, 10, channels)).astype(np.int8)
+    expected = O.run_tflm(model, x)
+    with kernel_path(path):
+        interp = npusim.Interpreter(model)
+        assert len(interp._pad_sources) == 1
+        assert np.array_equal(interp.run(x), expected)
+        assert np.array_equal(interp.run_all(x)[interp.graph.outputs[0]], expected)
+
+
+def test_a_pad_of_another_value_is_not_folded_into_the_conv():
+    import npusim
+
+    model = pad_then_conv_model([[0, 0], [1, 1], [1, 1], [0, 0]], 4, 2, seed=0, pad_value=-100)
+    x = np.random.default_rng(2).integers(-128, 128, (2, 9, 10, 4)).astype(np.int8)
+    interp = npusim.Interpreter(model)
+    assert not interp._pad_sources
+    assert np.array_equal(interp.run(x), O.run_tflm(model, x))

@@ -9,6 +9,10 @@ weight perturbations in one call.
 
 from __future__ import annotations
 
+import dataclasses
+
+import numpy as np
+
 from ..engines import aligned, backend, gemm
 from ..engines.geometry import ConvGeometry, SlidingWindow
 from ..engines.int16 import Stage16, conv16, is_int16
@@ -47,6 +51,7 @@ class Conv2D(SlidingWindow, Kernel):
         super().__init__(op, graph, profile)
         x, w, y = self.inputs[0], self.inputs[1], self.outputs[0]
         self.int16: Stage16 | None = None
+        self.unpadded = None  # (image shape, geometry, engine) of the input of a PAD taken over
         if not is_int16(x):
             self.require_int8(x, w, y)
         self.require_constant(w, "filter")
@@ -79,9 +84,32 @@ class Conv2D(SlidingWindow, Kernel):
         self.stage = OutputStage.prepare(
             x, w, y, self.out_channels, o.get("fused_activation_function", "NONE"), self.profile
         )
-        self.engine = (backends or backend.select()).for_geometry(self.geometry)
+        self.backends = backends or backend.select()
+        self.engine = self.backends.for_geometry(self.geometry)
         self.workspace = aligned.Workspace()  # the padded input of the AMX and VNNI engines
         self.memo = WeightMemo()
+
+    def fuse_pad(self, pad) -> bool:
+        """Take over the spatial padding of the PAD kernel that feeds this op (YOLO's stride-2
+        layers: PAD, then VALID), if it pads with the input zero point, as DEPTHWISE_CONV_2D does:
+        a padded tap contributes (zp - zp) * w = 0, and the engines' own padded copy (or im2col)
+        pads instead of the PAD's copy of the whole activation. Interpreter.run then passes the
+        unpadded input."""
+        p = pad.paddings
+        if (
+            self.int16 is not None
+            or len(p) != 4
+            or p[0].any()
+            or p[3].any()
+            or not p[1:3].any()
+            or pad.value != self.inputs[0].zero_point
+            or pad.inputs[0].dtype != np.int8
+        ):
+            return False
+        g = self.geometry
+        fused = dataclasses.replace(g, pad=(g.pad[0] + int(p[1, 0]), g.pad[1] + int(p[2, 0])))
+        self.unpadded = (tuple(pad.inputs[0].shape[1:]), fused, self.backends.for_geometry(fused))
+        return True
 
     def macs(self) -> int:
         return self.out_h * self.out_w * self.out_channels * self.geometry.depth
@@ -95,7 +123,10 @@ class Conv2D(SlidingWindow, Kernel):
 
     def __call__(self, x, w, b=None, shared=False):
         """shared=True: x is one batch seen by every weight group (output: G times the batch)."""
-        if x.shape[1:] != self.in_image_shape:  # the kernels index by the planned shape, unchecked
+        geometry, engine = self.geometry, None  # (16x8 convolutions have no engine, nor a fused PAD)
+        if self.unpadded is not None and x.shape[1:] == self.unpadded[0]:  # the fused PAD's input
+            _, geometry, engine = self.unpadded
+        elif x.shape[1:] != self.in_image_shape:  # the kernels index by the planned shape, unchecked
             raise self.error(
                 f"input array has shape {list(x.shape)}, expected [N, "
                 f"{', '.join(map(str, self.in_image_shape))}]"
@@ -105,8 +136,8 @@ class Conv2D(SlidingWindow, Kernel):
                 raise self.error("grouped weights are not supported with int16 activations")
             return self.int16(conv16(x, w, self.geometry), b)
         wg = w if w.ndim == 5 else w[None]
-        out = self.engine.convolve(
-            self.geometry,
+        out = (engine or self.engine).convolve(
+            geometry,
             x,
             wg,
             b,
