@@ -24,6 +24,7 @@ def conv_stages(model: bytes, x: np.ndarray, reps: int) -> list[tuple[str, float
     import npusim
     from npusim import host
     from npusim.engines import amx, vnni
+    from npusim.engines.geometry import row_runs
     from npusim.engines.microkernel import run_conv
     from npusim.ops.base import WeightMemo
 
@@ -37,7 +38,7 @@ def conv_stages(model: bytes, x: np.ndarray, reps: int) -> list[tuple[str, float
     def padded():
         return vnni.padded_input(x, g.kh, g.kw, g.stride, g.dilation, g.pad, g.out_hw, zp, unsigned=True)
 
-    rows = vnni.row_runs(g.kw, g.dilation[1])  # as vnni.convolve reads the filter
+    rows = row_runs(g.kw, g.dilation[1])  # as vnni.convolve reads the filter
 
     def filters():  # the VNNI engine takes the accumulator offset at the unsigned zero point
         return vnni.prepared_filters("vnni", wg, b, zp + 128, stage, rows=rows)

@@ -243,8 +243,7 @@ class Interpreter:
             if (
                 len(reads) == 1
                 and reads[0][1] == 1
-                and reads[0][0].kind in ("DEPTHWISE_CONV_2D", "CONV_2D")
-                and hasattr(reads[0][0], "fuse_pad")  # (not the onnxruntime profile's float wrappers)
+                and hasattr(reads[0][0], "fuse_pad")  # the convolutions, not the onnxruntime wrappers
                 and reads[0][0].op.inputs[0] == t
                 and reads[0][0].fuse_pad(k)
             ):

@@ -136,19 +136,23 @@ def test_binary_every_input_pair(kind, params):
     check(C.Case(model, C.every_int8_pair(), f"{kind} of every int8 pair, {params}"))
 
 
+@pytest.mark.parametrize("kind", ["ADD", "SUB"])
 @settings(max_examples=examples(40))
 @given(
     s1=C.log_scale(1e-3, 1.0),
     ratio=st.floats(-2.0, 2.0),
     out=st.floats(-1.0, 1.0),
     z=st.tuples(C.zero_points, C.zero_points, C.zero_points),
+    activation=st.sampled_from(["NONE", "RELU", "RELU6"]),
 )
-def test_sub_every_input_pair_random_scales(s1, ratio, out, z):
-    """Random scales over every pair catch a multiplier off by one LSB (float32 vs double Prepare)."""
+def test_every_input_pair_random_scales(kind, s1, ratio, out, z, activation):
+    """Random scales over every pair catch a multiplier off by one LSB (float32 vs double Prepare),
+    and for ADD its input rescale's 32-bit form (ops/add.py shifted_high_mul) against TFLM's 64-bit
+    SaturatingRoundingDoublingHighMul, for multipliers of every size."""
     s2 = float(np.float32(s1 * 10.0**ratio))
     so = float(np.float32(max(s1, s2) * 10.0**out))
-    model = O.binary_model("SUB", (1, 65536), (1, 65536), s1, z[0], s2, z[1], so, z[2])
-    check(C.Case(model, C.every_int8_pair(), f"SUB of every int8 pair, {(s1, s2, so, z)}"))
+    model = O.binary_model(kind, (1, 65536), (1, 65536), s1, z[0], s2, z[1], so, z[2], activation)
+    check(C.Case(model, C.every_int8_pair(), f"{kind} of every int8 pair, {(s1, s2, so, z, activation)}"))
 
 
 def test_mul_refuses_uint8():

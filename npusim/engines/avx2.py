@@ -35,6 +35,7 @@ from llvmlite import ir
 from ..jit import parallel_kernel
 from . import aligned
 from .gemm import accumulator_offset
+from .geometry import row_runs
 from .microkernel import Isa, conv_kernel, pack_filters, packs_to_bytes, pmaddwd_add, run_conv
 from .output_stage import output_parameters, splat, store_first
 
@@ -126,14 +127,6 @@ def widen_input(x, pad_top, pad_left, zero_point, out):
                     dst[first + ix * cp + c] = np.int16(src[ix * channels + c]) - zp
                 dst[first + ix * cp + channels] = 0
     return out
-
-
-def row_runs(kw: int, dilation_w: int) -> bool:
-    """Whether the kernel reads each filter row as one tap: with no dilation along the width, the kw
-    taps of a row are kw * C contiguous int16 of the copy, and kw * C contiguous weights of the filter
-    (whose reduction index is (ky, kx, c)). Fewer, longer loops where C is small, and no padding
-    channel for odd C (an odd run reads one int16 past its end, which meets a zero weight)."""
-    return dilation_w == 1 and kw > 1
 
 
 def widened_input(x, kh, kw, stride, dilation, pad, out_hw, zero_point, workspace=None):

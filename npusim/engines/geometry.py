@@ -89,3 +89,14 @@ class SlidingWindow:
     @property
     def pad_left(self) -> int:
         return self.geometry.pad[1]
+
+
+def row_runs(kw: int, dilation_w: int) -> bool:
+    """Whether the direct-convolution engines (vnni.py, avx2.py) read each filter row as one tap:
+    with no dilation along the width, the kw taps of a row are kw * C contiguous elements of the
+    padded copy and kw * C contiguous weights of the filter (whose reduction index is (ky, kx, c)).
+    The micro-kernel's loop over taps, which re-derives its rows' addresses at each tap, then runs
+    kh times instead of kh * kw (a 3-channel first layer: 3 taps of 3 quads for 9 taps of one), and
+    odd C needs no padding channel. A run's last group may read past it into the next pixel, where
+    it meets zero weights."""
+    return dilation_w == 1 and kw > 1

@@ -18,7 +18,7 @@ Layouts:
   the output pixel's corner (no im2col).
 - filters: per block of up to 64 output channels, [K4, nr, 16, 4] bytes (K4 = taps * Cp / 4,
   nr = block width / 16), so one 64-byte load holds 4 reduction steps of 16 channels. Without
-  dilation along the width, a filter row is one tap of kw * C bytes (row_runs): K4 = kh * the
+  dilation along the width, a filter row is one tap of kw * C bytes (geometry.row_runs): K4 = kh * the
   quads of kw * C.
 
 The micro-kernel (LLVM IR, microkernel.py, from the description ISA below) computes MR (12) output
@@ -33,6 +33,7 @@ from llvmlite import ir
 
 from . import aligned
 from .gemm import accumulator_offset
+from .geometry import row_runs
 from .microkernel import Isa, conv_kernel, pack_filters, run_conv, vpdpbusd
 from .output_stage import output_parameters, splat, store_bytes
 from .padding import pad_input
@@ -107,17 +108,9 @@ def padded_input(x, kh, kw, stride, dilation, pad, out_hw, zero_point, workspace
     return xp, taps, unsigned
 
 
-def row_runs(kw: int, dilation_w: int) -> bool:
-    """Whether the kernel reads each filter row as one tap of kw * C bytes, as the AVX2 engine does
-    (avx2.row_runs): without dilation along the width a row's kw taps are contiguous in the input,
-    and the micro-kernel's loop over taps, which re-derives its rows' addresses at each tap, runs kh
-    times instead of kh * kw (a 3-channel first layer: 3 taps of 3 quads for 9 taps of one). A run's
-    last quad may take up to 3 bytes of the next pixel, which meet zero weights."""
-    return dilation_w == 1 and kw > 1
-
-
 def reduction(taps, kw: int, c: int, rows: bool):
-    """(tap offsets, quads per tap) of the kernel: padded_input's taps, or their filter rows."""
+    """(tap offsets, quads per tap) of the kernel: padded_input's taps, or their filter rows
+    (geometry.row_runs)."""
     if rows:
         return np.ascontiguousarray(taps[::kw]), (kw * c + 3) // 4
     return taps, (c + 3) // 4

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 
-import numpy as np
-
 from ..engines import aligned, backend, gemm
 from ..engines.geometry import ConvGeometry, SlidingWindow
 from ..engines.int16 import Stage16, conv16, is_int16
@@ -94,20 +92,12 @@ class Conv2D(SlidingWindow, Kernel):
         layers: PAD, then VALID), if it pads with the input zero point, as DEPTHWISE_CONV_2D does:
         a padded tap contributes (zp - zp) * w = 0, and the engines' own padded copy (or im2col)
         pads instead of the PAD's copy of the whole activation. Interpreter.run then passes the
-        unpadded input."""
-        p = pad.paddings
-        if (
-            self.int16 is not None
-            or len(p) != 4
-            or p[0].any()
-            or p[3].any()
-            or not p[1:3].any()
-            or pad.value != self.inputs[0].zero_point
-            or pad.inputs[0].dtype != np.int8
-        ):
+        unpadded input. (A 16x8 convolution's PAD pads int16, which is never taken over.)"""
+        top_left = pad.spatial_zero_point_padding(self.inputs[0].zero_point)
+        if top_left is None:
             return False
         g = self.geometry
-        fused = dataclasses.replace(g, pad=(g.pad[0] + int(p[1, 0]), g.pad[1] + int(p[2, 0])))
+        fused = dataclasses.replace(g, pad=(g.pad[0] + top_left[0], g.pad[1] + top_left[1]))
         self.unpadded = (tuple(pad.inputs[0].shape[1:]), fused, self.backends.for_geometry(fused))
         return True
 

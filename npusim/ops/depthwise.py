@@ -104,18 +104,11 @@ class DepthwiseConv2D(SlidingWindow, Kernel):
         SAME stride-2 depthwise layers: PAD, then VALID), if it pads with the input zero point: a
         padded tap then contributes (zp - zp) * w = 0, exactly as a skipped one. Interpreter.run then
         passes the unpadded input and the PAD's copy of a large activation is saved."""
-        p = pad.paddings
-        if (
-            len(p) != 4
-            or p[0].any()
-            or p[3].any()
-            or not p[1:3].any()
-            or pad.value != self.inputs[0].zero_point
-            or pad.inputs[0].dtype != np.int8
-        ):
+        top_left = pad.spatial_zero_point_padding(self.inputs[0].zero_point)
+        if top_left is None:
             return False
         self.unpadded_shape = tuple(pad.inputs[0].shape[1:])
-        self.fused_pad = (int(p[1, 0]), int(p[2, 0]))
+        self.fused_pad = top_left
         return True
 
     def macs(self) -> int:

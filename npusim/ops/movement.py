@@ -94,6 +94,22 @@ class Pad(Kernel):
                 raise self.error(f"pad value {v.name!r} must be one constant {np.dtype(x.dtype).name}")
             self.value = v.data.reshape(-1)[0]
 
+    def spatial_zero_point_padding(self, zero_point: int) -> tuple[int, int] | None:
+        """(top, left) when this PAD pads an int8 NHWC activation along its height and width only,
+        with zero_point (a convolution reading it may take the padding over: a padded tap adds
+        (zp - zp) * w = 0, exactly as a tap TFLM skips), else None."""
+        p = self.paddings
+        if (
+            len(p) != 4
+            or p[0].any()
+            or p[3].any()
+            or not p[1:3].any()
+            or self.value != zero_point
+            or self.inputs[0].dtype != np.int8
+        ):
+            return None
+        return int(p[1, 0]), int(p[2, 0])
+
     def __call__(self, x, paddings=None, value=None):
         p = self.paddings
         # spatial padding of NHWC: one pass
