@@ -30,6 +30,7 @@ from ..jit import ParallelKernel, njit, renamed
 from . import aligned
 from .output_stage import each_profile, load_parameters, vector_output_stage
 
+MACS_PER_WORK = 8  # multiply-adds that count as one element of jit.PARALLEL_MIN_WORK (measured below)
 MR = 12  # output pixels per micro-kernel call, computed in tiles of tile_rows(isa, nr) pixels
 BLOCKS_PER_TASK = 16  # pixel blocks per parallel task (one scratch allocation each)
 
@@ -448,8 +449,17 @@ def run_conv(
     )
 
 
+def conv_work(args) -> int:
+    """A call of _conv's work for ParallelKernel: its multiply-adds (outputs x taps x channel groups x
+    bytes per group) / MACS_PER_WORK. Threads pay from about 2 MMAC: YOLOv8n-256's layers at batch 8
+    on a 2-core AMD EPYC (AVX2), serial against threaded, min of 35 interleaved calls: 75 MMAC 1.71
+    -> 1.01 ms, 2.1 MMAC 0.178 -> 0.162 ms, 0.03 MMAC 0.091 both."""
+    packed, taps, groups_per_tap, out = args[2], args[3], args[4], args[-1]
+    return out.size * taps.size * groups_per_tap * (4 // packed.itemsize) // MACS_PER_WORK
+
+
 def conv_kernel(isa: Isa) -> ParallelKernel:
     """The convolution kernel of isa: _conv with its micro-kernel and block sizes, under its own
     qualified name (Numba's cache is keyed by name, see jit.renamed)."""
     fn = renamed(_conv, isa.name, micro_kernel=micro_kernel(isa), LANES=isa.lanes, BLOCK=isa.block)
-    return ParallelKernel(fn)
+    return ParallelKernel(fn, work=conv_work)
