@@ -62,26 +62,33 @@ def average_pool(x, kh, kw, sh, sw, pad_h, pad_w, lo, hi, out):
 
 @parallel_kernel
 def max_pool(x, kh, kw, sh, sw, pad_h, pad_w, lo, hi, out):
-    """x [N, H, W, C] int8 -> out [N, OH, OW, C] int8."""
+    """x [N, H, W, C] int8 -> out [N, OH, OW, C] int8: the maximum over the window's taps inside
+    the image (TFLM starts from -128), in two passes per output row: down the window's rows for
+    every column of the image, then across each window's columns. The maximum of a rectangle is
+    the maximum of its column maxima; both passes are flat loops of max() that LLVM vectorizes,
+    where a compare and branch per tap ran at about one tap per ns (YOLOv8n's SPPF, three 5x5
+    windows)."""
     n, in_h, in_w, depth = x.shape
     _, out_h, out_w, _ = out.shape
-    best = np.empty((n * out_h, depth), dtype=np.int8)
     for row in nb.prange(n * out_h):
         b = row // out_h
         oy = row % out_h
         y0, fy0, fy1 = window(oy, sh, pad_h, kh, in_h)
+        columns = np.full(in_w * depth, -128, dtype=np.int8)
+        for fy in range(fy0, fy1):
+            line = x[b, y0 + fy].reshape(-1)
+            for k in range(in_w * depth):
+                columns[k] = max(columns[k], line[k])
+        best = np.empty(depth, dtype=np.int8)
         for ox in range(out_w):
             x0, fx0, fx1 = window(ox, sw, pad_w, kw, in_w)
+            best[:] = -128
+            for fx in range(fx0, fx1):
+                first = (x0 + fx) * depth
+                for c in range(depth):
+                    best[c] = max(best[c], columns[first + c])
             for c in range(depth):
-                best[row, c] = -128
-            for fy in range(fy0, fy1):
-                for fx in range(fx0, fx1):
-                    for c in range(depth):
-                        v = x[b, y0 + fy, x0 + fx, c]
-                        if v > best[row, c]:
-                            best[row, c] = v
-            for c in range(depth):
-                out[b, oy, ox, c] = clamp(np.int32(best[row, c]), lo, hi)
+                out[b, oy, ox, c] = clamp(np.int32(best[c]), lo, hi)
     return out
 
 
