@@ -7,7 +7,8 @@ features: NUMBA_CPU_NAME alone keeps the host's features), where "auto" selects 
 the AVX2 depthwise form, checks that the machine code holds VPMADDWD on YMM registers and no ZMM
 register, VPDPBUSD or VPDPWSSD, and holds CONV_2D, FULLY_CONNECTED and DEPTHWISE_CONV_2D to TFLM on
 shapes that reach every branch (pixel and channel tails, odd channel counts, row runs and dilated
-taps, strides, paddings, depth multipliers, batch), with extreme data where a stray product shows.
+taps, strides, paddings, depth multipliers, batch), with extreme data where a stray product shows;
+and the VPSHUFB byte-table lookup against numpy's indexing.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ from kernel_paths import run_compiled_for
 CHILD = """
 import pickle
 from npusim import host
-from npusim.engines import avx2, backend, depthwise
+import numpy as np
+from npusim.engines import avx2, backend, depthwise, lookup
 from npusim.testing import oracle as O
 
 assert host.has_avx2() and not host.has_vnni() and not host.has_amx(), "not compiling for Haswell"
@@ -45,6 +47,15 @@ for kernel in (avx2.conv_avx2, avx2.conv_avx2_int8, depthwise.depthwise_kernel("
         assert "vpmaddwd" in asm and "ymm" in asm, kernel
         for other in ("zmm", "vpdpbusd", "vpdpwssd"):
             assert other not in asm, (kernel, other)
+# The byte-table lookup (VPSHUFB) at sizes around its vector and task sizes, every index value.
+rng = np.random.default_rng(5)
+for n in (1, 31, 32, 33, 256, 1000, lookup.CHUNK + 33):
+    table = rng.integers(0, 256, 256, dtype=np.uint8)
+    x = np.arange(n, dtype=np.uint8) if n == 256 else rng.integers(0, 256, n, dtype=np.uint8)
+    assert np.array_equal(lookup.lookup(table, x, np.empty(n, np.uint8)), table[x]), n
+forms = (lookup.lookup_avx2.serial, lookup.lookup_avx2.threaded)
+code = [asm for form in forms for asm in form.inspect_asm().values()]
+assert code and all("vpshufb" in asm and "zmm" not in asm for asm in code)
 print("avx2 code path: all equal")
 """
 

@@ -72,14 +72,15 @@ def test_a_run_that_overrides_a_chain_constant_walks_unfolded():
 
 def test_byte_lookup_equals_indexing_at_every_tail():
     """engines/lookup.py: 64 bytes per VPERMI2B step where the host has AVX-512 VBMI, then a masked
-    tail (the scalar loop elsewhere: tests/test_avx2_cpu.py and test_generic_cpu.py run it), against
-    numpy's indexing for sizes around the vector and the parallel task boundaries."""
+    tail; 32 bytes per 16 VPSHUFB with AVX2 alone, then a scalar tail (tests/test_avx2_cpu.py runs
+    it compiled for Haswell); the scalar loop elsewhere (test_generic_cpu.py): against numpy's
+    indexing for sizes around the vector and the parallel task boundaries."""
     from npusim.engines import lookup as L
 
     rng = np.random.default_rng(3)
     for dtype in (np.int8, np.uint8):
         table = rng.integers(0, 256, 256).astype(dtype)
-        for n in (1, 63, 64, 65, 127, 200, L.CHUNK - 1, L.CHUNK, L.CHUNK + 65, 3 * L.CHUNK + 5):
+        for n in (1, 31, 32, 33, 63, 64, 65, 127, 200, L.CHUNK - 1, L.CHUNK, L.CHUNK + 65, 3 * L.CHUNK + 5):
             x = rng.integers(0, 256, n, dtype=np.uint8)
             out = L.lookup(table, x, np.empty(n, dtype))
             assert out.dtype == dtype and np.array_equal(out, table[x]), (dtype, n)
