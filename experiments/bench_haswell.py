@@ -42,6 +42,12 @@ def haswell_unsupported() -> str | None:
     missing = [f for f in HASWELL_FEATURES if not features.get(f, False)]
     if missing:
         return f"this CPU lacks {', '.join(missing)}: code compiled for Haswell does not run here"
+    wider = [f for f in ("avx512f", "avxvnni") if features.get(f, False)]
+    if not wider:
+        return (
+            "this CPU has AVX2 and neither AVX-512 nor AVX-VNNI: the main table already runs the "
+            "AVX2 code on an AVX2-only CPU"
+        )
     return None
 
 
