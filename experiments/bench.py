@@ -210,7 +210,7 @@ def bench_yolo(args, results: Results, log):
         )
 
 
-def bench_model(args, results: Results, log, name, fname, batches, tflm_images: int, fast: int = 7):
+def bench_model(args, results: Results, log, name, fname, batches, tflm_images: int, fast: int = 11):
     """One shared model: its rows of the main table, its memory row and (unless --quick or
     --no-breakdown) its per-op breakdown at the largest batch."""
     import npusim
@@ -223,7 +223,7 @@ def bench_model(args, results: Results, log, name, fname, batches, tflm_images: 
     x, desc = bench_inputs(args.shared, name, max(batches), t_in.shape, t_in.dtype)
     results.notes.append(f"{name} inputs: {desc}.")
     log(f"{name} ({fname}), inputs: {desc}")
-    reps = {"npusim": repetitions(args, batches, fast, 3), "litert": repetitions(args, batches, fast, 3)}
+    reps = {"npusim": repetitions(args, batches, fast, 7), "litert": repetitions(args, batches, fast, 7)}
     results.inputs[name] = (model, x, reps["npusim"])
     results.rows += bench_workload(
         name, model, x, batches, reps, tflm_images=tflm_images, log=log, tflm_arena=TFLM_ARENA.get(name)

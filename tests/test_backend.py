@@ -106,3 +106,32 @@ def test_depthwise_variants_have_their_own_cache_entries():
     if not host.has_avx2():
         with pytest.raises(npusim.NpusimError, match="does not run on this host"):
             depthwise.depthwise_kernel("avx2")
+
+
+@pytest.mark.parametrize("name", ["vnni", "avx2"])
+def test_a_convolution_takes_threads_by_its_multiply_adds(name, monkeypatch):
+    """The direct-convolution kernels pick their threaded form by multiply-adds (microkernel.conv_work),
+    not by their largest array: YOLOv8n-256's 16x16x64 3x3 layers at batch 8 have arrays under
+    jit.PARALLEL_MIN_WORK elements and 75 MMAC, and ran on one thread. A layer of a few hundred
+    multiply-adds stays serial. Both equal TFLM."""
+    from npusim import jit
+    from npusim.engines import avx2, vnni
+
+    if not (host.has_vnni() if name == "vnni" else host.has_avx2()):
+        pytest.skip(f"this CPU cannot run the {name} engine: its thread choice is NOT tested here")
+    kernel = vnni.conv_vnni if name == "vnni" else avx2.conv_avx2
+    calls = []
+    for form in ("serial", "threaded"):
+        compiled = getattr(kernel, form)
+        monkeypatch.setattr(kernel, form, lambda *a, f=compiled, form=form: calls.append(form) or f(*a))
+    rng = np.random.default_rng(1)
+    for hw, channels, n, expected in ((16, 64, 8, "threaded"), (4, 8, 1, "serial")):
+        w = rng.integers(-127, 128, (channels, 3, 3, channels), dtype=np.int8)
+        model = O.conv2d_model((1, hw, hw, channels), w, None, 0.05, -3, 0.01, 0.5, 2)
+        x = rng.integers(-128, 128, (n, hw, hw, channels), dtype=np.int8)
+        calls.clear()
+        got = npusim.Interpreter(model, backend=name, warm=False).run(x)
+        assert calls == [expected], (hw, channels, n, calls)
+        if expected == "threaded":  # every array of the layer is under the element threshold
+            assert n * (hw + 2) ** 2 * channels < jit.PARALLEL_MIN_WORK
+        O.assert_same(O.run_tflm(model, x), got, f"{name} {hw}x{hw}x{channels} batch {n}")
