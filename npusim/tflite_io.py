@@ -115,13 +115,16 @@ _FIELDS: dict = {}
 
 def _fields(reader: type) -> list[tuple[str, str]]:
     """(accessor, kind) of every field of a schema table, from the object API class that unpacks it:
-    'numbers' (a scalar vector, unpacked as a view), 'tables' (a vector of tables), 'union', or
-    'value' (a scalar, a string or a table)."""
+    'numbers' (a scalar vector, unpacked as a view), 'tables' (a vector of tables), 'union',
+    'scalar' (a number or flag: the object API's default is one), or 'value' (a string or a
+    table)."""
     if reader not in _FIELDS:
         fields = []
-        for attr in vars(getattr(schema, reader.__name__ + "T")()):
+        for attr, default in vars(getattr(schema, reader.__name__ + "T")()).items():
             name = attr[0].upper() + attr[1:]
-            if hasattr(reader, name + "AsNumpy"):
+            if isinstance(default, (bool, int, float)):
+                fields.append((name, "scalar"))
+            elif hasattr(reader, name + "AsNumpy"):
                 fields.append((name, "numbers"))
             elif hasattr(reader, name + "Length"):
                 fields.append((name, "tables"))
@@ -191,7 +194,7 @@ def check_structure(data: bytearray, where: str):
                     obj = reader()
                     obj.Init(member.Bytes, member.Pos)
                     walk(obj)
-            else:
+            elif kind == "value":  # a scalar expands nothing: the unpacking reads it (and fails on it)
                 value = getattr(table, name)()
                 if isinstance(value, bytes):
                     spend(4 + len(value))
