@@ -183,19 +183,28 @@ import json, sys
 import numpy as np
 from npusim import Interpreter, jit
 from npusim.testing import oracle as O
-m = O.conv2d_model((1, 4, 4, 8), np.ones((8, 1, 1, 8), np.int8), None, 0.1, 0, 0.01, 0.2, 0)
-it = Interpreter(m, warm=sys.argv[1] == "warm")
+# A convolution, and ADD and MUL with a constant of one image's shape (YOLO's box decoding): at one
+# image the constant needs no broadcast, at a batch it is copied, and Numba types a read-only array
+# apart from a writable one.
+const = np.arange(128, dtype=np.int8).reshape(1, 4, 4, 8)
+models = [
+    O.conv2d_model((1, 4, 4, 8), np.ones((8, 1, 1, 8), np.int8), None, 0.1, 0, 0.01, 0.2, 0),
+    *(O.binary_model(k, (1, 4, 4, 8), (1, 4, 4, 8), 0.1, 0, 0.1, 0, 0.2, 0, const2=const) for k in ("ADD", "MUL")),
+]
+its = [Interpreter(m, warm=sys.argv[1] == "warm") for m in models]
 loads, load = [], jit._FunctionCache.load_overload
 jit._FunctionCache.load_overload = lambda self, sig, ctx: loads.append(self._name) or load(self, sig, ctx)
 for n in (1, 2048):  # 2048 images reach jit.PARALLEL_MIN_WORK: the threaded kernels
-    it.run(np.zeros((n, 4, 4, 8), np.int8))
+    for it in its:
+        it.run(np.zeros((n, 4, 4, 8), np.int8))
 print(json.dumps(loads))
 """
 
 
 def test_the_first_runs_after_prepare_load_no_kernel():
     """Interpreter's warm-up loads the kernels that run() calls, serial and threaded, when it is
-    built: its first runs, of one image and of a batch that takes the threaded kernels, load none.
+    built: its first runs, of one image and of a batch that takes the threaded kernels, load none,
+    also where a constant operand is broadcast at a batch and not at one image.
     Built with warm=False, the same runs load them (what the warm-up takes off the first call)."""
 
     def loads(mode):

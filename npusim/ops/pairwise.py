@@ -33,6 +33,16 @@ def pair_lookup(table, a, b, out):
     return out
 
 
+def read_only(x: np.ndarray) -> np.ndarray:
+    """x as a read-only view. Numba compiles a kernel per signature, and read-only is part of an
+    array's type: an operand that broadcast came as a fresh (writable) copy, one that did not as
+    numpy's read-only broadcast view, so a batch other than the warm-up's one image loaded another
+    form of the kernel on its first run (20 to 40 ms each, YOLOv8n's box decoding)."""
+    view = x.view()
+    view.flags.writeable = False
+    return view
+
+
 def every_pair() -> tuple[np.ndarray, np.ndarray]:
     """(a, b) as int64 values over all 65,536 pairs, a major: index a_byte * 256 + b_byte."""
     codes = np.arange(256, dtype=np.uint8).view(np.int8).astype(np.int64)
@@ -120,7 +130,7 @@ class BinaryKernel(Kernel):
             shape = self.broadcast_batch(a, b, self.out_shape)
         if self.int16 is not None:
             return self.int16(*(np.broadcast_to(t, shape) for t in (a, b)))
-        return self.eval_int8(*(np.ascontiguousarray(np.broadcast_to(t, shape)) for t in (a, b)))
+        return self.eval_int8(*(read_only(np.ascontiguousarray(np.broadcast_to(t, shape))) for t in (a, b)))
 
     def eval_int8(self, a, b):
         """a, b: the int8 operands broadcast to the output shape, contiguous: the table lookup."""

@@ -84,9 +84,9 @@ def max_pool(x, kh, kw, sh, sw, pad_h, pad_w, lo, hi, out):
             x0, fx0, fx1 = window(ox, sw, pad_w, kw, in_w)
             best[:] = -128
             for fx in range(fx0, fx1):
-                first = (x0 + fx) * depth
+                column = columns[(x0 + fx) * depth : (x0 + fx + 1) * depth]  # indexed from 0: vectorized
                 for c in range(depth):
-                    best[c] = max(best[c], columns[first + c])
+                    best[c] = max(best[c], column[c])
             for c in range(depth):
                 out[b, oy, ox, c] = clamp(np.int32(best[c]), lo, hi)
     return out
