@@ -18,7 +18,8 @@ from .machine import single_thread
 def conv_stages(model: bytes, x: np.ndarray, reps: int) -> list[tuple[str, float, float]]:
     """Time the stages of Conv2D.__call__ with the engines' own functions (the padded copy and the
     prepared filters of vnni.py, which amx.py shares; the VNNI kernel alone on them; the AMX engine
-    with its filters prepared once), then the whole call on every kernel path, with the default
+    with its filters prepared once; on a host whose conv runs the avx2 engine, its widened copy,
+    filters and kernel instead), then the whole call on every kernel path, with the default
     threads and with one Numba and one BLAS thread. Same calls on the same arrays: the stages do not
     pay the page faults of fresh buffers that a real call pays."""
     import npusim
@@ -35,21 +36,57 @@ def conv_stages(model: bytes, x: np.ndarray, reps: int) -> list[tuple[str, float
     g, stage, zp, profile = kern.geometry, kern.stage, kern.inputs[0].zero_point, kern.profile
     wg = w[None]  # [G, O, kh, kw, C] with one weight group, as Conv2D hands its weights to an engine
 
-    def padded():
-        return vnni.padded_input(x, g.kh, g.kw, g.stride, g.dilation, g.pad, g.out_hw, zp, unsigned=True)
+    if kern.engine.name == "avx2":  # an AVX2-only host: the stages of the engine it runs
+        from npusim.engines import avx2
 
-    rows = row_runs(g.kw, g.dilation[1])  # as vnni.convolve reads the filter
+        rows = row_runs(g.kw, g.dilation[1])
+        xp, taps, pairs = avx2.widened_input(x, g.kh, g.kw, g.stride, g.dilation, g.pad, g.out_hw, zp)
+        packed, params = avx2.prepared_filters(wg, b, stage, rows)
+        stages = [
+            (
+                "avx2.widened_input (Numba: the padded int16 copy of x - zp)",
+                lambda: avx2.widened_input(x, g.kh, g.kw, g.stride, g.dilation, g.pad, g.out_hw, zp),
+            ),
+            (
+                "avx2.prepared_filters (packed filters and output parameters)",
+                lambda: avx2.prepared_filters(wg, b, stage, rows),
+            ),
+            (
+                "conv_avx2 (AVX2 micro-kernel + vector output stage)",
+                lambda: run_conv(
+                    avx2.conv_avx2,
+                    x,
+                    wg,
+                    xp,
+                    taps,
+                    pairs,
+                    packed,
+                    params,
+                    g.stride,
+                    g.out_hw,
+                    False,
+                    stage,
+                    profile,
+                ),
+            ),
+        ]
+    else:
 
-    def filters():  # the VNNI engine takes the accumulator offset at the unsigned zero point
-        return vnni.prepared_filters("vnni", wg, b, zp + 128, stage, rows=rows)
+        def padded():
+            return vnni.padded_input(x, g.kh, g.kw, g.stride, g.dilation, g.pad, g.out_hw, zp, unsigned=True)
 
-    xp, taps, unsigned = padded()
-    taps, quads = vnni.reduction(taps, g.kw, g.in_channels, rows)
-    packed, params = filters()
-    stages = [
-        ("vnni.padded_input (Numba: the padded int8 copy)", padded),
-        ("vnni.prepared_filters (packed filters and output parameters)", filters),
-    ]
+        rows = row_runs(g.kw, g.dilation[1])  # as vnni.convolve reads the filter
+
+        def filters():  # the VNNI engine takes the accumulator offset at the unsigned zero point
+            return vnni.prepared_filters("vnni", wg, b, zp + 128, stage, rows=rows)
+
+        xp, taps, unsigned = padded()
+        taps, quads = vnni.reduction(taps, g.kw, g.in_channels, rows)
+        packed, params = filters()
+        stages = [
+            ("vnni.padded_input (Numba: the padded int8 copy)", padded),
+            ("vnni.prepared_filters (packed filters and output parameters)", filters),
+        ]
     paths = []
     if host.has_amx():
         memo = WeightMemo()
@@ -85,11 +122,14 @@ def conv_stages(model: bytes, x: np.ndarray, reps: int) -> list[tuple[str, float
             )
         )
         paths.append("VNNI")
+    if host.has_avx2():
+        paths.append("AVX2")
     paths.append("BLAS")
     for name in paths:
         what = {
             "AMX": "AMX",
             "VNNI": "VNNI",
+            "AVX2": "AVX2",
             "BLAS": "float32 BLAS (im2col + sgemm; here under Numba's OpenMP layer, which fights "
             "OpenBLAS's threads: a host without VNNI runs it under the workqueue layer)",
         }[name]
