@@ -80,3 +80,46 @@ def test_npz_on_a_single_output_model(tmp_path):
     r = npusim_run(model, "--input", tmp_path / "x.npy", "--output", tmp_path / "y.npy")
     assert r.returncode == 0, r.stderr
     O.assert_same(O.run_tflm(model.read_bytes(), x), np.load(tmp_path / "y.npy"), "single output .npy")
+
+
+def add_chain_model(length: int) -> bytes:
+    """`length` ADDs in a row, each of the previous tensor with itself: [1, 32, 32, 64] int8."""
+    b = O.ModelBuilder()
+    shape = (1, 32, 32, 64)
+    h = x = b.add_tensor(shape, np.int8, 0.1, 0, name="input")
+    for k in range(length):
+        y = b.add_tensor(shape, np.int8, 0.2, 0, name=f"sum{k}")
+        b.add_op("ADD", [h, h], [y], O.schema.AddOptionsT())
+        h = y
+    return b.build([x], [h])
+
+
+PEAK_CHILD = """
+import resource, runpy, sys
+sys.argv = ["npusim", *sys.argv[1:]]
+try:
+    runpy.run_module("npusim.cli", run_name="__main__")
+except SystemExit as e:
+    if e.code:
+        raise
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+"""
+
+
+def test_run_holds_only_the_live_activations(tmp_path):
+    """Without --dump, `npusim run` drops each activation after its last reader: 12 ADDs of 32 MB
+    activations (batch 512) peak well under the 400 MB that keeping every tensor takes."""
+    model = tmp_path / "chain.tflite"
+    model.write_bytes(add_chain_model(12))
+    peaks = []
+    for n in (1, 512):
+        x = np.random.default_rng(0).integers(-128, 128, (n, 32, 32, 64), dtype=np.int8)
+        np.save(tmp_path / f"x{n}.npy", x)
+        args = ["run", model, "--input", tmp_path / f"x{n}.npy", "--output", tmp_path / f"y{n}.npy"]
+        r = subprocess.run(
+            [sys.executable, "-c", PEAK_CHILD, *map(str, args)], capture_output=True, text=True, timeout=300
+        )
+        assert r.returncode == 0, r.stderr
+        peaks.append(int(r.stdout.split()[-1]) / 1024)  # MB (ru_maxrss is in KB on Linux)
+    growth = peaks[1] - peaks[0]
+    assert growth < 200, f"a run of 512 images grew the process by {growth:.0f} MB over one image"
