@@ -36,6 +36,25 @@ def conv_stages(model: bytes, x: np.ndarray, reps: int) -> list[tuple[str, float
     g, stage, zp, profile = kern.geometry, kern.stage, kern.inputs[0].zero_point, kern.profile
     wg = w[None]  # [G, O, kh, kw, C] with one weight group, as Conv2D hands its weights to an engine
 
+    def kernel_stage(label, kernel, xp, taps, groups, packed, params, unsigned=0):
+        """A stage timing the micro-kernel `kernel` alone on its prepared input and filters."""
+        return label, lambda: run_conv(
+            kernel,
+            x,
+            wg,
+            xp,
+            taps,
+            groups,
+            packed,
+            params,
+            g.stride,
+            g.out_hw,
+            False,
+            stage,
+            profile,
+            unsigned,
+        )
+
     if kern.engine.name == "avx2":  # an AVX2-only host: the stages of the engine it runs
         from npusim.engines import avx2
 
@@ -51,23 +70,14 @@ def conv_stages(model: bytes, x: np.ndarray, reps: int) -> list[tuple[str, float
                 "avx2.prepared_filters (packed filters and output parameters)",
                 lambda: avx2.prepared_filters(wg, b, stage, rows),
             ),
-            (
+            kernel_stage(
                 "conv_avx2 (AVX2 micro-kernel + vector output stage)",
-                lambda: run_conv(
-                    avx2.conv_avx2,
-                    x,
-                    wg,
-                    xp,
-                    taps,
-                    pairs,
-                    packed,
-                    params,
-                    g.stride,
-                    g.out_hw,
-                    False,
-                    stage,
-                    profile,
-                ),
+                avx2.conv_avx2,
+                xp,
+                taps,
+                pairs,
+                packed,
+                params,
             ),
         ]
     else:
@@ -101,24 +111,15 @@ def conv_stages(model: bytes, x: np.ndarray, reps: int) -> list[tuple[str, float
         paths.append("AMX")
     if host.has_vnni():
         stages.append(
-            (
+            kernel_stage(
                 "conv_vnni (VNNI micro-kernel + vector output stage)",
-                lambda: run_conv(
-                    vnni.conv_vnni,
-                    x,
-                    wg,
-                    xp,
-                    taps,
-                    quads,
-                    packed,
-                    params,
-                    g.stride,
-                    g.out_hw,
-                    False,
-                    stage,
-                    profile,
-                    unsigned,
-                ),
+                vnni.conv_vnni,
+                xp,
+                taps,
+                quads,
+                packed,
+                params,
+                unsigned,
             )
         )
         paths.append("VNNI")
