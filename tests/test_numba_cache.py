@@ -189,7 +189,10 @@ from npusim.testing import oracle as O
 const = np.arange(128, dtype=np.int8).reshape(1, 4, 4, 8)
 models = [
     O.conv2d_model((1, 4, 4, 8), np.ones((8, 1, 1, 8), np.int8), None, 0.1, 0, 0.01, 0.2, 0),
-    *(O.binary_model(k, (1, 4, 4, 8), (1, 4, 4, 8), 0.1, 0, 0.1, 0, 0.2, 0, const2=const) for k in ("ADD", "MUL")),
+    *(
+        O.binary_model(k, (1, 4, 4, 8), (1, 4, 4, 8), 0.1, 0, 0.1, 0, 0.2, 0, const2=const)
+        for k in ("ADD", "MUL")
+    ),
 ]
 its = [Interpreter(m, warm=sys.argv[1] == "warm") for m in models]
 loads, load = [], jit._FunctionCache.load_overload
