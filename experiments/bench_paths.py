@@ -56,30 +56,7 @@ def conv_stages(model: bytes, x: np.ndarray, reps: int) -> list[tuple[str, float
         )
 
     if kern.engine.name == "avx2":  # an AVX2-only host: the stages of the engine it runs
-        from npusim.engines import avx2
-
-        rows = row_runs(g.kw, g.dilation[1])
-        xp, taps, pairs = avx2.widened_input(x, g.kh, g.kw, g.stride, g.dilation, g.pad, g.out_hw, zp)
-        packed, params = avx2.prepared_filters(wg, b, stage, rows)
-        stages = [
-            (
-                "avx2.widened_input (Numba: the padded int16 copy of x - zp)",
-                lambda: avx2.widened_input(x, g.kh, g.kw, g.stride, g.dilation, g.pad, g.out_hw, zp),
-            ),
-            (
-                "avx2.prepared_filters (packed filters and output parameters)",
-                lambda: avx2.prepared_filters(wg, b, stage, rows),
-            ),
-            kernel_stage(
-                "conv_avx2 (AVX2 micro-kernel + vector output stage)",
-                avx2.conv_avx2,
-                xp,
-                taps,
-                pairs,
-                packed,
-                params,
-            ),
-        ]
+        stages = avx2_stages(x, wg, b, g, stage, zp, kernel_stage)
     else:
 
         def padded():
@@ -141,6 +118,36 @@ def conv_stages(model: bytes, x: np.ndarray, reps: int) -> list[tuple[str, float
     with single_thread():
         one = [median_time(fn, reps, warmup=1) for _, fn in stages]
     return [(label, t, t1) for (label, _), t, t1 in zip(stages, default, one)]
+
+
+def avx2_stages(x, wg, b, g, stage, zp, kernel_stage) -> list:
+    """conv_stages' stages of the avx2 engine: its widened copy, its prepared filters and its
+    micro-kernel alone on them (kernel_stage, conv_stages' helper)."""
+    from npusim.engines import avx2
+    from npusim.engines.geometry import row_runs
+
+    rows = row_runs(g.kw, g.dilation[1])
+    xp, taps, pairs = avx2.widened_input(x, g.kh, g.kw, g.stride, g.dilation, g.pad, g.out_hw, zp)
+    packed, params = avx2.prepared_filters(wg, b, stage, rows)
+    return [
+        (
+            "avx2.widened_input (Numba: the padded int16 copy of x - zp)",
+            lambda: avx2.widened_input(x, g.kh, g.kw, g.stride, g.dilation, g.pad, g.out_hw, zp),
+        ),
+        (
+            "avx2.prepared_filters (packed filters and output parameters)",
+            lambda: avx2.prepared_filters(wg, b, stage, rows),
+        ),
+        kernel_stage(
+            "conv_avx2 (AVX2 micro-kernel + vector output stage)",
+            avx2.conv_avx2,
+            xp,
+            taps,
+            pairs,
+            packed,
+            params,
+        ),
+    ]
 
 
 def path_models(seed: int = 1) -> list[tuple[str, bytes, tuple]]:
