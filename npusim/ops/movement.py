@@ -8,6 +8,8 @@ Interpreter runs that model image by image (chunks of the declared batch), as TF
 
 from __future__ import annotations
 
+import math
+
 import numba as nb
 import numpy as np
 
@@ -171,7 +173,7 @@ def concatenate(xs, axis: int) -> np.ndarray:
     shape = list(xs[0].shape)
     shape[axis] = sum(x.shape[axis] for x in xs)
     out = aligned.empty(tuple(shape), xs[0].dtype)
-    rows = int(np.prod(shape[:axis], dtype=np.int64))
+    rows = math.prod(shape[:axis])
     flat = out.reshape(rows, -1).view(np.uint8)
     first = 0
     for x in xs:
