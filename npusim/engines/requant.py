@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -9,6 +10,7 @@ import numpy as np
 from ..errors import NpusimError
 from ..graph import Tensor
 from ..quant import TFLM, activation_range, quantize_multiplier, quantize_multipliers
+from .output_stage import checked_parameters
 
 # MultiplyByQuantizedMultiplier shifts left by `shift` and, with single rounding, right by 31 - shift
 # (TFLM saturates that shift at 30): a real multiplier of 2^30 or more has no defined result.
@@ -49,6 +51,12 @@ class OutputStage:
     zero_point: int
     lo: int
     hi: int
+
+    @functools.cached_property
+    def checked(self) -> np.ndarray:
+        """The rows of output_stage.tflm_checked (checked_parameters, 1 ms for 256 channels), once
+        per stage: a ZO step rebuilds the output parameters of its grouped weights every call."""
+        return checked_parameters(self)
 
     @classmethod
     def prepare(
