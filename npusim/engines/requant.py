@@ -51,11 +51,16 @@ class OutputStage:
     zero_point: int
     lo: int
     hi: int
+    profile: int = TFLM  # the rounding profile it was prepared for
 
     @functools.cached_property
     def checked(self) -> np.ndarray:
-        """The rows of output_stage.tflm_checked (checked_parameters, 1 ms for 256 channels), once
-        per stage: a ZO step rebuilds the output parameters of its grouped weights every call."""
+        """The rows of output_stage.tflm_checked (checked_parameters, about 1 ms a layer), once per
+        stage (a ZO step rebuilds the output parameters of its grouped weights every call), and
+        only for the tflm profile: zeros elsewhere, which the checked form would send to the
+        integer one."""
+        if self.profile != TFLM:
+            return np.zeros((6, self.multiplier.size), np.int32)
         return checked_parameters(self)
 
     @classmethod
@@ -81,4 +86,4 @@ class OutputStage:
         # XNNPACK computes input_scale * kernel_scale / output_scale in float32 arithmetic.
         real32 = (np.float32(x.quant.scale[0]) * w_scale.astype(np.float32)) / np.float32(y.quant.scale[0])
         lo, hi = output_range(activation, y, profile)
-        return cls(m.astype(np.int32), shift, real32.astype(np.float32), y.zero_point, lo, hi)
+        return cls(m.astype(np.int32), shift, real32.astype(np.float32), y.zero_point, lo, hi, profile)
