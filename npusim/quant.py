@@ -175,6 +175,20 @@ def requantize_one(acc, m, shift, real_scale, profile):
     return np.int64(np.rint(np.float32(acc) * real_scale))
 
 
+def multiply_by_quantized_multiplier_array(x, m, shift) -> np.ndarray:
+    """multiply_by_quantized_multiplier in numpy, elementwise over int64 arrays (x, M and shift
+    broadcast), for prepare-time searches over many channels at once (output_stage.
+    checked_parameters): the left shift wraps in int32, the nudged product is divided by 2^31
+    truncating, then RoundingDivideByPOT. tests/test_output_stage.py holds it to the scalar form."""
+    left, right = np.maximum(shift, 0), np.maximum(-shift, 0)
+    a = (((x << left) + (1 << 31)) & 0xFFFFFFFF) - (1 << 31)
+    ab = a * m
+    num = ab + np.where(ab >= 0, 1 << 30, 1 - (1 << 30))
+    h = (num + ((num >> 63) & 0x7FFFFFFF)) >> 31
+    mask = (np.int64(1) << right) - 1
+    return (h >> right) + ((h & mask) > (mask >> 1) + (h < 0))
+
+
 def multiply_by_quantized_multiplier_int64(x: np.ndarray, m, shift) -> np.ndarray:
     """TFLM's MultiplyByQuantizedMultiplier(int64_t x, int32_t M, int shift), the overload of the
     16x8 kernels' int64 accumulators (common.cc), elementwise; M and shift broadcast against x.

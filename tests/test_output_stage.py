@@ -18,10 +18,14 @@ from npusim.engines.output_stage import (
     checked_parameters,
     output_parameters,
     output_stage_row,
-    tflm_requantize,
 )
 from npusim.engines.requant import OutputStage
-from npusim.quant import TFLM, requantize_to_output
+from npusim.quant import (
+    TFLM,
+    multiply_by_quantized_multiplier,
+    multiply_by_quantized_multiplier_array,
+    requantize_to_output,
+)
 
 
 @njit(cache=False)
@@ -31,6 +35,14 @@ def vector_stage(acc, params, profile, zero_point, lo, hi, out):
             acc[r].ctypes.data, params.ctypes.data, params.shape[1] * 4, out[r].ctypes.data,
             acc.shape[1], profile, zero_point, lo, hi,
         )  # fmt: skip
+    return out
+
+
+@njit(cache=False)
+def scalar_multiply(x, m, shift):
+    out = np.empty(x.size, np.int64)
+    for i in range(x.size):
+        out[i] = multiply_by_quantized_multiplier(x[i], m[i], shift[i])
     return out
 
 
@@ -72,7 +84,7 @@ def edge_accumulators(rng, stage, offset) -> np.ndarray:
         lo, hi = np.full(channels, -(1 << 31)), np.full(channels, (1 << 31) - 1)
         for _ in range(33):  # the least x with y(x) >= target
             mid = (lo + hi) >> 1
-            ok = tflm_requantize(mid, m, shift) >= target
+            ok = multiply_by_quantized_multiplier_array(mid, m, shift) >= target
             lo, hi = np.where(ok, lo, mid + 1), np.where(ok, mid, hi)
         xs += [lo - 1, lo, lo + 1]
     bounds = checked_parameters(stage)[:2].astype(np.int64)
@@ -116,3 +128,16 @@ def test_checked_form_covers_ordinary_channels_and_not_left_shifts():
     scale = checked_parameters(stage)[2].view(np.float32)
     assert np.all(scale[:4] == 0)
     assert np.all(scale[4:] > 0)
+
+
+def test_numpy_multiplier_equals_the_scalar_one():
+    """The numpy form that checked_parameters searches with, against quant's scalar form: every
+    shift from 31 right to 4 left (which wraps), M = 2^30 and 0, accumulators over all of int32."""
+    rng = np.random.default_rng(7)
+    n = 100_000
+    m = rng.integers(1 << 30, 1 << 31, n)
+    m[:100], m[100:200] = 1 << 30, 0
+    shift = rng.integers(-31, 5, n)
+    x = np.concatenate([rng.integers(-(1 << 31), 1 << 31, n // 2), rng.integers(-5000, 5000, n - n // 2)])
+    x[:50], x[50:100] = -(1 << 31), (1 << 31) - 1
+    assert np.array_equal(multiply_by_quantized_multiplier_array(x, m, shift), scalar_multiply(x, m, shift))

@@ -16,6 +16,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from ..quant import SINGLE, TFLM, XNNPACK
+from ..quant import multiply_by_quantized_multiplier_array as requantize
 from . import aligned
 
 _I32, _I64 = ir.IntType(32), ir.IntType(64)
@@ -397,19 +398,6 @@ def output_parameters(offset, stage, multiple: int = 16) -> np.ndarray:
     return params
 
 
-def tflm_requantize(x, m, shift):
-    """TFLM's MultiplyByQuantizedMultiplier (quant.multiply_by_quantized_multiplier) in numpy,
-    elementwise over int64 arrays: the left shift wraps in int32, the nudged product is divided by
-    2^31 truncating, then RoundingDivideByPOT."""
-    left, right = np.maximum(shift, 0), np.maximum(-shift, 0)
-    a = (((x << left) + (1 << 31)) & 0xFFFFFFFF) - (1 << 31)
-    ab = a * m
-    num = ab + np.where(ab >= 0, 1 << 30, 1 - (1 << 30))
-    h = (num + ((num >> 63) & 0x7FFFFFFF)) >> 31
-    mask = (np.int64(1) << right) - 1
-    return (h >> right) + ((h & mask) > (mask >> 1) + (h < 0))
-
-
 INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
 
 
@@ -451,11 +439,11 @@ def checked_parameters(stage) -> np.ndarray:
     m4, shift4 = np.tile(m, 4), np.tile(shift, 4)
     with np.errstate(divide="ignore", invalid="ignore"):
         guess = (targets - 0.5) / np.tile(scale, 4)
-    first = _first_at_least(lambda x: tflm_requantize(x, m4, shift4), targets, guess).reshape(4, o)
+    first = _first_at_least(lambda x: requantize(x, m4, shift4), targets, guess).reshape(4, o)
     first_lo, last_lo, first_hi, last_hi = first[0], first[1] - 1, first[2], first[3] - 1
 
     def y(x):
-        return tflm_requantize(x, m, shift)
+        return requantize(x, m, shift)
 
     # Clamp bounds: the middle of the cell of y_lo (y_hi), or the end of int32 where all of it is
     # on the bound's side; covered where the cell is not empty (y can step over a bound).
