@@ -403,19 +403,22 @@ INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
 
 def _first_at_least(y, target, guess):
     """Per channel, the least x of int32 with y(x) >= target (INT32_MAX + 1 where there is none),
-    y nondecreasing; searched within 4 of the float estimate `guess` (good to about 1), over all of
-    int32 for the channels where the estimate does not bracket it."""
+    y nondecreasing: among the 8 integers around the float estimate `guess` (good to about 1), in
+    one evaluation of y, or by bisection over all of int32 where they do not bracket it."""
     beyond = INT32_MAX + 1
 
     def f(x):  # y, and +inf past int32
         return np.where(x > INT32_MAX, np.iinfo(np.int64).max, y(np.minimum(x, INT32_MAX)))
 
     g = np.clip(np.nan_to_num(guess, nan=0.0, posinf=beyond, neginf=INT32_MIN), INT32_MIN, beyond)
-    lo = np.maximum(g.astype(np.int64) - 4, INT32_MIN)
-    hi = np.minimum(g.astype(np.int64) + 4, beyond)
-    bracketed = ((lo == INT32_MIN) | (f(lo - 1) < target)) & (f(hi) >= target)
-    lo, hi = np.where(bracketed, lo, INT32_MIN), np.where(bracketed, hi, beyond)
-    for _ in range(4 if bracketed.all() else 34):
+    first = np.clip(g.astype(np.int64)[None] + np.arange(-4, 4)[:, None], INT32_MIN, beyond)
+    below = (f(first) < target).sum(axis=0)  # f is monotone: the candidates below the target
+    lo = first[np.minimum(below, 7), np.arange(target.size)]
+    found = ((below > 0) | (first[0] == INT32_MIN)) & (below < 8)
+    if found.all():
+        return lo
+    lo, hi = np.where(found, lo, INT32_MIN), np.where(found, lo, beyond)
+    for _ in range(34):
         mid = (lo + hi) >> 1
         ok = f(mid) >= target
         lo, hi = np.where(ok, lo, mid + 1), np.where(ok, mid, hi)
