@@ -26,7 +26,7 @@ from ..engines.output_stage import (
     store_bytes,
     vector_output_stage,
 )
-from ..engines.requant import output_range
+from ..engines.requant import OutputStage, output_range
 from ..jit import parallel_kernel
 from ..quant import ONNXRUNTIME, SINGLE, TFLM, XNNPACK
 from . import onnxruntime as ort
@@ -57,15 +57,21 @@ def shifted_high_mul(builder, d, m):
 
 
 @intrinsic
-def add_run(typingctx, a_ptr, b_ptr, out_ptr, count, z1, z2, m1, s1, m2, s2, mo, so, zo, lo, hi, profile):
+def add_run(typingctx, a_ptr, b_ptr, out_ptr, count, params_ptr, profile):
     """out[i] = the int8 sum of int8 a[i] and b[i] for i < count, the steps of TFLM's add on 16
     lanes: (x - z) << 20 rescaled by (m1, s1) or (m2, s2), summed in int32, then the output stage
-    with (mo, so), zo and the clamp [lo, hi]. The xnnpack profile runs this where the XNNPACK
-    delegate refuses the op (LiteRT's builtin ADD, taken as TFLM's), a table otherwise."""
-    sig = types.void(*([types.int64] * 16))
+    with (mo, so), zo and the clamp [lo, hi], on the checked form of output_stage.tflm_checked
+    (its six rows after them). params_ptr: the int64 values of Add.vector_params. The xnnpack
+    profile runs this where the XNNPACK delegate refuses the op (LiteRT's builtin ADD, taken as
+    TFLM's), a table otherwise."""
+    sig = types.void(*([types.int64] * 6))
 
     def codegen(context, builder, signature, args):
-        a_ptr, b_ptr, out_ptr, count, z1, z2, m1, s1, m2, s2, mo, so, zo, lo, hi, profile = args
+        a_ptr, b_ptr, out_ptr, count, params_ptr, profile = args
+        values = builder.inttoptr(params_ptr, ir.IntType(64).as_pointer())
+        z1, z2, m1, s1, m2, s2, mo, so, zo, lo, hi, *checked = (
+            builder.load(builder.gep(values, [ir.Constant(ir.IntType(64), k)])) for k in range(17)
+        )
         i8, i32, i64 = ir.IntType(8), ir.IntType(32), ir.IntType(64)
         v16 = ir.VectorType(i32, 16)
         a, b, out = (builder.inttoptr(v, i8.as_pointer()) for v in (a_ptr, b_ptr, out_ptr))
@@ -81,12 +87,15 @@ def add_run(typingctx, a_ptr, b_ptr, out_ptr, count, z1, z2, m1, s1, m2, s2, mo,
             )
 
         rescale = [(vec(z), vec(m), *shifts(sh)) for z, m, sh in ((z1, m1, s1), (z2, m2, s2))]
-        # (offset, M, left, right, xnnpack scale): the scale is never read (XNNPACK's ADD is a table)
+        # (offset, M, left, right, xnnpack scale): the scale is never read (XNNPACK's ADD is a table);
+        # then the checked form's rows (float ones as their bits)
+        f16 = ir.VectorType(ir.FloatType(), 16)
         out_params = [
             ir.Constant(v16, 0),
             vec(mo),
             *shifts(so),
-            ir.Constant(ir.VectorType(ir.FloatType(), 16), 0.0),
+            ir.Constant(f16, 0.0),
+            *(builder.bitcast(vec(v), f16) if k in (2, 3, 4) else vec(v) for k, v in enumerate(checked)),
         ]
 
         def add_vector_at(first, remaining, pid, masked: bool):
@@ -132,9 +141,9 @@ def add_run(typingctx, a_ptr, b_ptr, out_ptr, count, z1, z2, m1, s1, m2, s2, mo,
 
 @parallel_kernel
 def add_vector(a, b, params, profile, out):
-    """add_run over a, b, out (int8, same shape) in tasks of CHUNK elements; params as Add.params."""
+    """add_run over a, b, out (int8, same shape) in tasks of CHUNK elements; params: int64
+    Add.vector_params."""
     fa, fb, fo = a.reshape(-1), b.reshape(-1), out.reshape(-1)
-    z1, z2, m1, s1, m2, s2, mo, so, zo, lo, hi = params
     for task in nb.prange((fo.size + CHUNK - 1) // CHUNK):
         start = task * CHUNK
         add_run(
@@ -142,17 +151,7 @@ def add_vector(a, b, params, profile, out):
             fb.ctypes.data + start,
             fo.ctypes.data + start,
             min(CHUNK, fo.size - start),
-            z1,
-            z2,
-            m1,
-            s1,
-            m2,
-            s2,
-            mo,
-            so,
-            zo,
-            lo,
-            hi,
+            params.ctypes.data,
             profile,
         )
     return out
@@ -185,7 +184,10 @@ class Add(BinaryKernel):
             raise self.error(f"input rescale shifts {self.params[3]}, {self.params[5]}: expected at most 0")
         if profile == XNNPACK and xnn.delegates_add(a, b, y):  # XNNPACK's qs8-vadd, as a table
             self.table = xnn.add_table(a, b, y, False, self.activation)
-        self.vector_params = tuple(np.int64(p) for p in self.params)
+        m_out, s_out, z_out, lo, hi = self.params[6:11]
+        ones = np.ones(1, np.float32)
+        stage = OutputStage(np.array([m_out], np.int32), np.array([s_out]), ones, z_out, lo, hi)
+        self.vector_params = np.array([*self.params, *stage.checked[:, 0]], np.int64)
 
     def eval_int8(self, a, b):
         if self.table is not None:  # onnxruntime, or XNNPACK's ADD: the pairwise table lookup
