@@ -129,11 +129,12 @@ def single_multiply(builder, x, m, left, right):
 
 def vector_output_stage(builder, acc, params, profile, zero_point, lo, hi, narrow=True):
     """int32 accumulators -> int8 outputs (16 or 8 lanes): the vector form of quant.requantize_to_output for
-    one profile (the same integer steps; tests hold both to TFLM and to each other). narrow=False
+    one profile (the same integer steps; for tflm in the checked form of tflm_checked, which falls back
+    to them; tests hold both to TFLM and to each other). narrow=False
     leaves the outputs in int32 lanes (all within int8), for kernels that narrow them with packs.
 
     params: offset, multiplier, left shift, right shift (int32) and the xnnpack scale (float32),
-    one vector of as many lanes as acc each, then (optionally) the rows of tflm_checked.
+    then the six rows of tflm_checked, one vector of as many lanes as acc each (PARAMETER_ROWS).
     """
     offset, m, left, right, scale = params[:5]
     lanes = acc.type.count
@@ -143,18 +144,16 @@ def vector_output_stage(builder, acc, params, profile, zero_point, lo, hi, narro
     y_lo = splat(builder, builder.trunc(builder.sub(lo, zero_point), _I32), acc.type)
     y_hi = splat(builder, builder.trunc(builder.sub(hi, zero_point), _I32), acc.type)
     if profile == TFLM:
-        if len(params) == PARAMETER_ROWS:  # (ADD passes the first five rows: its own stage)
 
-            def exact():
-                y = tflm_multiply(builder, x, m, left, right)
-                y = builder.select(builder.icmp_signed("<", y, y_lo), y_lo, y)
-                y = builder.select(builder.icmp_signed(">", y, y_hi), y_hi, y)
-                return builder.add(y, splat(builder, builder.trunc(zero_point, _I32), acc.type))
+        def exact():
+            y = tflm_multiply(builder, x, m, left, right)
+            y = builder.select(builder.icmp_signed("<", y, y_lo), y_lo, y)
+            y = builder.select(builder.icmp_signed(">", y, y_hi), y_hi, y)
+            return builder.add(y, splat(builder, builder.trunc(zero_point, _I32), acc.type))
 
-            y = tflm_checked(builder, x, params, exact)
-            return builder.trunc(y, ir.VectorType(ir.IntType(8), lanes)) if narrow else y
-        y = tflm_multiply(builder, x, m, left, right)
-    elif profile == SINGLE:
+        y = tflm_checked(builder, x, params, exact)
+        return builder.trunc(y, ir.VectorType(ir.IntType(8), lanes)) if narrow else y
+    if profile == SINGLE:
         y = single_multiply(builder, x, m, left, right)  # clamped in 64 bits: it may exceed int32
         y = builder.select(builder.icmp_signed("<", y, builder.sext(y_lo, i64v)), builder.sext(y_lo, i64v), y)
         y = builder.trunc(
