@@ -181,8 +181,7 @@ def multiply_by_quantized_multiplier_array(x, m, shift) -> np.ndarray:
     checked_parameters): the left shift wraps in int32, the nudged product is divided by 2^31
     truncating, then RoundingDivideByPOT. tests/test_output_stage.py holds it to the scalar form."""
     left, right = np.maximum(shift, 0), np.maximum(-shift, 0)
-    a = (((x << left) + (1 << 31)) & 0xFFFFFFFF) - (1 << 31)
-    ab = a * m
+    ab = wrap32(x << left) * m
     num = ab + np.where(ab >= 0, 1 << 30, 1 - (1 << 30))
     h = (num + ((num >> 63) & 0x7FFFFFFF)) >> 31
     mask = (np.int64(1) << right) - 1

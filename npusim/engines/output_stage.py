@@ -15,7 +15,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from ..quant import SINGLE, TFLM, XNNPACK
+from ..quant import INT32_MAX, INT32_MIN, SINGLE, TFLM, XNNPACK
 from ..quant import multiply_by_quantized_multiplier_array as requantize
 from . import aligned
 
@@ -23,7 +23,8 @@ _I32, _I64 = ir.IntType(32), ir.IntType(64)
 _V16 = ir.VectorType(_I32, 16)
 # offset, multiplier, left shift, right shift, xnnpack scale; then the checked form's (tflm_checked):
 # accumulator bounds, scale, addends above and below zero, bias of the result's bits.
-PARAMETER_ROWS = 11
+CHECKED_ROWS = 6
+PARAMETER_ROWS = 5 + CHECKED_ROWS
 FLOAT_ROWS = (4, 7, 8, 9)
 MAGIC = np.float32(3072.0)  # 1.5 * 2^11: W + MAGIC for every |W| < 1024 lies in [2^11, 2^12), 2^-12 apart
 GRID_BITS = 12
@@ -100,7 +101,7 @@ def tflm_checked(builder, x, params, exact):
     About 12 instructions per 8 lanes on AVX2, against 19 for the integer form."""
     lanes = x.type.count
     f32v = ir.VectorType(ir.FloatType(), lanes)
-    x_lo, x_hi, scale, above, below, bias = params[PARAMETER_ROWS - 6 :]
+    x_lo, x_hi, scale, above, below, bias = params[PARAMETER_ROWS - CHECKED_ROWS :]
     xc = builder.select(builder.icmp_signed("<", x, x_lo), x_lo, x)
     xc = builder.select(builder.icmp_signed(">", xc, x_hi), x_hi, xc)
     addend = builder.select(builder.icmp_signed("<", xc, ir.Constant(x.type, 0)), below, above)
@@ -134,7 +135,7 @@ def vector_output_stage(builder, acc, params, profile, zero_point, lo, hi, narro
     leaves the outputs in int32 lanes (all within int8), for kernels that narrow them with packs.
 
     params: offset, multiplier, left shift, right shift (int32) and the xnnpack scale (float32),
-    then the six rows of tflm_checked, one vector of as many lanes as acc each (PARAMETER_ROWS).
+    then the CHECKED_ROWS rows of tflm_checked, one vector of as many lanes as acc each (PARAMETER_ROWS).
     """
     offset, m, left, right, scale = params[:5]
     lanes = acc.type.count
@@ -393,11 +394,8 @@ def output_parameters(offset, stage, multiple: int = 16) -> np.ndarray:
     params[:, 2, :o] = np.maximum(stage.shift, 0)
     params[:, 3, :o] = np.maximum(-stage.shift, 0)
     params[:, 4, :o] = stage.real_scale.astype(np.float32).view(np.int32)
-    params[:, 5:, :o] = stage.checked  # checked_parameters, kept by the stage
+    params[:, PARAMETER_ROWS - CHECKED_ROWS :, :o] = stage.checked  # checked_parameters, kept by the stage
     return params
-
-
-INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
 
 
 def _first_at_least(y, target, guess):
@@ -425,12 +423,12 @@ def _first_at_least(y, target, guess):
 
 
 def checked_parameters(stage) -> np.ndarray:
-    """[6, O] int32, rows 5-10 of output_parameters, for tflm_checked: the accumulator bounds (the
-    middle of the cells where y, before the zero point, equals each clamp bound, or the end of
-    int32 where y never leaves the bound's side), S, MAGIC + nu and MAGIC - nu as float32 bits, and
-    the bias 2048 + WINDOW + zero point * 4096 - bits(MAGIC). A channel with a left shift (TFLM
-    wraps x << left in int32: y is not monotone) or a clamp bound that y steps over gets S = 0 and
-    the bias -bits(MAGIC): its lanes always take the exact form."""
+    """[CHECKED_ROWS, O] int32, the last rows of output_parameters, for tflm_checked: the
+    accumulator bounds (the middle of the cells where y, before the zero point, equals each clamp
+    bound, or the end of int32 where y never leaves the bound's side), S, MAGIC + nu and MAGIC - nu
+    as float32 bits, and the bias 2048 + WINDOW + zero point * 4096 - bits(MAGIC). A channel with a
+    left shift (TFLM wraps x << left in int32: y is not monotone) or a clamp bound that y steps over
+    gets S = 0 and the bias -bits(MAGIC): its lanes always take the exact form."""
     m, shift = stage.multiplier.astype(np.int64), stage.shift.astype(np.int64)
     o = m.size
     right = np.maximum(-shift, 0)

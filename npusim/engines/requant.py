@@ -10,7 +10,7 @@ import numpy as np
 from ..errors import NpusimError
 from ..graph import Tensor
 from ..quant import TFLM, activation_range, quantize_multiplier, quantize_multipliers
-from .output_stage import checked_parameters
+from .output_stage import CHECKED_ROWS, checked_parameters
 
 # MultiplyByQuantizedMultiplier shifts left by `shift` and, with single rounding, right by 31 - shift
 # (TFLM saturates that shift at 30): a real multiplier of 2^30 or more has no defined result.
@@ -60,7 +60,7 @@ class OutputStage:
         only for the tflm profile: zeros elsewhere, which the checked form would send to the
         integer one."""
         if self.profile != TFLM:
-            return np.zeros((6, self.multiplier.size), np.int32)
+            return np.zeros((CHECKED_ROWS, self.multiplier.size), np.int32)
         return checked_parameters(self)
 
     @classmethod

@@ -17,6 +17,9 @@ from numba.extending import intrinsic
 
 from ..engines import aligned
 from ..engines.output_stage import (
+    CHECKED_ROWS,
+    FLOAT_ROWS,
+    PARAMETER_ROWS,
     each_profile,
     lane_mask,
     load_bytes,
@@ -70,7 +73,8 @@ def add_run(typingctx, a_ptr, b_ptr, out_ptr, count, params_ptr, profile):
         a_ptr, b_ptr, out_ptr, count, params_ptr, profile = args
         values = builder.inttoptr(params_ptr, ir.IntType(64).as_pointer())
         z1, z2, m1, s1, m2, s2, mo, so, zo, lo, hi, *checked = (
-            builder.load(builder.gep(values, [ir.Constant(ir.IntType(64), k)])) for k in range(17)
+            builder.load(builder.gep(values, [ir.Constant(ir.IntType(64), k)]))
+            for k in range(11 + CHECKED_ROWS)
         )
         i8, i32, i64 = ir.IntType(8), ir.IntType(32), ir.IntType(64)
         v16 = ir.VectorType(i32, 16)
@@ -95,7 +99,10 @@ def add_run(typingctx, a_ptr, b_ptr, out_ptr, count, params_ptr, profile):
             vec(mo),
             *shifts(so),
             ir.Constant(f16, 0.0),
-            *(builder.bitcast(vec(v), f16) if k in (2, 3, 4) else vec(v) for k, v in enumerate(checked)),
+            *(
+                builder.bitcast(vec(v), f16) if row in FLOAT_ROWS else vec(v)
+                for row, v in enumerate(checked, PARAMETER_ROWS - CHECKED_ROWS)
+            ),
         ]
 
         def add_vector_at(first, remaining, pid, masked: bool):
@@ -186,7 +193,16 @@ class Add(BinaryKernel):
             self.table = xnn.add_table(a, b, y, False, self.activation)
         m_out, s_out, z_out, lo, hi = self.params[6:11]
         ones = np.ones(1, np.float32)
-        stage = OutputStage(np.array([m_out], np.int32), np.array([s_out]), ones, z_out, lo, hi)
+        # (add_run takes the tflm output stage for every profile but single, whose rows are unused)
+        stage = OutputStage(
+            np.array([m_out], np.int32),
+            np.array([s_out]),
+            ones,
+            z_out,
+            lo,
+            hi,
+            profile=SINGLE if profile == SINGLE else TFLM,
+        )
         self.vector_params = np.array([*self.params, *stage.checked[:, 0]], np.int64)
 
     def eval_int8(self, a, b):
