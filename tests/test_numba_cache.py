@@ -178,6 +178,43 @@ def test_a_second_process_loads_and_deletes_nothing(tmp_path):
     assert (other / "padding.pad_input-1.py311.nbi").exists()
 
 
+LINK_CHILD = """
+import json
+import numba, numpy as np
+from npusim import jit, quant
+x = np.arange(-300, 300, dtype=np.int64) * 9973
+direct = quant.mbqm_array(x, 1518500250, -3)  # the second process loads it from the cache
+library = quant.mbqm_array.overloads[quant.mbqm_array.signatures[0]].library
+parsed_before = getattr(library, "_parsed", None) is not None
+# A function that no cache holds, calling it: compiling it links the loaded library's module.
+caller = numba.njit(lambda x, m, shift: quant.mbqm_array(x, m, shift) + 1)
+linked = caller(x, 1518500250, -3) - 1
+parsed_after = getattr(library, "_parsed", None) is not None
+hits = quant.mbqm_array.stats.cache_hits.get(quant.mbqm_array.signatures[0], 0)
+print(json.dumps({"loaded": type(library).__name__, "parsed_before": parsed_before,
+                  "parsed_after": parsed_after, "equal": bool((linked == direct).all()), "hits": hits}))
+"""
+
+
+def test_a_loaded_kernel_parses_its_linking_module_only_when_linked(tmp_path):
+    """A kernel loaded from the cache leaves its LLVM bitcode unparsed (jit._LoadedLibrary: most of a
+    load's time) until a compile links it into a new function, which then computes what it does."""
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path))
+
+    def run():
+        done = subprocess.run(
+            [sys.executable, "-c", LINK_CHILD], env=env, capture_output=True, text=True, timeout=600
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+    first = run()
+    assert first["equal"]
+    second = run()
+    assert second["hits"] == 1 and second["loaded"] == "_LoadedLibrary", second
+    assert not second["parsed_before"] and second["parsed_after"] and second["equal"], second
+
+
 WARM_CHILD = """
 import json, sys
 import numpy as np
