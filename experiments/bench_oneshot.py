@@ -104,7 +104,11 @@ import npusim
 from npusim.interpreter import Interpreter
 npusim.tune_process()  # as the command lines and the bench's main table run
 x = np.load(sys.argv[2])
-t0 = time.perf_counter(); it = Interpreter(sys.argv[1], warm=sys.argv[4] == "1"); t1 = time.perf_counter()
+kind = sys.argv[4]  # "cold": warm=False; "warm": the default; "batch": the warm-up told the batch too
+batch = x.shape[0] if kind == "batch" else None
+t0 = time.perf_counter()
+it = Interpreter(sys.argv[1], warm=kind != "cold", batch=batch)
+t1 = time.perf_counter()
 times = []
 for _ in range(1 + int(sys.argv[3])):
     s = time.perf_counter(); it.run(x); times.append(time.perf_counter() - s)
@@ -114,30 +118,32 @@ WARM_RUNS = 5
 
 
 def first_call(model: Path, x_path: Path, reps: int) -> dict:
-    """{True: with the warm-up, False: without} -> medians over reps fresh processes each (after one
-    untimed round, which may compile), the two kinds in turn, of the Interpreter's construction, the
-    first run and the median warm run, in seconds, and of each process's first/warm ratio."""
-    runs = {True: [], False: []}
+    """{"batch": the warm-up told the batch, "warm": the default warm-up, "cold": none} -> medians over
+    reps fresh processes each (after one untimed round, which may compile), the kinds in turn, of the
+    Interpreter's construction, the first run and the median warm run, in seconds, and of each
+    process's first/warm ratio."""
+    runs = {"batch": [], "warm": [], "cold": []}
     for r in range(reps + 1):
-        for warm in runs:
+        for kind in runs:
             argv = [sys.executable, "-c", FIRST_CALL_SCRIPT, str(model), str(x_path), str(WARM_RUNS)]
-            done = subprocess.run([*argv, str(int(warm))], cwd=REPO, capture_output=True, text=True)
+            done = subprocess.run([*argv, kind], cwd=REPO, capture_output=True, text=True)
             if done.returncode:
                 raise SystemExit(f"first call failed: {(done.stderr.strip().splitlines() or ['?'])[-1]}")
             if r:
-                runs[warm].append(json.loads(done.stdout.strip().splitlines()[-1]))
+                runs[kind].append(json.loads(done.stdout.strip().splitlines()[-1]))
     return {
-        warm: {
+        kind: {
             **{k: statistics.median(r[k] for r in rs) for k in ("prepare", "first", "warm")},
             "ratio": statistics.median(r["first"] / r["warm"] for r in rs),
         }
-        for warm, rs in runs.items()
+        for kind, rs in runs.items()
     }
 
 
 def first_call_lines(shared: Path, batches: dict, reps: int, log=print) -> list[str]:
     """The table of the first run in a process against a warm one, per model at its batch
-    (batches: a name of bench_workloads.ALL_MODELS -> batch), with and without the warm-up."""
+    (batches: a name of bench_workloads.ALL_MODELS -> batch): with the warm-up told the batch, with
+    the default warm-up and with none."""
     import npusim
 
     rows = []
@@ -150,26 +156,31 @@ def first_call_lines(shared: Path, batches: dict, reps: int, log=print) -> list[
             x, _ = bench_inputs(shared, name, n, t_in.shape, t_in.dtype)
             x_path = Path(tmp) / f"{name}_{n}.npy"
             np.save(x_path, np.ascontiguousarray(x[:n]))
-            both = first_call(model, x_path, reps)
-            r, cold = both[True], both[False]
-            log(f"  first call {name} batch {n}: {r['first']:.3f} s, warm {r['warm']:.3f} s")
+            kinds = first_call(model, x_path, reps)
+            b, r, cold = kinds["batch"], kinds["warm"], kinds["cold"]
+            log(f"  first call {name} batch {n}: {b['first']:.3f} s, warm {b['warm']:.3f} s")
             rows.append(
-                f"| {name} | {n} | {fmt_ms(r['prepare'])} | {fmt_ms(r['first'])} | {fmt_ms(r['warm'])} | "
-                f"{r['ratio']:.2f}x | {fmt_ms(cold['prepare'])} | {fmt_ms(cold['first'])} | "
-                f"{cold['ratio']:.2f}x |"
+                f"| {name} | {n} | {fmt_ms(b['prepare'])} | {fmt_ms(b['first'])} | {fmt_ms(b['warm'])} | "
+                f"{b['ratio']:.2f}x | {fmt_ms(r['prepare'])} | {fmt_ms(r['first'])} | {r['ratio']:.2f}x | "
+                f"{fmt_ms(cold['prepare'])} | {fmt_ms(cold['first'])} | {cold['ratio']:.2f}x |"
             )
     return [
-        "| model | batch | Interpreter() ms | first run ms | warm run ms | first / warm | "
+        "| model | batch | batch=n: Interpreter() ms | first run ms | warm run ms | first / warm | "
+        "default: Interpreter() ms | first run ms | first / warm | "
         "warm=False: Interpreter() ms | first run ms | first / warm |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
         *rows,
         "",
         f"Each a fresh process (experiments/bench_oneshot.py FIRST_CALL_SCRIPT, npusim.tune_process() "
-        f"first, as the main table), median of {reps} after one untimed round, the two kinds in turn: the "
+        f"first, as the main table), median of {reps} after one untimed round, the three kinds in turn: the "
         "wall time of building the Interpreter (model load, prepare and, by default, the loads of its "
         f"kernels: Interpreter.warm_up), of its first run, and the median of {WARM_RUNS} more on the same "
-        "batch; first / warm is the median of each process's own ratio. `warm=False` (what the command "
-        "lines build, since they run each input once) leaves the kernels' loads to the first run.",
+        "batch; first / warm is the median of each process's own ratio. `batch=n`: the Interpreter is "
+        "told the batch its runs will have, as LiteRT's allocate_tensors is, and its warm-up also runs "
+        "zeros of that batch once, faulting in the memory the runs take (the construction pays it). "
+        "The default loads the kernels only: the first run still faults in its batch's memory. "
+        "`warm=False` (what the command lines build, since they run each input once) leaves the "
+        "kernels' loads to the first run.",
         "",
     ]
 

@@ -190,12 +190,17 @@ class Interpreter:
         *,
         plan_only: bool = False,
         warm: bool = True,
+        batch: int | None = None,
     ):
         """plan_only (what `npusim inspect` needs): ops npusim lacks are listed in self.unsupported and
         left out of self.kernels instead of refused; such an Interpreter plans but runs nothing.
-        warm: load the compiled kernels now (warm_up()), so that the first run loads none (the first
-        touch of its batch's memory remains); a caller that runs the model once gains nothing from
-        it (the command lines)."""
+        warm: load the compiled kernels now (warm_up()), so that the first run loads none; a caller
+        that runs the model once gains nothing from it (the command lines).
+        batch: the batch size the runs will have, when known. The warm-up then also runs zeros of that
+        batch once, so that the first run finds its memory faulted in, as LiteRT's allocate_tensors
+        does for its input's batch: in a process tuned by tune_process (freed memory kept for reuse),
+        the first run then costs what a later one does. Without it, the first run of a batch faults
+        in its activations (about 3 ms per MB on a fresh page in the VM of docs/performance.md)."""
         self.graph = graph if isinstance(graph, Graph) else load_model(graph)
         self.profile = profile
         self.backends = _backend.select(backend)
@@ -283,28 +288,44 @@ class Interpreter:
                 f"{what} needs {need} bytes for one image, more than the limit of "
                 f"{tflite_io.MAX_TENSOR_BYTES}"
             )
+        if batch is not None:
+            if isinstance(batch, bool) or not isinstance(batch, (int, np.integer)) or batch < 1:
+                raise NpusimError(f"batch: expected a positive integer, got {batch!r}")
+            need, what = self.largest_allocation(int(batch))
+            if need > tflite_io.MAX_TENSOR_BYTES:
+                raise NpusimError(
+                    f"batch {batch}: {what} needs {need} bytes, more than the limit of "
+                    f"{tflite_io.MAX_TENSOR_BYTES}"
+                )
         if warm and not plan_only:
-            self.warm_up()
+            self.warm_up(batch)
 
-    def warm_up(self) -> None:
+    def warm_up(self, batch: int | None = None) -> None:
         """Load every compiled kernel that run() calls, in its serial and its threaded form. Numba
         loads a kernel from its cache on the first call of each form and signature, 20-40 ms each:
         without this, a process's first batch paid them (the bench's first-call table, with and
         without it). The walk runs zeros of one image (a model run image by image: its declared
-        shapes), each parallel kernel in both forms (jit.both_forms); its outputs are dropped. An
-        error it meets is left for a real run to report, on real data."""
+        shapes), each parallel kernel in both forms (jit.both_forms); its outputs are dropped. With
+        a batch (the constructor's), zeros of that batch then run once, to fault in the memory its
+        runs take. An error it meets is left for a real run to report, on real data."""
         tensors = self.graph.tensors
-        values = {}
-        for t in self.graph.inputs:
-            shape = tensors[t].shape
-            if shape and not self.batch.by_image:
-                shape = (1, *shape[1:])
-            values[t] = np.zeros(shape, tensors[t].dtype)
-        with both_forms():
-            try:
-                self.evaluate(values, keep=set(self.graph.outputs))
-            except NpusimError:
-                pass
+
+        def zeros(n):
+            values = {}
+            for t in self.graph.inputs:
+                shape = tensors[t].shape
+                if shape and not self.batch.by_image:
+                    shape = (n, *shape[1:])
+                values[t] = np.zeros(shape, tensors[t].dtype)
+            return values
+
+        try:
+            with both_forms():
+                self.evaluate(zeros(1), keep=set(self.graph.outputs))
+            if batch is not None and batch > 1 and not self.batch.by_image:
+                self.evaluate(zeros(batch), keep=set(self.graph.outputs))
+        except NpusimError:
+            pass
 
     def largest_allocation(self, n: int) -> tuple[int, str]:
         """The largest array a run on a batch of n allocates, an activation or a kernel's workspace,

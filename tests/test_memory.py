@@ -98,3 +98,56 @@ def test_the_convolutions_of_a_run_share_one_padded_input_buffer():
     # (vnni, amx) or int16 (the avx2 path), with a few bytes of slack.
     largest = max(2 * 64 * (h + 2) * (w + 2) * c + 4 for h, w, c in (k.in_image_shape for k in convs))
     assert convs[0].workspace._raw.nbytes <= largest
+
+
+FIRST_RUN_CHILD = """
+import json, resource, sys
+import numpy as np
+import npusim
+sys.path.insert(0, sys.argv[1])
+from test_memory import conv_model
+npusim.tune_process()
+n = 64
+sim = npusim.Interpreter(conv_model(), batch=n if sys.argv[2] == "batch" else None)
+x = np.ones((n, 32, 32, 16), np.int8)
+faults = []
+for _ in range(2):
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    sim.run(x)
+    faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+print(json.dumps(faults))
+"""
+
+
+def test_an_interpreter_told_its_batch_faults_in_the_memory_of_its_first_run():
+    """Interpreter(..., batch=n): the warm-up runs a batch of n once, so that the first run of a tuned
+    process reuses memory already faulted in, as later runs do (page faults counted, not time)."""
+    import json
+    import subprocess
+    import sys
+
+    def faults(kind):
+        done = subprocess.run(
+            [sys.executable, "-c", FIRST_RUN_CHILD, str(Path(__file__).parent), kind],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+    told, untold = faults("batch"), faults("one image")
+    # A batch of 64 writes 4 MB of activations: a thousand 4 KB pages the first time round.
+    assert untold[0] > 500 and untold[0] > 4 * untold[1], untold
+    assert told[0] < max(4 * told[1], 100) and told[0] * 4 < untold[0], (told, untold)
+
+
+@pytest.mark.parametrize("batch", [0, -2, 2.5, True, "8"])
+def test_a_batch_that_is_no_positive_integer_is_refused(batch):
+    with pytest.raises(npusim.NpusimError, match="batch: expected a positive integer"):
+        npusim.Interpreter(conv_model(), batch=batch)
+
+
+def test_a_batch_beyond_the_allocation_limit_is_refused():
+    with pytest.raises(npusim.NpusimError, match=r"batch 100000000: .* needs \d+ bytes, more than the limit"):
+        npusim.Interpreter(conv_model(), batch=100_000_000)
