@@ -345,6 +345,15 @@ def _defined_symbols(module) -> tuple:
     return tuple(v.name for v in values if not v.is_declaration)
 
 
+# The fields of Numba's CompileResult that rebuild() fills, as Numba 0.68 defines them; a Numba whose
+# fields differ loads entries its own way.
+_CR_FIELDS = (
+    "typing_context", "target_context", "entry_point", "typing_error", "type_annotation", "signature",
+    "objectmode", "lifted", "fndesc", "library", "call_helper", "environment", "metadata",
+    "reload_init", "referenced_envs",
+)  # fmt: skip
+
+
 class _CacheImpl(caching.CompileResultCacheImpl):
     """Numba's cache of compile results, with each library's defined symbols saved beside it
     (_LoadedLibrary)."""
@@ -360,10 +369,12 @@ class _CacheImpl(caching.CompileResultCacheImpl):
         return ((name, "object+symbols", (*data, symbols)), *payload[1:])
 
     def rebuild(self, target_context, payload):
-        libdata, fndesc, env, signature, objectmode, lifted, typeann, reload_init, envs = payload
-        name, kind, data = libdata
+        name, kind, data = payload[0]
         if kind != "object+symbols":
             return super().rebuild(target_context, payload)
+        if len(payload) != 9 or tuple(compiler.CR_FIELDS) != _CR_FIELDS:  # another Numba: its own load
+            return super().rebuild(target_context, ((name, "object", data[:2]), *payload[1:]))
+        _, fndesc, env, signature, objectmode, lifted, typeann, reload_init, envs = payload
         # numba.core.compiler.CompileResult._rebuild, with the library loaded as _LoadedLibrary.
         for fn in reload_init or ():
             fn()
