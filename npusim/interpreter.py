@@ -288,17 +288,22 @@ class Interpreter:
                 f"{what} needs {need} bytes for one image, more than the limit of "
                 f"{tflite_io.MAX_TENSOR_BYTES}"
             )
-        if batch is not None:
-            if isinstance(batch, bool) or not isinstance(batch, (int, np.integer)) or batch < 1:
-                raise NpusimError(f"batch: expected a positive integer, got {batch!r}")
-            need, what = self.largest_allocation(int(batch))
-            if need > tflite_io.MAX_TENSOR_BYTES:
-                raise NpusimError(
-                    f"batch {batch}: {what} needs {need} bytes, more than the limit of "
-                    f"{tflite_io.MAX_TENSOR_BYTES}"
-                )
+        self._check_batch(batch)
+        self.warm_batch = batch
         if warm and not plan_only:
-            self.warm_up(batch)
+            self.warm_up()
+
+    def _check_batch(self, batch) -> None:
+        if batch is None:
+            return
+        if isinstance(batch, bool) or not isinstance(batch, (int, np.integer)) or batch < 1:
+            raise NpusimError(f"batch: expected a positive integer, got {batch!r}")
+        need, what = self.largest_allocation(int(batch))
+        if need > tflite_io.MAX_TENSOR_BYTES:
+            raise NpusimError(
+                f"batch {batch}: {what} needs {need} bytes, more than the limit of "
+                f"{tflite_io.MAX_TENSOR_BYTES}"
+            )
 
     def warm_up(self, batch: int | None = None) -> None:
         """Load every compiled kernel that run() calls, in its serial and its threaded form. Numba
@@ -306,8 +311,12 @@ class Interpreter:
         without this, a process's first batch paid them (the bench's first-call table, with and
         without it). The walk runs zeros of one image (a model run image by image: its declared
         shapes), each parallel kernel in both forms (jit.both_forms); its outputs are dropped. With
-        a batch (the constructor's), zeros of that batch then run once, to fault in the memory its
-        runs take. An error it meets is left for a real run to report, on real data."""
+        a batch (by default the constructor's), zeros of that batch then run once, to fault in the
+        memory its runs take; a model run image by image runs at its declared shapes whatever the
+        batch, which the first walk already touched. An error it meets is left for a real run to
+        report, on real data."""
+        self._check_batch(batch)
+        batch = self.warm_batch if batch is None else int(batch)
         tensors = self.graph.tensors
 
         def zeros(n):

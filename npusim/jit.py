@@ -354,6 +354,16 @@ _CR_FIELDS = (
 )  # fmt: skip
 
 
+@functools.cache
+def _lazy_load_fits() -> bool:
+    """Whether this Numba has the internals that _LoadedLibrary and rebuild() use, as 0.68 has them."""
+    return (
+        tuple(getattr(compiler, "CR_FIELDS", ())) == _CR_FIELDS
+        and all(hasattr(codegen.JITCodeLibrary, a) for a in ("enable_object_caching", "_set_compiled_object"))
+        and hasattr(codegen.JitEngine, "is_symbol_defined")
+    )
+
+
 class _CacheImpl(caching.CompileResultCacheImpl):
     """Numba's cache of compile results, with each library's defined symbols saved beside it
     (_LoadedLibrary)."""
@@ -372,8 +382,8 @@ class _CacheImpl(caching.CompileResultCacheImpl):
         name, kind, data = payload[0]
         if kind != "object+symbols":
             return super().rebuild(target_context, payload)
-        if len(payload) != 9 or tuple(compiler.CR_FIELDS) != _CR_FIELDS:  # another Numba: its own load
-            return super().rebuild(target_context, ((name, "object", data[:2]), *payload[1:]))
+        if len(payload) != 9 or not _lazy_load_fits():  # another Numba's internals: its own load
+            return super().rebuild(target_context, ((name, "object", data[:-1]), *payload[1:]))
         _, fndesc, env, signature, objectmode, lifted, typeann, reload_init, envs = payload
         # numba.core.compiler.CompileResult._rebuild, with the library loaded as _LoadedLibrary.
         for fn in reload_init or ():
@@ -435,6 +445,8 @@ class _LazyCache:
         return _FunctionCache(self._fn)
 
     def __getattr__(self, name):
+        if name.startswith("__") or name == "_fn":  # copy and pickle probe before __init__ ran
+            raise AttributeError(name)
         return getattr(self._cache, name)
 
 
@@ -444,6 +456,9 @@ def njit(fn=None, **flags):
     def decorate(f):
         dispatcher = nb.njit(**flags)(f)
         dispatcher._cache = _LazyCache(f)  # what Dispatcher.enable_caching does, with our locators
+        # The digest of the sources as they are when the kernel is defined, not at its first call:
+        # a source edited in between (a notebook) must not key the old code's machine code.
+        sources_digest()
         return dispatcher
 
     return decorate if fn is None else decorate(fn)

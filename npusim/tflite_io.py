@@ -226,7 +226,7 @@ def load_model(source) -> Graph:
         detail = str(e).splitlines()[0][:120] if str(e) else type(e).__name__
         raise NpusimError(f"{where}: malformed flatbuffer, file truncated or damaged ({detail})") from None
     try:
-        return _to_graph(model, where, _Source(data))
+        return _to_graph(model, where, _Source(buf, where))
     except NpusimError:
         raise
     except Exception as e:
@@ -239,11 +239,19 @@ class _Source:
 
     format = "tflite"
 
-    def __init__(self, data: bytes):
-        self.data = data
+    def __init__(self, data: bytearray, where: str):
+        self.data, self.where = data, where  # the buffer the Graph's quantization arrays view
 
     def unpack(self):
-        return schema.ModelT.InitFromPackedBuf(bytearray(self.data), 0)
+        """The whole object tree. It reads fields that loading did not (the file's version, other
+        subgraphs, signatures...): a damaged one ends here, in NpusimError."""
+        try:
+            return schema.ModelT.InitFromPackedBuf(self.data, 0)
+        except Exception as e:  # flatbuffers raises whatever the damaged offsets lead to
+            detail = str(e).splitlines()[0][:120] if str(e) else type(e).__name__
+            raise NpusimError(
+                f"{self.where}: malformed flatbuffer, cannot write the model back ({detail})"
+            ) from None
 
 
 def _vector(table, field: str):
@@ -254,8 +262,8 @@ def _vector(table, field: str):
 
 def _read(buf: bytearray) -> SimpleNamespace:
     """The fields _to_graph reads, with the object API's names and values (ModelT, TensorT, ...),
-    read through the schema's accessors: unpacking the whole object tree took twice as long
-    (YOLOv8n-256: 47 ms, against 24), and a model is read on every command-line call. Only the
+    read through the schema's accessors: unpacking the whole object tree took longer (YOLOv8n-256:
+    47 ms, against 32), and a model is read on every command-line call. Only the
     first subgraph, the one npusim runs, is read."""
     m = schema.Model.GetRootAs(buf, 0)
     subgraphs = []

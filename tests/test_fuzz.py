@@ -42,7 +42,7 @@ from ai_edge_litert import schema_py_generated as schema
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from npusim import Interpreter, NpusimError, load_model, tflite_io
+from npusim import Interpreter, NpusimError, load_model, tflite_io, write_model
 from npusim.npu import report as npu_report
 from npusim.testing import oracle as O
 
@@ -1214,6 +1214,28 @@ def test_forged_vector_lengths_are_refused():
             tracemalloc.stop()
         assert "\n" not in str(e.value)
         assert peak < 64 << 20, (pos, peak)  # the forged 2^31 - 1 was never allocated
+
+
+def test_a_damaged_field_that_reading_skips_is_refused_when_the_model_is_written():
+    """load_model reads the fields a Graph needs (tflite_io._read); write_model unpacks them all. A
+    model whose version field points past the end of the file loads and runs, and writing it back
+    ends in NpusimError, one line, instead of the flatbuffers runtime's struct.error."""
+    data = bytearray(tiny_classifier())
+    root = int.from_bytes(data[0:4], "little")
+    vtable = root - int.from_bytes(data[root : root + 4], "little", signed=True)
+    size = int.from_bytes(data[vtable : vtable + 2], "little")
+    assert size >= 6  # the version field is present
+    # The Model table gets a vtable of its own (the builder shares one with the subgraph's table),
+    # appended to the file, whose version field points far past the end.
+    own = len(data) + len(data) % 2
+    data += bytes(own - len(data)) + data[vtable : vtable + size]
+    data[own + 4 : own + 6] = (0xFFF0).to_bytes(2, "little")
+    data[root : root + 4] = (root - own).to_bytes(4, "little", signed=True)
+    graph = load_model(bytes(data))
+    Interpreter(graph).run(np.zeros((1, 4, 4, 3), np.int8))
+    with pytest.raises(NpusimError, match="^model: malformed flatbuffer, cannot write the model back") as e:
+        write_model(graph)
+    assert "\n" not in str(e.value)
 
 
 def test_constants_sharing_a_buffer_count_against_the_limit(monkeypatch):

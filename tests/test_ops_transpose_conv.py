@@ -87,3 +87,35 @@ def test_transpose_conv_yolo_upsampler(channels):
         w_mode="mixed",
     )
     check(make_transpose_conv(p, seed=cin))
+
+
+@pytest.mark.parametrize("kernel", [(1, 1), (2, 2), (3, 3), (2, 3), (4, 1)])
+@pytest.mark.parametrize("padding", ["SAME", "VALID"])
+def test_transpose_conv_with_one_tap_per_output_pixel(kernel, padding):
+    """Stride = filter size (no padding, every output pixel reached once): the op runs as one
+    pointwise convolution on the MAC engines, its taps interleaved into place (TransposeConv.pointwise)."""
+    from npusim import Interpreter
+
+    hw = (5, 7)
+    p = dict(
+        n=3,
+        hw=hw,
+        cin=19,
+        cout=6,
+        k=kernel,
+        stride=kernel,
+        padding=padding,
+        out_hw=tuple(h * k for h, k in zip(hw, kernel)),
+        activation="RELU",
+        bias="large",
+        per_channel=True,
+        in_scale=0.03,
+        in_zp=7,
+        out_zp=-3,
+        x_mode="mixed",
+        w_mode="mixed",
+    )
+    case = make_transpose_conv(p, seed=sum(kernel))
+    (kernel_,) = [k for k in Interpreter(case.model).kernels if k.kind == "TRANSPOSE_CONV"]
+    assert kernel_.pointwise is not None
+    check(case)

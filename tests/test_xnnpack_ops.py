@@ -399,6 +399,20 @@ def test_transpose_conv(data, seed):
     check(make_transpose_conv(p, seed))
 
 
+@pytest.mark.parametrize("kernel", [(1, 1), (2, 2), (3, 2)])
+def test_transpose_conv_with_one_tap_per_output_pixel(kernel):
+    """Stride = filter size: the pointwise form (TransposeConv.pointwise) against LiteRT's XNNPACK."""
+    hw = (6, 4)
+    p = {
+        "n": 3, "hw": hw, "cin": 21, "cout": 9, "k": kernel, "stride": kernel, "padding": "SAME",
+        "out_hw": tuple(h * k for h, k in zip(hw, kernel)), "activation": "RELU6", "bias": "uniform",
+        "per_channel": True, "in_scale": 0.05, "in_zp": -9, "out_zp": 4, "x_mode": "mixed", "w_mode": "mixed",
+    }  # fmt: skip
+    case = make_transpose_conv(p, 11)
+    assert O.litert_delegated(case.model)
+    check(case)
+
+
 @settings(max_examples=examples(40))
 @given(data=st.data(), seed=C.seeds)
 def test_batch_matmul(data, seed):

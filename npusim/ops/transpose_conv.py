@@ -11,16 +11,21 @@ clamp of the fused activation.
 Eval: one exact float64 matrix product per filter tap (x - in_zp is at most 255 in magnitude, so
 every partial sum is an integer far below 2^53) added into a strided view of the accumulator, then
 the output stage of the MAC ops (gemm.requantize_products), under the xnnpack profile XNNPACK's
-where LiteRT's delegate takes the op.
+where LiteRT's delegate takes the op. Where the taps do not overlap and leave no output pixel out
+(stride = filter size, no padding: the 2x2 stride-2 upsampling of YOLOv8-seg's mask head and of
+decoders), each output pixel takes exactly one tap, whose sum plus the bias is the whole
+accumulator: the op is then one pointwise convolution with a filter per tap (kh * kw * O output
+channels, the stage's parameters repeated) on the MAC engines, its outputs interleaved into place.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from ..engines import gemm
+from ..engines import aligned, backend, gemm
+from ..engines.geometry import ConvGeometry
 from ..engines.requant import OutputStage
-from ..quant import TFLM, XNNPACK
+from ..quant import ONNXRUNTIME, TFLM, XNNPACK, mac_profile
 from .base import Kernel, WeightMemo
 from .float_form import FloatForm, real
 
@@ -77,8 +82,9 @@ class TransposeConv(Kernel):
     kind = "TRANSPOSE_CONV"
     float_form = TransposeConvFloat
     required_inputs, max_inputs = 3, 4
+    takes_backends = True
 
-    def __init__(self, op, graph, profile):
+    def __init__(self, op, graph, profile, backends: backend.Selection | None = None):
         super().__init__(op, graph, profile)
         shape_t, w, x = self.inputs[0], self.inputs[1], self.inputs[2]
         b = self.inputs[3] if len(self.inputs) > 3 else None
@@ -125,6 +131,27 @@ class TransposeConv(Kernel):
             x, w, y, self.out_channels, o.get("fused_activation_function", "NONE"), self.profile
         )
         self.memo = WeightMemo()
+        self.pointwise = None  # (geometry, engine, stage, workspace, memo) of the one-tap-per-pixel form
+        (h, wd), (sh, sw) = self.in_hw, self.stride
+        if (
+            (sh, sw) == (self.kh, self.kw)
+            and self.pad == (0, 0)
+            and self.out_hw == (h * sh, wd * sw)
+            and self.profile != ONNXRUNTIME  # its stage is gemm's, not the engines' (mac_profile)
+        ):
+            g = ConvGeometry.from_options({"padding": "VALID"}, x.shape, 1, 1)
+            taps, s = self.kh * self.kw, self.stage
+            stage = OutputStage(
+                np.tile(s.multiplier, taps),
+                np.tile(s.shift, taps),
+                np.tile(s.real_scale, taps),
+                s.zero_point,
+                s.lo,
+                s.hi,
+                profile=s.profile,
+            )
+            engine = (backends or backend.select()).for_geometry(g)
+            self.pointwise = (g, engine, stage, aligned.Workspace(), WeightMemo())
 
     def macs(self) -> int:
         return self.in_hw[0] * self.in_hw[1] * self.kh * self.kw * self.out_channels * self.inputs[1].shape[3]
@@ -137,6 +164,8 @@ class TransposeConv(Kernel):
     def __call__(self, output_shape, w, x, b=None):
         if w.shape != self.inputs[1].shape:
             raise self.error(f"filter has shape {list(w.shape)}, expected {list(self.inputs[1].shape)}")
+        if self.pointwise is not None:
+            return self._one_tap_per_pixel(w, x, b)
         taps = self.memo.get("taps", w, None, lambda: _taps(w))
         n = x.shape[0]
         (h, wd), (sh, sw), (ph, pw) = self.in_hw, self.stride, self.pad
@@ -160,3 +189,40 @@ class TransposeConv(Kernel):
             acc, offset, s.multiplier, s.shift, s.real_scale, s.zero_point, s.lo, s.hi, self.profile, out
         )
         return out.reshape(n, oh, ow, self.out_channels)
+
+    def _one_tap_per_pixel(self, w, x, b):
+        """Stride = filter size, no padding: output pixel (y * kh + fy, x * kw + fx) is tap (fy, fx)
+        of input pixel (y, x) alone, so one pointwise convolution computes every tap of every pixel
+        (its output channel (fy * kw + fx) * O + o), which is then interleaved: per input row, the
+        kh blocks of kw * O bytes of each pixel go to kh output rows."""
+        g, engine, stage, workspace, memo = self.pointwise
+        if x.shape[1:] != (*self.in_hw, g.in_channels):  # the engines index by the planned shape
+            raise self.error(
+                f"input array has shape {list(x.shape)}, expected [N, {self.in_hw}, {g.in_channels}]"
+            )
+
+        def stacked():
+            taps = self.kh * self.kw
+            filters = np.ascontiguousarray(w.transpose(1, 2, 0, 3)).reshape(
+                taps * self.out_channels, 1, 1, -1
+            )
+            return filters[None], None if b is None else np.tile(b.reshape(-1), taps)
+
+        filters, bias = self.memo.get("pointwise", w, b, stacked)
+        n, (h, wd), o = x.shape[0], self.in_hw, self.out_channels
+        y = engine.convolve(
+            g,
+            x,
+            filters,
+            bias,
+            self.inputs[2].zero_point,
+            stage,
+            mac_profile(self.profile),
+            False,
+            workspace,
+            memo,
+        )
+        y = y.reshape(n, h, wd, self.kh, self.kw * o).transpose(0, 1, 3, 2, 4)
+        out = aligned.empty((n, h, self.kh, wd, self.kw * o), np.int8)
+        out[...] = y
+        return out.reshape(n, *self.out_hw, o)
