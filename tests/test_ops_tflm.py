@@ -269,6 +269,18 @@ def test_pad(p, seed):
     check(C.make_pad(p, seed))
 
 
+@pytest.mark.parametrize(
+    "in_shape, last",
+    [((1, 6, 5, 24), (0, 4)), ((1, 3, 7), (2, 1)), ((1, 9), (3, 0)), ((1, 2, 2, 5), (0, 0))],
+)
+@pytest.mark.parametrize("v2", [False, True])
+def test_pad_of_the_last_axis_alone(in_shape, last, v2):
+    """BlazeFace's channel pads (24 -> 28 before a residual ADD): the last axis alone, by rows."""
+    paddings = [(0, 0)] * (len(in_shape) - 1) + [last]
+    p = {"n": 3, "in_shape": in_shape, "paddings": paddings, "v2": v2, "q": (0.05, -7)}
+    check(C.make_pad(p, seed=len(in_shape)))
+
+
 @settings(max_examples=examples(50))
 @given(p=C.transpose_params(), seed=C.seeds)
 def test_transpose(p, seed):

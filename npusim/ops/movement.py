@@ -121,7 +121,21 @@ class Pad(Kernel):
             )
             fill, top, left = np.int8(self.value), int(p[1, 0]), int(p[2, 0])
             return pad_input(np.ascontiguousarray(x), top, left, fill, np.int8(0), out)
+        if x.ndim and x.size and not p[:-1].any():  # the last axis alone (BlazeFace's channel pads)
+            return _pad_last_axis(x, int(p[-1, 0]), int(p[-1, 1]), self.value)
         return np.pad(x, [tuple(q) for q in p], constant_values=self.value)
+
+
+def _pad_last_axis(x, before: int, after: int, value) -> np.ndarray:
+    """np.pad of the last axis alone: the output filled with the value, then each row of x copied
+    into its columns by copy_columns, where numpy's pad of a few channels per pixel ran at about
+    1.5 GB/s (BlazeFace's 24 -> 28 channel pads at batch 8: 0.59 ms each)."""
+    out = aligned.empty((*x.shape[:-1], x.shape[-1] + before + after), x.dtype)
+    out.fill(value)
+    rows = math.prod(x.shape[:-1])
+    block = np.ascontiguousarray(x).reshape(rows, -1).view(np.uint8)
+    copy_columns(block, out.reshape(rows, -1).view(np.uint8), before * x.dtype.itemsize)
+    return out
 
 
 PadFloat.kernel_class = Pad
