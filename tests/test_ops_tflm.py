@@ -94,10 +94,11 @@ def test_depthwise_conv2d_16_and_32_channels(path, p, seed):
 
 
 @pytest.mark.parametrize("path", DEPTHWISE_PATHS)
-@pytest.mark.parametrize("channels", [16, 32])
+@pytest.mark.parametrize("channels", [4, 8, 12, 16, 24, 32])
 @pytest.mark.parametrize("run", range(1, 10))
 def test_depthwise_pixels_per_vector(path, channels, run):
-    """16 or 32 channels, stride 1 along the width: 4 or 2 pixels per vector. Interior runs of 1
+    """Stride 1 along the width: 16 or 32 channels, 4 or 2 pixels per vector; on the AVX2 form also
+    4, 8, 12 and 24 channels, 16, 8, 4 and 2 pixels (depthwise.replicas_for). Interior runs of 1
     to 9 pixels (every remainder, after none or some full vectors), and border rows as runs (SAME,
     stride 1 and 2 along the height)."""
     with kernel_path(path):

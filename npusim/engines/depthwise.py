@@ -353,7 +353,7 @@ def vector_run(x, n, oy, ox0, pixels, border, window, taps, edge_taps, n_quads, 
     if replicas > 1 and not border:  # adjacent pixels in_c bytes apart: `replicas` pixels per vector
         tap_quads_run(
             x_first, replicas * in_c, run_taps.ctypes.data, n_quads, w_group, pixels // replicas, out_first,
-            replicas * out_c, LANES, v_group, v_channels * 4, profile, out_zp, lo, hi,
+            replicas * out_c, replicas * out_c, v_group, v_channels * 4, profile, out_zp, lo, hi,
         )
         left = pixels % replicas
         if left:  # the last pixels: the lanes past them are neither read nor stored
@@ -517,10 +517,17 @@ def isa_parameters(variant: str) -> tuple[int, int]:
     return (PAIR, 2) if variant == "avx2" else (GROUP, 1)  # int16 weight pairs, or int8 quads
 
 
-def replicas_for(multiplier: int, channels: int, stride_w: int) -> int:
-    """How many adjacent output pixels one 64-lane vector computes: 4 or 2 for 16 or 32 channels
-    with multiplier 1 and stride 1 along the width, else 1."""
-    return LANES // channels if multiplier == 1 and channels in (16, 32) and stride_w == 1 else 1
+def replicas_for(multiplier: int, channels: int, stride_w: int, variant: str) -> int:
+    """How many adjacent output pixels one 64-lane vector computes, with multiplier 1 and stride 1
+    along the width (else 1): 4 or 2 for 16 or 32 channels; the AVX2 form, which works in chunks of
+    16 channels and loads or stores a partial chunk lane by lane, also takes as many pixels as fill
+    whole chunks (8 for 8 channels, 4 for 12, 2 for 24: BlazeFace's 64x64x24 layers had run one
+    pixel per vector, 16 lanes plus 8 lane by lane)."""
+    if multiplier != 1 or stride_w != 1:
+        return 1
+    if variant != "avx2":
+        return LANES // channels if channels in (16, 32) else 1
+    return max((r for r in range(1, LANES // channels + 1) if r * channels % CHUNK == 0), default=1)
 
 
 def prepared_weights(variant, wg, b, in_zp: int, stage, replicas: int):

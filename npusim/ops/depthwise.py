@@ -139,7 +139,7 @@ class DepthwiseConv2D(SlidingWindow, Kernel):
         groups = wg.shape[0]
         if shared:  # no reduction to share: give each group its own copy of the batch
             x = np.concatenate([x] * groups)
-        replicas = depthwise.replicas_for(self.multiplier, self.out_channels, g.stride[1])
+        replicas = depthwise.replicas_for(self.multiplier, self.out_channels, g.stride[1], self.variant)
         in_zp = self.inputs[0].zero_point
 
         def prepare():
