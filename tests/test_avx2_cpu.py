@@ -90,7 +90,10 @@ CONV = [
     dict(cin=13, cout=1, kh=1, kw=1, padding="VALID", w_mode="uniform"),
     dict(cin=96, cout=24, kh=1, kw=1, stride=(2, 2), hw=(5, 5)),
     dict(cin=5, cout=9, kh=2, kw=4, stride=(2, 3), dilation=(2, 1), padding="VALID", hw=(10, 13)),
-    # pointwise layers on the int8 input itself (avx2.conv_avx2_int8), the zero point in the offset
+    # pointwise layers of up to 16 output channels on the int8 input itself (avx2.conv_avx2_int8),
+    # the zero point in the offset; above 16, on the widened copy
+    dict(cin=64, cout=16, kh=1, kw=1, in_zp=-128, hw=(7, 5)),
+    dict(cin=2, cout=9, kh=1, kw=1, stride=(2, 1), padding="VALID", in_zp=127, hw=(5, 6)),
     dict(cin=64, cout=40, kh=1, kw=1, in_zp=-128, hw=(7, 5)),
     dict(cin=2, cout=17, kh=1, kw=1, stride=(2, 1), padding="VALID", in_zp=127, hw=(5, 6)),
 ]
