@@ -14,7 +14,7 @@ import flatbuffers
 import numpy as np
 from ai_edge_litert import schema_py_generated as schema
 
-from .errors import NpusimError
+from .errors import NpusimError, first_line
 from .graph import Graph, Op, Quantization, Tensor
 
 # Refuse any single tensor larger than this before allocating it (hostile files declare absurd shapes).
@@ -223,7 +223,7 @@ def load_model(source) -> Graph:
     except NpusimError:
         raise
     except Exception as e:  # flatbuffers raises whatever the damaged offsets lead to
-        detail = str(e).splitlines()[0][:120] if str(e) else type(e).__name__
+        detail = first_line(e)
         raise NpusimError(f"{where}: malformed flatbuffer, file truncated or damaged ({detail})") from None
     try:
         return _to_graph(model, where, _Source(buf, where))
@@ -248,7 +248,7 @@ class _Source:
         try:
             return schema.ModelT.InitFromPackedBuf(self.data, 0)
         except Exception as e:  # flatbuffers raises whatever the damaged offsets lead to
-            detail = str(e).splitlines()[0][:120] if str(e) else type(e).__name__
+            detail = first_line(e)
             raise NpusimError(
                 f"{self.where}: malformed flatbuffer, cannot write the model back ({detail})"
             ) from None

@@ -13,7 +13,7 @@ import heapq
 import numpy as np
 
 from .. import tflite_io
-from ..errors import NpusimError
+from ..errors import NpusimError, first_line
 from ..tflite_io import MAX_RANK
 
 # Nodes in one graph: a large detector has a few thousand; the cap bounds the time on a hostile file.
@@ -38,7 +38,7 @@ def parse(data: bytes, where: str):
     try:
         model = onnx.load_model_from_string(bytes(data))
     except (DecodeError, RuntimeError, ValueError, TypeError) as e:
-        detail = str(e).splitlines()[0][:120] if str(e) else type(e).__name__
+        detail = first_line(e)
         raise NpusimError(
             f"{where}: not a valid ONNX protobuf, file truncated or damaged ({detail})"
         ) from None
