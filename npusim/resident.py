@@ -1,23 +1,28 @@
-"""The `npusim` entry point, and its resident server (opt in: NPUSIM_RESIDENT=1).
+"""The `npusim` entry point, and its resident server (on Linux by default; NPUSIM_RESIDENT=0 or 1).
 
 Why a server. A one-shot `npusim run` spends most of its time before the model runs: Python's
 start, numpy's and Numba's imports and the loads of the kernels take about 0.7 s of CPU, where a
-LiteRT script takes 0.13 s for the whole call (docs/performance.md). A CI job that checks many
-models one CLI call at a time pays that on every call. With NPUSIM_RESIDENT=1, `npusim` is a small
-client that imports nothing but the standard library: it hands its call to a server process that
-keeps the imports and the loaded kernels, and starts that server when there is none.
+LiteRT script takes 0.13 s for the whole call (docs/performance.md); Numba's import alone is more
+than the LiteRT script. A CI job that checks many models one CLI call at a time would pay that on
+every call. So `npusim` is a small client that imports nothing but the standard library: it hands
+its call to a server process that has imported everything a call needs, and starts that server
+when there is none. The server forks a process for each call, which loads the call's kernels from
+the cache, runs the command and exits: calls run side by side (a parallel CI job), and what one
+call does to its process (its imports, caches, threads, a crash) never reaches another.
 
-What a call sees is what it would see in its own process: its arguments, working directory and
-environment, its own stdin, stdout and stderr (the file descriptors themselves are passed, not
-copies of the text), its exit status, and Ctrl-C, which interrupts the command (exit 130, as in
-process). The server runs one call at a time, in the order they come.
+What a call sees is what it would see in its own process: its arguments, working directory,
+environment and file mode mask, its own stdin, stdout and stderr (the file descriptors themselves
+are passed, not copies of the text), its exit status, and Ctrl-C, which interrupts the command
+(exit 130, as in process).
 
 One server per user, Python, installed sources (npusim's and its numeric dependencies') and
 numeric environment (the variables of KEYED_PREFIXES): a change of any of them starts another
-server, and an old one exits after NPUSIM_RESIDENT_IDLE_S seconds (default IDLE_S) without a call.
+server, and a server exits after NPUSIM_RESIDENT_IDLE_S seconds (default IDLE_S) without a call.
 Its socket, pid and log are in $XDG_RUNTIME_DIR/npusim-<uid>/ (else $TMPDIR or /tmp), a directory
-that must be this user's alone. Where Unix sockets with descriptor passing are missing (Windows)
-or that directory is not private, the command runs in its own process, after one line saying why.
+that must be this user's alone. Where Unix sockets with descriptor passing are missing (Windows),
+that directory is not private or no server answers, the command runs in its own process (with
+NPUSIM_RESIDENT=1, after one line saying why). The server itself never runs a kernel, so no thread
+pool is started before a fork.
 """
 
 from __future__ import annotations
@@ -30,6 +35,8 @@ import socket
 import stat
 import struct
 import sys
+import threading
+import time
 
 ENV = "NPUSIM_RESIDENT"
 IDLE_ENV = "NPUSIM_RESIDENT_IDLE_S"
@@ -51,8 +58,12 @@ KEYED_PREFIXES = (
 )
 DEPENDENCIES = ("numpy", "numba", "llvmlite", "scipy", "click", "flatbuffers")
 STDIO = (0, 1, 2)
+# Where a server is used without NPUSIM_RESIDENT=1: Linux, whose fork keeps a process with Numba
+# and LLVM loaded usable (macOS's system libraries do not promise that after fork without exec).
+DEFAULT_ON = sys.platform.startswith("linux")
 START_TIMEOUT_S = 120.0
-BUSY_WAIT_S = 2.0  # a server busy with another call this long: the call runs in its own process
+BUSY_WAIT_S = 10.0  # a server that has not forked for the call this long: it runs in its own process
+REAP_EVERY_S = 1.0  # how often a server with running calls collects the ended ones
 _HEADER = struct.Struct("!I")
 _STATUS = struct.Struct("!i")
 
@@ -62,17 +73,19 @@ class Unavailable(Exception):
 
 
 def main() -> int:
-    """The `npusim` console script: through the resident server when NPUSIM_RESIDENT=1, else (or when
-    no server can serve) the command line in this process."""
-    switch = os.environ.get(ENV, "0")
-    if switch not in ("0", "1"):
+    """The `npusim` console script: through the resident server (by default where it is DEFAULT_ON,
+    else with NPUSIM_RESIDENT=1), or, with NPUSIM_RESIDENT=0 or where no server can serve, the command
+    line in this process."""
+    switch = os.environ.get(ENV, "")
+    if switch not in ("", "0", "1"):
         print(f"error: {ENV}={switch}: expected 0 or 1", file=sys.stderr)
         return 2
-    if switch == "1":
+    if switch == "1" or (switch == "" and DEFAULT_ON):
         try:
             return call(sys.argv[1:])
         except Unavailable as e:
-            print(f"npusim: no resident server ({e}); running in this process", file=sys.stderr)
+            if switch == "1":  # asked for: say why not (by default the fallback is silent)
+                print(f"npusim: no resident server ({e}); running in this process", file=sys.stderr)
         except ValueError as e:  # a bad NPUSIM_RESIDENT_IDLE_S
             print(f"error: {e}", file=sys.stderr)
             return 2
@@ -171,7 +184,6 @@ def connect_or_start(paths: dict, env=os.environ):
         return s, False
     import fcntl
     import subprocess
-    import time
 
     with open(paths["lock"], "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -234,19 +246,25 @@ def call(argv: list, env=os.environ) -> int:
     """Run `npusim argv` on the resident server; its exit status."""
     idle_seconds(env)  # a bad value is the caller's error, before a server is started with it
     paths = server_paths(env)
-    conn, fresh = connect_or_start(paths, env)
+    try:
+        conn, fresh = connect_or_start(paths, env)
+    except OSError as e:  # the runtime folder full or read-only, no more processes, ...
+        raise Unavailable(f"{e.filename or paths['sock']}: {e.strerror}") from None
     with conn:
-        # The server says when it takes the call. One busy with another (a long run, or a command
-        # blocked on a pipe) must not hold this one: past BUSY_WAIT_S it runs in its own process.
+        # The process forked for the call says when it has it. A server that does not answer (one
+        # stopped, or starting up under load) must not hold the call: it runs in its own process.
         conn.settimeout(START_TIMEOUT_S if fresh else BUSY_WAIT_S)
         try:
             ready = conn.recv(1)
-        except TimeoutError:
-            raise Unavailable("the server is busy with another call") from None
+        except (TimeoutError, ConnectionError):
+            raise Unavailable("the server did not take the call") from None
         if ready != b"R":
             raise Unavailable(f"the server closed the connection, see {paths['log']}")
         conn.settimeout(None)
-        header = json.dumps({"argv": list(argv), "cwd": os.getcwd(), "env": dict(env)}).encode()
+        umask = os.umask(0o022)
+        os.umask(umask)
+        request = {"argv": list(argv), "cwd": os.getcwd(), "env": dict(env), "umask": umask}
+        header = json.dumps(request).encode()
         socket.send_fds(conn, [_HEADER.pack(len(header))], _open_stdio())
         conn.sendall(header)
         interrupts = []
@@ -303,159 +321,155 @@ def stop(env=os.environ) -> bool:
 
 # ---- the server --------------------------------------------------------------------------------
 
-
-class _Call:
-    """One call's process state: what the server swaps in for it and back (restore is idempotent)."""
-
-    def __init__(self, request: dict, fds: list):
-        self.request, self.fds = request, fds
-        self.active = False  # whether a forwarded Ctrl-C interrupts (read by the SIGINT handler)
-        self.interrupted = False  # a Ctrl-C that came before the command started
-        self.dirty = False  # interrupted or crashed: its state may be half made (caches, imports)
-        self.saved = None
-        import threading
-
-        self.lock = threading.Lock()
-
-    def enter(self):
-        self.saved = (
-            [os.dup(fd) for fd in STDIO],
-            dict(os.environ),
-            os.getcwd(),
-            sys.argv,
-            sys.stdin,
-            sys.stdout,
-            sys.stderr,
-        )
-        for fd, theirs in zip(STDIO, self.fds):
-            os.dup2(theirs, fd)
-            os.close(theirs)
-        self.fds = []
-        enc = sys.__stdout__.encoding if sys.__stdout__ else None
-        sys.stdin = open(0, encoding=enc, closefd=False)
-        sys.stdout = open(1, "w", buffering=1 if os.isatty(1) else -1, encoding=enc, closefd=False)
-        sys.stderr = open(2, "w", buffering=1, encoding=enc, errors="backslashreplace", closefd=False)
-        os.environ.clear()
-        os.environ.update(self.request["env"])
-        os.chdir(self.request["cwd"])
-        sys.argv = ["npusim", *self.request["argv"]]
-
-    def restore(self):
-        self.active = False
-        for fd in self.fds:
-            os.close(fd)
-        self.fds = []
-        if self.saved is None:
-            return
-        fds, env, cwd, sys.argv, stdin, stdout, stderr = self.saved
-        self.saved = None
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except (OSError, ValueError):
-                pass
-        sys.stdin, sys.stdout, sys.stderr = stdin, stdout, stderr
-        for fd, mine in zip(STDIO, fds):
-            os.dup2(mine, fd)
-            os.close(mine)
-        os.environ.clear()
-        os.environ.update(env)
-        os.chdir(cwd)
+# What the calls import, loaded once by the server so that no call pays for it: the command line,
+# the interpreter with Numba, every op's module (its kernels are loaded from the cache on a call's
+# first use), the readers of both formats and the modules of the other commands.
+PRELOADED = (
+    "npusim.cli",
+    "npusim.interpreter",
+    "npusim.model_io",
+    "npusim.onnx.reader",
+    "npusim.golden",
+    "npusim.compare",
+    "npusim.validate",
+    "npusim.inspect_report",
+)
 
 
-def _run_command(argv: list, current: _Call) -> int:
+def _preload() -> None:
+    import importlib
+
+    from .ops import KERNELS
+    from .tuning import tune_process
+
+    for name in PRELOADED:
+        importlib.import_module(name)
+    for kind in KERNELS:
+        KERNELS[kind]
+    tune_process()  # settings only: no kernel runs here, so no thread starts before a fork
+
+
+def _enter(request: dict, fds: list) -> None:
+    """Make this (forked) process the caller's: its stdin, stdout and stderr, environment, working
+    directory, file mode mask and arguments."""
+    for fd, theirs in zip(STDIO, fds):
+        os.dup2(theirs, fd)
+        os.close(theirs)
+    enc = sys.__stdout__.encoding if sys.__stdout__ else None
+    sys.stdin = open(0, encoding=enc, closefd=False)
+    sys.stdout = open(1, "w", buffering=1 if os.isatty(1) else -1, encoding=enc, closefd=False)
+    sys.stderr = open(2, "w", buffering=1, encoding=enc, errors="backslashreplace", closefd=False)
+    os.environ.clear()
+    os.environ.update(request["env"])
+    os.umask(request["umask"])
+    os.chdir(request["cwd"])
+    sys.argv = ["npusim", *request["argv"]]
+
+
+def _run_command(argv: list, started: threading.Event, interrupted: threading.Event) -> int:
     """The command line on argv, as its own process would end it: its exit status."""
     import traceback
-    import warnings
 
     from .cli import main as cli_main
 
     try:
-        with current.lock:
-            current.active = True
-            if current.interrupted:
-                raise KeyboardInterrupt
-        with warnings.catch_warnings():  # each call warns as a fresh process would, once
-            cli_main.main(args=argv, prog_name="npusim", standalone_mode=True)
+        started.set()  # from here a forwarded Ctrl-C interrupts the command (on_sigint)
+        if interrupted.is_set():  # it came before
+            raise KeyboardInterrupt
+        cli_main.main(args=argv, prog_name="npusim", standalone_mode=True)
         return 0
     except SystemExit as e:
-        current.dirty = current.dirty or e.code == 130  # the command line's own "interrupted"
         if e.code is None or isinstance(e.code, int):
             return e.code or 0
         print(e.code, file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        current.dirty = True
         print("error: interrupted", file=sys.stderr)
         return 130
     except BaseException:  # what Python prints and exits 1 with
-        current.dirty = True
         traceback.print_exc()
         return 1
-    finally:
-        current.active = False
 
 
-def _serve_one(conn, state: dict) -> None:
-    import threading
-
+def _serve_call(conn) -> None:
+    """One call, in a process forked for it: take the caller's descriptors and request, run the
+    command, send its exit status back."""
     conn.sendall(b"R")  # taken (the client may have left: then what follows reads nothing)
     msg, fds, _, _ = socket.recv_fds(conn, _HEADER.size, len(STDIO))
-    current = _Call(None, list(fds))
+    if len(msg) < _HEADER.size or len(fds) != len(STDIO):
+        return
+    (n,) = _HEADER.unpack(msg)
+    request = json.loads(_recv_exactly(conn, n))
+    main_thread = threading.get_ident()
+    started, interrupted = threading.Event(), threading.Event()
+
+    def on_sigint(signum, frame):
+        if started.is_set():
+            raise KeyboardInterrupt
+
+    def watch():
+        # A byte from the client (its Ctrl-C) or its end (killed) interrupts the command; one that
+        # comes before the command starts stops it before it does anything.
+        try:
+            conn.recv(1)
+        except OSError:
+            pass
+        interrupted.set()
+        signal.pthread_kill(main_thread, signal.SIGINT)
+
+    signal.signal(signal.SIGINT, on_sigint)
+    _enter(request, fds)
+    threading.Thread(target=watch, daemon=True).start()
+    code = _run_command(request["argv"], started, interrupted)
+    started.clear()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    conn.sendall(_STATUS.pack(code))
+
+
+def _fork_call(conn, listener) -> int | None:
+    """Fork a process for the call on conn; its pid (None where fork failed: the client, whose
+    connection closes, runs the command in its own process)."""
     try:
-        if len(msg) < _HEADER.size or len(fds) != len(STDIO):
-            return
-        (n,) = _HEADER.unpack(msg)
-        current.request = json.loads(_recv_exactly(conn, n))
-        main_thread = threading.get_ident()
-        lock = current.lock
+        pid = os.fork()
+    except OSError as e:
+        print(f"npusim resident: fork failed: {e.strerror}", file=sys.stderr)
+        return None
+    if pid:
+        return pid
+    # The child: whatever happens, it ends here, and never returns into the server's loop.
+    try:
+        listener.close()
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        conn.settimeout(None)
+        _serve_call(conn)
+    except BaseException:  # a client that left mid-call, a bug here: into the log (or the caller's stderr)
+        import traceback
 
-        def watch():
-            # A byte from the client (its Ctrl-C) or its end (killed) interrupts the command.
-            try:
-                conn.recv(1)
-            except OSError:
-                pass
-            with lock:
-                if current.active:
-                    signal.pthread_kill(main_thread, signal.SIGINT)
-                else:
-                    current.interrupted = True
-
-        current.enter()
-        state["current"] = current
-        watcher = threading.Thread(target=watch, daemon=True)
-        watcher.start()
-        code = _run_command(current.request["argv"], current)
-        with lock:
-            current.active = False
-        current.restore()
-        conn.sendall(_STATUS.pack(code))
-        conn.shutdown(socket.SHUT_RDWR)  # wakes the watcher
-        watcher.join()
+        try:
+            traceback.print_exc()
+        except BaseException:
+            pass
     finally:
-        current.restore()
-        state["current"] = None
-        state["dirty"] = state.get("dirty") or current.dirty
+        os._exit(0)
 
 
-def _serve_safely(conn, state: dict) -> None:
-    """One call; whatever goes wrong in it (a client that left mid-call, a bug here) goes to the log.
-    After a call that was interrupted or crashed the server exits (state["dirty"]): its imports and
-    caches may be half made, which a process of its own would not pass on."""
-    import traceback
-
-    try:
-        _serve_one(conn, state)
-    except BaseException as e:
-        if isinstance(e, SystemExit):
-            raise
-        state["dirty"] = True
-        traceback.print_exc()
+def _reap(children: set) -> None:
+    for pid in list(children):
+        try:
+            done, _ = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            done = pid
+        if done:
+            children.discard(pid)
 
 
 def serve(path: str) -> None:
-    """Listen at `path` (a socket of mode 600) and serve calls until IDLE seconds pass without one."""
+    """Listen at `path` (a socket of mode 600) and serve calls, each in a process forked for it,
+    until IDLE seconds pass without a call or a running one."""
     sys.path[:] = [p for p in sys.path if p not in ("", ".")]  # never the caller's folder's modules
     if os.path.basename(path) != server_key() + ".sock":  # its imports are not the client's sources
         print(f"npusim resident: {path}: this Python imports other npusim sources", file=sys.stderr)
@@ -474,30 +488,27 @@ def serve(path: str) -> None:
     pid_path = path[: -len(".sock")] + ".pid"
     with open(pid_path, "w") as f:
         f.write(str(os.getpid()))
-    state = {"current": None, "dirty": False}
-
-    def interrupt(signum, frame):
-        current = state["current"]
-        if current is not None and current.active:
-            raise KeyboardInterrupt
-
-    signal.signal(signal.SIGINT, interrupt)
-    # What every call would import: the command line, the interpreter with Numba, the settings.
-    from . import cli, interpreter  # noqa: F401
-    from .tuning import tune_process
-
-    tune_process()
-    listener.settimeout(idle_seconds())
+    _preload()
+    idle = idle_seconds()
+    children: set = set()
+    last = time.monotonic()
     while True:
+        _reap(children)
+        if children:
+            last = time.monotonic()
+        left = idle - (time.monotonic() - last)
+        if left <= 0:
+            break
+        listener.settimeout(min(left, REAP_EVERY_S) if children else left)
         try:
             conn, _ = listener.accept()
         except TimeoutError:
-            break
+            continue
         with conn:
-            conn.settimeout(None)
-            _serve_safely(conn, state)
-        if state.get("dirty"):
-            break
+            pid = _fork_call(conn, listener)
+        if pid:
+            children.add(pid)
+        last = time.monotonic()
     # Idle: new clients start a new server from here on; those already queued are served first.
     try:
         if os.stat(path).st_ino == inode:
@@ -506,14 +517,13 @@ def serve(path: str) -> None:
     except FileNotFoundError:  # stop() took them
         pass
     listener.setblocking(False)
-    while not state.get("dirty"):  # queued clients of a dirty server run in their own process
+    while True:
         try:
             conn, _ = listener.accept()
         except (BlockingIOError, OSError):
             break
         with conn:
-            conn.setblocking(True)
-            _serve_safely(conn, state)
+            _fork_call(conn, listener)
     listener.close()
 
 

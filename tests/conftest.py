@@ -14,6 +14,9 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 sys.path.insert(0, os.path.dirname(__file__))
+# The `npusim` commands the tests start run in processes of their own, as each test expects, and
+# leave no resident server behind (tests/test_resident.py starts its own, and stops them).
+os.environ["NPUSIM_RESIDENT"] = "0"
 
 _common = dict(
     database=None,

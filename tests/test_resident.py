@@ -1,8 +1,9 @@
 """The resident server (npusim/resident.py, NPUSIM_RESIDENT=1): a call through it writes the same
 bytes, prints the same lines and exits with the same status as the command in its own process; it
 reads and writes the caller's own files, working directory and streams; Ctrl-C interrupts the
-command and the server serves on; one server serves many calls, and another environment gets
-another server. Each test has its own runtime folder and stops its servers."""
+command and the server serves on; calls run side by side, each in a process of its own; one server
+serves many calls, and another environment gets another server; it is the default on Linux. Each
+test has its own runtime folder and stops its servers."""
 
 from __future__ import annotations
 
@@ -142,13 +143,12 @@ def test_the_caller_stdin_is_the_command_stdin(env, files):
     assert (files / "y.npy").read_bytes() == (files / "y2.npy").read_bytes()
 
 
-@pytest.mark.parametrize("how", ["ctrl-c", "killed"])
-def test_an_interrupted_call_stops_its_command_and_a_fresh_server_takes_the_next(env, files, how):
+def blocked_call(env, files):
+    """A call whose command waits until its input fifo gets a writer (deterministically)."""
     fifo = files / "never-written.npy"
-    os.mkfifo(fifo)  # reading it blocks until a writer comes: a command that waits, deterministically
-    assert npusim(["inspect", "conv.tflite"], env, files).returncode == 0  # the server is up
-    pid = server_pid(env)
-    waiting = subprocess.Popen(
+    if not fifo.exists():
+        os.mkfifo(fifo)
+    return subprocess.Popen(
         ENTRY + ["run", "conv.tflite", "--input", str(fifo), "--output", "y.npy"],
         env=env,
         cwd=files,
@@ -156,17 +156,87 @@ def test_an_interrupted_call_stops_its_command_and_a_fresh_server_takes_the_next
         stderr=subprocess.PIPE,
         text=True,
     )
-    time.sleep(1.0)  # the call has reached the server and blocks in it
+
+
+def call_processes(server: int) -> list:
+    """The processes the server has forked for calls still running (not those ended, unreaped yet)."""
+    with open(f"/proc/{server}/task/{server}/children") as f:
+        return [int(p) for p in f.read().split() if alive(int(p))]
+
+
+def wait_for(predicate, timeout=60.0):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+@pytest.mark.parametrize("how", ["ctrl-c", "killed"])
+def test_an_interrupted_call_stops_its_command_and_the_server_serves_on(env, files, how):
+    assert npusim(["inspect", "conv.tflite"], env, files).returncode == 0  # the server is up
+    pid = server_pid(env)
+    waiting = blocked_call(env, files)
+    wait_for(lambda: len(call_processes(pid)) == 1)  # the call has reached the server and blocks there
+    (forked,) = call_processes(pid)
     assert waiting.poll() is None
     waiting.send_signal(signal.SIGINT if how == "ctrl-c" else signal.SIGKILL)
     out, err = waiting.communicate(timeout=60)
     if how == "ctrl-c":
-        assert waiting.returncode == 130 and err.strip().endswith("error: interrupted")
-    # The interrupted command's state may be half made: its server exits, the next call starts another.
+        assert (waiting.returncode, err.strip().splitlines()[-1:]) == (130, ["error: interrupted"]), err
+    wait_for(lambda: not alive(forked))  # the call's own process ended with it
+    # What the interrupted command did to its process ended with that process: the same server
+    # serves the next call.
     done = npusim(["run", "conv.tflite", "--input", "x.npy", "--output", "y.npy"], env, files, timeout=60)
     assert done.returncode == 0, done.stderr
-    assert server_pid(env) != pid and not alive(pid)
+    assert server_pid(env) == pid and alive(pid)
     assert not (files / "never-written.npy.tmp").exists()
+
+
+def test_calls_run_side_by_side(env, files):
+    # A call that waits does not hold the others: they are served while it blocks.
+    assert npusim(["inspect", "conv.tflite"], env, files).returncode == 0
+    waiting = blocked_call(env, files)
+    wait_for(lambda: len(call_processes(server_pid(env))) == 1)
+    started = time.monotonic()
+    for k in range(3):
+        done = npusim(["run", "conv.tflite", "--input", "x.npy", "--output", f"y{k}.npy"], env, files)
+        assert done.returncode == 0 and done.stderr == "", done.stderr
+    assert waiting.poll() is None
+    waiting.send_signal(signal.SIGINT)
+    assert waiting.wait(timeout=60) == 130
+    assert time.monotonic() - started < resident.BUSY_WAIT_S  # none waited out the server and fell back
+
+
+def test_a_call_whose_process_dies_is_one_error_line_and_the_server_serves_on(env, files):
+    assert npusim(["inspect", "conv.tflite"], env, files).returncode == 0
+    pid = server_pid(env)
+    waiting = blocked_call(env, files)
+    wait_for(lambda: len(call_processes(pid)) == 1)
+    os.kill(call_processes(pid)[0], signal.SIGKILL)  # as a crash in a kernel would end it
+    out, err = waiting.communicate(timeout=60)
+    assert waiting.returncode == 1
+    assert err.strip().splitlines() == [err.strip()] and "stopped during the command" in err
+    assert npusim(["inspect", "conv.tflite"], env, files).returncode == 0
+    assert server_pid(env) == pid
+
+
+def test_the_server_is_the_default_on_linux_and_0_turns_it_off(env, files):
+    default = {k: v for k, v in env.items() if k != "NPUSIM_RESIDENT"}
+    paths = resident.server_paths(default)
+    off = npusim(["inspect", "conv.tflite"], dict(default, NPUSIM_RESIDENT="0"), files)
+    assert off.returncode == 0 and not os.path.exists(paths["pid"])
+    on = npusim(["inspect", "conv.tflite"], default, files)
+    assert (on.returncode, on.stdout, on.stderr) == (off.returncode, off.stdout, off.stderr)
+    assert os.path.exists(paths["pid"]) == resident.DEFAULT_ON
+
+
+def test_a_call_creates_files_under_the_callers_file_mode_mask(env, files):
+    args = ["run", "conv.tflite", "--input", "x.npy", "--output", "y.npy"]
+    for mask in (0o077, 0o022):
+        (files / "y.npy").unlink(missing_ok=True)
+        done = npusim(args, env, files, preexec_fn=lambda mask=mask: os.umask(mask))
+        assert done.returncode == 0, done.stderr
+        assert (files / "y.npy").stat().st_mode & 0o777 == 0o666 & ~mask
 
 
 def test_a_bad_switch_or_idle_time_is_one_error_line(env, files):
