@@ -190,8 +190,9 @@ def first_call_lines(shared: Path, batches: dict, reps: int, log=print) -> list[
 
 def commands(model: Path, x_path: Path, out_dir: Path, resident_env: dict) -> dict:
     """The one-shot commands on one input file: name -> (argv, where it writes its output, its
-    environment). "resident" is the same `npusim run` as a call to the resident server
-    (npusim/resident.py) that resident_env points to."""
+    environment). "resident" is the same `npusim run` as the `npusim` script runs it by default on
+    Linux, a call to the resident server (npusim/resident.py) that resident_env points to; "npusim"
+    runs it in a process of its own (NPUSIM_RESIDENT=0)."""
     y_sim, y_res, y_lrt = out_dir / "npusim.npy", out_dir / "resident.npy", out_dir / "litert.npy"
     run = ["run", str(model), "--input", str(x_path), "--profile", "xnnpack", "--output"]
     return {
@@ -208,7 +209,11 @@ def resident_server():
     from npusim import resident
 
     folder = tempfile.mkdtemp(prefix="npb", dir="/tmp")  # short: a socket path is at most 100 bytes
-    env = dict(os.environ, NPUSIM_RESIDENT="1", XDG_RUNTIME_DIR=folder)
+    env = dict(os.environ, XDG_RUNTIME_DIR=folder)
+    if resident.DEFAULT_ON:  # measure the default, as a user's call gets it
+        env.pop("NPUSIM_RESIDENT", None)
+    else:
+        env["NPUSIM_RESIDENT"] = "1"
     try:
         yield env
     finally:
@@ -259,7 +264,7 @@ def bench_one_shot(shared: Path, batches: dict, reps: int, log=print) -> list[st
                     v.shape == b.shape and v.dtype == b.dtype and np.array_equal(v, b) for v in (a, r)
                 )
                 log(
-                    f"  one shot {name} batch {n}: npusim {sim:.3f} s, resident {res:.3f} s, "
+                    f"  one shot {name} batch {n}: own process {sim:.3f} s, resident {res:.3f} s, "
                     f"LiteRT {lrt:.3f} s, exact {exact}"
                 )
                 spread = {k: f"{fmt_ms(min(v))}-{fmt_ms(max(v))}" for k, v in times.items()}
@@ -275,16 +280,17 @@ def bench_one_shot(shared: Path, batches: dict, reps: int, log=print) -> list[st
     return [
         f"CPU: {cpu_model()}; features {cpu_flags()}; npusim MAC kernels: {kernel_path()}.",
         "",
-        "| model | batch | npusim run ms [min-max] | resident ms [min-max] | LiteRT script ms [min-max] "
-        "| LiteRT/npusim | LiteRT/resident | exact (xnnpack profile) |",
+        "| model | batch | own process ms [min-max] | resident (default) ms [min-max] "
+        "| LiteRT script ms [min-max] | LiteRT/own process | LiteRT/resident | exact (xnnpack profile) |",
         "|---|---|---|---|---|---|---|---|",
         *rows,
         "",
         f"Wall time of a fresh process, start to output written, median of {reps} runs after one untimed "
-        "round, the three in turn. npusim: `python -m npusim.cli run MODEL --input X.npy --output "
-        f"Y.npy --profile xnnpack`. resident: the same call with NPUSIM_RESIDENT=1 (`python -m "
-        "npusim.resident run ...`, what the `npusim` script runs), served by a server that the untimed "
-        "round started and that stays up between calls (npusim/resident.py). LiteRT: a script that "
+        "round, the three in turn. own process: `python -m npusim.cli run MODEL --input X.npy --output "
+        "Y.npy --profile xnnpack`, what `npusim` does with NPUSIM_RESIDENT=0. resident: the same call as "
+        "the `npusim` script makes it by default on Linux (`python -m npusim.resident run ...`), served "
+        "by a server that the untimed round started and that stays up between calls, in a process it "
+        "forks for the call (npusim/resident.py). LiteRT: a script that "
         f"loads the model (num_threads={LITERT_THREADS}, "
         "XNNPACK), resizes the input to the batch, invokes once and saves the output "
         "(experiments/bench_oneshot.py LITERT_SCRIPT). A ratio under 1 means npusim takes longer; what its "

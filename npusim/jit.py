@@ -38,6 +38,7 @@ import tempfile
 import threading
 import time
 import types
+import weakref
 from pathlib import Path
 
 try:
@@ -450,6 +451,12 @@ class _LazyCache:
         return getattr(self._cache, name)
 
 
+# The serial kernels defined so far, by "module:qualname": what a process that forks for its work
+# (npusim/resident.py) may load before it forks. A threaded kernel's load starts Numba's thread pool,
+# which a fork does not carry over, so those are not listed.
+SERIAL_KERNELS = weakref.WeakValueDictionary()
+
+
 def njit(fn=None, **flags):
     """numba.njit with npusim's cache (as cache=True, in the directory of the sources' digest)."""
 
@@ -459,9 +466,35 @@ def njit(fn=None, **flags):
         # The digest of the sources as they are when the kernel is defined, not at its first call:
         # a source edited in between (a notebook) must not key the old code's machine code.
         sources_digest()
+        if not flags.get("parallel"):
+            SERIAL_KERNELS[f"{f.__module__}:{f.__qualname__}"] = dispatcher
         return dispatcher
 
     return decorate if fn is None else decorate(fn)
+
+
+def loaded_serial_kernels() -> list:
+    """(key, signature) of every serial kernel's loaded machine code in this process."""
+    return [(key, sig) for key, d in list(SERIAL_KERNELS.items()) for sig in list(d.overloads)]
+
+
+def load_serial_kernel(key: str, sig) -> bool:
+    """Load a serial kernel's machine code for sig from the cache as its first call would, never
+    compiling; whether it is loaded (False: no such kernel defined here, or not in the cache)."""
+    from numba.core.compiler_lock import global_compiler_lock
+
+    dispatcher = SERIAL_KERNELS.get(key)
+    if dispatcher is None:
+        return False
+    with global_compiler_lock:
+        if tuple(sig) in dispatcher.overloads:
+            return True
+        cres = dispatcher._cache.load_overload(sig, dispatcher.targetctx)
+        if cres is None:
+            return False
+        dispatcher.targetctx.insert_user_function(cres.entry_point, cres.fndesc, [cres.library])
+        dispatcher.add_overload(cres)  # what Dispatcher.compile does with a cache hit
+    return True
 
 
 def renamed(fn, suffix: str, **globals_):

@@ -430,22 +430,38 @@ def _serve_call(conn) -> None:
     conn.sendall(_STATUS.pack(code))
 
 
-def _fork_call(conn, listener) -> int | None:
-    """Fork a process for the call on conn; its pid (None where fork failed: the client, whose
-    connection closes, runs the command in its own process)."""
+def _fork_call(conn, listener) -> tuple | None:
+    """Fork a process for the call on conn: (its pid, the read end of a pipe on which it names the
+    modules the call imported), or None where fork failed (the client, whose connection closes, runs
+    the command in its own process)."""
+    learned, report = os.pipe()
     try:
         pid = os.fork()
     except OSError as e:
         print(f"npusim resident: fork failed: {e.strerror}", file=sys.stderr)
+        os.close(learned)
+        os.close(report)
         return None
     if pid:
-        return pid
+        os.close(report)
+        os.set_blocking(learned, False)  # a process the command started may hold the other end
+        return pid, learned
     # The child: whatever happens, it ends here, and never returns into the server's loop.
     try:
+        os.close(learned)
         listener.close()
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         conn.settimeout(None)
+        modules = set(sys.modules)
         _serve_call(conn)
+        import pickle
+
+        from .ops.base import loaded_serial_kernels
+
+        imported = [m for m in sys.modules if m not in modules and not m.startswith("__")]
+        report_of = pickle.dumps((imported, loaded_serial_kernels()))
+        os.set_blocking(report, False)  # a report the pipe cannot take is dropped, never waited on
+        os.write(report, report_of)
     except BaseException:  # a client that left mid-call, a bug here: into the log (or the caller's stderr)
         import traceback
 
@@ -457,14 +473,68 @@ def _fork_call(conn, listener) -> int | None:
         os._exit(0)
 
 
-def _reap(children: set) -> None:
+def _learn(learned: int) -> None:
+    """Import what an ended call imported and load the serial kernels it loaded (from the cache:
+    never a compile), so that later calls do not: its kernels' cache loads pull in parts of Numba, the
+    threading layer's module and numpy.ma, and each kernel's load takes milliseconds. The server
+    still runs no kernel, and loads no threaded one (jit.SERIAL_KERNELS)."""
+    import importlib
+    import pickle
+
+    from .ops.base import load_serial_kernel
+
+    data = b""
+    try:
+        while chunk := os.read(learned, 1 << 16):
+            data += chunk
+    except BlockingIOError:
+        pass
+    finally:
+        os.close(learned)
+    try:
+        imported, kernels = pickle.loads(data)  # from a process forked from this one
+    except Exception:  # noqa: BLE001 - a call that ended before its report, or one too long
+        return
+    for name in imported:
+        if name not in sys.modules:
+            try:
+                importlib.import_module(name)
+            except Exception:  # noqa: BLE001 - a module only a call's own state could import
+                pass
+    for key, sig in kernels:
+        try:
+            load_serial_kernel(key, sig)
+        except Exception:  # noqa: BLE001 - a kernel this process cannot load: its calls load it
+            pass
+
+
+def _threads() -> int:
+    """This process's threads, native ones too where the OS lists them (numpy's BLAS starts its own
+    at import; it stops them around a fork itself)."""
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return threading.active_count()
+
+
+def _reap(children: dict, threads: int) -> bool:
+    """Collect the calls' processes that have ended, and learn their imports; whether the server is
+    still fit to fork: no thread more than it had after its preload (a module that started one at
+    import leaves it unfit, and the server then stops, so that the next call starts a fresh one)."""
     for pid in list(children):
         try:
             done, _ = os.waitpid(pid, os.WNOHANG)
         except ChildProcessError:
             done = pid
         if done:
-            children.discard(pid)
+            _learn(children.pop(pid))
+    if threading.active_count() > 1 or _threads() > threads:
+        print(
+            "npusim resident: a thread was started in the server, which must not fork: stopping",
+            file=sys.stderr,
+        )
+        return False
+    return True
 
 
 def serve(path: str) -> None:
@@ -489,11 +559,15 @@ def serve(path: str) -> None:
     with open(pid_path, "w") as f:
         f.write(str(os.getpid()))
     _preload()
+    threads = _threads()
     idle = idle_seconds()
-    children: set = set()
+    children: dict = {}  # pid -> the read end of its report of imports
     last = time.monotonic()
+    fit = True
     while True:
-        _reap(children)
+        fit = _reap(children, threads)
+        if not fit:
+            break
         if children:
             last = time.monotonic()
         left = idle - (time.monotonic() - last)
@@ -505,9 +579,10 @@ def serve(path: str) -> None:
         except TimeoutError:
             continue
         with conn:
-            pid = _fork_call(conn, listener)
-        if pid:
-            children.add(pid)
+            forked = _fork_call(conn, listener)
+        if forked:
+            pid, learned = forked
+            children[pid] = learned
         last = time.monotonic()
     # Idle: new clients start a new server from here on; those already queued are served first.
     try:
@@ -522,8 +597,10 @@ def serve(path: str) -> None:
             conn, _ = listener.accept()
         except (BlockingIOError, OSError):
             break
-        with conn:
-            _fork_call(conn, listener)
+        with conn:  # an unfit server closes it: the client runs the command in its own process
+            forked = _fork_call(conn, listener) if fit else None
+        if forked:
+            os.close(forked[1])
     listener.close()
 
 

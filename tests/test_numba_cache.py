@@ -12,6 +12,8 @@ import os
 import subprocess
 import sys
 
+import numpy as np
+
 import npusim.ops.activations
 import npusim.quant
 from npusim import jit
@@ -261,3 +263,44 @@ def test_the_first_runs_after_prepare_load_no_kernel():
 
     assert loads("warm") == []
     assert loads("cold") != []
+
+
+PRELOAD_CHILD = """
+import json, sys
+import numba, numpy as np
+from npusim import jit, quant
+x = np.arange(-300, 300, dtype=np.int64) * 9973
+key, sig = "npusim.quant:mbqm_array", (numba.typeof(x), numba.int64, numba.int64)
+if sys.argv[1] == "compile":
+    quant.mbqm_array(x, 1518500250, -3)
+    print(json.dumps([[k, str(s)] for k, s in jit.loaded_serial_kernels()]))
+else:
+    other = (numba.typeof(x.astype(np.int32)), numba.int64, numba.int64)  # never compiled
+    loaded = jit.load_serial_kernel(key, sig)
+    before_call = len(quant.mbqm_array.overloads)
+    y = quant.mbqm_array(x, 1518500250, -3)
+    print(json.dumps({"loaded": loaded, "other": jit.load_serial_kernel(key, other),
+                      "overloads": before_call, "after_call": len(quant.mbqm_array.overloads),
+                      "misses": sum(quant.mbqm_array.stats.cache_misses.values()),
+                      "y": int(y.sum())}))
+"""
+
+
+def test_a_serial_kernel_preloads_from_the_cache_and_never_compiles(tmp_path):
+    # What the resident server does before it forks for a call (npusim/resident.py): load the serial
+    # kernels its calls loaded, from the cache only; a signature the cache lacks is left to the call.
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path))
+
+    def child(mode):
+        done = subprocess.run(
+            [sys.executable, "-c", PRELOAD_CHILD, mode], env=env, capture_output=True, text=True
+        )
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout.splitlines()[-1])
+
+    assert any(k == "npusim.quant:mbqm_array" for k, _ in child("compile"))  # listed once loaded
+    got = child("preload")
+    assert got["loaded"] and got["overloads"] == 1 and got["after_call"] == 1  # the call found it loaded
+    assert got["other"] is False and got["misses"] == 0  # not compiled for the signature it lacked
+    x = np.arange(-300, 300, dtype=np.int64) * 9973
+    assert got["y"] == int(npusim.quant.mbqm_array(x, 1518500250, -3).sum())

@@ -112,10 +112,15 @@ def test_a_call_writes_prints_and_exits_as_the_command_in_its_own_process(env, f
 
 def test_one_server_serves_many_calls_and_another_environment_gets_its_own(env, files):
     args = ["run", "conv.tflite", "--input", "x.npy", "--output", "y.npy"]
-    assert npusim(args, env, files).returncode == 0
-    first = server_pid(env)
-    assert npusim(args, env, files).returncode == 0
-    assert server_pid(env) == first
+    assert npusim(args, dict(env, NPUSIM_RESIDENT="0"), files).returncode == 0
+    alone = (files / "y.npy").read_bytes()
+    first = None
+    for _ in range(3):  # the later calls run on the kernels the server loaded after the first
+        (files / "y.npy").unlink()
+        assert npusim(args, env, files).returncode == 0
+        assert (files / "y.npy").read_bytes() == alone
+        first = first or server_pid(env)
+        assert server_pid(env) == first
     other = dict(env, NPUSIM_AVX2="0")  # a numeric switch: another key, another server
     assert resident.server_key(other) != resident.server_key(env)
     assert npusim(args, other, files).returncode == 0
@@ -171,13 +176,21 @@ def wait_for(predicate, timeout=60.0):
         time.sleep(0.02)
 
 
+def wait_until_blocked(server: int) -> int:
+    """The process forked for the one call running, once its command has had time to start and block
+    (a Ctrl-C while click still parses the arguments is click's "Aborted!", in any process)."""
+    wait_for(lambda: len(call_processes(server)) == 1)
+    time.sleep(1.0)
+    (forked,) = call_processes(server)
+    return forked
+
+
 @pytest.mark.parametrize("how", ["ctrl-c", "killed"])
 def test_an_interrupted_call_stops_its_command_and_the_server_serves_on(env, files, how):
     assert npusim(["inspect", "conv.tflite"], env, files).returncode == 0  # the server is up
     pid = server_pid(env)
     waiting = blocked_call(env, files)
-    wait_for(lambda: len(call_processes(pid)) == 1)  # the call has reached the server and blocks there
-    (forked,) = call_processes(pid)
+    forked = wait_until_blocked(pid)
     assert waiting.poll() is None
     waiting.send_signal(signal.SIGINT if how == "ctrl-c" else signal.SIGKILL)
     out, err = waiting.communicate(timeout=60)
@@ -196,7 +209,7 @@ def test_calls_run_side_by_side(env, files):
     # A call that waits does not hold the others: they are served while it blocks.
     assert npusim(["inspect", "conv.tflite"], env, files).returncode == 0
     waiting = blocked_call(env, files)
-    wait_for(lambda: len(call_processes(server_pid(env))) == 1)
+    wait_until_blocked(server_pid(env))
     started = time.monotonic()
     for k in range(3):
         done = npusim(["run", "conv.tflite", "--input", "x.npy", "--output", f"y{k}.npy"], env, files)
@@ -211,8 +224,7 @@ def test_a_call_whose_process_dies_is_one_error_line_and_the_server_serves_on(en
     assert npusim(["inspect", "conv.tflite"], env, files).returncode == 0
     pid = server_pid(env)
     waiting = blocked_call(env, files)
-    wait_for(lambda: len(call_processes(pid)) == 1)
-    os.kill(call_processes(pid)[0], signal.SIGKILL)  # as a crash in a kernel would end it
+    os.kill(wait_until_blocked(pid), signal.SIGKILL)  # as a crash in a kernel would end it
     out, err = waiting.communicate(timeout=60)
     assert waiting.returncode == 1
     assert err.strip().splitlines() == [err.strip()] and "stopped during the command" in err

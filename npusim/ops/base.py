@@ -6,7 +6,10 @@ import numpy as np
 
 from ..errors import NpusimError
 from ..graph import Graph, Op, Tensor
-from ..jit import both_forms  # noqa: F401 - for the interpreter's warm-up, which must not import jit.py (jit.py: kernel sources)
+
+# For the interpreter's warm-up and the resident server's preloads, which must not import jit.py
+# (jit.py: kernel sources).
+from ..jit import both_forms, load_serial_kernel, loaded_serial_kernels  # noqa: F401
 
 
 def broadcast_crossing(operands, y, core: int = 0) -> str | None:
