@@ -496,7 +496,10 @@ def _learn(learned: int) -> None:
     except Exception:  # noqa: BLE001 - a call that ended before its report, or one too long
         return
     for name in imported:
-        if name not in sys.modules:
+        top = name.partition(".")[0]
+        # Parts of packages the server has, and the standard library's: not a package new to it,
+        # whose import might start threads (onnxruntime's does) or cost more than it saves.
+        if name not in sys.modules and (top in sys.modules or top in sys.stdlib_module_names):
             try:
                 importlib.import_module(name)
             except Exception:  # noqa: BLE001 - a module only a call's own state could import
