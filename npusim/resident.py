@@ -247,9 +247,16 @@ def call(argv: list, env=os.environ) -> int:
     idle_seconds(env)  # a bad value is the caller's error, before a server is started with it
     paths = server_paths(env)
     try:
+        cwd = os.getcwd()
+    except OSError as e:  # removed: the command runs where it is, in its own process
+        raise Unavailable(f"the working directory: {e.strerror}") from None
+    umask = os.umask(0o022)
+    os.umask(umask)
+    request = {"argv": list(argv), "cwd": cwd, "env": dict(env), "umask": umask}
+    try:
         conn, fresh = connect_or_start(paths, env)
     except OSError as e:  # the runtime folder full or read-only, no more processes, ...
-        raise Unavailable(f"{e.filename or paths['sock']}: {e.strerror}") from None
+        raise Unavailable(f"{e.filename}: {e.strerror}" if e.filename else str(e.strerror)) from None
     with conn:
         # The process forked for the call says when it has it. A server that does not answer (one
         # stopped, or starting up under load) must not hold the call: it runs in its own process.
@@ -261,9 +268,6 @@ def call(argv: list, env=os.environ) -> int:
         if ready != b"R":
             raise Unavailable(f"the server closed the connection, see {paths['log']}")
         conn.settimeout(None)
-        umask = os.umask(0o022)
-        os.umask(umask)
-        request = {"argv": list(argv), "cwd": os.getcwd(), "env": dict(env), "umask": umask}
         header = json.dumps(request).encode()
         socket.send_fds(conn, [_HEADER.pack(len(header))], _open_stdio())
         conn.sendall(header)

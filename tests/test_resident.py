@@ -310,3 +310,21 @@ def test_the_client_imports_no_numerics(env, files):
     )
     done = subprocess.run([sys.executable, "-c", code], env=env, cwd=files, capture_output=True, text=True)
     assert done.stdout.splitlines()[-1] == "0 False False False False", done.stdout + done.stderr
+
+
+def test_a_call_from_a_removed_working_directory_runs_in_its_own_process(env, files):
+    gone = files / "gone"
+    gone.mkdir()
+    code = (
+        "import os, sys; os.chdir(sys.argv[1]); os.rmdir(sys.argv[1]); "
+        "from npusim.resident import main; sys.argv = ['npusim', 'inspect', sys.argv[2]]; sys.exit(main())"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(gone), str(files / "conv.tflite")],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0 and "inputs:" in done.stdout
+    why = "the working directory: No such file or directory"
+    assert done.stderr.strip() == f"npusim: no resident server ({why}); running in this process"
