@@ -178,7 +178,7 @@ def _connect(path: str):
 
 def connect_or_start(paths: dict, env=os.environ):
     """A connection to the server at paths["sock"], started first when none answers there, and
-    whether it was. One client at a time starts it (an flock), the others then connect to it."""
+    whether it is new. One client at a time starts it (an flock), the others then connect to it."""
     s = _connect(paths["sock"])
     if s is not None:
         return s, False
@@ -188,8 +188,8 @@ def connect_or_start(paths: dict, env=os.environ):
     with open(paths["lock"], "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         s = _connect(paths["sock"])
-        if s is not None:
-            return s, False
+        if s is not None:  # another client has just started it: it may still be loading
+            return s, True
         if os.path.exists(paths["sock"]):  # a server that was killed left its socket
             os.unlink(paths["sock"])
         with open(paths["log"], "ab") as log:

@@ -328,3 +328,26 @@ def test_a_call_from_a_removed_working_directory_runs_in_its_own_process(env, fi
     assert done.returncode == 0 and "inputs:" in done.stdout
     why = "the working directory: No such file or directory"
     assert done.stderr.strip() == f"npusim: no resident server ({why}); running in this process"
+
+
+def test_calls_that_come_together_start_one_server_and_all_run_on_it(env, files):
+    calls = [
+        subprocess.Popen(
+            ENTRY + ["run", "conv.tflite", "--input", "x.npy", "--output", f"y{k}.npy"],
+            env=env,
+            cwd=files,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for k in range(4)
+    ]
+    for c in calls:
+        out, err = c.communicate(timeout=300)
+        assert c.returncode == 0 and err == "", err  # none fell back to its own process
+    pid = server_pid(env)
+    assert alive(pid)
+    assert len({(files / f"y{k}.npy").read_bytes() for k in range(4)}) == 1
+    paths = resident.server_paths(env)
+    pids = [f for f in os.listdir(os.path.dirname(paths["pid"])) if f.endswith(".pid")]
+    assert pids == [os.path.basename(paths["pid"])]  # one server
