@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -282,6 +283,37 @@ def inspect(model, target, fmt, calibration, npu_efficiency, m55_macs_per_cycle)
         return
     note = unsupported_line(interp, "`npusim run` refuses the model, the totals leave them out")
     click.echo("\n".join([*head, *op_table(records), *([note] if note else [])]))
+
+
+@main.group()
+def server():
+    """The resident server that serves `npusim` calls (Linux: by default; NPUSIM_RESIDENT=0 turns it
+    off): one per user, Python, installed sources and numeric environment (docs/performance.md)."""
+
+
+@server.command("status")
+def server_status():
+    """Whether a server serves this environment's calls (exit 0) or not (exit 1)."""
+    from . import resident_files
+
+    found = resident_files.running(os.environ)
+    if found is None:
+        click.echo("npusim server: not running")
+        sys.exit(1)
+    click.echo(f"npusim server: running, pid {found['pid']}, socket {found['sock']}, log {found['log']}")
+
+
+@server.command("stop")
+def server_stop():
+    """Stop the server that serves this environment's calls; the calls it runs finish. Exit 0 if one
+    was stopped, 1 if none ran."""
+    from . import resident_files
+
+    found = resident_files.running(os.environ)
+    if found is None or not resident_files.stop(os.environ):
+        click.echo("npusim server: not running")
+        sys.exit(1)
+    click.echo(f"npusim server: stopped pid {found['pid']}")
 
 
 @main.group()

@@ -15,48 +15,32 @@ environment and file mode mask, its own stdin, stdout and stderr (the file descr
 are passed, not copies of the text), its exit status, and Ctrl-C, which interrupts the command
 (exit 130, as in process).
 
-One server per user, Python, installed sources (npusim's and its numeric dependencies') and
-numeric environment (the variables of KEYED_PREFIXES): a change of any of them starts another
-server, and a server exits after NPUSIM_RESIDENT_IDLE_S seconds (default IDLE_S) without a call.
-Its socket, pid and log are in $XDG_RUNTIME_DIR/npusim-<uid>/ (else $TMPDIR or /tmp), a directory
-that must be this user's alone. Where Unix sockets with descriptor passing are missing (Windows),
-that directory is not private or no server answers, the command runs in its own process (with
+One server per user, Python, installed sources (npusim's and its numeric dependencies') and numeric
+environment (the variables of resident_files.KEYED_PREFIXES): a change of any of them starts another
+server, and a server exits after NPUSIM_RESIDENT_IDLE_S seconds (default IDLE_S) without a call. Its
+socket, pid and log are in $XDG_RUNTIME_DIR/npusim-<uid>/ (else $TMPDIR or /tmp), a directory that
+must be this user's alone. Where Unix sockets with descriptor passing are missing (Windows), that
+directory is not private or no server answers, the command runs in its own process (with
 NPUSIM_RESIDENT=1, after one line saying why). The server itself never runs a kernel, so no thread
 pool is started before a fork.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import signal
 import socket
-import stat
 import struct
 import sys
 import threading
 import time
 
-ENV = "NPUSIM_RESIDENT"
+# Where a server is (its key and files), found and stopped: npusim/resident_files.py.
+from .resident_files import ENV, Unavailable, running, server_key, server_paths, stop  # noqa: F401
+
 IDLE_ENV = "NPUSIM_RESIDENT_IDLE_S"
 IDLE_S = 600.0
-# The environment a server's numerics were set up under: Numba's, the BLAS libraries' and npusim's
-# own switches, the loader's, Python's (paths, I/O encoding) and the locale (the streams' encoding).
-KEYED_PREFIXES = (
-    "NPUSIM_",
-    "NUMBA_",
-    "OMP_",
-    "KMP_",
-    "OPENBLAS_",
-    "MKL_",
-    "GOTO",
-    "LD_",
-    "PYTHON",
-    "LC_",
-    "LANG",
-)
-DEPENDENCIES = ("numpy", "numba", "llvmlite", "scipy", "click", "flatbuffers")
 STDIO = (0, 1, 2)
 # Where a server is used without NPUSIM_RESIDENT=1: Linux, whose fork keeps a process with Numba
 # and LLVM loaded usable (macOS's system libraries do not promise that after fork without exec).
@@ -68,10 +52,6 @@ _HEADER = struct.Struct("!I")
 _STATUS = struct.Struct("!i")
 
 
-class Unavailable(Exception):
-    """No resident server for this call: the command runs in its own process."""
-
-
 def main() -> int:
     """The `npusim` console script: through the resident server (by default where it is DEFAULT_ON,
     else with NPUSIM_RESIDENT=1), or, with NPUSIM_RESIDENT=0 or where no server can serve, the command
@@ -80,7 +60,8 @@ def main() -> int:
     if switch not in ("", "0", "1"):
         print(f"error: {ENV}={switch}: expected 0 or 1", file=sys.stderr)
         return 2
-    if switch == "1" or (switch == "" and DEFAULT_ON):
+    about_the_server = sys.argv[1:2] == ["server"]  # `npusim server status|stop`: never through it
+    if (switch == "1" or (switch == "" and DEFAULT_ON)) and not about_the_server:
         try:
             return call(sys.argv[1:])
         except Unavailable as e:
@@ -97,9 +78,6 @@ def main() -> int:
     return cli_main(prog_name="npusim")  # the served command's name too, however it was started
 
 
-# ---- where the server is ---------------------------------------------------------------------
-
-
 def idle_seconds(env=os.environ) -> float:
     text = env.get(IDLE_ENV, str(IDLE_S))
     try:
@@ -109,58 +87,6 @@ def idle_seconds(env=os.environ) -> float:
     if not value > 0:
         raise ValueError(f"{IDLE_ENV}={text}: expected a number of seconds > 0")
     return value
-
-
-def server_key(env=os.environ) -> str:
-    """What a server must share with the call it serves (see the module's docstring)."""
-    import importlib.util
-
-    package = os.path.dirname(os.path.abspath(__file__))
-    sources = []
-    for root, dirs, files in os.walk(package):
-        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
-        for name in sorted(files):
-            if name.endswith(".py"):
-                st = os.stat(os.path.join(root, name))
-                sources.append(
-                    (os.path.relpath(os.path.join(root, name), package), st.st_mtime_ns, st.st_size)
-                )
-    deps = []
-    for name in DEPENDENCIES:
-        spec = importlib.util.find_spec(name)
-        origin = spec.origin if spec and spec.origin else ""
-        st = os.stat(origin) if origin else None
-        deps.append((name, origin, st.st_mtime_ns if st else 0))
-    keyed = sorted((k, v) for k, v in env.items() if k.startswith(KEYED_PREFIXES) and not k.startswith(ENV))
-    blob = json.dumps([sys.executable, sys.version, package, sources, deps, keyed])
-    return hashlib.sha256(blob.encode()).hexdigest()[:20]
-
-
-def runtime_dir(env=os.environ) -> str:
-    """This user's private folder for the servers' sockets (created, mode 700)."""
-    if not hasattr(socket, "AF_UNIX") or not hasattr(socket, "send_fds"):
-        raise Unavailable("this platform has no Unix sockets that pass file descriptors")
-    base = env.get("XDG_RUNTIME_DIR") or env.get("TMPDIR") or "/tmp"
-    path = os.path.join(base, f"npusim-{os.getuid()}")
-    try:
-        os.makedirs(path, mode=0o700, exist_ok=True)
-        st = os.lstat(path)
-    except OSError as e:
-        raise Unavailable(f"{path}: {e.strerror}") from None
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
-        raise Unavailable(
-            f"{path}: expected a directory of this user's with mode 700, got mode {st.st_mode & 0o777:o}"
-        )
-    return path
-
-
-def server_paths(env=os.environ) -> dict:
-    """The socket, pid file, log and start lock of the server that would serve a call under `env`."""
-    base = os.path.join(runtime_dir(env), server_key(env))
-    paths = {kind: f"{base}.{kind}" for kind in ("sock", "pid", "log", "lock")}
-    if len(os.fsencode(paths["sock"])) > 100:  # sun_path holds 104 to 108 bytes
-        raise Unavailable(f"{paths['sock']}: a socket path must be at most 100 bytes")
-    return paths
 
 
 # ---- the client --------------------------------------------------------------------------------
@@ -294,33 +220,6 @@ def call(argv: list, env=os.environ) -> int:
         )
         return 1
     return _STATUS.unpack(status)[0]
-
-
-def _read(path: str) -> bytes:
-    try:
-        with open(path, "rb") as f:
-            return f.read()
-    except OSError:
-        return b""
-
-
-def stop(env=os.environ) -> bool:
-    """Stop the server that would serve a call under `env`, if one runs (SIGTERM); whether one did."""
-    try:
-        paths = server_paths(env)
-        with open(paths["pid"]) as f:
-            pid = int(f.read())
-        if os.path.isdir("/proc") and b"npusim.resident" not in _read(f"/proc/{pid}/cmdline"):
-            return False  # a stale pid file, its number reused by another process
-        os.kill(pid, signal.SIGTERM)
-    except (Unavailable, OSError, ValueError):
-        return False
-    for p in (paths["sock"], paths["pid"]):
-        try:
-            os.unlink(p)
-        except OSError:
-            pass
-    return True
 
 
 # ---- the server --------------------------------------------------------------------------------

@@ -351,3 +351,18 @@ def test_calls_that_come_together_start_one_server_and_all_run_on_it(env, files)
     paths = resident.server_paths(env)
     pids = [f for f in os.listdir(os.path.dirname(paths["pid"])) if f.endswith(".pid")]
     assert pids == [os.path.basename(paths["pid"])]  # one server
+
+
+def test_server_status_and_stop_tell_and_end_the_server_and_never_start_one(env, files):
+    default = {k: v for k, v in env.items() if k != "NPUSIM_RESIDENT"}
+    status = npusim(["server", "status"], default, files)
+    assert (status.returncode, status.stdout.strip()) == (1, "npusim server: not running")
+    assert resident.running(default) is None  # asking did not start one
+    assert npusim(["inspect", "conv.tflite"], env, files).returncode == 0
+    pid = server_pid(env)
+    status = npusim(["server", "status"], default, files)
+    assert status.returncode == 0 and f"running, pid {pid}," in status.stdout
+    stopped = npusim(["server", "stop"], default, files)
+    assert (stopped.returncode, stopped.stdout.strip()) == (0, f"npusim server: stopped pid {pid}")
+    wait_for(lambda: not alive(pid))
+    assert npusim(["server", "stop"], default, files).returncode == 1

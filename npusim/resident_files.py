@@ -1,0 +1,127 @@
+"""Where the resident server of a call is (npusim/resident.py): its key, its private folder, its
+socket, pid file and log; whether one runs, and stopping it. Apart from the server itself, so that
+the command line's `npusim server status|stop` can use it without importing the server."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import socket
+import stat
+import sys
+
+ENV = "NPUSIM_RESIDENT"
+# The environment a server's numerics were set up under: Numba's, the BLAS libraries' and npusim's
+# own switches, the loader's, Python's (paths, I/O encoding) and the locale (the streams' encoding).
+KEYED_PREFIXES = (
+    "NPUSIM_",
+    "NUMBA_",
+    "OMP_",
+    "KMP_",
+    "OPENBLAS_",
+    "MKL_",
+    "GOTO",
+    "LD_",
+    "PYTHON",
+    "LC_",
+    "LANG",
+)
+DEPENDENCIES = ("numpy", "numba", "llvmlite", "scipy", "click", "flatbuffers")
+
+
+class Unavailable(Exception):
+    """No resident server for this call: the command runs in its own process."""
+
+
+def server_key(env=os.environ) -> str:
+    """What a server must share with the call it serves (npusim/resident.py's docstring)."""
+    import importlib.util
+
+    package = os.path.dirname(os.path.abspath(__file__))
+    sources = []
+    for root, dirs, files in os.walk(package):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        for name in sorted(files):
+            if name.endswith(".py"):
+                st = os.stat(os.path.join(root, name))
+                sources.append(
+                    (os.path.relpath(os.path.join(root, name), package), st.st_mtime_ns, st.st_size)
+                )
+    deps = []
+    for name in DEPENDENCIES:
+        spec = importlib.util.find_spec(name)
+        origin = spec.origin if spec and spec.origin else ""
+        st = os.stat(origin) if origin else None
+        deps.append((name, origin, st.st_mtime_ns if st else 0))
+    keyed = sorted((k, v) for k, v in env.items() if k.startswith(KEYED_PREFIXES) and not k.startswith(ENV))
+    blob = json.dumps([sys.executable, sys.version, package, sources, deps, keyed])
+    return hashlib.sha256(blob.encode()).hexdigest()[:20]
+
+
+def runtime_dir(env=os.environ) -> str:
+    """This user's private folder for the servers' sockets (created, mode 700)."""
+    if not hasattr(socket, "AF_UNIX") or not hasattr(socket, "send_fds"):
+        raise Unavailable("this platform has no Unix sockets that pass file descriptors")
+    base = env.get("XDG_RUNTIME_DIR") or env.get("TMPDIR") or "/tmp"
+    path = os.path.join(base, f"npusim-{os.getuid()}")
+    try:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        st = os.lstat(path)
+    except OSError as e:
+        raise Unavailable(f"{path}: {e.strerror}") from None
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        raise Unavailable(
+            f"{path}: expected a directory of this user's with mode 700, got mode {st.st_mode & 0o777:o}"
+        )
+    return path
+
+
+def server_paths(env=os.environ) -> dict:
+    """The socket, pid file, log and start lock of the server that would serve a call under `env`."""
+    base = os.path.join(runtime_dir(env), server_key(env))
+    paths = {kind: f"{base}.{kind}" for kind in ("sock", "pid", "log", "lock")}
+    if len(os.fsencode(paths["sock"])) > 100:  # sun_path holds 104 to 108 bytes
+        raise Unavailable(f"{paths['sock']}: a socket path must be at most 100 bytes")
+    return paths
+
+
+def _read(path: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
+
+
+def running(env=os.environ) -> dict | None:
+    """The server that would serve a call under `env`, if one runs: its pid, socket and log."""
+    try:
+        paths = server_paths(env)
+        with open(paths["pid"]) as f:
+            pid = int(f.read())
+        if os.path.isdir("/proc") and b"npusim.resident" not in _read(f"/proc/{pid}/cmdline"):
+            return None  # a stale pid file, its number reused by another process
+        os.kill(pid, 0)
+    except (Unavailable, OSError, ValueError):
+        return None
+    return {"pid": pid, "sock": paths["sock"], "log": paths["log"], "pid_file": paths["pid"]}
+
+
+def stop(env=os.environ) -> bool:
+    """Stop the server that would serve a call under `env`, if one runs (SIGTERM); whether one did.
+    The calls it is running go on in their own processes."""
+    server = running(env)
+    if server is None:
+        return False
+    try:
+        os.kill(server["pid"], signal.SIGTERM)
+    except OSError:
+        return False
+    for p in (server["sock"], server["pid_file"]):
+        try:
+            os.unlink(p)
+        except OSError:
+            pass
+    return True
