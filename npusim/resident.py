@@ -48,6 +48,7 @@ DEFAULT_ON = sys.platform.startswith("linux")
 START_TIMEOUT_S = 120.0
 BUSY_WAIT_S = 10.0  # a server that has not forked for the call this long: it runs in its own process
 REAP_EVERY_S = 1.0  # how often a server with running calls collects the ended ones
+GONE_GRACE_S = 2.0  # a call whose client has gone ends this long after, if its command has not
 _HEADER = struct.Struct("!I")
 _STATUS = struct.Struct("!i")
 
@@ -137,6 +138,7 @@ def connect_or_start(paths: dict, env=os.environ):
         while time.monotonic() < deadline:
             s = _connect(paths["sock"])
             if s is not None:
+                server.returncode = 0  # not waited for: it outlives this process (no ResourceWarning)
                 return s, True
             if server.poll() is not None:
                 raise Unavailable(
@@ -146,16 +148,17 @@ def connect_or_start(paths: dict, env=os.environ):
         raise Unavailable(f"the server did not listen within {START_TIMEOUT_S:.0f} s, see {paths['log']}")
 
 
-def _open_stdio() -> list:
-    """This process's stdin, stdout and stderr descriptors; a closed one is /dev/null."""
-    fds = []
+def _open_stdio() -> None:
+    """Put /dev/null on a closed stdin, stdout or stderr, before any socket or file could take its
+    number (a command run with `>&-` would otherwise print into the connection)."""
     for fd in STDIO:
         try:
             os.fstat(fd)
-            fds.append(fd)
         except OSError:
-            fds.append(os.open(os.devnull, os.O_RDWR))
-    return fds
+            null = os.open(os.devnull, os.O_RDWR)
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)
 
 
 def _recv_exactly(conn, n: int) -> bytes:
@@ -171,6 +174,7 @@ def _recv_exactly(conn, n: int) -> bytes:
 def call(argv: list, env=os.environ) -> int:
     """Run `npusim argv` on the resident server; its exit status."""
     idle_seconds(env)  # a bad value is the caller's error, before a server is started with it
+    _open_stdio()
     paths = server_paths(env)
     try:
         cwd = os.getcwd()
@@ -194,9 +198,6 @@ def call(argv: list, env=os.environ) -> int:
         if ready != b"R":
             raise Unavailable(f"the server closed the connection, see {paths['log']}")
         conn.settimeout(None)
-        header = json.dumps(request).encode()
-        socket.send_fds(conn, [_HEADER.pack(len(header))], _open_stdio())
-        conn.sendall(header)
         interrupts = []
 
         def forward(signum, frame):
@@ -211,8 +212,15 @@ def call(argv: list, env=os.environ) -> int:
                 pass
 
         for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-            signal.signal(s, forward)
-        status = _recv_exactly(conn, _STATUS.size)
+            if signal.getsignal(s) is not signal.SIG_IGN:  # one the caller ignores (nohup) stays so
+                signal.signal(s, forward)
+        header = json.dumps(request).encode()
+        try:
+            socket.send_fds(conn, [_HEADER.pack(len(header))], list(STDIO))
+            conn.sendall(header)
+            status = _recv_exactly(conn, _STATUS.size)
+        except OSError:  # the process forked for the call ended without a word
+            status = b""
     if len(status) < _STATUS.size:
         print(
             f"error: the resident npusim server stopped during the command (its log: {paths['log']})",
@@ -296,7 +304,7 @@ def _run_command(argv: list, started: threading.Event, interrupted: threading.Ev
 
 def _serve_call(conn) -> None:
     """One call, in a process forked for it: take the caller's descriptors and request, run the
-    command, send its exit status back."""
+    command, send its exit status back, and let go of the caller's streams."""
     conn.sendall(b"R")  # taken (the client may have left: then what follows reads nothing)
     msg, fds, _, _ = socket.recv_fds(conn, _HEADER.size, len(STDIO))
     if len(msg) < _HEADER.size or len(fds) != len(STDIO):
@@ -311,26 +319,40 @@ def _serve_call(conn) -> None:
             raise KeyboardInterrupt
 
     def watch():
-        # A byte from the client (its Ctrl-C) or its end (killed) interrupts the command; one that
-        # comes before the command starts stops it before it does anything.
-        try:
-            conn.recv(1)
-        except OSError:
-            pass
-        interrupted.set()
-        signal.pthread_kill(main_thread, signal.SIGINT)
+        # A byte from the client (its Ctrl-C) interrupts the command; one that comes before the
+        # command starts stops it before it does anything. The client's end (killed, or a second
+        # Ctrl-C) interrupts it too, and, as its own process would have ended with the client, ends
+        # this one after GONE_GRACE_S should the command not stop (inside a kernel, or blocked in C),
+        # so that it holds none of the caller's pipes open.
+        while True:
+            try:
+                byte = conn.recv(1)
+            except OSError:
+                byte = b""
+            interrupted.set()
+            signal.pthread_kill(main_thread, signal.SIGINT)
+            if not byte:
+                time.sleep(GONE_GRACE_S)
+                os._exit(130)
 
     signal.signal(signal.SIGINT, on_sigint)
     _enter(request, fds)
     threading.Thread(target=watch, daemon=True).start()
     code = _run_command(request["argv"], started, interrupted)
-    started.clear()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C from here on would only lose the status
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
         except (OSError, ValueError):
             pass
-    conn.sendall(_STATUS.pack(code))
+    null = os.open(os.devnull, os.O_RDWR)  # the caller's streams are released with the status
+    for fd in STDIO:
+        os.dup2(null, fd)
+    os.close(null)
+    try:
+        conn.sendall(_STATUS.pack(code))
+    except OSError:  # the client has gone: nobody to tell
+        pass
 
 
 def _fork_call(conn, listener) -> tuple | None:
@@ -364,7 +386,10 @@ def _fork_call(conn, listener) -> tuple | None:
         imported = [m for m in sys.modules if m not in modules and not m.startswith("__")]
         report_of = pickle.dumps((imported, loaded_serial_kernels()))
         os.set_blocking(report, False)  # a report the pipe cannot take is dropped, never waited on
-        os.write(report, report_of)
+        try:
+            os.write(report, report_of)
+        except OSError:  # a server that no longer listens to it (stopped, or draining)
+            pass
     except BaseException:  # a client that left mid-call, a bug here: into the log (or the caller's stderr)
         import traceback
 
@@ -415,18 +440,36 @@ def _learn(learned: int) -> None:
 
 
 def _threads() -> int:
-    """This process's threads, native ones too where the OS lists them (numpy's BLAS starts its own
-    at import; it stops them around a fork itself)."""
+    """This process's threads, native ones too where the OS lists them."""
     try:
         return len(os.listdir("/proc/self/task"))
     except OSError:
         return threading.active_count()
 
 
-def _reap(children: dict, threads: int) -> bool:
-    """Collect the calls' processes that have ended, and learn their imports; whether the server is
-    still fit to fork: no thread more than it had after its preload (a module that started one at
-    import leaves it unfit, and the server then stops, so that the next call starts a fresh one)."""
+def _settle() -> int:
+    """The server's threads once a fork has run: numpy's BLAS (OpenBLAS) starts threads at import
+    and stops them around every fork, so the count to hold is the one after a first fork."""
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
+    return _threads()
+
+
+def _fit_to_fork(threads: int) -> bool:
+    """No thread more than the settled count, and Numba's thread pool not started (a fork does not
+    carry its workers over, and the child's first parallel kernel would wait for them forever)."""
+    pool = sys.modules.get("numba.np.ufunc.parallel")
+    return (
+        threading.active_count() == 1
+        and _threads() <= threads
+        and not (pool is not None and getattr(pool, "_is_initialized", False))
+    )
+
+
+def _reap(children: dict) -> None:
+    """Collect the calls' processes that have ended, and learn their imports and kernels."""
     for pid in list(children):
         try:
             done, _ = os.waitpid(pid, os.WNOHANG)
@@ -434,18 +477,46 @@ def _reap(children: dict, threads: int) -> bool:
             done = pid
         if done:
             _learn(children.pop(pid))
-    if threading.active_count() > 1 or _threads() > threads:
-        print(
-            "npusim resident: a thread was started in the server, which must not fork: stopping",
-            file=sys.stderr,
-        )
-        return False
-    return True
+
+
+def _serve_until_idle(listener, idle: float, threads: int) -> bool:
+    """Accept calls and fork for each until `idle` seconds pass without a call or a running one;
+    whether the server is still fit to fork (it stops when it is not: the next call starts another)."""
+    children: dict = {}  # pid -> the read end of its report
+    last = time.monotonic()
+    while True:
+        _reap(children)
+        if not _fit_to_fork(threads):
+            print(
+                "npusim resident: a thread was started in the server, which must not fork: stopping",
+                file=sys.stderr,
+            )
+            return False
+        if children:
+            last = time.monotonic()
+        left = idle - (time.monotonic() - last)
+        if left <= 0:
+            return True
+        listener.settimeout(min(left, REAP_EVERY_S) if children else left)
+        try:
+            conn, _ = listener.accept()
+        except TimeoutError:
+            continue
+        with conn:
+            forked = _fork_call(conn, listener)
+        if forked:
+            pid, learned = forked
+            children[pid] = learned
+        last = time.monotonic()
+
+
+def _stop_on_sigterm(signum, frame):
+    raise SystemExit(0)  # `npusim server stop`: the files are removed on the way out
 
 
 def serve(path: str) -> None:
     """Listen at `path` (a socket of mode 600) and serve calls, each in a process forked for it,
-    until IDLE seconds pass without a call or a running one."""
+    until IDLE seconds pass without a call or a running one, or a SIGTERM."""
     sys.path[:] = [p for p in sys.path if p not in ("", ".")]  # never the caller's folder's modules
     if os.path.basename(path) != server_key() + ".sock":  # its imports are not the client's sources
         print(f"npusim resident: {path}: this Python imports other npusim sources", file=sys.stderr)
@@ -459,51 +530,36 @@ def serve(path: str) -> None:
         return
     finally:
         os.umask(old)
-    listener.listen(64)
     inode = os.stat(path).st_ino
     pid_path = path[: -len(".sock")] + ".pid"
-    with open(pid_path, "w") as f:
-        f.write(str(os.getpid()))
-    _preload()
-    threads = _threads()
-    idle = idle_seconds()
-    children: dict = {}  # pid -> the read end of its report of imports
-    last = time.monotonic()
-    fit = True
-    while True:
-        fit = _reap(children, threads)
-        if not fit:
-            break
-        if children:
-            last = time.monotonic()
-        left = idle - (time.monotonic() - last)
-        if left <= 0:
-            break
-        listener.settimeout(min(left, REAP_EVERY_S) if children else left)
-        try:
-            conn, _ = listener.accept()
-        except TimeoutError:
-            continue
-        with conn:
-            forked = _fork_call(conn, listener)
-        if forked:
-            pid, learned = forked
-            children[pid] = learned
-        last = time.monotonic()
-    # Idle: new clients start a new server from here on; those already queued are served first.
+    fit = False
+    signal.signal(signal.SIGTERM, _stop_on_sigterm)
     try:
-        if os.stat(path).st_ino == inode:
-            os.unlink(path)
-            os.unlink(pid_path)
-    except FileNotFoundError:  # stop() took them
-        pass
+        with open(pid_path, "w") as f:
+            f.write(str(os.getpid()))
+        _preload()
+        threads = _settle()
+        # Listening only now: a client that comes while the server loads waits for it as the one
+        # that started it does, not the BUSY_WAIT_S of a server that has stopped answering.
+        listener.listen(64)
+        fit = _serve_until_idle(listener, idle_seconds(), threads)
+    finally:
+        # New clients start a new server from here on (a stop, an idle or an unfit server alike).
+        try:
+            if os.stat(path).st_ino == inode:
+                os.unlink(path)
+                os.unlink(pid_path)
+        except FileNotFoundError:
+            pass
+    # Idle: those already queued are served first; an unfit server closes their connections, and
+    # they run the command in their own process.
     listener.setblocking(False)
     while True:
         try:
             conn, _ = listener.accept()
         except (BlockingIOError, OSError):
             break
-        with conn:  # an unfit server closes it: the client runs the command in its own process
+        with conn:
             forked = _fork_call(conn, listener) if fit else None
         if forked:
             os.close(forked[1])

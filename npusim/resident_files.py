@@ -28,6 +28,8 @@ KEYED_PREFIXES = (
     "LC_",
     "LANG",
 )
+# Where npusim keeps its kernel cache when the package is read-only (jit.user_cache_dir).
+KEYED_NAMES = ("HOME", "XDG_CACHE_HOME")
 DEPENDENCIES = ("numpy", "numba", "llvmlite", "scipy", "click", "flatbuffers")
 
 
@@ -55,8 +57,14 @@ def server_key(env=os.environ) -> str:
         origin = spec.origin if spec and spec.origin else ""
         st = os.stat(origin) if origin else None
         deps.append((name, origin, st.st_mtime_ns if st else 0))
-    keyed = sorted((k, v) for k, v in env.items() if k.startswith(KEYED_PREFIXES) and not k.startswith(ENV))
-    blob = json.dumps([sys.executable, sys.version, package, sources, deps, keyed])
+    keyed = sorted(
+        (k, v)
+        for k, v in env.items()
+        if (k.startswith(KEYED_PREFIXES) or k in KEYED_NAMES) and not k.startswith(ENV)
+    )
+    # The CPUs the caller may use: Numba sizes its thread pool from them when it is imported.
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+    blob = json.dumps([sys.executable, sys.version, package, sources, deps, keyed, cpus])
     return hashlib.sha256(blob.encode()).hexdigest()[:20]
 
 
@@ -109,9 +117,12 @@ def running(env=os.environ) -> dict | None:
     return {"pid": pid, "sock": paths["sock"], "log": paths["log"], "pid_file": paths["pid"]}
 
 
-def stop(env=os.environ) -> bool:
-    """Stop the server that would serve a call under `env`, if one runs (SIGTERM); whether one did.
-    The calls it is running go on in their own processes."""
+def stop(env=os.environ, wait_s: float = 10.0) -> bool:
+    """Stop the server that would serve a call under `env`, if one runs (SIGTERM: it removes its
+    socket and pid file on the way out), and wait for it to go; whether one was stopped. The calls
+    it is running go on in their own processes."""
+    import time
+
     server = running(env)
     if server is None:
         return False
@@ -119,9 +130,9 @@ def stop(env=os.environ) -> bool:
         os.kill(server["pid"], signal.SIGTERM)
     except OSError:
         return False
-    for p in (server["sock"], server["pid_file"]):
-        try:
-            os.unlink(p)
-        except OSError:
-            pass
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        if running(env) is None or _read(f"/proc/{server['pid']}/cmdline") == b"":
+            return True
+        time.sleep(0.01)
     return True

@@ -24,6 +24,7 @@ from npusim.testing import oracle as O
 
 pytestmark = pytest.mark.skipif(not hasattr(socket, "send_fds"), reason="no AF_UNIX descriptor passing here")
 ENTRY = [sys.executable, "-m", "npusim.resident"]
+STARTED = []  # blocked_call's clients, ended by the env fixture
 
 
 def conv_model() -> bytes:
@@ -46,6 +47,8 @@ def env():
     runtime = tempfile.mkdtemp(prefix="npr", dir="/tmp")
     e = dict(os.environ, XDG_RUNTIME_DIR=runtime, NPUSIM_RESIDENT="1", NPUSIM_RESIDENT_IDLE_S="120")
     yield e
+    while STARTED:  # the clients a test left waiting (one that failed before it ended them)
+        STARTED.pop().kill()
     for variant in (e, dict(e, NPUSIM_AVX2="0")):
         resident.stop(variant)
     shutil.rmtree(runtime, ignore_errors=True)
@@ -148,19 +151,23 @@ def test_the_caller_stdin_is_the_command_stdin(env, files):
     assert (files / "y.npy").read_bytes() == (files / "y2.npy").read_bytes()
 
 
-def blocked_call(env, files):
+def blocked_call(env, files, **kw):
     """A call whose command waits until its input fifo gets a writer (deterministically)."""
     fifo = files / "never-written.npy"
     if not fifo.exists():
         os.mkfifo(fifo)
-    return subprocess.Popen(
-        ENTRY + ["run", "conv.tflite", "--input", str(fifo), "--output", "y.npy"],
-        env=env,
-        cwd=files,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+    STARTED.append(
+        subprocess.Popen(
+            ENTRY + ["run", "conv.tflite", "--input", str(fifo), "--output", "y.npy"],
+            env=env,
+            cwd=files,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            **kw,
+        )
     )
+    return STARTED[-1]
 
 
 def call_processes(server: int) -> list:
@@ -366,3 +373,34 @@ def test_server_status_and_stop_tell_and_end_the_server_and_never_start_one(env,
     assert (stopped.returncode, stopped.stdout.strip()) == (0, f"npusim server: stopped pid {pid}")
     wait_for(lambda: not alive(pid))
     assert npusim(["server", "stop"], default, files).returncode == 1
+
+
+def test_a_closed_stream_is_what_it_is_in_the_commands_own_process(env, files):
+    # `npusim ... >&-`: the client's connection must not take the number of the closed stdout.
+    code = "import os, sys; os.close(1); from npusim.resident import main; sys.exit(main())"
+    runs = [
+        subprocess.run(
+            [sys.executable, "-c", code, "run", "conv.tflite", "--input", "x.npy", "--output", f"y{k}.npy"],
+            env=e,
+            cwd=files,
+            capture_output=True,
+            text=True,
+        )
+        for k, e in enumerate((dict(env, NPUSIM_RESIDENT="0"), env))
+    ]
+    assert (runs[1].returncode, runs[1].stderr) == (runs[0].returncode, runs[0].stderr)
+    assert (files / "y1.npy").read_bytes() == (files / "y0.npy").read_bytes()
+    assert server_pid(env) > 0  # it went through the server
+
+
+def test_a_signal_the_caller_ignores_does_not_interrupt_the_call(env, files):
+    assert npusim(["inspect", "conv.tflite"], env, files).returncode == 0
+    pid = server_pid(env)
+    ignore_hup = lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN)  # noqa: E731 - as under nohup
+    waiting = blocked_call(env, files, preexec_fn=ignore_hup)
+    wait_until_blocked(pid)
+    waiting.send_signal(signal.SIGHUP)
+    time.sleep(0.5)
+    assert waiting.poll() is None
+    waiting.send_signal(signal.SIGINT)
+    assert waiting.wait(timeout=60) == 130
