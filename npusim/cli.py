@@ -309,11 +309,11 @@ def server_stop():
     was stopped, 1 if none ran."""
     from . import resident_files
 
-    found = resident_files.running(os.environ)
-    if found is None or not resident_files.stop(os.environ):
+    pid = resident_files.stop(os.environ)
+    if pid is None:
         click.echo("npusim server: not running")
         sys.exit(1)
-    click.echo(f"npusim server: stopped pid {found['pid']}")
+    click.echo(f"npusim server: stopped pid {pid}")
 
 
 @main.group()

@@ -103,36 +103,43 @@ def _read(path: str) -> bytes:
         return b""
 
 
+def _is_server(pid: int) -> bool:
+    """Whether process pid runs and is a resident server (not a number reused by another one)."""
+    try:
+        os.kill(pid, 0)
+    except OSError:
+        return False
+    return not os.path.isdir("/proc") or b"npusim.resident" in _read(f"/proc/{pid}/cmdline")
+
+
 def running(env=os.environ) -> dict | None:
     """The server that would serve a call under `env`, if one runs: its pid, socket and log."""
     try:
         paths = server_paths(env)
         with open(paths["pid"]) as f:
             pid = int(f.read())
-        if os.path.isdir("/proc") and b"npusim.resident" not in _read(f"/proc/{pid}/cmdline"):
-            return None  # a stale pid file, its number reused by another process
-        os.kill(pid, 0)
     except (Unavailable, OSError, ValueError):
         return None
+    if not _is_server(pid):
+        return None  # a stale pid file
     return {"pid": pid, "sock": paths["sock"], "log": paths["log"], "pid_file": paths["pid"]}
 
 
-def stop(env=os.environ, wait_s: float = 10.0) -> bool:
+def stop(env=os.environ, wait_s: float = 10.0) -> int | None:
     """Stop the server that would serve a call under `env`, if one runs (SIGTERM: it removes its
-    socket and pid file on the way out), and wait for it to go; whether one was stopped. The calls
-    it is running go on in their own processes."""
+    socket and pid file on the way out), and wait for it to go; the pid stopped, or None where
+    none ran. The calls it is running go on in their own processes."""
     import time
 
     server = running(env)
     if server is None:
-        return False
+        return None
+    pid = server["pid"]
     try:
-        os.kill(server["pid"], signal.SIGTERM)
+        os.kill(pid, signal.SIGTERM)
     except OSError:
-        return False
+        return None
     deadline = time.monotonic() + wait_s
-    while time.monotonic() < deadline:
-        if running(env) is None or _read(f"/proc/{server['pid']}/cmdline") == b"":
-            return True
+    while _is_server(pid) and time.monotonic() < deadline:
         time.sleep(0.01)
-    return True
+    return pid
