@@ -1,0 +1,369 @@
+"""The Neural-ART datapath as ST's compiler configures it: for each op the N6 maps to its NPU, the
+chain of hardware units with ll_aton's own field names (LL_Convacc_InitTypeDef,
+LL_Arithacc_InitTypeDef, LL_Poolacc_InitTypeDef in ST's ll_aton.h) and the values derived from the
+model's scales and zero points the way ST Edge AI 3.0 derives them.
+
+The rules were read off ST's own compiled program for a real model (the yolox_nano_480 trace in
+../shared/models/stm32n6/st_compiler; tests/test_neural_art_trace.py measures the agreement, and
+docs/neural-art.md quotes it):
+
+* CONV_2D / DEPTHWISE_CONV_2D: an ARITH "suboff" (A=1.0 as 16384 >> 14, BC = 128 << 14: int8 to
+  the unsigned feature the CONVACC reads), a CONVACC that accumulates and rounds the accumulator
+  right by S into 16 bits, then an ARITH "off_bias" with a per-channel int16 A and int32 BC:
+  A[c] = round(M[c] * 2^T), T the largest shift that keeps every A within int16 (M = s_x s_w / s_y),
+  the ARITH's shift_o = T - S, and BC[c] = (round(b[c] * 2^23) >> (23 - shift_o)) + z_y << shift_o
+  with b the bias in output steps (float32 bias value over the output scale). A bias-free layer
+  takes a scalar BC in B_scalar / C_scalar (combinebc: BC = {B[15:0], C[15:0]}).
+* ADD: one scalar ARITH, A*x >> Ax_shift + B*y >> By_shift + C << C_shift, all >> shift_o: A and B
+  the input scales over the output scale normalised to [2^14, 2^15), the zero points folded in C.
+* QUANTIZE (int8 to int8): one scalar ARITH, A*x + BC, like the suboff.
+
+What the trace does not decide (docs/neural-art.md): S, the CONVACC's output shift, is a compiler
+choice npusim predicts with a heuristic (options.conv_shift); an input zero point other than -128
+(the trace has none) is folded into BC as (z_x + 128) * sum(w) (options.input_offset).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+INT16_MAX = 32767
+BC_FRACTION_BITS = 23  # BC is rounded at 2^-23 output steps, then shifted to shift_o (trace rule)
+SUBOFF_SHIFT = 14  # the suboff's A = 1.0 as 2^14
+
+
+@dataclass(frozen=True)
+class N6Options:
+    """The unknowns of the Neural-ART datapath, each a named choice (docs/neural-art.md).
+
+    rounding: what round_mode_o=1 with rounding_o=1 does to a right shift (half-up: add 2^(s-1) then
+      floor; half-even; truncate: floor). ST does not publish it.
+    add_products: "exact" (the two ARITH products summed at full precision, then one rounding) or
+      "rounded" (A*x >> Ax_shift and B*y >> By_shift each rounded before the sum).
+    shift_a: "ignore" (the CONVACC's shift_a, set only on a CONVACC without an accumulator input in
+      the trace, changes nothing) or "products" (products shifted left by shift_a, the output by
+      shift_o + shift_a).
+    conv_shift: "weights" (S from the layer's worst-case accumulator, heuristic) or an int forcing S.
+    input_offset: "fold" (the suboff adds 128, the rest of the input zero point goes into BC) or
+      "subtract" (the suboff subtracts the zero point itself; exact only when x - z_x fits 8 bits).
+    """
+
+    rounding: str = "half-up"
+    add_products: str = "exact"
+    shift_a: str = "ignore"
+    conv_shift: object = "weights"
+    input_offset: str = "fold"
+
+
+ROUNDINGS = ("half-up", "half-even", "truncate")
+ADD_PRODUCTS = ("exact", "rounded")
+SHIFT_A = ("ignore", "products")
+INPUT_OFFSETS = ("fold", "subtract")
+
+NPU_ARITH_KINDS = ("CONV_2D", "DEPTHWISE_CONV_2D", "ADD", "QUANTIZE")
+
+
+def round_half_away(v: float) -> int:
+    return int(math.floor(abs(v) + 0.5)) * (1 if v >= 0 else -1)
+
+
+def split_bc(bc: int) -> tuple[int, int]:
+    """combinebc: BC = {B[15:0], C[15:0]}; (B_scalar, C_scalar) as signed shorts."""
+    bc &= 0xFFFFFFFF
+    b, c = bc >> 16, bc & 0xFFFF
+    return (b - 0x10000 if b >= 0x8000 else b), (c - 0x10000 if c >= 0x8000 else c)
+
+
+def normalised_shift(ratio: float, limit: int = INT16_MAX) -> int:
+    """The largest s with round(ratio * 2^s) <= limit: the shift that normalises a coefficient."""
+    if ratio <= 0:
+        return 0
+    s = math.floor(math.log2(limit / ratio))
+    while round_half_away(ratio * 2.0**s) > limit:
+        s -= 1
+    return s
+
+
+def fixed_point(value: float, shift: int, bits: int = 16) -> tuple[int, int]:
+    """(C, C_shift): value * 2^shift as C << C_shift with C a signed `bits`-bit integer. The compiler
+    rounds at the precision that fills C, then shifts right (floor) where C_shift cannot go below
+    0: Add_330 of the trace, value -0.29, gives C = -1."""
+    v = value * 2.0**shift
+    if v == 0:
+        return 0, 0
+    raw = math.ceil(math.log2(abs(v) / (2 ** (bits - 1) - 1)))  # C_shift that fills the bits
+    c = round_half_away(v / 2.0**raw)
+    if abs(c) > 2 ** (bits - 1) - 1:
+        raw += 1
+        c = round_half_away(v / 2.0**raw)
+    if raw >= 0:
+        return c, raw
+    return c >> -raw, 0
+
+
+# ----------------------------------------------------------------------------------------------
+# The stages
+
+
+def _arith(**fields) -> dict:
+    base = {
+        "unit": "ARITH",
+        "operation": "ARITH_AFFINE",
+        "rounding_o": 1,
+        "saturation_o": 1,
+        "round_mode_o": 1,
+        "relu_mode_o": 0,
+        "outbytes_o": 1,
+        "clipout": 0,
+        "Ax_shift": 0,
+        "By_shift": 0,
+        "C_shift": 0,
+        "A_scalar": 0,
+        "B_scalar": 0,
+        "C_scalar": 0,
+        "A_vector": None,
+        "B_vector": None,
+        "C_vector": None,
+    }
+    base.update(fields)
+    return base
+
+
+def affine_stage(role: str, a_ratio: float, c_value: float, inbytes: int = 1) -> dict:
+    """A scalar single-input ARITH out = (A*x + BC) >> shift_o: a suboff or a requantize. A is the
+    ratio normalised to 16 bits, BC the constant at the same shift."""
+    shift = normalised_shift(a_ratio)
+    a = round_half_away(a_ratio * 2.0**shift)
+    b, c = split_bc(round_half_away(c_value * 2.0**shift))
+    return _arith(
+        role=role,
+        scalar=1,
+        dualinput=0,
+        combinebc=1,
+        bcast="ARITH_BCAST_SCALAR",
+        inbytes_x=inbytes,
+        shift_o=shift,
+        A_scalar=a,
+        B_scalar=b,
+        C_scalar=c,
+        vec_precision=[8, 8, 8],
+    )
+
+
+def suboff_stage(input_zero_point: int, options: N6Options) -> dict:
+    """The ARITH before a CONVACC: the int8 input as the unsigned feature it reads."""
+    offset = -input_zero_point if options.input_offset == "subtract" else 128
+    st = affine_stage("suboff", 1.0, float(offset))
+    st.update(rounding_o=0, saturation_o=0)
+    return st
+
+
+def add_stage(sx: float, zx: int, sy: float, zy: int, so: float, zo: int, qmin=-128, qmax=127) -> dict:
+    """ADD as one ARITH: out = (A*x >> Ax_shift + B*y >> By_shift + C << C_shift) >> shift_o."""
+    ra, rb = np.float64(sx) / np.float64(so), np.float64(sy) / np.float64(so)
+    shift = normalised_shift(max(ra, rb))
+    ax = normalised_shift(ra * 2.0**shift)
+    by = normalised_shift(rb * 2.0**shift)
+    c_value = float(zo - ra * zx - rb * zy)
+    c, c_shift = fixed_point(c_value, shift)
+    st = _arith(
+        role="add",
+        scalar=1,
+        dualinput=1,
+        combinebc=0,
+        bcast="ARITH_BCAST_NONE",
+        inbytes_x=1,
+        inbytes_y=1,
+        shift_o=shift,
+        A_scalar=round_half_away(ra * 2.0 ** (shift + ax)),
+        B_scalar=round_half_away(rb * 2.0 ** (shift + by)),
+        C_scalar=c,
+        Ax_shift=ax,
+        By_shift=by,
+        C_shift=c_shift,
+        vec_precision=[8, 8, 8],
+    )
+    _clip(st, qmin, qmax)
+    return st
+
+
+def _clip(st: dict, qmin: int, qmax: int):
+    """A fused activation narrower than int8: the ARITH's output clip."""
+    if qmin > -128 or qmax < 127:
+        st.update(clipout=1, clipmin=int(qmin), clipmax=int(qmax))
+
+
+def conv_stages(
+    x_scale: float,
+    x_zero_point: int,
+    w_scales,
+    weights_per_channel: np.ndarray,
+    bias,
+    bias_scales,
+    y_scale: float,
+    y_zero_point: int,
+    options: N6Options = N6Options(),
+    qmin: int = -128,
+    qmax: int = 127,
+) -> list[dict]:
+    """suboff ARITH, CONVACC, off_bias ARITH of a convolution. weights_per_channel: the int8
+    weights as [output channel, taps]; bias int32 per channel (None: no bias)."""
+    w = np.asarray(weights_per_channel, np.int64)
+    channels = w.shape[0]
+    w_scales = np.broadcast_to(np.asarray(w_scales, np.float32), (channels,))
+    m = np.float64(x_scale) * w_scales.astype(np.float64) / np.float64(y_scale)
+    total = normalised_shift(float(m.max()))  # T: A = M * 2^T fits int16
+    s = conv_shift(w, options)
+    shift_o = total - s
+    a = [round_half_away(float(v) * 2.0**total) for v in m]
+    bq = np.zeros(channels, np.int64) if bias is None else np.asarray(bias, np.int64).reshape(-1)
+    offset = 128 if options.input_offset == "fold" else -x_zero_point
+    folded = bq - (x_zero_point + offset) * w.sum(axis=1)  # the input offset the suboff left
+    if bias_scales is None:
+        bias_scales = np.float32(x_scale) * w_scales
+    sb = np.broadcast_to(np.asarray(bias_scales, np.float32), (channels,))
+    # The bias as the compiler reads it: float32 value (int32 code times float32 scale), over the
+    # output scale in double, rounded at 2^-23 output steps, floor-shifted to shift_o.
+    b_steps = (folded.astype(np.float32) * sb).astype(np.float64) / np.float64(np.float32(y_scale))
+    bc = [_bc(float(v), shift_o, y_zero_point) for v in b_steps]
+    convacc = {
+        "unit": "CONVACC",
+        "simd": 1,
+        "f_unsigned": 1 if options.input_offset == "fold" or x_zero_point == -128 else 0,
+        "k_unsigned": 0,
+        "inbytes_f": 1,
+        "shift_a": s,
+        "shift_o": s,
+        "rounding_o": 1,
+        "saturation_o": 1,
+        "round_mode_o": 1,
+        "relu_mode_o": 0,
+        "outbytes_o": 2,
+        "accumulate": 0,
+    }
+    if not np.any(folded):
+        b_sc, c_sc = split_bc(bc[0])
+        off_bias = _arith(role="off_bias", B_scalar=b_sc, C_scalar=c_sc, vec_precision=[16, 16, 16])
+    else:
+        off_bias = _arith(role="off_bias", C_vector=bc, vec_precision=[16, 16, 32])
+    off_bias.update(
+        scalar=0,
+        dualinput=0,
+        combinebc=1,
+        bcast="ARITH_BCAST_CHAN",
+        inbytes_x=2,
+        shift_o=shift_o,
+        A_vector=a,
+    )
+    _clip(off_bias, qmin, qmax)
+    return [suboff_stage(x_zero_point, options), convacc, off_bias]
+
+
+def _bc(b_steps: float, shift_o: int, zero_point: int) -> int:
+    n = round_half_away(b_steps * 2.0**BC_FRACTION_BITS)
+    k = BC_FRACTION_BITS - shift_o
+    n = n >> k if k >= 0 else n << -k
+    return n + (zero_point << shift_o)
+
+
+def conv_shift(w: np.ndarray, options: N6Options) -> int:
+    """S, the CONVACC's right shift into 16 bits. ST's rule is not known (docs/neural-art.md): the
+    default takes the worst-case accumulator of an unsigned 8-bit feature, max over channels of
+    255 * max(sum of positive weights, -sum of negative weights), over int16, rounded in log2."""
+    if isinstance(options.conv_shift, int):
+        return options.conv_shift
+    pos = np.maximum(w, 0).sum(axis=1)
+    neg = -np.minimum(w, 0).sum(axis=1)
+    worst = float(np.maximum(pos, neg).max()) * 255.0
+    if worst <= INT16_MAX:
+        return 0
+    return max(0, round(math.log2((worst + 1) / (INT16_MAX + 1))))
+
+
+def pool_stage(kind: str, options: dict) -> dict:
+    return {
+        "unit": "POOL",
+        "operation": "POOL_MAX" if kind == "MAX_POOL_2D" else "POOL_AVG",
+        "poolWinX": int(options.get("filter_width", 1)),
+        "poolWinY": int(options.get("filter_height", 1)),
+        "strideX": int(options.get("stride_w", 1)),
+        "strideY": int(options.get("stride_h", 1)),
+    }
+
+
+# ----------------------------------------------------------------------------------------------
+# A whole graph
+
+
+def _activation(op, out) -> tuple[int, int]:
+    from ..quant import activation_range  # the kernels' module: imported when a chain is asked for
+
+    act = op.options.get("fused_activation_function", "NONE")
+    if act in (None, "NONE"):
+        return -128, 127
+    return activation_range(act, out.scale, out.zero_point)
+
+
+def _per_channel_weights(op, w) -> np.ndarray:
+    data = np.asarray(w.data, np.int64)
+    if op.kind == "DEPTHWISE_CONV_2D":
+        return data.reshape(-1, data.shape[-1]).T
+    return data.reshape(data.shape[0], -1)
+
+
+def op_stages(graph, op, options: N6Options = N6Options()) -> list[dict] | None:
+    """The unit chain of one op as the compiler configures it, or None where npusim does not derive
+    one (an op on the M55, or an NPU op whose configuration the trace does not show)."""
+    t = graph.tensors
+    outs = [t[i] for i in op.outputs]
+    if any(o.quant is None or np.dtype(o.dtype) != np.int8 for o in outs):
+        return None
+    out = outs[0]
+    if op.kind in ("CONV_2D", "DEPTHWISE_CONV_2D"):
+        x, w = t[op.inputs[0]], t[op.inputs[1]]
+        b = t[op.inputs[2]] if len(op.inputs) > 2 and op.inputs[2] >= 0 else None
+        if w.data is None or x.quant is None or np.dtype(x.dtype) != np.int8:
+            return None
+        qmin, qmax = _activation(op, out)
+        return conv_stages(
+            x.scale,
+            x.zero_point,
+            w.quant.scale,
+            _per_channel_weights(op, w),
+            None if b is None else b.data,
+            None if b is None or b.quant is None else b.quant.scale,
+            out.scale,
+            out.zero_point,
+            options,
+            qmin,
+            qmax,
+        )
+    if op.kind == "ADD":
+        x, y = t[op.inputs[0]], t[op.inputs[1]]
+        if x.quant is None or y.quant is None or x.is_constant or y.is_constant:
+            return None
+        qmin, qmax = _activation(op, out)
+        zx, zy, zo = x.zero_point, y.zero_point, out.zero_point
+        return [add_stage(x.scale, zx, y.scale, zy, out.scale, zo, qmin, qmax)]
+    if op.kind == "QUANTIZE":
+        x = t[op.inputs[0]]
+        if x.quant is None or np.dtype(x.dtype).kind not in "iu":
+            return None
+        ratio = float(np.float64(x.scale) / np.float64(out.scale))
+        return [affine_stage("requantize", ratio, out.zero_point - ratio * x.zero_point)]
+    if op.kind in ("MAX_POOL_2D", "AVERAGE_POOL_2D"):
+        return [pool_stage(op.kind, op.options)]
+    return None
+
+
+def graph_stages(graph, options: N6Options = N6Options()) -> dict[int, list[dict]]:
+    """op index -> its unit chain, for the ops op_stages derives one for."""
+    chains = {}
+    for op in graph.ops:
+        st = op_stages(graph, op, options)
+        if st is not None:
+            chains[op.index] = st
+    return chains
