@@ -250,6 +250,7 @@ def inspect(model, target, fmt, calibration, npu_efficiency, m55_macs_per_cycle)
             read_calibration_csv,
             report_dict,
         )
+        from .npu.report import neural_art_ops
 
         cost, fitted = CostModel(), None
         if calibration is not None:
@@ -264,6 +265,7 @@ def inspect(model, target, fmt, calibration, npu_efficiency, m55_macs_per_cycle)
         note = unsupported_line(interp, "left out of this estimate")
         if fmt == "json":
             data = {**edges, **report_dict(dev, Path(model).name, fitted), "unsupported": left_out}
+            neural_art_ops(data, interp.graph)
             click.echo(json.dumps(data, indent=1))
         else:
             text = format_report(dev, Path(model).name, fitted)

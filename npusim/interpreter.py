@@ -18,7 +18,7 @@ from .graph import Graph, computes_in_float, legacy_uint8
 from .model_io import load_model
 from .ops import KERNELS, MAC_OPS, ort_kernels
 from .ops.base import both_forms
-from .quant import ONNXRUNTIME, profile_id
+from .quant import NEURAL_ART, ONNXRUNTIME, TFLM, profile_id
 
 
 def execution_order(graph: Graph) -> list:
@@ -202,9 +202,16 @@ class Interpreter:
         the first run then costs what a later one does. Without it, the first run of a batch faults
         in its activations (about 3 ms per MB on a fresh page in the VM of docs/performance.md)."""
         self.graph = graph if isinstance(graph, Graph) else load_model(graph)
-        self.profile = profile
+        # A profile object (--profile neural-art: npu/neural_art_run.NeuralArtProfile) holds its own
+        # per-op kernels; the ops it does not take run TFLM's.
+        table = None if isinstance(profile, str) else profile
+        self.profile = profile if table is None else table.name
         self.backends = _backend.select(backend)
-        pid = profile_id(profile)
+        pid = TFLM if table is not None else profile_id(profile)
+        if pid == NEURAL_ART:
+            raise NpusimError(
+                "profile neural-art: pass npusim.npu.NeuralArtProfile() (its options) as the profile"
+            )
         if not (plan_only and getattr(self.graph.source, "unlowered", None)):
             # (an ONNX plan whose unlowered nodes stand in with float outputs is no float model)
             check_int8(self.graph)
@@ -221,7 +228,9 @@ class Interpreter:
             try:
                 kernel_class = KERNELS[op.kind]
                 extra = {"backends": self.backends} if kernel_class.takes_backends else {}
-                if pid == ONNXRUNTIME:  # ORT's arithmetic, or its float op then QuantizeLinear
+                if table is not None:
+                    self.kernels.append(table.kernel_for(kernel_class, op, self.graph, **extra))
+                elif pid == ONNXRUNTIME:  # ORT's arithmetic, or its float op then QuantizeLinear
                     self.kernels.append(
                         ort_kernels.kernel_for(kernel_class, op, self.graph, pid, plan, **extra)
                     )

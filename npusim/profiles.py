@@ -2,5 +2,13 @@
 kernels (quant.py, which decides the rounding, and Numba)."""
 
 # Integers so that Numba kernels can branch on them.
-TFLM, SINGLE, XNNPACK, ONNXRUNTIME = 0, 1, 2, 3
-PROFILES = {"tflm": TFLM, "single": SINGLE, "xnnpack": XNNPACK, "onnxruntime": ONNXRUNTIME}
+TFLM, SINGLE, XNNPACK, ONNXRUNTIME, NEURAL_ART = 0, 1, 2, 3, 4
+PROFILES = {
+    "tflm": TFLM,
+    "single": SINGLE,
+    "xnnpack": XNNPACK,
+    "onnxruntime": ONNXRUNTIME,
+    # The STM32N6's Neural-ART datapath: a profile object (npu/neural_art_run.NeuralArtProfile)
+    # that the Interpreter takes as its profile, holding the ops' kernels (docs/neural-art.md).
+    "neural-art": NEURAL_ART,
+}

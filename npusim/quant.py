@@ -12,7 +12,7 @@ import numpy as np
 
 from .errors import NpusimError
 from .jit import njit
-from .profiles import ONNXRUNTIME, PROFILES, SINGLE, TFLM, XNNPACK  # noqa: F401 - re-exported
+from .profiles import NEURAL_ART, ONNXRUNTIME, PROFILES, SINGLE, TFLM, XNNPACK  # noqa: F401 - re-exported
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 

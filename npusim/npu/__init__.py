@@ -50,6 +50,8 @@ from .cost import (
 )
 from .fusion import FusionPlan, plan_fusion
 from .memory import MEMORY_POOLS, MemoryLayout, MemoryPool, plan_memory
+from .neural_art import N6Options
+from .neural_art_run import NeuralArtProfile, profile_object
 from .report import format_report, report, report_dict
 
 __all__ = [
@@ -83,6 +85,8 @@ __all__ = [
     "Measurement",
     "MemoryLayout",
     "MemoryPool",
+    "N6Options",
+    "NeuralArtProfile",
     "OpCost",
     "activation_lifetimes",
     "device_structure",
@@ -95,6 +99,7 @@ __all__ = [
     "plan_device",
     "plan_fusion",
     "plan_memory",
+    "profile_object",
     "read_calibration_csv",
     "report",
     "report_dict",

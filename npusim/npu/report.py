@@ -98,6 +98,24 @@ def report_dict(dev: DeviceReport, title: str = "", calibration=None) -> dict:
     return d
 
 
+def neural_art_ops(data: dict, graph, options=None) -> dict:
+    """Give each op of report_dict's "ops" its Neural-ART unit chain, "neural_art": {"stages": [...]},
+    each stage {"unit": "CONVACC" | "ARITH" | "POOL", <ll_aton field>: value, ...} as
+    npu/neural_art.py derives it (docs/neural-art.md). An op on the M55 has no stage and says so; an
+    NPU op whose configuration npusim does not derive has none either."""
+    from .neural_art import N6Options, graph_stages
+
+    chains = graph_stages(graph, options or N6Options())
+    for o in data["ops"]:
+        if o["unit"] != NPU:
+            o["neural_art"] = {"stages": [], "note": "on the Cortex-M55: TFLM's arithmetic"}
+        elif o["op_index"] in chains:
+            o["neural_art"] = {"stages": chains[o["op_index"]]}
+        else:
+            o["neural_art"] = {"stages": [], "note": "NPU op whose unit configuration npusim does not derive"}
+    return data
+
+
 def report(interp, cost: CostModel | None = None, title: str = "") -> str:
     """The text `npusim inspect --target stm32n6` prints."""
     return format_report(plan_device(interp, cost), title)

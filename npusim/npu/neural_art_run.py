@@ -1,0 +1,180 @@
+"""`--profile neural-art`: the model as the STM32N6 computes it. Each op the N6 maps to its NPU and
+whose unit chain npu/neural_art.py derives (CONV_2D, DEPTHWISE_CONV_2D, ADD, an int8 QUANTIZE) runs
+as that chain of integer units (engines/neural_art.py); every other op keeps TFLM's arithmetic:
+the ops placed on the Cortex-M55 (ST's runtime runs them as TFLM-style int8 kernels), and the NPU's
+data movement and max pooling, which compute no new value (docs/neural-art.md).
+
+NeuralArtProfile is the profile as an object: its table of per-op kernels, consulted by the
+Interpreter for each op, instead of a branch per profile inside the op modules.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..engines import neural_art as units
+from ..ops.base import Kernel
+from ..profiles import TFLM
+from .cost import NPU, placement
+from .neural_art import N6Options, op_stages
+
+WIDE = (-(2**62), 2**62)
+
+
+def _bc(stage: dict) -> int:
+    """combinebc's 32-bit BC from B_scalar and C_scalar."""
+    return (int(stage["B_scalar"]) << 16) + (int(stage["C_scalar"]) & 0xFFFF)
+
+
+def _range(stage: dict) -> tuple[int, int]:
+    lo, hi = (-128, 127) if stage["outbytes_o"] == 1 else (-32768, 32767)
+    if stage.get("clipout"):
+        lo, hi = max(lo, stage["clipmin"]), min(hi, stage["clipmax"])
+    return lo, hi
+
+
+class Chain(Kernel):
+    """An op run as its Neural-ART unit chain; `tflm` is the op's TFLM kernel, whose plan (shapes,
+    MACs, geometry) it shares."""
+
+    required_inputs, max_inputs, num_outputs = 1, None, 1
+
+    def __init__(self, tflm: Kernel, stages: list, options: N6Options):
+        self.kind = tflm.kind
+        super().__init__(tflm.op, tflm.graph, TFLM)
+        self.tflm, self.stages, self.options = tflm, stages, options
+        self.mode = units.ROUNDING_IDS[options.rounding]
+
+    def macs(self) -> int:
+        return self.tflm.macs()
+
+    def workspace_bytes(self, n: int) -> int:
+        return self.tflm.workspace_bytes(n)
+
+
+class ConvChain(Chain):
+    """suboff ARITH -> CONVACC (accumulate, shift, round, saturate to 16 bits) -> off_bias ARITH."""
+
+    def __init__(self, tflm, stages, options):
+        super().__init__(tflm, stages, options)
+        self.suboff, self.convacc, self.off_bias = stages
+        self.geometry = tflm.geometry
+        self.depthwise = tflm.kind == "DEPTHWISE_CONV_2D"
+        x = self.inputs[0]
+        sub = self.suboff
+        # the feature value the CONVACC sees for a real zero, used for the padding taps
+        self.fill = units.shift_round(
+            np.int64(sub["A_scalar"]) * x.zero_point + _bc(sub), sub["shift_o"], units.TRUNCATE
+        )
+        self.a = np.asarray(self.off_bias["A_vector"], np.int64)
+        c = self.off_bias["C_vector"]
+        self.bc = (
+            np.asarray(c, np.int64) if c is not None else np.full(self.a.size, _bc(self.off_bias), np.int64)
+        )
+        ca = self.convacc
+        self.shift = ca["shift_o"]
+        if options.shift_a == "products":  # the accumulator shifted left by shift_a before shift_o
+            self.shift -= ca["shift_a"]
+        self.bits = 8 * ca["outbytes_o"]
+
+    def __call__(self, x, w, b=None):
+        sub = self.suboff
+        feature = units.arith_affine(
+            np.ascontiguousarray(x).ravel(),
+            np.int64(sub["A_scalar"]),
+            np.int64(_bc(sub)),
+            sub["shift_o"],
+            units.TRUNCATE,
+            *WIDE,
+            np.empty(x.size, np.int64),
+        ).reshape(x.shape)
+        acc = units.accumulate(feature, np.asarray(w), self.geometry, int(self.fill), self.depthwise)
+        y = units.convacc_output(acc, self.shift, self.mode, self.bits, np.empty_like(acc))
+        lo, hi = _range(self.off_bias)
+        rows = y.reshape(-1, y.shape[-1])
+        out = units.arith_channel(
+            rows, self.a, self.bc, self.off_bias["shift_o"], self.mode, lo, hi, np.empty(rows.shape, np.int64)
+        )
+        return out.astype(np.int8).reshape(y.shape)
+
+
+class AddChain(Chain):
+    """One two-input ARITH."""
+
+    def __call__(self, x, y):
+        st = self.stages[0]
+        xb, yb = np.broadcast_arrays(x, y)
+        xb, yb = np.ascontiguousarray(xb).ravel(), np.ascontiguousarray(yb).ravel()
+        lo, hi = _range(st)
+        out = units.arith_add(
+            xb,
+            yb,
+            np.int64(st["A_scalar"]),
+            np.int64(st["B_scalar"]),
+            np.int64(st["C_scalar"]),
+            st["Ax_shift"],
+            st["By_shift"],
+            st["C_shift"],
+            st["shift_o"],
+            self.mode,
+            self.options.add_products == "rounded",
+            lo,
+            hi,
+            np.empty(xb.size, np.int64),
+        )
+        return out.astype(np.int8).reshape(np.broadcast_shapes(x.shape, y.shape))
+
+
+class RequantizeChain(Chain):
+    """An int8 QUANTIZE as one scalar ARITH."""
+
+    def __call__(self, x):
+        st = self.stages[0]
+        lo, hi = _range(st)
+        flat = np.ascontiguousarray(x).ravel()
+        out = units.arith_affine(
+            flat,
+            np.int64(st["A_scalar"]),
+            np.int64(_bc(st)),
+            st["shift_o"],
+            self.mode,
+            lo,
+            hi,
+            np.empty(flat.size, np.int64),
+        )
+        return out.astype(np.int8).reshape(x.shape)
+
+
+class NeuralArtProfile:
+    """The profile's table: which kernel runs each op under --profile neural-art."""
+
+    name = "neural-art"
+    kernels = {
+        "CONV_2D": ConvChain,
+        "DEPTHWISE_CONV_2D": ConvChain,
+        "ADD": AddChain,
+        "QUANTIZE": RequantizeChain,
+    }
+
+    def __init__(self, options: N6Options | None = None):
+        self.options = options or N6Options()
+
+    def kernel_for(self, kernel_class, op, graph, **extra) -> Kernel:
+        tflm = kernel_class(op, graph, TFLM, **extra)
+        chain = self.kernels.get(op.kind)
+        if chain is None or placement(tflm)[0] != NPU:
+            return tflm
+        stages = op_stages(graph, op, self.options)
+        if stages is None or getattr(tflm, "int16", None) is not None:
+            return tflm
+        return chain(tflm, stages, self.options)
+
+    @staticmethod
+    def runs_as_chain(kernel) -> bool:
+        return isinstance(kernel, Chain)
+
+
+def profile_object(name: str, options: N6Options | None = None):
+    """What the Interpreter takes for a profile name: NeuralArtProfile(options) for "neural-art",
+    else the name itself."""
+    return NeuralArtProfile(options) if name == NeuralArtProfile.name else name
