@@ -14,7 +14,7 @@ import numpy as np
 
 from .errors import NpusimError
 from .model_io import load_model, model_suffix
-from .profiles import PROFILES
+from .profiles import N6_CHOICES, PROFILES
 
 # The kernels (interpreter.py, and with it Numba) are imported by the commands that run a model,
 # when they run: `npusim --help` and a bad argument answer at once.
@@ -31,9 +31,42 @@ PROFILE = click.option(
     help=(
         "Rounding profile: tflm (TFLite Micro), xnnpack (LiteRT's default CPU interpreter: "
         "XNNPACK and LiteRT's builtin kernels), single (CMSIS-NN single rounding), onnxruntime "
-        "(ONNX Runtime's CPU kernels: float32 requantization, MLAS tables; see docs/numerics.md)."
+        "(ONNX Runtime's CPU kernels: float32 requantization, MLAS tables; see docs/numerics.md), "
+        "neural-art (the STM32N6 NPU's integer datapath as ST's compiler configures it, --n6-* "
+        "options; docs/neural-art.md)."
     ),
 )
+
+
+def n6_options(func):
+    """The --n6-* options of --profile neural-art (the datapath's unknowns, docs/neural-art.md),
+    handed to the command as one `n6` argument (npu.N6Options)."""
+    helps = {
+        "rounding": "what round_mode_o does to a right shift",
+        "add_products": "ADD: the two products summed exact then rounded once, or each rounded first",
+        "shift_a": "CONVACC shift_a: no effect, or a left shift of the accumulator before shift_o",
+        "input_offset": "conv input zero point: suboff adds 128, BC folds the rest; or suboff subtracts it",
+    }
+    for key, choices in reversed(N6_CHOICES.items()):
+        flag = "--n6-" + key.replace("_", "-")
+        func = click.option(
+            flag,
+            f"n6_{key}",
+            type=click.Choice(choices),
+            default=choices[0],
+            show_default=True,
+            help=f"--profile neural-art: {helps[key]}.",
+        )(func)
+
+    @functools.wraps(func)
+    def wrapper(*args, **kwargs):
+        values = {key: kwargs.pop(f"n6_{key}") for key in N6_CHOICES}
+
+        from .npu.neural_art import N6Options
+
+        return func(*args, n6=N6Options(**values), **kwargs)
+
+    return wrapper
 
 
 def fail(message: str, code: int = 2):
@@ -128,8 +161,9 @@ def main():
     type=click.Path(file_okay=False),
     help="Write every intermediate tensor as DIR/<index>_<name>.npy (one --input).",
 )
+@n6_options
 @friendly_errors
-def run(model, input_paths, output_paths, profile, dump):
+def run(model, input_paths, output_paths, profile, dump, n6):
     """Run MODEL on a batch of inputs."""
     from .interpreter import Interpreter
 
@@ -142,7 +176,10 @@ def run(model, input_paths, output_paths, profile, dump):
         raise NpusimError(f"--dump writes the tensors of one input, got {len(input_paths)} --input")
     for output_path in output_paths:
         check_output_path(output_path, "--output")
-    interp = Interpreter(load_model(model), profile=profile, warm=False)  # its inputs run once each
+    from .npu.neural_art_run import profile_object
+
+    # its inputs run once each
+    interp = Interpreter(load_model(model), profile=profile_object(profile, n6), warm=False)
     outputs = interp.graph.outputs
     for output_path in output_paths:
         if not output_path.lower().endswith(".npz") and len(outputs) > 1:
@@ -459,8 +496,9 @@ def check_pairs(pairs) -> int:
     default=None,
     help="Directory of reference tensors, one .npy each: <index>_<name>.npy as --dump writes, or <name>.npy.",
 )
+@n6_options
 @friendly_errors
-def compare(model, input_path, a, b, reference):
+def compare(model, input_path, a, b, reference, n6):
     """Per-op differences between two profiles (--a, --b) or against --reference DIR, the first op
     where they part and a summary per graph output. A report: exit 0 whenever it runs, 2 on bad input."""
     from .compare import compare_profiles, compare_reference, format_comparison
@@ -470,7 +508,9 @@ def compare(model, input_path, a, b, reference):
     graph = load_model(model)
     x = load_array(input_path, "--input")
     result = (
-        compare_profiles(graph, x, a, b) if reference is None else compare_reference(graph, x, reference, a)
+        compare_profiles(graph, x, a, b, n6)
+        if reference is None
+        else compare_reference(graph, x, reference, a)
     )
     click.echo(format_comparison(result))
 
@@ -510,8 +550,9 @@ def compare(model, input_path, a, b, reference):
     type=click.Path(file_okay=False),
     help="Write DIR/index.html and its PNG plots.",
 )
+@n6_options
 @friendly_errors
-def validate(int8_model, input_path, float_path, labels_path, profile, fmt, report_dir):
+def validate(int8_model, input_path, float_path, labels_path, profile, fmt, report_dir, n6):
     """How far INT8_MODEL is from float: per output and per layer (docs/validate.md)."""
     from . import validate as v
 
@@ -522,7 +563,7 @@ def validate(int8_model, input_path, float_path, labels_path, profile, fmt, repo
     x = load_array(input_path, "--input")
     labels = load_array(labels_path, "--labels") if labels_path else None
     reference = load_model(float_path) if float_path else None
-    result = v.validate(load_model(int8_model), x, reference, labels, profile)
+    result = v.validate(load_model(int8_model), x, reference, labels, profile, n6)
     if report_dir:
         from .validate_report import write_report
 

@@ -118,10 +118,13 @@ def _elements(values: dict, t: int, tensor) -> int:
     return int(np.prod(tensor.shape, dtype=np.int64))
 
 
-def compare_profiles(model, x: np.ndarray, a: str = "tflm", b: str = "xnnpack") -> Comparison:
-    """Run the model under profiles a and b on x and diff every op output."""
+def compare_profiles(model, x: np.ndarray, a: str = "tflm", b: str = "xnnpack", n6=None) -> Comparison:
+    """Run the model under profiles a and b on x and diff every op output. n6: the N6Options of
+    --profile neural-art (default: their defaults)."""
+    from .npu.neural_art_run import profile_object
+
     graph = model if isinstance(model, Graph) else load_model(model)
-    ia, ib = (Interpreter(graph, profile=p, warm=False) for p in (a, b))  # one run each
+    ia, ib = (Interpreter(graph, profile=profile_object(p, n6), warm=False) for p in (a, b))  # one run each
     va, vb = ia.run_all(x), ib.run_all(x)
     tensors = ia.graph.tensors
     rows = []
@@ -171,7 +174,9 @@ def reference_files(directory: Path, graph) -> tuple[dict, list]:
 def compare_reference(model, x: np.ndarray, directory, profile: str = "tflm") -> Comparison:
     """Run the model under `profile` on x and diff every op output against the reference files."""
     directory = Path(directory)
-    interp = Interpreter(model, profile=profile, warm=False)  # one run
+    from .npu.neural_art_run import profile_object
+
+    interp = Interpreter(model, profile=profile_object(profile), warm=False)  # one run
     files, ignored = reference_files(directory, interp.graph)
     if not files:
         raise NpusimError(

@@ -12,3 +12,12 @@ PROFILES = {
     # that the Interpreter takes as its profile, holding the ops' kernels (docs/neural-art.md).
     "neural-art": NEURAL_ART,
 }
+
+# The unknowns of the Neural-ART datapath (--n6-* options, docs/neural-art.md): choices, the first
+# the default. Plain data here so that the command lines offer them without importing npusim.npu.
+N6_CHOICES = {
+    "rounding": ("half-up", "half-even", "truncate"),
+    "add_products": ("exact", "rounded"),
+    "shift_a": ("ignore", "products"),
+    "input_offset": ("fold", "subtract"),
+}

@@ -263,9 +263,13 @@ def validate(
     float_model=None,
     labels: np.ndarray | None = None,
     profile: str = "tflm",
+    n6=None,
 ) -> Validation:
     """Validate int8_model (a path, bytes or Graph) on samples x against float_model or, without
-    one, against its own graph in float."""
+    one, against its own graph in float. profile "neural-art" (n6: its N6Options) also runs tflm,
+    and each layer gives tflm's propagated error beside the N6's ("tflm_propagated")."""
+    from .npu.neural_art_run import profile_object
+
     int8 = int8_model if isinstance(int8_model, Graph) else load_model(int8_model)
     if computes_in_float(int8):
         raise NpusimError(
@@ -282,18 +286,26 @@ def validate(
     x_int8, x_real = split_inputs(x, int8)
     if labels is not None:
         labels = check_labels(labels, x.shape[0], int8)
-    interpreter = Interpreter(int8, profile=profile, warm=False)  # one run
+    interpreter = Interpreter(int8, profile=profile_object(profile, n6), warm=False)  # one run
+    baseline = Interpreter(int8, warm=False) if profile == "neural-art" else None
     local_forms = FloatInterpreter(int8)
     reference = local_forms if ref_graph is None else FloatInterpreter(ref_graph)
     ref_outputs = (ref_graph or int8).outputs
     mapping, unmatched = reference_tensors(int8, ref_graph)
     tally = _Tally(int8, len(int8.outputs))
+    base_tally = _Tally(int8, len(int8.outputs)) if baseline is not None else None
     chunk = chunk_size([int8] if ref_graph is None else [int8, ref_graph], x.shape[0])
     for start in range(0, x.shape[0], chunk):
         q_values = interpreter.run_all(x_int8[start : start + chunk])
         r_values = reference.run_all(x_real[start : start + chunk])
         local = local_forms.local(q_values)
         _add_chunk(tally, int8, ref_outputs, q_values, r_values, local, mapping)
+        if baseline is not None:
+            b_values = baseline.run_all(x_int8[start : start + chunk])
+            _add_chunk(
+                base_tally, int8, ref_outputs, b_values, r_values, local_forms.local(b_values), mapping
+            )
+            del b_values
         del q_values, r_values, local
     layers = []
     for op in int8.ops:
@@ -307,6 +319,9 @@ def validate(
                 "propagated": None if p is None else p.result(),
             }
         )
+        if base_tally is not None:
+            bp = base_tally.propagated[op.index]
+            layers[-1]["tflm_propagated"] = None if bp is None else bp.result()
     worst = min(layers, key=_rank_key)
     outputs = [
         {"index": k, "name": int8.tensors[i].name, **stats.result()}
@@ -359,10 +374,12 @@ def text_report(result: Validation, worst: int = 10) -> str:
     rows = [[str(o["index"]), o["name"][:40], *(_num(o[k]) for k in NAMES)] for o in result.outputs]
     out += _table(head, rows)
     out += ["", f"layers, worst {min(worst, len(result.layers))} of {len(result.layers)} by local SQNR"]
-    head = ["op", "kind", "local sqnr_db", "local max_abs", "propagated sqnr_db", "propagated cos", "tensor"]
+    beside = any("tflm_propagated" in r for r in result.layers)  # --profile neural-art
+    head = ["op", "kind", "local sqnr_db", "local max_abs", "propagated sqnr_db", "propagated cos"]
+    head += ["tflm propagated sqnr_db"] * beside + ["tensor"]
     rows = []
     for r in worst_layers(result, worst):
-        p = r["propagated"]
+        p, t = r["propagated"], r.get("tflm_propagated")
         rows.append(
             [
                 str(r["op"]),
@@ -371,6 +388,7 @@ def text_report(result: Validation, worst: int = 10) -> str:
                 _num(r["local"]["max_abs"]),
                 _num(p["sqnr_db"] if p else None),
                 _num(p["cos"] if p else None),
+                *([_num(t["sqnr_db"] if t else None)] if beside else []),
                 r["tensor"][:48],
             ]
         )

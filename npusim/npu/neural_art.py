@@ -30,6 +30,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..profiles import N6_CHOICES
+
 INT16_MAX = 32767
 BC_FRACTION_BITS = 23  # BC is rounded at 2^-23 output steps, then shifted to shift_o (trace rule)
 SUBOFF_SHIFT = 14  # the suboff's A = 1.0 as 2^14
@@ -58,10 +60,7 @@ class N6Options:
     input_offset: str = "fold"
 
 
-ROUNDINGS = ("half-up", "half-even", "truncate")
-ADD_PRODUCTS = ("exact", "rounded")
-SHIFT_A = ("ignore", "products")
-INPUT_OFFSETS = ("fold", "subtract")
+ROUNDINGS, ADD_PRODUCTS, SHIFT_A, INPUT_OFFSETS = (N6_CHOICES[k] for k in N6_CHOICES)
 
 NPU_ARITH_KINDS = ("CONV_2D", "DEPTHWISE_CONV_2D", "ADD", "QUANTIZE")
 
