@@ -84,8 +84,6 @@ def _table(graph, plan, root: int, output: int) -> np.ndarray:
     codes = np.resize(np.arange(256, dtype=np.uint8), images * per_image).view(x.dtype)
     values = {root: codes.reshape((images,) + tuple(x.shape[1:]))}
     for k in plan:
-        args = [
-            None if t < 0 else values[t] if t in values else tensors[t].data for t in k.op.inputs
-        ]
+        args = [None if t < 0 else values[t] if t in values else tensors[t].data for t in k.op.inputs]
         values[k.op.outputs[0]] = k(*args)
     return np.ascontiguousarray(values[output].reshape(-1)[:256])

@@ -254,8 +254,17 @@ def write_dump(interp, values: dict, directory: Path):
         "npusim.npu.M55_MACS_PER_CYCLE]."
     ),
 )
+@click.option(
+    "--lint",
+    is_flag=True,
+    help=(
+        "stm32n6: list the layers where the Neural-ART datapath loses precision, each with its reason "
+        "and predicted error in output steps (docs/neural-art.md)."
+    ),
+)
+@n6_options
 @friendly_errors
-def inspect(model, target, fmt, calibration, npu_efficiency, m55_macs_per_cycle):
+def inspect(model, target, fmt, calibration, npu_efficiency, m55_macs_per_cycle, lint, n6):
     """The inputs and outputs (name, shape, dtype, scale, zero point: how to feed the model), then one
     row per op: shapes, MACs and parameters, whether npusim runs it, then the totals (docs/inspect.md).
 
@@ -300,17 +309,27 @@ def inspect(model, target, fmt, calibration, npu_efficiency, m55_macs_per_cycle)
         cost.__post_init__()  # validate the overrides
         dev = plan_device(interp, cost)
         note = unsupported_line(interp, "left out of this estimate")
+        findings = None
+        if lint:
+            from .npu.neural_art_lint import lint as n6_lint
+            from .npu.neural_art_lint import lint_lines
+
+            findings = n6_lint(interp.graph, n6, {o.op_index for o in dev.npu_ops})
         if fmt == "json":
             data = {**edges, **report_dict(dev, Path(model).name, fitted), "unsupported": left_out}
-            neural_art_ops(data, interp.graph)
+            neural_art_ops(data, interp.graph, n6)
+            if findings is not None:
+                data["lint"] = findings
             click.echo(json.dumps(data, indent=1))
         else:
             text = format_report(dev, Path(model).name, fitted)
-            click.echo("\n".join([*head, text, *([note] if note else [])]))
+            lines = [*head, text, *([note] if note else [])]
+            click.echo("\n".join(lines + ([""] + lint_lines(findings) if lint else [])))
         return
-    if npu_efficiency is not None or m55_macs_per_cycle is not None or calibration is not None:
+    if npu_efficiency is not None or m55_macs_per_cycle is not None or calibration is not None or lint:
         raise NpusimError(
-            "--calibration, --npu-efficiency and --m55-macs-per-cycle apply only with --target stm32n6"
+            "--calibration, --npu-efficiency, --m55-macs-per-cycle and --lint apply only with "
+            "--target stm32n6"
         )
     records = op_records(interp)
     if fmt == "json":

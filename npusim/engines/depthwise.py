@@ -352,22 +352,59 @@ def vector_run(x, n, oy, ox0, pixels, border, window, taps, edge_taps, n_quads, 
     out_first = out.ctypes.data + ((n * out_h + oy) * out_w + ox0) * out_c
     if replicas > 1 and not border:  # adjacent pixels in_c bytes apart: `replicas` pixels per vector
         tap_quads_run(
-            x_first, replicas * in_c, run_taps.ctypes.data, n_quads, w_group, pixels // replicas, out_first,
-            replicas * out_c, replicas * out_c, v_group, v_channels * 4, profile, out_zp, lo, hi,
+            x_first,
+            replicas * in_c,
+            run_taps.ctypes.data,
+            n_quads,
+            w_group,
+            pixels // replicas,
+            out_first,
+            replicas * out_c,
+            replicas * out_c,
+            v_group,
+            v_channels * 4,
+            profile,
+            out_zp,
+            lo,
+            hi,
         )
         left = pixels % replicas
         if left:  # the last pixels: the lanes past them are neither read nor stored
             tap_quads_run(
-                x_first + (pixels - left) * in_c, 0, run_taps.ctypes.data, n_quads, w_group, 1,
-                out_first + (pixels - left) * out_c, 0, left * out_c, v_group, v_channels * 4, profile,
-                out_zp, lo, hi,
+                x_first + (pixels - left) * in_c,
+                0,
+                run_taps.ctypes.data,
+                n_quads,
+                w_group,
+                1,
+                out_first + (pixels - left) * out_c,
+                0,
+                left * out_c,
+                v_group,
+                v_channels * 4,
+                profile,
+                out_zp,
+                lo,
+                hi,
             )
         return
     for c0 in range(0, out_c, LANES):  # (replicas > 1, a border pixel: the first out_c lanes)
         tap_quads_run(
-            x_first + c0, stride_w * in_c, run_taps.ctypes.data, n_quads, w_group + c0 // LANES * block_bytes,
-            pixels, out_first + c0, out_c, out_c - c0, v_group + c0 * 4, v_channels * 4, profile, out_zp,
-            lo, hi,
+            x_first + c0,
+            stride_w * in_c,
+            run_taps.ctypes.data,
+            n_quads,
+            w_group + c0 // LANES * block_bytes,
+            pixels,
+            out_first + c0,
+            out_c,
+            out_c - c0,
+            v_group + c0 * 4,
+            v_channels * 4,
+            profile,
+            out_zp,
+            lo,
+            hi,
         )
 
 
@@ -414,8 +451,28 @@ def multiplier_pixel(x, w, n, oy, ox, g, multiplier, in_zp, window, acc, params,
 
 
 def depthwise_conv(
-    x, w, wv, replicas, groups, multiplier, stride_h, stride_w, dil_h, dil_w, pad_top, pad_left, in_zp,
-    params, vparams, profile, out_zp, lo, hi, taps_per_group, weight_bytes, out,
+    x,
+    w,
+    wv,
+    replicas,
+    groups,
+    multiplier,
+    stride_h,
+    stride_w,
+    dil_h,
+    dil_w,
+    pad_top,
+    pad_left,
+    in_zp,
+    params,
+    vparams,
+    profile,
+    out_zp,
+    lo,
+    hi,
+    taps_per_group,
+    weight_bytes,
+    out,
 ):
     """The rows of the batch in parallel tasks, each row in its stages: the interior vector runs,
     the border pixels, or (multiplier > 1) the scalar loop. params: the output parameters of the
@@ -472,8 +529,20 @@ def depthwise_conv(
             )
             if runs:  # stage 1: the interior run
                 vector_run(
-                    x, n, oy, ox_lo, ox_hi - ox_lo, False, window, taps, edge_taps, n_quads, pad_row,
-                    weights, out, stage,
+                    x,
+                    n,
+                    oy,
+                    ox_lo,
+                    ox_hi - ox_lo,
+                    False,
+                    window,
+                    taps,
+                    edge_taps,
+                    n_quads,
+                    pad_row,
+                    weights,
+                    out,
+                    stage,
                 )
             for ox in range(out_w):
                 if runs and ox_lo <= ox < ox_hi:
@@ -604,5 +673,3 @@ def vector_layout(wg: np.ndarray, params: np.ndarray, replicas: int) -> tuple[np
         wv[:, block] = chosen.transpose(0, 1, 3, 4, 2).reshape(groups, quads, 4, LANES)
         vparams[:, :, c0 : c0 + LANES] = params[:, :, channels]
     return wv, vparams
-
-

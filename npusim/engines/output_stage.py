@@ -450,8 +450,8 @@ def checked_parameters(stage) -> np.ndarray:
     x_lo = np.where(first_lo == INT32_MIN, INT32_MIN, (first_lo + last_lo) >> 1)
     x_hi = np.where(last_hi == INT32_MAX, INT32_MAX, (first_hi + last_hi) >> 1)
     covered = (shift <= 0) & (x_lo <= x_hi) & (first_lo <= INT32_MAX) & (last_hi >= INT32_MIN)
-    covered &= ((x_lo == INT32_MIN) | (y(np.clip(x_lo, INT32_MIN, INT32_MAX)) == y_lo))
-    covered &= ((x_hi == INT32_MAX) | (y(np.clip(x_hi, INT32_MIN, INT32_MAX)) == y_hi))
+    covered &= (x_lo == INT32_MIN) | (y(np.clip(x_lo, INT32_MIN, INT32_MAX)) == y_lo)
+    covered &= (x_hi == INT32_MAX) | (y(np.clip(x_hi, INT32_MIN, INT32_MAX)) == y_hi)
     nu = np.where(right > 0, np.ldexp(1.0, -(1 + right).astype(np.int32)), 0.0)
     magic_bits = int(MAGIC.view(np.int32))
     bias = 2048 + WINDOW + np.int64(stage.zero_point) * (1 << GRID_BITS) - magic_bits

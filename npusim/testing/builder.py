@@ -37,8 +37,10 @@ _ACTIVATION = {
 # registered version): the registry's (npusim/registry.py).
 _OP_VERSIONS = {kind: spec.version for kind, spec in REGISTRY.items()}
 
+
 def _as_list(v):
     return [int(a) for a in np.atleast_1d(v)]
+
 
 class ModelBuilder:
     """Builds a single-subgraph .tflite model. Tensor and op indices follow insertion order."""
@@ -141,6 +143,7 @@ class ModelBuilder:
         builder.Finish(model.Pack(builder), file_identifier=b"TFL3")
         return bytes(builder.Output())
 
+
 def float_model(model_bytes: bytes) -> bytes:
     """The float32 twin of a quantized model: every quantized integer tensor becomes FLOAT32
     without quantization, its constant data dequantized (scale * (q - zero point), per channel
@@ -179,12 +182,15 @@ def model_inputs(model_bytes: bytes) -> list[tuple[tuple, np.dtype]]:
     sg = m.subgraphs[0]
     return [(tuple(int(d) for d in sg.tensors[i].shape), _TYPE_DTYPES[sg.tensors[i].type]) for i in sg.inputs]
 
+
 def f32(x):
     return np.asarray(x, dtype=np.float32)
+
 
 def bias_scale(in_scale, w_scale) -> np.ndarray:
     """float32(double(in_scale) * double(w_scale[c])), as the converter stores it (LiteRT checks it)."""
     return (np.float64(np.float32(in_scale)) * f32(w_scale).astype(np.float64)).astype(np.float32)
+
 
 def conv_out_size(n: int, k: int, stride: int, dilation: int, padding: str) -> int:
     if padding == "SAME":

@@ -26,6 +26,7 @@ def reshape_model(input_shape, new_shape, scale, zp, shape_tensor=True) -> bytes
     b.add_op("RESHAPE", inputs, [y], opt)
     return b.build([x], [y])
 
+
 def pad_model(input_shape, paddings, scale, zp, v2=False) -> bytes:
     """PAD (pads with the zero point), or PADV2 with an explicit constant pad value = zp."""
     paddings = np.asarray(paddings, np.int32).reshape(len(input_shape), 2)
@@ -45,6 +46,7 @@ def pad_model(input_shape, paddings, scale, zp, v2=False) -> bytes:
         b.add_op("PAD", inputs, [y], schema.PadOptionsT())
     return b.build([x], [y])
 
+
 def transpose_model(input_shape, perm, scale, zp) -> bytes:
     b = ModelBuilder()
     x = b.add_tensor(input_shape, np.int8, scale, zp, name="input")
@@ -52,6 +54,7 @@ def transpose_model(input_shape, perm, scale, zp) -> bytes:
     y = b.add_tensor(tuple(input_shape[i] for i in perm), np.int8, scale, zp, name="output")
     b.add_op("TRANSPOSE", [x, p], [y], schema.TransposeOptionsT())
     return b.build([x], [y])
+
 
 def concat_model(shapes, axis, scale, zp, consts=None) -> bytes:
     """CONCATENATION of int8 tensors that share scale and zero point. consts: optional list, one
@@ -78,6 +81,7 @@ def concat_model(shapes, axis, scale, zp, consts=None) -> bytes:
     opt.axis = int(axis)
     b.add_op("CONCATENATION", ins, [y], opt)
     return b.build(graph_inputs, [y])
+
 
 def strided_slice_model(
     input_shape,
@@ -117,6 +121,7 @@ def strided_slice_model(
     b.add_op("STRIDED_SLICE", [x, *ts], [y], opt)
     return b.build([x], [y])
 
+
 def split_model(input_shape, axis, num_splits, scale, zp) -> bytes:
     """SPLIT into num_splits equal parts: inputs (axis, input), num_splits outputs."""
     b = ModelBuilder()
@@ -129,6 +134,7 @@ def split_model(input_shape, axis, num_splits, scale, zp) -> bytes:
     opt.numSplits = int(num_splits)
     b.add_op("SPLIT", [a, x], ys, opt)
     return b.build([x], ys)
+
 
 def split_v_model(input_shape, size_splits, axis, scale, zp) -> bytes:
     """SPLIT_V: inputs (input, size_splits, axis); size_splits may hold one -1."""
@@ -149,6 +155,7 @@ def split_v_model(input_shape, size_splits, axis, scale, zp) -> bytes:
     b.add_op("SPLIT_V", [x, s, a], ys, opt)
     return b.build([x], ys)
 
+
 def pack_model(shape, count, axis, scale, zp) -> bytes:
     """PACK of `count` graph inputs of one shape along a new axis."""
     b = ModelBuilder()
@@ -160,6 +167,7 @@ def pack_model(shape, count, axis, scale, zp) -> bytes:
     opt.valuesCount, opt.axis = int(count), int(axis)
     b.add_op("PACK", xs, [y], opt)
     return b.build(xs, [y])
+
 
 def resize_nearest_model(
     input_shape, size, scale, zp, align_corners=False, half_pixel_centers=False, bilinear=False
@@ -174,6 +182,7 @@ def resize_nearest_model(
     b.add_op("RESIZE_BILINEAR" if bilinear else "RESIZE_NEAREST_NEIGHBOR", [x, s], [y], opt)
     return b.build([x], [y])
 
+
 def slice_model(input_shape, begin, size, scale, zp, index_dtype=np.int32) -> bytes:
     """SLICE with constant begin and size (size may hold -1: to the end of the axis)."""
     out = [d - b if s == -1 else s for d, b, s in zip(input_shape, begin, size)]
@@ -185,6 +194,7 @@ def slice_model(input_shape, begin, size, scale, zp, index_dtype=np.int32) -> by
     b.add_op("SLICE", [x, bt, st], [y], schema.SliceOptionsT())
     return b.build([x], [y])
 
+
 def unpack_model(input_shape, axis, scale, zp) -> bytes:
     b = ModelBuilder()
     x = b.add_tensor(input_shape, np.int8, scale, zp, name="input")
@@ -195,6 +205,7 @@ def unpack_model(input_shape, axis, scale, zp) -> bytes:
     opt.num, opt.axis = int(input_shape[ax]), int(axis)
     b.add_op("UNPACK", [x], ys, opt)
     return b.build([x], ys)
+
 
 def squeeze_model(input_shape, squeeze_dims, scale, zp) -> bytes:
     rank = len(input_shape)
@@ -211,6 +222,7 @@ def squeeze_model(input_shape, squeeze_dims, scale, zp) -> bytes:
     b.add_op("SQUEEZE", [x], [y], opt)
     return b.build([x], [y])
 
+
 def expand_dims_model(input_shape, axis, scale, zp) -> bytes:
     out = list(input_shape)
     out.insert(axis % (len(input_shape) + 1), 1)
@@ -220,6 +232,7 @@ def expand_dims_model(input_shape, axis, scale, zp) -> bytes:
     y = b.add_tensor(out, np.int8, scale, zp, name="output")
     b.add_op("EXPAND_DIMS", [x, a], [y], schema.ExpandDimsOptionsT())
     return b.build([x], [y])
+
 
 def shape_model(input_shape, scale, zp, reshape=False) -> bytes:
     """SHAPE (int32 output); reshape=True feeds it to a RESHAPE of the input as its shape tensor and
@@ -236,6 +249,7 @@ def shape_model(input_shape, scale, zp, reshape=False) -> bytes:
     b.add_op("RESHAPE", [x, s], [y], schema.ReshapeOptionsT())
     return b.build([x], [y, s])
 
+
 def tile_model(input_shape, multiples, scale, zp) -> bytes:
     b = ModelBuilder()
     x = b.add_tensor(input_shape, np.int8, scale, zp, name="input")
@@ -243,6 +257,7 @@ def tile_model(input_shape, multiples, scale, zp) -> bytes:
     y = b.add_tensor([d * r for d, r in zip(input_shape, multiples)], np.int8, scale, zp, name="output")
     b.add_op("TILE", [x, m], [y], schema.TileOptionsT())
     return b.build([x], [y])
+
 
 def gather_model(input_shape, indices, axis, scale, zp) -> bytes:
     """GATHER of an int8 graph input with constant int32 indices (any shape) along axis."""
@@ -258,6 +273,7 @@ def gather_model(input_shape, indices, axis, scale, zp) -> bytes:
     b.add_op("GATHER", [x, i], [y], opt)
     return b.build([x], [y])
 
+
 def quantize_model(input_shape, in_dtype, out_scale, out_zp, in_scale=None, in_zp=None) -> bytes:
     """QUANTIZE float32 -> int8 (no input quantization), or uint8 / int8 -> int8 (in_scale, in_zp)."""
     in_dtype = np.dtype(in_dtype)
@@ -270,12 +286,14 @@ def quantize_model(input_shape, in_dtype, out_scale, out_zp, in_scale=None, in_z
     b.add_op("QUANTIZE", [x], [y], schema.QuantizeOptionsT())
     return b.build([x], [y])
 
+
 def dequantize_model(input_shape, scale, zp) -> bytes:
     b = ModelBuilder()
     x = b.add_tensor(input_shape, np.int8, scale, zp, name="input")
     y = b.add_tensor(input_shape, np.float32, name="output")
     b.add_op("DEQUANTIZE", [x], [y], schema.DequantizeOptionsT())
     return b.build([x], [y])
+
 
 def add_reshape(b: ModelBuilder, src: int, shape, name: str, scale: float, zp: int) -> int:
     """A RESHAPE of src into an int8 tensor of shape (its new_shape option and shape input both set)."""
@@ -329,6 +347,7 @@ def batch_axis_head_model(seed: int = 3, heads: int = 2, batch: int = 1) -> byte
     y = b.add_tensor((batch, width), np.int8, 0.012, 0, name="output")
     b.add_op("ADD", [flat, k], [y], schema.AddOptionsT())
     return b.build([x], [y])
+
 
 def dfl_across_batch_model(seed: int = 1, anchors: int = 21) -> bytes:
     """YOLOv8n's DFL head (the shared yolov8n_256 model's ops 238-245: RESHAPE [1, 64, A] ->

@@ -140,6 +140,7 @@ def _conv_like(
     b.add_op(kind, [x, wt, bt], [y], options)
     return b.build([x], [y])
 
+
 def conv2d_model(
     input_shape,
     weights,
@@ -179,6 +180,7 @@ def conv2d_model(
         dtype=dtype,
         bias_dtype=bias_dtype,
     )
+
 
 def depthwise_model(
     input_shape,
@@ -226,6 +228,7 @@ def depthwise_model(
         bias_dtype=bias_dtype,
     )
 
+
 def fully_connected_model(
     input_shape,
     weights,
@@ -266,6 +269,7 @@ def fully_connected_model(
     opt.keepNumDims = bool(keep_num_dims)
     b.add_op("FULLY_CONNECTED", [x, wt, bt], [y], opt)
     return b.build([x], [y])
+
 
 def transpose_conv_model(
     input_shape,
@@ -308,6 +312,7 @@ def transpose_conv_model(
     b.add_op("TRANSPOSE_CONV", inputs, [y], opt)
     return b.build([x], [y])
 
+
 def add_model(
     shape1, shape2, s1, z1, s2, z2, out_scale, out_zp, activation="NONE", const2=None, dtype=np.int8
 ) -> bytes:
@@ -315,6 +320,7 @@ def add_model(
     return binary_model(
         "ADD", shape1, shape2, s1, z1, s2, z2, out_scale, out_zp, activation, const2=const2, dtype=dtype
     )
+
 
 def binary_model(
     kind, shape1, shape2, s1, z1, s2, z2, out_scale, out_zp, activation="NONE", const2=None, dtype=np.int8
@@ -336,6 +342,7 @@ def binary_model(
     b.add_op(kind, [x1, x2], [y], opt)
     return b.build([x1] if const2 is not None else [x1, x2], [y])
 
+
 def logistic_model(input_shape, in_scale, in_zp, out_scale=None, out_zp=None, dtype=np.int8) -> bytes:
     """LOGISTIC; the output quantization defaults to TFLM's: (1/256, -128) for int8, (2^-15, 0) for
     int16 (dtype of the input and the output)."""
@@ -348,6 +355,7 @@ def logistic_model(input_shape, in_scale, in_zp, out_scale=None, out_zp=None, dt
     b.add_op("LOGISTIC", [x], [y])
     return b.build([x], [y])
 
+
 def unary_model(kind, input_shape, in_scale, in_zp, out_scale, out_zp, options=None) -> bytes:
     """A one-input elementwise op (TANH, HARD_SWISH, LEAKY_RELU with options=LeakyReluOptionsT)."""
     b = ModelBuilder()
@@ -356,10 +364,12 @@ def unary_model(kind, input_shape, in_scale, in_zp, out_scale, out_zp, options=N
     b.add_op(kind, [x], [y], options)
     return b.build([x], [y])
 
+
 def leaky_relu_model(input_shape, in_scale, in_zp, out_scale, out_zp, alpha) -> bytes:
     opt = schema.LeakyReluOptionsT()
     opt.alpha = float(np.float32(alpha))
     return unary_model("LEAKY_RELU", input_shape, in_scale, in_zp, out_scale, out_zp, opt)
+
 
 def plain_binary_model(kind, shape1, shape2, q1, q2, q_out, const2=None) -> bytes:
     """MAXIMUM, MINIMUM or PRELU (no options): numpy-style broadcasting; q* = (scale, zero point);
@@ -376,6 +386,7 @@ def plain_binary_model(kind, shape1, shape2, q1, q2, q_out, const2=None) -> byte
     y = b.add_tensor(out_shape, np.int8, *q_out, name="output")
     b.add_op(kind, [x1, x2], [y])
     return b.build([x1] if const2 is not None else [x1, x2], [y])
+
 
 def _pool_model(kind, input_shape, scale, zp, filter_size, stride, padding, activation):
     b = ModelBuilder()
@@ -394,15 +405,18 @@ def _pool_model(kind, input_shape, scale, zp, filter_size, stride, padding, acti
     b.add_op(kind, [x], [y], opt)
     return b.build([x], [y])
 
+
 def avg_pool_model(
     input_shape, scale, zp, filter_size=(2, 2), stride=(2, 2), padding="VALID", activation="NONE"
 ) -> bytes:
     return _pool_model("AVERAGE_POOL_2D", input_shape, scale, zp, filter_size, stride, padding, activation)
 
+
 def max_pool_model(
     input_shape, scale, zp, filter_size=(2, 2), stride=(2, 2), padding="VALID", activation="NONE"
 ) -> bytes:
     return _pool_model("MAX_POOL_2D", input_shape, scale, zp, filter_size, stride, padding, activation)
+
 
 def mean_model(
     input_shape, in_scale, in_zp, out_scale, out_zp, axes=(1, 2), keep_dims=True, kind="MEAN"
@@ -422,6 +436,7 @@ def mean_model(
     b.add_op(kind, [x, ax], [y], opt)
     return b.build([x], [y])
 
+
 def softmax_model(input_shape, in_scale, in_zp, beta=1.0, dtype=np.int8, out_scale=None) -> bytes:
     """SOFTMAX int8 -> int8 with the fixed output quantization (1/256, -128), or with dtype int16
     int16 -> int16 with (2^-15, 0) unless out_scale says otherwise."""
@@ -435,6 +450,7 @@ def softmax_model(input_shape, in_scale, in_zp, beta=1.0, dtype=np.int8, out_sca
     opt.beta = float(beta)
     b.add_op("SOFTMAX", [x], [y], opt)
     return b.build([x], [y])
+
 
 def batch_matmul_model(lhs_shape, rhs_shape, ql, qr, qo, adj_x=False, adj_y=False, rhs_const=None) -> bytes:
     """BATCH_MATMUL int8; q* = (scale, zero point); rhs a graph input or, with rhs_const, a constant."""
@@ -455,6 +471,7 @@ def batch_matmul_model(lhs_shape, rhs_shape, ql, qr, qo, adj_x=False, adj_y=Fals
     opt.adjX, opt.adjY = bool(adj_x), bool(adj_y)
     b.add_op("BATCH_MATMUL", [x, r], [y], opt)
     return b.build([x] if rhs_const is not None else [x, r], [y])
+
 
 def two_head_model(seed: int = 7) -> bytes:
     """Two heads on one [1, 8, 8, 4] input: op 0 MAX_POOL_2D 2x2 (tensor 'head_pool', exact under every

@@ -13,6 +13,7 @@ from .builder import f32
 def log_uniform(rng: np.random.Generator, lo: float, hi: float, size=None):
     return np.exp(rng.uniform(math.log(lo), math.log(hi), size))
 
+
 def random_int8(rng: np.random.Generator, shape, mode: str = "uniform") -> np.ndarray:
     """Activations. mode: uniform over [-128, 127], 'extreme' (only -128 and 127), 'mixed'
     (uniform with about a quarter of the values at the extremes), 'narrow' (near 0)."""
@@ -26,6 +27,7 @@ def random_int8(rng: np.random.Generator, shape, mode: str = "uniform") -> np.nd
         x[m] = rng.choice(np.array([-128, 127], np.int8), size=int(m.sum()))
     return x
 
+
 def random_weights(rng: np.random.Generator, shape, mode: str = "uniform") -> np.ndarray:
     """int8 weights in [-127, 127]; mode 'extreme' gives only +-127, 'narrow' [-3, 3]."""
     if mode == "narrow":
@@ -37,6 +39,7 @@ def random_weights(rng: np.random.Generator, shape, mode: str = "uniform") -> np
         m = rng.random(shape) < 0.25
         w[m] = rng.choice(np.array([-127, 127], np.int8), size=int(m.sum()))
     return w
+
 
 def random_out_scale(rng: np.random.Generator, in_scale, w_scale, taps: int, max_mult: float = 0.999):
     """An output scale that keeps every per-channel multiplier in_scale*w_scale[c]/out_scale below
@@ -53,6 +56,7 @@ def random_out_scale(rng: np.random.Generator, in_scale, w_scale, taps: int, max
             break
         out = np.float32(out * 1.25)
     return float(out)
+
 
 def random_bias(rng: np.random.Generator, n: int, taps: int, mode: str = "uniform") -> np.ndarray:
     """int32 bias of the size of a few hundred accumulator LSBs per tap; 'large' adds +-2^20-ish

@@ -18,6 +18,7 @@ def _as_inputs(x_batch) -> list[np.ndarray]:
         raise ValueError("all inputs need the same batch size")
     return xs
 
+
 def tflm_interpreter(model_bytes: bytes, x_batch, arena_size: int | None = None):
     """A TFLM interpreter for the model, its arena sized for inputs like x_batch's (4 MB plus room
     for the model and a few copies of one image's inputs)."""
@@ -27,6 +28,7 @@ def tflm_interpreter(model_bytes: bytes, x_batch, arena_size: int | None = None)
         arena_size = (4 << 20) + 4 * len(model_bytes)
         arena_size += 8 * sum(int(x[:1].nbytes) for x in _as_inputs(x_batch))
     return runtime.Interpreter.from_bytes(bytes(model_bytes), arena_size=arena_size)
+
 
 def run_tflm(model_bytes: bytes, x_batch, arena_size: int | None = None) -> np.ndarray:
     """TFLM output 0 for a batch (inputs stacked on axis 0; a list for several graph inputs).
@@ -40,6 +42,7 @@ def run_tflm(model_bytes: bytes, x_batch, arena_size: int | None = None) -> np.n
         interp.invoke()
         outs.append(np.array(interp.get_output(0), copy=True))
     return np.concatenate(outs, axis=0)
+
 
 def run_tflm_outputs(model_bytes: bytes, x_batch, arena_size: int | None = None) -> list[np.ndarray]:
     """Every TFLM graph output for a batch, in the graph's output order."""
@@ -55,6 +58,7 @@ def run_tflm_outputs(model_bytes: bytes, x_batch, arena_size: int | None = None)
             outs[k].append(np.array(interp.get_output(k), copy=True))
     return [np.concatenate(o, axis=0) for o in outs]
 
+
 _RESOLVERS = {
     "AUTO": "AUTO",
     "REF": "BUILTIN_REF",
@@ -63,6 +67,7 @@ _RESOLVERS = {
     "BUILTIN_WITHOUT_DEFAULT_DELEGATES": "BUILTIN_WITHOUT_DEFAULT_DELEGATES",
     "NODELEGATE": "BUILTIN_WITHOUT_DEFAULT_DELEGATES",
 }
+
 
 def run_litert(model_bytes: bytes, x_batch, resolver: str = "AUTO", threads: int = 1) -> np.ndarray:
     """LiteRT output 0, one invoke per batch element. resolver: AUTO (XNNPACK), REF (BUILTIN_REF),
@@ -85,6 +90,7 @@ def run_litert(model_bytes: bytes, x_batch, resolver: str = "AUTO", threads: int
         interp.invoke()
         outs.append(np.array(interp.get_tensor(out), copy=True))
     return np.concatenate(outs, axis=0)
+
 
 class BatchedLiteRT:
     """LiteRT's default interpreter (AUTO resolver = XNNPACK delegate) with the input resized to the
@@ -125,7 +131,9 @@ class BatchedLiteRT:
             outs.append(self.it.get_tensor(self.out_index))
         return np.concatenate(outs)
 
+
 _BACKEND = contextvars.ContextVar("npusim_backend", default="auto")
+
 
 @contextlib.contextmanager
 def on_backend(name: str):
@@ -137,6 +145,7 @@ def on_backend(name: str):
         yield
     finally:
         _BACKEND.reset(token)
+
 
 def run_npusim(model_bytes, x_batch, profile: str = "tflm", backend: str | None = None) -> np.ndarray:
     """npusim output 0 for the whole batch at once, on `backend` (default: the one on_backend set,
@@ -152,6 +161,7 @@ def run_npusim(model_bytes, x_batch, profile: str = "tflm", backend: str | None 
     values = {graph.inputs[k]: np.ascontiguousarray(x) for k, x in enumerate(xs)}
     return interp.evaluate(values)[graph.outputs[0]]
 
+
 def run_npusim_outputs(model_bytes, x_batch, profile: str = "tflm") -> list[np.ndarray]:
     """Every npusim graph output for the whole batch, in the graph's output order."""
     import npusim
@@ -161,6 +171,7 @@ def run_npusim_outputs(model_bytes, x_batch, profile: str = "tflm") -> list[np.n
     values = {graph.inputs[k]: np.ascontiguousarray(x) for k, x in enumerate(_as_inputs(x_batch))}
     values = interp.evaluate(values)
     return [values[t] for t in graph.outputs]
+
 
 def first_difference(a: np.ndarray, b: np.ndarray) -> str:
     """A readable description of where two outputs first differ (for assertion messages)."""
@@ -179,11 +190,13 @@ def first_difference(a: np.ndarray, b: np.ndarray) -> str:
         f"max |diff| {np.nanmax(np.abs(d))}"
     )
 
+
 def assert_same(expected: np.ndarray, actual: np.ndarray, context: str = ""):
     if not (
         expected.shape == actual.shape and expected.dtype == actual.dtype and np.array_equal(expected, actual)
     ):
         raise AssertionError(f"{context}\n  {first_difference(expected, actual)}")
+
 
 def litert_delegated(model_bytes: bytes) -> bool:
     """Whether LiteRT's default resolver (AUTO) hands the model to XNNPACK (a DELEGATE node appears
