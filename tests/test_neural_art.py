@@ -1,0 +1,169 @@
+"""--profile neural-art, the Neural-ART unit chains in `inspect --format json`, and `inspect --lint`,
+on one-op models built here (no shared data). The coefficients against ST's own compiled blob:
+tests/test_neural_art_trace.py."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+import npusim.cli
+from npusim.engines import neural_art as units
+from npusim.interpreter import Interpreter
+from npusim.npu import N6Options, NeuralArtProfile
+from npusim.npu.cost import NPU, placement
+from npusim.npu.neural_art import add_stage, fixed_point, op_stages
+from npusim.npu.neural_art_lint import add_error, lint
+from npusim.npu.neural_art_run import Chain
+from npusim.testing import oracle as O
+
+ISSUE_FIELDS = {"shift_a", "shift_o", "outbytes_o", "rounding_o", "saturation_o", "round_mode_o"}
+ARITH_FIELDS = {"A_scalar", "B_scalar", "C_scalar", "A_vector", "B_vector", "C_vector"}
+ARITH_FIELDS |= {"Ax_shift", "By_shift", "C_shift", "shift_o", "rounding_o", "saturation_o"}
+
+
+def cli(*args):
+    return CliRunner().invoke(npusim.cli.main, [str(a) for a in args], catch_exceptions=False)
+
+
+@pytest.fixture(scope="module")
+def conv_model():
+    rng = np.random.default_rng(3)
+    w = rng.integers(-127, 128, (8, 3, 3, 4)).astype(np.int8)
+    b = rng.integers(-3000, 3000, 8).astype(np.int32)
+    return O.conv2d_model((1, 8, 8, 4), w, b, 0.05, -3, rng.uniform(0.001, 0.01, 8), 0.3, 5)
+
+
+FORUM = (0.05, -3, 0.05 / 16, 10, 0.06, 0)  # a residual ADD whose inputs are 16x apart in scale
+
+
+def test_shift_round_modes():
+    cases = [(5, 1), (7, 1), (-5, 1), (-7, 1), (12, 3), (20, 3), (-12, 3), (13, 0)]
+    for v, s in cases:
+        exact = v / 2**s
+        assert units.shift_round(np.int64(v), s, units.TRUNCATE) == v >> s
+        assert units.shift_round(np.int64(v), s, units.HALF_UP) == int(np.floor(exact + 0.5))
+        assert units.shift_round(np.int64(v), s, units.HALF_EVEN) == int(np.round(exact))
+
+
+def test_add_coefficients_normalised():
+    st = add_stage(*FORUM)
+    ra, rb = 0.05 / 0.06, 0.05 / 16 / 0.06
+    assert 2**14 <= st["A_scalar"] < 2**15 and 2**14 <= st["B_scalar"] < 2**15
+    assert st["A_scalar"] / 2.0 ** (st["shift_o"] + st["Ax_shift"]) == pytest.approx(ra, rel=2**-14)
+    assert st["B_scalar"] / 2.0 ** (st["shift_o"] + st["By_shift"]) == pytest.approx(rb, rel=2**-14)
+    assert st["By_shift"] == 4  # the 16x: B keeps its 15 bits through By_shift
+    # a constant below one step: rounded at full precision, then floor-shifted (ST's Add_330)
+    assert fixed_point(-0.288 / 2**15, 15) == (-1, 0)
+    assert fixed_point(31219.725 * 32 / 2**15, 15) == (31220, 5)
+
+
+def test_forum_add_what_each_option_predicts():
+    """The forum's case, inputs 16x apart: what each reading of the ADD datapath predicts, in output
+    steps against the exact sum, over all 65,536 input pairs."""
+    st = add_stage(*FORUM)
+    table = {}
+    for rounding in ("half-up", "half-even", "truncate"):
+        for products in ("exact", "rounded"):
+            table[rounding, products] = add_error(
+                st, *FORUM, N6Options(rounding=rounding, add_products=products)
+            )
+    print(
+        "\nforum ADD (16x): "
+        + "; ".join(f"{r}/{p}: max {e['max']}, rms {e['rms']:.3f}" for (r, p), e in table.items())
+    )
+    assert table["half-up", "exact"]["max"] <= 0.5 + 1e-6  # one rounding: as good as TFLM
+    assert table["half-up", "rounded"]["max"] > 1.0  # each product rounded: the small term loses
+    assert table["truncate", "exact"]["max"] == pytest.approx(1.0, abs=1e-6)
+    assert table["truncate", "rounded"]["max"] > 2.5
+    graph = Interpreter(O.add_model((1, 4, 4, 8), (1, 4, 4, 8), *FORUM), plan_only=True).graph
+    assert lint(graph, N6Options()) == []
+    (warning,) = lint(graph, N6Options(add_products="rounded"))
+    assert "16x apart" in warning["reason"] and warning["predicted_error_steps"] > 1.0
+
+
+def _conv_by_formula(x, graph, stages):
+    """The chain's arithmetic written out in Python integers: suboff, CONVACC, off_bias."""
+    sub, ca, ob = stages
+    w = graph.tensors[graph.ops[0].inputs[1]].data.astype(np.int64)
+    feature = x.astype(np.int64) + 128  # suboff: (16384 * x + (32 << 16)) >> 14
+    assert sub["A_scalar"] == 16384 and (sub["B_scalar"] << 16) + sub["C_scalar"] == 128 << 14
+    padded = np.pad(feature, ((0, 0), (1, 1), (1, 1), (0, 0)), constant_values=-3 + 128)
+    n, h, wd, _ = x.shape
+    out = np.zeros((n, h, wd, w.shape[0]), np.int64)
+    s, sh = ca["shift_o"], ob["shift_o"]
+    for i in range(h):
+        for j in range(wd):
+            acc = np.einsum("nhwc,ohwc->no", padded[:, i : i + 3, j : j + 3], w)
+            y = np.clip((acc + (1 << (s - 1) if s else 0)) >> s, -32768, 32767)
+            v = (np.array(ob["A_vector"]) * y + np.array(ob["C_vector"]) + (1 << (sh - 1))) >> sh
+            out[:, i, j] = np.clip(v, -128, 127)
+    return out
+
+
+def test_conv_chain_runs_the_formula_and_stays_near_tflm(conv_model):
+    rng = np.random.default_rng(4)
+    x = rng.integers(-128, 128, (3, 8, 8, 4)).astype(np.int8)
+    n6 = Interpreter(conv_model, profile=NeuralArtProfile())
+    assert isinstance(n6.kernels[0], Chain) and n6.profile == "neural-art"
+    got = n6.run(x)
+    stages = op_stages(n6.graph, n6.graph.ops[0])
+    assert np.array_equal(got, _conv_by_formula(x, n6.graph, stages))
+    tflm = Interpreter(conv_model).run(x)
+    assert np.abs(got.astype(int) - tflm).max() <= 1
+    # another rounding mode changes the result: the option reaches the units
+    trunc = Interpreter(conv_model, profile=NeuralArtProfile(N6Options(rounding="truncate"))).run(x)
+    assert not np.array_equal(trunc, got)
+
+
+def test_ops_off_the_npu_keep_tflm():
+    m = O.softmax_model((1, 10), 0.1, 0)
+    interp = Interpreter(m, profile=NeuralArtProfile())
+    for k in interp.kernels:
+        assert not isinstance(k, Chain)
+    x = np.random.default_rng(5).integers(-128, 128, (2, 10)).astype(np.int8)
+    assert np.array_equal(interp.run(x), Interpreter(m).run(x))
+    conv = Interpreter(O.conv2d_model((1, 4, 4, 2), np.ones((2, 1, 1, 2)), None, 0.1, 0, 0.1, 0.2, 0))
+    assert placement(conv.kernels[0])[0] == NPU
+
+
+def test_interpreter_refuses_the_bare_name(conv_model):
+    with pytest.raises(npusim.NpusimError, match="NeuralArtProfile"):
+        Interpreter(conv_model, profile="neural-art")
+
+
+def test_inspect_json_stages_and_lint(conv_model, tmp_path):
+    path = tmp_path / "conv.tflite"
+    path.write_bytes(conv_model)
+    r = cli("inspect", path, "--target", "stm32n6", "--format", "json", "--lint")
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.output)
+    stages = data["ops"][0]["neural_art"]["stages"]
+    assert [s["unit"] for s in stages] == ["ARITH", "CONVACC", "ARITH"]
+    assert ISSUE_FIELDS <= set(stages[1]) and ARITH_FIELDS <= set(stages[2])
+    assert len(stages[2]["A_vector"]) == 8 and isinstance(data["lint"], list)
+    add = tmp_path / "add.tflite"
+    add.write_bytes(O.add_model((1, 4, 4, 8), (1, 4, 4, 8), *FORUM))
+    r = cli("inspect", add, "--target", "stm32n6", "--lint", "--n6-add-products", "rounded")
+    assert r.exit_code == 0 and "16x apart" in r.output
+    r = cli("inspect", add, "--lint")
+    assert r.exit_code == 2 and "--target stm32n6" in r.output
+
+
+def test_compare_and_validate(conv_model, tmp_path):
+    path = tmp_path / "conv.tflite"
+    path.write_bytes(conv_model)
+    x = np.random.default_rng(6).integers(-128, 128, (4, 8, 8, 4)).astype(np.int8)
+    np.save(tmp_path / "x.npy", x)
+    r = cli("compare", path, "--input", tmp_path / "x.npy", "--a", "tflm", "--b", "neural-art")
+    assert r.exit_code == 0 and "B = neural-art" in r.output
+    assert "first difference: op 0 (CONV_2D)" in r.output or "no difference" in r.output.lower()
+    r = cli("validate", path, "--input", tmp_path / "x.npy", "--profile", "neural-art", "--format", "json")
+    assert r.exit_code == 0, r.output
+    layer = json.loads(r.output)["layers"][0]
+    assert layer["propagated"] is not None and layer["tflm_propagated"] is not None
+    r = cli("validate", path, "--input", tmp_path / "x.npy", "--profile", "neural-art")
+    assert "tflm propagated sqnr_db" in r.output
