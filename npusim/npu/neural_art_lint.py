@@ -108,9 +108,9 @@ def _conv_findings(graph, op, stages) -> list[dict]:
         c = int(lost.argmax())
         found.append(
             {
-                "reason": f"the 16-bit CONVACC output (shift {convacc['shift_o']}) saturates inside the "
-                f"layer's output range: channel {c} needs {np.minimum(need, reach)[c]:.0f} accumulator "
-                f"units, 16 bits hold {cap:.0f}",
+                "reason": f"the 16-bit CONVACC output (shift {convacc['shift_o']}) can saturate inside the "
+                f"layer's output range: channel {c} can need {np.minimum(need, reach)[c]:.0f} accumulator "
+                f"units (worst case of its weights and output range), 16 bits hold {cap:.0f}",
                 "predicted_error_steps": round(float(lost.max()), 3),
             }
         )
