@@ -2,11 +2,9 @@
 compiled program for yolox_nano_480 (../shared/models/stm32n6/st_compiler): every ADD's ARITH
 (A, B, C and their shifts) exactly, and the convolutions' per-channel A, BC and shifts.
 
-The conv's CONVACC output shift S is a compiler choice npusim only predicts (docs/neural-art.md):
-A and the total shift T = S + shift_o do not depend on it and are compared as derived; BC and the
-ARITH's shift_o are compared at ST's S (options.conv_shift forced to it), and the share of convs
-whose S npusim predicts is printed, not asserted. `pytest -s` prints the shares docs/neural-art.md
-quotes.
+Every value is compared as npusim derives it from the .tflite alone; BC is also compared at ST's
+own S (the CONVACC's output shift, options.conv_shift forced to it), which separates the BC rule from
+the S rule. `pytest -s` prints the shares docs/neural-art.md quotes.
 """
 
 import json
@@ -72,7 +70,7 @@ def _conv_units(units, node):
 def test_conv_coefficients(compiled):
     graph, units, by_node, pool, to_op = compiled
     convs = [(n, op) for n, op in to_op.items() if op.kind in ("CONV_2D", "DEPTHWISE_CONV_2D")]
-    n = {"channels": 0, "A": 0, "BC": 0, "layers": 0, "T": 0, "shift_o": 0, "S": 0, "suboff": 0, "width": 0}
+    n = dict.fromkeys(("channels", "A", "BC", "BC_at_S", "layers", "T", "shift_o", "S", "suboff", "width"), 0)
     for node, op in convs:
         chain, off_bias, suboff = _conv_units(units, node)
         s = sum(u.fields["shift_o"] for u in chain)
@@ -85,15 +83,12 @@ def test_conv_coefficients(compiled):
             bc_st = vector(pool, f["C_vector"], f["vec_precision"][2], channels)
         else:
             bc_st = np.full(channels, (f["B_scalar"] << 16) + (f["C_scalar"] & 0xFFFF))
-        mine = at_st[2]
-        if mine["C_vector"] is not None:
-            bc = np.array(mine["C_vector"])
-        else:
-            bc = np.full(channels, (mine["B_scalar"] << 16) + (mine["C_scalar"] & 0xFFFF))
+        mine = predicted[2]
         n["layers"] += 1
         n["channels"] += channels
         n["A"] += int((np.array(mine["A_vector"]) == a_st).sum())
-        n["BC"] += int((bc == bc_st).sum())
+        n["BC"] += int((_bc(mine, channels) == bc_st).sum())
+        n["BC_at_S"] += int((_bc(at_st[2], channels) == bc_st).sum())
         n["T"] += predicted[1]["shift_o"] + predicted[2]["shift_o"] == s + f["shift_o"]
         n["shift_o"] += mine["shift_o"] == f["shift_o"]
         n["S"] += predicted[1]["shift_o"] == s
@@ -103,15 +98,21 @@ def test_conv_coefficients(compiled):
     layers, channels = n["layers"], n["channels"]
     print(
         f"\nconv: {layers} layers, {channels} channels; A exact {n['A']}/{channels} "
-        f"({100 * n['A'] / channels:.2f} %), BC exact at ST's S {n['BC']}/{channels} "
-        f"({100 * n['BC'] / channels:.2f} %); total shift T {n['T']}/{layers}, ARITH shift_o at ST's S "
-        f"{n['shift_o']}/{layers}, suboff {n['suboff']}/{layers}, "
-        f"16-bit CONVACC output {n['width']}/{layers}; "
-        f"S predicted {n['S']}/{layers} ({100 * n['S'] / layers:.1f} %, not asserted)"
+        f"({100 * n['A'] / channels:.2f} %), BC exact {n['BC']}/{channels} "
+        f"({100 * n['BC'] / channels:.2f} %; at ST's S {n['BC_at_S']}); CONVACC shift S {n['S']}/{layers}, "
+        f"ARITH shift_o {n['shift_o']}/{layers}, total shift T {n['T']}/{layers}, "
+        f"suboff {n['suboff']}/{layers}, 16-bit CONVACC output {n['width']}/{layers}"
     )
     assert n["A"] >= 0.99 * channels
     assert n["BC"] >= 0.99 * channels
-    assert n["T"] == layers and n["shift_o"] == layers and n["suboff"] == layers and n["width"] == layers
+    assert n["S"] >= 0.99 * layers and n["shift_o"] >= 0.99 * layers
+    assert n["T"] == layers and n["suboff"] == layers and n["width"] == layers
+
+
+def _bc(stage, channels):
+    if stage["C_vector"] is not None:
+        return np.array(stage["C_vector"])
+    return np.full(channels, (stage["B_scalar"] << 16) + (stage["C_scalar"] & 0xFFFF))
 
 
 def test_quantize_and_graph(compiled):

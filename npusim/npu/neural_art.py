@@ -18,9 +18,9 @@ docs/neural-art.md quotes it):
   the input scales over the output scale normalised to [2^14, 2^15), the zero points folded in C.
 * QUANTIZE (int8 to int8): one scalar ARITH, A*x + BC, like the suboff.
 
-What the trace does not decide (docs/neural-art.md): S, the CONVACC's output shift, is a compiler
-choice npusim predicts with a heuristic (options.conv_shift); an input zero point other than -128
-(the trace has none) is folded into BC as (z_x + 128) * sum(w) (options.input_offset).
+S, the CONVACC's output shift, is the smallest s with max |sum of a channel's weights| * 256 below
+2^(15 + s) (conv_shift). What the trace does not decide (docs/neural-art.md): an input zero point
+other than -128 (the trace has none) is folded into BC as (z_x + 128) * sum(w) (options.input_offset).
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ class N6Options:
     shift_a: "ignore" (the CONVACC's shift_a, set only on a CONVACC without an accumulator input in
       the trace, changes nothing) or "products" (products shifted left by shift_a, the output by
       shift_o + shift_a).
-    conv_shift: "weights" (S from the layer's worst-case accumulator, heuristic) or an int forcing S.
+    conv_shift: "weights" (S by the compiler's rule, conv_shift()) or an int forcing S.
     input_offset: "fold" (the suboff adds 128, the rest of the input zero point goes into BC) or
       "subtract" (the suboff subtracts the zero point itself; exact only when x - z_x fits 8 bits).
     """
@@ -269,17 +269,17 @@ def _bc(b_steps: float, shift_o: int, zero_point: int) -> int:
 
 
 def conv_shift(w: np.ndarray, options: N6Options) -> int:
-    """S, the CONVACC's right shift into 16 bits. ST's rule is not known (docs/neural-art.md): the
-    default takes the worst-case accumulator of an unsigned 8-bit feature, max over channels of
-    255 * max(sum of positive weights, -sum of negative weights), over int16, rounded in log2."""
+    """S, the CONVACC's right shift into 16 bits: the smallest s >= 0 with
+    max over channels |sum of the channel's weights| * 256 < 32768 * 2^s. The compiler sizes the
+    16-bit output for the accumulator of a feature of 256 at every tap (not the worst case of a
+    sign-mixed kernel: docs/neural-art.md); this rule gives ST's S on 186 of 186 layers of the trace."""
     if isinstance(options.conv_shift, int):
         return options.conv_shift
-    pos = np.maximum(w, 0).sum(axis=1)
-    neg = -np.minimum(w, 0).sum(axis=1)
-    worst = float(np.maximum(pos, neg).max()) * 255.0
-    if worst <= INT16_MAX:
-        return 0
-    return max(0, round(math.log2((worst + 1) / (INT16_MAX + 1))))
+    level = int(np.abs(w.sum(axis=1)).max()) * 256
+    s = 0
+    while level >= (INT16_MAX + 1) << s:
+        s += 1
+    return s
 
 
 def pool_stage(kind: str, options: dict) -> dict:
