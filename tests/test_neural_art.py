@@ -167,3 +167,18 @@ def test_compare_and_validate(conv_model, tmp_path):
     assert layer["propagated"] is not None and layer["tflm_propagated"] is not None
     r = cli("validate", path, "--input", tmp_path / "x.npy", "--profile", "neural-art")
     assert "tflm propagated sqnr_db" in r.output
+
+
+def test_fully_connected_and_pool_chains():
+    rng = np.random.default_rng(7)
+    w = rng.integers(-127, 128, (6, 20)).astype(np.int8)
+    m = O.fully_connected_model(
+        (1, 20), w, rng.integers(-500, 500, 6).astype(np.int32), 0.04, 2, 0.01, 0.2, -1
+    )
+    interp = Interpreter(m, profile=NeuralArtProfile())
+    assert isinstance(interp.kernels[0], Chain)
+    x = rng.integers(-128, 128, (5, 20)).astype(np.int8)
+    assert np.abs(interp.run(x).astype(int) - Interpreter(m).run(x)).max() <= 1
+    pool = Interpreter(O.max_pool_model((1, 9, 9, 2), 0.1, 0, (9, 9), (1, 1), "SAME"), plan_only=True)
+    stages = op_stages(pool.graph, pool.graph.ops[0])
+    assert len(stages) == 4 and all(s["poolWinX"] == 3 and s["unit"] == "POOL" for s in stages)

@@ -116,8 +116,18 @@ def _bc(stage, channels):
 
 
 def test_quantize_and_graph(compiled):
-    """The whole graph derives a chain for every CONV, DEPTHWISE_CONV, ADD and MAX_POOL."""
-    graph, *_ = compiled
+    """The whole graph derives a chain for every CONV, DEPTHWISE_CONV, ADD and MAX_POOL; a max pool
+    is as many 3x3 POOL units as ST's decomposition."""
+    graph, units, by_node, pool, to_op = compiled
+    for node, op in to_op.items():
+        if op.kind == "MAX_POOL_2D":
+            st = [u for u in units if u.node.startswith(node + "_decomposed_") and u.unit == "Poolacc"]
+            mine = op_stages(graph, op)
+            assert len(mine) == len(st)
+            for a, b in zip(mine, st):
+                assert all(
+                    a[k] == b.fields[k] for k in ("operation", "poolWinX", "poolWinY", "strideX", "strideY")
+                )
     chains = graph_stages(graph)
     kinds = {op.kind for op in graph.ops if op.index in chains}
     assert {"CONV_2D", "DEPTHWISE_CONV_2D", "ADD", "MAX_POOL_2D"} <= kinds

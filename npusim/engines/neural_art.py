@@ -102,3 +102,12 @@ def accumulate(x_unsigned: np.ndarray, weights: np.ndarray, g, fill: int, depthw
     else:
         acc = gemm.int_matmul(cols[None], weights.reshape(1, weights.shape[0], -1))[0]
     return np.rint(acc).astype(np.int64).reshape(n, g.out_h, g.out_w, -1)
+
+
+def dense_accumulate(x_unsigned: np.ndarray, weights: np.ndarray, out_shape) -> np.ndarray:
+    """FULLY_CONNECTED's accumulator on the CONVACC: rows of the feature times the int8 weights
+    [O, K], exactly, as int64 of out_shape."""
+    k = weights.shape[-1]
+    rows = x_unsigned.reshape(-1, k).astype(np.float32)
+    acc = gemm.int_matmul(rows[None], weights.reshape(1, -1, k))[0]
+    return np.rint(acc).astype(np.int64).reshape(out_shape)

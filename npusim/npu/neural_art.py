@@ -7,7 +7,8 @@ The rules were read off ST's own compiled program for a real model (the yolox_na
 ../shared/models/stm32n6/st_compiler; tests/test_neural_art_trace.py measures the agreement, and
 docs/neural-art.md quotes it):
 
-* CONV_2D / DEPTHWISE_CONV_2D: an ARITH "suboff" (A=1.0 as 16384 >> 14, BC = 128 << 14: int8 to
+* CONV_2D / DEPTHWISE_CONV_2D (FULLY_CONNECTED alike, as a 1x1 convolution: not in the trace):
+  an ARITH "suboff" (A=1.0 as 16384 >> 14, BC = 128 << 14: int8 to
   the unsigned feature the CONVACC reads), a CONVACC that accumulates and rounds the accumulator
   right by S into 16 bits, then an ARITH "off_bias" with a per-channel int16 A and int32 BC:
   A[c] = round(M[c] * 2^T), T the largest shift that keeps every A within int16 (M = s_x s_w / s_y),
@@ -62,7 +63,7 @@ class N6Options:
 
 ROUNDINGS, ADD_PRODUCTS, SHIFT_A, INPUT_OFFSETS = (N6_CHOICES[k] for k in N6_CHOICES)
 
-NPU_ARITH_KINDS = ("CONV_2D", "DEPTHWISE_CONV_2D", "ADD", "QUANTIZE")
+MAC_KINDS = ("CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED")  # a CONVACC chain each
 
 
 def round_half_away(v: float) -> int:
@@ -282,15 +283,19 @@ def conv_shift(w: np.ndarray, options: N6Options) -> int:
     return s
 
 
-def pool_stage(kind: str, options: dict) -> dict:
-    return {
-        "unit": "POOL",
-        "operation": "POOL_MAX" if kind == "MAX_POOL_2D" else "POOL_AVG",
-        "poolWinX": int(options.get("filter_width", 1)),
-        "poolWinY": int(options.get("filter_height", 1)),
-        "strideX": int(options.get("stride_w", 1)),
-        "strideY": int(options.get("stride_h", 1)),
-    }
+def pool_stages(kind: str, options: dict) -> list[dict]:
+    """POOL units. A stride-1 max pool of an odd square window k > 3 is decomposed into (k - 1) / 2
+    chained 3x3 stride-1 POOL units (the trace's 5x5, 9x9 and 13x13 SPP pools: 2, 4 and 6 units)."""
+    wx, wy = int(options.get("filter_width", 1)), int(options.get("filter_height", 1))
+    sx, sy = int(options.get("stride_w", 1)), int(options.get("stride_h", 1))
+    op = "POOL_MAX" if kind == "MAX_POOL_2D" else "POOL_AVG"
+    if op == "POOL_MAX" and wx == wy and wx > 3 and wx % 2 == 1 and sx == sy == 1:
+        wx = wy = 3
+        count = (int(options.get("filter_width", 1)) - 1) // 2
+    else:
+        count = 1
+    stage = {"unit": "POOL", "operation": op, "poolWinX": wx, "poolWinY": wy, "strideX": sx, "strideY": sy}
+    return [dict(stage) for _ in range(count)]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -321,7 +326,7 @@ def op_stages(graph, op, options: N6Options = N6Options()) -> list[dict] | None:
     if any(o.quant is None or np.dtype(o.dtype) != np.int8 for o in outs):
         return None
     out = outs[0]
-    if op.kind in ("CONV_2D", "DEPTHWISE_CONV_2D"):
+    if op.kind in MAC_KINDS:
         x, w = t[op.inputs[0]], t[op.inputs[1]]
         b = t[op.inputs[2]] if len(op.inputs) > 2 and op.inputs[2] >= 0 else None
         if w.data is None or x.quant is None or np.dtype(x.dtype) != np.int8:
@@ -354,7 +359,7 @@ def op_stages(graph, op, options: N6Options = N6Options()) -> list[dict] | None:
         ratio = float(np.float64(x.scale) / np.float64(out.scale))
         return [affine_stage("requantize", ratio, out.zero_point - ratio * x.zero_point)]
     if op.kind in ("MAX_POOL_2D", "AVERAGE_POOL_2D"):
-        return [pool_stage(op.kind, op.options)]
+        return pool_stages(op.kind, op.options)
     return None
 
 

@@ -58,7 +58,8 @@ class ConvChain(Chain):
     def __init__(self, tflm, stages, options):
         super().__init__(tflm, stages, options)
         self.suboff, self.convacc, self.off_bias = stages
-        self.geometry = tflm.geometry
+        self.dense = tflm.kind == "FULLY_CONNECTED"  # a matrix product
+        self.geometry = None if self.dense else tflm.geometry
         self.depthwise = tflm.kind == "DEPTHWISE_CONV_2D"
         x = self.inputs[0]
         sub = self.suboff
@@ -88,7 +89,10 @@ class ConvChain(Chain):
             *WIDE,
             np.empty(x.size, np.int64),
         ).reshape(x.shape)
-        acc = units.accumulate(feature, np.asarray(w), self.geometry, int(self.fill), self.depthwise)
+        if self.geometry is None:
+            acc = units.dense_accumulate(feature, np.asarray(w), (x.shape[0], *self.outputs[0].shape[1:]))
+        else:
+            acc = units.accumulate(feature, np.asarray(w), self.geometry, int(self.fill), self.depthwise)
         y = units.convacc_output(acc, self.shift, self.mode, self.bits, np.empty_like(acc))
         lo, hi = _range(self.off_bias)
         rows = y.reshape(-1, y.shape[-1])
@@ -152,6 +156,7 @@ class NeuralArtProfile:
     kernels = {
         "CONV_2D": ConvChain,
         "DEPTHWISE_CONV_2D": ConvChain,
+        "FULLY_CONNECTED": ConvChain,
         "ADD": AddChain,
         "QUANTIZE": RequantizeChain,
     }
