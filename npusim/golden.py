@@ -93,7 +93,9 @@ def record(
         raise NpusimError(
             f"{model_path}: the model has {len(graph.inputs)} inputs; golden vectors support one"
         )
-    interp = Interpreter(graph, profile=profile, warm=False)  # one run
+    from .npu.neural_art_run import profile_object  # neural-art: its default --n6-* options
+
+    interp = Interpreter(graph, profile=profile_object(profile), warm=False)  # one run
     values = interp.run_all(x)
     arrays: dict = {"input_0": np.ascontiguousarray(values[graph.inputs[0]])}
     for k, t in enumerate(graph.outputs):
@@ -457,7 +459,9 @@ def check(model_path, golden_path) -> CheckResult:
         f"{golden_path}: damaged golden file: output_tensors {meta.get('output_tensors')} "
         f"are not the model's outputs {list(graph.outputs)}",
     )
-    interp = Interpreter(graph, profile=meta["profile"], warm=False)  # one run
+    from .npu.neural_art_run import profile_object
+
+    interp = Interpreter(graph, profile=profile_object(meta["profile"]), warm=False)  # one run
     entries = {e["index"]: e for e in meta["tensors"]}
     produced = _execution_tensors(interp)
     extra = sorted(set(entries) - {t for t, _, _ in produced})
