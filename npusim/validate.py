@@ -23,6 +23,7 @@ from .interpreter import Interpreter, check_int8
 from .metrics import NAMES, ErrorStats, json_ready
 from .model_io import load_model
 from .reference import FloatInterpreter, dequantize
+from .validate_layers import QuantStats, agreement, breaks_first, dynamic_range_note, in_steps
 
 
 @dataclass
@@ -37,10 +38,22 @@ class Validation:
     unmatched_float: list = field(default_factory=list)  # (op index, kind) of the float model
     output_pairs: list = field(default_factory=list)  # per output: (reference, int8 dequantized)
     worst_pair: tuple | None = None  # (layer record, float form output, int8 dequantized)
+    breaks_first: dict | None = None  # the layer whose propagated error grows most (validate_layers)
+    agreement: float | None = None  # top-1 agreement on output 0, labels or not
+    notes: list = field(default_factory=list)
 
     @property
     def json(self) -> dict:
-        return json_ready({"outputs": self.outputs, "layers": self.layers, "accuracy": self.accuracy})
+        return json_ready(
+            {
+                "outputs": self.outputs,
+                "layers": self.layers,
+                "accuracy": self.accuracy,
+                "breaks_first": self.breaks_first,
+                "agreement": self.agreement,
+                "notes": self.notes,
+            }
+        )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -294,12 +307,14 @@ def validate(
     mapping, unmatched = reference_tensors(int8, ref_graph)
     tally = _Tally(int8, len(int8.outputs))
     base_tally = _Tally(int8, len(int8.outputs)) if baseline is not None else None
+    quant = QuantStats(int8)
     chunk = chunk_size([int8] if ref_graph is None else [int8, ref_graph], x.shape[0])
     for start in range(0, x.shape[0], chunk):
         q_values = interpreter.run_all(x_int8[start : start + chunk])
         r_values = reference.run_all(x_real[start : start + chunk])
         local = local_forms.local(q_values)
         _add_chunk(tally, int8, ref_outputs, q_values, r_values, local, mapping)
+        quant.add(q_values)
         if baseline is not None:
             b_values = baseline.run_all(x_int8[start : start + chunk])
             _add_chunk(
@@ -310,13 +325,17 @@ def validate(
     layers = []
     for op in int8.ops:
         p = tally.propagated[op.index]
+        q = quant.record(op)
+        propagated = None if p is None else p.result()
         layers.append(
             {
                 "op": op.index,
                 "kind": op.kind,
                 "tensor": int8.tensors[op.outputs[0]].name,
                 "local": tally.local[op.index].result(),
-                "propagated": None if p is None else p.result(),
+                "propagated": propagated,
+                "propagated_steps": in_steps(propagated, q["scale"]),
+                **q,
             }
         )
         if base_tally is not None:
@@ -335,6 +354,8 @@ def validate(
             "reference": float(np.mean(b == labels)),
             "agreement": float(np.mean(a == b)),
         }
+    classes = len(int8.output(0).shape) == 2
+    note = dynamic_range_note(ref_graph)
     return Validation(
         outputs,
         layers,
@@ -344,6 +365,9 @@ def validate(
         unmatched_float=unmatched,
         output_pairs=[(np.concatenate(r), np.concatenate(g)) for r, g in tally.pairs],
         worst_pair=(worst, *tally.scatter[worst["op"]]),
+        breaks_first=breaks_first(int8, layers),
+        agreement=agreement(tally.predictions) if classes else None,
+        notes=[note] if note else [],
     )
 
 
@@ -376,7 +400,7 @@ def text_report(result: Validation, worst: int = 10) -> str:
     out += ["", f"layers, worst {min(worst, len(result.layers))} of {len(result.layers)} by local SQNR"]
     beside = any("tflm_propagated" in r for r in result.layers)  # --profile neural-art
     head = ["op", "kind", "local sqnr_db", "local max_abs", "propagated sqnr_db", "propagated cos"]
-    head += ["tflm propagated sqnr_db"] * beside + ["tensor"]
+    head += ["tflm propagated sqnr_db"] * beside + ["rmse steps", "saturated", "tensor"]
     rows = []
     for r in worst_layers(result, worst):
         p, t = r["propagated"], r.get("tflm_propagated")
@@ -389,10 +413,23 @@ def text_report(result: Validation, worst: int = 10) -> str:
                 _num(p["sqnr_db"] if p else None),
                 _num(p["cos"] if p else None),
                 *([_num(t["sqnr_db"] if t else None)] if beside else []),
+                _num(r["propagated_steps"]["rmse"] if r.get("propagated_steps") else None),
+                _sat(r),
                 r["tensor"][:48],
             ]
         )
     out += _table(head, rows)
+    b = result.breaks_first
+    if b is not None:
+        out += [
+            "",
+            f"breaks first: op {b['op']} ({b['kind']}), where the propagated SQNR drops most: "
+            f"{_num(b['sqnr_db_before'])} dB into it, {_num(b['sqnr_db'])} dB out, "
+            f"-{_num(b['drop_db'])} dB ({b['tensor'][:48]})",
+        ]
+    if result.agreement is not None:
+        out += ["", f"top-1 agreement of int8 and reference on output 0: {result.agreement:.4f}"]
+    out += ["", *("note: " + n for n in result.notes)] if result.notes else []
     missing = [f"{r['op']} ({r['kind']})" for r in result.layers if r["propagated"] is None]
     if missing:
         out += ["", "int8 ops without a reference tensor (propagated: none): " + ", ".join(missing)]
@@ -407,6 +444,13 @@ def text_report(result: Validation, worst: int = 10) -> str:
             f"agreement {a['agreement']:.4f}",
         ]
     return "\n".join(out) + "\n"
+
+
+def _sat(r: dict) -> str:
+    """Saturated int8 outputs of a layer, as a count and a share."""
+    if r.get("saturated") is None:
+        return "-"
+    return f"{r['saturated']} ({100.0 * r['saturated'] / max(r['elements'], 1):.2g} %)"
 
 
 def _table(head: list, rows: list) -> list:

@@ -89,9 +89,13 @@ def test_a_shrunk_scale_is_blamed_on_its_layer(pair, op_index, tmp_path):
     for extra in ([], ["--float", flt]):
         result = cli("validate", bad, "--input", xp, "--format", "json", *extra)
         assert result.exit_code == 0, result.output
-        layers = json.loads(result.output)["layers"]
+        doc = json.loads(result.output)
+        layers = doc["layers"]
         worst = min(layers, key=lambda r: r["local"]["sqnr_db"] if r["local"]["sqnr_db"] is not None else 1e9)
         assert worst["op"] == op_index, (extra, [(r["op"], r["local"]["sqnr_db"]) for r in layers])
+        # the propagated error grows most there too, and the shrunk range saturates
+        assert doc["breaks_first"]["op"] == op_index, (extra, doc["breaks_first"])
+        assert layers[op_index]["saturated"] > 0
 
 
 def test_report_renders(pair, tmp_path):
@@ -113,17 +117,25 @@ def test_report_renders(pair, tmp_path):
 # The contract's outputs
 
 
+QUANT_KEYS = ("scale", "zero_point", "range", "saturated", "elements")
+
+
 def test_json_has_exactly_the_contract_keys(pair):
     int8, flt, xp, *_ = pair
     result = cli("validate", int8, "--input", xp, "--float", flt, "--format", "json")
     assert result.exit_code == 0, result.output
     doc = json.loads(result.output)
-    assert set(doc) == {"outputs", "layers", "accuracy"} and doc["accuracy"] is None
+    assert set(doc) == {"outputs", "layers", "accuracy", "breaks_first", "agreement", "notes"}
+    assert doc["accuracy"] is None and 0 <= doc["agreement"] <= 1 and doc["notes"] == []
+    assert set(doc["breaks_first"]) == {"op", "kind", "tensor", "sqnr_db_before", "sqnr_db", "drop_db"}
     assert set(doc["outputs"][0]) == {"index", "name", *NAMES}
     graph = load_model(int8)
     assert [r["op"] for r in doc["layers"]] == [op.index for op in graph.ops]
     for r, op in zip(doc["layers"], graph.ops):
-        assert set(r) == {"op", "kind", "tensor", "local", "propagated"}
+        assert set(r) == {"op", "kind", "tensor", "local", "propagated", "propagated_steps", *QUANT_KEYS}
+        assert r["saturated"] <= r["elements"] and r["range"][0] <= r["range"][1]
+        steps = r["propagated_steps"]
+        assert steps["max_abs"] == pytest.approx(r["propagated"]["max_abs"] / r["scale"])
         assert r["kind"] == op.kind and r["tensor"] == graph.tensors[op.outputs[0]].name
         assert set(r["local"]) == set(NAMES) and set(r["propagated"]) == set(NAMES)
 
