@@ -413,9 +413,16 @@ def test_memory_banks_alignment_and_in_place_concatenation():
     pools = {p.pool.name: p.used for p in dev.memory.pools if p.used}
     assert pools == {"cpuRAM2": 1024 * 1024}  # input and output, both live during the layer
     assert dev.memory.internal_bytes == sum(pools.values()) and dev.memory.external_bytes == 0
-    # small buffers are aligned to the M55's 32-byte cache line
+    # small buffers are aligned to the 64-byte MCU+NPU cache line (ST's compiled YOLOX trace)
     small = plan_device(Interpreter(_conv(3, 3, 3, 5)))
-    assert small.memory.internal_bytes == 32 + 64  # 27 -> 32 and 45 -> 64 bytes, both live at once
+    assert small.memory.internal_bytes == 64 + 64  # 27 -> 64 and 45 -> 64 bytes, both live at once
+    # two 600 KiB buffers live at once: one fills cpuRAM2 from 0, no bank holds the other, which goes
+    # into the virtual pool over the contiguous cpuRAM2 and npuRAM3-6 (c_info.json), not hyperRAM
+    big = plan_device(Interpreter(_conv(160, 240, 16, 16)))
+    pools = {p.pool.name: p.used for p in big.memory.pools if p.used}
+    assert big.memory.external_bytes == 0 and pools["cpuRAM2+npuRAM3-6"] == 2 * 600 * 1024
+    assert pools["cpuRAM2"] == 1024 * 1024 and pools["npuRAM3"] == 2 * 600 * 1024 - 1024 * 1024
+    assert big.memory.internal_bytes == 2 * 600 * 1024
     # the concatenation copies nothing: its inputs are written in place (graph inputs excepted)
     cat = Interpreter(concat_model([(1, 4, 4, 8), (1, 4, 4, 8)], 3, 0.1, 0))
     fusion = plan_fusion(cat, [NPU])

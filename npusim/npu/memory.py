@@ -6,27 +6,34 @@ The banks are those of ST's memory-pool file for the STM32N6570-DK (the `.mpool`
 Edge AI Core use, e.g. stm32n6_reloc.mpool; see MEMORY_POOLS below for the figures and
 docs/stm32n6.md for the sources): AXISRAM3 to AXISRAM6, four 448 KiB "npuRAM" banks next to the NPU
 (HIGH throughput, LOW latency in ST's description), then AXISRAM2, the 1 MiB "cpuRAM2" (MID, MID),
-then external PSRAM (hyperRAM) when nothing on chip is left. A buffer does not straddle two banks
-(each pool is a separate region for the compiler). Buffers are placed largest first, each in the
-fastest bank where a first-fit by lifetime finds room (TFLM's greedy planner, per bank). The
+then external PSRAM (hyperRAM) when nothing on chip is left. Buffers are placed largest first, each
+in the fastest bank where a first-fit by lifetime finds room (TFLM's greedy planner over one address
+space); a buffer that no single bank can hold goes into the virtual pool that spans the contiguous
+cpuRAM2 and npuRAM3 to npuRAM6 (0x34100000 to 0x343C0000) before the external RAM: ST's compiler
+does so with `enable-virtual-mem-pools` (its default; ST's own compile of YOLOX-nano 480 in
+../shared/models/stm32n6/st_compiler, c_info.json: 22 of its 300 activation buffers in the pool
+"cpuRAM2_npuRAM3_npuRAM4_npuRAM5_npuRAM6", nothing in hyperRAM). The
 "internal RAM" of ST's model-zoo tables is the sum over on-chip banks of the highest byte used,
 which is what `internal_bytes` reports; the graph's input and output buffers are included, as in
 ST's "input / output allocated" benchmarks.
 
-Placement order and bank preference are ASSUMPTIONS (ST documents the pools, not its allocator).
+Placement order and bank preference are ASSUMPTIONS (ST documents the pools, not its allocator; in
+ST's YOLOX compile npuRAM5 holds most buffers, npuRAM6 fewest).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .arena import Buffer, activation_lifetimes, greedy_first_fit, tensor_bytes
+from .arena import Buffer, activation_lifetimes, tensor_bytes
 from .fusion import FusionPlan
 
-# The on-chip alignment of a buffer: the Cortex-M55's data-cache line, so that the cache maintenance
-# around software epochs (clean/invalidate by line) never touches a neighbouring buffer; the NPU's
-# stream engines need only their 64-bit bus width (8 bytes).
-NPU_BUFFER_ALIGNMENT = 32
+# The on-chip alignment of a buffer: a cache line, so that the cache maintenance around software
+# epochs (clean/invalidate by line) never touches a neighbouring buffer. ST's compiled program for
+# YOLOX-nano says "MCU+NPU cache line size equal to 64 bytes" (default_blob_trace.c), and 286 of the
+# 300 activation buffers of its c_info.json start at a multiple of 64 (the rest are views into
+# others); the NPU's stream engines alone need only their 64-bit bus width.
+NPU_BUFFER_ALIGNMENT = 64
 
 
 @dataclass(frozen=True)
@@ -35,6 +42,9 @@ class MemoryPool:
     size: int  # bytes available to activations
     bytes_per_npu_cycle: float  # ST's byteWidth / freqRatio for the pool (NPU clock cycles)
     on_chip: bool = True
+    # address of the bank in the contiguous on-chip region of the virtual pool (None: outside it)
+    region_offset: int | None = None
+    virtual: bool = False  # the pool spanning the banks of the region, not a bank of its own
 
 
 KIB = 1024
@@ -42,13 +52,16 @@ KIB = 1024
 # 1.25 for the npuRAMs and 2.5 for cpuRAM2, i.e. 6.4 and 3.2 bytes per NPU cycle; hyperRAM byteWidth 2
 # at freqRatio 5), fastest first.
 MEMORY_POOLS = (
-    MemoryPool("npuRAM3", 448 * KIB, 8 / 1.25),
-    MemoryPool("npuRAM4", 448 * KIB, 8 / 1.25),
-    MemoryPool("npuRAM5", 448 * KIB, 8 / 1.25),
-    MemoryPool("npuRAM6", 448 * KIB, 8 / 1.25),
-    MemoryPool("cpuRAM2", 1024 * KIB, 8 / 2.5),
+    MemoryPool("npuRAM3", 448 * KIB, 8 / 1.25, region_offset=1024 * KIB),
+    MemoryPool("npuRAM4", 448 * KIB, 8 / 1.25, region_offset=1472 * KIB),
+    MemoryPool("npuRAM5", 448 * KIB, 8 / 1.25, region_offset=1920 * KIB),
+    MemoryPool("npuRAM6", 448 * KIB, 8 / 1.25, region_offset=2368 * KIB),
+    MemoryPool("cpuRAM2", 1024 * KIB, 8 / 2.5, region_offset=0),
     MemoryPool("hyperRAM", 16 * 1024 * KIB, 2 / 5.0, on_chip=False),
 )
+# The virtual pool over the banks above that have a region_offset, as ST's c_info.json describes it
+# (size 2,883,584 B; throughput HIGH, byte_width 8, freq_ratio 1.25).
+VIRTUAL_POOL = MemoryPool("cpuRAM2+npuRAM3-6", 2816 * KIB, 8 / 1.25, region_offset=0, virtual=True)
 
 
 @dataclass
@@ -67,7 +80,9 @@ class MemoryLayout:
 
     @property
     def internal_bytes(self) -> int:
-        return sum(p.used for p in self.pools if p.pool.on_chip)
+        """The highest byte used in each on-chip bank, summed (a virtual-pool buffer counts in the
+        banks it covers)."""
+        return sum(p.used for p in self.pools if p.pool.on_chip and not p.pool.virtual)
 
     @property
     def external_bytes(self) -> int:
@@ -92,15 +107,31 @@ def _align(n: int, alignment: int) -> int:
     return -(-n // alignment) * alignment
 
 
+def _lowest_fit(buf: Buffer, placed: list, lo: int, hi: int) -> int | None:
+    """The lowest offset in [lo, hi) where buf fits beside the placed buffers live with it."""
+    conflicts = sorted(
+        (p for p in placed if p.first <= buf.last and buf.first <= p.last and p.offset + p.size > lo),
+        key=lambda p: p.offset,
+    )
+    offset = lo
+    for p in conflicts:
+        if p.offset - offset >= buf.size:
+            break
+        offset = max(offset, p.offset + p.size)
+    return offset if offset + buf.size <= hi else None
+
+
 def plan_memory(
     interp,
     fusion: FusionPlan,
     pools=MEMORY_POOLS,
     alignment: int = NPU_BUFFER_ALIGNMENT,
     scale: float = 1.0,
+    virtual: MemoryPool | None = VIRTUAL_POOL,
 ) -> MemoryLayout:
     """Bank placement of the activation buffers of one image. `scale` multiplies every buffer's size
-    (the same graph at another input resolution; see experiments/stm32n6_table.py)."""
+    (the same graph at another input resolution; see experiments/stm32n6_table.py). virtual: the
+    pool spanning the contiguous banks, for buffers no single bank holds (None: no such pool)."""
     graph = interp.graph
     life = activation_lifetimes(interp)
     root_of = {t: fusion.root(t) for t in life}
@@ -118,18 +149,44 @@ def plan_memory(
         key=lambda b: (-b.size, b.first, b.tensor),
     )
     uses = [PoolUse(p) for p in pools]
+    region = [u for u in uses if u.pool.region_offset is not None]
+    virtual_use = PoolUse(virtual) if virtual is not None and region else None
+    shared: list = []  # buffers in the contiguous region, at region offsets
     pool_of: dict = {}
+
+    def put(buf, use, offset):
+        buf.offset = offset
+        use.buffers.append(buf)
+        pool_of[buf.tensor] = use.pool.name
+
     for buf in buffers:
         for use in uses:
-            trial = [Buffer(x.tensor, x.size, x.first, x.last) for x in use.buffers] + [
-                Buffer(buf.tensor, buf.size, buf.first, buf.last)
-            ]
-            peak = greedy_first_fit(trial)
-            if peak <= use.pool.size or use is uses[-1]:
-                use.buffers.append(buf)
-                use.used = peak
-                pool_of[buf.tensor] = use.pool.name
+            start = use.pool.region_offset
+            if start is None:  # a pool of its own (external RAM): TFLM's greedy planner in it
+                offset = _lowest_fit(buf, use.buffers, 0, use.pool.size if use is not uses[-1] else 1 << 62)
+                if offset is None:
+                    continue
+                if virtual_use is not None and use.pool.on_chip is False:
+                    offset_v = _lowest_fit(buf, shared, 0, virtual_use.pool.size)
+                    if offset_v is not None:  # before the external RAM: the virtual pool
+                        put(buf, virtual_use, offset_v)
+                        shared.append(buf)
+                        break
+                put(buf, use, offset)
                 break
-    for use in uses:  # final offsets
-        use.used = greedy_first_fit(use.buffers) if use.buffers else 0
+            offset = _lowest_fit(buf, shared, start, start + use.pool.size)
+            if offset is not None:
+                put(buf, use, offset)
+                shared.append(buf)
+                break
+    for use in uses:  # the highest byte used in each pool, virtual buffers counted in the banks
+        if use.pool.region_offset is None:
+            use.used = max((b.offset + b.size for b in use.buffers), default=0)
+            continue
+        lo, hi = use.pool.region_offset, use.pool.region_offset + use.pool.size
+        ends = [min(b.offset + b.size, hi) - lo for b in shared if b.offset < hi and b.offset + b.size > lo]
+        use.used = max(ends, default=0)
+    if virtual_use is not None and virtual_use.buffers:
+        virtual_use.used = max(b.offset + b.size for b in virtual_use.buffers)
+        uses.append(virtual_use)
     return MemoryLayout(uses, pool_of, root_of, set(fusion.streamed))

@@ -67,7 +67,12 @@ def format_report(dev: DeviceReport, title: str = "", calibration=None) -> str:
     npu, m55 = dev.npu_ops, dev.m55_ops
     npu_macs = sum(o.macs for o in npu)
     a, mem = dev.arena, dev.memory
-    pools = ", ".join(f"{p.pool.name} {p.used / 1024:.1f}" for p in mem.pools if p.used)
+    pools = ", ".join(
+        f"{p.pool.name} {p.used / 1024:.1f}" for p in mem.pools if p.used and not p.pool.virtual
+    )
+    spanned = [p for p in mem.pools if p.used and p.pool.virtual]
+    if spanned:  # buffers no single bank holds, in ST's virtual pool over the contiguous banks
+        pools += f"; of which in the virtual pool {spanned[0].pool.name} {spanned[0].used / 1024:.1f}"
     lat = dev.latency_s(1)
     lines += [
         "",
