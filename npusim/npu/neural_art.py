@@ -266,6 +266,8 @@ def _bc(b_steps: float, shift_o: int, zero_point: int) -> int:
     n = round_half_away(b_steps * 2.0**BC_FRACTION_BITS)
     k = BC_FRACTION_BITS - shift_o
     n = n >> k if k >= 0 else n << -k
+    if shift_o < 0:  # a multiplier above 2^15 (no such layer seen): the zero point rounded down too
+        return n + (zero_point >> -shift_o)
     return n + (zero_point << shift_o)
 
 
