@@ -30,7 +30,7 @@ test: setup
 # kernels compiled, 2 cores at load average 4 (other jobs): 114 s of tests, 59 s of CPU.
 QUICK_TESTS := tests/test_registry.py tests/test_layout.py tests/test_import_side_effects.py \
 	tests/test_ops_tflm.py tests/test_ops_elementwise.py tests/test_ops_int16.py tests/test_ops_movement.py \
-	tests/test_npu.py tests/test_zo.py::test_training_learns_and_same_seed_same_result tests/test_fuzz.py
+	tests/test_npu.py tests/test_neural_art.py tests/test_zo.py::test_training_learns_and_same_seed_same_result tests/test_fuzz.py
 test-quick: setup
 	NPUSIM_TEST_SCALE=0.3 $(PY) -m pytest -q -x $(QUICK_TESTS) --fuzz-examples 150 \
 		--deselect tests/test_fuzz.py::test_fuzz_cli_run
