@@ -117,8 +117,13 @@ def _bc(stage, channels):
 
 def test_quantize_and_graph(compiled):
     """The whole graph derives a chain for every CONV, DEPTHWISE_CONV, ADD and MAX_POOL; a max pool
-    is as many 3x3 POOL units as ST's decomposition."""
+    is as many 3x3 POOL units as ST's decomposition; the uint8 input's QUANTIZE is ST's ARITH
+    (its node Quantize_5: the front end's uint8 -> int8 step)."""
     graph, units, by_node, pool, to_op = compiled
+    (quantize,) = [op for op in graph.ops if op.kind == "QUANTIZE"]
+    (mine,) = op_stages(graph, quantize)
+    st = by_node["Quantize_5"].fields
+    assert all(mine[k] == st[k] for k in ("A_scalar", "B_scalar", "C_scalar", "shift_o", "combinebc"))
     for node, op in to_op.items():
         if op.kind == "MAX_POOL_2D":
             st = [u for u in units if u.node.startswith(node + "_decomposed_") and u.unit == "Poolacc"]
