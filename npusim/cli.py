@@ -45,7 +45,7 @@ def n6_options(func):
         "rounding": "what round_mode_o does to a right shift",
         "add_products": "ADD: the two products summed exact then rounded once, or each rounded first",
         "shift_a": "CONVACC shift_a: no effect, or a left shift of the accumulator before shift_o",
-        "input_offset": "conv input zero point: suboff adds 128, BC folds the rest; or suboff subtracts it",
+        "input_offset": "conv input zero point: suboff subtracts it; or adds 128 and BC folds the rest",
     }
     for key, choices in reversed(N6_CHOICES.items()):
         flag = "--n6-" + key.replace("_", "-")

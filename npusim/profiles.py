@@ -19,5 +19,5 @@ N6_CHOICES = {
     "rounding": ("half-up", "half-even", "truncate"),
     "add_products": ("exact", "rounded"),
     "shift_a": ("ignore", "products"),
-    "input_offset": ("fold", "subtract"),
+    "input_offset": ("subtract", "fold"),
 }

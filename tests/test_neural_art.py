@@ -89,9 +89,10 @@ def _conv_by_formula(x, graph, stages):
     """The chain's arithmetic written out in Python integers: suboff, CONVACC, off_bias."""
     sub, ca, ob = stages
     w = graph.tensors[graph.ops[0].inputs[1]].data.astype(np.int64)
-    feature = x.astype(np.int64) + 128  # suboff: (16384 * x + (32 << 16)) >> 14
-    assert sub["A_scalar"] == 16384 and (sub["B_scalar"] << 16) + sub["C_scalar"] == 128 << 14
-    padded = np.pad(feature, ((0, 0), (1, 1), (1, 1), (0, 0)), constant_values=-3 + 128)
+    offset = ((sub["B_scalar"] << 16) + (sub["C_scalar"] & 0xFFFF)) >> 14  # suboff: (16384 x + BC) >> 14
+    assert sub["A_scalar"] == 16384 and offset == 3  # the default subtracts the zero point, -3
+    feature = x.astype(np.int64) + offset
+    padded = np.pad(feature, ((0, 0), (1, 1), (1, 1), (0, 0)), constant_values=-3 + offset)
     n, h, wd, _ = x.shape
     out = np.zeros((n, h, wd, w.shape[0]), np.int64)
     s, sh = ca["shift_o"], ob["shift_o"]
@@ -117,6 +118,14 @@ def test_conv_chain_runs_the_formula_and_stays_near_tflm(conv_model):
     # another rounding mode changes the result: the option reaches the units
     trunc = Interpreter(conv_model, profile=NeuralArtProfile(N6Options(rounding="truncate"))).run(x)
     assert not np.array_equal(trunc, got)
+    # folding the input zero point instead: another configuration, the same sums but for rounding
+    fold = N6Options(input_offset="fold")
+    folded = op_stages(n6.graph, n6.graph.ops[0], fold)
+    assert folded[0]["B_scalar"] == 32 and folded[1]["f_unsigned"] == 1  # x + 128, unsigned
+    assert stages[1]["f_unsigned"] == 0 and stages[1]["inbytes_f"] == 2  # x + 3 in [-125, 130]: 9 bits
+    assert folded[2]["C_vector"] != stages[2]["C_vector"]
+    near = Interpreter(conv_model, profile=NeuralArtProfile(fold)).run(x)
+    assert np.abs(near.astype(int) - got).max() <= 1
 
 
 def test_ops_off_the_npu_keep_tflm():

@@ -21,7 +21,8 @@ docs/neural-art.md quotes it):
 
 S, the CONVACC's output shift, is the smallest s with max |sum of a channel's weights| * 256 below
 2^(15 + s) (conv_shift). What the trace does not decide (docs/neural-art.md): an input zero point
-other than -128 (the trace has none) is folded into BC as (z_x + 128) * sum(w) (options.input_offset).
+other than -128 (the trace has none): the suboff subtracts it, as its name and its output buffer's
+("<conv>_zero_off_out" in c_info.json) say, the feature then 8 or 16 bits wide (options.input_offset).
 """
 
 from __future__ import annotations
@@ -50,15 +51,16 @@ class N6Options:
       the trace, changes nothing) or "products" (products shifted left by shift_a, the output by
       shift_o + shift_a).
     conv_shift: "weights" (S by the compiler's rule, conv_shift()) or an int forcing S.
-    input_offset: "fold" (the suboff adds 128, the rest of the input zero point goes into BC) or
-      "subtract" (the suboff subtracts the zero point itself; exact only when x - z_x fits 8 bits).
+    input_offset: "subtract" (the suboff subtracts the input zero point: a real zero is feature 0, so
+      the CONVACC's zero padding is right; x - z_x takes 9 bits unless z_x is -128 or 0) or "fold"
+      (the suboff adds 128, unsigned 8-bit feature, and (z_x + 128) * sum(w) goes into BC).
     """
 
     rounding: str = "half-up"
     add_products: str = "exact"
     shift_a: str = "ignore"
     conv_shift: object = "weights"
-    input_offset: str = "fold"
+    input_offset: str = "subtract"
 
 
 ROUNDINGS, ADD_PRODUCTS, SHIFT_A, INPUT_OFFSETS = (N6_CHOICES[k] for k in N6_CHOICES)
@@ -153,11 +155,22 @@ def affine_stage(role: str, a_ratio: float, c_value: float, inbytes: int = 1) ->
     )
 
 
-def suboff_stage(input_zero_point: int, options: N6Options) -> dict:
-    """The ARITH before a CONVACC: the int8 input as the unsigned feature it reads."""
+def feature_format(input_zero_point: int, options: N6Options) -> tuple[int, int, int]:
+    """(offset the suboff adds, feature bytes, unsigned) of the CONVACC's input feature."""
     offset = -input_zero_point if options.input_offset == "subtract" else 128
+    lo, hi = -128 + offset, 127 + offset
+    if lo >= 0 and hi <= 255:
+        return offset, 1, 1
+    if lo >= -128 and hi <= 127:
+        return offset, 1, 0
+    return offset, 2, 0  # 9 bits: a 16-bit feature (the CONVACC's 16x8 mode)
+
+
+def suboff_stage(input_zero_point: int, options: N6Options) -> dict:
+    """The ARITH before a CONVACC: the int8 input as the feature it reads, x + offset."""
+    offset, width, _ = feature_format(input_zero_point, options)
     st = affine_stage("suboff", 1.0, float(offset))
-    st.update(rounding_o=0, saturation_o=0)
+    st.update(rounding_o=0, saturation_o=0, outbytes_o=width)
     return st
 
 
@@ -231,10 +244,10 @@ def conv_stages(
     bc = [_bc(float(v), shift_o, y_zero_point) for v in b_steps]
     convacc = {
         "unit": "CONVACC",
-        "simd": 1,
-        "f_unsigned": 1 if options.input_offset == "fold" or x_zero_point == -128 else 0,
+        "simd": feature_format(x_zero_point, options)[1],
+        "f_unsigned": feature_format(x_zero_point, options)[2],
         "k_unsigned": 0,
-        "inbytes_f": 1,
+        "inbytes_f": feature_format(x_zero_point, options)[1],
         "shift_a": s,
         "shift_o": s,
         "rounding_o": 1,
