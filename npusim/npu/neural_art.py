@@ -242,12 +242,13 @@ def conv_stages(
     # output scale in double, rounded at 2^-23 output steps, floor-shifted to shift_o.
     b_steps = (folded.astype(np.float32) * sb).astype(np.float64) / np.float64(np.float32(y_scale))
     bc = [_bc(float(v), shift_o, y_zero_point) for v in b_steps]
+    _, width, unsigned = feature_format(x_zero_point, options)
     convacc = {
         "unit": "CONVACC",
-        "simd": feature_format(x_zero_point, options)[1],
-        "f_unsigned": feature_format(x_zero_point, options)[2],
+        "simd": width,  # 8x8 (1) or 16x8 (2) SIMD: the feature's width
+        "f_unsigned": unsigned,
         "k_unsigned": 0,
-        "inbytes_f": feature_format(x_zero_point, options)[1],
+        "inbytes_f": width,
         "shift_a": s,
         "shift_o": s,
         "rounding_o": 1,
