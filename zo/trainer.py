@@ -225,6 +225,7 @@ class Trainer:
                 dataset = subset(dataset, config.train_size, config.test_size, seed=0)
         data = dataset
         self.data = data
+        self.split_validation()
         classes = graph.output().shape[-1]
         if config.keep_head and data.num_classes != classes:
             raise ZoError(
@@ -280,7 +281,7 @@ class Trainer:
                 self.model.boundary_activations(self.inputs_of(data.x_test)),
             )
         self.train_cache, self.test_cache = caches
-        self.split_validation()
+        self.val_cache = {t: v[self.val_rows] for t, v in self.train_cache.items()}
         # The fresh head as deployed before any training (zero): the back-propagation bound's start.
         self.uninitialized = [v.copy() for v in self.model.values()]
         self.init_passes = self.initialize_head() if self.model.head_op is not None else 0
@@ -302,7 +303,16 @@ class Trainer:
         self.u_moment = second_moment(config.direction)
         self.step = 0
         self.forward_passes = self.init_passes  # the head's initialization is paid from the budget
-        self.forward_passes += self.calibrate_eps()
+        measured = self.calibrate_eps()
+        self.forward_passes += measured
+        first = self.step_passes(self.scheduler.next_q(Progress(0, 0, config.budget)), 1)
+        setup = self.forward_passes + 2 * self.validation_passes()
+        if config.budget < setup + first:
+            raise ZoError(
+                f"--budget {config.budget}: below one step ({first} forward passes) after the setup's "
+                f"{setup}: the head's initialization ({self.init_passes}), the eps measurement ({measured}) "
+                f"and two evaluations of the held-out images ({2 * self.validation_passes()}, --keep best)"
+            )
         self.best = None  # (validation accuracy, test accuracy, integers) of the kept model
         self.wall_offset = 0.0
         # What the device pays per forward pass of a mini-batch, kept apart from simulator wall time.
@@ -340,6 +350,10 @@ class Trainer:
             block.shape, block.channel_axis = tuple(t.shape), axis
             blocks.append(block)
         return head, blocks
+
+    def validation_passes(self) -> int:
+        """Forward passes of one evaluation of the held-out images (--keep best), one per mini-batch."""
+        return -(-len(self.val_rows) // self.config.batch) if len(self.val_rows) else 0
 
     def step_passes(self, q: int, batches: int) -> int:
         """Forward passes of one step: the head's pass, and 2q per probed mini-batch for a ZO block."""
@@ -381,7 +395,7 @@ class Trainer:
     def feature_passes(self) -> int:
         """Forward passes of the head's initialization: one per mini-batch of the training set, as
         the device would run the deployed model over it (the budget counts mini-batch passes)."""
-        return -(-len(self.data.y_train) // self.config.batch)
+        return -(-len(self.train_rows) // self.config.batch)
 
     def split_validation(self):
         """--keep best: every VALIDATION_EVERY-th training image is held out to choose the model to
@@ -391,7 +405,6 @@ class Trainer:
         if self.config.keep == "best" and n >= 2 * VALIDATION_EVERY:
             held[::VALIDATION_EVERY] = True
         self.train_rows, self.val_rows = np.flatnonzero(~held), np.flatnonzero(held)
-        self.val_cache = {t: v[self.val_rows] for t, v in self.train_cache.items()}
 
     def initialize_head(self) -> int:
         """Fill the fresh head from the features of the training images (zo/head_init.py); returns
@@ -638,7 +651,11 @@ class Trainer:
                     progress = Progress(self.step, self.forward_passes, cfg.budget)
                     q = self.scheduler.next_q(progress)
                     batches = self.scheduler.probe_batches(progress)
-                    if self.forward_passes + self.step_passes(q, batches) > cfg.budget:
+                    cost = self.step_passes(q, batches)
+                    if self.forward_passes + cost >= self.next_eval:
+                        cost += self.validation_passes()
+                    # The last evaluation's validation passes are kept in reserve: within the budget.
+                    if self.forward_passes + cost + self.validation_passes() > cfg.budget:
                         break
                     loss = self.train_step(q, batches)
                     self.log(
@@ -695,7 +712,7 @@ class Trainer:
         }
         if len(self.val_rows):
             # The device runs the held-out images to choose the model it keeps: charged to the budget.
-            self.forward_passes += -(-len(self.val_rows) // self.config.batch)
+            self.forward_passes += self.validation_passes()
             val = float(np.mean(self.model.predict(self.val_cache) == self.data.y_train[self.val_rows]))
             row["val_accuracy"] = f"{val:.6f}"
             if self.best is None or val > self.best[0]:
