@@ -644,7 +644,8 @@ class Trainer:
         # Ctrl-C is taken between steps (zo/interrupt.py): the checkpoint then records a whole step.
         with interrupt.deferred():
             try:
-                if self.forward_passes >= self.next_eval:
+                # (a resumed run already evaluated at its checkpoint does not pay for it again)
+                if self.forward_passes >= self.next_eval and self.forward_passes != self.last_eval_passes:
                     self.log_eval()
                 while True:
                     interrupt.check(between_steps=True)
