@@ -98,7 +98,6 @@ def execute(row: Row, shared: str, runs: str, budget: int, seed: int) -> dict:
     trainer = Trainer(config, out, warn=warnings.append)
     setup = time.perf_counter() - start
     # The bound starts where the trainer starts: the initialized head, the same training images.
-    data = trainer.data
     bound_lr, bound = bound_with_own_lr(trainer, seed)
     start_accuracy = trainer.test_accuracy()
     zo_start = time.perf_counter()

@@ -154,7 +154,8 @@ def format_zo_step_report(r: dict) -> str:
             f"cost model: {r['cost_model']}",
             f"memory, ZO: {kib(zo['total_bytes'])} = arena {kib(zo['arena_bytes'])} + weights "
             f"{kib(zo['weight_bytes'])} + seeds {kib(zo['seed_bytes'])} + float32 masters "
-            f"{kib(zo['master_bytes'])} + float32 momentum {kib(zo['momentum_bytes'])} (--master {r['master']})",
+            f"{kib(zo['master_bytes'])} + float32 momentum {kib(zo['momentum_bytes'])} "
+            f"(--master {r['master']})",
             f"memory, back-propagation ({r['optimizer_states']} optimizer states): {kib(bp['total_bytes'])} "
             f"= weights {kib(bp['weight_bytes'])} + activations {kib(bp['activation_bytes'])} (stored "
             f"suffix {kib(bp['stored_activation_bytes'])}, gradients "

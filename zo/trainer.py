@@ -604,7 +604,6 @@ class Trainer:
 
     def zo_update(self, q: int, batches: int, lr: float) -> tuple:
         """The probes of this step's block and the step rule's move: (L+, L-, update)."""
-        cfg = self.config
         block = self.block_of_step(self.step)
         indices = [self.batch_indices(self.step), self.second_batch_indices(self.step)][:batches]
         probes = np.array([self.probe_losses(q, i, block) for i in indices])  # [batches, 2 (L+, L-), q]
