@@ -76,6 +76,7 @@ CALIBRATION_IMAGES = 256
 MAX_IMAGES_PER_CALL = 2048
 # The exact-gradient head's step rule: Adam, lr in integer steps (about the largest move per step).
 HEAD_LR = 0.1
+HEAD_SCHEDULE = "cosine"
 # --keep best: every VALIDATION_EVERY-th training image is held out (never trained on) to pick the
 # model to keep; the test split is never used for it.
 VALIDATION_EVERY = 10
@@ -557,6 +558,8 @@ class Trainer:
             ints = np.floor(scaled + rng.random(scaled.size))
         else:
             ints = np.rint(scaled)
+        if self.config.master == "none":  # no copy beside the codes: the codes are the state
+            self.master = np.clip(ints, -self.bounds * self.units, self.bounds * self.units) / self.units
         self.model.set_values(self.split(ints))
 
     def train_step(self, q: int, batches: int = 1) -> float:
@@ -572,7 +575,7 @@ class Trainer:
             values = {t: v[indices] for t, v in self.train_cache.items()}
             self.model.interp.evaluate(values, self.model.suffix)
             loss, g = self.head.loss_and_gradient(values, self.data.y_train[indices])
-            head_lr = learning_rate(HEAD_LR, cfg.lr_schedule, self.forward_passes / cfg.budget)
+            head_lr = learning_rate(HEAD_LR, HEAD_SCHEDULE, self.forward_passes / cfg.budget)
             update[self.head.coords] = self.head_optimizer.step(g, head_lr)
             losses.append(loss)
             self.forward_passes += 1
