@@ -1,14 +1,16 @@
 """`zo train` with its defaults on models and data sets it was not tuned on: how much of the
-back-propagation bound's gain over chance does ZO reach?
+back-propagation bound's gain over their common start does the forward-only trainer reach?
 
-    python -m experiments.defaults_table [--shared DIR] [--budget 60000] [--seeds 0] [--workers 2]
+    python -m experiments.defaults_table [--shared DIR] [--budget 20000] [--seeds 0] [--workers 2]
 
 One row per (model, data set, trainable set). Each row trains exactly what
 `zo train --model M --data D --trainable T --new-head --budget B --seed S --out DIR` trains (every
 other option at its default), and beside it the back-propagation bound: the same layers from the
-same deployed start as before the head's initialization (the calibrated zero fresh head), trained in
-float with exact gradients and written back to int8 with its scales fixed.
-fraction = (ZO - chance) / (bound - chance).
+same initialized start (the ridge-fitted fresh head, as the trainer starts), on the same training
+images (the held-out tenth aside), trained in float with exact gradients (10 epochs of Adam, its own
+lr) and written back to int8 with the scales fixed.
+share = (trainer - start) / (bound - start); goal: share >= 0.5 and the trainer never more than 0.5
+points below its start.
 A row is stored as JSON under --runs when done, so an interrupted table resumes where it stopped.
 """
 
@@ -28,7 +30,8 @@ import numpy as np
 from .study import ONE_THREAD, one_thread_worker
 
 ROOT = Path(__file__).resolve().parents[1]
-GOAL = 0.75  # fraction of the bound's gain over chance that every row should reach
+GOAL = 0.5  # share of the bound's gain over the start that a row should reach
+WORST_LOSS = 0.005  # no row may end more than this below its start (0.5 points)
 
 
 @dataclass(frozen=True)
@@ -70,9 +73,8 @@ PILOTS = {
 
 def execute(row: Row, shared: str, runs: str, budget: int, seed: int) -> dict:
     """Train one row (or return its stored result)."""
-    from npusim import load_model, tune_process
-    from zo.backprop import backprop_baseline
-    from zo.trainer import TrainConfig, Trainer, build_model
+    from npusim import tune_process
+    from zo.trainer import TrainConfig, Trainer
 
     tune_process()
     done = Path(runs) / f"{row.key}-seed{seed}.json"
@@ -95,13 +97,8 @@ def execute(row: Row, shared: str, runs: str, budget: int, seed: int) -> dict:
     warnings = []
     trainer = Trainer(config, out, warn=warnings.append)
     setup = time.perf_counter() - start
-    # The bound keeps its definition: the same layers from the same deployed start, the zero fresh
-    # head as quantized before any training (docs/zo.md); ZO starts from the initialized head.
-    zero_head = build_model(config, load_model(config.model), trainer.data)[0]
-    data = trainer.data
-    bound = backprop_baseline(
-        zero_head, trainer.train_cache, data.y_train, trainer.test_cache, data.y_test, seed=seed
-    )
+    # The bound starts where the trainer starts: the initialized head, the same training images.
+    bound_lr, bound = bound_with_own_lr(trainer, seed)
     start_accuracy = trainer.test_accuracy()
     zo_start = time.perf_counter()
     summary = trainer.run()
@@ -118,6 +115,7 @@ def execute(row: Row, shared: str, runs: str, budget: int, seed: int) -> dict:
         "start_accuracy": start_accuracy,
         "zo_accuracy": summary["test_accuracy"],
         "bound_accuracy": bound["int8_test_accuracy"],
+        "bound_lr": bound_lr,
         "bound_float_accuracy": bound["float_test_accuracy"],
         "forward_passes": summary["forward_passes"],
         "init_passes": trainer.init_passes,
@@ -126,11 +124,45 @@ def execute(row: Row, shared: str, runs: str, budget: int, seed: int) -> dict:
         "bound_seconds": bound["seconds"],
         "warnings": warnings,
     }
-    result["fraction"] = (result["zo_accuracy"] - chance) / (result["bound_accuracy"] - chance)
+    result["fraction"] = share(result)
     tmp = done.with_suffix(".tmp")
     tmp.write_text(json.dumps(result, indent=1))
     os.replace(tmp, done)
     return result
+
+
+# The bound's own learning rates (Adam, in integer steps): the one of best held-out accuracy is used.
+BOUND_LRS = (0.03, 0.1, 0.3, 1.0)
+
+
+def bound_with_own_lr(trainer, seed: int) -> tuple[float, dict]:
+    """Back-propagation from the trainer's start on its training images, the lr of BOUND_LRS chosen
+    on its held-out tenth (never the test set); returns (lr, the chosen run measured on the test set)."""
+    from zo.backprop import backprop_baseline
+
+    data, rows, val = trainer.data, trainer.train_rows, trainer.val_rows
+    train = {t: v[rows] for t, v in trainer.train_cache.items()}
+
+    def run(lr, cache, labels):
+        return backprop_baseline(trainer.model, train, data.y_train[rows], cache, labels, seed=seed, lr=lr)
+
+    held = {t: v[val] for t, v in trainer.train_cache.items()}
+    scores = {lr: run(lr, held, data.y_train[val])["int8_test_accuracy"] for lr in BOUND_LRS}
+    lr = max(BOUND_LRS, key=lambda k: scores[k])
+    return lr, run(lr, trainer.test_cache, data.y_test)
+
+
+def share(r: dict) -> float:
+    """The trainer's gain over its start as a share of the bound's (1.0 when the bound gains nothing
+    and the trainer loses nothing)."""
+    gain, bound_gain = r["zo_accuracy"] - r["start_accuracy"], r["bound_accuracy"] - r["start_accuracy"]
+    if bound_gain <= 0:  # nothing to gain by back-propagation either: no loss is the whole goal
+        return 1.0 if gain >= 0 else 0.0
+    return gain / bound_gain
+
+
+def goal_met(r: dict) -> bool:
+    return r["fraction"] >= GOAL and r["zo_accuracy"] >= r["start_accuracy"] - WORST_LOSS
 
 
 def row_minutes(rows: list[dict]) -> float:
@@ -153,13 +185,15 @@ def write_table(results: list[dict], path: Path, command: str, budget: int, seed
         f"Every row: `zo train --trainable T --new-head --budget {budget}` with every other option at its "
         f"default, seed(s) {', '.join(map(str, seeds))}; accuracies in % on the test split. start: the "
         "fresh head after `zo train`'s default initialization (`--head-init ridge`, its forward passes over "
-        "the training images charged to the budget). bound: the same layers from the deployed start as "
-        "before any initialization (the zero fresh head) trained by back-propagation (float, 10 epochs of "
-        "Adam), written back to int8 with that start's scales. fraction = (ZO - chance) / (bound - chance); "
-        f"goal >= {GOAL}. "
+        "the training images charged to the budget). trainer: `zo train`'s result (the head's exact "
+        "gradient, ZO below it; the model kept on the held-out tenth). bound: the same layers from the "
+        "same start and training images, trained by back-propagation (float, 10 epochs of Adam at the lr of "
+        f"{', '.join(map(str, BOUND_LRS))} best on the held-out tenth), written back to int8 with the "
+        "deployed scales. share = (trainer - start) / (bound - start); "
+        f"goal: share >= {GOAL} and the trainer at most {100 * WORST_LOSS:.1f} points below the start. "
         "pilot: the cell was among the single-seed pilots the defaults were chosen on (docs/zo.md).",
         "",
-        "| model | data | trainable | parameters | input mapping | pilot | start | ZO | bound | fraction "
+        "| model | data | trainable | parameters | input mapping | pilot | start | trainer | bound | share "
         "| goal |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -168,13 +202,13 @@ def write_table(results: list[dict], path: Path, command: str, budget: int, seed
             f"| {r['model']} | {Path(r['data']).stem} | `{r['trainable']}` | {r['parameters']:,} "
             f"| {r['mapping']} | {'yes' if r['key'] in PILOTS else 'no'} | {100 * r['start_accuracy']:.1f} | "
             f"{100 * r['zo_accuracy']:.1f} | {100 * r['bound_accuracy']:.1f} | {r['fraction']:.3f} | "
-            f"{'met' if r['fraction'] >= GOAL else 'missed'} |"
+            f"{'met' if goal_met(r) else 'missed'} |"
         )
-    met = [r for r in results if r["fraction"] >= GOAL]
+    met = [r for r in results if goal_met(r)]
     held_out = [r for r in results if r["key"] not in PILOTS]
     lines += [
         "",
-        f"Goal met in {len(met)} of {len(results)} rows; mean fraction {mean_fraction(results):.2f}"
+        f"Goal met in {len(met)} of {len(results)} rows; mean share {mean_fraction(results):.2f}"
         + (
             f", {mean_fraction(held_out):.2f} on the {len(held_out)} rows outside the pilots."
             if held_out
@@ -212,7 +246,7 @@ def write_table(results: list[dict], path: Path, command: str, budget: int, seed
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shared", type=Path, default=ROOT.parent / "shared")
-    p.add_argument("--budget", type=int, default=60000)
+    p.add_argument("--budget", type=int, default=20000, help="as zo train's default")
     p.add_argument("--seeds", default="0", help="comma-separated seeds")
     p.add_argument("--rows", default=None, help="comma-separated row keys (default: all)")
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1)

@@ -468,5 +468,6 @@ def main(argv=None):
         print(f"warning: {s}; update the module constants", file=sys.stderr)
     return 1 if stale else 0
 
+
 if __name__ == "__main__":
     sys.exit(main())

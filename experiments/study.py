@@ -338,7 +338,6 @@ def backprop_bounds(grid, shared: Path, cache_dir: Path) -> dict:
     return out
 
 
-
 def execute(run: Run, shared: str, runs_dir: str, cache_dir: str) -> dict:
     """Train one run (or return its stored result). Deterministic: same run, same result anywhere."""
     from zo.trainer import Trainer

@@ -179,13 +179,25 @@ def test_unmatched_interval_asks_for_mean_and_std(tmp_path):
     assert r.returncode == 0, r.stderr
 
 
+# The model's own head estimated by ZO at a fixed eps, every pass a probe (the dead-run warning is
+# about probe pairs; the default exact head needs none).
+ZO_HEAD = dict(keep_head=True, head_gradient="zo", eps=1, keep="last")
+ZO_HEAD_ARGS = ("--keep-head", "--head-gradient", "zo", "--eps", "1", "--keep", "last")
+
+
 def test_dead_run_warns_once_and_counts_zero_differences(tmp_path):
     # Logits at scale 50: a one-step weight perturbation never moves them by a code.
     model, data = write(tmp_path, tiny_classifier(logits_scale=50.0))
     warnings = []
     t = Trainer(
         TrainConfig(
-            model=str(model), data=str(data), q="fixed:2", batch=16, budget=4 * 60, checkpoint_every=1000
+            model=str(model),
+            data=str(data),
+            q="fixed:2",
+            batch=16,
+            budget=4 * 60,
+            checkpoint_every=1000,
+            **ZO_HEAD,
         ),
         tmp_path / "run",
         warn=warnings.append,
@@ -205,6 +217,8 @@ def test_dead_run_warns_once_and_counts_zero_differences(tmp_path):
             budget=200,
             new_head=True,
             checkpoint_every=1000,
+            head_gradient="zo",
+            eps=1,
         ),
         tmp_path / "live",
         warn=pytest.fail,
@@ -351,7 +365,7 @@ def test_appended_head_keeps_litert_signature_runner_working(tmp_path):
 def test_dead_run_warning_counts_across_a_resume(tmp_path):
     model, data = write(tmp_path, tiny_classifier(logits_scale=50.0))
     out = tmp_path / "run"
-    args = train_args(model, data, out, "--checkpoint-every", "1")
+    args = train_args(model, data, out, "--checkpoint-every", "1", *ZO_HEAD_ARGS)
     args[args.index("--budget") + 1] = "120"  # 30 steps: no warning yet
     r = run_cli(args)
     assert r.returncode == 0 and "warning" not in r.stderr, r.stderr

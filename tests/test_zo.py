@@ -18,6 +18,7 @@ from tflite_micro.python.tflite_micro import runtime
 import npusim
 from npusim.npu import plan_device
 from npusim.testing.oracle import run_tflm
+from zo.blocks import Block
 from zo.cost import format_zo_step_report, zo_step_report
 from zo.errors import ZoError
 from zo.model import TrainableModel
@@ -46,8 +47,16 @@ def config(model, data, **kw):
         budget=400,
         checkpoint_every=10,
         eval_every=80,
+        # The ZO machinery as such: the model's own head estimated by ZO, a fixed eps, the last model
+        # kept (the defaults' exact head, measured eps and kept best: tests/test_zo_hybrid.py).
+        keep_head=True,
+        head_gradient="zo",
+        eps=1,
+        keep="last",
     )
     base.update(kw)
+    if base.get("new_head"):
+        base["keep_head"] = False
     return TrainConfig(**base)
 
 
@@ -95,6 +104,7 @@ def test_estimator_points_along_true_gradient(tiny, tmp_path, kind):
     t = Trainer(config(model, data, direction=kind, eps=EPS, trainable="last:1"), tmp_path / "run")
     idx = t.batch_indices(0)
     d = t.master.size
+    block = Block("all", 0, d, eps=EPS)  # one block over every coordinate
     base = np.concatenate([v.astype(np.int64).ravel() for v in t.model.values()])
 
     def loss_at(ints):
@@ -114,8 +124,8 @@ def test_estimator_points_along_true_gradient(tiny, tmp_path, kind):
     estimates = np.empty((n_steps, d))
     for s in range(n_steps):
         t.step = s  # fresh directions, same weights and batch
-        lp, lm = t.probe_losses(q, idx)
-        estimates[s] = t.gradient(q, (lp - lm) / (2 * t.config.eps))
+        lp, lm = t.probe_losses(q, idx, block)
+        estimates[s] = t.gradient(q, (lp - lm) / (2 * t.config.eps), block)
     mean = estimates.mean(axis=0)
     # The estimator's own variance: the squared error of the mean is about trace(Cov) / n_steps.
     mean_sq_error = estimates.var(axis=0, ddof=1).sum() / n_steps
@@ -458,7 +468,14 @@ def test_zo_step_report_resnet_head():
     assert 7 * zo["arena_bytes"] < held["zo_memory"]["arena_bytes"] <= 8 * zo["arena_bytes"] + 64
     assert held["zo_seconds"] == r["zo_seconds"]
     assert bp["optimizer_bytes"] == 2 * 4 * params and bp["gradient_bytes"] == 4 * params
-    assert zo["total_bytes"] == zo["arena_bytes"] + zo["weight_bytes"] + zo["seed_bytes"] + zo["master_bytes"]
+    # the step rule's momentum buffer is ZO memory too (none of either with --master none)
+    assert zo["momentum_bytes"] == 4 * params
+    assert zo["total_bytes"] == (
+        zo["arena_bytes"] + zo["weight_bytes"] + zo["seed_bytes"] + zo["master_bytes"] + zo["momentum_bytes"]
+    )
+    lean = zo_step_report(interp, trainable, q=4, batch=8, master="none")["zo_memory"]
+    assert lean["master_bytes"] == lean["momentum_bytes"] == 0
+    assert lean["total_bytes"] == zo["total_bytes"] - 8 * params
     assert bp["total_bytes"] > zo["total_bytes"]
     text = format_zo_step_report(r)
     assert "ZO step on STM32N6: q=4, batch=8" in text and "back-propagation" in text

@@ -27,6 +27,10 @@ def config(model, data, **kw):
         checkpoint_every=5,
         eval_every=80,
         new_head=True,
+        # the head's initialization under the ZO machinery as such (tests/test_zo_hybrid.py: defaults)
+        head_gradient="zo",
+        eps=1,
+        keep="last",
     )
     base.update(kw)
     return TrainConfig(**base)

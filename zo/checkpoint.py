@@ -47,6 +47,10 @@ FINGERPRINT_OPTIONS = {
 COUNTERS = ("step", "forward_passes", "metric_rows", "next_eval", "dead_steps")
 
 
+# State arrays saved beside the ZO step rule's: the exact-gradient head's Adam and the kept model.
+EXTRA_PREFIXES = ("head_", "best_")
+
+
 def file_sha256(path: str) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -152,6 +156,7 @@ class Resumed:
     wall: float
     last_eval_passes: int
     final_accuracy: float
+    extra: dict  # the trainer's other state arrays (the head's Adam, the kept model): EXTRA_PREFIXES
 
 
 def validate(ck: Checkpoint, config, identity: dict, params: list, size: int) -> Resumed:
@@ -185,7 +190,8 @@ def validate(ck: Checkpoint, config, identity: dict, params: list, size: int) ->
             raise ValueError("master copy or integers")
         optimizer = make_optimizer(config.optimizer, size, config.momentum)
         expected = {k: np.shape(v) for k, v in optimizer.state().items()}
-        opt = ck.optimizer
+        opt = {k: v for k, v in ck.optimizer.items() if not k.startswith(EXTRA_PREFIXES)}
+        extra = {k: v for k, v in ck.optimizer.items() if k.startswith(EXTRA_PREFIXES)}
         if set(opt) != set(expected) or any(np.shape(opt[k]) != shape for k, shape in expected.items()):
             raise ValueError("optimizer state of another shape")
         optimizer.load(opt)
@@ -210,6 +216,7 @@ def validate(ck: Checkpoint, config, identity: dict, params: list, size: int) ->
         wall=wall,
         last_eval_passes=last_eval,
         final_accuracy=final_accuracy,
+        extra=extra,
         **counters,
     )
 

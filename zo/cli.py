@@ -96,10 +96,10 @@ def main():
 @click.option("--momentum", type=float, default=0.9, show_default=True)
 @click.option(
     "--eps",
-    type=int,
-    default=1,
+    default="auto",
     show_default=True,
-    help="Perturbation size in int8 steps of each weight's scale.",
+    help="Perturbation size in int8 steps of each weight's scale; auto: measured per block before the "
+    "first step (the smallest that resolves the loss; passes charged to --budget).",
 )
 @click.option(
     "--direction", type=click.Choice(["rademacher", "gaussian"]), default="rademacher", show_default=True
@@ -117,7 +117,8 @@ def main():
     type=int,
     default=20000,
     show_default=True,
-    help="Forward passes (of one mini-batch) to spend.",
+    help="Forward passes (of one mini-batch) to spend in all. With --resume: the run's new total "
+    "(passes already spent included), not passes to add.",
 )
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option(
@@ -137,7 +138,37 @@ def main():
 @click.option(
     "--new-head",
     is_flag=True,
-    help="Start from a zero classifier head even when the class count is unchanged.",
+    help="Append a fresh classifier head to a model without one (an embedding). A model's own head is "
+    "replaced by a fresh one anyway, unless --keep-head.",
+)
+@click.option(
+    "--keep-head",
+    is_flag=True,
+    help="Train the model's own classifier head (the data must have its class count).",
+)
+@click.option(
+    "--head-gradient",
+    type=click.Choice(["exact", "zo"]),
+    default="exact",
+    show_default=True,
+    help="The classifier's gradient: exact (its input features and softmax error, from one forward pass "
+    "per step; no backward pass through the NPU) or zo (estimated like the layers below).",
+)
+@click.option(
+    "--master",
+    type=click.Choice(["float", "none"]),
+    default="float",
+    show_default=True,
+    help="float: a float master copy of the trainable values; none: updates go straight to the int8 "
+    "codes by stochastic rounding, no momentum (saves 4-8 bytes per parameter on the device).",
+)
+@click.option(
+    "--keep",
+    type=click.Choice(["best", "last"]),
+    default="best",
+    show_default=True,
+    help="The model written: best on a held-out tenth of the training images (charged to --budget; "
+    "never the test set), or last.",
 )
 @click.option(
     "--head-init",
@@ -211,6 +242,19 @@ def interrupt_message(run_dir, trainer, given: dict) -> str:
     return f"interrupted{at}; checkpoint {checkpoint}; continue with: {resume_command(run_dir, given)}"
 
 
+def parse_eps(value) -> int | None:
+    """--eps: auto (None: measured per block) or a positive number of int8 steps."""
+    if value is None or value == "auto":
+        return None
+    try:
+        eps = int(value)
+    except (TypeError, ValueError):
+        raise ZoError(f"--eps {value!r}: expected auto or a positive integer number of int8 steps") from None
+    if eps < 1:
+        raise ZoError(f"--eps {value!r}: expected auto or a positive integer number of int8 steps")
+    return eps
+
+
 def set_up(options: dict, given: set, out_dir, resume, quiet):
     """The Trainer of the command's run: a new one, or the one in --resume DIR with its checkpoint."""
     import npusim
@@ -219,6 +263,7 @@ def set_up(options: dict, given: set, out_dir, resume, quiet):
     from .trainer import TrainConfig, Trainer
 
     npusim.tune_process()
+    options["eps"] = parse_eps(options["eps"])
     for name in ("model", "data"):
         if options[name] is not None:  # recorded as absolute paths: a resume works from anywhere
             options[name] = str(Path(options[name]).absolute())
@@ -243,9 +288,11 @@ def set_up(options: dict, given: set, out_dir, resume, quiet):
     trainer = Trainer(TrainConfig(**options), resume or out_dir, report=report)
     if resume:
         trainer.load_checkpoint(Path(resume))
+        left = max(trainer.config.budget - trainer.forward_passes, 0)
         trainer.report(
-            f"resumed from {Path(resume) / 'checkpoints' / 'last.npz'} at step {trainer.step}, "
-            f"{trainer.forward_passes} of {trainer.config.budget} forward passes"
+            f"resumed from {Path(resume) / 'checkpoints' / 'last.npz'} at step {trainer.step}: "
+            f"{trainer.forward_passes} forward passes spent of the run's total budget "
+            f"{trainer.config.budget} (--budget is the total, not passes to add), {left} left"
         )
     return trainer
 
@@ -288,7 +335,14 @@ def train_and_report(trainer, quiet: bool) -> tuple[dict, float]:
     default=None,
     help="Refit the STM32N6 latency model on your board measurements (CSV as for npusim inspect).",
 )
-def cost(model, trainable, q, batch, classes, new_head, calibration):
+@click.option(
+    "--master",
+    type=click.Choice(["float", "none"]),
+    default="float",
+    show_default=True,
+    help="As zo train's: none keeps no float master copy and no momentum buffer.",
+)
+def cost(model, trainable, q, batch, classes, new_head, calibration, master):
     """STM32N6 memory and time of one ZO step, next to back-propagation on the same layers."""
     from npusim import load_model
     from npusim.errors import NpusimError
@@ -308,7 +362,9 @@ def cost(model, trainable, q, batch, classes, new_head, calibration):
     except (ZoError, NpusimError) as e:
         fail(str(e))
     click.echo(
-        format_zo_step_report(zo_step_report(m.interp, [p.tensor for p in m.params], q, batch, device))
+        format_zo_step_report(
+            zo_step_report(m.interp, [p.tensor for p in m.params], q, batch, device, master=master)
+        )
     )
 
 

@@ -29,6 +29,7 @@ def zo_step_report(
     optimizer_states: int = 2,
     seed_bytes: int = 8,
     resident_images: int = 1,
+    master: str = "float",
 ) -> dict:
     """Device memory and time of one ZO step (2q forward passes over a batch) next to one
     back-propagation step that trains the same tensors.
@@ -39,7 +40,9 @@ def zo_step_report(
     ZO memory: inference activations (the NPU compiler's layout over the N6 RAM banks, internal plus
     external, for `resident_images` images) + model weights + per probe one seed (`seed_bytes`;
     perturbations are regenerated from it, never stored) and one float32 directional derivative +
-    float32 master copies of the trainable tensors; the perturbed int8 weights are written in place.
+    float32 master copies of the trainable tensors and the step rule's float32 momentum buffer (both
+    none with master="none", `zo train --master none`: updates go to the int8 codes by stochastic
+    rounding, without momentum); the perturbed int8 weights are written in place.
     Back-propagation memory: model weights + max(inference arena, activations of the trainable suffix
     kept for the backward pass + two float32 activation-gradient buffers of the largest suffix op)
     + float32 master copies, float32 gradients and `optimizer_states` float32 states per trainable
@@ -53,6 +56,8 @@ def zo_step_report(
     """
     trainable = {int(t) for t in trainable_tensor_indices}
     graph = interp.graph
+    if master not in ("float", "none"):
+        raise ZoError(f"master {master!r}: expected float or none")
     if q < 1 or batch < 1 or resident_images < 1:
         raise ZoError(
             f"q, batch and resident_images must be at least 1, got q={q}, batch={batch}, "
@@ -93,7 +98,8 @@ def zo_step_report(
         "arena_bytes": arena_bytes,
         "weight_bytes": dev.weight_bytes,
         "seed_bytes": q * (seed_bytes + 4),
-        "master_bytes": 4 * params,
+        "master_bytes": 4 * params if master == "float" else 0,
+        "momentum_bytes": 4 * params if master == "float" else 0,
     }
     zo["total_bytes"] = sum(zo.values())
     bp = {
@@ -133,6 +139,7 @@ def zo_step_report(
         "zo_memory": zo,
         "bp_memory": bp,
         "optimizer_states": optimizer_states,
+        "master": master,
         "cost_model": cost.describe(),
     }
 
@@ -147,7 +154,8 @@ def format_zo_step_report(r: dict) -> str:
             f"cost model: {r['cost_model']}",
             f"memory, ZO: {kib(zo['total_bytes'])} = arena {kib(zo['arena_bytes'])} + weights "
             f"{kib(zo['weight_bytes'])} + seeds {kib(zo['seed_bytes'])} + float32 masters "
-            f"{kib(zo['master_bytes'])}",
+            f"{kib(zo['master_bytes'])} + float32 momentum {kib(zo['momentum_bytes'])} "
+            f"(--master {r['master']})",
             f"memory, back-propagation ({r['optimizer_states']} optimizer states): {kib(bp['total_bytes'])} "
             f"= weights {kib(bp['weight_bytes'])} + activations {kib(bp['activation_bytes'])} (stored "
             f"suffix {kib(bp['stored_activation_bytes'])}, gradients "

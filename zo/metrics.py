@@ -15,6 +15,7 @@ METRIC_FIELDS = [
     "forward_passes",
     "train_loss",
     "test_accuracy",
+    "val_accuracy",
     "wall_seconds",
     "macs",
     "device_seconds",

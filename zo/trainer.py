@@ -1,10 +1,15 @@
 """Zeroth-order training of a deployed int8 model, every forward pass on npusim.
 
-One step: q integer directions u_i from (seed, step, i); the loss at w + eps*u_i and w - eps*u_i on
-the same mini-batch (2q forward passes, run as one batched call of the trainable suffix with
-stacked perturbed weights, on the frozen prefix's cached activations); d_i = (L+ - L-) / (2 eps);
-g = (1/q) sum d_i u_i / E[u^2]; the optimizer moves a float64 master copy (in integer steps of each
-tensor's unit) and the int8 weights / int32 biases are written back with fixed scales.
+One step, on one mini-batch (the frozen prefix's activations cached):
+- the classifier (when trainable) takes its exact gradient from one forward pass as deployed: its
+  input features and the softmax error, no backward pass through the NPU (zo/head_grad.py);
+- the trainable tensors below it are estimated by ZO, one block a step (zo/blocks.py): q integer
+  directions u_i from (seed, step, i) over that block; the loss at w + eps*u_i and w - eps*u_i
+  (2q forward passes, run as one batched call of the trainable suffix with stacked perturbed
+  weights); d_i = (L+ - L-) / (2 eps), eps measured per block; g = (1/q) sum d_i u_i / E[u^2].
+The step rules move a float64 master copy (in integer steps of each tensor's unit), or with
+--master none the integer codes themselves by stochastic rounding; the int8 weights / int32 biases
+are written back with fixed scales.
 """
 
 from __future__ import annotations
@@ -24,10 +29,12 @@ from npusim.interpreter import check_int8
 from npusim.model_io import model_suffix
 from npusim.npu import plan_device
 
+from . import blocks as zo_blocks
 from . import checkpoint, head_init, interrupt
 from .data import Dataset, load_dataset, subset
 from .errors import ZoError
-from .head import LOGIT_RANGE
+from .head import LOGIT_RANGE, find_head
+from .head_grad import ExactHead
 from .head_init import (
     DEFAULT_HEAD_INIT,
     check_head_init,
@@ -40,7 +47,7 @@ from .inputs import SATURATION_WARNING, ImageInput, InputMapping, choose_mapping
 from .loss import group_losses
 from .metrics import MetricsLog
 from .model import TrainableModel
-from .optim import OPTIMIZERS, SCHEDULES, learning_rate, make_optimizer
+from .optim import OPTIMIZERS, SCHEDULES, Adam, learning_rate, make_optimizer
 from .perturbation import KINDS, direction, second_moment
 from .schedulers import EfficiencyTest, FixedQ, Progress, Scheduler, parse_scheduler
 
@@ -58,6 +65,8 @@ def default_lr(optimizer: str, head_init: str) -> float:
     if head_init == "zero":
         return DEFAULT_LR[optimizer]
     return INITIALIZED_LR.get(optimizer, DEFAULT_LR[optimizer])
+
+
 # Probe pairs with L+ == L- in every one of this many consecutive steps: the run is dead, say so once.
 DEAD_STEPS = 50
 # Training images whose frozen features fix a fresh head's quantization (evenly spaced, seed-free:
@@ -65,6 +74,14 @@ DEAD_STEPS = 50
 CALIBRATION_IMAGES = 256
 # Probe images per suffix call: bounds the simulator's memory when 2q * batch is large.
 MAX_IMAGES_PER_CALL = 2048
+# The exact-gradient head's step rule: Adam, lr in integer steps (about the largest move per step).
+HEAD_LR = 0.1
+HEAD_SCHEDULE = "cosine"
+# --keep best: every VALIDATION_EVERY-th training image is held out (never trained on) to pick the
+# model to keep; the test split is never used for it.
+VALIDATION_EVERY = 10
+# A warning when more than this share of the head's input features is constant over the data.
+DEAD_FEATURES_WARNING = 0.5
 
 
 @dataclass
@@ -77,7 +94,7 @@ class TrainConfig:
     lr: float | None = None
     lr_schedule: str = "constant"
     momentum: float = 0.9
-    eps: int = 1
+    eps: int | None = None  # int8 steps of a perturbation; None: measured per block (zo/blocks.py)
     direction: str = "rademacher"
     rounding: str = "nearest"
     batch: int = 32
@@ -88,7 +105,12 @@ class TrainConfig:
     profile: str = "tflm"
     train_size: int | None = None
     test_size: int | None = None
-    new_head: bool = False  # start from a fresh head even when the number of classes is unchanged
+    new_head: bool = False  # a fresh head (appended to a model without a classifier)
+    keep_head: bool = False  # keep the model's own head when the class count matches (else a fresh one)
+    head_gradient: str = "exact"  # the classifier's gradient: "exact" (zo/head_grad.py) or "zo"
+    master: str = "float"  # "float" (a float64 master copy) or "none" (integer codes only)
+    zo_subspace: str = "channels"  # what a ZO block perturbs (zo/blocks.py): channels' scalings or all
+    keep: str = "best"  # the model written: "best" on a held-out part of the training data, or "last"
     head_init: str = DEFAULT_HEAD_INIT  # how a fresh head starts (zo/head_init.py)
     input_range: str = "auto"  # pixels -> model input (zo/inputs.py)
     mean: str | None = None  # "R,G,B", torchvision's convention, with std
@@ -104,8 +126,18 @@ class TrainConfig:
         if self.rounding not in ("nearest", "stochastic"):
             raise ZoError(f"--rounding {self.rounding!r}: expected nearest or stochastic")
         check_head_init(self.head_init)
-        if self.eps < 1:
-            raise ZoError(f"--eps {self.eps}: expected a positive number of int8 steps")
+        if self.eps is not None and self.eps < 1:
+            raise ZoError(f"--eps {self.eps}: expected a positive number of int8 steps (or auto)")
+        for name, value, allowed in (
+            ("head-gradient", self.head_gradient, ("exact", "zo")),
+            ("master", self.master, ("float", "none")),
+            ("keep", self.keep, ("best", "last")),
+            ("zo-subspace", self.zo_subspace, zo_blocks.SUBSPACES),
+        ):
+            if value not in allowed:
+                raise ZoError(f"--{name} {value!r}: expected one of {', '.join(allowed)}")
+        if self.new_head and self.keep_head:
+            raise ZoError("--new-head and --keep-head: expected at most one of them")
         if self.batch < 1:
             raise ZoError(f"--batch {self.batch}: expected at least 1")
         if self.lr is not None and not (self.lr > 0 and np.isfinite(self.lr)):
@@ -144,10 +176,17 @@ def build_model(config: TrainConfig, graph, data: Dataset) -> tuple[TrainableMod
         config.trainable,
         config.profile,
         num_classes=data.num_classes,
-        new_head=config.new_head,
+        new_head=fresh_head_wanted(config, graph),
         calibration=calibration,
     )
     return model, image, mapping
+
+
+def fresh_head_wanted(config: TrainConfig, graph) -> bool:
+    """A fresh head unless --keep-head: a head trained for other data, even with as many classes,
+    is a worse start than one fitted to this data (a CIFAR head on EuroSAT: 13%, docs/zo.md). A
+    model without a classifier gets one appended only with --new-head."""
+    return config.new_head or (not config.keep_head and find_head(graph) is not None)
 
 
 class Trainer:
@@ -187,7 +226,19 @@ class Trainer:
                 dataset = subset(dataset, config.train_size, config.test_size, seed=0)
         data = dataset
         self.data = data
-        fresh = config.new_head or data.num_classes != graph.output().shape[-1]
+        self.split_validation()
+        classes = graph.output().shape[-1]
+        if config.keep_head and data.num_classes != classes:
+            raise ZoError(
+                f"--keep-head: the model's head has {classes} classes, the data {data.num_classes}; "
+                "expected the same count (or leave --keep-head out for a fresh head)"
+            )
+        fresh = fresh_head_wanted(config, graph) or data.num_classes != classes
+        if fresh and not config.new_head and data.num_classes == classes:
+            self.report(
+                f"the model's head has {classes} classes like the data; a fresh head fitted to the data "
+                "replaces it (--keep-head keeps the model's own)"
+            )
         calibrated = len(calibration_indices(len(data.y_train)))
         head = f", with a fresh head quantized from the features of {calibrated} training images"
         self.report(
@@ -214,14 +265,12 @@ class Trainer:
                 "14 points under the best fixed q in the study (docs/study.md); use --q qscheduler (the "
                 "efficiency test under this step rule) or a fixed q"
             )
-        first_step = 2 * self.scheduler.next_q(Progress(0, 0, config.budget))
+        first_step = 2 * self.scheduler.next_q(Progress(0, 0, config.budget))  # at most; checked again below
         fresh = self.model.head_op is not None and config.head_init != "zero"
         init = self.feature_passes() if fresh else 0
         if config.budget < first_step + init:
             head = f" and the head's initialization ({init})" if init else ""
-            raise ZoError(
-                f"--budget {config.budget}: below one step ({first_step} forward passes){head}"
-            )
+            raise ZoError(f"--budget {config.budget}: below one step ({first_step} forward passes){head}")
         # The frozen prefix never changes: its outputs are computed once for the whole data set.
         if caches is None:
             self.report(
@@ -233,6 +282,7 @@ class Trainer:
                 self.model.boundary_activations(self.inputs_of(data.x_test)),
             )
         self.train_cache, self.test_cache = caches
+        self.val_cache = {t: v[self.val_rows] for t, v in self.train_cache.items()}
         # The fresh head as deployed before any training (zero): the back-propagation bound's start.
         self.uninitialized = [v.copy() for v in self.model.values()]
         self.init_passes = self.initialize_head() if self.model.head_op is not None else 0
@@ -246,10 +296,25 @@ class Trainer:
         self.bounds = np.concatenate(
             [np.full(v.size, p.bound / p.unit) for p, v in zip(self.model.params, self.model.values())]
         )
+        self.head, self.blocks = self.partition()
         self.optimizer = make_optimizer(config.optimizer, self.master.size, config.momentum)
+        if config.master == "none":
+            self.optimizer.momentum = 0.0  # no buffer beside the codes: the device keeps none
+        self.head_optimizer = Adam(len(self.head.coords)) if self.head is not None else None
         self.u_moment = second_moment(config.direction)
         self.step = 0
         self.forward_passes = self.init_passes  # the head's initialization is paid from the budget
+        measured = self.calibrate_eps()
+        self.forward_passes += measured
+        first = self.step_passes(self.scheduler.next_q(Progress(0, 0, config.budget)), 1)
+        setup = self.forward_passes + 2 * self.validation_passes()
+        if config.budget < setup + first:
+            raise ZoError(
+                f"--budget {config.budget}: below one step ({first} forward passes) after the setup's "
+                f"{setup}: the head's initialization ({self.init_passes}), the eps measurement ({measured}) "
+                f"and two evaluations of the held-out images ({2 * self.validation_passes()}, --keep best)"
+            )
+        self.best = None  # (validation accuracy, test accuracy, integers) of the kept model
         self.wall_offset = 0.0
         # What the device pays per forward pass of a mini-batch, kept apart from simulator wall time.
         self.macs_per_pass = self.model.interp.macs() * config.batch
@@ -264,11 +329,83 @@ class Trainer:
         self.wall = lambda: self.wall_offset
         self.metrics = MetricsLog(self.out / "metrics.csv")
 
+    # -- where the forward passes go -------------------------------------------------------------
+    def partition(self) -> tuple[ExactHead | None, list]:
+        """The exact-gradient head (or None) and the ZO blocks: every other trainable tensor."""
+        offsets, i = {}, 0
+        for p, v in zip(self.model.params, self.model.values()):
+            offsets[p.tensor] = (i, i + v.size)
+            i += v.size
+        head = ExactHead.find(self.model, offsets) if self.config.head_gradient == "exact" else None
+        taken = set() if head is None else set(head.op.inputs[1:3])
+        tensors = self.model.graph.tensors
+        blocks = []
+        for p in self.model.params:
+            if p.tensor in taken:
+                continue
+            t = tensors[p.tensor]
+            axis = None
+            if not p.is_bias and self.config.zo_subspace == "channels":
+                axis = t.quant.axis if t.quant is not None and t.quant.scale.size > 1 else 0
+            block = zo_blocks.Block(p.name, *offsets[p.tensor], self.config.eps or 1)
+            block.shape, block.channel_axis = tuple(t.shape), axis
+            blocks.append(block)
+        return head, blocks
+
+    def validation_passes(self) -> int:
+        """Forward passes of one evaluation of the held-out images (--keep best), one per mini-batch."""
+        return -(-len(self.val_rows) // self.config.batch) if len(self.val_rows) else 0
+
+    def step_passes(self, q: int, batches: int) -> int:
+        """Forward passes of one step: the head's pass, and 2q per probed mini-batch for a ZO block."""
+        return (self.head is not None) + (2 * q * batches if self.blocks else 0)
+
+    def calibrate_eps(self) -> int:
+        """Each ZO block's eps from d(eps) against d(2 eps) (zo/blocks.py), unless --eps is given;
+        returns the forward passes it cost."""
+        if self.config.eps is not None or not self.blocks:
+            return 0
+        rng = np.random.Generator(np.random.PCG64([self.config.seed, 0xCA1B]))
+        rows = self.train_rows
+        indices = rows[rng.choice(len(rows), min(self.config.batch, len(rows)), replace=False)]
+        sizes = zo_blocks.calibration_sizes()
+        n = zo_blocks.CALIBRATION_DIRECTIONS
+        ints = self.deployed()
+        passes = 0
+        for k, block in enumerate(self.blocks):
+            interrupt.check()
+            units = self.units[block.start : block.end]
+            values = ints[block.start : block.end]
+            dirs = [
+                direction(self.config.seed, 2**40 + k, i, block.dims, self.config.direction) for i in range(n)
+            ]
+            derivatives = {}
+            for e in sizes:
+                stacked = np.repeat(ints[None], 2 * n, axis=0)
+                for i, u in enumerate(dirs):
+                    delta = block.delta(u, values, e, units)
+                    stacked[2 * i, block.start : block.end] += delta
+                    stacked[2 * i + 1, block.start : block.end] -= delta
+                losses = self.losses_at(stacked, indices)
+                derivatives[e] = (losses[0::2] - losses[1::2]) / (2.0 * e)
+                passes += 2 * n
+            block.eps, block.correlation, _ = zo_blocks.choose_eps(derivatives)
+        return passes
+
     # -- the fresh head's initialization -----------------------------------------------------------
     def feature_passes(self) -> int:
         """Forward passes of the head's initialization: one per mini-batch of the training set, as
         the device would run the deployed model over it (the budget counts mini-batch passes)."""
-        return -(-len(self.data.y_train) // self.config.batch)
+        return -(-len(self.train_rows) // self.config.batch)
+
+    def split_validation(self):
+        """--keep best: every VALIDATION_EVERY-th training image is held out to choose the model to
+        keep (seed-free, the same for every run); the rest is trained on. --keep last trains on all."""
+        n = len(self.data.y_train)
+        held = np.zeros(n, dtype=bool)
+        if self.config.keep == "best" and n >= 2 * VALIDATION_EVERY:
+            held[::VALIDATION_EVERY] = True
+        self.train_rows, self.val_rows = np.flatnonzero(~held), np.flatnonzero(held)
 
     def initialize_head(self) -> int:
         """Fill the fresh head from the features of the training images (zo/head_init.py); returns
@@ -277,8 +414,15 @@ class Trainer:
         if cfg.head_init == "zero":
             return 0
         self.report(f"initializing the fresh head ({cfg.head_init}) from the features of the training images")
-        features = self.model.head_features(self.train_cache)
-        labels = self.data.y_train
+        features = self.model.head_features({t: v[self.train_rows] for t, v in self.train_cache.items()})
+        labels = self.data.y_train[self.train_rows]
+        dead = float(np.mean(np.ptp(features, axis=0) == 0))
+        if dead > DEAD_FEATURES_WARNING:
+            self.warn(
+                f"{dead:.0%} of the head's {features.shape[1]} input features are constant over the "
+                "training images (dead on this data): the head can learn from the rest only; check the "
+                "input mapping (--input-range, --mean/--std) or train lower layers (--trainable last:K)"
+            )
         w, b = fit_head(features, labels, self.model.num_classes, cfg.head_init)
         s = fit_temperature(features @ w.T + b, labels, LOGIT_RANGE)
         w, b = s * w, s * b
@@ -305,7 +449,7 @@ class Trainer:
 
     def batch_indices(self, step: int) -> np.ndarray:
         """Mini-batch of a step: a function of (seed, step) only, so resumed runs see the same batches."""
-        n = len(self.data.y_train)
+        n = len(self.train_rows)
         b = min(self.config.batch, n)
         per_epoch = n // b
         epoch, k = divmod(step, per_epoch)
@@ -314,14 +458,14 @@ class Trainer:
                 n
             )
             self._perm_epoch = epoch
-        return self._perm[k * b : (k + 1) * b]
+        return self.train_rows[self._perm[k * b : (k + 1) * b]]
 
     def second_batch_indices(self, step: int) -> np.ndarray:
         """The other mini-batch of a paired step (a scheduler's probe of the data noise): drawn from
         (seed, step) alone, apart from the epoch order, so it is the same in every run of the seed."""
-        n = len(self.data.y_train)
+        n = len(self.train_rows)
         rng = np.random.Generator(np.random.PCG64([self.config.seed, step, 0xB2]))
-        return rng.choice(n, min(self.config.batch, n), replace=False)
+        return self.train_rows[rng.choice(n, min(self.config.batch, n), replace=False)]
 
     # -- the estimator ----------------------------------------------------------------------------
     def split(self, flat: np.ndarray) -> list[np.ndarray]:
@@ -331,20 +475,25 @@ class Trainer:
             i += v.size
         return out
 
-    def probe_losses(self, q: int, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Losses L(w + eps u_i) and L(w - eps u_i), i < q, on one mini-batch, in batched suffix calls."""
+    def block_of_step(self, step: int):
+        return self.blocks[step % len(self.blocks)]
+
+    def probe_losses(self, q: int, indices: np.ndarray, block) -> tuple[np.ndarray, np.ndarray]:
+        """Losses L(w + eps u_i) and L(w - eps u_i), i < q, u_i over the block's coordinates, on one
+        mini-batch, in batched suffix calls."""
         cfg = self.config
         ints = self.deployed()
-        steps = (cfg.eps * self.units).astype(np.int64)
+        units, values = self.units[block.start : block.end], ints[block.start : block.end]
         per_call = max(MAX_IMAGES_PER_CALL // (2 * len(indices)), 1)
         losses = np.empty(2 * q)
         for i0 in range(0, q, per_call):
             i1 = min(i0 + per_call, q)
-            stacked = np.empty((2 * (i1 - i0), ints.size), dtype=np.int64)
+            stacked = np.repeat(ints[None], 2 * (i1 - i0), axis=0)
             for i in range(i0, i1):
-                delta = steps * direction(cfg.seed, self.step, i, ints.size, cfg.direction)
-                stacked[2 * (i - i0)] = ints + delta
-                stacked[2 * (i - i0) + 1] = ints - delta
+                u = direction(cfg.seed, self.step, i, block.dims, cfg.direction)
+                delta = block.delta(u, values, block.eps, units)
+                stacked[2 * (i - i0), block.start : block.end] += delta
+                stacked[2 * (i - i0) + 1, block.start : block.end] -= delta
             losses[2 * i0 : 2 * i1] = self.losses_at(stacked, indices)
         return losses[0::2], losses[1::2]
 
@@ -367,7 +516,7 @@ class Trainer:
         rms = float(np.sqrt(np.mean(np.square(update))))
         if rms == 0.0:
             return 0.0, 0.0
-        scale = cfg.eps / rms
+        scale = self.block_of_step(self.step - 1).eps / rms
         rng = np.random.Generator(np.random.PCG64([cfg.seed, self.step, 0xF1]))
         delta = np.floor(scale * update * self.units + rng.random(update.size)).astype(np.int64)
         ints = np.rint(start * self.units).astype(np.int64)
@@ -387,61 +536,96 @@ class Trainer:
             overrides[p.tensor] = np.clip(block, -p.bound, p.bound).astype(v.dtype).reshape((g,) + v.shape)
         return overrides
 
-    def gradient(self, q: int, derivatives: np.ndarray) -> np.ndarray:
-        """g = (1/q) sum_i d_i u_i / E[u^2], regenerating each u_i from its seed (never stored)."""
-        g = np.zeros(self.master.size)
+    def gradient(self, q: int, derivatives: np.ndarray, block) -> np.ndarray:
+        """g = (1/q) sum_i d_i u_i / E[u^2] over the block's dims, as a move of its values (zero
+        elsewhere), regenerating each u_i from its seed (never stored)."""
+        sub = np.zeros(block.dims)
         for i in range(q):
-            g += derivatives[i] * direction(self.config.seed, self.step, i, g.size, self.config.direction)
-        return g / (q * self.u_moment)
+            sub += derivatives[i] * direction(
+                self.config.seed, self.step, i, block.dims, self.config.direction
+            )
+        g = np.zeros(self.master.size)
+        values = self.deployed()[block.start : block.end]
+        g[block.start : block.end] = block.lift(sub / (q * self.u_moment), values)
+        return g
 
     def write_back(self):
         """Master copy -> deployed integers, scales untouched. Nearest rounding is the default: the
         master copy keeps sub-step updates, so they accumulate instead of rounding to zero."""
         scaled = self.master * self.units
-        if self.config.rounding == "stochastic":
+        if self.config.rounding == "stochastic" or self.config.master == "none":
             rng = np.random.Generator(np.random.PCG64([self.config.seed, self.step, 0x5EED]))
             ints = np.floor(scaled + rng.random(scaled.size))
         else:
             ints = np.rint(scaled)
+        if self.config.master == "none":  # no copy beside the codes: the codes are the state
+            self.master = np.clip(ints, -self.bounds * self.units, self.bounds * self.units) / self.units
         self.model.set_values(self.split(ints))
 
     def train_step(self, q: int, batches: int = 1) -> float:
-        """One step: q directions probed on the step's mini-batch, and with batches=2 on a second one
-        too (a paired step: the update averages both)."""
+        """One step: the head's exact gradient on the step's mini-batch, and q directions of this
+        step's ZO block probed on it (and with batches=2 on a second one too: a paired step, the
+        update averaging both). Both are measured at the same point, then applied."""
         cfg = self.config
+        lr = learning_rate(cfg.learning_rate, cfg.lr_schedule, self.forward_passes / cfg.budget)
+        update = np.zeros(self.master.size)
+        losses = []
+        if self.head is not None:
+            indices = self.batch_indices(self.step)
+            values = {t: v[indices] for t, v in self.train_cache.items()}
+            self.model.interp.evaluate(values, self.model.suffix)
+            loss, g = self.head.loss_and_gradient(values, self.data.y_train[indices])
+            head_lr = learning_rate(HEAD_LR, HEAD_SCHEDULE, self.forward_passes / cfg.budget)
+            update[self.head.coords] = self.head_optimizer.step(g, head_lr)
+            losses.append(loss)
+            self.forward_passes += 1
+        measure = False
+        if self.blocks:
+            loss_plus, loss_minus, zo_update = self.zo_update(q, batches, lr)
+            update += zo_update
+            losses.append(float(np.mean((loss_plus + loss_minus) / 2)))
+            measure = self.scheduler.measure_step(Progress(self.step, self.forward_passes, cfg.budget))
+        before = self.master.copy() if measure else None
+        self.master += update
+        # Parameters stay inside what int8 / int32 can hold; the master copy must not drift beyond.
+        np.clip(self.master, -self.bounds, self.bounds, out=self.master)
+        self.write_back()
+        self.step += 1
+        if self.blocks:
+            self.forward_passes += 2 * q * batches
+            if before is not None and self.forward_passes + 3 <= cfg.budget:
+                first, second = self.taylor_terms(before, self.master - before)
+                self.forward_passes += 3
+                self.scheduler.observe_taylor(
+                    Progress(self.step, self.forward_passes, cfg.budget), first, second
+                )
+            self.scheduler.observe(
+                Progress(self.step, self.forward_passes, cfg.budget), q, loss_plus, loss_minus
+            )
+        self.last_lr = lr
+        return float(np.mean(losses))
+
+    def zo_update(self, q: int, batches: int, lr: float) -> tuple:
+        """The probes of this step's block and the step rule's move: (L+, L-, update)."""
+        block = self.block_of_step(self.step)
         indices = [self.batch_indices(self.step), self.second_batch_indices(self.step)][:batches]
-        probes = np.array([self.probe_losses(q, i) for i in indices])  # [batches, 2 (L+, L-), q]
+        probes = np.array([self.probe_losses(q, i, block) for i in indices])  # [batches, 2 (L+, L-), q]
         loss_plus, loss_minus = (probes[0, 0], probes[0, 1]) if batches == 1 else (probes[:, 0], probes[:, 1])
-        derivatives = np.atleast_2d((loss_plus - loss_minus) / (2.0 * cfg.eps)).mean(axis=0)
+        derivatives = np.atleast_2d((loss_plus - loss_minus) / (2.0 * block.eps)).mean(axis=0)
         self.zero_differences = float(np.mean(loss_plus == loss_minus))
         self.dead_steps = self.dead_steps + 1 if self.zero_differences == 1.0 else 0
         if self.dead_steps == DEAD_STEPS:
             self.warn(
                 f"every probe pair gave L+ == L- for {DEAD_STEPS} consecutive steps (to step "
                 f"{self.step + 1}): no perturbation moves the logits by a code of their output scale "
-                f"{self.model.logits_scale:.4g}. Likely: eps {cfg.eps} below that resolution, dead "
+                f"{self.model.logits_scale:.4g}. Likely: eps {block.eps} below that resolution, dead "
                 f"(all-zero) features, or an input saturated by the mapping {self.mapping}. Try "
                 "--new-head (a head quantized for its features), a larger --eps, or check "
                 "--input-range / --mean / --std"
             )
-        grad = self.gradient(q, derivatives)
-        lr = learning_rate(cfg.learning_rate, cfg.lr_schedule, self.forward_passes / cfg.budget)
-        # A scheduler that measures this step's Taylor terms needs the point it starts from.
-        measure = self.scheduler.measure_step(Progress(self.step, self.forward_passes, cfg.budget))
-        before = self.master.copy() if measure else None
-        self.master += self.optimizer.step(grad, lr, derivatives, step_q=self.scheduler.step_q(q))
-        # Parameters stay inside what int8 / int32 can hold; the master copy must not drift beyond.
-        np.clip(self.master, -self.bounds, self.bounds, out=self.master)
-        self.write_back()
-        self.forward_passes += 2 * q * batches
-        self.step += 1
-        if before is not None and self.forward_passes + 3 <= cfg.budget:
-            first, second = self.taylor_terms(before, self.master - before)
-            self.forward_passes += 3
-            self.scheduler.observe_taylor(Progress(self.step, self.forward_passes, cfg.budget), first, second)
-        self.scheduler.observe(Progress(self.step, self.forward_passes, cfg.budget), q, loss_plus, loss_minus)
-        self.last_lr = lr
-        return float(np.mean((loss_plus + loss_minus) / 2))
+        grad = self.gradient(q, derivatives, block)
+        update = self.optimizer.step(grad, lr, derivatives, step_q=self.scheduler.step_q(q))
+        return loss_plus, loss_minus, update
 
     # -- evaluation ------------------------------------------------------------------------------
     def test_accuracy(self) -> float:
@@ -462,20 +646,25 @@ class Trainer:
         # Ctrl-C is taken between steps (zo/interrupt.py): the checkpoint then records a whole step.
         with interrupt.deferred():
             try:
-                if self.forward_passes >= self.next_eval:
+                # (a resumed run already evaluated at its checkpoint does not pay for it again)
+                if self.forward_passes >= self.next_eval and self.forward_passes != self.last_eval_passes:
                     self.log_eval()
                 while True:
                     interrupt.check(between_steps=True)
                     progress = Progress(self.step, self.forward_passes, cfg.budget)
                     q = self.scheduler.next_q(progress)
                     batches = self.scheduler.probe_batches(progress)
-                    if self.forward_passes + 2 * q * batches > cfg.budget:
+                    cost = self.step_passes(q, batches)
+                    if self.forward_passes + cost >= self.next_eval:
+                        cost += self.validation_passes()
+                    # The last evaluation's validation passes are kept in reserve: within the budget.
+                    if self.forward_passes + cost + self.validation_passes() > cfg.budget:
                         break
                     loss = self.train_step(q, batches)
                     self.log(
                         {
                             "step": self.step,
-                            "q": q,
+                            "q": q if self.blocks else 0,
                             "forward_passes": self.forward_passes,
                             "train_loss": f"{loss:.6f}",
                             "zero_differences": f"{self.zero_differences:.4f}",
@@ -498,6 +687,7 @@ class Trainer:
             metrics.flush()
             self.save_checkpoint()
             metrics.close()
+            self.keep_chosen()
             # An interrupt from here on is raised when the block ends: after the export, which a
             # resumed run (nothing left to train) would write again.
             self.export(self.out / ("model" + model_suffix(self.model.graph)))  # model.tflite or model.onnx
@@ -517,13 +707,33 @@ class Trainer:
     def log_eval(self):
         acc = self.test_accuracy()
         q = self.scheduler.next_q(Progress(self.step, self.forward_passes, self.config.budget))
-        self.log(
-            {"step": self.step, "q": q, "forward_passes": self.forward_passes, "test_accuracy": f"{acc:.6f}"}
-        )
+        row = {
+            "step": self.step,
+            "q": q,
+            "forward_passes": self.forward_passes,
+            "test_accuracy": f"{acc:.6f}",
+        }
+        if len(self.val_rows):
+            # The device runs the held-out images to choose the model it keeps: charged to the budget.
+            self.forward_passes += self.validation_passes()
+            val = float(np.mean(self.model.predict(self.val_cache) == self.data.y_train[self.val_rows]))
+            row["val_accuracy"] = f"{val:.6f}"
+            if self.best is None or val > self.best[0]:
+                self.best = (val, acc, self.deployed().copy())
+        self.log(row)
         self.final_accuracy = acc
         self.last_eval_passes = self.forward_passes
         while self.next_eval <= self.forward_passes:
             self.next_eval += self.eval_every
+
+    def keep_chosen(self):
+        """--keep best: the deployed integers of the best validation accuracy (the start included)
+        replace the last ones before the export; final_accuracy is then that model's test accuracy."""
+        if self.config.keep != "best" or self.best is None:
+            return
+        _, acc, ints = self.best
+        self.model.set_values(self.split(ints.astype(np.float64)))
+        self.final_accuracy = acc
 
     def export(self, path: Path):
         tmp = path.with_suffix(".tmp")
@@ -576,7 +786,12 @@ class Trainer:
             "config": asdict(self.config),
         }
         ints = np.concatenate([v.astype(np.int64).ravel() for v in self.model.values()])
-        checkpoint.save(self.out, meta, self.master, ints, self.optimizer.state())
+        state = dict(self.optimizer.state())
+        if self.head_optimizer is not None:
+            state.update({f"head_{k}": v for k, v in self.head_optimizer.state().items()})
+        if self.best is not None:
+            state.update(best_scores=np.array(self.best[:2]), best_ints=self.best[2])
+        checkpoint.save(self.out, meta, self.master, ints, state)
 
     def load_checkpoint(self, directory: Path):
         """Restore a run. Everything is read and checked before anything is applied: a damaged,
@@ -591,6 +806,14 @@ class Trainer:
         self.master = r.master
         self.model.set_values(self.split(r.ints))
         self.optimizer = r.optimizer
+        try:
+            if self.head_optimizer is not None:
+                self.head_optimizer.load({k[5:]: v for k, v in r.extra.items() if k.startswith("head_")})
+            if "best_ints" in r.extra:
+                val, acc = (float(v) for v in r.extra["best_scores"])
+                self.best = (val, acc, np.asarray(r.extra["best_ints"], dtype=np.int64))
+        except (KeyError, ValueError, TypeError) as e:
+            raise ZoError(f"{checkpoint.damaged_message(directory)} ({type(e).__name__}: {e})") from None
         self.scheduler.load(r.scheduler_state)
         self.step, self.forward_passes = r.step, r.forward_passes
         self.metrics.rows, self.next_eval, self.dead_steps = r.metric_rows, r.next_eval, r.dead_steps
