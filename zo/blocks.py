@@ -107,3 +107,28 @@ def choose_eps(derivatives: dict) -> tuple[int, float, dict]:
 def calibration_sizes() -> list[int]:
     """Every perturbation size the calibration probes: the candidates and twice the largest."""
     return sorted(set(EPS_CANDIDATES) | {2 * e for e in EPS_CANDIDATES})
+
+
+def measure_eps(blocks: list, ints: np.ndarray, units: np.ndarray, losses_at, direction, check) -> int:
+    """Set each block's eps (choose_eps) from central differences on one mini-batch at every size of
+    calibration_sizes(), CALIBRATION_DIRECTIONS directions a block; returns the forward passes spent.
+    losses_at(stacked rows of the trainable integers) -> the batch loss of each row;
+    direction(block index, i, dims) -> the i-th direction; check() between blocks (interrupts)."""
+    n = CALIBRATION_DIRECTIONS
+    passes = 0
+    for k, block in enumerate(blocks):
+        check()
+        values, block_units = ints[block.start : block.end], units[block.start : block.end]
+        dirs = [direction(k, i, block.dims) for i in range(n)]
+        derivatives = {}
+        for e in calibration_sizes():
+            stacked = np.repeat(ints[None], 2 * n, axis=0)
+            for i, u in enumerate(dirs):
+                delta = block.delta(u, values, e, block_units)
+                stacked[2 * i, block.start : block.end] += delta
+                stacked[2 * i + 1, block.start : block.end] -= delta
+            losses = losses_at(stacked)
+            derivatives[e] = (losses[0::2] - losses[1::2]) / (2.0 * e)
+            passes += 2 * n
+        block.eps, block.correlation, _ = choose_eps(derivatives)
+    return passes

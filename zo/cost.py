@@ -40,9 +40,8 @@ def zo_step_report(
     ZO memory: inference activations (the NPU compiler's layout over the N6 RAM banks, internal plus
     external, for `resident_images` images) + model weights + per probe one seed (`seed_bytes`;
     perturbations are regenerated from it, never stored) and one float32 directional derivative +
-    float32 master copies of the trainable tensors and the step rule's float32 momentum buffer (both
-    none with master="none", `zo train --master none`: updates go to the int8 codes by stochastic
-    rounding, without momentum); the perturbed int8 weights are written in place.
+    float32 master copies and momentum of the trainable tensors (neither with master="none": updates
+    go to the int8 codes by stochastic rounding); the perturbed int8 weights are written in place.
     Back-propagation memory: model weights + max(inference arena, activations of the trainable suffix
     kept for the backward pass + two float32 activation-gradient buffers of the largest suffix op)
     + float32 master copies, float32 gradients and `optimizer_states` float32 states per trainable
@@ -56,13 +55,12 @@ def zo_step_report(
     """
     trainable = {int(t) for t in trainable_tensor_indices}
     graph = interp.graph
-    if master not in ("float", "none"):
-        raise ZoError(f"master {master!r}: expected float or none")
     if q < 1 or batch < 1 or resident_images < 1:
         raise ZoError(
             f"q, batch and resident_images must be at least 1, got q={q}, batch={batch}, "
             f"resident_images={resident_images}"
         )
+    float_bytes = {"float": 4, "none": 0}[master]  # per parameter: master copy, and momentum
     for t in sorted(trainable):
         if not 0 <= t < len(graph.tensors) or not graph.tensors[t].is_constant:
             raise ZoError(f"tensor {t} is not a constant tensor of the model, so it cannot be trained")
@@ -98,8 +96,8 @@ def zo_step_report(
         "arena_bytes": arena_bytes,
         "weight_bytes": dev.weight_bytes,
         "seed_bytes": q * (seed_bytes + 4),
-        "master_bytes": 4 * params if master == "float" else 0,
-        "momentum_bytes": 4 * params if master == "float" else 0,
+        "master_bytes": float_bytes * params,
+        "momentum_bytes": float_bytes * params,
     }
     zo["total_bytes"] = sum(zo.values())
     bp = {

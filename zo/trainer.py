@@ -19,7 +19,7 @@ import json
 import os
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -31,162 +31,42 @@ from npusim.npu import plan_device
 
 from . import blocks as zo_blocks
 from . import checkpoint, head_init, interrupt
+from .config import (  # noqa: F401 (re-exported: the API imports them from here)
+    CALIBRATION_IMAGES,
+    DEAD_FEATURES_WARNING,
+    DEAD_STEPS,
+    DEFAULT_LR,
+    HEAD_LR,
+    HEAD_SCHEDULE,
+    INITIALIZED_LR,
+    MAX_IMAGES_PER_CALL,
+    VALIDATION_EVERY,
+    TrainConfig,
+    default_lr,
+)
 from .data import Dataset, load_dataset, subset
 from .errors import ZoError
-from .head import LOGIT_RANGE, find_head
+from .head import LOGIT_RANGE
 from .head_grad import ExactHead
 from .head_init import (
-    DEFAULT_HEAD_INIT,
-    check_head_init,
     fit_head,
     fit_temperature,
     holding_scales,
     quantize_head,
 )
-from .inputs import SATURATION_WARNING, ImageInput, InputMapping, choose_mapping, model_inputs, parse_channels
+from .inputs import SATURATION_WARNING, model_inputs
 from .loss import group_losses
 from .metrics import MetricsLog
-from .model import TrainableModel
-from .optim import OPTIMIZERS, SCHEDULES, Adam, learning_rate, make_optimizer
-from .perturbation import KINDS, direction, second_moment
-from .schedulers import EfficiencyTest, FixedQ, Progress, Scheduler, parse_scheduler
-
-# The step rules' default rates from a zero fresh head (`--head-init zero`), chosen on the study's
-# design cells (docs/zo.md).
-DEFAULT_LR = {"nsgd": 0.03, "sgd": 0.5, "adam": 0.1}
-# From a start that already classifies (an initialized fresh head, or the deployed head) nsgd's
-# scale-free step walks away from it at 0.03: 0.01 was better on each of five design cells (docs/zo.md,
-# "ZO at the default step"). sgd and adam were not measured from such a start and keep their rates.
-INITIALIZED_LR = {"nsgd": 0.01}
-
-
-def default_lr(optimizer: str, head_init: str) -> float:
-    """The learning rate an unset --lr means: it depends on whether training starts from a zero head."""
-    if head_init == "zero":
-        return DEFAULT_LR[optimizer]
-    return INITIALIZED_LR.get(optimizer, DEFAULT_LR[optimizer])
-
-
-# Probe pairs with L+ == L- in every one of this many consecutive steps: the run is dead, say so once.
-DEAD_STEPS = 50
-# Training images whose frozen features fix a fresh head's quantization (evenly spaced, seed-free:
-# every run on a model and data set gets the same head).
-CALIBRATION_IMAGES = 256
-# Probe images per suffix call: bounds the simulator's memory when 2q * batch is large.
-MAX_IMAGES_PER_CALL = 2048
-# The exact-gradient head's step rule: Adam, lr in integer steps (about the largest move per step).
-HEAD_LR = 0.1
-HEAD_SCHEDULE = "cosine"
-# --keep best: every VALIDATION_EVERY-th training image is held out (never trained on) to pick the
-# model to keep; the test split is never used for it.
-VALIDATION_EVERY = 10
-# A warning when more than this share of the head's input features is constant over the data.
-DEAD_FEATURES_WARNING = 0.5
-
-
-@dataclass
-class TrainConfig:
-    model: str
-    data: str
-    trainable: str = "last:1"
-    q: str = "qscheduler"
-    optimizer: str = "nsgd"
-    lr: float | None = None
-    lr_schedule: str = "constant"
-    momentum: float = 0.9
-    eps: int | None = None  # int8 steps of a perturbation; None: measured per block (zo/blocks.py)
-    direction: str = "rademacher"
-    rounding: str = "nearest"
-    batch: int = 32
-    budget: int = 20000
-    seed: int = 0
-    eval_every: int | None = None  # forward passes between evaluations (default: budget / 20)
-    checkpoint_every: int = 100  # steps
-    profile: str = "tflm"
-    train_size: int | None = None
-    test_size: int | None = None
-    new_head: bool = False  # a fresh head (appended to a model without a classifier)
-    keep_head: bool = False  # keep the model's own head when the class count matches (else a fresh one)
-    head_gradient: str = "exact"  # the classifier's gradient: "exact" (zo/head_grad.py) or "zo"
-    master: str = "float"  # "float" (a float64 master copy) or "none" (integer codes only)
-    zo_subspace: str = "channels"  # what a ZO block perturbs (zo/blocks.py): channels' scalings or all
-    keep: str = "best"  # the model written: "best" on a held-out part of the training data, or "last"
-    head_init: str = DEFAULT_HEAD_INIT  # how a fresh head starts (zo/head_init.py)
-    input_range: str = "auto"  # pixels -> model input (zo/inputs.py)
-    mean: str | None = None  # "R,G,B", torchvision's convention, with std
-    std: str | None = None
-
-    def validate(self):
-        if self.optimizer not in OPTIMIZERS:
-            raise ZoError(f"--optimizer {self.optimizer!r}: expected one of {', '.join(OPTIMIZERS)}")
-        if self.lr_schedule not in SCHEDULES:
-            raise ZoError(f"--lr-schedule {self.lr_schedule!r}: expected one of {', '.join(SCHEDULES)}")
-        if self.direction not in KINDS:
-            raise ZoError(f"--direction {self.direction!r}: expected one of {', '.join(KINDS)}")
-        if self.rounding not in ("nearest", "stochastic"):
-            raise ZoError(f"--rounding {self.rounding!r}: expected nearest or stochastic")
-        check_head_init(self.head_init)
-        if self.eps is not None and self.eps < 1:
-            raise ZoError(f"--eps {self.eps}: expected a positive number of int8 steps (or auto)")
-        for name, value, allowed in (
-            ("head-gradient", self.head_gradient, ("exact", "zo")),
-            ("master", self.master, ("float", "none")),
-            ("keep", self.keep, ("best", "last")),
-            ("zo-subspace", self.zo_subspace, zo_blocks.SUBSPACES),
-        ):
-            if value not in allowed:
-                raise ZoError(f"--{name} {value!r}: expected one of {', '.join(allowed)}")
-        if self.new_head and self.keep_head:
-            raise ZoError("--new-head and --keep-head: expected at most one of them")
-        if self.batch < 1:
-            raise ZoError(f"--batch {self.batch}: expected at least 1")
-        if self.lr is not None and not (self.lr > 0 and np.isfinite(self.lr)):
-            raise ZoError(f"--lr {self.lr}: expected a positive finite learning rate")
-        try:
-            parse_scheduler(self.q)
-        except ValueError as e:
-            raise ZoError(str(e)) from None
-
-    @property
-    def learning_rate(self) -> float:
-        return self.lr if self.lr is not None else default_lr(self.optimizer, self.head_init)
-
-    def make_scheduler(self) -> Scheduler:
-        """--q as a fresh scheduler; `qscheduler` resolved for this step rule."""
-        return parse_scheduler(self.q, OPTIMIZERS[self.optimizer].step_grows_with_q)
-
-
-def input_mapping(config: TrainConfig, graph) -> tuple[ImageInput, InputMapping]:
-    image = ImageInput.of(graph)
-    return image, choose_mapping(
-        image, config.input_range, parse_channels("--mean", config.mean), parse_channels("--std", config.std)
-    )
-
-
-def calibration_indices(n: int) -> np.ndarray:
-    return np.unique(np.linspace(0, n - 1, min(n, CALIBRATION_IMAGES)).astype(np.int64))
-
-
-def build_model(config: TrainConfig, graph, data: Dataset) -> tuple[TrainableModel, ImageInput, InputMapping]:
-    """The trainable model of a run, with its input mapping and, where asked for, a calibrated fresh head."""
-    image, mapping = input_mapping(config, graph)
-    calibration = model_inputs(data.x_train[calibration_indices(len(data.y_train))], image, mapping)[0]
-    model = TrainableModel(
-        graph,
-        config.trainable,
-        config.profile,
-        num_classes=data.num_classes,
-        new_head=fresh_head_wanted(config, graph),
-        calibration=calibration,
-    )
-    return model, image, mapping
-
-
-def fresh_head_wanted(config: TrainConfig, graph) -> bool:
-    """A fresh head unless --keep-head: a head trained for other data, even with as many classes,
-    is a worse start than one fitted to this data (a CIFAR head on EuroSAT: 13%, docs/zo.md). A
-    model without a classifier gets one appended only with --new-head."""
-    return config.new_head or (not config.keep_head and find_head(graph) is not None)
+from .model import (  # noqa: F401 (build_model, calibration_indices: re-exported)
+    TrainableModel,
+    build_model,
+    calibration_indices,
+    fresh_head_wanted,
+    input_mapping,
+)
+from .optim import OPTIMIZERS, Adam, learning_rate, make_optimizer
+from .perturbation import direction, second_moment
+from .schedulers import EfficiencyTest, FixedQ, Progress, Scheduler
 
 
 class Trainer:
@@ -368,29 +248,14 @@ class Trainer:
         rng = np.random.Generator(np.random.PCG64([self.config.seed, 0xCA1B]))
         rows = self.train_rows
         indices = rows[rng.choice(len(rows), min(self.config.batch, len(rows)), replace=False)]
-        sizes = zo_blocks.calibration_sizes()
-        n = zo_blocks.CALIBRATION_DIRECTIONS
-        ints = self.deployed()
-        passes = 0
-        for k, block in enumerate(self.blocks):
-            interrupt.check()
-            units = self.units[block.start : block.end]
-            values = ints[block.start : block.end]
-            dirs = [
-                direction(self.config.seed, 2**40 + k, i, block.dims, self.config.direction) for i in range(n)
-            ]
-            derivatives = {}
-            for e in sizes:
-                stacked = np.repeat(ints[None], 2 * n, axis=0)
-                for i, u in enumerate(dirs):
-                    delta = block.delta(u, values, e, units)
-                    stacked[2 * i, block.start : block.end] += delta
-                    stacked[2 * i + 1, block.start : block.end] -= delta
-                losses = self.losses_at(stacked, indices)
-                derivatives[e] = (losses[0::2] - losses[1::2]) / (2.0 * e)
-                passes += 2 * n
-            block.eps, block.correlation, _ = zo_blocks.choose_eps(derivatives)
-        return passes
+        return zo_blocks.measure_eps(
+            self.blocks,
+            self.deployed(),
+            self.units,
+            lambda stacked: self.losses_at(stacked, indices),
+            lambda k, i, dims: direction(self.config.seed, 2**40 + k, i, dims, self.config.direction),
+            interrupt.check,
+        )
 
     # -- the fresh head's initialization -----------------------------------------------------------
     def feature_passes(self) -> int:
