@@ -18,6 +18,7 @@ from . import plan
 from .context import ELEM_TYPES, Const, Lowering, Value, identity, same_quant, to_graph
 from .reader import check_shape, execution_order, node_name, parse
 from .table import LOWERINGS
+from .validity import check_model
 
 
 class OnnxSource:
@@ -45,18 +46,19 @@ def load_onnx(data: bytes, where: str, plan_only: bool = False):
     raises."""
     model = parse(data, where)
     try:
-        return _lower(model, where, plan_only)
+        order = execution_order(model, where)  # first: its messages name the node at fault
+        check_model(model, data, where, order)
+        return _lower(model, order, where, plan_only)
     except NpusimError:
         raise
     except RecursionError:
         raise NpusimError(f"{where}: ONNX graph nests too deeply") from None
-    except (ValueError, TypeError, IndexError, KeyError, OverflowError, AttributeError) as e:
+    except (ValueError, TypeError, IndexError, KeyError, ArithmeticError, AttributeError) as e:
         detail = str(e).splitlines()[0][:160] if str(e) else ""
         raise NpusimError(f"{where}: malformed ONNX model ({type(e).__name__}: {detail})") from None
 
 
-def _lower(model, where: str, plan_only: bool = False):
-    order = execution_order(model, where)
+def _lower(model, order: list, where: str, plan_only: bool = False):
     integer = ("QuantizeLinear", "DynamicQuantizeLinear", "QLinear", "ConvInteger", "MatMulInteger")
     if not any(n.op_type.startswith(integer) for n in order):
         # no node makes an integer tensor: the same one line as a float .tflite, not a per-node complaint
@@ -92,6 +94,9 @@ def _lower(model, where: str, plan_only: bool = False):
 def _lower_node(ctx: Lowering, node):
     if node.domain not in ("", "ai.onnx", "com.microsoft"):
         raise ctx.error(f"operator domain {node.domain!r} is not supported")
+    if node.domain == "com.microsoft" and node.op_type not in CONTRIB_OPS:
+        # ORT's com.microsoft ops are not the ONNX ops of the same name: never lowered as those
+        raise ctx.error("operator of domain 'com.microsoft' is not supported (docs/onnx.md lists the ops)")
     if node.op_type == "Constant":
         _constant(ctx, node)
     elif node.op_type == "DequantizeLinear":
@@ -106,6 +111,21 @@ def _lower_node(ctx: Lowering, node):
     else:
         raise ctx.error("operator is not supported (docs/onnx.md lists the ops npusim lowers)")
 
+
+# The com.microsoft ops npusim lowers (ORT's quantized QOperator kernels and its Q/DQ).
+CONTRIB_OPS = {
+    "QLinearAdd",
+    "QLinearMul",
+    "QLinearConcat",
+    "QLinearAveragePool",
+    "QLinearGlobalAveragePool",
+    "QLinearSigmoid",
+    "QLinearLeakyRelu",
+    "QLinearSoftmax",
+    "QGemm",
+    "QuantizeLinear",
+    "DequantizeLinear",
+}
 
 MAC_KINDS = ("CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED")
 
@@ -207,7 +227,10 @@ def _dequantize(ctx: Lowering, node):
         zp_c = ctx.const(node, 2, required=False)  # the raw zero point, in the codes' own type
         zp = zp_c.value.astype(np.int64).ravel() if zp_c is not None else np.zeros(1, np.int64)
         zp = np.repeat(zp, quant.scale.size) if zp.size == 1 else zp
-        axis = int(ctx.attr(node, "axis", 1)) % max(codes.ndim, 1)
+        axis = int(ctx.attr(node, "axis", 1))
+        if quant.scale.size > 1 and not -codes.ndim <= axis < codes.ndim:
+            raise ctx.error(f"axis {axis} is outside the {codes.ndim} axes of {node.input[0]!r}")
+        axis %= max(codes.ndim, 1)
         shape = [1] * codes.ndim
         if quant.scale.size > 1:
             if codes.ndim == 0 or codes.shape[axis] != quant.scale.size:

@@ -74,6 +74,10 @@ def tensor_array(proto, where: str) -> np.ndarray:
             f"{where}: initializer {proto.name!r} keeps its data in an external file, not supported"
         )
     dims = [int(d) for d in proto.dims]
+    if len(dims) <= MAX_RANK and all(d >= 0 for d in dims):
+        from .validity import check_data_size
+
+        check_data_size(proto, where)
     if len(dims) > MAX_RANK or any(d < 0 for d in dims):
         raise NpusimError(
             f"{where}: initializer {proto.name!r} has shape {dims}, expected at most "
