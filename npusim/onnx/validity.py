@@ -23,7 +23,6 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import NpusimError
-from .reader import node_name
 
 # Domains with kernels in ONNX Runtime's CPU provider; a node of any other domain makes ORT refuse.
 DOMAINS = ("", "ai.onnx", "ai.onnx.ml", "com.microsoft")
@@ -42,8 +41,8 @@ def check_model(model, data: bytes, where: str, order: list) -> None:
     for node in model.graph.node:
         if node.domain not in DOMAINS:
             raise NpusimError(
-                f"{where}: {node_name(node)} is of domain {node.domain!r}, which ONNX Runtime has no "
-                f"kernels for; expected one of {', '.join(repr(d) for d in DOMAINS)}"
+                f"{where}: node {node.name or node.op_type!r} ({node.op_type}) is of domain "
+                f"{node.domain!r}, which ONNX Runtime has no kernels for; expected one of {DOMAINS}"
             )
     target = _with_io_shapes(model, order) or data
     try:
