@@ -100,3 +100,39 @@ def test_quantize_to_uint8_output_equals_tflm(q):
     got = npusim.Interpreter(npusim.load_model(model)).run(x)
     assert got.dtype == np.uint8
     np.testing.assert_array_equal(got, expected)
+
+
+def test_inspect_lists_an_op_npusim_refuses_and_run_stops_at_it(tmp_path):
+    """A known op in a form npusim refuses (here activation weights quantized per channel) is
+    listed by inspect with the line `run` stops at, not a refusal of the whole model."""
+    import json
+
+    from click.testing import CliRunner
+
+    from npusim.cli import main
+
+    b = ModelBuilder()
+    x = b.add_tensor((1, 8), np.int8, 0.02, 0, name="x")
+    w = b.add_tensor((3, 8), np.int8, [0.01, 0.02, 0.03], [0, 0, 0], name="w")
+    y = b.add_tensor((1, 3), np.int8, 0.05, 0, name="y")
+    b.add_op("FULLY_CONNECTED", [x, w, -1], [y], schema.FullyConnectedOptionsT())
+    z = b.add_tensor((1, 3), np.int8, 0.05, 0, name="z")
+    opt = schema.LeakyReluOptionsT()
+    opt.alpha = 0.1
+    b.add_op("LEAKY_RELU", [y], [z], opt)
+    f = tmp_path / "m.tflite"
+    f.write_bytes(b.build([x, w], [z]))
+    res = CliRunner().invoke(main, ["inspect", str(f), "--format", "json"])
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.output)
+    (entry,) = data["unsupported"]
+    assert entry["index"] == 0 and entry["op"] == "FULLY_CONNECTED"
+    assert entry["reason"].startswith("op 0 (FULLY_CONNECTED): weights 'w' are an activation")
+    assert [o["supported"] for o in data["ops"]] == [False, True]
+    res = CliRunner().invoke(main, ["inspect", str(f)])
+    assert res.exit_code == 0 and entry["reason"] in res.output.splitlines()[-1], res.output
+    np.save(tmp_path / "x.npy", np.zeros((1, 8), np.int8))
+    res = CliRunner().invoke(
+        main, ["run", str(f), "--input", str(tmp_path / "x.npy"), "--output", str(tmp_path / "y.npy")]
+    )
+    assert res.exit_code == 2 and entry["reason"] in res.output, res.output
