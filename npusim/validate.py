@@ -36,6 +36,7 @@ class Validation:
     reference: str  # "float model" or "int8 graph in float"
     unmatched_float: list = field(default_factory=list)  # (op index, kind) of the float model
     output_pairs: list = field(default_factory=list)  # per output: (reference, int8 dequantized)
+    warnings: list = field(default_factory=list)  # what the reference cannot know (stderr, not JSON)
     worst_pair: tuple | None = None  # (layer record, float form output, int8 dequantized)
 
     @property
@@ -267,6 +268,9 @@ def validate(
     """Validate int8_model (a path, bytes or Graph) on samples x against float_model or, without
     one, against its own graph in float."""
     int8 = int8_model if isinstance(int8_model, Graph) else load_model(int8_model)
+    onnx = getattr(int8.source, "format", None) == "onnx"
+    if onnx and float_model is not None and not isinstance(float_model, Graph):
+        return _validate_onnx_pair(int8, x, float_model, labels, profile)
     if computes_in_float(int8):
         raise NpusimError(
             f"{int8.origin}: a float model: npusim runs int8 models; as INT8_MODEL give its int8 model, "
@@ -282,14 +286,92 @@ def validate(
     x_int8, x_real = split_inputs(x, int8)
     if labels is not None:
         labels = check_labels(labels, x.shape[0], int8)
-    interpreter = Interpreter(int8, profile=profile, warm=False)  # one run
-    local_forms = FloatInterpreter(int8)
+    # An ONNX QuantizeLinear may fold a ReLU or Clip into its range (ORT's quantize_static does): the
+    # graph in float keeps each layer within its quantization range, or it would drop them.
+    ranges = onnx and ref_graph is None
+    local_forms = FloatInterpreter(int8, ranges=ranges)
     reference = local_forms if ref_graph is None else FloatInterpreter(ref_graph)
-    ref_outputs = (ref_graph or int8).outputs
     mapping, unmatched = reference_tensors(int8, ref_graph)
+    warnings = [RANGES_WARNING] if ranges else []
+    return _run(
+        int8,
+        x_int8,
+        x_real,
+        labels,
+        profile,
+        local_forms,
+        reference,
+        (ref_graph or int8).outputs,
+        mapping,
+        unmatched,
+        warnings,
+        "float model" if ref_graph is not None else "int8 graph in float",
+    )
+
+
+RANGES_WARNING = (
+    "the reference is the int8 graph in float, each layer kept within its quantization range, where a "
+    "QuantizeLinear may fold a ReLU or Clip; whether a range is such an activation or only the "
+    "calibration's, the graph cannot tell: give the float model as --float for the truth"
+)
+
+
+def _validate_onnx_pair(int8: Graph, x, float_model, labels, profile) -> Validation:
+    """An ONNX int8 model against its float ONNX original (onnx/float_reference.py)."""
+    from .model_io import _read
+    from .onnx.float_reference import OnnxFloatReference
+
+    data, where = _read(float_model)
+    reference = OnnxFloatReference(data, int8, where)
+    check_int8(int8)
+    if len(int8.inputs) != 1:
+        raise NpusimError(f"the int8 model has {len(int8.inputs)} inputs, validate feeds one")
+    x_int8, x_real = split_inputs(x, int8)
+    if labels is not None:
+        labels = check_labels(labels, x.shape[0], int8)
+    warnings = []
+    if reference.unmatched:
+        listed = ", ".join(f"{k} ({kind})" for k, kind in reference.unmatched[:8])
+        warnings.append(
+            f"{len(reference.unmatched)} float node(s) matched no int8 tensor by value or node name "
+            f"(their layers have no propagated error): {listed}"
+        )
+    local_forms = FloatInterpreter(int8)
+    return _run(
+        int8,
+        x_int8,
+        x_real,
+        labels,
+        profile,
+        local_forms,
+        reference,
+        int8.outputs,
+        reference.mapping(),
+        reference.unmatched,
+        warnings,
+        "float model",
+    )
+
+
+def _run(
+    int8,
+    x_int8,
+    x_real,
+    labels,
+    profile,
+    local_forms,
+    reference,
+    ref_outputs,
+    mapping,
+    unmatched,
+    warnings,
+    what,
+) -> Validation:
+    interpreter = Interpreter(int8, profile=profile, warm=False)  # one run
     tally = _Tally(int8, len(int8.outputs))
-    chunk = chunk_size([int8] if ref_graph is None else [int8, ref_graph], x.shape[0])
-    for start in range(0, x.shape[0], chunk):
+    ref_graph = getattr(reference, "graph", None)
+    chunk = chunk_size([int8] if ref_graph in (None, int8) else [int8, ref_graph], x_int8.shape[0])
+    for start in range(0, x_int8.shape[0], chunk):
         q_values = interpreter.run_all(x_int8[start : start + chunk])
         r_values = reference.run_all(x_real[start : start + chunk])
         local = local_forms.local(q_values)
@@ -324,9 +406,10 @@ def validate(
         outputs,
         layers,
         acc,
-        samples=int(x.shape[0]),
-        reference="float model" if ref_graph is not None else "int8 graph in float",
+        samples=int(x_int8.shape[0]),
+        reference=what,
         unmatched_float=unmatched,
+        warnings=warnings,
         output_pairs=[(np.concatenate(r), np.concatenate(g)) for r, g in tally.pairs],
         worst_pair=(worst, *tally.scatter[worst["op"]]),
     )
