@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from npusim import Interpreter, NpusimError
+from npusim import Interpreter, NpusimError, write_model
 from npusim.graph import Graph
 from npusim.ops import MAC_OPS
 
@@ -82,6 +82,19 @@ class TrainableModel:
         # The fresh head's FULLY_CONNECTED (None for the model's own head): what zo/head_init.py fills.
         self.head_op = find_head(self.interp.graph) if fresh else None
         self._split()
+        self.check_writable()
+
+    def check_writable(self):
+        """Write the model once before any training (an ONNX graph may hold what cannot go back into
+        its file): a refusal after the whole budget would throw the run away."""
+        if getattr(self.graph.source, "format", None) != "onnx":
+            return
+        try:
+            write_model(self.graph)
+        except NpusimError as e:
+            raise ZoError(
+                f"the trained model could not be written back to ONNX, so nothing is trained: {e}"
+            ) from None
 
     def requantize_head(self, w_scale: np.ndarray):
         """New per-class weight scales for the fresh head (and bias scales in_scale * w_scale), before
@@ -205,11 +218,11 @@ class TrainableModel:
         """The logits tensor (the input of the final SOFTMAX, else the int8 output) and its producer."""
         producer = {t: i for i, k in enumerate(kernels) for t in k.op.outputs}
         t = self.graph.outputs[0]
-        while producer.get(t) is not None and kernels[producer[t]].kind in (
-            "DEQUANTIZE",
-            "SOFTMAX",
-            "RESHAPE",
-        ):
+        while producer.get(t) is not None and (
+            kernels[producer[t]].kind in ("DEQUANTIZE", "SOFTMAX", "RESHAPE")
+            or kernels[producer[t]].kind == "QUANTIZE"
+            and self.graph.tensors[kernels[producer[t]].op.inputs[0]].dtype == np.int8
+        ):  # a QUANTIZE int8 -> int8: an ONNX Softmax's QuantizeLinear (its requantization from 1/256)
             k = kernels[producer[t]]
             t = k.op.inputs[0]
             if k.kind == "SOFTMAX":
