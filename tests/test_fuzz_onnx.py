@@ -65,10 +65,26 @@ def seeds() -> dict:
         "qdq_cnn": oo.quantize(m, fmt="QDQ", per_channel=True, calibration=feeds),
         "qop_cnn": oo.quantize(m, fmt="QOperator", per_channel=False, calibration=feeds),
     }
+    out["int8_io"] = integer_io(out["qdq_cnn"])
     face = SHARED / "models" / "onnx" / "face_landmarks_v1_192_int8_pc.onnx"
     if face.exists():
         out["face_landmarks"] = face.read_bytes()
     return out
+
+
+def integer_io(data: bytes) -> bytes:
+    """The QDQ seed with its input's QuantizeLinear and output's DequantizeLinear taken out: int8
+    graph input and output (the codes themselves, as ONNX allows)."""
+    m = onnx.load_from_string(data)
+    q = next(n for n in m.graph.node if n.op_type == "QuantizeLinear" and n.input[0] == m.graph.input[0].name)
+    dims = [d.dim_value for d in m.graph.input[0].type.tensor_type.shape.dim]
+    m.graph.node.remove(q)
+    m.graph.input[0].CopyFrom(helper.make_tensor_value_info(q.output[0], TensorProto.INT8, dims))
+    dq = next(n for n in m.graph.node if n.output[0] == m.graph.output[0].name)
+    dims = [d.dim_value for d in m.graph.output[0].type.tensor_type.shape.dim]
+    m.graph.node.remove(dq)
+    m.graph.output[0].CopyFrom(helper.make_tensor_value_info(dq.input[0], TensorProto.INT8, dims))
+    return m.SerializeToString()
 
 
 def _ints(rng, n):
