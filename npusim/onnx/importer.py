@@ -196,10 +196,14 @@ def _integer_input(ctx: Lowering, name: str, shape: tuple, elem: int) -> int:
                 f"{ctx.where}: integer graph input {name!r} is read by {node_name(c)}, expected a "
                 "DequantizeLinear or a QLinear op (which give its scale and zero point)"
             )
-    if not found or any(not same_quant(q, found[0][0]) for q, _ in found):
+    if not found:
         raise NpusimError(
-            f"{ctx.where}: integer graph input {name!r} needs one scale and zero point from its readers, "
-            f"found {len(found)} different"
+            f"{ctx.where}: integer graph input {name!r} is read by nothing that gives its scale"
+        )
+    if any(not same_quant(q, found[0][0]) for q, _ in found):
+        raise NpusimError(
+            f"{ctx.where}: integer graph input {name!r} is read at {len(found)} different scales or zero "
+            "points, expected one"
         )
     quant, storage = found[0]
     quant = _axis_in_rank(ctx, quant, shape)
