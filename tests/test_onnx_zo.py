@@ -88,18 +88,8 @@ def _softmax_classifier(tmp_path, classes: int, head: bool = True):
 
 
 def _train(model, data, out, **kw):
-    cfg = TrainConfig(
-        model=str(model),
-        data=str(data),
-        trainable="last:1",
-        q="fixed:2",
-        lr=1.0,
-        batch=8,
-        budget=200,
-        checkpoint_every=50,
-        eval_every=100,
-        **kw,
-    )
+    options = dict(trainable="last:1", q="fixed:2", lr=1.0, batch=8, budget=200, checkpoint_every=50)
+    cfg = TrainConfig(model=str(model), data=str(data), eval_every=100, **{**options, **kw})
     trainer = Trainer(cfg, out)
     trainer.run()
     return trainer, (out / "model.onnx").read_bytes()
@@ -150,3 +140,24 @@ def test_an_unwritable_head_is_refused_before_training(tmp_path):
     with pytest.raises(ZoError, match="could not be written back to ONNX, so nothing is trained"):
         Trainer(cfg, tmp_path / "run")
     assert not (tmp_path / "run" / "metrics.csv").exists()
+
+
+def test_four_bit_weights_train_within_four_bits_and_are_written(tmp_path):
+    """Weights the file stores as int4 train within [-7, 7] (zo/model.FOUR_BIT_BOUND), so that the
+    trained codes always go back into their int4 initializer: a large step rate cannot make the
+    write fail after the budget."""
+    from onnx_qdq import qdq
+
+    m = oo.small_cnn_model(seed=3, size=8, classes=4)
+    pixels = color_dataset(side=8)["x_train"][:16].astype(np.float32).transpose(0, 3, 1, 2) / 255.0
+    q = qdq(m, [{"x": p[None]} for p in pixels], weight_bits=4, weight_signed=True)
+    (tmp_path / "m.onnx").write_bytes(q)
+    np.savez(tmp_path / "c.npz", **color_dataset(side=8))
+    trainer, written = _train(tmp_path / "m.onnx", tmp_path / "c.npz", tmp_path / "run", lr=50.0)
+    head = onnx.load_from_string(written)
+    w = next(numpy_helper.to_array(i) for i in head.graph.initializer if i.name == "wf_q").astype(int)
+    assert w.min() >= -8 and w.max() <= 7
+    x = np.random.default_rng(0).uniform(0, 1, (3, 3, 8, 8)).astype(np.float32)
+    assert np.array_equal(
+        npusim.Interpreter(npusim.load_model(written)).run(x), npusim.Interpreter(trainer.model.graph).run(x)
+    )

@@ -20,6 +20,7 @@ from .head import feature_tensor, find_head, fresh_head
 
 WEIGHT_BOUND = 127  # int8 weights are symmetric: [-127, 127]
 BIAS_BOUND = 2**31 - 1
+FOUR_BIT_BOUND = 7  # int4 and uint4 (zero point 8) weights: codes in [-7, 7] fit both
 # A bias LSB is in_scale * w_scale: one weight LSB times one input LSB. Perturbing a bias by one LSB
 # moves the accumulator by 1 where a weight step moves it by |x - zp| ~ 10^2 per tap, so biases are
 # perturbed and updated in units of BIAS_UNIT LSB (one weight step on a half-range input).
@@ -203,9 +204,13 @@ class TrainableModel:
                 True,
             )
         params = []
+        stored = getattr(self.graph.source, "weights", None) or {}
         for op in chosen:
             if with_weights:
-                params.append(Parameter(tensors[op.inputs[1]].name, op.inputs[1], op.index, 1, WEIGHT_BOUND))
+                # a weight an ONNX file stores in 4 bits trains within them, so that it can be written back
+                four_bit = stored.get(op.inputs[1], {}).get("storage") in ("int4", "uint4")
+                bound = FOUR_BIT_BOUND if four_bit else WEIGHT_BOUND
+                params.append(Parameter(tensors[op.inputs[1]].name, op.inputs[1], op.index, 1, bound))
             if len(op.inputs) > 2 and op.inputs[2] >= 0:
                 params.append(
                     Parameter(tensors[op.inputs[2]].name, op.inputs[2], op.index, BIAS_UNIT, BIAS_BOUND)
