@@ -136,3 +136,23 @@ def test_inspect_lists_an_op_npusim_refuses_and_run_stops_at_it(tmp_path):
         main, ["run", str(f), "--input", str(tmp_path / "x.npy"), "--output", str(tmp_path / "y.npy")]
     )
     assert res.exit_code == 2 and entry["reason"] in res.output, res.output
+
+
+def test_float_form_with_activation_weights_runs_image_by_image():
+    """The float form (validate's reference) takes activation weights too, image by image as the
+    kernel: close to the int8 run on the same inputs."""
+    from npusim.reference import FloatInterpreter, dequantize
+
+    model = fc_model(4, 16, 5, (0.02, -3), (0.015, 3), (0.05, 4), True, "NONE", True)
+    graph = npusim.load_model(model)
+    rng = np.random.default_rng(5)
+    x = rng.integers(-128, 128, (3, 4, 16)).astype(np.int8)
+    w = rng.integers(-128, 128, (3, 80)).astype(np.int8)
+    got = npusim.Interpreter(graph).evaluate({graph.inputs[0]: x, graph.inputs[1]: w})[graph.outputs[0]]
+    forms = FloatInterpreter(graph)
+    assert forms.batch.by_image
+    real = {t: dequantize(graph.tensors[t], v) for t, v in zip(graph.inputs, (x, w))}
+    ref = np.clip(
+        forms.evaluate(real)[graph.outputs[0]], 0.05 * (-128 - 4), 0.05 * (127 - 4)
+    )  # int8 saturates
+    assert np.abs(ref - dequantize(graph.tensors[graph.outputs[0]], got)).max() <= 0.05 / 2 + 1e-6

@@ -71,6 +71,10 @@ class FullyConnectedFloat(FloatForm):
         super().__init__(op, graph)
         self.depth = self.inputs[1].shape[1]
         self.out_shape = tuple(self.outputs[0].shape[1:])
+        if self.inputs[1].data is None:  # activation weights: their axis 0 is no batch (as the kernel's)
+            self.crosses_batch = (
+                f"weights {self.inputs[1].name!r} are an activation, whose axis 0 is not the batch"
+            )
 
     def __call__(self, x, w, b=None):
         y = real(x).reshape(-1, self.depth) @ w.T
