@@ -91,3 +91,31 @@ def test_validate_onnx_refuses_an_integer_model_as_float(tmp_path):
     r = CliRunner().invoke(main, [*args, "--float", str(tmp_path / "q.onnx")])
     assert r.exit_code == 2 and "the model computes in integers, expected a float32 model" in r.output
     assert len(r.output.strip().splitlines()) == 1
+
+
+def test_validate_onnx_matches_by_topology_where_names_differ(tmp_path):
+    """Every value and node of the float model renamed: the match falls back on the topology (the
+    int8 file's node of the same op type reading the same tensors, a folded Relu taking its Conv's
+    match), and every layer's propagated error is the one the names gave."""
+    import onnx
+
+    from npusim.validate import validate
+
+    m, q, x = _pair(tmp_path)
+    by_name = validate(q, x, m.SerializeToString())
+    renamed = onnx.ModelProto()
+    renamed.CopyFrom(m)
+    new = {}
+    for k, node in enumerate(renamed.graph.node):
+        node.name = f"n{k}"
+        for j, o in enumerate(node.output):
+            if o not in {v.name for v in renamed.graph.output}:
+                new[o] = node.output[j] = f"v{k}_{j}"
+    for node in renamed.graph.node:
+        for j, i in enumerate(node.input):
+            node.input[j] = new.get(i, i)
+    by_topology = validate(q, x, renamed.SerializeToString())
+    assert by_topology.unmatched_float == [] and by_topology.warnings == []
+    assert [layer["propagated"] for layer in by_topology.layers] == [
+        layer["propagated"] for layer in by_name.layers
+    ]

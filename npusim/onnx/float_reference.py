@@ -46,40 +46,10 @@ class OnnxFloatReference:
                 f"the model pair does not correspond: {len(int8.outputs)} and {len(g.output)} outputs"
             )
         self.input_name = inputs[0].name
-        by_node = {n.name: n for n in source.model.graph.node if n.name}
-        produced = {t for op in int8.ops for t in op.outputs}
         self.matched: dict = {}  # float value name -> (int8 tensor, perm)
-        self.unmatched: list = []  # (node index, op type) of the float model
-        for k, node in enumerate(g.node):
-            hit = False
-            for o in node.output:
-                name = o if o in source.values else None
-                twin = by_node.get(node.name)
-                if name is None and twin is not None and len(twin.output) == len(node.output):
-                    name = twin.output[list(node.output).index(o)]
-                    name = name if name in source.values else None
-                if name is not None and source.values[name][0] in produced:
-                    self.matched[o] = source.values[name]
-                    hit = True
-            if not hit:
-                self.unmatched.append((k, node))
-        # A node whose one reader is matched and reads only it (a Conv before the Relu a quantizer
-        # folded into its QuantizeLinear) is part of that reader's layer, not unmatched.
-        readers: dict = {}
-        for node in g.node:
-            for i in set(node.input):
-                readers.setdefault(i, []).append(node)
-        matched_nodes = {id(n) for n in g.node if any(o in self.matched for o in n.output)}
-
-        def folded(node) -> bool:
-            rs = [r for o in node.output for r in readers.get(o, [])]
-            return (
-                len(rs) == 1
-                and id(rs[0]) in matched_nodes
-                and [i for i in rs[0].input if i not in initializers] == list(node.output)
-            )
-
-        self.unmatched = [(k, n.op_type) for k, n in self.unmatched if not folded(n)]
+        self._match_names(g, source, {t for op in int8.ops for t in op.outputs})
+        self._match_topology(g, source, int8, initializers)
+        self.unmatched = _unmatched(g, self.matched, initializers)  # (node index, op type)
         self.outputs = [o.name for o in g.output]
         extra = [n for n in self.matched if n not in self.outputs]
         model.graph.output.extend(helper.make_empty_tensor_value_info(n) for n in extra)
@@ -88,6 +58,80 @@ class OnnxFloatReference:
         from onnx.reference import ReferenceEvaluator
 
         self.evaluator = ReferenceEvaluator(model)
+
+    def _match_names(self, g, source, produced: set):
+        """By value name, else by node name (the twin node's output at the same position)."""
+        by_node = {n.name: n for n in source.model.graph.node if n.name}
+        for node in g.node:
+            for o in node.output:
+                name = o if o in source.values else None
+                twin = by_node.get(node.name)
+                if name is None and twin is not None and len(twin.output) == len(node.output):
+                    name = twin.output[list(node.output).index(o)]
+                    name = name if name in source.values else None
+                if name is not None and source.values[name][0] in produced:
+                    self.matched[o] = source.values[name]
+
+    def _match_topology(self, g, source, int8, initializers: set):
+        """What names leave: a float node matches the int8 file's node of its op type that reads the
+        same int8 tensors (QuantizeLinear / DequantizeLinear between them followed back to their
+        source). A match whose one reader is an unmatched Relu or Clip moves to that reader's output:
+        the quantizer folded it into the QuantizeLinear, so the int8 tensor holds its values."""
+        producer = {t: op for op in int8.ops for t in op.outputs}
+
+        def root(t):
+            while t in producer and producer[t].kind == "QUANTIZE":
+                t = producer[t].inputs[0]
+            return t
+
+        skip = object()  # a constant operand: not part of the key
+
+        def key(node, lookup):
+            ins = [lookup(i) for i in node.input if i and i not in initializers]
+            ins = [i for i in ins if i is not skip]
+            return (node.op_type, tuple(ins)) if ins and None not in ins else None
+
+        twins: dict = {}
+        constants = {t.name for t in source.model.graph.initializer}
+        for node in source.model.graph.node:
+            if node.op_type not in ("QuantizeLinear", "DequantizeLinear"):
+                k = key(
+                    node,
+                    lambda i: skip if i in constants or i not in source.values else root(source.values[i][0]),
+                )
+                if k is not None and all(o in source.values for o in node.output):
+                    twins.setdefault(k, node)
+        graph_inputs = {i.name for i in g.input}
+        taken = {t for t, _ in self.matched.values()}
+        readers: dict = {}
+        for node in g.node:
+            for i in set(node.input):
+                readers.setdefault(i, []).append(node)
+        for node in g.node:
+            if any(o in self.matched for o in node.output):
+                continue
+            k = key(
+                node,
+                lambda i: (
+                    root(source.values[i][0])
+                    if i in graph_inputs and i in source.values
+                    else root(self.matched[i][0])
+                    if i in self.matched
+                    else None
+                ),
+            )
+            twin = twins.get(k) if k is not None else None
+            if twin is None or len(twin.output) != len(node.output):
+                continue
+            for o, t in zip(node.output, twin.output):
+                value = source.values[t]
+                if value[0] in taken:
+                    continue
+                rs = readers.get(o, [])
+                if len(rs) == 1 and rs[0].op_type in ("Relu", "Clip") and rs[0].output[0] not in self.matched:
+                    o = rs[0].output[0]
+                self.matched[o] = value
+                taken.add(value[0])
 
     def mapping(self) -> dict:
         """{int8 tensor: int8 tensor} for the tensors run_all gives (validate's mapping)."""
@@ -107,3 +151,24 @@ class OnnxFloatReference:
         for t, name in zip(self.int8.outputs, self.outputs):
             out[t] = values[name].astype(np.float32)
         return out
+
+
+def _unmatched(g, matched: dict, initializers: set) -> list:
+    """(node index, op type) of the float nodes no int8 tensor matches; a node whose one reader is
+    matched and reads only it (a Conv before the Relu a quantizer folded into its QuantizeLinear) is
+    part of that reader's layer."""
+    readers: dict = {}
+    for node in g.node:
+        for i in set(node.input):
+            readers.setdefault(i, []).append(node)
+    matched_nodes = {id(n) for n in g.node if any(o in matched for o in n.output)}
+
+    def folded(node) -> bool:
+        rs = [r for o in node.output for r in readers.get(o, [])]
+        return (
+            len(rs) == 1
+            and id(rs[0]) in matched_nodes
+            and [i for i in rs[0].input if i not in initializers] == list(node.output)
+        )
+
+    return [(k, n.op_type) for k, n in enumerate(g.node) if id(n) not in matched_nodes and not folded(n)]
