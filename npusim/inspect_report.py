@@ -128,7 +128,12 @@ def unsupported(interp) -> list[dict]:
     the ONNX type; index the op standing in for the node, null where there is none: onnx/plan.py)."""
     nodes = list(getattr(interp.graph.source, "unlowered", None) or [])
     stand_ins = {e["index"] for e in nodes}
-    ops = [{"index": op.index, "op": op.kind} for op in interp.unsupported if op.index not in stand_ins]
+    refusals = getattr(interp, "refusals", {})
+    ops = [
+        {"index": op.index, "op": op.kind, **({"reason": refusals[op.index]} if op.index in refusals else {})}
+        for op in interp.unsupported
+        if op.index not in stand_ins
+    ]
     return ops + [
         {"index": e["index"], "op": e["op"], "node": e["node"], "reason": e["reason"]} for e in nodes
     ]
@@ -144,7 +149,7 @@ def unsupported_line(interp, what: str) -> str | None:
     if any("node" in e for e in entries):
         names = "; ".join(e.get("reason") or f"op {e['index']} ({e['op']})" for e in entries)
         return f"{n} node{'s' if n > 1 else ''} npusim cannot lower, {what}: {names}"
-    names = ", ".join(f"op {e['index']} ({e['op']})" for e in entries)
+    names = ", ".join(e.get("reason") or f"op {e['index']} ({e['op']})" for e in entries)
     return f"{n} op{'s' if n > 1 else ''} npusim lacks, {what}: {names}"
 
 

@@ -218,6 +218,7 @@ class Interpreter:
         self.kernels = []
         ops = execution_order(self.graph)
         self.unsupported = [op for op in ops if op.kind not in KERNELS]
+        self.refusals: dict = {}  # plan_only: {op index: why its kernel refused it}
         if self.unsupported and not plan_only:
             raise unsupported_error(self.unsupported[0])
         check_activations(self.graph)
@@ -237,9 +238,15 @@ class Interpreter:
                 else:
                     self.kernels.append(kernel_class(op, self.graph, pid, **extra))
             except NpusimError as e:  # helpers shared by ops (padding, multipliers) do not know the op
-                if str(e).startswith(f"op {op.index} "):
-                    raise
-                raise NpusimError(f"op {op.index} ({op.kind}): {e}") from None
+                message = (
+                    str(e) if str(e).startswith(f"op {op.index} ") else f"op {op.index} ({op.kind}): {e}"
+                )
+                if not plan_only:
+                    raise NpusimError(message) from None
+                # inspect lists an op npusim cannot prepare, with the line `run` stops at, as it
+                # lists an op it lacks, instead of refusing the whole model
+                self.unsupported.append(op)
+                self.refusals[op.index] = message
         # Kernels run one at a time (one Interpreter per thread), so one scratch buffer, the padded
         # input copy of the convolutions, serves them all: a buffer per kernel held 20 of ResNet-8's
         # 30 MB at batch 256 (and every fresh page costs a fault on the first run).

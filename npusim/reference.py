@@ -26,8 +26,18 @@ def dequantize(tensor, values: np.ndarray) -> np.ndarray:
 class FloatInterpreter:
     """A graph prepared on float forms. `run_all(x)` evaluates a batch of real-valued inputs."""
 
-    def __init__(self, graph: Graph | str | bytes):
+    def __init__(self, graph: Graph | str | bytes, ranges: bool = False):
+        """ranges: keep each op's output within the range its int8 tensor can hold (an ONNX
+        QuantizeLinear that folds a ReLU or Clip writes it only as that range)."""
         self.graph = graph if isinstance(graph, Graph) else load_model(graph)
+        self.ranges = {}  # {tensor: (low, high)} of the int8 outputs, when ranges
+        if ranges:
+            for op in self.graph.ops:
+                for t in op.outputs:
+                    q = self.graph.tensors[t].quant
+                    if self.graph.tensors[t].dtype == np.int8 and q is not None and not q.per_channel:
+                        s, z = np.float64(q.scale[0]), int(q.zero_point[0])
+                        self.ranges[t] = (np.float32(s * (-128 - z)), np.float32(s * (127 - z)))
         ops = execution_order(self.graph)
         self.forms = []
         for op in ops:
@@ -93,6 +103,11 @@ class FloatInterpreter:
             raise NpusimError(
                 f"op {form.op.index} ({form.kind}): computed {len(results)} outputs, "
                 f"the model declares {len(form.op.outputs)}"
+            )
+        if self.ranges:
+            results = tuple(
+                np.clip(y, *self.ranges[t]) if t in self.ranges else y
+                for t, y in zip(form.op.outputs, results)
             )
         for t, y in zip(form.op.outputs, results):
             declared = self.graph.tensors[t].shape

@@ -37,6 +37,7 @@ class Validation:
     reference: str  # "float model" or "int8 graph in float"
     unmatched_float: list = field(default_factory=list)  # (op index, kind) of the float model
     output_pairs: list = field(default_factory=list)  # per output: (reference, int8 dequantized)
+    warnings: list = field(default_factory=list)  # what the reference cannot know (stderr, not JSON)
     worst_pair: tuple | None = None  # (layer record, float form output, int8 dequantized)
     breaks_first: dict | None = None  # the layer whose propagated error grows most (validate_layers)
     agreement: float | None = None  # top-1 agreement on output 0, labels or not
@@ -281,9 +282,10 @@ def validate(
     """Validate int8_model (a path, bytes or Graph) on samples x against float_model or, without
     one, against its own graph in float. profile "neural-art" (n6: its N6Options) also runs tflm,
     and each layer gives tflm's propagated error beside the N6's ("tflm_propagated")."""
-    from .npu.neural_art_run import profile_object
-
     int8 = int8_model if isinstance(int8_model, Graph) else load_model(int8_model)
+    onnx = getattr(int8.source, "format", None) == "onnx"
+    if onnx and float_model is not None and not isinstance(float_model, Graph):
+        return _validate_onnx_pair(int8, x, float_model, labels, profile, n6)
     if computes_in_float(int8):
         raise NpusimError(
             f"{int8.origin}: a float model: npusim runs int8 models; as INT8_MODEL give its int8 model, "
@@ -299,17 +301,102 @@ def validate(
     x_int8, x_real = split_inputs(x, int8)
     if labels is not None:
         labels = check_labels(labels, x.shape[0], int8)
+    # An ONNX QuantizeLinear may fold a ReLU or Clip into its range (ORT's quantize_static does): the
+    # graph in float keeps each layer within its quantization range, or it would drop them.
+    ranges = onnx and ref_graph is None
+    local_forms = FloatInterpreter(int8, ranges=ranges)
+    reference = local_forms if ref_graph is None else FloatInterpreter(ref_graph)
+    mapping, unmatched = reference_tensors(int8, ref_graph)
+    warnings = [RANGES_WARNING] if ranges else []
+    return _run(
+        int8,
+        x_int8,
+        x_real,
+        labels,
+        profile,
+        local_forms,
+        reference,
+        (ref_graph or int8).outputs,
+        mapping,
+        unmatched,
+        warnings,
+        "float model" if ref_graph is not None else "int8 graph in float",
+        n6,
+    )
+
+
+RANGES_WARNING = (
+    "the reference is the int8 graph in float, each layer kept within its quantization range, where a "
+    "QuantizeLinear may fold a ReLU or Clip; whether a range is such an activation or only the "
+    "calibration's, the graph cannot tell: give the float model as --float for the truth"
+)
+
+
+def _validate_onnx_pair(int8: Graph, x, float_model, labels, profile, n6=None) -> Validation:
+    """An ONNX int8 model against its float ONNX original (onnx/float_reference.py)."""
+    from .model_io import _read
+    from .onnx.float_reference import OnnxFloatReference
+
+    data, where = _read(float_model)
+    reference = OnnxFloatReference(data, int8, where)
+    check_int8(int8)
+    if len(int8.inputs) != 1:
+        raise NpusimError(f"the int8 model has {len(int8.inputs)} inputs, validate feeds one")
+    x_int8, x_real = split_inputs(x, int8)
+    if labels is not None:
+        labels = check_labels(labels, x.shape[0], int8)
+    warnings = []
+    if reference.unmatched:
+        listed = ", ".join(f"{k} ({kind})" for k, kind in reference.unmatched[:8])
+        warnings.append(
+            f"{len(reference.unmatched)} float node(s) matched no int8 tensor by value or node name "
+            f"(their layers have no propagated error): {listed}"
+        )
+    local_forms = FloatInterpreter(int8)
+    return _run(
+        int8,
+        x_int8,
+        x_real,
+        labels,
+        profile,
+        local_forms,
+        reference,
+        int8.outputs,
+        reference.mapping(),
+        reference.unmatched,
+        warnings,
+        "float model",
+        n6,
+    )
+
+
+def _run(
+    int8,
+    x_int8,
+    x_real,
+    labels,
+    profile,
+    local_forms,
+    reference,
+    ref_outputs,
+    mapping,
+    unmatched,
+    warnings,
+    what,
+    n6=None,
+) -> Validation:
+    """One pass over the samples: the int8 run (and under neural-art the tflm baseline beside it),
+    the reference, the per-layer tallies."""
+    from .npu.neural_art_run import profile_object
+
     interpreter = Interpreter(int8, profile=profile_object(profile, n6), warm=False)  # one run
     baseline = Interpreter(int8, warm=False) if profile == "neural-art" else None
-    local_forms = FloatInterpreter(int8)
-    reference = local_forms if ref_graph is None else FloatInterpreter(ref_graph)
-    ref_outputs = (ref_graph or int8).outputs
-    mapping, unmatched = reference_tensors(int8, ref_graph)
     tally = _Tally(int8, len(int8.outputs))
+    ref_graph = getattr(reference, "graph", None)
     base_tally = _Tally(int8, len(int8.outputs)) if baseline is not None else None
     quant = QuantStats(int8)
-    chunk = chunk_size([int8] if ref_graph is None else [int8, ref_graph], x.shape[0])
-    for start in range(0, x.shape[0], chunk):
+    chunk = chunk_size([int8] if ref_graph in (None, int8) else [int8, ref_graph], x_int8.shape[0])
+    for start in range(0, x_int8.shape[0], chunk):
         q_values = interpreter.run_all(x_int8[start : start + chunk])
         r_values = reference.run_all(x_real[start : start + chunk])
         local = local_forms.local(q_values)
@@ -360,9 +447,10 @@ def validate(
         outputs,
         layers,
         acc,
-        samples=int(x.shape[0]),
-        reference="float model" if ref_graph is not None else "int8 graph in float",
+        samples=int(x_int8.shape[0]),
+        reference=what,
         unmatched_float=unmatched,
+        warnings=warnings,
         output_pairs=[(np.concatenate(r), np.concatenate(g)) for r, g in tally.pairs],
         worst_pair=(worst, *tally.scatter[worst["op"]]),
         breaks_first=breaks_first(int8, layers),

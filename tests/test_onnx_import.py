@@ -317,7 +317,9 @@ def hostile(kind: str) -> bytes:
         m.graph.input[0].type.tensor_type.shape.dim[2].dim_value = 1 << 40
     elif kind == "unsupported op":
         conv = next(n for n in m.graph.node if n.op_type == "Conv")
-        conv.op_type, conv.name = "Erf", "my_erf"
+        conv.op_type, conv.name = "Erf", "my_erf"  # a valid Erf: one input, no attributes
+        del conv.input[1:]
+        del conv.attribute[:]
     data = m.SerializeToString()
     return data[: len(data) // 2] if kind == "truncated protobuf" else data
 

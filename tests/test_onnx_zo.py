@@ -64,3 +64,102 @@ def test_train_writes_model_onnx_that_ort_loads(onnx_classifier, tmp_path):
     from_file = npusim.Interpreter(npusim.load_model(written)).run(x)
     from_graph = npusim.Interpreter(trainer.model.graph).run(x)
     assert np.array_equal(from_file, from_graph)
+
+
+def _softmax_classifier(tmp_path, classes: int, head: bool = True):
+    """small_cnn_model's classifier (Gemm) followed by a Softmax, or (head=False) ending at its
+    Flatten's feature vector; quantized by ORT in QDQ, as ORT's quantize_static leaves it (Softmax ->
+    QuantizeLinear -> DequantizeLinear at the end)."""
+    from onnx import helper
+
+    m = oo.small_cnn_model(seed=3, size=8, classes=classes)
+    if head:
+        m.graph.node[-1].output[0] = "logits"
+        m.graph.node.append(helper.make_node("Softmax", ["logits"], ["y"], axis=-1))
+    else:
+        del m.graph.node[-1]
+        del m.graph.output[:]
+        m.graph.output.append(helper.make_tensor_value_info("f", onnx.TensorProto.FLOAT, [1, 16]))
+    pixels = color_dataset(side=8)["x_train"][:16].astype(np.float32).transpose(0, 3, 1, 2) / 255.0
+    q = oo.quantize(m, fmt="QDQ", per_channel=True, calibration=[{"x": p[None]} for p in pixels])
+    path = tmp_path / "cnn.onnx"
+    path.write_bytes(q)
+    data = tmp_path / "colors.npz"
+    np.savez(data, **color_dataset(side=8))
+    return path, data
+
+
+def _train(model, data, out, **kw):
+    options = dict(trainable="last:1", q="fixed:2", lr=1.0, batch=8, budget=200, checkpoint_every=50)
+    cfg = TrainConfig(model=str(model), data=str(data), eval_every=100, **{**options, **kw})
+    trainer = Trainer(cfg, out)
+    trainer.run()
+    return trainer, (out / "model.onnx").read_bytes()
+
+
+@pytest.mark.parametrize(
+    "classes,new_head,head",
+    [(4, False, True), (4, True, True), (3, False, True), (4, True, False)],
+    ids=["own-head", "new-head", "new-class-count", "appended-head"],
+)
+def test_softmax_classifier_and_fresh_heads_written_into_onnx(tmp_path, classes, new_head, head):
+    """A classifier ending in Softmax -> Q -> DQ is recognised (its logits are the Gemm's, not the
+    probabilities); a fresh head (--new-head, a new class count, or appended to a feature output) is
+    written into the ONNX graph with its new scales: ORT loads the file and npusim's run of it equals
+    the trained Graph's."""
+    from zo.head import find_head
+
+    model, data = _softmax_classifier(tmp_path, classes, head)
+    trainer, written = _train(model, data, tmp_path / "run", new_head=new_head)
+    graph = trainer.model.graph
+    assert graph.ops[trainer.model.suffix[-1].op.index].kind == "FULLY_CONNECTED"  # logits: the head's
+    assert find_head(graph) is not None
+    x = np.random.default_rng(0).uniform(0, 1, (3, 3, 8, 8)).astype(np.float32)
+    from_file = npusim.Interpreter(npusim.load_model(written)).run(x)
+    assert np.array_equal(from_file, npusim.Interpreter(graph).run(x))
+    y_ort = oo.session(written, optimize=False).run(None, {"x": x[:1]})[0]
+    assert y_ort.shape[-1] == 4 and from_file.shape[-1] == 4
+    if head:  # a probability output: ORT's literal run within a few steps of npusim's
+        assert np.abs(y_ort - from_file[:1]).max() < 0.05
+
+
+def test_an_unwritable_head_is_refused_before_training(tmp_path):
+    """A head that cannot go into the file is refused before the first step, in one line (here: the
+    appended head's features are not a QuantizeLinear's [1, K] output but a 4-D map)."""
+    from onnx import helper
+
+    from zo.errors import ZoError
+
+    m = oo.small_cnn_model(seed=3, size=8, classes=4)
+    del m.graph.node[-2:]  # end at the GlobalAveragePool: [1, 16, 1, 1]
+    del m.graph.output[:]
+    m.graph.output.append(helper.make_tensor_value_info("g", onnx.TensorProto.FLOAT, [1, 16, 1, 1]))
+    pixels = color_dataset(side=8)["x_train"][:16].astype(np.float32).transpose(0, 3, 1, 2) / 255.0
+    q = oo.quantize(m, fmt="QDQ", per_channel=True, calibration=[{"x": p[None]} for p in pixels])
+    (tmp_path / "m.onnx").write_bytes(q)
+    np.savez(tmp_path / "c.npz", **color_dataset(side=8))
+    cfg = TrainConfig(model=str(tmp_path / "m.onnx"), data=str(tmp_path / "c.npz"), budget=200, new_head=True)
+    with pytest.raises(ZoError, match="could not be written back to ONNX, so nothing is trained"):
+        Trainer(cfg, tmp_path / "run")
+    assert not (tmp_path / "run" / "metrics.csv").exists()
+
+
+def test_four_bit_weights_train_within_four_bits_and_are_written(tmp_path):
+    """Weights the file stores as int4 train within [-7, 7] (zo/model.FOUR_BIT_BOUND), so that the
+    trained codes always go back into their int4 initializer: a large step rate cannot make the
+    write fail after the budget."""
+    from onnx_qdq import qdq
+
+    m = oo.small_cnn_model(seed=3, size=8, classes=4)
+    pixels = color_dataset(side=8)["x_train"][:16].astype(np.float32).transpose(0, 3, 1, 2) / 255.0
+    q = qdq(m, [{"x": p[None]} for p in pixels], weight_bits=4, weight_signed=True)
+    (tmp_path / "m.onnx").write_bytes(q)
+    np.savez(tmp_path / "c.npz", **color_dataset(side=8))
+    trainer, written = _train(tmp_path / "m.onnx", tmp_path / "c.npz", tmp_path / "run", lr=50.0)
+    head = onnx.load_from_string(written)
+    w = next(numpy_helper.to_array(i) for i in head.graph.initializer if i.name == "wf_q").astype(int)
+    assert w.min() >= -8 and w.max() <= 7
+    x = np.random.default_rng(0).uniform(0, 1, (3, 3, 8, 8)).astype(np.float32)
+    assert np.array_equal(
+        npusim.Interpreter(npusim.load_model(written)).run(x), npusim.Interpreter(trainer.model.graph).run(x)
+    )

@@ -1,11 +1,15 @@
-"""`npusim validate` on an ONNX QDQ model: its float reference is its own graph without the Q/DQ
-pairs (the lowered int8 graph in float on dequantized weights), on ST's face-landmarks model."""
+"""`npusim validate` on ONNX QDQ models: against its own graph in float (the lowered int8 graph in
+float on dequantized weights, each layer within its quantization range), on ST's face-landmarks
+model; and against its float ONNX original (`--float`, evaluated by onnx.reference, matched by value
+and node names) on a small CNN quantized by ORT's quantize_static, whose Relus ORT folds into the
+QuantizeLinears' zero points."""
 
 from __future__ import annotations
 
 import json
 
 import numpy as np
+import pytest
 from click.testing import CliRunner
 
 from npusim.cli import main
@@ -21,7 +25,8 @@ def test_an_onnx_model_validates_against_its_own_float_graph(tmp_path):
     np.save(tmp_path / "x.npy", x)
     r = CliRunner().invoke(main, ["validate", model, "--input", str(tmp_path / "x.npy"), "--format", "json"])
     assert r.exit_code == 0, r.output
-    d = json.loads(r.output)
+    d = json.loads(r.stdout)
+    assert "warning: the reference is the int8 graph in float" in r.stderr
     assert d["accuracy"] is None and len(d["outputs"]) == 1
     assert d["outputs"][0]["cos"] > 0.98  # int8 against float: close, not equal
     # Without --float the reference is the graph in float: every layer has a propagated record.
@@ -31,3 +36,86 @@ def test_an_onnx_model_validates_against_its_own_float_graph(tmp_path):
     convs = [layer for layer in d["layers"] if layer["kind"] in ("CONV_2D", "DEPTHWISE_CONV_2D")]
     sqnr = [layer["local"]["sqnr_db"] for layer in convs]
     assert convs and all(s is None or s > 15 for s in sqnr), sqnr
+
+
+def _pair(tmp_path):
+    pytest.importorskip("onnxruntime")
+    from npusim.testing import onnx_oracle as oo
+
+    m = oo.small_cnn_model(seed=2, size=16)
+    feeds = oo.random_inputs(m, 16, seed=4, low=0.0, high=1.0)
+    q = oo.quantize(m, fmt="QDQ", per_channel=True, calibration=feeds)
+    (tmp_path / "f.onnx").write_bytes(m.SerializeToString())
+    (tmp_path / "q.onnx").write_bytes(q)
+    x = np.concatenate([f["x"] for f in oo.random_inputs(m, 24, seed=9, low=0.0, high=1.0)])
+    np.save(tmp_path / "x.npy", x)
+    return m, q, x
+
+
+def test_validate_onnx_against_its_float_original(tmp_path):
+    """--float takes the float ONNX: the reference is the float model itself, so its outputs are
+    the float model's (ORT's float run within float32 rounding), and every layer is matched."""
+    from npusim.testing import onnx_oracle as oo
+
+    m, q, x = _pair(tmp_path)
+    args = ["validate", str(tmp_path / "q.onnx"), "--input", str(tmp_path / "x.npy")]
+    r = CliRunner().invoke(main, [*args, "--float", str(tmp_path / "f.onnx"), "--format", "json"])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)
+    from npusim.validate import validate
+
+    result = validate(str(tmp_path / "q.onnx"), x, str(tmp_path / "f.onnx"))
+    ref, got = result.output_pairs[0]
+    truth = oo.run_ort(m.SerializeToString(), x, optimize=False)
+    np.testing.assert_allclose(ref.reshape(truth.shape), truth, rtol=1e-4, atol=1e-5)
+    assert result.unmatched_float == [] and result.warnings == []
+    computed = ("CONV_2D", "DEPTHWISE_CONV_2D", "ADD", "MAX_POOL_2D", "MEAN", "RESHAPE", "FULLY_CONNECTED")
+    # every layer that computes a float node's value is matched (the import's own QUANTIZE, layout
+    # TRANSPOSEs, PAD and DEQUANTIZE have no float node)
+    assert all(layer["propagated"] is not None for layer in d["layers"] if layer["kind"] in computed)
+    truth_cos = d["outputs"][0]["cos"]
+    assert truth_cos > 0.99
+    # Without --float, the graph in float keeps the Relus ORT folded into the zero points (each layer
+    # within its range): close to the truth, where dropping them gave a reference far from it.
+    r = CliRunner().invoke(main, [*args, "--format", "json"])
+    assert r.exit_code == 0 and "warning: the reference is the int8 graph in float" in r.stderr
+    own = json.loads(r.stdout)["outputs"][0]
+    assert (
+        own["cos"] > 0.999 and own["sqnr_db"] > 30
+    )  # 38.6 dB against the float model; 0.2 dB without ranges
+
+
+def test_validate_onnx_refuses_an_integer_model_as_float(tmp_path):
+    _, _, _ = _pair(tmp_path)
+    args = ["validate", str(tmp_path / "q.onnx"), "--input", str(tmp_path / "x.npy")]
+    r = CliRunner().invoke(main, [*args, "--float", str(tmp_path / "q.onnx")])
+    assert r.exit_code == 2 and "the model computes in integers, expected a float32 model" in r.output
+    assert len(r.output.strip().splitlines()) == 1
+
+
+def test_validate_onnx_matches_by_topology_where_names_differ(tmp_path):
+    """Every value and node of the float model renamed: the match falls back on the topology (the
+    int8 file's node of the same op type reading the same tensors, a folded Relu taking its Conv's
+    match), and every layer's propagated error is the one the names gave."""
+    import onnx
+
+    from npusim.validate import validate
+
+    m, q, x = _pair(tmp_path)
+    by_name = validate(q, x, m.SerializeToString())
+    renamed = onnx.ModelProto()
+    renamed.CopyFrom(m)
+    new = {}
+    for k, node in enumerate(renamed.graph.node):
+        node.name = f"n{k}"
+        for j, o in enumerate(node.output):
+            if o not in {v.name for v in renamed.graph.output}:
+                new[o] = node.output[j] = f"v{k}_{j}"
+    for node in renamed.graph.node:
+        for j, i in enumerate(node.input):
+            node.input[j] = new.get(i, i)
+    by_topology = validate(q, x, renamed.SerializeToString())
+    assert by_topology.unmatched_float == [] and by_topology.warnings == []
+    assert [layer["propagated"] for layer in by_topology.layers] == [
+        layer["propagated"] for layer in by_name.layers
+    ]

@@ -13,6 +13,8 @@ from pathlib import Path
 import click
 from click.core import ParameterSource
 
+from npusim.errors import NpusimError
+
 from . import interrupt
 from .errors import ZoError
 
@@ -210,6 +212,8 @@ def train(ctx, out_dir, resume, quiet, **options):
             result, before = train_and_report(trainer, quiet)
     except ZoError as e:
         fail(str(e))
+    except NpusimError as e:  # the trained model could not be written (checked before training too)
+        fail(f"{e}; the last checkpoint is kept")
     except OSError as e:  # metrics.csv, config.json or the exported model could not be written
         from .resume import resume_command
 

@@ -28,12 +28,22 @@ PROBE_CODES = 1.0
 PASS_THROUGH = ("DEQUANTIZE", "SOFTMAX", "RESHAPE", "SQUEEZE")
 
 
+def passes_through(graph: Graph, op: Op) -> bool:
+    """Whether op carries the logits (or their softmax) on unchanged in meaning: PASS_THROUGH, and a
+    QUANTIZE int8 -> int8 (an ONNX Softmax -> QuantizeLinear: the import's SOFTMAX, at 1/256, then its
+    requantization to the file's scale)."""
+    if op.kind == "QUANTIZE":
+        return graph.tensors[op.inputs[0]].dtype == np.int8
+    return op.kind in PASS_THROUGH
+
+
 def find_head(graph: Graph) -> Op | None:
     """The FULLY_CONNECTED that produces the logits (walking back from the output through SOFTMAX,
-    DEQUANTIZE, RESHAPE), or None when the model ends otherwise (an embedding, a detector)."""
+    DEQUANTIZE, RESHAPE, a requantizing QUANTIZE), or None when the model ends otherwise (an
+    embedding, a detector)."""
     producer = graph.producer()
     op = producer.get(graph.outputs[0])
-    while op is not None and op.kind in PASS_THROUGH:
+    while op is not None and passes_through(graph, op):
         op = producer.get(op.inputs[0])
     return op if op is not None and op.kind == "FULLY_CONNECTED" else None
 

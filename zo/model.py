@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from npusim import Interpreter, NpusimError
+from npusim import Interpreter, NpusimError, write_model
 from npusim.graph import Graph
 from npusim.ops import MAC_OPS
 
@@ -27,6 +27,7 @@ if TYPE_CHECKING:  # annotations only
 
 WEIGHT_BOUND = 127  # int8 weights are symmetric: [-127, 127]
 BIAS_BOUND = 2**31 - 1
+FOUR_BIT_BOUND = 7  # int4 and uint4 (zero point 8) weights: codes in [-7, 7] fit both
 # A bias LSB is in_scale * w_scale: one weight LSB times one input LSB. Perturbing a bias by one LSB
 # moves the accumulator by 1 where a weight step moves it by |x - zp| ~ 10^2 per tap, so biases are
 # perturbed and updated in units of BIAS_UNIT LSB (one weight step on a half-range input).
@@ -89,6 +90,19 @@ class TrainableModel:
         # The fresh head's FULLY_CONNECTED (None for the model's own head): what zo/head_init.py fills.
         self.head_op = find_head(self.interp.graph) if fresh else None
         self._split()
+        self.check_writable()
+
+    def check_writable(self):
+        """Write the model once before any training (an ONNX graph may hold what cannot go back into
+        its file): a refusal after the whole budget would throw the run away."""
+        if getattr(self.graph.source, "format", None) != "onnx":
+            return
+        try:
+            write_model(self.graph)
+        except NpusimError as e:
+            raise ZoError(
+                f"the trained model could not be written back to ONNX, so nothing is trained: {e}"
+            ) from None
 
     def requantize_head(self, w_scale: np.ndarray):
         """New per-class weight scales for the fresh head (and bias scales in_scale * w_scale), before
@@ -197,9 +211,13 @@ class TrainableModel:
                 True,
             )
         params = []
+        stored = getattr(self.graph.source, "weights", None) or {}
         for op in chosen:
             if with_weights:
-                params.append(Parameter(tensors[op.inputs[1]].name, op.inputs[1], op.index, 1, WEIGHT_BOUND))
+                # a weight an ONNX file stores in 4 bits trains within them, so that it can be written back
+                four_bit = stored.get(op.inputs[1], {}).get("storage") in ("int4", "uint4")
+                bound = FOUR_BIT_BOUND if four_bit else WEIGHT_BOUND
+                params.append(Parameter(tensors[op.inputs[1]].name, op.inputs[1], op.index, 1, bound))
             if len(op.inputs) > 2 and op.inputs[2] >= 0:
                 params.append(
                     Parameter(tensors[op.inputs[2]].name, op.inputs[2], op.index, BIAS_UNIT, BIAS_BOUND)
@@ -212,11 +230,11 @@ class TrainableModel:
         """The logits tensor (the input of the final SOFTMAX, else the int8 output) and its producer."""
         producer = {t: i for i, k in enumerate(kernels) for t in k.op.outputs}
         t = self.graph.outputs[0]
-        while producer.get(t) is not None and kernels[producer[t]].kind in (
-            "DEQUANTIZE",
-            "SOFTMAX",
-            "RESHAPE",
-        ):
+        while producer.get(t) is not None and (
+            kernels[producer[t]].kind in ("DEQUANTIZE", "SOFTMAX", "RESHAPE")
+            or kernels[producer[t]].kind == "QUANTIZE"
+            and self.graph.tensors[kernels[producer[t]].op.inputs[0]].dtype == np.int8
+        ):  # a QUANTIZE int8 -> int8: an ONNX Softmax's QuantizeLinear (its requantization from 1/256)
             k = kernels[producer[t]]
             t = k.op.inputs[0]
             if k.kind == "SOFTMAX":

@@ -29,6 +29,15 @@ def tensor_bytes(t) -> int:
     return tensor_elements(t) * np.dtype(t.dtype).itemsize
 
 
+def constant_bytes(graph, t: int) -> int:
+    """The bytes a constant tensor takes in the weights' memory: an ONNX weight the file stores as
+    int4 or uint4 packs two values per byte (the graph holds one per int8 byte to compute on)."""
+    weights = getattr(getattr(graph, "source", None), "weights", None) or {}
+    if weights.get(t, {}).get("storage") in ("int4", "uint4"):
+        return (tensor_elements(graph.tensors[t]) + 1) // 2
+    return tensor_bytes(graph.tensors[t])
+
+
 # ----------------------------------------------------------------------------------------------
 # Arena plan
 

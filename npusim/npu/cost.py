@@ -45,7 +45,7 @@ import numpy as np
 from ..errors import NpusimError
 from ..interpreter import batch_plan, macs_per_image
 from ..registry import M55, NPU, REGISTRY, kinds
-from .arena import ArenaPlan, plan_arena, tensor_bytes, tensor_elements
+from .arena import ArenaPlan, constant_bytes, plan_arena, tensor_bytes, tensor_elements
 from .fusion import EPILOGUE, LAYER, VIEW, FusionPlan, plan_fusion
 from .memory import MemoryLayout, plan_memory
 
@@ -164,11 +164,23 @@ class CostModel:
 # Placement
 
 
+def imported_requantization(kernel) -> bool:
+    """A QUANTIZE int8 -> int8 of an ONNX import: a QuantizeLinear whose scale differs from what the
+    op before it wrote (after a Sigmoid or Softmax, whose int8 kernels fix their output at 1/256, in
+    front of a Concat, ...). The N6 compiler, given the QDQ graph, folds it into the layer that
+    writes the tensor (the NPU's output stage requantizes): not a software epoch of the M55."""
+    graph = getattr(kernel, "graph", None)
+    if kernel.op.kind != "QUANTIZE" or getattr(getattr(graph, "source", None), "format", None) != "onnx":
+        return False
+    x, y = kernel.inputs[0], kernel.outputs[0]
+    return np.dtype(x.dtype) == np.int8 and np.dtype(y.dtype) == np.int8
+
+
 def placement(kernel) -> tuple[str, str]:
     """(unit, reason) for one prepared kernel: NPU or M55, and why when it is the M55."""
     kind = kernel.op.kind
     acts = [t for t in kernel.inputs if t is not None and not t.is_constant] + list(kernel.outputs)
-    if (
+    if imported_requantization(kernel) or (
         kind == "QUANTIZE"
         and np.dtype(kernel.inputs[0].dtype).kind in "iu"
         and kernel.outputs[0].dtype == np.int8
@@ -325,7 +337,7 @@ def device_structure(interp, area_scale: float = 1.0) -> DeviceStructure:
                 role=fusion.roles[pos] if unit == NPU else LAYER,
                 macs=int(macs * area_scale),
                 elements=int(max([tensor_elements(t) for t in acts] or [0]) * area_scale),
-                weight_bytes=sum(tensor_bytes(graph.tensors[t]) for t in consts),
+                weight_bytes=sum(constant_bytes(graph, t) for t in consts),
                 activation_bytes=sum(b for _, b in bank),
             )
         )
@@ -336,7 +348,7 @@ def device_structure(interp, area_scale: float = 1.0) -> DeviceStructure:
         fusion=fusion,
         memory=memory,
         arena=plan_arena(interp, 1),
-        weight_bytes=sum(tensor_bytes(graph.tensors[t]) for t in constants),
+        weight_bytes=sum(constant_bytes(graph, t) for t in constants),
         depth=depth,
         bank_bytes=traffic,
     )

@@ -118,8 +118,8 @@ def plan_fusion(interp, units: list, rewrites=REWRITES) -> FusionPlan:
         elif (
             on_npu
             and "chain" in rewrites
-            and kind in CHAINABLE_KINDS
-            and acts
+            and (kind in CHAINABLE_KINDS or kind == "QUANTIZE")  # QUANTIZE on the NPU: an ONNX
+            and acts  # import's requantization, folded into the output stage of the layer before it
             and all(t in chain for t in acts)
         ):
             roles[pos] = EPILOGUE

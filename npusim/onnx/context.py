@@ -172,6 +172,12 @@ class Lowering:
                 "DequantizeLinear in front of it (npusim runs integer graphs)",
                 node,
             )
+        if t.quant is not None and t.quant.per_channel:
+            raise self.error(
+                f"input {k} ({node.input[k]!r}) is quantized per axis, which only a graph input or output "
+                "may be (no kernel computes on one)",
+                node,
+            )
         return v
 
     def const(self, node, k: int, required: bool = True) -> Const | None:
@@ -230,10 +236,12 @@ class Lowering:
         return self.physical(v, identity(len(v.perm)))
 
     # -- quantization ----------------------------------------------------------------------------
-    def qparams(self, node, scale_k: int, zp_k: int, activation: bool = True):
+    def qparams(self, node, scale_k: int, zp_k: int, activation: bool = True, boundary: bool = False):
         """(Quantization, storage type) of a QuantizeLinear/DequantizeLinear or QLinear* operand pair.
         uint8 becomes int8 with the zero point shifted by -128: the same real values, the same integer
-        arithmetic."""
+        arithmetic. boundary: a QuantizeLinear of a float graph input or a DequantizeLinear of an
+        integer one, which may be per axis (the only place a per-axis activation may be: no kernel
+        between them computes on one)."""
         scale = self.const(node, scale_k).value.astype(np.float32).ravel()
         zp_c = self.const(node, zp_k, required=False)
         if zp_c is not None:
@@ -254,8 +262,13 @@ class Lowering:
         if storage == "uint8":
             zp = zp - 128
         axis = int(self.attr(node, "axis", 1))
-        if scale.size > 1 and activation:
-            raise self.error("per-axis quantization of an activation is not supported, expected one scale")
+        if scale.size > 1 and activation and not boundary:
+            raise self.error(
+                "per-axis quantization of an activation is supported at graph inputs and outputs only, "
+                "expected one scale"
+            )
+        if self.attr(node, "block_size", 0):
+            raise self.error("blocked quantization (block_size) is not supported")
         offset = 128 if storage == "uint8" else 0
         return Quantization(scale=scale, zero_point=zp, axis=axis, offset=offset), storage
 

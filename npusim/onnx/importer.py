@@ -18,6 +18,7 @@ from . import plan
 from .context import ELEM_TYPES, Const, Lowering, Value, identity, same_quant, to_graph
 from .reader import check_shape, execution_order, node_name, parse
 from .table import LOWERINGS
+from .validity import check_model
 
 
 class OnnxSource:
@@ -45,20 +46,22 @@ def load_onnx(data: bytes, where: str, plan_only: bool = False):
     raises."""
     model = parse(data, where)
     try:
-        return _lower(model, where, plan_only)
+        order = execution_order(model, where)  # first: its messages name the node at fault
+        check_model(model, data, where, order)
+        return _lower(model, order, where, plan_only)
     except NpusimError:
         raise
     except RecursionError:
         raise NpusimError(f"{where}: ONNX graph nests too deeply") from None
-    except (ValueError, TypeError, IndexError, KeyError, OverflowError, AttributeError) as e:
+    except (ValueError, TypeError, IndexError, KeyError, ArithmeticError, AttributeError) as e:
         detail = str(e).splitlines()[0][:160] if str(e) else ""
         raise NpusimError(f"{where}: malformed ONNX model ({type(e).__name__}: {detail})") from None
 
 
-def _lower(model, where: str, plan_only: bool = False):
-    order = execution_order(model, where)
+def _lower(model, order: list, where: str, plan_only: bool = False):
     integer = ("QuantizeLinear", "DynamicQuantizeLinear", "QLinear", "ConvInteger", "MatMulInteger")
-    if not any(n.op_type.startswith(integer) for n in order):
+    integer_input = any(i.type.tensor_type.elem_type in (2, 3) for i in model.graph.input)
+    if not integer_input and not any(n.op_type.startswith(integer) for n in order):
         # no node makes an integer tensor: the same one line as a float .tflite, not a per-node complaint
         raise NpusimError(
             f"{where}: a float model: npusim runs int8 models; quantize it to int8 (QDQ or QOperator, e.g. "
@@ -92,6 +95,9 @@ def _lower(model, where: str, plan_only: bool = False):
 def _lower_node(ctx: Lowering, node):
     if node.domain not in ("", "ai.onnx", "com.microsoft"):
         raise ctx.error(f"operator domain {node.domain!r} is not supported")
+    if node.domain == "com.microsoft" and node.op_type not in CONTRIB_OPS:
+        # ORT's com.microsoft ops are not the ONNX ops of the same name: never lowered as those
+        raise ctx.error("operator of domain 'com.microsoft' is not supported (docs/onnx.md lists the ops)")
     if node.op_type == "Constant":
         _constant(ctx, node)
     elif node.op_type == "DequantizeLinear":
@@ -106,6 +112,21 @@ def _lower_node(ctx: Lowering, node):
     else:
         raise ctx.error("operator is not supported (docs/onnx.md lists the ops npusim lowers)")
 
+
+# The com.microsoft ops npusim lowers (ORT's quantized QOperator kernels and its Q/DQ).
+CONTRIB_OPS = {
+    "QLinearAdd",
+    "QLinearMul",
+    "QLinearConcat",
+    "QLinearAveragePool",
+    "QLinearGlobalAveragePool",
+    "QLinearSigmoid",
+    "QLinearLeakyRelu",
+    "QLinearSoftmax",
+    "QGemm",
+    "QuantizeLinear",
+    "DequantizeLinear",
+}
 
 MAC_KINDS = ("CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED")
 
@@ -130,21 +151,78 @@ def _graph_inputs(ctx: Lowering) -> list:
         if info.name in initializers:  # old exporters list initializers as inputs too
             continue
         elem = info.type.tensor_type.elem_type
-        if elem != 1:
+        if elem not in (1, 2, 3):
             raise NpusimError(
                 f"{ctx.where}: graph input {info.name!r} is {ELEM_TYPES.get(elem, elem)}, expected float32 "
-                "(quantized by the graph's first QuantizeLinear)"
+                "(quantized by the graph's first QuantizeLinear), int8 or uint8"
             )
         dims = tuple(
             int(d.dim_value) if d.HasField("dim_value") else -1 for d in info.type.tensor_type.shape.dim
         )
         shape = check_shape(dims, info.name, ctx.where)
-        t = ctx.tensor(info.name, shape, np.float32)
-        ctx.env[info.name] = Value(t, identity(len(shape)))
+        if elem == 1:
+            t = ctx.tensor(info.name, shape, np.float32)
+            ctx.env[info.name] = Value(t, identity(len(shape)))
+        else:
+            t = _integer_input(ctx, info.name, shape, elem)
         inputs.append(t)
     if not inputs:
         raise NpusimError(f"{ctx.where}: the graph has no inputs")
     return inputs
+
+
+# QOperator ops: the (scale, zero point) inputs that describe input k of the node.
+_QLINEAR_PARAMS = {0: (1, 2), 3: (4, 5)}
+
+
+def _integer_input(ctx: Lowering, name: str, shape: tuple, elem: int) -> int:
+    """An int8 or uint8 graph input: its parameters are those its readers (a DequantizeLinear, a
+    QOperator op) give it, all the same. A uint8 input is shifted to int8 by a QUANTIZE, as
+    TFLite's converter writes a uint8 input (the same real values)."""
+    found = []
+    for c in ctx.consumers.get(name, []):
+        ks = [k for k, i in enumerate(c.input) if i == name]
+        if c.op_type == "DequantizeLinear" and ks == [0]:
+            found.append(ctx.qparams(c, 1, 2, boundary=True))
+        elif c.op_type.startswith("QLinear") or c.op_type == "QGemm":
+            if len(ks) != 1 or ks[0] not in _QLINEAR_PARAMS or c.op_type == "QLinearConcat":
+                raise NpusimError(
+                    f"{ctx.where}: graph input {name!r} is read by {node_name(c)} as an operand "
+                    "npusim cannot take its parameters from"
+                )
+            found.append(ctx.qparams(c, *_QLINEAR_PARAMS[ks[0]]))
+        else:
+            raise NpusimError(
+                f"{ctx.where}: integer graph input {name!r} is read by {node_name(c)}, expected a "
+                "DequantizeLinear or a QLinear op (which give its scale and zero point)"
+            )
+    if not found:
+        raise NpusimError(
+            f"{ctx.where}: integer graph input {name!r} is read by nothing that gives its scale"
+        )
+    if any(not same_quant(q, found[0][0]) for q, _ in found):
+        raise NpusimError(
+            f"{ctx.where}: integer graph input {name!r} is read at {len(found)} different scales or zero "
+            "points, expected one"
+        )
+    quant, storage = found[0]
+    quant = _axis_in_rank(ctx, quant, shape)
+    expected = "int8" if elem == 3 else "uint8"
+    if storage != expected:
+        raise NpusimError(
+            f"{ctx.where}: graph input {name!r} is {expected}, its readers' zero point {storage}"
+        )
+    perm = identity(len(shape))
+    if elem == 3:
+        t = ctx.tensor(name, shape, np.int8, quant)
+        ctx.env[name] = Value(t, perm)
+        return t
+    stored = Quantization(quant.scale, quant.zero_point + 128, quant.axis)
+    t = ctx.tensor(name, shape, np.uint8, stored)
+    out = ctx.tensor(name + "_int8", shape, np.int8, quant)
+    ctx.emit("QUANTIZE", [t], [out])
+    ctx.env[name] = Value(out, perm)
+    return t
 
 
 def _graph_outputs(ctx: Lowering, plan_only: bool = False) -> list:
@@ -169,10 +247,17 @@ def _graph_outputs(ctx: Lowering, plan_only: bool = False) -> list:
                 outputs.append(t)  # a stand-in's float output (plan.py)
                 continue
             raise NpusimError(f"{ctx.where}: graph output {info.name!r} is the float input itself")
-        elif elem not in (1, 3):
+        elif elem == 2 and src.dtype == np.int8:  # uint8: the same codes shifted back, as TFLite writes it
+            q = src.quant
+            out = ctx.tensor(
+                info.name, src.shape, np.uint8, Quantization(q.scale, q.zero_point + 128, q.axis)
+            )
+            ctx.emit("QUANTIZE", [t], [out])
+            t = out
+        elif elem not in (1, 3) or src.dtype != np.int8 and elem == 3:
             raise NpusimError(
                 f"{ctx.where}: graph output {info.name!r} is {ELEM_TYPES.get(elem, elem)}, expected float32 "
-                "(after a DequantizeLinear) or int8"
+                "(after a DequantizeLinear), int8 or uint8"
             )
         if t in outputs:
             raise NpusimError(f"{ctx.where}: graph output {info.name!r} repeats another output")
@@ -207,7 +292,10 @@ def _dequantize(ctx: Lowering, node):
         zp_c = ctx.const(node, 2, required=False)  # the raw zero point, in the codes' own type
         zp = zp_c.value.astype(np.int64).ravel() if zp_c is not None else np.zeros(1, np.int64)
         zp = np.repeat(zp, quant.scale.size) if zp.size == 1 else zp
-        axis = int(ctx.attr(node, "axis", 1)) % max(codes.ndim, 1)
+        axis = int(ctx.attr(node, "axis", 1))
+        if quant.scale.size > 1 and not -codes.ndim <= axis < codes.ndim:
+            raise ctx.error(f"axis {axis} is outside the {codes.ndim} axes of {node.input[0]!r}")
+        axis %= max(codes.ndim, 1)
         shape = [1] * codes.ndim
         if quant.scale.size > 1:
             if codes.ndim == 0 or codes.shape[axis] != quant.scale.size:
@@ -241,9 +329,20 @@ def _dequantize(ctx: Lowering, node):
     ctx.env[node.output[0]] = x
 
 
+def _axis_in_rank(ctx: Lowering, quant: Quantization, shape: tuple) -> Quantization:
+    """A per-axis activation's axis, checked against its shape and made non-negative."""
+    if not quant.per_channel:
+        return quant
+    rank = len(shape)
+    if not -rank <= quant.axis < rank or shape[quant.axis] != quant.scale.size:
+        raise ctx.error(f"{quant.scale.size} scales for axis {quant.axis} of a tensor of shape {list(shape)}")
+    return Quantization(quant.scale, quant.zero_point, quant.axis % rank, quant.offset)
+
+
 def _quantize(ctx: Lowering, node):
     x = ctx.get(node.input[0])
-    quant, storage = ctx.qparams(node, 1, 2)
+    at_input = isinstance(x, Value) and ctx.tensors[x.tensor].dtype == np.float32
+    quant, storage = ctx.qparams(node, 1, 2, boundary=at_input)
     if isinstance(x, Const):  # a float constant quantized in the graph: fold it
         v = x.value.astype(np.float32)
         codes = np.clip(np.rint(v / quant.scale[0]) + quant.zero_point[0], -128, 127)
@@ -260,6 +359,7 @@ def _quantize(ctx: Lowering, node):
         return
     t = ctx.tensors[x.tensor]
     if t.dtype == np.float32:  # a float graph input: QUANTIZE
+        quant = _axis_in_rank(ctx, quant, t.shape)
         out = ctx.tensor(node.output[0], t.shape, np.int8, quant)
         ctx.emit("QUANTIZE", [x.tensor], [out])
         ctx.env[node.output[0]] = Value(out, x.perm)

@@ -421,9 +421,12 @@ def dense(
 def batch_matmul(ctx: Lowering, a: Value, b: Value, out_quant, out_name: str) -> Value:
     ta, tb = ctx.logical(a), ctx.logical(b)
     sa, sb = ctx.shape(ta), ctx.shape(tb)
-    if len(sa) != len(sb) or len(sa) < 3:
-        raise ctx.error(f"MatMul of activations {list(sa)} x {list(sb)}: expected equal ranks of at least 3")
-    batch = np.broadcast_shapes(tuple(sa[:-2]), tuple(sb[:-2]))
+    if len(sa) < 2 or len(sb) < 2 or sa[-1] != sb[-2]:
+        raise ctx.error(f"MatMul of {list(sa)} x {list(sb)}: expected [..., M, K] x [..., K, N]")
+    try:
+        batch = np.broadcast_shapes(tuple(sa[:-2]), tuple(sb[:-2]))
+    except ValueError:
+        raise ctx.error(f"MatMul of {list(sa)} x {list(sb)}: batch axes do not broadcast") from None
     out_shape = tuple(batch) + (sa[-2], sb[-1])
     out = ctx.tensor(out_name, out_shape, np.int8, out_quant)
     ctx.emit("BATCH_MATMUL", [ta, tb], [out], adj_x=False, adj_y=False, asymmetric_quantize_inputs=False)

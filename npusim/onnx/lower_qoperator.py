@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .context import NHWC, Const, Lowering, Value, same_quant
+from .context import NHWC, Const, Lowering, Quantization, Value, identity, same_quant
 from .lower_conv import batch_matmul, conv, dense, gemm_weights
 from .lower_elementwise import binary, lower_leakyrelu, lower_sigmoid
 from .lower_movement import lower_concat
@@ -85,10 +85,34 @@ def lower_qlinearmatmul(ctx: Lowering, node):
     yq, _ = ctx.qparams(node, 6, 7)
     if isinstance(ctx.get(node.input[3]), Const):
         w = qconst(ctx, node, 3, 4, 5, axis=1)
-        ctx.env[node.output[0]] = dense(ctx, node, a, w, None, yq, node.output[0])
+        if w.codes.ndim == 2 and (w.scale.size > 1 or _symmetric(w)):
+            ctx.env[node.output[0]] = dense(ctx, node, a, w, None, yq, node.output[0])
+            return
+        # a constant right operand FULLY_CONNECTED cannot take (batched, or an asymmetric zero point,
+        # which TFLite's weights never have): BATCH_MATMUL, whose right operand has its own zero point
+        ctx.env[node.output[0]] = batch_matmul(ctx, a, _operand(ctx, w, node.input[3]), yq, node.output[0])
     else:
         b = qinput(ctx, node, 3, 4, 5)
         ctx.env[node.output[0]] = batch_matmul(ctx, a, b, yq, node.output[0])
+
+
+def _symmetric(w: Const) -> bool:
+    return (
+        w.storage in ("int8", "")
+        and int(w.zero_point[0]) == 0
+        or w.storage == "uint8"
+        and int(w.zero_point[0]) == 128
+    )
+
+
+def _operand(ctx: Lowering, w: Const, name: str) -> Value:
+    """A per-tensor quantized constant as an int8 tensor of its codes (uint8 shifted by -128)."""
+    if w.scale.size > 1 or w.codes.ndim < 2:
+        raise ctx.error(f"constant {name!r}: expected one scale and at least 2 axes")
+    shift = 128 if w.codes.dtype == np.uint8 else 0
+    quant = Quantization(np.asarray(w.scale[:1], np.float32), np.asarray([int(w.zero_point[0]) - shift]))
+    t = ctx.constant(name + "_codes", w.codes.astype(np.int64) - shift, np.int8, quant)
+    return Value(t, identity(w.codes.ndim))
 
 
 def lower_qgemm(ctx: Lowering, node):

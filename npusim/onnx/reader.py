@@ -74,6 +74,10 @@ def tensor_array(proto, where: str) -> np.ndarray:
             f"{where}: initializer {proto.name!r} keeps its data in an external file, not supported"
         )
     dims = [int(d) for d in proto.dims]
+    if len(dims) <= MAX_RANK and all(d >= 0 for d in dims):
+        from .validity import check_data_size
+
+        check_data_size(proto, where)
     if len(dims) > MAX_RANK or any(d < 0 for d in dims):
         raise NpusimError(
             f"{where}: initializer {proto.name!r} has shape {dims}, expected at most "
@@ -159,3 +163,33 @@ def check_shape(shape, name: str, where: str, itemsize: int = 4) -> tuple:
             f"of {tflite_io.MAX_TENSOR_BYTES} bytes"
         )
     return shape
+
+
+def bind_inputs(data: bytes, values: dict, where: str = "model") -> bytes:
+    """The model with the graph inputs named in `values` made initializers of those values: a scale,
+    zero point or weight a file leaves to run time (ONNX's conformance cases feed them as inputs)
+    fixed at load, as an NPU compiler fixes them. Each value must have the input's element type and
+    declared shape."""
+    from onnx import helper, numpy_helper
+
+    model = parse(data, where)
+    inputs = {i.name: i for i in model.graph.input}
+    for name, value in values.items():
+        if name not in inputs:
+            raise NpusimError(f"{where}: no graph input {name!r} to bind")
+        value = np.asarray(value)
+        tt = inputs[name].type.tensor_type
+        declared = [d.dim_value if d.HasField("dim_value") else -1 for d in tt.shape.dim]
+        if helper.np_dtype_to_tensor_dtype(value.dtype) != tt.elem_type or (
+            tt.HasField("shape")
+            and any(d not in (-1, v) for d, v in zip(declared, value.shape))
+            or tt.HasField("shape")
+            and len(declared) != value.ndim
+        ):
+            raise NpusimError(
+                f"{where}: value for graph input {name!r} is {value.dtype.name} {list(value.shape)}, "
+                f"expected {helper.tensor_dtype_to_np_dtype(tt.elem_type).name} {declared}"
+            )
+        model.graph.initializer.append(numpy_helper.from_array(value, name))
+        model.graph.input.remove(inputs[name])
+    return model.SerializeToString()

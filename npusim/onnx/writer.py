@@ -3,6 +3,12 @@ initializer replaced by the graph's current codes (a trainer's updated weights),
 file's order (OIHW, [O, 1, kh, kw], [K, N]), shifted back by the file's zero point and stored in the
 file's element type (int4 / uint4 packed two per byte again). Scales, zero points, every other
 node and initializer are written as read.
+
+A fresh classifier head (zo's `--new-head`, zo/head.py) replaces the head's weights, its bias and
+its logits' quantization, and may change the class count: those are written too. The weight and
+bias DequantizeLinears and the logits' QuantizeLinear / DequantizeLinear get new scale and zero
+point initializers (new names, so that nothing else sharing the old ones changes), the initializers
+their new shapes, the graph output its class count; value_info (optional shape hints) is dropped.
 """
 
 from __future__ import annotations
@@ -35,10 +41,15 @@ def write_onnx(graph) -> bytes:
     from onnx import TensorProto, helper, numpy_helper
 
     src = graph.source
-    if len(graph.ops) != src.op_count or len(graph.tensors) != src.tensor_count:
+    appended = graph.ops[src.op_count :]
+    if (
+        len(graph.tensors) < src.tensor_count
+        or len(graph.ops) < src.op_count
+        or (appended and [op.kind for op in appended] != ["FULLY_CONNECTED"])
+    ):
         raise NpusimError(
-            "the graph has ops or tensors added after import (a new head); writing them into the ONNX "
-            "graph is not supported, expected the imported graph with updated weights"
+            "the graph has ops added after import other than one classifier head; writing them into the "
+            "ONNX graph is not supported, expected the imported graph with updated weights"
         )
     for index, data in src.rebuilt.items():
         if not np.array_equal(graph.tensors[index].data, data):
@@ -50,6 +61,7 @@ def write_onnx(graph) -> bytes:
     model = type(src.model)()
     model.CopyFrom(src.model)
     inits = {t.name: t for t in model.graph.initializer}
+    requantized = _requantized(graph, model, inits)
     for index, where in src.weights.items():
         data = graph.tensors[index].data
         init = inits.get(where["init"])
@@ -61,10 +73,20 @@ def write_onnx(graph) -> bytes:
             shape = [1] * codes.ndim
             shape[where["axis"]] = -1
             zp = zp.reshape(shape)
+        if index in requantized:  # a fresh head: symmetric codes, one zero point for every class
+            zp = np.full(1, int(zp.ravel()[0]) if zp.size and len(set(zp.ravel().tolist())) == 1 else -1)
+            if zp[0] not in (0, 128, 8):
+                raise NpusimError(f"initializer {where['init']!r}: a fresh head needs a symmetric zero point")
+            _requantize_dq(model, inits, where, graph.tensors[index], int(zp[0]))
         codes = codes + (zp if zp.size > 1 else int(zp[0]) if zp.size else 0)
         storage = where["storage"]
         dtype, lo, hi = _TYPES[storage]
-        if codes.shape != tuple(where["shape"]) or codes.size and (codes.min() < lo or codes.max() > hi):
+        if (
+            index not in requantized
+            and codes.shape != tuple(where["shape"])
+            or codes.size
+            and (codes.min() < lo or codes.max() > hi)
+        ):
             raise NpusimError(
                 f"initializer {where['init']!r}: trained codes do not fit {storage} {list(where['shape'])}"
             )
@@ -75,4 +97,143 @@ def write_onnx(graph) -> bytes:
         else:
             new = numpy_helper.from_array(codes.astype(dtype), init.name)
         init.CopyFrom(new)
+    if requantized:
+        _write_logits(graph, model, inits, requantized)
+    if appended:
+        _append_head(graph, model, inits, appended[0])
     return model.SerializeToString()
+
+
+def _append_head(graph, model, inits, head):
+    """A classifier head appended to a model whose output is an int8 feature vector [1, K]: DQ of the
+    features, Gemm (transB) on the DequantizeLinear'd int8 weights [C, K] and int32 bias, then a
+    QuantizeLinear at the logits' quantization, the new graph output (int8 logits, as npusim's)."""
+    from onnx import TensorProto, helper
+
+    src, t = graph.source, graph.tensors
+    x, w, b, y = t[head.inputs[0]], t[head.inputs[1]], t[head.inputs[2]], t[head.outputs[0]]
+    names = [
+        n for n, (i, perm) in src.values.items() if i == head.inputs[0] and perm == tuple(range(len(perm)))
+    ]
+    producers = {o for n in model.graph.node if n.op_type == "QuantizeLinear" for o in n.output}
+    feature = next((n for n in names if n in producers), None)
+    if feature is None or len(x.shape) != 2:
+        raise NpusimError(
+            f"the appended head reads {x.name!r} {list(x.shape)}, expected the output of a QuantizeLinear of "
+            "shape [1, K] in the file"
+        )
+    q = next(n for n in model.graph.node if n.op_type == "QuantizeLinear" and feature in n.output)
+    zo = "zo_head"
+    w_codes = _new_init(model, inits, f"{zo}/weights", np.asarray(w.data, np.int8))
+    w_scale = _new_init(model, inits, f"{zo}/weights_scale", w.quant.scale.astype(np.float32))
+    w_zp = _new_init(model, inits, f"{zo}/weights_zero_point", np.zeros(w.shape[0], np.int8))
+    b_codes = _new_init(model, inits, f"{zo}/bias", np.asarray(b.data, np.int32))
+    b_scale = _new_init(model, inits, f"{zo}/bias_scale", b.quant.scale.astype(np.float32))
+    b_zp = _new_init(model, inits, f"{zo}/bias_zero_point", np.zeros(w.shape[0], np.int32))
+    y_scale = _new_init(model, inits, f"{zo}/logits_scale", np.asarray(y.quant.scale[0], np.float32))
+    y_zp = _new_init(model, inits, f"{zo}/logits_zero_point", np.asarray(int(y.quant.zero_point[0]), np.int8))
+    nodes = [
+        helper.make_node("DequantizeLinear", [feature, q.input[1], *q.input[2:3]], [f"{zo}/features"]),
+        helper.make_node("DequantizeLinear", [w_codes, w_scale, w_zp], [f"{zo}/w"], axis=0),
+        helper.make_node("DequantizeLinear", [b_codes, b_scale, b_zp], [f"{zo}/b"], axis=0),
+        helper.make_node("Gemm", [f"{zo}/features", f"{zo}/w", f"{zo}/b"], [f"{zo}/logits_float"], transB=1),
+        helper.make_node("QuantizeLinear", [f"{zo}/logits_float", y_scale, y_zp], [f"{zo}/logits"]),
+    ]
+    model.graph.node.extend(nodes)
+    del model.graph.output[:]
+    model.graph.output.append(helper.make_tensor_value_info(f"{zo}/logits", TensorProto.INT8, list(y.shape)))
+    del model.graph.value_info[:]
+
+
+def _dq_of(model, init_name: str):
+    return next(
+        (n for n in model.graph.node if n.op_type == "DequantizeLinear" and n.input[0] == init_name), None
+    )
+
+
+def _file_scale(model, inits, init_name: str) -> np.ndarray | None:
+    from onnx import numpy_helper
+
+    dq = _dq_of(model, init_name)
+    if dq is None or len(dq.input) < 2 or dq.input[1] not in inits:
+        return None
+    return numpy_helper.to_array(inits[dq.input[1]]).astype(np.float32).ravel()
+
+
+def _requantized(graph, model, inits) -> set:
+    """The weight and bias tensors whose quantization or shape differ from the file's (a fresh head)."""
+    out = set()
+    for index, where in graph.source.weights.items():
+        t = graph.tensors[index]
+        scale = _file_scale(model, inits, where["init"])
+        if t.quant is None or scale is None:
+            continue
+        same = scale.size in (1, t.quant.scale.size) and np.array_equal(
+            np.broadcast_to(scale, t.quant.scale.shape), t.quant.scale.astype(np.float32)
+        )
+        if not same or int(np.prod(t.shape)) != int(np.prod(where["shape"])):
+            out.add(index)
+    return out
+
+
+def _new_init(model, inits, name: str, array):
+    from onnx import numpy_helper
+
+    k = 0
+    while f"{name}_zo{k}" in inits:
+        k += 1
+    t = numpy_helper.from_array(array, f"{name}_zo{k}")
+    model.graph.initializer.append(t)
+    inits[t.name] = model.graph.initializer[-1]
+    return t.name
+
+
+def _set_params(model, inits, node, scale, zero_point, dtype):
+    """node (a QuantizeLinear or DequantizeLinear) reads new scale and zero point initializers."""
+    node.input[1] = _new_init(model, inits, node.input[1], np.asarray(scale, np.float32))
+    zp = np.asarray(zero_point).astype(dtype)
+    if len(node.input) > 2 and node.input[2]:
+        node.input[2] = _new_init(model, inits, node.input[2], zp)
+    else:
+        node.input.append(_new_init(model, inits, node.input[1] + "_zero_point", zp))
+
+
+def _requantize_dq(model, inits, where, tensor, zero_point: int):
+    from onnx import helper
+
+    dq = _dq_of(model, where["init"])
+    scale = tensor.quant.scale.astype(np.float32).ravel()
+    dtype = _TYPES[where["storage"]][0]
+    per_axis = scale.size > 1
+    zp = np.full(scale.size, zero_point) if per_axis else np.asarray(zero_point)
+    _set_params(model, inits, dq, scale if per_axis else scale.reshape(()), zp, dtype)
+    if per_axis and where["kind"] in ("dense_nk", "dense_kn"):
+        for a in list(dq.attribute):
+            if a.name == "axis":
+                dq.attribute.remove(a)
+        dq.attribute.append(helper.make_attribute("axis", 0 if where["kind"] == "dense_nk" else 1))
+
+
+def _write_logits(graph, model, inits, requantized: set):
+    """The fresh head's logits: the QuantizeLinear after the head's output (and the DequantizeLinear
+    that reads it) at the graph's new logits quantization; the graph output's class count."""
+    src = graph.source
+    head = next(op for op in graph.ops if op.kind == "FULLY_CONNECTED" and op.inputs[1] in requantized)
+    quant = graph.tensors[head.outputs[0]].quant
+    names = [n for n, (t, _) in src.values.items() if t == head.outputs[0]]
+    qs = [n for n in model.graph.node if n.op_type == "QuantizeLinear" and n.input[0] in names]
+    if len(qs) != 1:
+        raise NpusimError("the fresh head's logits: expected one QuantizeLinear after the head to write them")
+    dtype = np.uint8 if quant.offset else np.int8
+    zp = int(quant.zero_point[0]) + quant.offset
+    _set_params(model, inits, qs[0], quant.scale[0], zp, dtype)
+    for dq in (
+        n for n in model.graph.node if n.op_type == "DequantizeLinear" and n.input[0] == qs[0].output[0]
+    ):
+        _set_params(model, inits, dq, quant.scale[0], zp, dtype)
+    classes = graph.tensors[head.outputs[0]].shape[-1]
+    for out in model.graph.output:
+        dims = out.type.tensor_type.shape.dim
+        if dims and dims[-1].HasField("dim_value"):
+            dims[-1].dim_value = classes
+    del model.graph.value_info[:]

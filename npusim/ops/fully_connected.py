@@ -3,19 +3,62 @@
 The input is flattened to [N, K] per image; per-tensor or per-channel weight scales. Weights may
 carry a leading group axis [G, O, K] (bias [G, O]) as in conv.py. Eval is a 1x1 convolution of one
 pixel per row on the MAC engine that the backend selection picks (engines/backend.py).
+
+Weights that are an activation (an attention's product of two activations written as an
+FULLY_CONNECTED, as in YOLO11's attention blocks) run TFLM's reference kernel, which takes the
+filter's zero point as weights_offset: exact sums of (x - z_x)(w - z_w), plus the bias, requantized
+by the per-tensor multiplier (ActivationWeights). The filter's axis 0 is its units, not the batch,
+so such a model runs image by image (crosses_batch).
 """
 
 from __future__ import annotations
 
+import numba as nb
 import numpy as np
 
 from ..engines import backend
 from ..engines.geometry import ConvGeometry
 from ..engines.int16 import Stage16, is_int16
-from ..engines.requant import OutputStage
-from ..quant import mac_profile
+from ..engines.requant import OutputStage, requantization_multiplier
+from ..jit import parallel_kernel
+from ..quant import activation_range, mac_profile, requantize_to_output
 from .base import Kernel, WeightMemo
 from .float_form import FloatForm, real
+
+
+@parallel_kernel
+def requantize_rows(acc, m, shift, real_scale, profile, zero_point, lo, hi, out):
+    af, of = acc.reshape(-1), out.reshape(-1)
+    for i in nb.prange(af.size):
+        of[i] = requantize_to_output(np.int64(af[i]), m, shift, real_scale, profile, zero_point, lo, hi)
+    return out
+
+
+class ActivationWeights:
+    """The output stage of a FULLY_CONNECTED whose weights are an activation (TFLM's reference
+    FullyConnected: weights_offset = -z_w, bias added to the int32 sum, MultiplyByQuantizedMultiplier
+    of double(s_x) * double(s_w) / double(s_y), the output zero point, the fused activation's clamp)."""
+
+    def __init__(self, kernel, x, w, bias, y, activation: str):
+        if w.quant is None or w.quant.per_channel:
+            raise kernel.error(f"weights {w.name!r} are an activation: expected one scale and zero point")
+        if bias is not None:
+            kernel.require_constant(bias, "bias")
+        s_x, s_w, s_y = (np.float64(t.quant.scale[0]) for t in (x, w, y))
+        self.m, self.shift = requantization_multiplier(float(s_x * s_w / s_y))
+        with np.errstate(over="ignore", under="ignore"):  # the float32 scale of the fp32 profiles
+            self.real = np.float32(np.float32(s_x) * np.float32(s_w) / np.float32(s_y))
+        self.profile = mac_profile(kernel.profile)
+        self.zx, self.zw, self.zy = x.zero_point, w.zero_point, y.zero_point
+        self.lo, self.hi = activation_range(activation, float(s_y), self.zy, kernel.profile)
+
+    def __call__(self, rows, w, b):
+        acc = (rows.astype(np.float64) - self.zx) @ (w.astype(np.float64) - self.zw).T  # exact below 2^53
+        if b is not None:
+            acc += b.astype(np.float64)
+        out = np.empty(acc.shape, dtype=np.int8)
+        args = (np.int64(self.m), np.int64(self.shift), self.real, np.int64(self.profile))
+        return requantize_rows(acc, *args, np.int64(self.zy), np.int64(self.lo), np.int64(self.hi), out)
 
 
 class FullyConnectedFloat(FloatForm):
@@ -28,6 +71,10 @@ class FullyConnectedFloat(FloatForm):
         super().__init__(op, graph)
         self.depth = self.inputs[1].shape[1]
         self.out_shape = tuple(self.outputs[0].shape[1:])
+        if self.inputs[1].data is None:  # activation weights: their axis 0 is no batch (as the kernel's)
+            self.crosses_batch = (
+                f"weights {self.inputs[1].name!r} are an activation, whose axis 0 is not the batch"
+            )
 
     def __call__(self, x, w, b=None):
         y = real(x).reshape(-1, self.depth) @ w.T
@@ -46,9 +93,13 @@ class FullyConnected(Kernel):
         super().__init__(op, graph, profile)
         x, w, y = self.inputs[0], self.inputs[1], self.outputs[0]
         self.int16: Stage16 | None = None
+        self.dynamic: ActivationWeights | None = None
         if not is_int16(x):
             self.require_int8(x, w, y)
-        self.require_constant(w, "weights")
+        if w.data is None and not is_int16(x):
+            self.crosses_batch = f"weights {w.name!r} are an activation, whose axis 0 is not the batch"
+        else:
+            self.require_constant(w, "weights")
         if len(w.shape) != 2:
             raise self.error(f"expected a 2-D weight matrix, got shape {list(w.shape)}")
         if op.options.get("weights_format", 0) != 0:
@@ -83,6 +134,10 @@ class FullyConnected(Kernel):
             activation = op.options.get("fused_activation_function", "NONE")
             self.int16 = Stage16.prepare(self, x, w, bias, y, self.out_channels, activation)
             return
+        if w.data is None:
+            activation = op.options.get("fused_activation_function", "NONE")
+            self.dynamic = ActivationWeights(self, x, w, bias, y, activation)
+            return
         self.stage = OutputStage.prepare(
             x, w, y, self.out_channels, op.options.get("fused_activation_function", "NONE"), self.profile
         )
@@ -106,6 +161,8 @@ class FullyConnected(Kernel):
                 raise self.error("grouped weights are not supported with int16 activations")
             acc = x.reshape(-1, self.depth).astype(np.int64) @ w.astype(np.int64).T
             return self.int16(acc, b).reshape((-1,) + self.out_shape)
+        if self.dynamic is not None:
+            return self.dynamic(x.reshape(-1, self.depth), w, b).reshape((-1,) + self.out_shape)
         wg = w if w.ndim == 3 else w[None]
         rows = x.reshape(-1, 1, 1, self.depth)
         filters = wg.reshape(wg.shape[0], self.out_channels, 1, 1, self.depth)

@@ -1,5 +1,11 @@
-"""QUANTIZE (float32 or uint8 -> int8) and DEQUANTIZE (int8 -> float32) at the graph edges
-(TFLM micro/kernels/quantize_common.cc, dequantize_common.cc)."""
+"""QUANTIZE (float32, uint8 or int8 -> int8 or uint8) and DEQUANTIZE (int8 -> float32) at the graph
+edges (TFLM micro/kernels/quantize_common.cc, dequantize_common.cc).
+
+A uint8 output is the int8 computation at zero point - 128, shifted by 128 (every clamp and rounding
+the same: TFLite's Requantize int8 -> uint8). Per-axis parameters (ONNX's QuantizeLinear of a float
+graph input, DequantizeLinear of an integer one) run the per-tensor arithmetic channel by channel
+(TFLite's PerChannelQuantize / PerChannelDequantize); no kernel between them takes per-axis
+activations, so they occur only at the graph's inputs and outputs."""
 
 from __future__ import annotations
 
@@ -57,32 +63,34 @@ class Quantize(Kernel):
     def __init__(self, op, graph, profile):
         super().__init__(op, graph, profile)
         x, y = self.inputs[0], self.outputs[0]
-        if y.dtype != np.int8 or y.quant is None:
-            raise self.error(f"output {y.name!r} has type {y.dtype.name}, expected int8 with quantization")
-        if not y.quant.scale[0] > 0:
+        if y.dtype not in (np.int8, np.uint8) or y.quant is None:
+            raise self.error(
+                f"output {y.name!r} has type {y.dtype.name}, expected int8 or uint8 with quantization"
+            )
+        if not np.all(y.quant.scale > 0):
             raise self.error(f"output {y.name!r} has scale {y.quant.scale[0]:g}, expected a positive scale")
         if tuple(y.shape) != tuple(x.shape):
             raise self.error(f"output shape {list(y.shape)} differs from the input shape {list(x.shape)}")
         self.ort = profile == ONNXRUNTIME  # MLAS QuantizeLinear (onnxruntime.quantize_linear)
         self.tail = None  # xnnpack: (how many last elements of each input, their table) in TFLM's form
+        self.shift = 128 if y.dtype == np.uint8 else 0  # uint8 output: int8 at zp - 128, then + 128
+        self.y_zp = np.asarray(y.quant.zero_point, np.int64) - self.shift
+        self.channels = None  # per-axis: (axis, per channel a table or (scale, zero point))
+        if y.quant.per_channel or (x.quant is not None and x.quant.per_channel):
+            self.requant, self.code_offset = None, None
+            self.channels = self.per_axis(x, y)
+            return
         if x.dtype == np.uint8 or x.dtype == np.int8:
             if x.quant is None:
                 raise self.error(f"input {x.name!r} has no quantization parameters")
-            if self.ort:  # DequantizeLinear then QuantizeLinear, per input code
+            self.table = self.code_table(x.quant.scale[0], x.zero_point, y.quant.scale[0], int(self.y_zp[0]))
+            if self.ort:
                 self.requant, self.code_offset = (), None
-                codes = np.arange(256, dtype=np.uint8).view(x.dtype).astype(np.int64)
-                real = np.float32(x.quant.scale[0]) * (codes - x.zero_point).astype(np.float32)
-                self.table = ort.quantize_linear(real, y.quant.scale[0], y.zero_point).astype(np.int8)
                 return
             self.requant = requantization_multiplier(
                 np.float64(x.quant.scale[0]) / np.float64(y.quant.scale[0])
             )
-            # An 8-bit input has 256 possible values: requantize each once, then eval is a lookup
-            # indexed by the input's byte.
             codes = np.arange(256, dtype=np.uint8).view(x.dtype).astype(np.int64)
-            self.table = np.clip(
-                mbqm_array(codes - x.zero_point, *self.requant) + y.zero_point, -128, 127
-            ).astype(np.int8)
             if profile == XNNPACK:
                 self.table = self.xnnpack_table(codes - x.zero_point)
             # The usual input QUANTIZE (uint8 to int8 of the same scale) only shifts every code by one
@@ -94,6 +102,49 @@ class Quantize(Kernel):
         else:
             raise self.error(f"input {x.name!r} has type {x.dtype.name}, expected float32, uint8 or int8")
 
+    def code_table(self, x_scale, x_zp, y_scale, y_zp) -> np.ndarray:
+        """The int8 output of each of the 256 input codes (an 8-bit input has only those): TFLM's
+        requantization, or under onnxruntime DequantizeLinear then QuantizeLinear."""
+        codes = np.arange(256, dtype=np.uint8).view(self.inputs[0].dtype).astype(np.int64)
+        if self.ort:
+            real = np.float32(x_scale) * (codes - x_zp).astype(np.float32)
+            return ort.quantize_linear(real, y_scale, y_zp).astype(np.int8)
+        requant = requantization_multiplier(np.float64(x_scale) / np.float64(y_scale))
+        return np.clip(mbqm_array(codes - x_zp, *requant) + y_zp, -128, 127).astype(np.int8)
+
+    def per_axis(self, x, y):
+        """(axis, one table or (scale, zero point) per channel) of per-axis parameters."""
+        q = y.quant if y.quant.per_channel else x.quant
+        axis = int(q.axis)
+        if self.profile == XNNPACK or axis == 0 or not 0 < axis < len(x.shape):
+            raise self.error(f"per-axis parameters along axis {axis} are not supported here")
+        n = int(x.shape[axis])
+
+        def each(v, dtype):
+            v = np.asarray(v, dtype).ravel()
+            if v.size not in (1, n):
+                raise self.error(f"{v.size} quantization parameters for {n} channels on axis {axis}")
+            return np.broadcast_to(v, (n,))
+
+        ys, yz = each(y.quant.scale, np.float32), each(self.y_zp, np.int64)
+        if x.dtype == np.float32:
+            return axis, [(ys[c], yz[c]) for c in range(n)]
+        if x.quant is None:
+            raise self.error(f"input {x.name!r} has no quantization parameters")
+        xs, xz = each(x.quant.scale, np.float32), each(x.quant.zero_point, np.int64)
+        return axis, [self.code_table(xs[c], xz[c], ys[c], yz[c]) for c in range(n)]
+
+    def run_per_axis(self, x):
+        axis, channels = self.channels
+        out = np.empty(x.shape, dtype=np.int8)
+        xm, om = np.moveaxis(x, axis, 0), np.moveaxis(out, axis, 0)
+        for c, params in enumerate(channels):
+            if isinstance(params, np.ndarray):  # an 8-bit input's table
+                om[c] = params[np.ascontiguousarray(xm[c]).view(np.uint8)]
+            else:
+                om[c] = self.from_float(np.ascontiguousarray(xm[c]), *params)
+        return out
+
     def xnnpack_table(self, centred: np.ndarray) -> np.ndarray:
         """The xnnpack profile's table of an 8-bit input (xnnpack.py): XNNPACK's qs8-vcvt where the
         delegate takes the op, else LiteRT's builtin NEON form, whose last size % 16 elements keep
@@ -101,7 +152,9 @@ class Quantize(Kernel):
         x, y = self.inputs[0], self.outputs[0]
         if xnn.delegates_requantize(x, y):
             return xnn.requantize_codes(centred, x, y)
-        neon = np.clip(xnn.neon_multiply(centred, *self.requant) + y.zero_point, -128, 127).astype(np.int8)
+        neon = np.clip(xnn.neon_multiply(centred, *self.requant) + int(self.y_zp[0]), -128, 127).astype(
+            np.int8
+        )
         leftover = int(np.prod(x.shape, dtype=np.int64)) % 16  # LiteRT invokes a batch-1 tensor
         if leftover and not np.array_equal(neon, self.table):
             self.tail = (leftover, self.table)
@@ -110,7 +163,7 @@ class Quantize(Kernel):
     @property
     def elementwise(self) -> bool:
         # An 8-bit input's table; not the xnnpack tail, which depends on the element's position.
-        return self.requant is not None and self.tail is None
+        return self.requant is not None and self.tail is None and not self.shift
 
     def workspace_bytes(self, n: int) -> int:
         return (
@@ -118,7 +171,10 @@ class Quantize(Kernel):
         )  # float64 / int64 intermediates
 
     def __call__(self, x):
-        y = self.outputs[0]
+        out = self.run_per_axis(x) if self.channels is not None else self.run(x)
+        return out.view(np.uint8) ^ np.uint8(0x80) if self.shift else out
+
+    def run(self, x):
         if self.requant is not None and self.tail is not None:
             out = lookup(self.table, np.ascontiguousarray(x).view(np.uint8), np.empty(x.shape, dtype=np.int8))
             count, table = self.tail
@@ -133,13 +189,16 @@ class Quantize(Kernel):
             return lookup(
                 self.table, np.ascontiguousarray(x).view(np.uint8), np.empty(x.shape, dtype=np.int8)
             )
-        scale = np.float32(y.quant.scale[0])
+        return self.from_float(x, self.outputs[0].quant.scale[0], int(self.y_zp[0]))
+
+    def from_float(self, x, scale, zero_point):
+        scale = np.float32(scale)
         if self.ort:
-            return ort.quantize_linear(x, scale, y.zero_point).astype(np.int8)
+            return ort.quantize_linear(x, scale, zero_point).astype(np.int8)
         if self.profile == XNNPACK:  # f32-qs8-vcvt: defined for every float32 value
-            return xnn.quantize_f32(x, scale, y.zero_point)
+            return xnn.quantize_f32(x, scale, zero_point)
         out = np.empty(x.shape, dtype=np.int8)
-        if affine_quantize(np.ascontiguousarray(x, dtype=np.float32), scale, np.int64(y.zero_point), out):
+        if affine_quantize(np.ascontiguousarray(x, dtype=np.float32), scale, np.int64(zero_point), out):
             name = self.inputs[0].name
             if not np.all(np.isfinite(x)):
                 raise NpusimError(
@@ -174,6 +233,11 @@ class Dequantize(Kernel):
         )  # int64 / float64 intermediates
 
     def __call__(self, x):
-        t = self.inputs[0]
+        q = self.inputs[0].quant
         # Dequantize: static_cast<float>(scale * (val - zero_point)), scale held as double.
-        return (np.float64(t.quant.scale[0]) * (x.astype(np.int64) - t.zero_point)).astype(np.float32)
+        scale, zp = np.float64(q.scale[0]), q.zero_point[0]
+        if q.per_channel:  # PerChannelDequantize: along the quantized axis
+            shape = [1] * x.ndim
+            shape[q.axis] = q.scale.size
+            scale, zp = q.scale.astype(np.float64).reshape(shape), q.zero_point.reshape(shape)
+        return (scale * (x.astype(np.int64) - zp)).astype(np.float32)
