@@ -1,0 +1,246 @@
+"""ONNX Runtime's float32 convolution and matrix product (MLAS on x86-64 with FMA3 or AVX-512F), in
+the order it adds the products: what ORT runs for a Conv, Gemm or MatMul between DequantizeLinear
+and QuantizeLinear with its optimizations off (docs/numerics.md, the onnxruntime profile).
+
+MLAS computes a float Conv as im2col + SGEMM (mlas/lib/convolve.cpp), Gemm and MatMul as SGEMM
+(mlas/lib/sgemm.cpp). Every output element is a sum over K taken in blocks:
+
+- within a block, one float32 accumulator starts at 0 and takes each product by a fused
+  multiply-add, in K order (SgemmKernelFma3 / SgemmKernelAvx512F: vbroadcastss + vfmadd231ps);
+- the blocks are added to the output one by one (the first block is stored, later ones added:
+  the kernels' ZeroMode, then `C = acc * alpha + C` with alpha 1);
+- a Conv's bias is added last (MlasActivation), a Gemm's first (ORT copies it into C, beta 1).
+
+The block length StrideK follows the width of the slice of output columns a thread computes
+(StrideK doubles while StrideN halves to fit the slice), and that slice follows the thread count:
+`block_lengths` computes it per output column from the MLAS rules. A GEMM with one row of A and a
+B that is not prepacked runs MlasSgemmKernelM1Avx instead: K in groups of 4 (then 2, then 1),
+each group's products multiplied and added left to right without FMA, then added to C.
+
+The K order of a Conv is ORT's im2col order: input channel, then kernel row, then kernel column.
+"""
+
+from __future__ import annotations
+
+import numba as nb
+import numpy as np
+from numba.core import types
+from numba.extending import intrinsic
+
+from ..jit import parallel_kernel
+
+STRIDE_N, STRIDE_K = 128, 128  # MLAS_SGEMM_STRIDEN, MLAS_SGEMM_STRIDEK
+PACKED_STRIDE_K = 256  # MLAS_SGEMM_PACKED_STRIDEK: a prepacked B (a constant Gemm / MatMul weight)
+THREAD_ALIGN = 16  # MLAS_SGEMM_STRIDEN_THREAD_ALIGN
+THREAD_COMPLEXITY = 64 * 1024  # MLAS_SGEMM_THREAD_COMPLEXITY: multiplies per extra thread
+MAX_THREADS = 16  # MLAS_MAXIMUM_THREAD_COUNT
+M1_BLOCK = -1  # block length marking MlasSgemmKernelM1Avx's order
+
+
+@intrinsic
+def fma32(typingctx, a, b, c):
+    """a * b + c in float32, rounded once (llvm.fma: the vfmadd instruction on FMA3 hosts)."""
+    sig = types.float32(types.float32, types.float32, types.float32)
+
+    def codegen(context, builder, signature, args):
+        return builder.fma(*args)
+
+    return sig, codegen
+
+
+def slice_stride_k(n: int, k: int) -> int:
+    """StrideK of MlasSgemmOperation / MlasConvOperation for a slice n columns wide: K's block."""
+    stride_n, stride_k = STRIDE_N, STRIDE_K
+    if n >= k:
+        while stride_k // 2 >= k:
+            stride_n, stride_k = stride_n * 2, stride_k // 2
+    else:
+        while stride_n > 16 and stride_n // 2 >= n:
+            stride_k, stride_n = stride_k * 2, stride_n // 2
+    return stride_k
+
+
+def partition(index: int, count: int, total: int) -> tuple[int, int]:
+    """MlasPartitionWork: (start, length) of part `index` of `count` of `total` items."""
+    per, extra = divmod(total, count)
+    if index < extra:
+        return (per + 1) * index, per + 1
+    return per * index + extra, per
+
+
+def target_threads(m: int, n: int, k: int, threads: int) -> int:
+    """The threads MLAS gives an SGEMM or a Conv of m x n x k multiplies, at most `threads`."""
+    complexity = float(m) * float(n) * float(k)
+    if complexity < float(THREAD_COMPLEXITY * MAX_THREADS):
+        target = int(complexity / float(THREAD_COMPLEXITY)) + 1
+    else:
+        target = MAX_THREADS
+    return min(target, threads)
+
+
+def gemm_blocks(m: int, n: int, k: int, threads: int, packed: bool = False, batch: int = 1):
+    """MlasGemmBatch's partition of an m x n x k product (one of `batch`) over the threads, as the K
+    block length of each output element: (rows [m], cols [n]), one of them None; element (i, j)
+    takes rows[i] or cols[j]. M1_BLOCK marks MlasSgemmKernelM1Avx's order (a slice of one row)."""
+    if packed:  # MlasSgemmPackedOperation: fixed K slices, no M1 kernel
+        return np.full(m, PACKED_STRIDE_K, np.int64), None
+    target = target_threads(m, n, k, threads)
+    per_gemm = max(1, (target + batch - 1) // batch)
+    if n > m:  # slices of columns, 16-aligned
+        blocked = (n + THREAD_ALIGN - 1) // THREAD_ALIGN
+        count = min(per_gemm, blocked)
+        cols = np.empty(n, np.int64)
+        for t in range(count):
+            start, length = partition(t, count, blocked)
+            start, length = start * THREAD_ALIGN, min(n - start * THREAD_ALIGN, length * THREAD_ALIGN)
+            if length > 0:
+                cols[start : start + length] = M1_BLOCK if m == 1 else slice_stride_k(length, k)
+        return None, cols
+    count = min(per_gemm, m)
+    rows = np.empty(m, np.int64)
+    for t in range(count):
+        start, length = partition(t, count, m)
+        rows[start : start + length] = M1_BLOCK if length == 1 else slice_stride_k(n, k)
+    return rows, None
+
+
+def conv_blocks(
+    filters: int, groups: int, out_size: int, k: int, pointwise: bool, threads: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """The K block lengths of a Conv with `filters` per group (batch 1), as MlasConvPrepare and
+    MlasConv choose: (per output position [out_size], per filter [filters], 0 where the position's
+    applies). Pointwise (stride 1, no padding, K == input channels per group) runs the GEMM on the
+    input directly; more filters than output positions expand all of im2col and run the threaded
+    GEMM; the rest slice the output positions over the threads (MlasConvOperation per slice)."""
+    per_filter = np.zeros(filters, np.int64)
+    if pointwise and groups > 1:  # MlasConvGemmDirectThreaded: one MlasSgemmOperation per group
+        rows, cols = gemm_blocks(filters, out_size, k, 1)
+    elif pointwise or filters > out_size:  # MlasGemm, threaded
+        rows, cols = gemm_blocks(filters, out_size, k, threads)
+    elif groups > 1:  # MlasConvExpandThenGemmSegmentedThreaded: each group whole
+        return np.full(out_size, slice_stride_k(out_size, k), np.int64), per_filter
+    else:
+        target = target_threads(filters, out_size, k, threads)
+        stride = -(-out_size // target)
+        if target > 1:
+            stride = (stride + THREAD_ALIGN - 1) & ~(THREAD_ALIGN - 1)
+        blocks = np.empty(out_size, np.int64)
+        if stride >= out_size:  # MlasConvTryMultithread declines: one slice
+            stride = out_size
+        for start in range(0, out_size, stride):
+            length = min(stride, out_size - start)
+            blocks[start : start + length] = slice_stride_k(length, k)
+        return blocks, per_filter
+    if cols is not None:
+        return cols, per_filter
+    return np.zeros(out_size, np.int64), rows
+
+
+@nb.njit(inline="always")
+def _dot(patch, wt, g, f, depth, block, start):
+    """One output element's sum in MLAS's order, from `start` (a Gemm's bias, else None as NaN)."""
+    first = np.isnan(start)
+    tot = np.float32(0.0) if first else start
+    k0 = 0
+    while k0 < depth:
+        if block == M1_BLOCK:  # MlasSgemmKernelM1Avx: groups of 4, 2, 1; multiply then add, no FMA
+            k1 = k0 + (4 if depth - k0 >= 4 else (2 if depth - k0 >= 2 else 1))
+            t = patch[k0] * wt[g, k0, f]
+            for kk in range(k0 + 1, k1):
+                t = t + patch[kk] * wt[g, kk, f]
+        else:
+            k1 = min(k0 + block, depth)
+            t = np.float32(0.0)
+            for kk in range(k0, k1):
+                t = fma32(patch[kk], wt[g, kk, f], t)
+        tot = t if first else t + tot
+        first = False
+        k0 = k1
+    return tot
+
+
+@parallel_kernel
+def _conv(x, x_scale, x_zp, wt, bias, bias_first, geometry, blocks, filter_blocks, y_scale, y_zp, out):
+    """out[b, oy, ox, g * F + f] = QuantizeLinear(sum over k of xd[k] * wt[g, k, f] and the bias), xd
+    the dequantized im2col column of (b, oy, ox) in group g, in MLAS's order (module docstring).
+    x int8 NHWC; wt float32 [G, K, F], K ordered channel, kernel row, kernel column; bias [G * F];
+    geometry (kh, kw, stride h, w, dilation h, w, pad top, left); blocks [OH * OW], filter_blocks [F]
+    (conv_blocks)."""
+    batch, height, width, _ = x.shape
+    groups, depth, filters = wt.shape
+    kh, kw, sh, sw = geometry[0], geometry[1], geometry[2], geometry[3]
+    dh, dw, pt, pl = geometry[4], geometry[5], geometry[6], geometry[7]
+    oh, ow = out.shape[1], out.shape[2]
+    cg = depth // (kh * kw)
+    lo, hi = np.float32(-128 - y_zp), np.float32(127 - y_zp)
+    uniform = True
+    for f in range(filters):
+        if filter_blocks[f] != 0:
+            uniform = False
+    nan = np.float32(np.nan)
+    for bp in nb.prange(batch * oh):
+        b = bp // oh
+        oy = bp - b * oh
+        patch = np.empty(depth, np.float32)
+        tot = np.empty(filters, np.float32)
+        acc = np.empty(filters, np.float32)
+        for ox in range(ow):
+            block = blocks[oy * ow + ox]
+            for g in range(groups):
+                k = 0
+                for c in range(cg):
+                    for ky in range(kh):
+                        iy = oy * sh - pt + ky * dh
+                        for kx in range(kw):
+                            ix = ox * sw - pl + kx * dw
+                            if iy < 0 or iy >= height or ix < 0 or ix >= width:
+                                patch[k] = np.float32(0.0)
+                            else:  # DequantizeLinear: (x - zp) * scale in float32
+                                patch[k] = np.float32(np.int32(x[b, iy, ix, g * cg + c]) - x_zp) * x_scale
+                            k += 1
+                if uniform and block != M1_BLOCK:  # vectorized over the filters
+                    first = not bias_first
+                    for f in range(filters):
+                        tot[f] = bias[g * filters + f] if bias_first else np.float32(0.0)
+                    k0 = 0
+                    while k0 < depth:
+                        k1 = min(k0 + block, depth)
+                        for f in range(filters):
+                            acc[f] = np.float32(0.0)
+                        for kk in range(k0, k1):
+                            v = patch[kk]
+                            for f in range(filters):
+                                acc[f] = fma32(v, wt[g, kk, f], acc[f])
+                        for f in range(filters):
+                            tot[f] = acc[f] if first else acc[f] + tot[f]
+                        first = False
+                        k0 = k1
+                else:
+                    for f in range(filters):
+                        fb = block if filter_blocks[f] == 0 else filter_blocks[f]
+                        start = bias[g * filters + f] if bias_first else nan
+                        tot[f] = _dot(patch, wt, g, f, depth, fb, start)
+                for f in range(filters):
+                    y = tot[f] if bias_first else tot[f] + bias[g * filters + f]
+                    q = y / y_scale  # MlasQuantizeLinear: divide, clamp, round half to even
+                    q = min(max(q, lo), hi)
+                    out[b, oy, ox, g * filters + f] = np.int8(np.int32(np.rint(q)) + y_zp)
+    return out
+
+
+def conv(x, x_scale, x_zp, wt, bias, bias_first, geometry, blocks, filter_blocks, y_scale, y_zp, out):
+    """See _conv."""
+    return _conv(
+        x,
+        np.float32(x_scale),
+        np.int32(x_zp),
+        wt,
+        bias,
+        bool(bias_first),
+        np.asarray(geometry, np.int64),
+        blocks,
+        filter_blocks,
+        np.float32(y_scale),
+        np.int32(y_zp),
+        out,
+    )
