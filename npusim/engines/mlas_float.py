@@ -34,7 +34,11 @@ PACKED_STRIDE_K = 256  # MLAS_SGEMM_PACKED_STRIDEK: a prepacked B (a constant Ge
 THREAD_ALIGN = 16  # MLAS_SGEMM_STRIDEN_THREAD_ALIGN
 THREAD_COMPLEXITY = 64 * 1024  # MLAS_SGEMM_THREAD_COMPLEXITY: multiplies per extra thread
 MAX_THREADS = 16  # MLAS_MAXIMUM_THREAD_COUNT
-M1_BLOCK = -1  # block length marking MlasSgemmKernelM1Avx's order
+# MlasSgemmKernelM1Avx's order (one row of A) over K blocks of S: M1_FLAG + S
+M1_FLAG = 1 << 30
+# MlasSgemmKernelM1TransposeBAvx's order for a row that the kernel reduces in a block of 4, 2 or 1
+# rows (its 8 lane sums are added in a different tree for each): M1T_BLOCK - rows
+M1T_BLOCK = -10
 
 
 @intrinsic
@@ -81,7 +85,7 @@ def target_threads(m: int, n: int, k: int, threads: int) -> int:
 def gemm_blocks(m: int, n: int, k: int, threads: int, packed: bool = False, batch: int = 1):
     """MlasGemmBatch's partition of an m x n x k product (one of `batch`) over the threads, as the K
     block length of each output element: (rows [m], cols [n]), one of them None; element (i, j)
-    takes rows[i] or cols[j]. M1_BLOCK marks MlasSgemmKernelM1Avx's order (a slice of one row)."""
+    takes rows[i] or cols[j] (M1_FLAG + S: MlasSgemmKernelM1Avx, a slice of one row)."""
     if packed:  # MlasSgemmPackedOperation: fixed K slices, no M1 kernel
         return np.full(m, PACKED_STRIDE_K, np.int64), None
     target = target_threads(m, n, k, threads)
@@ -94,14 +98,30 @@ def gemm_blocks(m: int, n: int, k: int, threads: int, packed: bool = False, batc
             start, length = partition(t, count, blocked)
             start, length = start * THREAD_ALIGN, min(n - start * THREAD_ALIGN, length * THREAD_ALIGN)
             if length > 0:
-                cols[start : start + length] = M1_BLOCK if m == 1 else slice_stride_k(length, k)
+                cols[start : start + length] = M1_FLAG + k if m == 1 else slice_stride_k(length, k)
         return None, cols
     count = min(per_gemm, m)
     rows = np.empty(m, np.int64)
     for t in range(count):
         start, length = partition(t, count, m)
-        rows[start : start + length] = M1_BLOCK if length == 1 else slice_stride_k(n, k)
+        if length == 1:
+            rows[start] = M1_FLAG + k
+        elif n == 1:  # MlasSgemmOperation's N == 1 case: the M1 kernel with A and B swapped
+            fours = length // 4 * 4
+            rows[start : start + fours] = M1T_BLOCK - 4
+            rest = start + fours
+            if length - fours >= 2:
+                rows[rest : rest + 2] = M1T_BLOCK - 2
+                rest += 2
+            rows[rest : start + length] = M1T_BLOCK - 1
+        else:
+            rows[start : start + length] = slice_stride_k(n, k)
     return rows, None
+
+
+def _m1(filters: int) -> int:
+    """MlasConvOperation's SGEMM of one filter row runs MlasSgemmKernelM1Avx on each K block."""
+    return M1_FLAG if filters == 1 else 0
 
 
 def conv_blocks(
@@ -118,7 +138,7 @@ def conv_blocks(
     elif pointwise or filters > out_size:  # MlasGemm, threaded
         rows, cols = gemm_blocks(filters, out_size, k, threads)
     elif groups > 1:  # MlasConvExpandThenGemmSegmentedThreaded: each group whole
-        return np.full(out_size, slice_stride_k(out_size, k), np.int64), per_filter
+        return np.full(out_size, _m1(filters) + slice_stride_k(out_size, k), np.int64), per_filter
     else:
         target = target_threads(filters, out_size, k, threads)
         stride = -(-out_size // target)
@@ -129,7 +149,7 @@ def conv_blocks(
             stride = out_size
         for start in range(0, out_size, stride):
             length = min(stride, out_size - start)
-            blocks[start : start + length] = slice_stride_k(length, k)
+            blocks[start : start + length] = _m1(filters) + slice_stride_k(length, k)
         return blocks, per_filter
     if cols is not None:
         return cols, per_filter
@@ -137,24 +157,51 @@ def conv_blocks(
 
 
 @nb.njit(inline="always")
+def _m1t(patch, wt, g, f, depth, rows):
+    """MlasSgemmKernelM1TransposeBAvx's sum: eight lane sums (lane j takes the products of k = j mod 8
+    in K order, multiply then add), reduced in the tree of a block of `rows` rows."""
+    lanes = np.zeros(8, np.float32)
+    for k in range(depth):
+        lanes[k % 8] = lanes[k % 8] + patch[k] * wt[g, k, f]
+    if rows == 4:  # transpose, then (((x0 + x1) + x2) + x3) per half, halves added
+        lo = ((lanes[0] + lanes[1]) + lanes[2]) + lanes[3]
+        hi = ((lanes[4] + lanes[5]) + lanes[6]) + lanes[7]
+        return lo + hi
+    if rows == 2:  # unpck, add: ((x0 + x2) + (x4 + x6)) + ((x1 + x3) + (x5 + x7))
+        return ((lanes[0] + lanes[2]) + (lanes[4] + lanes[6])) + ((lanes[1] + lanes[3]) + (lanes[5] + lanes[7]))
+    # vhaddps twice, halves added
+    return ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]))
+
+
+@nb.njit(inline="always")
 def _dot(patch, wt, g, f, depth, block, start):
     """One output element's sum in MLAS's order, from `start` (a Gemm's bias, else None as NaN)."""
     first = np.isnan(start)
     tot = np.float32(0.0) if first else start
+    if block <= M1T_BLOCK - 1:
+        t = _m1t(patch, wt, g, f, depth, M1T_BLOCK - block)
+        return t if first else t + tot
+    m1 = block >= M1_FLAG
+    size = block - M1_FLAG if m1 else block
     k0 = 0
     while k0 < depth:
-        if block == M1_BLOCK:  # MlasSgemmKernelM1Avx: groups of 4, 2, 1; multiply then add, no FMA
-            k1 = k0 + (4 if depth - k0 >= 4 else (2 if depth - k0 >= 2 else 1))
-            t = patch[k0] * wt[g, k0, f]
-            for kk in range(k0 + 1, k1):
-                t = t + patch[kk] * wt[g, kk, f]
+        k1 = min(k0 + size, depth)
+        if m1:  # MlasSgemmKernelM1Avx: groups of 4, 2, 1 within the block; multiply then add, no FMA
+            kk = k0
+            while kk < k1:
+                kn = kk + (4 if k1 - kk >= 4 else (2 if k1 - kk >= 2 else 1))
+                t = patch[kk] * wt[g, kk, f]
+                for i in range(kk + 1, kn):
+                    t = t + patch[i] * wt[g, i, f]
+                tot = t if first else t + tot
+                first = False
+                kk = kn
         else:
-            k1 = min(k0 + block, depth)
             t = np.float32(0.0)
             for kk in range(k0, k1):
                 t = fma32(patch[kk], wt[g, kk, f], t)
-        tot = t if first else t + tot
-        first = False
+            tot = t if first else t + tot
+            first = False
         k0 = k1
     return tot
 
@@ -198,7 +245,7 @@ def _conv(x, x_scale, x_zp, wt, bias, bias_first, geometry, blocks, filter_block
                             else:  # DequantizeLinear: (x - zp) * scale in float32
                                 patch[k] = np.float32(np.int32(x[b, iy, ix, g * cg + c]) - x_zp) * x_scale
                             k += 1
-                if uniform and block != M1_BLOCK:  # vectorized over the filters
+                if uniform and 0 < block < M1_FLAG:  # vectorized over the filters
                     first = not bias_first
                     for f in range(filters):
                         tot[f] = bias[g * filters + f] if bias_first else np.float32(0.0)

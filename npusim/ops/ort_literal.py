@@ -68,6 +68,7 @@ FLOAT_NODES = {
     "ADD": {"Add"},
     "SUB": {"Sub"},
     "MUL": {"Mul", "Div"},
+    "RESIZE_BILINEAR": {"Resize"},
 }
 
 
@@ -356,3 +357,72 @@ def _physical(value: np.ndarray, shape, perm) -> np.ndarray:
     rank = len(shape)
     v = value.reshape((1,) * (rank - value.ndim) + value.shape).transpose(perm)
     return np.ascontiguousarray(v.reshape(shape) if v.size == int(np.prod(shape)) else v)
+
+
+def _resize_axis(in_size: int, out_size: int, scale, transform: str):
+    """SetupUpsampleBilinear (onnxruntime/core/providers/cpu/tensor/upsample.h) along one axis:
+    (lower index, upper index, weight of the lower dx1... as ORT names them: dx1 = |x - x1|,
+    dx2 = |x - x2|), every step in float32."""
+    x = np.arange(out_size, dtype=_F32)
+    s = _F32(scale)
+    if s == 1:
+        v = x
+    elif transform == "half_pixel":
+        v = ((x + _F32(0.5)) / s).astype(_F32) - _F32(0.5)
+    elif transform == "pytorch_half_pixel":
+        v = ((x + _F32(0.5)) / s).astype(_F32) - _F32(0.5) if out_size > 1 else np.zeros_like(x)
+    elif transform == "align_corners":
+        v = (
+            (x * _F32(in_size - 1)).astype(_F32) / _F32(out_size - 1) if out_size > 1 else np.zeros_like(x)
+        )
+    else:  # asymmetric
+        v = x / s
+    v = np.minimum(np.maximum(v.astype(_F32), _F32(0)), _F32(in_size - 1))
+    x1 = np.minimum(v.astype(np.int64), in_size - 1)
+    x2 = np.minimum(x1 + 1, in_size - 1)
+    d1 = np.abs(v - x1.astype(_F32)).astype(_F32)
+    d2 = np.abs(v - x2.astype(_F32)).astype(_F32)
+    same = x1 == x2
+    d1[same], d2[same] = _F32(0.5), _F32(0.5)
+    return x1, x2, d1, d2
+
+
+class FloatResize(Kernel):
+    """A QDQ Resize (linear, 2-D) as ORT-literal runs it: UpsampleBilinear on the dequantized input,
+    dx2 * dy2 * X11 + dx1 * dy2 * X21 + dx2 * dy1 * X12 + dx1 * dy1 * X22 in float32, left to right,
+    then MlasQuantizeLinear to `out_quant` (the QUANTIZE after the TFLite op, rounded once)."""
+
+    required_inputs, max_inputs = 1, 2
+
+    def __init__(self, op, graph, profile, out_quant=None):
+        self.kind = op.kind
+        super().__init__(op, graph, profile)
+        node, consts, _ = origin(op, graph)
+        x, y = self.inputs[0], self.outputs[0]
+        self.require_int8(x)
+        q = out_quant or y.quant
+        self.y_scale, self.y_zp = q.scale[0], int(q.zero_point[0])
+        transform = "half_pixel"
+        for a in node.attribute:
+            if a.name == "coordinate_transformation_mode":
+                transform = a.s.decode()
+        (h, w), (oh, ow) = x.shape[1:3], y.shape[1:3]
+        if 2 in consts and np.asarray(consts[2].value).size == 4:
+            sh, sw = (float(v) for v in np.asarray(consts[2].value, _F32)[2:])
+        else:  # sizes: ORT's scale is output / input in float32
+            sh, sw = float(_F32(oh) / _F32(h)), float(_F32(ow) / _F32(w))
+        self.rows = _resize_axis(h, oh, sh, transform)
+        self.cols = _resize_axis(w, ow, sw, transform)
+
+    def __call__(self, x, size=None):
+        t = self.inputs[0]
+        v = (np.asarray(x).astype(np.int64) - np.int64(t.quant.zero_point[0])).astype(_F32) * _F32(t.quant.scale[0])
+        y1, y2, dy1, dy2 = (a[:, None, None] for a in self.rows)
+        x1, x2, dx1, dx2 = (a[None, :, None] for a in self.cols)
+        x11, x21 = v[:, y1, x1][..., 0, :], v[:, y1, x2][..., 0, :]
+        x12, x22 = v[:, y2, x1][..., 0, :], v[:, y2, x2][..., 0, :]
+        out = (dx2 * dy2).astype(_F32) * x11
+        out = (out + (dx1 * dy2).astype(_F32) * x21).astype(_F32)
+        out = (out + (dx2 * dy1).astype(_F32) * x12).astype(_F32)
+        out = (out + (dx1 * dy1).astype(_F32) * x22).astype(_F32)
+        return ort.quantize_linear(out, self.y_scale, self.y_zp).astype(np.int8)
