@@ -168,7 +168,8 @@ def _m1t(patch, wt, g, f, depth, rows):
         hi = ((lanes[4] + lanes[5]) + lanes[6]) + lanes[7]
         return lo + hi
     if rows == 2:  # unpck, add: ((x0 + x2) + (x4 + x6)) + ((x1 + x3) + (x5 + x7))
-        return ((lanes[0] + lanes[2]) + (lanes[4] + lanes[6])) + ((lanes[1] + lanes[3]) + (lanes[5] + lanes[7]))
+        even = (lanes[0] + lanes[2]) + (lanes[4] + lanes[6])
+        return even + ((lanes[1] + lanes[3]) + (lanes[5] + lanes[7]))
     # vhaddps twice, halves added
     return ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]))
 

@@ -116,9 +116,7 @@ def _normalized(graph) -> set:
     """The ONNX values a BatchNormalization reads (the import folds it into the Conv before it)."""
     source = graph.source
     if getattr(source, "_bn_inputs", None) is None:
-        source._bn_inputs = {
-            n.input[0] for n in source.model.graph.node if n.op_type == "BatchNormalization"
-        }
+        source._bn_inputs = {n.input[0] for n in source.model.graph.node if n.op_type == "BatchNormalization"}
     return source._bn_inputs
 
 
@@ -256,7 +254,7 @@ class FloatGemm(Kernel):
 
     def __call__(self, x, w=None, b=None):
         x = np.ascontiguousarray(x)
-        y, t = self.outputs[0], self.outputs[0].quant
+        t = self.outputs[0].quant
         rows = int(np.prod(x.shape[:-1], dtype=np.int64))
         xs = x.reshape(1, 1, rows, self.depth)
         out = np.empty((1, 1, rows, self.n), np.int8)
@@ -311,7 +309,8 @@ class FloatBinary(Kernel):
             if c is None:  # a constant the import made (Neg's -1): its real value is exact
                 self.consts[k] = _graph_constant(t)
             else:
-                self.consts[k] = _physical(dequantized(c), t.shape, perms.get(1 - k, tuple(range(len(t.shape)))))
+                layout = perms.get(1 - k, tuple(range(len(t.shape))))  # the activation's
+                self.consts[k] = _physical(dequantized(c), t.shape, layout)
         zp = int(y.quant.zero_point[0])
         self.bounds = activation_range(
             op.options.get("fused_activation_function", "NONE"), float(y.quant.scale[0]), zp, ONNXRUNTIME
@@ -372,9 +371,7 @@ def _resize_axis(in_size: int, out_size: int, scale, transform: str):
     elif transform == "pytorch_half_pixel":
         v = ((x + _F32(0.5)) / s).astype(_F32) - _F32(0.5) if out_size > 1 else np.zeros_like(x)
     elif transform == "align_corners":
-        v = (
-            (x * _F32(in_size - 1)).astype(_F32) / _F32(out_size - 1) if out_size > 1 else np.zeros_like(x)
-        )
+        v = (x * _F32(in_size - 1)).astype(_F32) / _F32(out_size - 1) if out_size > 1 else np.zeros_like(x)
     else:  # asymmetric
         v = x / s
     v = np.minimum(np.maximum(v.astype(_F32), _F32(0)), _F32(in_size - 1))
@@ -416,7 +413,8 @@ class FloatResize(Kernel):
 
     def __call__(self, x, size=None):
         t = self.inputs[0]
-        v = (np.asarray(x).astype(np.int64) - np.int64(t.quant.zero_point[0])).astype(_F32) * _F32(t.quant.scale[0])
+        v = (np.asarray(x).astype(np.int64) - np.int64(t.quant.zero_point[0])).astype(_F32)
+        v = v * _F32(t.quant.scale[0])
         y1, y2, dy1, dy2 = (a[:, None, None] for a in self.rows)
         x1, x2, dx1, dx2 = (a[None, :, None] for a in self.cols)
         x11, x21 = v[:, y1, x1][..., 0, :], v[:, y1, x2][..., 0, :]
