@@ -208,16 +208,30 @@ def _dot(patch, wt, g, f, depth, block, start):
 
 
 @parallel_kernel
-def _conv(x, x_scale, x_zp, wt, bias, bias_first, geometry, blocks, filter_blocks, y_scale, y_zp, out):
+def _dequantize_padded(x, x_scale, x_zp, pt, pl, out):
+    """out[b, c, pt + y, pl + x] = DequantizeLinear of x[b, y, x, c] (NHWC int8 -> padded NCHW
+    float32, (q - zp) * scale); out is zero outside (the im2col padding)."""
+    batch, height, width, channels = x.shape
+    for bc in nb.prange(batch * channels):
+        b = bc // channels
+        c = bc - b * channels
+        for y in range(height):
+            for xx in range(width):
+                out[b, c, pt + y, pl + xx] = np.float32(np.int32(x[b, y, xx, c]) - x_zp) * x_scale
+    return out
+
+
+@parallel_kernel
+def _conv(xp, wt, bias, bias_first, geometry, blocks, filter_blocks, y_scale, y_zp, out):
     """out[b, oy, ox, g * F + f] = QuantizeLinear(sum over k of xd[k] * wt[g, k, f] and the bias), xd
-    the dequantized im2col column of (b, oy, ox) in group g, in MLAS's order (module docstring).
-    x int8 NHWC; wt float32 [G, K, F], K ordered channel, kernel row, kernel column; bias [G * F];
-    geometry (kh, kw, stride h, w, dilation h, w, pad top, left); blocks [OH * OW], filter_blocks [F]
-    (conv_blocks)."""
-    batch, height, width, _ = x.shape
+    the im2col column of (b, oy, ox) in group g, in MLAS's order (module docstring). xp: the
+    dequantized input, NCHW, zero-padded; wt float32 [G, K, F], K ordered channel, kernel row,
+    kernel column; bias [G * F]; geometry (kh, kw, stride h, w, dilation h, w); blocks [OH * OW],
+    filter_blocks [F] (conv_blocks)."""
+    batch = xp.shape[0]
     groups, depth, filters = wt.shape
     kh, kw, sh, sw = geometry[0], geometry[1], geometry[2], geometry[3]
-    dh, dw, pt, pl = geometry[4], geometry[5], geometry[6], geometry[7]
+    dh, dw = geometry[4], geometry[5]
     oh, ow = out.shape[1], out.shape[2]
     cg = depth // (kh * kw)
     lo, hi = np.float32(-128 - y_zp), np.float32(127 - y_zp)
@@ -238,13 +252,9 @@ def _conv(x, x_scale, x_zp, wt, bias, bias_first, geometry, blocks, filter_block
                 k = 0
                 for c in range(cg):
                     for ky in range(kh):
-                        iy = oy * sh - pt + ky * dh
+                        row = xp[b, g * cg + c, oy * sh + ky * dh]
                         for kx in range(kw):
-                            ix = ox * sw - pl + kx * dw
-                            if iy < 0 or iy >= height or ix < 0 or ix >= width:
-                                patch[k] = np.float32(0.0)
-                            else:  # DequantizeLinear: (x - zp) * scale in float32
-                                patch[k] = np.float32(np.int32(x[b, iy, ix, g * cg + c]) - x_zp) * x_scale
+                            patch[k] = row[ox * sw + kx * dw]
                             k += 1
                 if uniform and 0 < block < M1_FLAG:  # vectorized over the filters
                     first = not bias_first
@@ -277,15 +287,21 @@ def _conv(x, x_scale, x_zp, wt, bias, bias_first, geometry, blocks, filter_block
 
 
 def conv(x, x_scale, x_zp, wt, bias, bias_first, geometry, blocks, filter_blocks, y_scale, y_zp, out):
-    """See _conv."""
+    """See _conv; x int8 NHWC, geometry (kh, kw, stride h, w, dilation h, w, pad top, left)."""
+    geometry = np.asarray(geometry, np.int64)
+    kh, kw, sh, sw, dh, dw, pt, pl = (int(v) for v in geometry)
+    batch, height, width, channels = x.shape
+    oh, ow = out.shape[1], out.shape[2]
+    need_h = (oh - 1) * sh + (kh - 1) * dh + 1
+    need_w = (ow - 1) * sw + (kw - 1) * dw + 1
+    xp = np.zeros((batch, channels, max(need_h, pt + height), max(need_w, pl + width)), np.float32)
+    _dequantize_padded(x, np.float32(x_scale), np.int32(x_zp), pt, pl, xp)
     return _conv(
-        x,
-        np.float32(x_scale),
-        np.int32(x_zp),
+        xp,
         wt,
         bias,
         bool(bias_first),
-        np.asarray(geometry, np.int64),
+        geometry,
         blocks,
         filter_blocks,
         np.float32(y_scale),
