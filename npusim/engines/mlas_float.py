@@ -153,6 +153,8 @@ def conv_blocks(
         return blocks, per_filter
     if cols is not None:
         return cols, per_filter
+    if np.all(rows == rows[0]):  # one order for every filter: the filters vectorize
+        return np.full(out_size, rows[0], np.int64), per_filter
     return np.zeros(out_size, np.int64), rows
 
 
@@ -221,6 +223,58 @@ def _dequantize_padded(x, x_scale, x_zp, pt, pl, out):
     return out
 
 
+@nb.njit(inline="always")
+def _axpy(v, w, acc, n):
+    """acc[f] = fma(v, w[f], acc[f]) for f < n (a vfmadd per lane, each rounded once)."""
+    for f in range(n):
+        acc[f] = fma32(v, w[f], acc[f])
+
+
+@nb.njit(inline="always")
+def _quantize(y, y_scale, lo, hi, y_zp):
+    """MlasQuantizeLinear: divide, clamp, round half to even, add the zero point."""
+    q = y / y_scale
+    q = min(max(q, lo), hi)
+    return np.int8(np.int32(np.rint(q)) + y_zp)
+
+
+@nb.njit(inline="always")
+def _four(xp, wt, bias, bias_first, b, oy, ox, kh, kw, sh, sw, dh, dw, block, patches, acc4, tot4):
+    """tot4[j] = the sums (bias included) of output positions ox + j, j < 4, of one group-1 Conv
+    whose K blocks are all `block` long: the same order as one position at a time."""
+    depth, filters = wt.shape[1], wt.shape[2]
+    cg = depth // (kh * kw)
+    k = 0
+    for c in range(cg):
+        for ky in range(kh):
+            row = xp[b, c, oy * sh + ky * dh]
+            for kx in range(kw):
+                for j in range(4):
+                    patches[j, k] = row[(ox + j) * sw + kx * dw]
+                k += 1
+    for j in range(4):
+        for f in range(filters):
+            tot4[j, f] = bias[f] if bias_first else np.float32(0.0)
+    first = not bias_first
+    k0 = 0
+    while k0 < depth:
+        k1 = min(k0 + block, depth)
+        acc4[:, :] = np.float32(0.0)
+        for kk in range(k0, k1):
+            w = wt[0, kk]
+            for j in range(4):  # one simple loop per position: what LLVM vectorizes over the filters
+                _axpy(patches[j, kk], w, acc4[j], filters)
+        for j in range(4):
+            for f in range(filters):
+                tot4[j, f] = acc4[j, f] if first else acc4[j, f] + tot4[j, f]
+        first = False
+        k0 = k1
+    if not bias_first:
+        for j in range(4):
+            for f in range(filters):
+                tot4[j, f] = tot4[j, f] + bias[f]
+
+
 @parallel_kernel
 def _conv(xp, wt, bias, bias_first, geometry, blocks, filter_blocks, y_scale, y_zp, out):
     """out[b, oy, ox, g * F + f] = QuantizeLinear(sum over k of xd[k] * wt[g, k, f] and the bias), xd
@@ -246,8 +300,28 @@ def _conv(xp, wt, bias, bias_first, geometry, blocks, filter_blocks, y_scale, y_
         patch = np.empty(depth, np.float32)
         tot = np.empty(filters, np.float32)
         acc = np.empty(filters, np.float32)
-        for ox in range(ow):
+        patches = np.empty((4, depth), np.float32)
+        acc4 = np.empty((4, filters), np.float32)
+        tot4 = np.empty((4, filters), np.float32)
+        ox = 0
+        while ox < ow:
             block = blocks[oy * ow + ox]
+            p = oy * ow + ox
+            if (
+                groups == 1
+                and uniform
+                and 0 < block < M1_FLAG
+                and ox + 4 <= ow
+                and blocks[p + 1] == block
+                and blocks[p + 2] == block
+                and blocks[p + 3] == block
+            ):  # four output positions at once: each weight loaded once for four sums
+                _four(xp, wt, bias, bias_first, b, oy, ox, kh, kw, sh, sw, dh, dw, block, patches, acc4, tot4)
+                for j in range(4):
+                    for f in range(filters):
+                        out[b, oy, ox + j, f] = _quantize(tot4[j, f], y_scale, lo, hi, y_zp)
+                ox += 4
+                continue
             for g in range(groups):
                 k = 0
                 for c in range(cg):
@@ -266,9 +340,7 @@ def _conv(xp, wt, bias, bias_first, geometry, blocks, filter_blocks, y_scale, y_
                         for f in range(filters):
                             acc[f] = np.float32(0.0)
                         for kk in range(k0, k1):
-                            v = patch[kk]
-                            for f in range(filters):
-                                acc[f] = fma32(v, wt[g, kk, f], acc[f])
+                            _axpy(patch[kk], wt[g, kk], acc, filters)
                         for f in range(filters):
                             tot[f] = acc[f] if first else acc[f] + tot[f]
                         first = False
@@ -280,9 +352,8 @@ def _conv(xp, wt, bias, bias_first, geometry, blocks, filter_blocks, y_scale, y_
                         tot[f] = _dot(patch, wt, g, f, depth, fb, start)
                 for f in range(filters):
                     y = tot[f] if bias_first else tot[f] + bias[g * filters + f]
-                    q = y / y_scale  # MlasQuantizeLinear: divide, clamp, round half to even
-                    q = min(max(q, lo), hi)
-                    out[b, oy, ox, g * filters + f] = np.int8(np.int32(np.rint(q)) + y_zp)
+                    out[b, oy, ox, g * filters + f] = _quantize(y, y_scale, lo, hi, y_zp)
+            ox += 1
     return out
 
 
