@@ -173,6 +173,24 @@ def test_binary_float_constant(kind):
     assert_literal_qdq(qdq_binary(kind, (1, 2, 8, 8), b_const=anchors, seed=4))
 
 
+@pytest.mark.parametrize(
+    "a_shape,b_shape",
+    [
+        ((1, 2, 24, 16), (1, 2, 16, 40)),
+        ((1, 4, 1, 32), (1, 4, 32, 9)),
+        ((1, 1, 130, 200), (1, 1, 200, 1)),
+        ((1, 3, 64, 300), (1, 3, 300, 64)),
+    ],
+)
+def test_matmul_two_activations(a_shape, b_shape, threads):
+    """Attention's MatMul of two activations: MlasGemmBatch on a B that is not prepacked."""
+    from onnx import helper
+
+    node = helper.make_node("MatMul", ["a", "b"], ["y"])
+    model = oo._model([node], [oo._value("a", a_shape), oo._value("b", b_shape)], [oo._value("y", None)])
+    assert_literal(model, threads, n=3)
+
+
 def test_concat():
     assert_literal(oo.concat_model([(1, 3, 5, 5), (1, 4, 5, 5)]), n=6)
 
@@ -200,3 +218,93 @@ def test_default_threads_are_physical_cores(monkeypatch):
     monkeypatch.setenv(ort_literal.THREADS_ENV, "0")
     with pytest.raises(ValueError, match="NPUSIM_ORT_THREADS"):
         ort_literal.ort_threads()
+
+
+# The quantized outputs above move only where a float sum lands next to a rounding tie, which random
+# one-op models rarely meet (the integer kernel often passes them too). The float sums themselves
+# show the order: ORT's float Conv and MatMul (a float model, optimizations off) on inputs that are
+# dequantized codes, against the engine's sums before QuantizeLinear, bit for bit.
+FLOAT_CASES = [
+    # (x [N, C, H, W], filters, kernel, stride, pad, group) for Conv
+    ((1, 24, 20, 20), 32, 3, 1, 1, 1),  # segmented, K = 216 in blocks of 128
+    ((1, 64, 9, 9), 48, 3, 2, 1, 1),  # more filters than outputs: im2col then the threaded GEMM
+    ((1, 160, 12, 12), 24, 1, 1, 0, 1),  # pointwise, K = 160
+    ((1, 16, 24, 24), 16, 3, 1, 1, 16),  # depthwise: the M = 1 kernel per group
+    ((1, 96, 3, 3), 40, 3, 1, 0, 1),  # one output position: the N = 1 kernel, rows in 4, 2, 1
+    ((1, 48, 30, 30), 1, 3, 1, 1, 1),  # one filter
+]
+
+
+def float_conv_sums(x_shape, filters, k, stride, pad, group, threads, rng):
+    """(ORT's float Conv output, the engine's sums) on dequantized int8 codes, NHWC."""
+    from npusim.engines import mlas_float
+
+    codes = rng.integers(-128, 128, size=x_shape).astype(np.int8)
+    scale, zp = np.float32(0.0173), -7
+    x = (codes.astype(np.int64) - zp).astype(np.float32) * scale
+    w = weights(rng, filters, x_shape[1] // group, k, k)
+    bias = weights(rng, filters)
+    model = oo.conv_model(x_shape, w, bias, (stride, stride), (pad,) * 4, (1, 1), group)
+    ort_y = oo.run_ort(model.SerializeToString(), x, optimize=False, threads=threads)
+    groups, per = group, filters // group
+    cg = x_shape[1] // group
+    wt = np.ascontiguousarray(w.reshape(groups, per, cg * k * k).transpose(0, 2, 1))
+    oh, ow = ort_y.shape[2:]
+    pointwise = k == 1 and stride == 1 and pad == 0
+    blocks, fblocks = mlas_float.conv_blocks(per, groups, oh * ow, cg * k * k, pointwise, threads)
+    out = np.empty((1, oh, ow, filters), np.int8)
+    sums = np.empty((1, oh, ow, filters), np.float32)
+    geometry = [k, k, stride, stride, 1, 1, pad, pad]
+    if groups > 1:  # the engine's depthwise layout: groups of one input channel
+        wt = np.ascontiguousarray(w.reshape(groups, per, k * k).transpose(0, 2, 1))
+    mlas_float.conv(
+        np.ascontiguousarray(codes.transpose(0, 2, 3, 1)), scale, zp, wt, bias, False, geometry,
+        blocks, fblocks, 1.0, 0, out, sums,
+    )  # fmt: skip
+    return ort_y.transpose(0, 2, 3, 1), sums
+
+
+@pytest.mark.parametrize("p", FLOAT_CASES, ids=lambda p: "x{}o{}k{}s{}p{}g{}".format(p[0][1:], *p[1:]))
+def test_float_conv_sums_bit_for_bit(p, threads):
+    rng = np.random.default_rng(sum(p[0]) + p[1])
+    ort_y, sums = float_conv_sums(*p, threads, rng)
+    differ = int(np.sum(ort_y.view(np.int32) != sums.view(np.int32)))
+    assert differ == 0, f"{differ} of {sums.size} float sums differ from ORT's float Conv ({threads} threads)"
+
+
+def test_float_sums_follow_the_thread_count():
+    """The premise of NPUSIM_ORT_THREADS: ORT's own float bits change with the thread count, and the
+    engine's sums for one thread count are not another's."""
+    p = ((1, 24, 20, 20), 32, 3, 1, 1, 1)
+    one, sums_one = float_conv_sums(*p, 1, np.random.default_rng(0))
+    four, sums_four = float_conv_sums(*p, 4, np.random.default_rng(0))
+    assert np.any(one.view(np.int32) != four.view(np.int32))
+    assert np.any(sums_one.view(np.int32) != sums_four.view(np.int32))
+
+
+@pytest.mark.parametrize("kind", ["Gemm", "MatMul"])
+def test_float_gemm_sums_bit_for_bit(kind):
+    """A constant B is prepacked (K in slices of 256); Gemm's bias goes into C first."""
+    from npusim.engines import mlas_float
+
+    rng = np.random.default_rng(7)
+    k, units, rows = 700, 24, 5
+    codes = rng.integers(-128, 128, size=(1, rows, k)).astype(np.int8)
+    scale, zp = np.float32(0.021), 3
+    x = (codes.astype(np.int64) - zp).astype(np.float32) * scale
+    w, bias = weights(rng, k, units, scale=0.1), weights(rng, units)
+    if kind == "Gemm":
+        model = oo.gemm_model((rows, k), w, bias, trans_b=False)
+        sess = oo.session(model.SerializeToString(), optimize=False)
+        ort_y = sess.run(None, {"x": x[0]})[0]
+    else:
+        model, bias = oo.matmul_model((1, rows, k), w), np.zeros(units, np.float32)
+        ort_y = oo.run_ort(model.SerializeToString(), x, optimize=False)[0]
+    out = np.empty((1, 1, rows, units), np.int8)
+    sums = np.empty((1, 1, rows, units), np.float32)
+    blocks = np.full(rows, mlas_float.PACKED_STRIDE_K, np.int64)
+    mlas_float.conv(
+        codes.reshape(1, 1, rows, k), scale, zp, w.reshape(1, k, units), bias, kind == "Gemm",
+        [1, 1, 1, 1, 1, 1, 0, 0], blocks, np.zeros(units, np.int64), 1.0, 0, out, sums,
+    )  # fmt: skip
+    assert np.array_equal(ort_y.reshape(rows, units).view(np.int32), sums.reshape(rows, units).view(np.int32))

@@ -276,13 +276,15 @@ def _four(xp, wt, bias, bias_first, b, oy, ox, kh, kw, sh, sw, dh, dw, block, pa
 
 
 @parallel_kernel
-def _conv(xp, wt, bias, bias_first, geometry, blocks, filter_blocks, y_scale, y_zp, out):
+def _conv(xp, wt, bias, bias_first, geometry, blocks, filter_blocks, y_scale, y_zp, out, sums):
     """out[b, oy, ox, g * F + f] = QuantizeLinear(sum over k of xd[k] * wt[g, k, f] and the bias), xd
     the im2col column of (b, oy, ox) in group g, in MLAS's order (module docstring). xp: the
     dequantized input, NCHW, zero-padded; wt float32 [G, K, F], K ordered channel, kernel row,
     kernel column; bias [G * F]; geometry (kh, kw, stride h, w, dilation h, w); blocks [OH * OW],
-    filter_blocks [F] (conv_blocks)."""
+    filter_blocks [F] (conv_blocks). sums: float32 like out to receive the float results before
+    QuantizeLinear (what ORT's float Conv outputs; the tests compare them bit for bit), or empty."""
     batch = xp.shape[0]
+    keep = sums.size > 0
     groups, depth, filters = wt.shape
     kh, kw, sh, sw = geometry[0], geometry[1], geometry[2], geometry[3]
     dh, dw = geometry[4], geometry[5]
@@ -320,6 +322,8 @@ def _conv(xp, wt, bias, bias_first, geometry, blocks, filter_blocks, y_scale, y_
                 for j in range(4):
                     for f in range(filters):
                         out[b, oy, ox + j, f] = _quantize(tot4[j, f], y_scale, lo, hi, y_zp)
+                        if keep:
+                            sums[b, oy, ox + j, f] = tot4[j, f]
                 ox += 4
                 continue
             for g in range(groups):
@@ -353,11 +357,15 @@ def _conv(xp, wt, bias, bias_first, geometry, blocks, filter_blocks, y_scale, y_
                 for f in range(filters):
                     y = tot[f] if bias_first else tot[f] + bias[g * filters + f]
                     out[b, oy, ox, g * filters + f] = _quantize(y, y_scale, lo, hi, y_zp)
+                    if keep:
+                        sums[b, oy, ox, g * filters + f] = y
             ox += 1
     return out
 
 
-def conv(x, x_scale, x_zp, wt, bias, bias_first, geometry, blocks, filter_blocks, y_scale, y_zp, out):
+def conv(
+    x, x_scale, x_zp, wt, bias, bias_first, geometry, blocks, filter_blocks, y_scale, y_zp, out, sums=None
+):
     """See _conv; x int8 NHWC, geometry (kh, kw, stride h, w, dilation h, w, pad top, left)."""
     geometry = np.asarray(geometry, np.int64)
     kh, kw, sh, sw, dh, dw, pt, pl = (int(v) for v in geometry)
@@ -378,4 +386,5 @@ def conv(x, x_scale, x_zp, wt, bias, bias_first, geometry, blocks, filter_blocks
         np.float32(y_scale),
         np.int32(y_zp),
         out,
+        np.empty((0, 0, 0, 0), np.float32) if sums is None else sums,
     )

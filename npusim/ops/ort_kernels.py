@@ -224,6 +224,8 @@ def kernel_for(kernel_class, op, graph, profile, plan: Plan, **extra) -> Kernel:
             return ort_literal.FloatConv(op, graph, profile)
         if op.kind == "FULLY_CONNECTED":
             return ort_literal.FloatGemm(op, graph, profile)
+        if op.kind == "BATCH_MATMUL":
+            return ort_literal.FloatMatMul(op, graph, profile)
         if op.kind == "RESIZE_BILINEAR":
             return ort_literal.FloatResize(op, graph, profile, out_quant)
         return ort_literal.FloatBinary(op, graph, profile)

@@ -65,6 +65,7 @@ FLOAT_NODES = {
     "CONV_2D": {"Conv"},
     "DEPTHWISE_CONV_2D": {"Conv"},
     "FULLY_CONNECTED": {"Gemm", "MatMul"},
+    "BATCH_MATMUL": {"MatMul"},
     "ADD": {"Add"},
     "SUB": {"Sub"},
     "MUL": {"Mul", "Div"},
@@ -109,6 +110,10 @@ def applies(op, graph) -> bool:
             return False
         if node.op_type == "MatMul" and np.ndim(consts[1].value) != 2:
             return False
+    if op.kind == "BATCH_MATMUL":  # batches of equal shapes, no transposition
+        a, b, y = (graph.tensors[t] for t in (op.inputs[0], op.inputs[1], op.outputs[0]))
+        adj = op.options.get("adj_x") or op.options.get("adj_y")
+        return not adj and a.shape[:-2] == b.shape[:-2] == y.shape[:-2]
     return True
 
 
@@ -424,3 +429,50 @@ class FloatResize(Kernel):
         out = (out + (dx2 * dy1).astype(_F32) * x12).astype(_F32)
         out = (out + (dx1 * dy1).astype(_F32) * x22).astype(_F32)
         return ort.quantize_linear(out, self.y_scale, self.y_zp).astype(np.int8)
+
+
+class FloatMatMul(Kernel):
+    """A QDQ MatMul of two activations as ORT-literal runs it: MatMul<float> calls MlasGemmBatch
+    over the batch of matrices with B not prepacked (MlasSgemmOperation's K slices, its M = 1 and
+    N = 1 kernels), then MlasQuantizeLinear."""
+
+    required_inputs, max_inputs = 2, 2
+
+    def __init__(self, op, graph, profile, threads: int | None = None):
+        self.kind = op.kind
+        super().__init__(op, graph, profile)
+        a, b, y = self.inputs[0], self.inputs[1], self.outputs[0]
+        self.require_int8(a, b, y)
+        m, k = a.shape[-2:]
+        n = b.shape[-1]
+        self.matrices = int(np.prod(y.shape[:-2], dtype=np.int64))  # per image (the declared batch)
+        rows, cols = mlas_float.gemm_blocks(m, n, k, mlas_float_threads(threads), batch=self.matrices)
+        self.blocks = rows if rows is not None else np.zeros(m, np.int64)
+        self.filter_blocks = cols if cols is not None else np.zeros(n, np.int64)
+        self.no_bias = np.zeros(n, _F32)
+        self.geometry = np.asarray([1, 1, 1, 1, 1, 1, 0, 0], np.int64)
+
+    def __call__(self, a, b):
+        ta, tb, y = self.inputs[0], self.inputs[1], self.outputs[0]
+        m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
+        a3 = np.ascontiguousarray(a).reshape(-1, m, k)
+        bd = (np.asarray(b).astype(np.int64) - np.int64(tb.quant.zero_point[0])).astype(_F32)
+        b3 = (bd * _F32(tb.quant.scale[0])).reshape(-1, k, n)
+        out = np.empty((a3.shape[0], m, n), np.int8)
+        for i in range(a3.shape[0]):
+            o = out[i].reshape(1, 1, m, n)
+            mlas_float.conv(
+                a3[i].reshape(1, 1, m, k),
+                ta.quant.scale[0],
+                int(ta.quant.zero_point[0]),
+                np.ascontiguousarray(b3[i].reshape(1, k, n)),
+                self.no_bias,
+                False,
+                self.geometry,
+                self.blocks,
+                self.filter_blocks,
+                y.quant.scale[0],
+                int(y.quant.zero_point[0]),
+                o,
+            )
+        return out.reshape(a.shape[:-2] + (m, n))
