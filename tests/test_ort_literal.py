@@ -308,3 +308,19 @@ def test_float_gemm_sums_bit_for_bit(kind):
         [1, 1, 1, 1, 1, 1, 0, 0], blocks, np.zeros(units, np.int64), 1.0, 0, out, sums,
     )  # fmt: skip
     assert np.array_equal(ort_y.reshape(rows, units).view(np.int32), sums.reshape(rows, units).view(np.int32))
+
+
+def test_weights_given_at_run_time_are_refused():
+    """The float kernels run the file's weights: other weights (a trainer's) end in one line, not in
+    results that silently ignore them."""
+    from npusim.errors import NpusimError
+
+    rng = np.random.default_rng(1)
+    model = oo.conv_model((1, 4, 6, 6), weights(rng, 5, 4, 3, 3), weights(rng, 5), pads=(1, 1, 1, 1))
+    graph = npusim.load_model(oo.quantize(model, "QDQ", per_channel=True))
+    interp = npusim.Interpreter(graph, profile="onnxruntime")
+    conv = next(op for op in graph.ops if op.kind == "CONV_2D")
+    w = graph.tensors[conv.inputs[1]].data.copy()
+    x = oo.random_inputs(model, 1)[0]["x"]
+    with pytest.raises(NpusimError, match="weights given at run time"):
+        interp.evaluate({graph.inputs[0]: x}, overrides={conv.inputs[1]: w})

@@ -142,6 +142,18 @@ def _quantized_out(kernel, y) -> np.ndarray:
     return np.clip(q, lo, hi).astype(np.int8)
 
 
+def _require_file_constants(kernel, w, b):
+    """These kernels run the file's own float weights: weights given at run time (a trainer's
+    overrides) would be ignored, so they are refused in one line instead."""
+    for given, k in ((w, 1), (b, 2)):
+        t = kernel.inputs[k] if k < len(kernel.inputs) else None
+        if given is not None and t is not None and given is not t.data:
+            raise kernel.error(
+                "weights given at run time: --profile onnxruntime runs the ONNX file's own float "
+                "weights for this QDQ node (ORT-literal); use --profile tflm to run other weights"
+            )
+
+
 class FloatConv(Kernel):
     """A QDQ Conv as ORT-literal runs it: MlasConv on the dequantized input and weights, + bias,
     MlasQuantizeLinear (the clamp of a fused Relu / Clip after it)."""
@@ -198,6 +210,7 @@ class FloatConv(Kernel):
         return int(np.prod(y[1:], dtype=np.int64)) * self.wt.shape[1]
 
     def __call__(self, x, w=None, b=None):
+        _require_file_constants(self, w, b)
         x = np.ascontiguousarray(x)
         y, t = self.outputs[0], self.outputs[0].quant
         out = np.empty((x.shape[0],) + tuple(y.shape[1:]), np.int8)
@@ -258,6 +271,7 @@ class FloatGemm(Kernel):
         )
 
     def __call__(self, x, w=None, b=None):
+        _require_file_constants(self, w, b)
         x = np.ascontiguousarray(x)
         t = self.outputs[0].quant
         rows = int(np.prod(x.shape[:-1], dtype=np.int64))
