@@ -216,7 +216,9 @@ def test_default_threads_are_physical_cores(monkeypatch):
     monkeypatch.delenv(ort_literal.THREADS_ENV, raising=False)
     assert ort_literal.ort_threads() == ort_literal.physical_cores() >= 1
     monkeypatch.setenv(ort_literal.THREADS_ENV, "0")
-    with pytest.raises(ValueError, match="NPUSIM_ORT_THREADS"):
+    from npusim.errors import NpusimError
+
+    with pytest.raises(NpusimError, match="NPUSIM_ORT_THREADS"):
         ort_literal.ort_threads()
 
 

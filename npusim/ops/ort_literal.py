@@ -22,6 +22,7 @@ import os
 import numpy as np
 
 from ..engines import mlas_float
+from ..errors import NpusimError
 from ..quant import ONNXRUNTIME, activation_range
 from . import onnxruntime as ort
 from .base import Kernel
@@ -56,7 +57,7 @@ def ort_threads() -> int:
     if not value:
         return physical_cores()
     if not value.isdigit() or int(value) < 1:
-        raise ValueError(f"{THREADS_ENV}={value!r}: expected a thread count of 1 or more")
+        raise NpusimError(f"{THREADS_ENV}={value!r}: expected a thread count of 1 or more")
     return int(value)
 
 
