@@ -191,6 +191,12 @@ def test_matmul_two_activations(a_shape, b_shape, threads):
     assert_literal(model, threads, n=3)
 
 
+@pytest.mark.parametrize("shape", [(1, 6, 5, 5), (1, 16, 7, 3), (1, 8, 14, 14)])
+def test_global_average_pool(shape):
+    """MlasPoolGlobalKernel: four lane sums, then the rest, divided by H x W, in float32."""
+    assert_literal(oo.unary_model("GlobalAveragePool", shape), n=8, force_input=True)
+
+
 def test_concat():
     assert_literal(oo.concat_model([(1, 3, 5, 5), (1, 4, 5, 5)]), n=6)
 

@@ -226,6 +226,8 @@ def kernel_for(kernel_class, op, graph, profile, plan: Plan, **extra) -> Kernel:
             return ort_literal.FloatGemm(op, graph, profile)
         if op.kind == "BATCH_MATMUL":
             return ort_literal.FloatMatMul(op, graph, profile)
+        if op.kind == "MEAN":
+            return ort_literal.FloatGlobalAveragePool(op, graph, profile)
         if op.kind == "RESIZE_BILINEAR":
             return ort_literal.FloatResize(op, graph, profile, out_quant)
         return ort_literal.FloatBinary(op, graph, profile)

@@ -71,6 +71,7 @@ FLOAT_NODES = {
     "SUB": {"Sub"},
     "MUL": {"Mul", "Div"},
     "RESIZE_BILINEAR": {"Resize"},
+    "MEAN": {"GlobalAveragePool"},
 }
 
 
@@ -491,3 +492,35 @@ class FloatMatMul(Kernel):
                 o,
             )
         return out.reshape(a.shape[:-2] + (m, n))
+
+
+class FloatGlobalAveragePool(Kernel):
+    """A QDQ GlobalAveragePool as ORT-literal runs it: MlasPoolGlobalKernel on the dequantized input,
+    per channel four lane sums over the H x W values in row order (lane j takes i = j mod 4 of the
+    whole fours), reduced as (l0 + l2) + (l1 + l3) (MlasReduceAddFloat32x4), the rest added one by
+    one, divided by H * W in float32, then MlasQuantizeLinear."""
+
+    required_inputs, max_inputs = 1, 2
+
+    def __init__(self, op, graph, profile):
+        self.kind = op.kind
+        super().__init__(op, graph, profile)
+        self.require_int8(self.inputs[0], self.outputs[0])
+
+    def __call__(self, x, axes=None):
+        t, y = self.inputs[0], self.outputs[0]
+        n, h, w, c = x.shape
+        v = (np.asarray(x).astype(np.int64) - np.int64(t.quant.zero_point[0])).astype(_F32)
+        v = (v * _F32(t.quant.scale[0])).reshape(n, h * w, c)
+        size = h * w
+        body = size // 4 * 4
+        lanes = np.zeros((4, n, c), _F32)
+        for i in range(0, body, 4):
+            for j in range(4):
+                lanes[j] = lanes[j] + v[:, i + j]
+        total = ((lanes[0] + lanes[2]).astype(_F32) + (lanes[1] + lanes[3]).astype(_F32)).astype(_F32)
+        for i in range(body, size):
+            total = (total + v[:, i]).astype(_F32)
+        mean = (total / _F32(size)).astype(_F32)
+        q = ort.quantize_linear(mean, y.quant.scale[0], int(y.quant.zero_point[0])).astype(np.int8)
+        return q.reshape((n,) + tuple(y.shape[1:]))
