@@ -82,3 +82,20 @@ def test_shared_qdq_model_equals_ort_literal(name, threads, monkeypatch):
     differ = int(np.sum(lit_c != sim_c))
     assert differ == 0, f"{name}: {differ} of {lit_c.size} output codes differ from ORT-literal"
     assert oo.cosine(got, oo.run_ort(model, x)) >= 0.999
+
+
+@pytest.mark.parametrize(
+    "seed,activation,per_channel", [(0, "int8", True), (1, "int8", False), (2, "uint8", True)]
+)
+def test_qdq_cnn_equals_ort_literal(seed, activation, per_channel, monkeypatch):
+    """An ORT-quantized classifier in QDQ format (Conv + Relu, depthwise, strided and 1x1 Convs,
+    residual Add, MaxPool, GlobalAveragePool, Flatten, Gemm): every output element of ORT's
+    unoptimized run."""
+    monkeypatch.setenv("NPUSIM_ORT_THREADS", "1")
+    model = oo.small_cnn_model(seed, size=32)
+    q = oo.quantize(model, "QDQ", per_channel, activation, seed=seed)
+    x = np.concatenate([f["x"] for f in oo.random_inputs(model, 16, seed=seed + 10)])
+    scale, zp = oo.output_quantization(q)
+    literal = oo.output_steps(oo.run_ort(q, x, optimize=False), scale, zp)
+    got = oo.output_steps(npusim.Interpreter(npusim.load_model(q), profile="onnxruntime").run(x), scale, zp)
+    O.assert_same(literal, got, f"QDQ CNN {activation} per_channel={per_channel}: npusim vs ORT-literal")
