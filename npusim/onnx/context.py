@@ -91,6 +91,10 @@ class Lowering:
         self.skip: set = set()  # ids of nodes a fused lowering has taken over
         self.weights: dict = {}  # graph tensor index -> (initializer name, how to write it back)
         self.node = None  # the node being lowered, for messages
+        # op index -> (the ONNX node it was lowered from, {input position: Const}, {input position:
+        # activation layout}): ORT's literal
+        # float arithmetic needs the node and its constants as the file wrote them (ops/ort_literal.py)
+        self.origin: dict = {}
         self.unlowered: list = []  # plan_only: the nodes npusim cannot lower (plan.py)
         self.inferred: dict | None = None  # plan_only: ONNX shape inference, once
         self.consumers: dict = {}
@@ -137,6 +141,11 @@ class Lowering:
             index=len(self.ops),
         )
         self.ops.append(op)
+        if self.node is not None:
+            inputs = {i: self.env.get(n) for i, n in enumerate(self.node.input) if n}
+            consts = {i: c for i, c in inputs.items() if isinstance(c, Const)}
+            perms = {i: v.perm for i, v in inputs.items() if isinstance(v, Value)}
+            self.origin[op.index] = (self.node, consts, perms)
         return op
 
     def quant(self, t: int) -> Quantization:

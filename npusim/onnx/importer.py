@@ -37,6 +37,7 @@ class OnnxSource:
         # plan_only: {"node", "op", "reason", "index"} per node npusim cannot lower (plan.py); index is
         # the op standing in for it, None where it has none
         self.unlowered: list = []
+        self.origin: dict = {}  # op index -> (ONNX node, consts, layouts): Lowering.origin
         self.op_count, self.tensor_count = op_count, tensor_count  # what the import made
 
 
@@ -89,6 +90,7 @@ def _lower(model, order: list, where: str, plan_only: bool = False):
     source = OnnxSource(model, ctx.weights, len(ctx.ops), len(ctx.tensors), values)
     source.rebuilt = _rebuilt_weights(ctx)
     source.unlowered = ctx.unlowered
+    source.origin = ctx.origin
     return to_graph(ctx, inputs, outputs, source)
 
 

@@ -14,6 +14,7 @@ from ..engines.lookup import lookup
 from ..errors import NpusimError
 from ..graph import Graph, Quantization
 from . import onnxruntime as ort
+from . import ort_literal
 from .base import Kernel
 from .float_form import real_value
 
@@ -218,6 +219,18 @@ def kernel_for(kernel_class, op, graph, profile, plan: Plan, **extra) -> Kernel:
         return IntegerRescale(kernel_class, op, graph, profile)
     if op.index in plan.pass_through:
         return PassThrough(op, graph, profile)
+    if ort_literal.applies(op, graph):  # a float op between Q/DQ: ORT_DISABLE_ALL's float kernel
+        if op.kind in ("CONV_2D", "DEPTHWISE_CONV_2D"):
+            return ort_literal.FloatConv(op, graph, profile)
+        if op.kind == "FULLY_CONNECTED":
+            return ort_literal.FloatGemm(op, graph, profile)
+        if op.kind == "BATCH_MATMUL":
+            return ort_literal.FloatMatMul(op, graph, profile)
+        if op.kind == "MEAN":
+            return ort_literal.FloatGlobalAveragePool(op, graph, profile)
+        if op.kind == "RESIZE_BILINEAR":
+            return ort_literal.FloatResize(op, graph, profile, out_quant)
+        return ort_literal.FloatBinary(op, graph, profile)
     if op.kind == "LOGISTIC" and out_quant is not None:
         return SigmoidTable(op, graph, profile, out_quant)
     if op.kind in KINDS:

@@ -318,7 +318,8 @@ def quantize(
 def session(model_bytes: bytes, optimize: bool = True, threads: int = 1, optimized_path: str | None = None):
     """An ORT CPU session: optimize True is ORT's default (ORT_ENABLE_ALL: QDQ patterns fused into
     integer kernels), False is ORT_DISABLE_ALL (every DequantizeLinear, float op and QuantizeLinear
-    run as written: the literal QDQ semantics). One inter-op thread, `threads` intra-op threads."""
+    run as written: the literal QDQ semantics). One inter-op thread, `threads` intra-op threads (0: ORT's
+    default, the physical cores)."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
