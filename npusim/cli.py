@@ -12,6 +12,8 @@ from pathlib import Path
 import click
 import numpy as np
 
+from . import interrupt
+from .atomic import WriteFailed, replacing
 from .errors import NpusimError
 from .model_io import load_model, model_suffix
 from .profiles import PROFILES
@@ -42,21 +44,33 @@ def fail(message: str, code: int = 2):
 
 
 def friendly_errors(func):
-    """Turn the project's errors into one line and exit 2; never a traceback for bad input."""
+    """Turn the project's errors into one line and exit 2; never a traceback for bad input. A
+    SIGINT, SIGTERM or SIGHUP while the command runs: one line and exit 130 (npusim/interrupt.py),
+    whatever the command was doing (a KeyboardInterrupt, or an error it caused on its way out)."""
 
     @functools.wraps(func)
     def wrapper(*args, **kwargs):
         from .tuning import tune_process  # here, not in the group: a usage error loads no kernel
 
         try:
-            tune_process()
-            return func(*args, **kwargs)
+            with interrupt.guarded():
+                tune_process()
+                return func(*args, **kwargs)
         except NpusimError as e:
+            if interrupt.is_interrupt(e):  # raised while an interrupt unwound (a write cut short)
+                interrupted()
             fail(str(e))
-        except KeyboardInterrupt:
-            fail("interrupted", 130)
+        except (KeyboardInterrupt, Exception) as e:
+            if not interrupt.is_interrupt(e):
+                raise
+            interrupted()
 
     return wrapper
+
+
+def interrupted():
+    interrupt.ignore_further()
+    fail("interrupted", interrupt.EXIT_STATUS)
 
 
 def load_array(path: str, what: str) -> np.ndarray:
@@ -79,16 +93,17 @@ def check_output_path(path: str, option: str, suffixes=(".npy", ".npz")):
         raise NpusimError(f"{option} {path}: expected a path ending in {names}, nothing written")
 
 
-def save_array(path: str, value=None, archive: dict | None = None):
-    """np.save / np.savez to exactly `path` (given a name, both would append their own suffix)."""
+def save_array(path, value=None, archive: dict | None = None):
+    """np.save / np.savez to exactly `path` (given a name, both would append their own suffix), whole
+    or not at all: the previous file stays where this one cannot be written (npusim/atomic.py)."""
     try:
-        with open(path, "wb") as f:
+        with replacing(path) as f:
             if archive is None:
                 np.save(f, value)
             else:
                 np.savez(f, **archive)
-    except OSError as e:
-        raise NpusimError(f"cannot write output: {e.strerror}: {e.filename}") from None
+    except WriteFailed as e:
+        raise NpusimError(str(e)) from None
 
 
 def tensor_file_name(index: int, name: str) -> str:
@@ -168,15 +183,15 @@ def run(model, input_paths, output_paths, profile, dump):
         if dump:
             try:
                 write_dump(interp, values, Path(dump))
-            except OSError as e:
-                raise NpusimError(f"--dump: cannot write: {e.strerror}: {e.filename}") from None
+            except OSError as e:  # the folder (a WriteFailed names its file and cause)
+                raise NpusimError(f"--dump {dump}: {e}") from None
         values = results = None  # this input's tensors go before the next input runs
 
 
 def write_dump(interp, values: dict, directory: Path):
     directory.mkdir(parents=True, exist_ok=True)
     for index, value in values.items():
-        np.save(directory / tensor_file_name(index, interp.graph.tensors[index].name), value)
+        save_array(directory / tensor_file_name(index, interp.graph.tensors[index].name), value)
 
 
 @main.command()

@@ -56,7 +56,23 @@ _STATUS = struct.Struct("!i")
 def main() -> int:
     """The `npusim` console script: through the resident server (by default where it is DEFAULT_ON,
     else with NPUSIM_RESIDENT=1), or, with NPUSIM_RESIDENT=0 or where no server can serve, the command
-    line in this process."""
+    line in this process. It does not return: the process ends with the command's status."""
+    from . import interrupt
+
+    interrupt.exit_on_signal()  # from the first moment: a signal is one line and 130, never a traceback
+    code = _command_status()
+    # Python's own exit first puts the default handlers back, and a SIGTERM in that window would end
+    # the process with no line and no status of its own; everything is written by now (outputs are
+    # renamed into place and synced, npusim/atomic.py), so the process leaves at once.
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe: what it could not take is lost either way
+            pass
+    os._exit(code)
+
+
+def _command_status() -> int:
     switch = os.environ.get(ENV, "")
     if switch not in ("", "0", "1"):
         print(f"error: {ENV}={switch}: expected 0 or 1", file=sys.stderr)
@@ -71,12 +87,21 @@ def main() -> int:
         except ValueError as e:  # a bad NPUSIM_RESIDENT_IDLE_S
             print(f"error: {e}", file=sys.stderr)
             return 2
-        except KeyboardInterrupt:  # before the call reached the server
-            print("error: interrupted", file=sys.stderr)
-            return 130
     from .cli import main as cli_main
 
-    return cli_main(prog_name="npusim")  # the served command's name too, however it was started
+    try:
+        cli_main(prog_name="npusim")  # the served command's name too, however it was started
+    except SystemExit as e:
+        return _exit_status(e)
+    return 0
+
+
+def _exit_status(e: SystemExit) -> int:
+    """The status Python's exit gives a SystemExit (a message is printed, status 1)."""
+    if e.code is None or isinstance(e.code, int):
+        return e.code or 0
+    print(e.code, file=sys.stderr)
+    return 1
 
 
 def idle_seconds(env=os.environ) -> float:
@@ -277,34 +302,35 @@ def _enter(request: dict, fds: list) -> None:
     sys.argv = ["npusim", *request["argv"]]
 
 
-def _run_command(argv: list, started: threading.Event, interrupted: threading.Event) -> int:
+def _run_command(argv: list) -> int:
     """The command line on argv, as its own process would end it: its exit status."""
     import traceback
 
     from .cli import main as cli_main
 
     try:
-        started.set()  # from here a forwarded Ctrl-C interrupts the command (on_sigint)
-        if interrupted.is_set():  # it came before
-            raise KeyboardInterrupt
         cli_main.main(args=argv, prog_name="npusim", standalone_mode=True)
         return 0
     except SystemExit as e:
-        if e.code is None or isinstance(e.code, int):
-            return e.code or 0
-        print(e.code, file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("error: interrupted", file=sys.stderr)
-        return 130
+        return _exit_status(e)
     except BaseException:  # what Python prints and exits 1 with
         traceback.print_exc()
         return 1
 
 
+def _release_stdio() -> None:
+    """Put /dev/null on stdin, stdout and stderr: the caller's streams are let go of."""
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in STDIO:
+        os.dup2(null, fd)
+    os.close(null)
+
+
 def _serve_call(conn) -> None:
     """One call, in a process forked for it: take the caller's descriptors and request, run the
     command, send its exit status back, and let go of the caller's streams."""
+    from . import interrupt
+
     conn.sendall(b"R")  # taken (the client may have left: then what follows reads nothing)
     msg, fds, _, _ = socket.recv_fds(conn, _HEADER.size, len(STDIO))
     if len(msg) < _HEADER.size or len(fds) != len(STDIO):
@@ -312,47 +338,43 @@ def _serve_call(conn) -> None:
     (n,) = _HEADER.unpack(msg)
     request = json.loads(_recv_exactly(conn, n))
     main_thread = threading.get_ident()
-    started, interrupted = threading.Event(), threading.Event()
 
-    def on_sigint(signum, frame):
-        if started.is_set():
-            raise KeyboardInterrupt
+    def send_status(code: int) -> None:
+        try:
+            conn.sendall(_STATUS.pack(code))
+        except OSError:  # the client has gone: nobody to tell
+            pass
 
     def watch():
-        # A byte from the client (its Ctrl-C) interrupts the command; one that comes before the
-        # command starts stops it before it does anything. The client's end (killed, or a second
-        # Ctrl-C) interrupts it too, and, as its own process would have ended with the client, ends
-        # this one after GONE_GRACE_S should the command not stop (inside a kernel, or blocked in C),
-        # so that it holds none of the caller's pipes open.
-        while True:
-            try:
-                byte = conn.recv(1)
-            except OSError:
-                byte = b""
-            interrupted.set()
-            signal.pthread_kill(main_thread, signal.SIGINT)
-            if not byte:
-                time.sleep(GONE_GRACE_S)
-                os._exit(130)
+        # A byte from the client (its Ctrl-C, SIGTERM or SIGHUP) interrupts the command as the signal
+        # would in its own process (npusim/interrupt.py: at once before the command runs, else through
+        # a KeyboardInterrupt). The client's end (killed) interrupts it too, silently: nobody reads
+        # its line; and, as its own process would have ended with the client, ends it after
+        # GONE_GRACE_S should the command not stop (blocked in C), so that it holds none of the
+        # caller's files open.
+        try:
+            byte = conn.recv(1)
+        except OSError:
+            byte = b""
+        if not byte:
+            _release_stdio()
+        signal.pthread_kill(main_thread, signal.SIGINT)
+        if not byte:
+            time.sleep(GONE_GRACE_S)
+            os._exit(130)
 
-    signal.signal(signal.SIGINT, on_sigint)
     _enter(request, fds)
+    interrupt.exit_on_signal(end=send_status)
     threading.Thread(target=watch, daemon=True).start()
-    code = _run_command(request["argv"], started, interrupted)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C from here on would only lose the status
+    code = _run_command(request["argv"])
+    interrupt.ignore_further()  # a signal from here on would only lose the status
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
         except (OSError, ValueError):
             pass
-    null = os.open(os.devnull, os.O_RDWR)  # the caller's streams are released with the status
-    for fd in STDIO:
-        os.dup2(null, fd)
-    os.close(null)
-    try:
-        conn.sendall(_STATUS.pack(code))
-    except OSError:  # the client has gone: nobody to tell
-        pass
+    _release_stdio()  # the caller's streams are released with the status
+    send_status(code)
 
 
 def _fork_call(conn, listener) -> tuple | None:

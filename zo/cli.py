@@ -6,14 +6,14 @@ commands, under the interrupt guard, so that Ctrl-C while they load is one line 
 from __future__ import annotations
 
 import os
-import signal
 import sys
 from pathlib import Path
 
 import click
 from click.core import ParameterSource
 
-from . import interrupt
+from npusim import interrupt
+
 from .errors import ZoError
 
 
@@ -29,8 +29,9 @@ def the_zo_command() -> bool:
 
 
 def interrupted(message: str):
-    """Ctrl-C's one line and exit 130; a second Ctrl-C while it is written changes nothing."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    """Ctrl-C's (or SIGTERM's, SIGHUP's) one line and exit 130; a second signal while it is written
+    changes nothing."""
+    interrupt.ignore_further()
     click.echo(f"error: {message}", err=True)
     if the_zo_command():
         # Python's own exit, after the simulator has run, takes 1 to 2 s on a loaded 2-core machine
