@@ -74,9 +74,15 @@ class WriteFailed(OSError):
 
     def __init__(self, path, e: OSError):
         super().__init__(e.errno or errno.EIO, cause(e), str(path))
+        self.kept = os.path.isfile(path)  # a previous file, left as it was
+
+    def message(self, what: str = "") -> str:
+        """`cannot write [what ]PATH: CAUSE[; the previous file is kept]`."""
+        kept = "; the previous file is kept" if self.kept else ""
+        return f"cannot write {what + ' ' if what else ''}{self.filename}: {self.strerror}{kept}"
 
     def __str__(self) -> str:
-        return f"cannot write {self.filename}: {self.strerror}; the previous file, if any, is kept"
+        return self.message()
 
 
 @contextmanager

@@ -103,7 +103,7 @@ def save_array(path, value=None, archive: dict | None = None):
             else:
                 np.savez(f, **archive)
     except WriteFailed as e:
-        raise NpusimError(str(e)) from None
+        raise NpusimError(e.message("output")) from None
 
 
 def tensor_file_name(index: int, name: str) -> str:

@@ -91,7 +91,7 @@ def test_a_dump_under_a_file_size_limit_is_one_line(files):
         files,
         preexec_fn=limited(4000),  # y.npy fits, the input tensor of 49 KB does not
     )
-    one_error_line(done, "cannot write d/0000_input.npy", "File too large")
+    one_error_line(done, "cannot write output d/0000_input.npy", "File too large")
     assert leftovers(files / "d") == []
 
 
@@ -139,7 +139,7 @@ def test_on_a_full_disk_the_old_file_stays_and_the_cause_is_named(tmp_path):
         timeout=300,
     )
     lines = done.stderr.splitlines()
-    assert lines[0] == f"error: cannot write {disk}/y.npy: No space left on device; the previous file, if any, is kept"
+    assert lines[0] == f"error: cannot write output {disk}/y.npy: No space left on device; the previous file is kept"
     assert lines[1] == "status 2", done.stderr
     assert sorted(lines[2:]) == [".", "..", "filler", "y.npy"]  # no temporary file left
     assert (tmp_path / "kept").read_bytes() == OLD
@@ -163,7 +163,7 @@ def test_a_write_that_fails_midway_keeps_the_old_file(tmp_path, monkeypatch):
         with atomic.replacing(path) as f:
             np.savez(f, a=np.arange(1000), b=np.arange(1000))
     monkeypatch.undo()
-    assert str(failed.value) == f"cannot write {path}: No space left on device; the previous file, if any, is kept"
+    assert str(failed.value) == f"cannot write {path}: No space left on device; the previous file is kept"
     assert path.read_bytes() == OLD and leftovers(tmp_path) == []
 
 
