@@ -14,6 +14,7 @@ import numpy as np
 
 from . import interrupt
 from .atomic import WriteFailed, replacing
+from .display import shown, shown_lines
 from .errors import NpusimError
 from .model_io import load_model, model_suffix
 from .profiles import PROFILES
@@ -39,7 +40,7 @@ PROFILE = click.option(
 
 
 def fail(message: str, code: int = 2):
-    click.echo(f"error: {message}", err=True)
+    click.echo(f"error: {shown(message)}", err=True)  # names from the file, escaped (npusim/display.py)
     sys.exit(code)
 
 
@@ -282,7 +283,7 @@ def inspect(model, target, fmt, calibration, npu_efficiency, m55_macs_per_cycle)
             click.echo(json.dumps(data, indent=1))
         else:
             text = format_report(dev, Path(model).name, fitted)
-            click.echo("\n".join([*head, text, *([note] if note else [])]))
+            click.echo(shown_lines("\n".join([*head, text, *([note] if note else [])])))
         return
     if npu_efficiency is not None or m55_macs_per_cycle is not None or calibration is not None:
         raise NpusimError(
@@ -297,7 +298,7 @@ def inspect(model, target, fmt, calibration, npu_efficiency, m55_macs_per_cycle)
         click.echo(json.dumps(data, indent=1))
         return
     note = unsupported_line(interp, "`npusim run` refuses the model, the totals leave them out")
-    click.echo("\n".join([*head, *op_table(records), *([note] if note else [])]))
+    click.echo(shown_lines("\n".join([*head, *op_table(records), *([note] if note else [])])))
 
 
 @main.group()
@@ -400,7 +401,7 @@ def golden_check(paths):
 
     if len(paths) == 2:  # one pair: its contract as it always was
         result = check(*paths)
-        click.echo(result.message())
+        click.echo(shown_lines(result.message()))
         if not result.ok:
             sys.exit(1)
         return
@@ -438,9 +439,9 @@ def check_pairs(pairs) -> int:
             failed += 1
             message = str(e)
             named = str(golden_file) in message or str(model) in message
-            click.echo(f"error: {message if named else f'{golden_file}: {message}'}", err=True)
+            click.echo(f"error: {shown(message if named else f'{golden_file}: {message}')}", err=True)
             continue
-        click.echo(f"{golden_file}: {result.message()}")
+        click.echo(shown_lines(f"{golden_file}: {result.message()}"))
         ok += result.ok
         mismatched += not result.ok
     click.echo(f"{len(pairs)} golden file(s) checked: {ok} OK, {mismatched} MISMATCH, {failed} error(s)")
@@ -485,7 +486,7 @@ def compare(model, input_path, a, b, reference):
     result = (
         compare_profiles(graph, x, a, b) if reference is None else compare_reference(graph, x, reference, a)
     )
-    click.echo(format_comparison(result))
+    click.echo(shown_lines(format_comparison(result)))
 
 
 @main.command()
@@ -543,9 +544,9 @@ def validate(int8_model, input_path, float_path, labels_path, profile, fmt, repo
     if fmt == "json":
         click.echo(json.dumps(result.json, indent=1))
     elif fmt == "csv":
-        click.echo(v.csv_report(result), nl=False)
+        click.echo(shown_lines(v.csv_report(result)), nl=False)
     else:
-        click.echo(v.text_report(result), nl=False)
+        click.echo(shown_lines(v.text_report(result)), nl=False)
 
 
 if __name__ == "__main__":

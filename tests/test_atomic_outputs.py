@@ -139,7 +139,8 @@ def test_on_a_full_disk_the_old_file_stays_and_the_cause_is_named(tmp_path):
         timeout=300,
     )
     lines = done.stderr.splitlines()
-    assert lines[0] == f"error: cannot write output {disk}/y.npy: No space left on device; the previous file is kept"
+    kept = "the previous file is kept"
+    assert lines[0] == f"error: cannot write output {disk}/y.npy: No space left on device; {kept}"
     assert lines[1] == "status 2", done.stderr
     assert sorted(lines[2:]) == [".", "..", "filler", "y.npy"]  # no temporary file left
     assert (tmp_path / "kept").read_bytes() == OLD
@@ -213,4 +214,5 @@ def test_a_report_with_a_math_tensor_name_is_written_whole(tmp_path):
     np.save(tmp_path / "x.npy", np.random.default_rng(0).integers(-128, 128, (8, 4, 6), dtype=np.int8))
     done = npusim(["validate", "m.tflite", "--input", "x.npy", "--report", "r"], tmp_path)
     assert done.returncode == 0, done.stderr
-    assert sorted(p.name for p in (tmp_path / "r").iterdir()) == ["error_0.png", "index.html", "sqnr.png", "worst.png"]
+    written = sorted(p.name for p in (tmp_path / "r").iterdir())
+    assert written == ["error_0.png", "index.html", "sqnr.png", "worst.png"]

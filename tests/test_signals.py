@@ -280,5 +280,6 @@ def test_a_signal_at_any_moment_is_one_line_and_exit_130(folder, served_env, com
                 written = read(os.path.join(cwd, name))
                 assert written in (b"", expected), f"{case}: {name} half-written ({len(written)} bytes)"
     print(f"{command}: {counts}")  # with -s: where the signals landed
-    if command != "inspect":  # inspect runs no kernel
-        assert counts["kernel"] >= SIGNAL_TIMES // 5, counts
+    # Where the signals landed: a share of them inside the kernels (inspect runs none; validate spends
+    # most of its time in its metrics, after the kernels).
+    assert counts["kernel"] >= {"inspect": 0, "validate": SIGNAL_TIMES // 10}.get(command, SIGNAL_TIMES // 5)

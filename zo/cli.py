@@ -191,6 +191,11 @@ def train(ctx, out_dir, resume, quiet, **options):
         if not interrupt.is_interrupt(e):
             raise
         interrupted(interrupt_message(run_dir, trainer, {k: options[k] for k in given}))
+    finally:
+        if run_dir is not None:  # a caller of main() in one process may train in the folder again
+            from .run_lock import release_run
+
+            release_run(run_dir)
     from .progress import percent
 
     exported = next(Path(run_dir).glob("model.*"), Path(run_dir) / "model.tflite")
@@ -217,6 +222,7 @@ def set_up(options: dict, given: set, out_dir, resume, quiet):
     import npusim
 
     from .resume import resume_command, resumed_options
+    from .run_lock import lock_run, refuse_own_model
     from .trainer import TrainConfig, Trainer
 
     npusim.tune_process()
@@ -228,13 +234,17 @@ def set_up(options: dict, given: set, out_dir, resume, quiet):
             raise ZoError(
                 f"--resume {resume}: resume continues a run in place, expected no --out or --out {resume}"
             )
+        lock_run(resume, "--resume")  # before anything of the run is read: one writer at a time
         options = resumed_options(resume, options, given)
+        refuse_own_model(options["model"], resume, "--resume")
     else:
         for name in ("model", "data", "out_dir"):
             if (options | {"out_dir": out_dir})[name] is None:
                 raise ZoError(
                     f"--{name.split('_')[0]} is required to start a run (or --resume DIR to continue one)"
                 )
+        refuse_own_model(options["model"], out_dir)
+        lock_run(out_dir)
         if (Path(out_dir) / "checkpoints" / "last.npz").exists():
             raise ZoError(
                 f"--out {out_dir}: already holds a run; continue it with: {resume_command(out_dir)}, or "
