@@ -37,7 +37,19 @@ import threading
 import time
 
 # Where a server is (its key and files), found and stopped: npusim/resident_files.py.
-from .resident_files import ENV, Unavailable, running, server_key, server_paths, stop  # noqa: F401
+from .resident_files import (  # noqa: F401
+    ENV,
+    HASH_ENV,
+    OtherContext,
+    Unavailable,
+    environment_hash,
+    process_context,
+    running,
+    server_environment,
+    server_key,
+    server_paths,
+    stop,
+)
 
 IDLE_ENV = "NPUSIM_RESIDENT_IDLE_S"
 IDLE_S = 600.0
@@ -49,6 +61,7 @@ START_TIMEOUT_S = 120.0
 BUSY_WAIT_S = 10.0  # a server that has not forked for the call this long: it runs in its own process
 REAP_EVERY_S = 1.0  # how often a server with running calls collects the ended ones
 GONE_GRACE_S = 2.0  # a call whose client has gone ends this long after, if its command has not
+REQUEST_TIMEOUT_S = 10.0  # a connection that sends no request within this is closed
 _HEADER = struct.Struct("!I")
 _STATUS = struct.Struct("!i")
 
@@ -77,12 +90,11 @@ def _command_status() -> int:
     if switch not in ("", "0", "1"):
         print(f"error: {ENV}={switch}: expected 0 or 1", file=sys.stderr)
         return 2
-    about_the_server = sys.argv[1:2] == ["server"]  # `npusim server status|stop`: never through it
-    if (switch == "1" or (switch == "" and DEFAULT_ON)) and not about_the_server:
+    if (switch == "1" or (switch == "" and DEFAULT_ON)) and not _answered_here(sys.argv[1:]):
         try:
             return call(sys.argv[1:])
         except Unavailable as e:
-            if switch == "1":  # asked for: say why not (by default the fallback is silent)
+            if switch == "1" and not isinstance(e, OtherContext):  # asked for: say why not
                 print(f"npusim: no resident server ({e}); running in this process", file=sys.stderr)
         except ValueError as e:  # a bad NPUSIM_RESIDENT_IDLE_S
             print(f"error: {e}", file=sys.stderr)
@@ -94,6 +106,12 @@ def _command_status() -> int:
     except SystemExit as e:
         return _exit_status(e)
     return 0
+
+
+def _answered_here(argv: list) -> bool:
+    """Calls that never start a server: `npusim server ...` (it is about the server), help, the
+    version and a bare `npusim` (click answers them before any kernel loads)."""
+    return argv[:1] in ([], ["server"]) or any(a in ("--help", "-h", "--version") for a in argv)
 
 
 def _exit_status(e: SystemExit) -> int:
@@ -156,7 +174,7 @@ def connect_or_start(paths: dict, env=os.environ):
                 stdout=log,
                 stderr=log,
                 cwd=os.path.dirname(paths["sock"]),
-                env=dict(env),
+                env=server_environment(env),  # not the caller's tokens: the server outlives it
                 start_new_session=True,  # the terminal's Ctrl-C reaches the client, which forwards it
             )
         deadline = time.monotonic() + START_TIMEOUT_S
@@ -213,13 +231,20 @@ def call(argv: list, env=os.environ) -> int:
     except OSError as e:  # the runtime folder full or read-only, no more processes, ...
         raise Unavailable(f"{e.filename}: {e.strerror}" if e.filename else str(e.strerror)) from None
     with conn:
-        # The process forked for the call says when it has it. A server that does not answer (one
-        # stopped, or starting up under load) must not hold the call: it runs in its own process.
+        # The process forked for the call reads the request and says whether it takes the call: "R",
+        # or "N" where the caller's context is not the server's (it runs in its own process,
+        # silently). A server that does not answer (one stopped, or starting up under load) must not
+        # hold the call either.
         conn.settimeout(START_TIMEOUT_S if fresh else BUSY_WAIT_S)
+        header = json.dumps(request).encode()
         try:
+            socket.send_fds(conn, [_HEADER.pack(len(header))], list(STDIO))
+            conn.sendall(header)
             ready = conn.recv(1)
-        except (TimeoutError, ConnectionError):
+        except (TimeoutError, OSError):
             raise Unavailable("the server did not take the call") from None
+        if ready == b"N":
+            raise OtherContext()
         if ready != b"R":
             raise Unavailable(f"the server closed the connection, see {paths['log']}")
         conn.settimeout(None)
@@ -230,6 +255,7 @@ def call(argv: list, env=os.environ) -> int:
             # answers 130; a second one leaves at once.
             interrupts.append(signum)
             if len(interrupts) > 1:
+                os.write(2, b"error: interrupted\n")  # the served process, its client gone, is silent
                 os._exit(130)
             try:
                 conn.send(b"\x03")
@@ -239,10 +265,7 @@ def call(argv: list, env=os.environ) -> int:
         for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             if signal.getsignal(s) is not signal.SIG_IGN:  # one the caller ignores (nohup) stays so
                 signal.signal(s, forward)
-        header = json.dumps(request).encode()
         try:
-            socket.send_fds(conn, [_HEADER.pack(len(header))], list(STDIO))
-            conn.sendall(header)
             status = _recv_exactly(conn, _STATUS.size)
         except OSError:  # the process forked for the call ended without a word
             status = b""
@@ -326,17 +349,42 @@ def _release_stdio() -> None:
     os.close(null)
 
 
+class _Server:
+    context: dict | None = None  # process_context() of the server, read at its start
+    environment: str | None = None  # environment_hash() of the environment of the client that started it
+
+
+def _own_context(conn, request: dict) -> bool:
+    """Whether the calling process's context is the server's (and so the call's process, forked from
+    the server, is as the caller's own would be): the same user (SO_PEERCRED), groups, file mode
+    mask, resource limits, namespaces and cgroup (process_context, from /proc), and environment."""
+    try:
+        creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    except (OSError, AttributeError):
+        return False
+    pid, uid, _ = struct.unpack("3i", creds)
+    if uid != os.getuid() or pid <= 0 or _Server.context is None:
+        return False  # pid 0: a caller in a pid namespace the server cannot see
+    theirs = process_context(pid)
+    return theirs == _Server.context and environment_hash(request["env"]) == _Server.environment
+
+
 def _serve_call(conn) -> None:
     """One call, in a process forked for it: take the caller's descriptors and request, run the
     command, send its exit status back, and let go of the caller's streams."""
     from . import interrupt
 
-    conn.sendall(b"R")  # taken (the client may have left: then what follows reads nothing)
+    conn.settimeout(REQUEST_TIMEOUT_S)  # a client that connects and says nothing is let go
     msg, fds, _, _ = socket.recv_fds(conn, _HEADER.size, len(STDIO))
     if len(msg) < _HEADER.size or len(fds) != len(STDIO):
         return
     (n,) = _HEADER.unpack(msg)
     request = json.loads(_recv_exactly(conn, n))
+    if not _own_context(conn, request):
+        conn.sendall(b"N")  # the caller runs the command in its own process
+        return
+    conn.sendall(b"R")  # taken
+    conn.settimeout(None)
     main_thread = threading.get_ident()
 
     def send_status(code: int) -> None:
@@ -554,6 +602,8 @@ def serve(path: str) -> None:
         os.umask(old)
     inode = os.stat(path).st_ino
     pid_path = path[: -len(".sock")] + ".pid"
+    _Server.context = process_context()
+    _Server.environment = os.environ.pop(HASH_ENV, None)
     fit = False
     signal.signal(signal.SIGTERM, _stop_on_sigterm)
     try:

@@ -30,11 +30,30 @@ KEYED_PREFIXES = (
 )
 # Where npusim keeps its kernel cache when the package is read-only (jit.user_cache_dir).
 KEYED_NAMES = ("HOME", "XDG_CACHE_HOME")
-DEPENDENCIES = ("numpy", "numba", "llvmlite", "scipy", "click", "flatbuffers")
+# Every package the server imports (npusim.resident.PRELOADED and what those import; checked by
+# tests/test_resident_context.py): an upgrade of any of them is another server.
+DEPENDENCIES = ("numpy", "numba", "llvmlite", "scipy", "click", "flatbuffers", "ai_edge_litert", "yaml")
+# What a call's context is besides the key (npusim/resident.py): the server serves a call only when
+# the calling process's is its own, read from /proc for both (never taken from the caller's word).
+NAMESPACES = ("mnt", "pid", "net")
+STATUS_FIELDS = ("Uid", "Gid", "Groups", "Umask")
+# Variables a shell changes from one command to the next without changing what a command does (the
+# working directory is passed to the server itself): left out of the environment's hash.
+UNHASHED = ("PWD", "OLDPWD", "_", "SHLVL")
+
+
+HASH_ENV = "NPUSIM_RESIDENT_ENV_HASH"  # how a server learns the hash of its starter's environment
+# What a server's own environment keeps of its starter's: the keyed variables and these. Not the rest
+# (a CI job's tokens): the server outlives the job that started it by its idle time.
+KEPT_NAMES = ("PATH", "TMPDIR", "XDG_RUNTIME_DIR")
 
 
 class Unavailable(Exception):
     """No resident server for this call: the command runs in its own process."""
+
+
+class OtherContext(Unavailable):
+    """The server's context is not the caller's: the command runs in its own process, silently."""
 
 
 def server_key(env=os.environ) -> str:
@@ -57,15 +76,50 @@ def server_key(env=os.environ) -> str:
         origin = spec.origin if spec and spec.origin else ""
         st = os.stat(origin) if origin else None
         deps.append((name, origin, st.st_mtime_ns if st else 0))
-    keyed = sorted(
-        (k, v)
-        for k, v in env.items()
-        if (k.startswith(KEYED_PREFIXES) or k in KEYED_NAMES) and not k.startswith(ENV)
-    )
+    variables = sorted((k, v) for k, v in env.items() if keyed(k))
     # The CPUs the caller may use: Numba sizes its thread pool from them when it is imported.
     cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
-    blob = json.dumps([sys.executable, sys.version, package, sources, deps, keyed, cpus])
+    blob = json.dumps([sys.executable, sys.version, package, sources, deps, variables, cpus])
     return hashlib.sha256(blob.encode()).hexdigest()[:20]
+
+
+def keyed(name: str) -> bool:
+    return (name.startswith(KEYED_PREFIXES) or name in KEYED_NAMES) and not name.startswith(ENV)
+
+
+def server_environment(env) -> dict:
+    """The environment a server is started with: what its numerics depend on, and the hash of the
+    rest (npusim/resident.py)."""
+    kept = {k: v for k, v in env.items() if keyed(k) or k in KEPT_NAMES}
+    return {**kept, HASH_ENV: environment_hash(env)}
+
+
+def environment_hash(env) -> str:
+    """A hash of the whole environment (but UNHASHED, and the server's own switches): the server keeps
+    only this of the environment it was started in, and serves callers whose environment hashes the
+    same."""
+    items = sorted((k, v) for k, v in env.items() if k not in UNHASHED and not k.startswith(ENV))
+    return hashlib.sha256(json.dumps(items).encode()).hexdigest()
+
+
+def process_context(pid="self") -> dict | None:
+    """What the resident server must share with a process it serves, read from /proc/PID: its user,
+    groups and file mode mask, resource limits, mount, pid and network namespaces and cgroup. None
+    where /proc does not tell (another system, or a process gone)."""
+    base = f"/proc/{pid}"
+    try:
+        with open(f"{base}/status") as f:
+            status = dict(line.rstrip("\n").split(":\t", 1) for line in f if ":\t" in line)
+        context = {name: status.get(name, "").split() for name in STATUS_FIELDS}
+        with open(f"{base}/limits") as f:
+            context["limits"] = f.read()
+        with open(f"{base}/cgroup") as f:
+            context["cgroup"] = f.read()
+        for name in NAMESPACES:
+            context[name] = os.readlink(f"{base}/ns/{name}")
+    except (OSError, ValueError):
+        return None
+    return context
 
 
 def runtime_dir(env=os.environ) -> str:

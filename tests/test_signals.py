@@ -53,7 +53,7 @@ def _mark(byte):
     path = os.environ.get("SIGNAL_TEST_MARK")
     if path:
         with open(path, "ab") as f:
-            f.write(byte + b" %.6f\n" % time.monotonic())
+            f.write(byte + b" %d %.6f\\n" % (os.getpid(), time.monotonic()))
 
 _init = _i.Interpreter.__init__
 
@@ -140,9 +140,12 @@ def served_env(folder):
     env = dict(os.environ, XDG_RUNTIME_DIR=os.path.join(folder, "run"), NPUSIM_RESIDENT="1")
     env["NPUSIM_RESIDENT_IDLE_S"] = "300"
     paths = resident.server_paths(env)
+    # Started as a client starts it (the clients' environment, whose hash it keeps: each call adds
+    # the marker's path, the same for every call).
+    starter = resident.server_environment(dict(env, SIGNAL_TEST_MARK=os.path.join(folder, "mark")))
     server = subprocess.Popen(
         [sys.executable, "-c", SERVER, paths["sock"]],
-        env=env,
+        env=starter,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=open(paths["log"], "ab"),
@@ -229,17 +232,23 @@ def one_case(args, env, cwd, mark, start_mark, delay, signum) -> tuple:
 
 
 def reference(command, env, cwd, mark):
-    """The command run to its end: its status, stdout, outputs, and the windows of its marks ("S":
+    """The command run to its end (served or not, as asked): its status, stdout, outputs, and the
+    windows of its marks ("S":
     from main()'s start to the end; "K": the first kernels, from their start to their end). The
     marks carry the time (CLOCK_MONOTONIC, one clock for every process)."""
+    if os.path.exists(mark):
+        os.unlink(mark)
     proc = start(COMMANDS[command], env, cwd, mark)
     out, err = proc.communicate(timeout=300)
     end = time.monotonic()
     assert proc.returncode == 0, err.decode()
-    marks = [(line[:1], float(line[2:])) for line in read(mark).splitlines()]
-    first = {}
-    for byte, t in marks:
-        first.setdefault(byte, t)
+    marks = [line.split() for line in read(mark).splitlines()]
+    first, pids = {}, {}
+    for byte, pid, t in marks:
+        first.setdefault(byte, float(t))
+        pids.setdefault(byte, pid)
+    # Served: main() ran in the client, the command in the process the server forked for it.
+    assert (pids[b"I"] != pids[b"S"]) == (env["NPUSIM_RESIDENT"] == "1"), (pids, env["NPUSIM_RESIDENT"])
     took = {b"S": end - first[b"S"]}
     if b"K" in first:
         took[b"K"] = first[b"E"] - first[b"K"]
