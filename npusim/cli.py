@@ -304,32 +304,35 @@ def inspect(model, target, fmt, calibration, npu_efficiency, m55_macs_per_cycle)
 @main.group()
 def server():
     """The resident server that serves `npusim` calls (Linux: by default; NPUSIM_RESIDENT=0 turns it
-    off): one per user, Python, installed sources and numeric environment (docs/performance.md)."""
+    off): one per user, Python, installed sources and numeric environment, serving only callers of
+    its own context (docs/performance.md)."""
 
 
 @server.command("status")
 def server_status():
-    """Whether a server serves this environment's calls (exit 0) or not (exit 1)."""
+    """This user's servers, one line each (exit 0), or that none runs (exit 1)."""
     from . import resident_files
 
-    found = resident_files.running(os.environ)
-    if found is None:
+    found = resident_files.servers(os.environ)
+    if not found:
         click.echo("npusim server: not running")
         sys.exit(1)
-    click.echo(f"npusim server: running, pid {found['pid']}, socket {found['sock']}, log {found['log']}")
+    for s in found:
+        click.echo(f"npusim server: running, pid {s['pid']}, socket {s['sock']}, log {s['log']}")
 
 
 @server.command("stop")
 def server_stop():
-    """Stop the server that serves this environment's calls; the calls it runs finish. Exit 0 if one
-    was stopped, 1 if none ran."""
+    """Stop all of this user's servers (of every source tree and environment); the calls they run
+    finish. Exit 0 if one was stopped, 1 if none ran."""
     from . import resident_files
 
-    pid = resident_files.stop(os.environ)
-    if pid is None:
+    stopped = resident_files.stop_all(os.environ)
+    if not stopped:
         click.echo("npusim server: not running")
         sys.exit(1)
-    click.echo(f"npusim server: stopped pid {pid}")
+    for pid in stopped:
+        click.echo(f"npusim server: stopped pid {pid}")
 
 
 @main.group()

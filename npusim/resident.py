@@ -48,7 +48,9 @@ from .resident_files import (  # noqa: F401
     server_environment,
     server_key,
     server_paths,
+    servers,
     stop,
+    stop_all,
 )
 
 IDLE_ENV = "NPUSIM_RESIDENT_IDLE_S"
@@ -155,7 +157,10 @@ def connect_or_start(paths: dict, env=os.environ):
     import fcntl
     import subprocess
 
-    with open(paths["lock"], "w") as lock:
+    from .resident_files import remove_stale
+
+    remove_stale(os.path.dirname(paths["sock"]))  # the files of servers that have ended
+    with open(paths["lock"], "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         s = _connect(paths["sock"])
         if s is not None:  # another client has just started it: it may still be loading
@@ -293,6 +298,10 @@ PRELOADED = (
     "npusim.validate",
     "npusim.inspect_report",
 )
+
+
+LEARNED_PACKAGES = ("npusim", "numba", "llvmlite", "numpy")
+UNLEARNED = ("numba.np.ufunc.omppool", "numba.np.ufunc.tbbpool", "numba.np.ufunc.workqueue")  # thread pools
 
 
 def _preload() -> None:
@@ -495,9 +504,12 @@ def _learn(learned: int) -> None:
         return
     for name in imported:
         top = name.partition(".")[0]
-        # Parts of packages the server has, and the standard library's: not a package new to it,
-        # whose import might start threads (onnxruntime's does) or cost more than it saves.
-        if name not in sys.modules and (top in sys.modules or top in sys.stdlib_module_names):
+        # Parts of npusim and its numeric core, and the standard library's: not a package new to the
+        # server, nor a part of another it has (ai_edge_litert, scipy, matplotlib), whose import may
+        # start threads (onnxruntime's does; after a YOLO11n call one did, and the server, no longer
+        # fit to fork, stopped) or cost more than it saves. Such calls import them in their own process.
+        learnable = top in LEARNED_PACKAGES or top in sys.stdlib_module_names
+        if name not in sys.modules and learnable and not name.startswith(UNLEARNED):
             try:
                 importlib.import_module(name)
             except Exception:  # noqa: BLE001 - a module only a call's own state could import

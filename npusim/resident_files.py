@@ -90,7 +90,7 @@ def keyed(name: str) -> bool:
 def server_environment(env) -> dict:
     """The environment a server is started with: what its numerics depend on, and the hash of the
     rest (npusim/resident.py)."""
-    kept = {k: v for k, v in env.items() if keyed(k) or k in KEPT_NAMES}
+    kept = {k: v for k, v in env.items() if keyed(k) or k in KEPT_NAMES or k.startswith(ENV)}
     return {**kept, HASH_ENV: environment_hash(env)}
 
 
@@ -177,6 +177,80 @@ def running(env=os.environ) -> dict | None:
     if not _is_server(pid):
         return None  # a stale pid file
     return {"pid": pid, "sock": paths["sock"], "log": paths["log"], "pid_file": paths["pid"]}
+
+
+def servers(env=os.environ) -> list[dict]:
+    """Every server of this user's runtime folder that runs (any key: an older source tree's, another
+    numeric environment's), with its pid, socket and log; the files of servers that no longer run
+    are removed on the way (remove_stale)."""
+    try:
+        folder = runtime_dir(env)
+    except Unavailable:
+        return []
+    remove_stale(folder)
+    found = []
+    for name in sorted(os.listdir(folder)):
+        if name.endswith(".pid"):
+            base = os.path.join(folder, name[: -len(".pid")])
+            try:
+                pid = int(_read(base + ".pid"))
+            except ValueError:
+                continue
+            if _is_server(pid):
+                found.append({"pid": pid, **{k: f"{base}.{k}" for k in ("sock", "log")}})
+    return found
+
+
+def remove_stale(folder: str) -> None:
+    """Remove the socket, pid file, start lock and log of every key whose server no longer runs and
+    that no client is starting (its start lock free). A server that exits removes its socket and pid
+    file; the lock and the log stay until here."""
+    import fcntl
+
+    keys = {name.rsplit(".", 1)[0] for name in os.listdir(folder) if "." in name}
+    for key in keys:
+        base = os.path.join(folder, key)
+        try:
+            pid = int(_read(base + ".pid") or b"0")
+        except ValueError:
+            pid = 0
+        if pid and _is_server(pid):
+            continue
+        try:
+            lock = open(base + ".lock", "a")
+        except OSError:
+            continue
+        with lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:  # a client is starting this key's server
+                continue
+            for kind in ("sock", "pid", "log", "lock"):
+                try:
+                    os.unlink(f"{base}.{kind}")
+                except OSError:
+                    pass
+
+
+def stop_all(env=os.environ, wait_s: float = 10.0) -> list[int]:
+    """Stop every server of this user's (servers()); the pids stopped. Their running calls finish."""
+    import time
+
+    stopped = []
+    for server in servers(env):
+        try:
+            os.kill(server["pid"], signal.SIGTERM)
+            stopped.append(server["pid"])
+        except OSError:
+            pass
+    deadline = time.monotonic() + wait_s
+    while any(_is_server(pid) for pid in stopped) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    try:
+        remove_stale(runtime_dir(env))
+    except Unavailable:
+        pass
+    return stopped
 
 
 def stop(env=os.environ, wait_s: float = 10.0) -> int | None:

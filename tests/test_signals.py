@@ -158,7 +158,7 @@ def served_env(folder):
             time.sleep(0.05)
         yield env
     finally:
-        resident.stop(env)
+        resident.stop_all(env)  # and any a client would have started
         if server.poll() is None:
             server.kill()
         server.wait()
