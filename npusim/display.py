@@ -7,7 +7,7 @@ tensors is abbreviated to its count, its first and its last entries.
 from __future__ import annotations
 
 LIST_HEAD = 2  # entries shown before the "..." of an abbreviated list
-LIST_LIMIT = 4  # lists longer than this are abbreviated
+LIST_LIMIT = 6  # lists longer than this are abbreviated (a CONCATENATION of a few stays whole)
 
 
 def shown(text: str) -> str:

@@ -54,7 +54,7 @@ def test_shown_escapes_control_characters_only():
     assert shown("conv2d/Relu;add:0 é ü 名") == "conv2d/Relu;add:0 é ü 名"
     assert shown("a\x1b[31mb\nc\x7f\x85") == "a\\x1b[31mb\\x0ac\\x7f\\x85"
     assert shown("\u2028") == "\\u2028"
-    assert abbreviated(["a", "b", "c"], "outputs") == "a, b, c"
+    assert abbreviated(["a", "b", "c", "d", "e", "f"], "outputs") == "a, b, c, d, e, f"
     assert abbreviated([f"t{k}" for k in range(128)], "outputs") == "128 outputs: t0, t1, ... t127"
 
 

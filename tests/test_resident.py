@@ -510,7 +510,9 @@ def can_unshare(flag: str) -> bool:
     return subprocess.run(["unshare", flag, "true"], capture_output=True).returncode == 0
 
 
-@pytest.mark.parametrize("flag", ["-m", "-n"], ids=["mount namespace", "network namespace"])
+@pytest.mark.parametrize(
+    "flag", ["-m", "-n", "-pf"], ids=["mount namespace", "network namespace", "pid namespace"]
+)
 def test_a_call_in_another_namespace_runs_in_its_own_process(env, files, running, flag):
     if not can_unshare(flag):
         pytest.skip(f"`unshare {flag}` does not work here (needs root or user namespaces)")

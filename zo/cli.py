@@ -244,7 +244,6 @@ def set_up(options: dict, given: set, out_dir, resume, quiet):
                     f"--{name.split('_')[0]} is required to start a run (or --resume DIR to continue one)"
                 )
         refuse_own_model(options["model"], out_dir)
-        lock_run(out_dir)
         if (Path(out_dir) / "checkpoints" / "last.npz").exists():
             raise ZoError(
                 f"--out {out_dir}: already holds a run; continue it with: {resume_command(out_dir)}, or "
@@ -252,6 +251,10 @@ def set_up(options: dict, given: set, out_dir, resume, quiet):
             )
     report = None if quiet else (lambda message: click.echo(f"zo train: {message}", err=True))
     trainer = Trainer(TrainConfig(**options), resume or out_dir, report=report)
+    if not resume:  # the model and data read, nothing written yet: the new run's folder is its own
+        lock_run(out_dir)
+        if (Path(out_dir) / "checkpoints" / "last.npz").exists():  # another run's, written meanwhile
+            raise ZoError(f"--out {out_dir}: already holds a run; choose a new directory")
     if resume:
         trainer.load_checkpoint(Path(resume))
         trainer.report(
