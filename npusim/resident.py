@@ -300,7 +300,9 @@ PRELOADED = (
 )
 
 
-LEARNED_PACKAGES = ("npusim", "numba", "llvmlite", "numpy")
+# Pure Python (click, flatbuffers, the LiteRT schema, yaml) or the server's own numeric core; not
+# SciPy, whose import loads its own OpenBLAS, which starts threads.
+LEARNED_PACKAGES = ("npusim", "numba", "llvmlite", "numpy", "click", "flatbuffers", "ai_edge_litert", "yaml")
 UNLEARNED = ("numba.np.ufunc.omppool", "numba.np.ufunc.tbbpool", "numba.np.ufunc.workqueue")  # thread pools
 
 
@@ -504,8 +506,8 @@ def _learn(learned: int) -> None:
         return
     for name in imported:
         top = name.partition(".")[0]
-        # Parts of npusim and its numeric core, and the standard library's: not a package new to the
-        # server, nor a part of another it has (ai_edge_litert, scipy, matplotlib), whose import may
+        # Parts of LEARNED_PACKAGES and the standard library's: not a package new to the server, nor
+        # a part of another it has (scipy, matplotlib), whose import may
         # start threads (onnxruntime's does; after a YOLO11n call one did, and the server, no longer
         # fit to fork, stopped) or cost more than it saves. Such calls import them in their own process.
         learnable = top in LEARNED_PACKAGES or top in sys.stdlib_module_names
