@@ -12,6 +12,9 @@ from pathlib import Path
 import click
 import numpy as np
 
+from . import interrupt
+from .atomic import WriteFailed, replacing
+from .display import shown, shown_lines
 from .errors import NpusimError
 from .model_io import load_model, model_suffix
 from .profiles import N6_CHOICES, PROFILES
@@ -70,26 +73,38 @@ def n6_options(func):
 
 
 def fail(message: str, code: int = 2):
-    click.echo(f"error: {message}", err=True)
+    click.echo(f"error: {shown(message)}", err=True)  # names from the file, escaped (npusim/display.py)
     sys.exit(code)
 
 
 def friendly_errors(func):
-    """Turn the project's errors into one line and exit 2; never a traceback for bad input."""
+    """Turn the project's errors into one line and exit 2; never a traceback for bad input. A
+    SIGINT, SIGTERM or SIGHUP while the command runs: one line and exit 130 (npusim/interrupt.py),
+    whatever the command was doing (a KeyboardInterrupt, or an error it caused on its way out)."""
 
     @functools.wraps(func)
     def wrapper(*args, **kwargs):
         from .tuning import tune_process  # here, not in the group: a usage error loads no kernel
 
         try:
-            tune_process()
-            return func(*args, **kwargs)
+            with interrupt.guarded():
+                tune_process()
+                return func(*args, **kwargs)
         except NpusimError as e:
+            if interrupt.is_interrupt(e):  # raised while an interrupt unwound (a write cut short)
+                interrupted()
             fail(str(e))
-        except KeyboardInterrupt:
-            fail("interrupted", 130)
+        except (KeyboardInterrupt, Exception) as e:
+            if not interrupt.is_interrupt(e):
+                raise
+            interrupted()
 
     return wrapper
+
+
+def interrupted():
+    interrupt.ignore_further()
+    fail("interrupted", interrupt.EXIT_STATUS)
 
 
 def load_array(path: str, what: str) -> np.ndarray:
@@ -112,16 +127,17 @@ def check_output_path(path: str, option: str, suffixes=(".npy", ".npz")):
         raise NpusimError(f"{option} {path}: expected a path ending in {names}, nothing written")
 
 
-def save_array(path: str, value=None, archive: dict | None = None):
-    """np.save / np.savez to exactly `path` (given a name, both would append their own suffix)."""
+def save_array(path, value=None, archive: dict | None = None):
+    """np.save / np.savez to exactly `path` (given a name, both would append their own suffix), whole
+    or not at all: the previous file stays where this one cannot be written (npusim/atomic.py)."""
     try:
-        with open(path, "wb") as f:
+        with replacing(path) as f:
             if archive is None:
                 np.save(f, value)
             else:
                 np.savez(f, **archive)
-    except OSError as e:
-        raise NpusimError(f"cannot write output: {e.strerror}: {e.filename}") from None
+    except WriteFailed as e:
+        raise NpusimError(e.message("output")) from None
 
 
 def tensor_file_name(index: int, name: str) -> str:
@@ -205,15 +221,15 @@ def run(model, input_paths, output_paths, profile, dump, n6):
         if dump:
             try:
                 write_dump(interp, values, Path(dump))
-            except OSError as e:
-                raise NpusimError(f"--dump: cannot write: {e.strerror}: {e.filename}") from None
+            except OSError as e:  # the folder (a WriteFailed names its file and cause)
+                raise NpusimError(f"--dump {dump}: {e}") from None
         values = results = None  # this input's tensors go before the next input runs
 
 
 def write_dump(interp, values: dict, directory: Path):
     directory.mkdir(parents=True, exist_ok=True)
     for index, value in values.items():
-        np.save(directory / tensor_file_name(index, interp.graph.tensors[index].name), value)
+        save_array(directory / tensor_file_name(index, interp.graph.tensors[index].name), value)
 
 
 @main.command()
@@ -324,7 +340,7 @@ def inspect(model, target, fmt, calibration, npu_efficiency, m55_macs_per_cycle,
         else:
             text = format_report(dev, Path(model).name, fitted)
             lines = [*head, text, *([note] if note else [])]
-            click.echo("\n".join(lines + ([""] + lint_lines(findings) if lint else [])))
+            click.echo(shown_lines("\n".join(lines + ([""] + lint_lines(findings) if lint else []))))
         return
     if npu_efficiency is not None or m55_macs_per_cycle is not None or calibration is not None or lint:
         raise NpusimError(
@@ -340,38 +356,41 @@ def inspect(model, target, fmt, calibration, npu_efficiency, m55_macs_per_cycle,
         click.echo(json.dumps(data, indent=1))
         return
     note = unsupported_line(interp, "`npusim run` refuses the model, the totals leave them out")
-    click.echo("\n".join([*head, *op_table(records), *([note] if note else [])]))
+    click.echo(shown_lines("\n".join([*head, *op_table(records), *([note] if note else [])])))
 
 
 @main.group()
 def server():
     """The resident server that serves `npusim` calls (Linux: by default; NPUSIM_RESIDENT=0 turns it
-    off): one per user, Python, installed sources and numeric environment (docs/performance.md)."""
+    off): one per user, Python, installed sources and numeric environment, serving only callers of
+    its own context (docs/performance.md)."""
 
 
 @server.command("status")
 def server_status():
-    """Whether a server serves this environment's calls (exit 0) or not (exit 1)."""
+    """This user's servers, one line each (exit 0), or that none runs (exit 1)."""
     from . import resident_files
 
-    found = resident_files.running(os.environ)
-    if found is None:
+    found = resident_files.servers(os.environ)
+    if not found:
         click.echo("npusim server: not running")
         sys.exit(1)
-    click.echo(f"npusim server: running, pid {found['pid']}, socket {found['sock']}, log {found['log']}")
+    for s in found:
+        click.echo(f"npusim server: running, pid {s['pid']}, socket {s['sock']}, log {s['log']}")
 
 
 @server.command("stop")
 def server_stop():
-    """Stop the server that serves this environment's calls; the calls it runs finish. Exit 0 if one
-    was stopped, 1 if none ran."""
+    """Stop all of this user's servers (of every source tree and environment); the calls they run
+    finish. Exit 0 if one was stopped, 1 if none ran."""
     from . import resident_files
 
-    pid = resident_files.stop(os.environ)
-    if pid is None:
+    stopped = resident_files.stop_all(os.environ)
+    if not stopped:
         click.echo("npusim server: not running")
         sys.exit(1)
-    click.echo(f"npusim server: stopped pid {pid}")
+    for pid in stopped:
+        click.echo(f"npusim server: stopped pid {pid}")
 
 
 @main.group()
@@ -443,7 +462,7 @@ def golden_check(paths):
 
     if len(paths) == 2:  # one pair: its contract as it always was
         result = check(*paths)
-        click.echo(result.message())
+        click.echo(shown_lines(result.message()))
         if not result.ok:
             sys.exit(1)
         return
@@ -481,9 +500,9 @@ def check_pairs(pairs) -> int:
             failed += 1
             message = str(e)
             named = str(golden_file) in message or str(model) in message
-            click.echo(f"error: {message if named else f'{golden_file}: {message}'}", err=True)
+            click.echo(f"error: {shown(message if named else f'{golden_file}: {message}')}", err=True)
             continue
-        click.echo(f"{golden_file}: {result.message()}")
+        click.echo(shown_lines(f"{golden_file}: {result.message()}"))
         ok += result.ok
         mismatched += not result.ok
     click.echo(f"{len(pairs)} golden file(s) checked: {ok} OK, {mismatched} MISMATCH, {failed} error(s)")
@@ -531,7 +550,7 @@ def compare(model, input_path, a, b, reference, n6):
         if reference is None
         else compare_reference(graph, x, reference, a)
     )
-    click.echo(format_comparison(result))
+    click.echo(shown_lines(format_comparison(result)))
 
 
 @main.command()
@@ -594,9 +613,9 @@ def validate(int8_model, input_path, float_path, labels_path, profile, fmt, repo
     if fmt == "json":
         click.echo(json.dumps(result.json, indent=1))
     elif fmt == "csv":
-        click.echo(v.csv_report(result), nl=False)
+        click.echo(shown_lines(v.csv_report(result)), nl=False)
     else:
-        click.echo(v.text_report(result), nl=False)
+        click.echo(shown_lines(v.text_report(result)), nl=False)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .display import shown
 from .errors import NpusimError
 from .graph import Graph
 from .interpreter import Interpreter
@@ -268,7 +269,7 @@ def format_comparison(c: Comparison, name_width: int = 40) -> str:
     )
     rows = [tuple(head)]
     for r in c.rows:
-        name = r.name if len(r.name) <= name_width else r.name[: name_width - 3] + "..."
+        name = shown(r.name if len(r.name) <= name_width else r.name[: name_width - 3] + "...")
         cells = [
             "-" if r.op_index is None else str(r.op_index),
             r.kind,
@@ -304,8 +305,8 @@ def format_comparison(c: Comparison, name_width: int = 40) -> str:
         lines.append(f"{len(differing)} of {c.compared} compared tensors differ")
     lines += format_outputs(c, name_width)
     if c.ignored_files:
-        shown = ", ".join(c.ignored_files[:5]) + (", ..." if len(c.ignored_files) > 5 else "")
+        ignored = ", ".join(c.ignored_files[:5]) + (", ..." if len(c.ignored_files) > 5 else "")
         lines.append(
-            f"ignored {len(c.ignored_files)} reference file(s) that match no tensor (or several): {shown}"
+            f"ignored {len(c.ignored_files)} reference file(s) that match no tensor (or several): {ignored}"
         )
     return "\n".join(lines)

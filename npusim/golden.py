@@ -23,15 +23,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from . import __version__
+from .atomic import WriteFailed, replacing
 from .compare import array_difference
 from .errors import NpusimError
 from .interpreter import Interpreter, check_int8
@@ -134,23 +133,12 @@ def record(
         "tensors": entries,
     }
     arrays["meta"] = np.frombuffer(json.dumps(meta).encode("utf-8"), dtype=np.uint8)
-    out_path = Path(out_path)
-    # Written under a temporary name and renamed, so an interrupted run never leaves half a golden.
+    # Written under a temporary name, checked and renamed: an interrupted or failed write never leaves
+    # half a golden, and the previous one stays (npusim/atomic.py).
     try:
-        fd, tmp = tempfile.mkstemp(
-            prefix=out_path.name + ".", suffix=".tmp", dir=out_path.parent if str(out_path.parent) else "."
-        )
-        try:
-            with os.fdopen(fd, "wb") as f:
-                np.savez_compressed(f, **arrays)
-            umask = os.umask(0)
-            os.umask(umask)
-            os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes it private; a golden is an ordinary file
-            os.replace(tmp, out_path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-    except OSError as e:
+        with replacing(out_path) as f:
+            np.savez_compressed(f, **arrays)
+    except WriteFailed as e:
         raise NpusimError(f"cannot write golden file {out_path}: {e.strerror}") from None
     return meta
 

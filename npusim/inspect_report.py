@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .display import abbreviated, shown
 from .graph import Graph, Quantization, Tensor
 
 
@@ -67,7 +68,7 @@ def io_details(graph: Graph) -> tuple[list, list]:
 def io_lines(inputs: list, outputs: list, onnx: bool = False) -> list[str]:
     """The text form of io_details: one line per tensor, before the op table. onnx: the
     quantization is the edge's QuantizeLinear (DequantizeLinear), and the line says so."""
-    width = max(len(e["name"]) for e in inputs + outputs)
+    width = max(len(shown(e["name"])) for e in inputs + outputs)
     lines = []
     for title, entries, node in (
         ("inputs", inputs, "QuantizeLinear"),
@@ -84,7 +85,7 @@ def io_lines(inputs: list, outputs: list, onnx: bool = False) -> list[str]:
                 quant = f"scale {e['scale']:.9g}, zero point {e['zero_point']}"
             if onnx and e["scale"] is not None:
                 quant = f"its {node}: {quant}"
-            lines.append(f"  {e['name']:<{width}}  {e['dtype']:<7}  {shape:<14}  {quant}")
+            lines.append(f"  {shown(e['name']):<{width}}  {e['dtype']:<7}  {shape:<14}  {quant}")
     return lines
 
 
@@ -147,7 +148,7 @@ def unsupported_line(interp, what: str) -> str | None:
         return None
     n = len(entries)
     if any("node" in e for e in entries):
-        names = "; ".join(e.get("reason") or f"op {e['index']} ({e['op']})" for e in entries)
+        names = "; ".join(shown(e.get("reason") or f"op {e['index']} ({e['op']})") for e in entries)
         return f"{n} node{'s' if n > 1 else ''} npusim cannot lower, {what}: {names}"
     names = ", ".join(e.get("reason") or f"op {e['index']} ({e['op']})" for e in entries)
     return f"{n} op{'s' if n > 1 else ''} npusim lacks, {what}: {names}"
@@ -166,8 +167,8 @@ def op_table(records: list) -> list[str]:
             (
                 str(r["index"]),
                 r["op"] if r["supported"] else f"{r['op']} (unsupported)",
-                ", ".join(_shape_text(s) for s in r["inputs"]),
-                ", ".join(_shape_text(s) for s in r["outputs"]),
+                abbreviated([_shape_text(s) for s in r["inputs"]], "inputs"),  # a SPLIT's 128 outputs:
+                abbreviated([_shape_text(s) for s in r["outputs"]], "outputs"),  # one short cell
                 "-" if r["macs"] is None else f"{r['macs']:,}",
                 f"{r['params']:,}",
             )

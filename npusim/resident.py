@@ -37,7 +37,21 @@ import threading
 import time
 
 # Where a server is (its key and files), found and stopped: npusim/resident_files.py.
-from .resident_files import ENV, Unavailable, running, server_key, server_paths, stop  # noqa: F401
+from .resident_files import (  # noqa: F401
+    ENV,
+    HASH_ENV,
+    OtherContext,
+    Unavailable,
+    environment_hash,
+    process_context,
+    running,
+    server_environment,
+    server_key,
+    server_paths,
+    servers,
+    stop,
+    stop_all,
+)
 
 IDLE_ENV = "NPUSIM_RESIDENT_IDLE_S"
 IDLE_S = 600.0
@@ -49,6 +63,7 @@ START_TIMEOUT_S = 120.0
 BUSY_WAIT_S = 10.0  # a server that has not forked for the call this long: it runs in its own process
 REAP_EVERY_S = 1.0  # how often a server with running calls collects the ended ones
 GONE_GRACE_S = 2.0  # a call whose client has gone ends this long after, if its command has not
+REQUEST_TIMEOUT_S = 10.0  # a connection that sends no request within this is closed
 _HEADER = struct.Struct("!I")
 _STATUS = struct.Struct("!i")
 
@@ -56,27 +71,57 @@ _STATUS = struct.Struct("!i")
 def main() -> int:
     """The `npusim` console script: through the resident server (by default where it is DEFAULT_ON,
     else with NPUSIM_RESIDENT=1), or, with NPUSIM_RESIDENT=0 or where no server can serve, the command
-    line in this process."""
+    line in this process. It does not return: the process ends with the command's status."""
+    from . import interrupt
+
+    interrupt.exit_on_signal()  # from the first moment: a signal is one line and 130, never a traceback
+    code = _command_status()
+    # Python's own exit first puts the default handlers back, and a SIGTERM in that window would end
+    # the process with no line and no status of its own; everything is written by now (outputs are
+    # renamed into place and synced, npusim/atomic.py), so the process leaves at once.
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe: what it could not take is lost either way
+            pass
+    os._exit(code)
+
+
+def _command_status() -> int:
     switch = os.environ.get(ENV, "")
     if switch not in ("", "0", "1"):
         print(f"error: {ENV}={switch}: expected 0 or 1", file=sys.stderr)
         return 2
-    about_the_server = sys.argv[1:2] == ["server"]  # `npusim server status|stop`: never through it
-    if (switch == "1" or (switch == "" and DEFAULT_ON)) and not about_the_server:
+    if (switch == "1" or (switch == "" and DEFAULT_ON)) and not _answered_here(sys.argv[1:]):
         try:
             return call(sys.argv[1:])
         except Unavailable as e:
-            if switch == "1":  # asked for: say why not (by default the fallback is silent)
+            if switch == "1" and not isinstance(e, OtherContext):  # asked for: say why not
                 print(f"npusim: no resident server ({e}); running in this process", file=sys.stderr)
         except ValueError as e:  # a bad NPUSIM_RESIDENT_IDLE_S
             print(f"error: {e}", file=sys.stderr)
             return 2
-        except KeyboardInterrupt:  # before the call reached the server
-            print("error: interrupted", file=sys.stderr)
-            return 130
     from .cli import main as cli_main
 
-    return cli_main(prog_name="npusim")  # the served command's name too, however it was started
+    try:
+        cli_main(prog_name="npusim")  # the served command's name too, however it was started
+    except SystemExit as e:
+        return _exit_status(e)
+    return 0
+
+
+def _answered_here(argv: list) -> bool:
+    """Calls that never start a server: `npusim server ...` (it is about the server), help, the
+    version and a bare `npusim` (click answers them before any kernel loads)."""
+    return argv[:1] in ([], ["server"]) or any(a in ("--help", "-h", "--version") for a in argv)
+
+
+def _exit_status(e: SystemExit) -> int:
+    """The status Python's exit gives a SystemExit (a message is printed, status 1)."""
+    if e.code is None or isinstance(e.code, int):
+        return e.code or 0
+    print(e.code, file=sys.stderr)
+    return 1
 
 
 def idle_seconds(env=os.environ) -> float:
@@ -112,7 +157,10 @@ def connect_or_start(paths: dict, env=os.environ):
     import fcntl
     import subprocess
 
-    with open(paths["lock"], "w") as lock:
+    from .resident_files import remove_stale
+
+    remove_stale(os.path.dirname(paths["sock"]))  # the files of servers that have ended
+    with open(paths["lock"], "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         s = _connect(paths["sock"])
         if s is not None:  # another client has just started it: it may still be loading
@@ -131,7 +179,7 @@ def connect_or_start(paths: dict, env=os.environ):
                 stdout=log,
                 stderr=log,
                 cwd=os.path.dirname(paths["sock"]),
-                env=dict(env),
+                env=server_environment(env),  # not the caller's tokens: the server outlives it
                 start_new_session=True,  # the terminal's Ctrl-C reaches the client, which forwards it
             )
         deadline = time.monotonic() + START_TIMEOUT_S
@@ -188,13 +236,20 @@ def call(argv: list, env=os.environ) -> int:
     except OSError as e:  # the runtime folder full or read-only, no more processes, ...
         raise Unavailable(f"{e.filename}: {e.strerror}" if e.filename else str(e.strerror)) from None
     with conn:
-        # The process forked for the call says when it has it. A server that does not answer (one
-        # stopped, or starting up under load) must not hold the call: it runs in its own process.
+        # The process forked for the call reads the request and says whether it takes the call: "R",
+        # or "N" where the caller's context is not the server's (it runs in its own process,
+        # silently). A server that does not answer (one stopped, or starting up under load) must not
+        # hold the call either.
         conn.settimeout(START_TIMEOUT_S if fresh else BUSY_WAIT_S)
+        header = json.dumps(request).encode()
         try:
+            socket.send_fds(conn, [_HEADER.pack(len(header))], list(STDIO))
+            conn.sendall(header)
             ready = conn.recv(1)
-        except (TimeoutError, ConnectionError):
+        except (TimeoutError, OSError):
             raise Unavailable("the server did not take the call") from None
+        if ready == b"N":
+            raise OtherContext()
         if ready != b"R":
             raise Unavailable(f"the server closed the connection, see {paths['log']}")
         conn.settimeout(None)
@@ -205,6 +260,7 @@ def call(argv: list, env=os.environ) -> int:
             # answers 130; a second one leaves at once.
             interrupts.append(signum)
             if len(interrupts) > 1:
+                os.write(2, b"error: interrupted\n")  # the served process, its client gone, is silent
                 os._exit(130)
             try:
                 conn.send(b"\x03")
@@ -214,10 +270,7 @@ def call(argv: list, env=os.environ) -> int:
         for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             if signal.getsignal(s) is not signal.SIG_IGN:  # one the caller ignores (nohup) stays so
                 signal.signal(s, forward)
-        header = json.dumps(request).encode()
         try:
-            socket.send_fds(conn, [_HEADER.pack(len(header))], list(STDIO))
-            conn.sendall(header)
             status = _recv_exactly(conn, _STATUS.size)
         except OSError:  # the process forked for the call ended without a word
             status = b""
@@ -245,6 +298,12 @@ PRELOADED = (
     "npusim.validate",
     "npusim.inspect_report",
 )
+
+
+# Pure Python (click, flatbuffers, the LiteRT schema, yaml) or the server's own numeric core; not
+# SciPy, whose import loads its own OpenBLAS, which starts threads.
+LEARNED_PACKAGES = ("npusim", "numba", "llvmlite", "numpy", "click", "flatbuffers", "ai_edge_litert", "yaml")
+UNLEARNED = ("numba.np.ufunc.omppool", "numba.np.ufunc.tbbpool", "numba.np.ufunc.workqueue")  # thread pools
 
 
 def _preload() -> None:
@@ -277,82 +336,104 @@ def _enter(request: dict, fds: list) -> None:
     sys.argv = ["npusim", *request["argv"]]
 
 
-def _run_command(argv: list, started: threading.Event, interrupted: threading.Event) -> int:
+def _run_command(argv: list) -> int:
     """The command line on argv, as its own process would end it: its exit status."""
     import traceback
 
     from .cli import main as cli_main
 
     try:
-        started.set()  # from here a forwarded Ctrl-C interrupts the command (on_sigint)
-        if interrupted.is_set():  # it came before
-            raise KeyboardInterrupt
         cli_main.main(args=argv, prog_name="npusim", standalone_mode=True)
         return 0
     except SystemExit as e:
-        if e.code is None or isinstance(e.code, int):
-            return e.code or 0
-        print(e.code, file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("error: interrupted", file=sys.stderr)
-        return 130
+        return _exit_status(e)
     except BaseException:  # what Python prints and exits 1 with
         traceback.print_exc()
         return 1
 
 
+def _release_stdio() -> None:
+    """Put /dev/null on stdin, stdout and stderr: the caller's streams are let go of."""
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in STDIO:
+        os.dup2(null, fd)
+    os.close(null)
+
+
+class _Server:
+    context: dict | None = None  # process_context() of the server, read at its start
+    environment: str | None = None  # environment_hash() of the environment of the client that started it
+
+
+def _own_context(conn, request: dict) -> bool:
+    """Whether the calling process's context is the server's (and so the call's process, forked from
+    the server, is as the caller's own would be): the same user (SO_PEERCRED), groups, file mode
+    mask, resource limits, namespaces and cgroup (process_context, from /proc), and environment."""
+    try:
+        creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    except (OSError, AttributeError):
+        return False
+    pid, uid, _ = struct.unpack("3i", creds)
+    if uid != os.getuid() or pid <= 0 or _Server.context is None:
+        return False  # pid 0: a caller in a pid namespace the server cannot see
+    theirs = process_context(pid)
+    return theirs == _Server.context and environment_hash(request["env"]) == _Server.environment
+
+
 def _serve_call(conn) -> None:
     """One call, in a process forked for it: take the caller's descriptors and request, run the
     command, send its exit status back, and let go of the caller's streams."""
-    conn.sendall(b"R")  # taken (the client may have left: then what follows reads nothing)
+    from . import interrupt
+
+    conn.settimeout(REQUEST_TIMEOUT_S)  # a client that connects and says nothing is let go
     msg, fds, _, _ = socket.recv_fds(conn, _HEADER.size, len(STDIO))
     if len(msg) < _HEADER.size or len(fds) != len(STDIO):
         return
     (n,) = _HEADER.unpack(msg)
     request = json.loads(_recv_exactly(conn, n))
+    if not _own_context(conn, request):
+        conn.sendall(b"N")  # the caller runs the command in its own process
+        return
+    conn.sendall(b"R")  # taken
+    conn.settimeout(None)
     main_thread = threading.get_ident()
-    started, interrupted = threading.Event(), threading.Event()
 
-    def on_sigint(signum, frame):
-        if started.is_set():
-            raise KeyboardInterrupt
+    def send_status(code: int) -> None:
+        try:
+            conn.sendall(_STATUS.pack(code))
+        except OSError:  # the client has gone: nobody to tell
+            pass
 
     def watch():
-        # A byte from the client (its Ctrl-C) interrupts the command; one that comes before the
-        # command starts stops it before it does anything. The client's end (killed, or a second
-        # Ctrl-C) interrupts it too, and, as its own process would have ended with the client, ends
-        # this one after GONE_GRACE_S should the command not stop (inside a kernel, or blocked in C),
-        # so that it holds none of the caller's pipes open.
-        while True:
-            try:
-                byte = conn.recv(1)
-            except OSError:
-                byte = b""
-            interrupted.set()
-            signal.pthread_kill(main_thread, signal.SIGINT)
-            if not byte:
-                time.sleep(GONE_GRACE_S)
-                os._exit(130)
+        # A byte from the client (its Ctrl-C, SIGTERM or SIGHUP) interrupts the command as the signal
+        # would in its own process (npusim/interrupt.py: at once before the command runs, else through
+        # a KeyboardInterrupt). The client's end (killed) interrupts it too, silently: nobody reads
+        # its line; and, as its own process would have ended with the client, ends it after
+        # GONE_GRACE_S should the command not stop (blocked in C), so that it holds none of the
+        # caller's files open.
+        try:
+            byte = conn.recv(1)
+        except OSError:
+            byte = b""
+        if not byte:
+            _release_stdio()
+        signal.pthread_kill(main_thread, signal.SIGINT)
+        if not byte:
+            time.sleep(GONE_GRACE_S)
+            os._exit(130)
 
-    signal.signal(signal.SIGINT, on_sigint)
     _enter(request, fds)
+    interrupt.exit_on_signal(end=send_status)
     threading.Thread(target=watch, daemon=True).start()
-    code = _run_command(request["argv"], started, interrupted)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C from here on would only lose the status
+    code = _run_command(request["argv"])
+    interrupt.ignore_further()  # a signal from here on would only lose the status
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
         except (OSError, ValueError):
             pass
-    null = os.open(os.devnull, os.O_RDWR)  # the caller's streams are released with the status
-    for fd in STDIO:
-        os.dup2(null, fd)
-    os.close(null)
-    try:
-        conn.sendall(_STATUS.pack(code))
-    except OSError:  # the client has gone: nobody to tell
-        pass
+    _release_stdio()  # the caller's streams are released with the status
+    send_status(code)
 
 
 def _fork_call(conn, listener) -> tuple | None:
@@ -425,9 +506,12 @@ def _learn(learned: int) -> None:
         return
     for name in imported:
         top = name.partition(".")[0]
-        # Parts of packages the server has, and the standard library's: not a package new to it,
-        # whose import might start threads (onnxruntime's does) or cost more than it saves.
-        if name not in sys.modules and (top in sys.modules or top in sys.stdlib_module_names):
+        # Parts of LEARNED_PACKAGES and the standard library's: not a package new to the server, nor
+        # a part of another it has (scipy, matplotlib), whose import may
+        # start threads (onnxruntime's does; after a YOLO11n call one did, and the server, no longer
+        # fit to fork, stopped) or cost more than it saves. Such calls import them in their own process.
+        learnable = top in LEARNED_PACKAGES or top in sys.stdlib_module_names
+        if name not in sys.modules and learnable and not name.startswith(UNLEARNED):
             try:
                 importlib.import_module(name)
             except Exception:  # noqa: BLE001 - a module only a call's own state could import
@@ -532,6 +616,8 @@ def serve(path: str) -> None:
         os.umask(old)
     inode = os.stat(path).st_ino
     pid_path = path[: -len(".sock")] + ".pid"
+    _Server.context = process_context()
+    _Server.environment = os.environ.pop(HASH_ENV, None)
     fit = False
     signal.signal(signal.SIGTERM, _stop_on_sigterm)
     try:

@@ -30,11 +30,30 @@ KEYED_PREFIXES = (
 )
 # Where npusim keeps its kernel cache when the package is read-only (jit.user_cache_dir).
 KEYED_NAMES = ("HOME", "XDG_CACHE_HOME")
-DEPENDENCIES = ("numpy", "numba", "llvmlite", "scipy", "click", "flatbuffers")
+# Every package the server imports (npusim.resident.PRELOADED and what those import; checked by
+# tests/test_resident_context.py): an upgrade of any of them is another server.
+DEPENDENCIES = ("numpy", "numba", "llvmlite", "scipy", "click", "flatbuffers", "ai_edge_litert", "yaml")
+# What a call's context is besides the key (npusim/resident.py): the server serves a call only when
+# the calling process's is its own, read from /proc for both (never taken from the caller's word).
+NAMESPACES = ("mnt", "pid", "net")
+STATUS_FIELDS = ("Uid", "Gid", "Groups", "Umask")
+# Variables a shell changes from one command to the next without changing what a command does (the
+# working directory is passed to the server itself): left out of the environment's hash.
+UNHASHED = ("PWD", "OLDPWD", "_", "SHLVL")
+
+
+HASH_ENV = "NPUSIM_RESIDENT_ENV_HASH"  # how a server learns the hash of its starter's environment
+# What a server's own environment keeps of its starter's: the keyed variables and these. Not the rest
+# (a CI job's tokens): the server outlives the job that started it by its idle time.
+KEPT_NAMES = ("PATH", "TMPDIR", "XDG_RUNTIME_DIR")
 
 
 class Unavailable(Exception):
     """No resident server for this call: the command runs in its own process."""
+
+
+class OtherContext(Unavailable):
+    """The server's context is not the caller's: the command runs in its own process, silently."""
 
 
 def server_key(env=os.environ) -> str:
@@ -57,15 +76,50 @@ def server_key(env=os.environ) -> str:
         origin = spec.origin if spec and spec.origin else ""
         st = os.stat(origin) if origin else None
         deps.append((name, origin, st.st_mtime_ns if st else 0))
-    keyed = sorted(
-        (k, v)
-        for k, v in env.items()
-        if (k.startswith(KEYED_PREFIXES) or k in KEYED_NAMES) and not k.startswith(ENV)
-    )
+    variables = sorted((k, v) for k, v in env.items() if keyed(k))
     # The CPUs the caller may use: Numba sizes its thread pool from them when it is imported.
     cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
-    blob = json.dumps([sys.executable, sys.version, package, sources, deps, keyed, cpus])
+    blob = json.dumps([sys.executable, sys.version, package, sources, deps, variables, cpus])
     return hashlib.sha256(blob.encode()).hexdigest()[:20]
+
+
+def keyed(name: str) -> bool:
+    return (name.startswith(KEYED_PREFIXES) or name in KEYED_NAMES) and not name.startswith(ENV)
+
+
+def server_environment(env) -> dict:
+    """The environment a server is started with: what its numerics depend on, and the hash of the
+    rest (npusim/resident.py)."""
+    kept = {k: v for k, v in env.items() if keyed(k) or k in KEPT_NAMES or k.startswith(ENV)}
+    return {**kept, HASH_ENV: environment_hash(env)}
+
+
+def environment_hash(env) -> str:
+    """A hash of the whole environment (but UNHASHED, and the server's own switches): the server keeps
+    only this of the environment it was started in, and serves callers whose environment hashes the
+    same."""
+    items = sorted((k, v) for k, v in env.items() if k not in UNHASHED and not k.startswith(ENV))
+    return hashlib.sha256(json.dumps(items).encode()).hexdigest()
+
+
+def process_context(pid="self") -> dict | None:
+    """What the resident server must share with a process it serves, read from /proc/PID: its user,
+    groups and file mode mask, resource limits, mount, pid and network namespaces and cgroup. None
+    where /proc does not tell (another system, or a process gone)."""
+    base = f"/proc/{pid}"
+    try:
+        with open(f"{base}/status") as f:
+            status = dict(line.rstrip("\n").split(":\t", 1) for line in f if ":\t" in line)
+        context = {name: status.get(name, "").split() for name in STATUS_FIELDS}
+        with open(f"{base}/limits") as f:
+            context["limits"] = f.read()
+        with open(f"{base}/cgroup") as f:
+            context["cgroup"] = f.read()
+        for name in NAMESPACES:
+            context[name] = os.readlink(f"{base}/ns/{name}")
+    except (OSError, ValueError):
+        return None
+    return context
 
 
 def runtime_dir(env=os.environ) -> str:
@@ -123,6 +177,80 @@ def running(env=os.environ) -> dict | None:
     if not _is_server(pid):
         return None  # a stale pid file
     return {"pid": pid, "sock": paths["sock"], "log": paths["log"], "pid_file": paths["pid"]}
+
+
+def servers(env=os.environ) -> list[dict]:
+    """Every server of this user's runtime folder that runs (any key: an older source tree's, another
+    numeric environment's), with its pid, socket and log; the files of servers that no longer run
+    are removed on the way (remove_stale)."""
+    try:
+        folder = runtime_dir(env)
+    except Unavailable:
+        return []
+    remove_stale(folder)
+    found = []
+    for name in sorted(os.listdir(folder)):
+        if name.endswith(".pid"):
+            base = os.path.join(folder, name[: -len(".pid")])
+            try:
+                pid = int(_read(base + ".pid"))
+            except ValueError:
+                continue
+            if _is_server(pid):
+                found.append({"pid": pid, **{k: f"{base}.{k}" for k in ("sock", "log")}})
+    return found
+
+
+def remove_stale(folder: str) -> None:
+    """Remove the socket, pid file, start lock and log of every key whose server no longer runs and
+    that no client is starting (its start lock free). A server that exits removes its socket and pid
+    file; the lock and the log stay until here."""
+    import fcntl
+
+    keys = {name.rsplit(".", 1)[0] for name in os.listdir(folder) if "." in name}
+    for key in keys:
+        base = os.path.join(folder, key)
+        try:
+            pid = int(_read(base + ".pid") or b"0")
+        except ValueError:
+            pid = 0
+        if pid and _is_server(pid):
+            continue
+        try:
+            lock = open(base + ".lock", "a")
+        except OSError:
+            continue
+        with lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:  # a client is starting this key's server
+                continue
+            for kind in ("sock", "pid", "log", "lock"):
+                try:
+                    os.unlink(f"{base}.{kind}")
+                except OSError:
+                    pass
+
+
+def stop_all(env=os.environ, wait_s: float = 10.0) -> list[int]:
+    """Stop every server of this user's (servers()); the pids stopped. Their running calls finish."""
+    import time
+
+    stopped = []
+    for server in servers(env):
+        try:
+            os.kill(server["pid"], signal.SIGTERM)
+            stopped.append(server["pid"])
+        except OSError:
+            pass
+    deadline = time.monotonic() + wait_s
+    while any(_is_server(pid) for pid in stopped) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    try:
+        remove_stale(runtime_dir(env))
+    except Unavailable:
+        pass
+    return stopped
 
 
 def stop(env=os.environ, wait_s: float = 10.0) -> int | None:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .display import shown
 from .errors import NpusimError
 from .graph import Graph, computes_in_float
 from .interpreter import Interpreter, check_int8
@@ -483,7 +484,7 @@ def worst_layers(result: Validation, count: int = 10) -> list:
 def text_report(result: Validation, worst: int = 10) -> str:
     out = [f"{result.samples} samples; reference: {result.reference}", "", "outputs"]
     head = ["index", "name", *NAMES]
-    rows = [[str(o["index"]), o["name"][:40], *(_num(o[k]) for k in NAMES)] for o in result.outputs]
+    rows = [[str(o["index"]), shown(o["name"][:40]), *(_num(o[k]) for k in NAMES)] for o in result.outputs]
     out += _table(head, rows)
     out += ["", f"layers, worst {min(worst, len(result.layers))} of {len(result.layers)} by local SQNR"]
     beside = any("tflm_propagated" in r for r in result.layers)  # --profile neural-art
@@ -503,7 +504,7 @@ def text_report(result: Validation, worst: int = 10) -> str:
                 *([_num(t["sqnr_db"] if t else None)] if beside else []),
                 _num(r["propagated_steps"]["rmse"] if r.get("propagated_steps") else None),
                 _sat(r),
-                r["tensor"][:48],
+                shown(r["tensor"][:48]),
             ]
         )
     out += _table(head, rows)
@@ -550,14 +551,15 @@ def _table(head: list, rows: list) -> list:
 
 def csv_report(result: Validation) -> str:
     """One row per layer: op, kind, tensor, then local_<metric> and propagated_<metric> (empty
-    when the layer has no reference tensor); infinities as inf and -inf."""
+    when the layer has no reference tensor); infinities as inf and -inf. The tensor name shown as a
+    terminal shows it (control characters escaped: one row per line)."""
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(["op", "kind", "tensor", *(f"local_{k}" for k in NAMES), *(f"propagated_{k}" for k in NAMES)])
     for r in result.layers:
         p = r["propagated"]
         w.writerow(
-            [r["op"], r["kind"], r["tensor"], *(repr(r["local"][k]) for k in NAMES)]
+            [r["op"], r["kind"], shown(r["tensor"]), *(repr(r["local"][k]) for k in NAMES)]
             + [repr(p[k]) if p else "" for k in NAMES]
         )
     return buf.getvalue()

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .atomic import replacing, write_text
 from .errors import NpusimError
 from .metrics import NAMES
 from .validate import Validation, _num, worst_layers
@@ -28,6 +29,17 @@ def _figure(width=7.0, height=3.6):
     fig = Figure(figsize=(width, height), dpi=100)
     FigureCanvasAgg(fig)
     return fig
+
+
+def _plain(text: str) -> str:
+    """A name from the model file as matplotlib draws it: literally. Its mathtext would read
+    `$...$` as a formula (and raise on one it cannot parse, leaving the report half-written)."""
+    return text.replace("$", r"\$")
+
+
+def _save(fig, path: Path):
+    with replacing(path) as f:  # whole or not at all (npusim/atomic.py)
+        fig.savefig(f, format="png")
 
 
 def _finite(values, cap: float) -> np.ndarray:
@@ -55,7 +67,7 @@ def plot_sqnr(result: Validation, path: Path):
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path)
+    _save(fig, path)
 
 
 def plot_error(k: int, name: str, ref: np.ndarray, got: np.ndarray, path: Path):
@@ -64,9 +76,9 @@ def plot_error(k: int, name: str, ref: np.ndarray, got: np.ndarray, path: Path):
     ax.hist(ref - got, bins=60, color="C0")
     ax.set_xlabel("error ref - int8")
     ax.set_ylabel("elements")
-    ax.set_title(f"output {k} ({name[:50]}): error histogram", fontsize=9)
+    ax.set_title(f"output {k} ({_plain(name[:50])}): error histogram", fontsize=9)
     fig.tight_layout()
-    fig.savefig(path)
+    _save(fig, path)
 
 
 def plot_worst(record: dict, float_out: np.ndarray, int8_out: np.ndarray, path: Path):
@@ -84,7 +96,7 @@ def plot_worst(record: dict, float_out: np.ndarray, int8_out: np.ndarray, path: 
         fontsize=9,
     )
     fig.tight_layout()
-    fig.savefig(path)
+    _save(fig, path)
 
 
 def _html_table(head: list, rows: list) -> str:
@@ -113,7 +125,7 @@ def write_report(result: Validation, directory) -> Path:
         if result.worst_pair is not None:
             plot_worst(*result.worst_pair, d / "worst.png")
         page = _page(result)
-        (d / "index.html").write_text(page, encoding="utf-8")
+        write_text(d / "index.html", page)
     except OSError as e:
         raise NpusimError(f"--report {directory}: cannot write ({e.strerror}: {e.filename})") from None
     return d / "index.html"

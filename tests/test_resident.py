@@ -49,8 +49,7 @@ def env():
     yield e
     while STARTED:  # the clients a test left waiting (one that failed before it ended them)
         STARTED.pop().kill()
-    for variant in (e, dict(e, NPUSIM_AVX2="0")):
-        resident.stop(variant)
+    resident.stop_all(e)  # every server of the test's runtime folder, whatever its key
     shutil.rmtree(runtime, ignore_errors=True)
 
 
@@ -203,6 +202,8 @@ def test_an_interrupted_call_stops_its_command_and_the_server_serves_on(env, fil
     out, err = waiting.communicate(timeout=60)
     if how == "ctrl-c":
         assert (waiting.returncode, err.strip().splitlines()[-1:]) == (130, ["error: interrupted"]), err
+    else:  # its client gone, the call ends silently: nothing reaches the caller's stderr
+        assert err == "", err
     wait_for(lambda: not alive(forked))  # the call's own process ended with it
     # What the interrupted command did to its process ended with that process: the same server
     # serves the next call.
@@ -402,3 +403,167 @@ def test_a_signal_the_caller_ignores_does_not_interrupt_the_call(env, files):
     assert waiting.poll() is None
     waiting.send_signal(signal.SIGINT)
     assert waiting.wait(timeout=60) == 130
+
+
+# -- whose context a server serves ----------------------------------------------------------------
+# A call is served only where the calling process's context is the server's (npusim/resident.py):
+# else it runs in its own process, silently, and gives the caller's own result. Whether a call was
+# served is seen from outside: the command waits on a fifo for its input; once a process has the fifo
+# open for reading, the server has a process for the call (served) or not (its own process).
+
+
+def call_on_fifo(env, files, command=(), preexec_fn=None, output="y.npy"):
+    """Run `npusim run` (after `command`, e.g. unshare) under env and preexec_fn: (whether it was
+    served, its exit status, stderr, output bytes). Once its command waits on a fifo (the input of a
+    first call, interrupted then), the server has a process for it or not; a second call of the same
+    context gives the result."""
+    fifo = files / "in.npy"
+    if not fifo.exists():
+        os.mkfifo(fifo)
+    waiting = subprocess.Popen(
+        [*command, *ENTRY, "run", "conv.tflite", "--input", str(fifo), "--output", output],
+        env=env,
+        cwd=files,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        preexec_fn=preexec_fn,
+    )
+    STARTED.append(waiting)
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))  # ENXIO until a reader has it open
+            break
+        except OSError:
+            assert waiting.poll() is None and time.monotonic() < deadline, waiting.communicate()
+            time.sleep(0.02)
+    served = bool(call_processes(server_pid(env)))
+    waiting.kill()
+    waiting.wait()
+    STARTED.remove(waiting)
+    (files / output).unlink(missing_ok=True)
+    done = subprocess.run(
+        [*command, *ENTRY, "run", "conv.tflite", "--input", "x.npy", "--output", output],
+        env=env,
+        cwd=files,
+        capture_output=True,
+        text=True,
+        preexec_fn=preexec_fn,
+    )
+    y = (files / output).read_bytes() if (files / output).exists() else None
+    return served, done.returncode, done.stderr, y
+
+
+@pytest.fixture
+def running(env, files):
+    """A server started by a call of env's own context; the expected output, from its own process."""
+    done = npusim(["run", "conv.tflite", "--input", "x.npy", "--output", "ref.npy"], env, files)
+    assert done.returncode == 0
+    return (files / "ref.npy").read_bytes()
+
+
+def test_a_call_of_the_servers_own_context_is_served(env, files, running):
+    served, code, err, y = call_on_fifo(env, files)
+    assert served and code == 0 and y == running, err
+
+
+def test_a_call_under_another_ulimit_runs_in_its_own_process_under_it(env, files, running):
+    import resource
+
+    def limit(n):
+        def apply():
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+            resource.setrlimit(resource.RLIMIT_FSIZE, (n, n))
+
+        return apply
+
+    served, code, err, y = call_on_fifo(env, files, preexec_fn=limit(100))  # the output is larger
+    assert not served and code == 2 and "File too large" in err and y is None
+    served, code, err, y = call_on_fifo(env, files, preexec_fn=limit(1 << 20))  # another, room enough
+    assert not served and code == 0 and y == running and err == ""
+
+
+def test_a_call_under_another_umask_or_groups_runs_in_its_own_process(env, files, running):
+    served, code, err, y = call_on_fifo(env, files, preexec_fn=lambda: os.umask(0o077))
+    assert not served and code == 0 and y == running and err == ""
+    assert (files / "y.npy").stat().st_mode & 0o777 == 0o600
+    if os.geteuid() == 0:
+        served, code, err, y = call_on_fifo(env, files, preexec_fn=lambda: os.setgroups([12345]))
+        assert not served and code == 0 and y == running, err
+
+
+def test_a_call_with_another_environment_runs_in_its_own_process(env, files, running):
+    served, code, err, y = call_on_fifo(dict(env, CI_JOB_TOKEN="secret-of-another-job"), files)
+    assert not served and code == 0 and y == running and err == ""
+    served, *_ = call_on_fifo(dict(env, NPUSIM_RESIDENT_IDLE_S="119"), files)  # the server's own
+    assert served  # switches are not the environment's hash
+
+
+def test_the_server_keeps_no_variable_of_its_starters_environment_but_the_keyed(env, files):
+    secret = dict(env, CI_JOB_TOKEN="secret-of-the-starting-job")
+    assert npusim(["inspect", "conv.tflite"], secret, files).returncode == 0
+    with open(f"/proc/{server_pid(secret)}/environ", "rb") as f:
+        assert b"secret-of-the-starting-job" not in f.read()
+
+
+def can_unshare(flag: str) -> bool:
+    if shutil.which("unshare") is None:
+        return False
+    return subprocess.run(["unshare", flag, "true"], capture_output=True).returncode == 0
+
+
+@pytest.mark.parametrize(
+    "flag", ["-m", "-n", "-pf"], ids=["mount namespace", "network namespace", "pid namespace"]
+)
+def test_a_call_in_another_namespace_runs_in_its_own_process(env, files, running, flag):
+    if not can_unshare(flag):
+        pytest.skip(f"`unshare {flag}` does not work here (needs root or user namespaces)")
+    served, code, err, y = call_on_fifo(env, files, command=["unshare", flag])
+    assert not served and code == 0 and y == running, err
+
+
+def test_a_call_in_another_mount_namespace_reads_its_own_files(env, files, running):
+    """The file a caller sees is the one it gets: a model mounted in its namespace only."""
+    if not can_unshare("-m") or os.geteuid() != 0:
+        pytest.skip("no `unshare -m` with mounts here")
+    private = files / "private"
+    private.mkdir()
+    script = (
+        f"mount -t tmpfs tmpfs {private} && cp {files}/conv.tflite {private}/m.tflite && "
+        f"exec {' '.join(ENTRY)} inspect {private}/m.tflite"
+    )
+    done = subprocess.run(
+        ["unshare", "-m", "sh", "-c", script], env=env, cwd=files, capture_output=True, text=True
+    )
+    assert done.returncode == 0 and "inputs:" in done.stdout, done.stderr
+    assert not (private / "m.tflite").exists()  # not there outside the caller's namespace
+
+
+def test_help_version_and_server_commands_start_no_server(env, files):
+    for args in (["--help"], ["run", "--help"], ["--version"], [], ["server", "status"]):
+        npusim(args, env, files)
+        assert resident.running(env) is None, args
+        assert resident.servers(env) == [], args
+
+
+def test_server_stop_stops_every_server_of_the_user_and_removes_their_files(env, files):
+    other = dict(env, NPUSIM_AVX2="0")  # another key: a second server
+    for e in (env, other):
+        assert npusim(["inspect", "conv.tflite"], e, files).returncode == 0
+    pids = {server_pid(env), server_pid(other)}
+    stopped = npusim(["server", "stop"], env, files)
+    assert stopped.returncode == 0
+    assert {int(line.rsplit(" ", 1)[1]) for line in stopped.stdout.splitlines()} == pids
+    wait_for(lambda: not any(alive(p) for p in pids))
+    assert os.listdir(os.path.dirname(resident.server_paths(env)["sock"])) == []  # no stale file
+
+
+def test_a_silent_connection_is_let_go(env, files):
+    assert npusim(["inspect", "conv.tflite"], env, files).returncode == 0
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.connect(resident.server_paths(env)["sock"])
+    wait_for(lambda: len(call_processes(server_pid(env))) == 1)
+    s.settimeout(60)
+    assert s.recv(1) == b""  # closed by the server's process for it, after REQUEST_TIMEOUT_S (10 s)
+    s.close()
+    wait_for(lambda: call_processes(server_pid(env)) == [])

@@ -434,8 +434,8 @@ def test_full_disk_while_writing_a_checkpoint_keeps_the_previous_one(run, monkey
 
     target = {
         "savez": (zo.trainer.np, "savez"),
-        "fsync": (zo.trainer.os, "fsync"),
-        "replace": (zo.trainer.os, "replace"),
+        "fsync": (os, "fsync"),
+        "replace": (os, "replace"),
     }[failure]
     monkeypatch.setattr(*target, no_space)
     with pytest.raises(

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from npusim import atomic
 
 from .errors import ZoError
 from .optim import make_optimizer
@@ -77,10 +78,9 @@ def checkpoint_path(directory: str | Path) -> Path:
 def save(directory: str | Path, meta: dict, master: np.ndarray, ints: np.ndarray, optimizer_state: dict):
     """Write then rename: a crash mid-write (or a full disk) leaves the previous checkpoint intact."""
     path = checkpoint_path(directory)
-    tmp = path.parent / "last.tmp.npz"
     arrays = {f"opt_{k}": np.asarray(v) for k, v in optimizer_state.items()}
     try:
-        with open(tmp, "wb") as f:
+        with atomic.replacing(path) as f:  # every write checked, synced, renamed (npusim/atomic.py)
             np.savez(
                 f,
                 master=master,
@@ -88,11 +88,7 @@ def save(directory: str | Path, meta: dict, master: np.ndarray, ints: np.ndarray
                 meta=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8),
                 **arrays,
             )
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
     except OSError as e:
-        tmp.unlink(missing_ok=True)
         raise ZoError(
             f"cannot write checkpoint {path}: {e.strerror}; the previous checkpoint is kept"
         ) from None
@@ -225,7 +221,6 @@ def truncate_csv(path: Path, rows: int):
     """Keep the header and the first `rows` data rows: rows written after the checkpoint are redone."""
     if not path.exists():
         return
-    lines = path.read_text().splitlines(keepends=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text("".join(lines[: rows + 1]))
-    os.replace(tmp, path)
+    with open(path, encoding="utf-8", newline=None) as f:
+        lines = [line.rstrip("\n") + "\n" for line in f]
+    atomic.write_text(path, "".join(lines[: rows + 1]), newline="")

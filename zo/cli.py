@@ -6,16 +6,15 @@ commands, under the interrupt guard, so that Ctrl-C while they load is one line 
 from __future__ import annotations
 
 import os
-import signal
 import sys
 from pathlib import Path
 
 import click
 from click.core import ParameterSource
 
+from npusim import interrupt
 from npusim.errors import NpusimError
 
-from . import interrupt
 from .errors import ZoError
 
 
@@ -31,8 +30,9 @@ def the_zo_command() -> bool:
 
 
 def interrupted(message: str):
-    """Ctrl-C's one line and exit 130; a second Ctrl-C while it is written changes nothing."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    """Ctrl-C's (or SIGTERM's, SIGHUP's) one line and exit 130; a second signal while it is written
+    changes nothing."""
+    interrupt.ignore_further()
     click.echo(f"error: {message}", err=True)
     if the_zo_command():
         # Python's own exit, after the simulator has run, takes 1 to 2 s on a loaded 2-core machine
@@ -225,6 +225,11 @@ def train(ctx, out_dir, resume, quiet, **options):
         if not interrupt.is_interrupt(e):
             raise
         interrupted(interrupt_message(run_dir, trainer, {k: options[k] for k in given}))
+    finally:
+        if run_dir is not None:  # a caller of main() in one process may train in the folder again
+            from .run_lock import release_run
+
+            release_run(run_dir)
     from .progress import percent
 
     exported = next(Path(run_dir).glob("model.*"), Path(run_dir) / "model.tflite")
@@ -264,6 +269,7 @@ def set_up(options: dict, given: set, out_dir, resume, quiet):
     import npusim
 
     from .resume import resume_command, resumed_options
+    from .run_lock import lock_run, refuse_own_model
     from .trainer import TrainConfig, Trainer
 
     npusim.tune_process()
@@ -276,13 +282,16 @@ def set_up(options: dict, given: set, out_dir, resume, quiet):
             raise ZoError(
                 f"--resume {resume}: resume continues a run in place, expected no --out or --out {resume}"
             )
+        lock_run(resume, "--resume")  # before anything of the run is read: one writer at a time
         options = resumed_options(resume, options, given)
+        refuse_own_model(options["model"], resume, "--resume")
     else:
         for name in ("model", "data", "out_dir"):
             if (options | {"out_dir": out_dir})[name] is None:
                 raise ZoError(
                     f"--{name.split('_')[0]} is required to start a run (or --resume DIR to continue one)"
                 )
+        refuse_own_model(options["model"], out_dir)
         if (Path(out_dir) / "checkpoints" / "last.npz").exists():
             raise ZoError(
                 f"--out {out_dir}: already holds a run; continue it with: {resume_command(out_dir)}, or "
@@ -290,6 +299,10 @@ def set_up(options: dict, given: set, out_dir, resume, quiet):
             )
     report = None if quiet else (lambda message: click.echo(f"zo train: {message}", err=True))
     trainer = Trainer(TrainConfig(**options), resume or out_dir, report=report)
+    if not resume:  # the model and data read, nothing written yet: the new run's folder is its own
+        lock_run(out_dir)
+        if (Path(out_dir) / "checkpoints" / "last.npz").exists():  # another run's, written meanwhile
+            raise ZoError(f"--out {out_dir}: already holds a run; choose a new directory")
     if resume:
         trainer.load_checkpoint(Path(resume))
         left = max(trainer.config.budget - trainer.forward_passes, 0)

@@ -1,13 +1,19 @@
 """metrics.csv of a training run: one row per step (train loss) and per evaluation (test accuracy).
 
-The file is appended to: a resumed run keeps the rows up to its checkpoint (checkpoint.truncate_csv
-drops the later ones) and writes the header only into an empty log.
+The rows are kept in memory and the whole file is written at every checkpoint, to a temporary name
+then renamed (npusim/atomic.py): a full disk or a kill leaves the file of the last checkpoint, never
+a half row. A resumed run keeps the rows up to its checkpoint (the later ones are redone) and writes
+the header only once. One line end, "\\n", whatever a file of an older run held (csv's default is
+"\\r\\n", which a resumed file then mixed with the "\\n" of its kept rows).
 """
 
 from __future__ import annotations
 
 import csv
+import io
 from pathlib import Path
+
+from npusim import atomic
 
 METRIC_FIELDS = [
     "step",
@@ -30,22 +36,26 @@ class MetricsLog:
     def __init__(self, path: str | Path, rows: int = 0):
         self.path = Path(path)
         self.rows = rows
-        self._file = None
-        self._writer = None
+        self._lines: list[str] = []
 
     def open(self):
-        """Open for appending; a log without rows gets the header first."""
-        self._file = open(self.path, "a", newline="")
-        self._writer = csv.DictWriter(self._file, fieldnames=METRIC_FIELDS)
-        if self.rows == 0:
-            self._writer.writeheader()
+        """The header and the first `rows` rows of the file (a resumed run's), in memory."""
+        kept = []
+        if self.rows and self.path.exists():
+            with open(self.path, encoding="utf-8", newline=None) as f:  # "\r\n" or "\n" alike
+                kept = [line.rstrip("\n") + "\n" for line in f][: self.rows + 1]
+        self._lines = kept or [",".join(METRIC_FIELDS) + "\n"]
+        self.rows = len(self._lines) - 1
 
     def write(self, row: dict):
-        self._writer.writerow(row)
+        text = io.StringIO()
+        csv.DictWriter(text, fieldnames=METRIC_FIELDS, lineterminator="\n").writerow(row)
+        self._lines.append(text.getvalue())
         self.rows += 1
 
     def flush(self):
-        self._file.flush()
+        """The file as the rows stand now, whole (atomic.WriteFailed, an OSError, where it cannot be)."""
+        atomic.write_text(self.path, "".join(self._lines), newline="")
 
     def close(self):
-        self._file.close()
+        pass

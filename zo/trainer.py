@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import sys
 import time
 from dataclasses import asdict
@@ -24,13 +23,13 @@ from pathlib import Path
 
 import numpy as np
 
-from npusim import NpusimError, load_model, write_model
+from npusim import NpusimError, atomic, interrupt, load_model, write_model
 from npusim.interpreter import check_int8
 from npusim.model_io import model_suffix
 from npusim.npu import plan_device
 
 from . import blocks as zo_blocks
-from . import checkpoint, head_init, interrupt
+from . import checkpoint, head_init
 from .config import (  # noqa: F401 (re-exported: the API imports them from here)
     CALIBRATION_IMAGES,
     DEAD_FEATURES_WARNING,
@@ -83,7 +82,7 @@ class Trainer:
         """dataset and caches (the prefix activations of train and test) let a sweep share them across runs;
         warn(message) reports what the user should know (default: a line on stderr); report(message)
         says what each step of the setup does (default: nothing). Ctrl-C in the setup is a
-        KeyboardInterrupt, never another exception (zo/interrupt.py)."""
+        KeyboardInterrupt, never another exception (npusim/interrupt.py)."""
         self.warn = warn or (lambda message: print(f"warning: {message}", file=sys.stderr, flush=True))
         self.report = report or (lambda message: None)
         with interrupt.guarded():
@@ -508,7 +507,7 @@ class Trainer:
         self.last_lr = learning_rate(cfg.learning_rate, cfg.lr_schedule, self.forward_passes / cfg.budget)
         metrics = self.metrics
         metrics.open()
-        # Ctrl-C is taken between steps (zo/interrupt.py): the checkpoint then records a whole step.
+        # Ctrl-C is taken between steps (npusim/interrupt.py): the checkpoint then records a whole step.
         with interrupt.deferred():
             try:
                 # (a resumed run already evaluated at its checkpoint does not pay for it again)
@@ -601,9 +600,7 @@ class Trainer:
         self.final_accuracy = acc
 
     def export(self, path: Path):
-        tmp = path.with_suffix(".tmp")
-        tmp.write_bytes(write_model(self.model.graph))
-        os.replace(tmp, path)
+        atomic.write_bytes(path, write_model(self.model.graph))  # whole or not at all
 
     # -- checkpoints ---------------------------------------------------------------------------
     @functools.cached_property
@@ -629,10 +626,7 @@ class Trainer:
         }
         config["fingerprint"] = self.identity
         config["scheduler"] = self.scheduler.describe()
-        path = self.out / "config.json"
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(config, indent=2))
-        os.replace(tmp, path)
+        atomic.write_text(self.out / "config.json", json.dumps(config, indent=2))
 
     def save_checkpoint(self):
         """checkpoints/last.npz from the current state (zo/checkpoint.py)."""
