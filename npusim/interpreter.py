@@ -255,20 +255,7 @@ class Interpreter:
             k.workspace = scratch[0].workspace
         # PADs whose only reader is a convolution that takes their padding over (in run() only;
         # the other entry points compute every tensor): {PAD output tensor: PAD input tensor}.
-        self._pad_sources = {}
-        for k in self.kernels:
-            if k.kind != "PAD" or k.op.outputs[0] in self.graph.outputs:
-                continue
-            t = k.op.outputs[0]
-            reads = [(r, list(r.op.inputs).count(t)) for r in self.kernels if t in r.op.inputs]
-            if (
-                len(reads) == 1
-                and reads[0][1] == 1
-                and hasattr(reads[0][0], "fuse_pad")  # the convolutions, not the onnxruntime wrappers
-                and reads[0][0].op.inputs[0] == t
-                and reads[0][0].fuse_pad(k)
-            ):
-                self._pad_sources[t] = k.op.inputs[0]
+        self._pad_sources = self._fused_pads()
         # Chains of elementwise ops over one 8-bit tensor (YOLO's SiLU: LOGISTIC, MUL) run as one
         # lookup, in run() only, like the PADs above (chains.py): {chain output tensor: Chain}.
         self._chains = {c.output: c for c in find_chains(self.graph, self.kernels)}
@@ -308,6 +295,24 @@ class Interpreter:
         self.warm_batch = batch
         if warm and not plan_only:
             self.warm_up()
+
+    def _fused_pads(self) -> dict:
+        """{PAD output tensor: PAD input tensor} for PADs that a convolution takes over."""
+        sources = {}
+        for k in self.kernels:
+            if k.kind != "PAD" or k.op.outputs[0] in self.graph.outputs:
+                continue
+            t = k.op.outputs[0]
+            reads = [(r, list(r.op.inputs).count(t)) for r in self.kernels if t in r.op.inputs]
+            if (
+                len(reads) == 1
+                and reads[0][1] == 1
+                and hasattr(reads[0][0], "fuse_pad")  # the convolutions, not the onnxruntime wrappers
+                and reads[0][0].op.inputs[0] == t
+                and reads[0][0].fuse_pad(k)
+            ):
+                sources[t] = k.op.inputs[0]
+        return sources
 
     def _check_batch(self, batch) -> None:
         if batch is None:
