@@ -432,6 +432,15 @@ class _FunctionCache(caching.FunctionCache):
             set_up_target()
         return cres
 
+    def save_overload(self, sig, data):
+        """A cache that cannot be written (a full disk, a file-size limit, a read-only folder) is no
+        cache: the compiled kernel runs, and the next process compiles again. Numba lets such an
+        OSError out of the call that compiled, which would end a run for its cache's sake."""
+        try:
+            super().save_overload(sig, data)
+        except OSError:
+            pass
+
 
 class _LazyCache:
     """A dispatcher's _FunctionCache, made when the dispatcher first compiles or loads: making one
