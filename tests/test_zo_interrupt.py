@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import csv
 import json
+import queue
 import re
 import shlex
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -133,13 +135,28 @@ def test_ctrl_c_inside_threaded_numba_kernels_is_a_keyboard_interrupt(defer):
     tests_dir = str(__import__("pathlib").Path(__file__).parent)
     code = f"import sys; sys.path.insert(0, {tests_dir!r})\n" + KERNEL_LOOP.format(rounds=rounds, defer=defer)
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+
+    lines = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(x.strip()) for x in proc.stdout], daemon=True).start()
+
+    def line(within=120.0):
+        # a lost signal leaves the child looping: fail, never hang the suite
+        try:
+            return lines.get(timeout=within)
+        except queue.Empty:
+            return "(no answer)"
+
     caught = []
-    for _ in range(rounds):
-        assert proc.stdout.readline().strip() == "running"
-        time.sleep(0.3)  # inside the kernel loop: most of its time is spent in threaded kernels
-        proc.send_signal(signal.SIGINT)
-        caught.append(proc.stdout.readline().strip())
-    proc.wait(timeout=60)
+    try:
+        for _ in range(rounds):
+            assert line() == "running"
+            time.sleep(0.3)  # inside the kernel loop: most of its time is spent in threaded kernels
+            proc.send_signal(signal.SIGINT)
+            caught.append(line())
+        proc.wait(timeout=60)
+    finally:
+        proc.kill()
+        proc.wait()
     assert caught == ["KeyboardInterrupt"] * rounds
 
 
