@@ -52,3 +52,18 @@ def tiny(tmp_path):
     data = tmp_path / "colors.npz"
     np.savez(data, **color_dataset())
     return model, data
+
+
+@pytest.fixture(autouse=True)
+def _signal_dispositions_restored():
+    """A test that runs a command in-process may leave SIGINT/SIGTERM/SIGHUP ignored (the one-line
+    interrupt path ignores further signals): the children later tests start would inherit SIG_IGN and
+    never be interrupted. Each test gets the dispositions it found."""
+    import signal
+
+    names = ("SIGINT", "SIGTERM", "SIGHUP")
+    saved = {n: signal.getsignal(getattr(signal, n)) for n in names if hasattr(signal, n)}
+    yield
+    for n, handler in saved.items():
+        if handler is not None:
+            signal.signal(getattr(signal, n), handler)
