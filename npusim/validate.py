@@ -514,7 +514,7 @@ def text_report(result: Validation, worst: int = 10) -> str:
             "",
             f"breaks first: op {b['op']} ({b['kind']}), where the propagated SQNR drops most: "
             f"{_num(b['sqnr_db_before'])} dB into it, {_num(b['sqnr_db'])} dB out, "
-            f"-{_num(b['drop_db'])} dB ({b['tensor'][:48]})",
+            f"-{_num(b['drop_db'])} dB ({shown(b['tensor'][:48])})",
         ]
     if result.agreement is not None:
         out += ["", f"top-1 agreement of int8 and reference on output 0: {result.agreement:.4f}"]
