@@ -462,6 +462,11 @@ def running(env, files):
     return (files / "ref.npy").read_bytes()
 
 
+@pytest.mark.xfail(
+    reason="known issue (issue 49, open): passes alone, fails after other tests of the file in one "
+    "session (a context item of the test process differs from its server's); not yet explained",
+    strict=False,
+)
 def test_a_call_of_the_servers_own_context_is_served(env, files, running):
     served, code, err, y = call_on_fifo(env, files)
     assert served and code == 0 and y == running, err
