@@ -97,11 +97,6 @@ def _train(model, data, out, **kw):
     return trainer, (out / "model.onnx").read_bytes()
 
 
-@pytest.mark.xfail(
-    reason="after the merge of issues 46 and 48 (open): ORT and npusim part by up to 0.1 on the written "
-    "model's softmax; not yet explained",
-    strict=False,
-)
 @pytest.mark.parametrize(
     "classes,new_head,head",
     [(4, False, True), (4, True, True), (3, False, True), (4, True, False)],
@@ -110,8 +105,11 @@ def _train(model, data, out, **kw):
 def test_softmax_classifier_and_fresh_heads_written_into_onnx(tmp_path, classes, new_head, head):
     """A classifier ending in Softmax -> Q -> DQ is recognised (its logits are the Gemm's, not the
     probabilities); a fresh head (--new-head, a new class count, or appended to a feature output) is
-    written into the ONNX graph with its new scales: ORT loads the file and npusim's run of it equals
-    the trained Graph's."""
+    written into the ONNX graph with its new scales: ORT loads the file, npusim's run of it equals
+    the trained Graph's, and npusim's onnxruntime profile equals ORT's own run of it. (The default
+    profile's softmax is TFLM's, which may part from ORT's by a logit step: at a trained head's coarse
+    logits scale that moves a probability by several hundredths, so only the ORT profile is held to
+    ORT.)"""
     from zo.head import find_head
 
     model, data = _softmax_classifier(tmp_path, classes, head)
@@ -124,8 +122,8 @@ def test_softmax_classifier_and_fresh_heads_written_into_onnx(tmp_path, classes,
     assert np.array_equal(from_file, npusim.Interpreter(graph).run(x))
     y_ort = oo.session(written, optimize=False).run(None, {"x": x[:1]})[0]
     assert y_ort.shape[-1] == 4 and from_file.shape[-1] == 4
-    if head:  # a probability output: ORT's literal run within a few steps of npusim's
-        assert np.abs(y_ort - from_file[:1]).max() < 0.05
+    as_ort = npusim.Interpreter(npusim.load_model(written), profile="onnxruntime").run(x[:1])
+    assert np.array_equal(as_ort, y_ort)
 
 
 def test_an_unwritable_head_is_refused_before_training(tmp_path):

@@ -277,16 +277,45 @@ def invoke(*args):
     return CliRunner().invoke(zo.cli.main, [str(a) for a in args], catch_exceptions=False)
 
 
-def test_resume_alone_continues_with_the_recorded_options(half_run, tmp_path):
-    model, data, run = half_run
+def stopped_run(model, data, run, at: int):
+    """A run of 600 forward passes stopped (as by Ctrl-C) once `at` passes are spent."""
+
+    def stop(trainer, q, loss):
+        if trainer.forward_passes >= at:
+            raise KeyboardInterrupt
+
+    config = TrainConfig(
+        model=str(model), data=str(data), q="fixed:2", lr=1.0, batch=16, budget=600,
+        checkpoint_every=5, eval_every=100,
+    )  # fmt: skip
+    with pytest.raises(KeyboardInterrupt):
+        Trainer(config, run).run(on_step=stop)
+
+
+def test_resume_alone_continues_with_the_recorded_options(tiny, tmp_path):
+    model, data = tiny
+    run = tmp_path / "run"
+    stopped_run(model, data, run, at=200)
     reference = finished_reference(model, data, tmp_path)
-    result = invoke("train", "--resume", run, "--budget", "600", "--quiet")
+    result = invoke("train", "--resume", run, "--quiet")
     assert result.exit_code == 0, result.stderr
-    assert json.loads((run / "config.json").read_text())["budget"] == 600  # recorded for the next resume
     assert_same_run(run, reference)
     again = invoke("train", "--resume", run, "--quiet")  # finished: nothing left, same model
     assert again.exit_code == 0 and "600 forward passes" in again.stdout, again.stderr
     assert_same_run(run, reference)
+
+
+def test_a_larger_budget_on_resume_is_the_new_total_and_recorded(half_run):
+    """--budget beside --resume is the total (not more passes), recorded for the next resume. Schedules
+    relative to the budget (the head's cosine) stretch to it from the checkpoint on, so the run is not
+    the one a budget of 600 from the start would have made."""
+    model, data, run = half_run
+    result = invoke("train", "--resume", run, "--budget", "600", "--quiet")
+    assert result.exit_code == 0, result.stderr
+    assert json.loads((run / "config.json").read_text())["budget"] == 600
+    assert "600 forward passes" in result.stdout
+    rows = metrics(run)
+    assert int(rows[-1]["forward_passes"]) <= 600 and int(rows[-1]["forward_passes"]) > 500
 
 
 @pytest.mark.parametrize(

@@ -38,8 +38,6 @@ def file_layout(kind: str, data: np.ndarray) -> np.ndarray:
 
 
 def write_onnx(graph) -> bytes:
-    from onnx import TensorProto, helper, numpy_helper
-
     src = graph.source
     appended = graph.ops[src.op_count :]
     if (
@@ -80,7 +78,7 @@ def write_onnx(graph) -> bytes:
             _requantize_dq(model, inits, where, graph.tensors[index], int(zp[0]))
         codes = codes + (zp if zp.size > 1 else int(zp[0]) if zp.size else 0)
         storage = where["storage"]
-        dtype, lo, hi = _TYPES[storage]
+        _, lo, hi = _TYPES[storage]
         if (
             index not in requantized
             and codes.shape != tuple(where["shape"])
@@ -90,13 +88,7 @@ def write_onnx(graph) -> bytes:
             raise NpusimError(
                 f"initializer {where['init']!r}: trained codes do not fit {storage} {list(where['shape'])}"
             )
-        if storage in ("int4", "uint4"):
-            new = helper.make_tensor(
-                init.name, getattr(TensorProto, storage.upper()), codes.shape, codes.ravel().tolist()
-            )
-        else:
-            new = numpy_helper.from_array(codes.astype(dtype), init.name)
-        init.CopyFrom(new)
+        init.CopyFrom(_codes_tensor(init.name, storage, codes))
     if requantized:
         _write_logits(graph, model, inits, requantized)
     if appended:
@@ -176,26 +168,43 @@ def _requantized(graph, model, inits) -> set:
     return out
 
 
-def _new_init(model, inits, name: str, array):
-    from onnx import numpy_helper
+def _codes_tensor(name: str, storage: str, codes: np.ndarray):
+    """An initializer of integer codes in the file's element type: int4 / uint4 packed by onnx's own
+    helper (numpy has no 4-bit type), every other type as its numpy array."""
+    from onnx import TensorProto, helper, numpy_helper
 
+    if storage in ("int4", "uint4"):
+        return helper.make_tensor(
+            name, getattr(TensorProto, storage.upper()), codes.shape, codes.ravel().tolist()
+        )
+    return numpy_helper.from_array(np.asarray(codes).astype(_TYPES[storage][0]), name)
+
+
+def _new_init(model, inits, name: str, array, storage: str | None = None):
     k = 0
     while f"{name}_zo{k}" in inits:
         k += 1
-    t = numpy_helper.from_array(array, f"{name}_zo{k}")
+    if storage is None:
+        from onnx import numpy_helper
+
+        t = numpy_helper.from_array(np.asarray(array), f"{name}_zo{k}")
+    else:
+        t = _codes_tensor(f"{name}_zo{k}", storage, np.asarray(array))
     model.graph.initializer.append(t)
     inits[t.name] = model.graph.initializer[-1]
     return t.name
 
 
-def _set_params(model, inits, node, scale, zero_point, dtype):
-    """node (a QuantizeLinear or DequantizeLinear) reads new scale and zero point initializers."""
+def _set_params(model, inits, node, scale, zero_point, storage: str):
+    """node (a QuantizeLinear or DequantizeLinear) reads new scale and zero point initializers; the
+    zero point in the element type of the codes it goes with (the checker refuses an int8 zero point
+    beside int4 codes)."""
     node.input[1] = _new_init(model, inits, node.input[1], np.asarray(scale, np.float32))
-    zp = np.asarray(zero_point).astype(dtype)
+    zp = np.asarray(zero_point)
     if len(node.input) > 2 and node.input[2]:
-        node.input[2] = _new_init(model, inits, node.input[2], zp)
+        node.input[2] = _new_init(model, inits, node.input[2], zp, storage)
     else:
-        node.input.append(_new_init(model, inits, node.input[1] + "_zero_point", zp))
+        node.input.append(_new_init(model, inits, node.input[1] + "_zero_point", zp, storage))
 
 
 def _requantize_dq(model, inits, where, tensor, zero_point: int):
@@ -203,10 +212,9 @@ def _requantize_dq(model, inits, where, tensor, zero_point: int):
 
     dq = _dq_of(model, where["init"])
     scale = tensor.quant.scale.astype(np.float32).ravel()
-    dtype = _TYPES[where["storage"]][0]
     per_axis = scale.size > 1
     zp = np.full(scale.size, zero_point) if per_axis else np.asarray(zero_point)
-    _set_params(model, inits, dq, scale if per_axis else scale.reshape(()), zp, dtype)
+    _set_params(model, inits, dq, scale if per_axis else scale.reshape(()), zp, where["storage"])
     if per_axis and where["kind"] in ("dense_nk", "dense_kn"):
         for a in list(dq.attribute):
             if a.name == "axis":
@@ -224,13 +232,13 @@ def _write_logits(graph, model, inits, requantized: set):
     qs = [n for n in model.graph.node if n.op_type == "QuantizeLinear" and n.input[0] in names]
     if len(qs) != 1:
         raise NpusimError("the fresh head's logits: expected one QuantizeLinear after the head to write them")
-    dtype = np.uint8 if quant.offset else np.int8
+    storage = "uint8" if quant.offset else "int8"
     zp = int(quant.zero_point[0]) + quant.offset
-    _set_params(model, inits, qs[0], quant.scale[0], zp, dtype)
+    _set_params(model, inits, qs[0], quant.scale[0], zp, storage)
     for dq in (
         n for n in model.graph.node if n.op_type == "DequantizeLinear" and n.input[0] == qs[0].output[0]
     ):
-        _set_params(model, inits, dq, quant.scale[0], zp, dtype)
+        _set_params(model, inits, dq, quant.scale[0], zp, storage)
     classes = graph.tensors[head.outputs[0]].shape[-1]
     for out in model.graph.output:
         dims = out.type.tensor_type.shape.dim
