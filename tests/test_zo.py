@@ -415,10 +415,13 @@ def test_cost_report_and_device_time_column(tiny, tmp_path):
     rows = read_metrics(tmp_path / "run")
     seconds = [float(r["device_seconds"]) for r in rows]
     assert seconds == sorted(seconds) and seconds[-1] > 0  # accumulates with the forward passes
-    # the device model of `npusim inspect --target stm32n6`: forward passes x its latency for a batch
+    # the device model of `npusim inspect --target stm32n6`: forward passes x its latency for a batch,
+    # and each step's fixed M55 work (zo/cost.step_overhead_seconds)
     per_pass = plan_device(t.model.interp).latency_s(batch=t.config.batch)
     last = rows[-1]
-    assert float(last["device_seconds"]) == pytest.approx(int(last["forward_passes"]) * per_pass, abs=1e-4)
+    expected = int(last["forward_passes"]) * per_pass + t.overhead_seconds
+    assert t.overhead_seconds > 0
+    assert float(last["device_seconds"]) == pytest.approx(expected, abs=1e-4)
     # --calibration refits it as `npusim inspect --calibration` does: a board twice as slow on every
     # model doubles the step time
     from npusim.npu import CostModel

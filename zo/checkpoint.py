@@ -152,6 +152,7 @@ class Resumed:
     wall: float
     last_eval_passes: int
     final_accuracy: float
+    overhead_seconds: float  # the steps' fixed device work so far (--budget-ms; 0 in older checkpoints)
     extra: dict  # the trainer's other state arrays (the head's Adam, the kept model): EXTRA_PREFIXES
 
 
@@ -199,8 +200,9 @@ def validate(ck: Checkpoint, config, identity: dict, params: list, size: int) ->
             raise KeyError("scheduler state")
         counters = {k: int(meta[k]) for k in COUNTERS}
         wall = float(meta["wall"])
+        overhead = float(meta.get("overhead_seconds", 0.0))
         last_eval, final_accuracy = int(meta["last_eval_passes"]), float(meta["final_accuracy"])
-        if min(counters.values()) < 0 or not np.isfinite(wall):
+        if min(counters.values()) < 0 or not np.isfinite(wall) or not overhead >= 0 or overhead == np.inf:
             raise ValueError("counters")
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise ZoError(f"{ck.damaged} ({type(e).__name__}: {e})") from None
@@ -212,6 +214,7 @@ def validate(ck: Checkpoint, config, identity: dict, params: list, size: int) ->
         wall=wall,
         last_eval_passes=last_eval,
         final_accuracy=final_accuracy,
+        overhead_seconds=overhead,
         extra=extra,
         **counters,
     )

@@ -122,6 +122,14 @@ def main():
     help="Forward passes (of one mini-batch) to spend in all. With --resume: the run's new total "
     "(passes already spent included), not passes to add.",
 )
+@click.option(
+    "--budget-ms",
+    type=float,
+    default=None,
+    help="The budget as estimated STM32N6 time instead of passes: each forward pass at npusim's N6 "
+    "latency, plus each step's fixed Cortex-M55 work (directions, perturbed and written-back codes, "
+    "the loss). Instead of --budget; with --resume, the new total.",
+)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option(
     "--eval-every",
@@ -274,6 +282,10 @@ def set_up(options: dict, given: set, out_dir, resume, quiet):
 
     npusim.tune_process()
     options["eps"] = parse_eps(options["eps"])
+    if {"budget", "budget_ms"} <= given:
+        raise ZoError("--budget and --budget-ms: expected one of them (passes, or device milliseconds)")
+    if "budget" in given:  # a budget in passes replaces a recorded one in device time
+        given = given | {"budget_ms"}
     for name in ("model", "data"):
         if options[name] is not None:  # recorded as absolute paths: a resume works from anywhere
             options[name] = str(Path(options[name]).absolute())
@@ -305,11 +317,17 @@ def set_up(options: dict, given: set, out_dir, resume, quiet):
             raise ZoError(f"--out {out_dir}: already holds a run; choose a new directory")
     if resume:
         trainer.load_checkpoint(Path(resume))
-        left = max(trainer.config.budget - trainer.forward_passes, 0)
+        cfg = trainer.config
+        if cfg.budget_ms is None:
+            spent = f"{trainer.forward_passes} forward passes spent of the run's total budget {cfg.budget}"
+            left = f"{max(cfg.budget - trainer.forward_passes, 0)} left"
+        else:
+            ms = trainer.spent * trainer.device_seconds_per_pass * 1e3
+            spent = f"{ms:.1f} device ms spent of the run's total budget {cfg.budget_ms:g} ms"
+            left = f"{max(cfg.budget_ms - ms, 0):.1f} ms left"
         trainer.report(
-            f"resumed from {Path(resume) / 'checkpoints' / 'last.npz'} at step {trainer.step}: "
-            f"{trainer.forward_passes} forward passes spent of the run's total budget "
-            f"{trainer.config.budget} (--budget is the total, not passes to add), {left} left"
+            f"resumed from {Path(resume) / 'checkpoints' / 'last.npz'} at step {trainer.step}: {spent} "
+            f"(--budget is the total, not passes to add), {left}"
         )
     return trainer
 
@@ -320,7 +338,8 @@ def train_and_report(trainer, quiet: bool) -> tuple[dict, float]:
     trainer.report("evaluating the model on the test images before training")
     before = trainer.test_accuracy()
     trainer.report(f"test accuracy {percent(before)}; training (Ctrl-C stops at the next step, checkpointed)")
-    status = None if quiet else StatusLine(trainer.config.budget)
+    ms = None if trainer.config.budget_ms is None else trainer.device_seconds_per_pass * 1e3
+    status = None if quiet else StatusLine(trainer.total, ms_per_pass=ms)
     try:
         result = trainer.run(status.update if status else None)
     finally:

@@ -62,6 +62,7 @@ class TrainConfig:
     rounding: str = "nearest"
     batch: int = 32
     budget: int = 20000
+    budget_ms: float | None = None  # set: the budget is this much estimated STM32N6 time (zo/cost.py)
     seed: int = 0
     eval_every: int | None = None  # forward passes between evaluations (default: budget / 20)
     checkpoint_every: int = 100  # steps
@@ -101,6 +102,8 @@ class TrainConfig:
                 raise ZoError(f"--{name} {value!r}: expected one of {', '.join(allowed)}")
         if self.new_head and self.keep_head:
             raise ZoError("--new-head and --keep-head: expected at most one of them")
+        if self.budget_ms is not None and not (self.budget_ms > 0 and np.isfinite(self.budget_ms)):
+            raise ZoError(f"--budget-ms {self.budget_ms}: expected a positive number of milliseconds")
         if self.batch < 1:
             raise ZoError(f"--batch {self.batch}: expected at least 1")
         if self.lr is not None and not (self.lr > 0 and np.isfinite(self.lr)):

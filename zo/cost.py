@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from npusim.npu import CostModel, plan_device, plan_fusion, plan_memory
 from npusim.npu.arena import tensor_bytes, tensor_elements
+from npusim.npu.cost import M55_CYCLES_PER_ELEMENT
 from npusim.npu.report import kib
 
 from .errors import ZoError
@@ -166,3 +167,35 @@ def format_zo_step_report(r: dict) -> str:
             f"{r['bp_seconds'] * 1e3:.2f} ms",
         ]
     )
+
+
+# A step's work on the Cortex-M55 besides its forward passes (--budget-ms). Cycle counts per element
+# of a Helium (MVE) implementation; none is measured on a board.
+CYCLES_PER_DIRECTION_COORDINATE = 1.0  # ASSUMPTION: a counter-based generator's 32-bit word gives 32
+#   Rademacher signs; expanding and scaling them is about one cycle per coordinate
+CYCLES_PER_PERTURBED_CODE = 0.25  # ASSUMPTION: int8 add, saturate and store, 16 lanes per beat pair
+CYCLES_PER_UPDATED_PARAMETER = 4.0  # ASSUMPTION: float32 master += step, round, clamp, store the code
+CYCLES_PER_LOGIT = M55_CYCLES_PER_ELEMENT["SOFTMAX"]  # the loss: a softmax per logit (npusim.npu.cost)
+
+
+def step_overhead_seconds(
+    q: int, batches: int, dims: int, perturbed: int, params: int, passes: int, logits: int, head_macs: int,
+    cost: CostModel | None = None,
+) -> float:  # fmt: skip
+    """Device seconds of one step's fixed work on the M55, beside its forward passes:
+    - the q directions over the block's `dims` coordinates, generated twice (for the probes, and again
+      from their seeds to form the update: never stored);
+    - each probe pair writes the `perturbed` codes three times per mini-batch (w + d, w - d, w);
+    - the write-back of all `params` trainable values after the update;
+    - the loss of every pass's `logits` (batch x classes), and the exact head's outer product
+      (`head_macs` multiply-adds, zo/head_grad.py).
+    What does not grow with q (the write-back, the head) is what a larger q amortises."""
+    cost = cost or CostModel()
+    cycles = (
+        2 * q * dims * CYCLES_PER_DIRECTION_COORDINATE
+        + 3 * q * batches * perturbed * CYCLES_PER_PERTURBED_CODE
+        + params * CYCLES_PER_UPDATED_PARAMETER
+        + passes * logits * CYCLES_PER_LOGIT
+        + head_macs / cost.m55_macs_per_cycle
+    )
+    return cycles / cost.m55_clock_hz

@@ -37,6 +37,7 @@ class ExactHead:
         self.out_tensor = op.outputs[0]
         x = tensors[self.x_tensor]
         self.x_scale, self.x_zero = np.float64(x.scale), int(x.zero_point)
+        self.features = int(np.prod(x.shape[1:]))  # K: one image's inputs to the head
         w = tensors[op.inputs[1]]
         classes = w.shape[0]
         # A per-tensor scale broadcasts over the classes: one weight LSB's real value per row.

@@ -101,3 +101,37 @@ def quantize_head(w: np.ndarray, b: np.ndarray, w_scale: np.ndarray, in_scale: f
     bias = np.rint(b / (np.float64(in_scale) * w_scale.astype(np.float64)))
     bias = np.clip(bias, -(2**31 - 1), 2**31 - 1)
     return np.clip(codes, -127, 127).astype(np.int8), bias.astype(np.int32), clamped
+
+
+def initialize(model, features: np.ndarray, labels: np.ndarray, method: str, warn) -> int:
+    """Fill model's fresh head (a TrainableModel) from the head's input `features` of the training
+    images: fit (fit_head), a temperature (fit_temperature), the weight scales held or coarsened to
+    fit (SCALE_RULE), the codes rounded into them. warn(message) when most features are dead on this
+    data. Returns how many weights were clamped to the int8 range (quantize_head)."""
+    from .config import DEAD_FEATURES_WARNING
+    from .head import LOGIT_RANGE
+
+    dead = float(np.mean(np.ptp(features, axis=0) == 0))
+    if dead > DEAD_FEATURES_WARNING:
+        warn(
+            f"{dead:.0%} of the head's {features.shape[1]} input features are constant over the "
+            "training images (dead on this data): the head can learn from the rest only; check the "
+            "input mapping (--input-range, --mean/--std) or train lower layers (--trainable last:K)"
+        )
+    w, b = fit_head(features, labels, model.num_classes, method)
+    s = fit_temperature(features @ w.T + b, labels, LOGIT_RANGE)
+    w, b = s * w, s * b
+    head, tensors = model.head_op, model.graph.tensors
+    if SCALE_RULE == "hold":
+        probe = tensors[head.inputs[1]].quant.scale
+        scales = holding_scales(w, probe)
+        if np.any(scales != probe):
+            model.requantize_head(scales)
+    weights = tensors[head.inputs[1]]
+    codes, bias, clamped = quantize_head(
+        w, b, weights.quant.scale.astype(np.float64), tensors[head.inputs[0]].scale
+    )
+    weights.data = codes
+    if len(head.inputs) > 2 and head.inputs[2] >= 0:
+        tensors[head.inputs[2]].data = bias
+    return clamped

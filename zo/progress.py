@@ -31,32 +31,42 @@ class StatusLine:
     """The run's progress: passes of the budget, step, q, loss, the last test accuracy and the ETA
     (from this session's rate: a resumed run does not count the passes it did not spend)."""
 
-    def __init__(self, budget: int, stream=None, clock=time.monotonic):
+    def __init__(self, budget: float, stream=None, clock=time.monotonic, ms_per_pass: float | None = None):
+        """budget: in forward passes; ms_per_pass set (--budget-ms): shown as device milliseconds, the
+        trainer's `spent` (its steps' fixed work included) read instead of its passes."""
         self.stream = stream or sys.stderr
         self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
-        self.budget, self.clock = budget, clock
+        self.budget, self.clock, self.ms_per_pass = budget, clock, ms_per_pass
         self.start = None  # (time, forward passes) when this session's first step was seen
         self.drawn_at = -math.inf
         self.logged_eval = None
         self.width = 0
 
     def text(self, trainer, q: int, loss: float) -> str:
-        passes = trainer.forward_passes
+        passes = self.text_passes(trainer)
         now = self.clock()
         if self.start is None:
             self.start = (now, passes)
         spent, done = now - self.start[0], passes - self.start[1]
         eta = (self.budget - passes) * spent / done if done > 0 else math.nan
+        if self.ms_per_pass is None:
+            amount = f"{passes}/{self.budget} passes"
+        else:
+            amount = f"{passes * self.ms_per_pass:.0f}/{self.budget * self.ms_per_pass:.0f} device ms"
         return (
-            f"zo train {100 * passes / self.budget:3.0f}%  {passes}/{self.budget} passes  "
+            f"zo train {100 * passes / self.budget:3.0f}%  {amount}  "
             f"step {trainer.step}  q {q}  loss {loss:.4f}  test {percent(trainer.final_accuracy)}  "
             f"ETA {duration(eta)}"
         )
 
+    def text_passes(self, trainer) -> float:
+        """What the budget is spent by: passes, or with --budget-ms the pass-equivalents of device time."""
+        return trainer.forward_passes if self.ms_per_pass is None else trainer.spent
+
     def update(self, trainer, q: int, loss: float):
         """After each step."""
         if self.tty:
-            if self.clock() - self.drawn_at < 1.0 / REDRAWS_PER_S and trainer.forward_passes < self.budget:
+            if self.clock() - self.drawn_at < 1.0 / REDRAWS_PER_S and self.text_passes(trainer) < self.budget:
                 return
             line = self.text(trainer, q, loss)
             self.stream.write("\r" + line.ljust(self.width))

@@ -2,8 +2,8 @@
 
 Alone, --resume continues the run exactly as recorded. An option given beside it must agree with the
 record, except:
-- --budget, --eval-every and --checkpoint-every: how long the run goes and how often it reports
-  (a finished run given a larger budget trains on);
+- --budget (or --budget-ms), --eval-every and --checkpoint-every: how long the run goes and how
+  often it reports (a finished run given a larger budget trains on);
 - --model and --data: compared by content (the checkpoint's fingerprint: a model file moved or
   copied is the same model);
 - --input-range, --mean, --std: compared as the input mapping they resolve to (`auto` and the range
@@ -21,7 +21,7 @@ from pathlib import Path
 from .errors import ZoError
 from .trainer import TrainConfig, default_lr
 
-MAY_CHANGE = ("budget", "eval_every", "checkpoint_every")
+MAY_CHANGE = ("budget", "budget_ms", "eval_every", "checkpoint_every")
 BY_CONTENT = ("model", "data")
 BY_MAPPING = ("input_range", "mean", "std")
 

@@ -32,7 +32,6 @@ from . import blocks as zo_blocks
 from . import checkpoint, head_init
 from .config import (  # noqa: F401 (re-exported: the API imports them from here)
     CALIBRATION_IMAGES,
-    DEAD_FEATURES_WARNING,
     DEAD_STEPS,
     DEFAULT_LR,
     HEAD_LR,
@@ -43,16 +42,10 @@ from .config import (  # noqa: F401 (re-exported: the API imports them from here
     TrainConfig,
     default_lr,
 )
+from .cost import step_overhead_seconds
 from .data import Dataset, load_dataset, subset
 from .errors import ZoError
-from .head import LOGIT_RANGE
 from .head_grad import ExactHead
-from .head_init import (
-    fit_head,
-    fit_temperature,
-    holding_scales,
-    quantize_head,
-)
 from .inputs import SATURATION_WARNING, model_inputs
 from .loss import group_losses
 from .metrics import MetricsLog
@@ -134,6 +127,16 @@ class Trainer:
                 f"limits with the input mapping {self.mapping}; check --input-range or --mean/--std"
             )
         self.scheduler = scheduler or config.make_scheduler()
+        # What the device pays per forward pass of a mini-batch, kept apart from simulator wall time.
+        self.macs_per_pass = self.model.interp.macs() * config.batch
+        self.device_seconds_per_pass = plan_device(self.model.interp).latency_s(batch=config.batch)
+        # The budget in forward passes; --budget-ms as the passes its device time buys (see spent).
+        self.total = (
+            config.budget
+            if config.budget_ms is None
+            else config.budget_ms / 1e3 / self.device_seconds_per_pass
+        )
+        self.overhead_seconds = 0.0  # the steps' fixed M55 work so far (step_overhead_seconds)
         if not OPTIMIZERS[config.optimizer].step_grows_with_q and not isinstance(
             self.scheduler, (FixedQ, EfficiencyTest)
         ):
@@ -144,12 +147,12 @@ class Trainer:
                 "14 points under the best fixed q in the study (docs/study.md); use --q qscheduler (the "
                 "efficiency test under this step rule) or a fixed q"
             )
-        first_step = 2 * self.scheduler.next_q(Progress(0, 0, config.budget))  # at most; checked again below
+        first_step = 2 * self.scheduler.next_q(Progress(0, 0, self.total))  # at most; checked again below
         fresh = self.model.head_op is not None and config.head_init != "zero"
         init = self.feature_passes() if fresh else 0
-        if config.budget < first_step + init:
+        if self.total < first_step + init:
             head = f" and the head's initialization ({init})" if init else ""
-            raise ZoError(f"--budget {config.budget}: below one step ({first_step} forward passes){head}")
+            raise ZoError(f"{self.budget_option()}: below one step ({first_step} forward passes){head}")
         # The frozen prefix never changes: its outputs are computed once for the whole data set.
         if caches is None:
             self.report(
@@ -185,20 +188,17 @@ class Trainer:
         self.forward_passes = self.init_passes  # the head's initialization is paid from the budget
         measured = self.calibrate_eps()
         self.forward_passes += measured
-        first = self.step_passes(self.scheduler.next_q(Progress(0, 0, config.budget)), 1)
+        first = self.step_passes(self.scheduler.next_q(Progress(0, 0, self.total)), 1)
         setup = self.forward_passes + 2 * self.validation_passes()
-        if config.budget < setup + first:
+        if self.total < setup + first:
             raise ZoError(
-                f"--budget {config.budget}: below one step ({first} forward passes) after the setup's "
+                f"{self.budget_option()}: below one step ({first} forward passes) after the setup's "
                 f"{setup}: the head's initialization ({self.init_passes}), the eps measurement ({measured}) "
                 f"and two evaluations of the held-out images ({2 * self.validation_passes()}, --keep best)"
             )
         self.best = None  # (validation accuracy, test accuracy, integers) of the kept model
         self.wall_offset = 0.0
-        # What the device pays per forward pass of a mini-batch, kept apart from simulator wall time.
-        self.macs_per_pass = self.model.interp.macs() * config.batch
-        self.device_seconds_per_pass = plan_device(self.model.interp).latency_s(batch=config.batch)
-        self.eval_every = config.eval_every or max(config.budget // 20, 1)
+        self.eval_every = config.eval_every or max(int(self.total) // 20, 1)
         self.next_eval = 0
         self._perm_epoch, self._perm = -1, None
         self.zero_differences = 0.0  # of the last step's probe pairs
@@ -230,6 +230,32 @@ class Trainer:
             block.shape, block.channel_axis = tuple(t.shape), axis
             blocks.append(block)
         return head, blocks
+
+    @property
+    def spent(self) -> float:
+        """The budget spent, in forward passes; with --budget-ms, the device time spent (the steps' fixed
+        work included) over one pass's."""
+        if self.config.budget_ms is None:
+            return self.forward_passes
+        return self.forward_passes + self.overhead_seconds / self.device_seconds_per_pass
+
+    def budget_option(self) -> str:
+        cfg = self.config
+        if cfg.budget_ms is None:
+            return f"--budget {cfg.budget}"
+        per_pass = self.device_seconds_per_pass * 1e3
+        return f"--budget-ms {cfg.budget_ms:g} ({self.total:.0f} forward passes of {per_pass:.3g} ms)"
+
+    def step_overhead(self, q: int, batches: int) -> float:
+        """Device seconds of this step's work besides its forward passes (zo/cost.py)."""
+        block = self.block_of_step(self.step) if self.blocks else None
+        head = self.head
+        return step_overhead_seconds(
+            q if block else 0, batches, block.dims if block else 0, block.size if block else 0,
+            params=self.master.size, passes=self.step_passes(q, batches),
+            logits=self.config.batch * self.model.num_classes,
+            head_macs=self.config.batch * head.classes * head.features if head else 0,
+        )  # fmt: skip
 
     def validation_passes(self) -> int:
         """Forward passes of one evaluation of the held-out images (--keep best), one per mini-batch."""
@@ -279,31 +305,9 @@ class Trainer:
             return 0
         self.report(f"initializing the fresh head ({cfg.head_init}) from the features of the training images")
         features = self.model.head_features({t: v[self.train_rows] for t, v in self.train_cache.items()})
-        labels = self.data.y_train[self.train_rows]
-        dead = float(np.mean(np.ptp(features, axis=0) == 0))
-        if dead > DEAD_FEATURES_WARNING:
-            self.warn(
-                f"{dead:.0%} of the head's {features.shape[1]} input features are constant over the "
-                "training images (dead on this data): the head can learn from the rest only; check the "
-                "input mapping (--input-range, --mean/--std) or train lower layers (--trainable last:K)"
-            )
-        w, b = fit_head(features, labels, self.model.num_classes, cfg.head_init)
-        s = fit_temperature(features @ w.T + b, labels, LOGIT_RANGE)
-        w, b = s * w, s * b
-        head = self.model.head_op
-        if head_init.SCALE_RULE == "hold":
-            probe = self.model.graph.tensors[head.inputs[1]].quant.scale
-            scales = holding_scales(w, probe)
-            if np.any(scales != probe):
-                self.model.requantize_head(scales)
-        tensors = self.model.graph.tensors
-        weights = tensors[head.inputs[1]]
-        codes, bias, self.head_clamped = quantize_head(
-            w, b, weights.quant.scale.astype(np.float64), tensors[head.inputs[0]].scale
+        self.head_clamped = head_init.initialize(
+            self.model, features, self.data.y_train[self.train_rows], cfg.head_init, self.warn
         )
-        weights.data = codes
-        if len(head.inputs) > 2 and head.inputs[2] >= 0:
-            tensors[head.inputs[2]].data = bias
         return self.feature_passes()
 
     # -- data ---------------------------------------------------------------------------------
@@ -431,7 +435,8 @@ class Trainer:
         step's ZO block probed on it (and with batches=2 on a second one too: a paired step, the
         update averaging both). Both are measured at the same point, then applied."""
         cfg = self.config
-        lr = learning_rate(cfg.learning_rate, cfg.lr_schedule, self.forward_passes / cfg.budget)
+        lr = learning_rate(cfg.learning_rate, cfg.lr_schedule, self.spent / self.total)
+        self.overhead_seconds += self.step_overhead(q, batches)
         update = np.zeros(self.master.size)
         losses = []
         if self.head is not None:
@@ -439,7 +444,7 @@ class Trainer:
             values = {t: v[indices] for t, v in self.train_cache.items()}
             self.model.interp.evaluate(values, self.model.suffix)
             loss, g = self.head.loss_and_gradient(values, self.data.y_train[indices])
-            head_lr = learning_rate(HEAD_LR, HEAD_SCHEDULE, self.forward_passes / cfg.budget)
+            head_lr = learning_rate(HEAD_LR, HEAD_SCHEDULE, self.spent / self.total)
             update[self.head.coords] = self.head_optimizer.step(g, head_lr)
             losses.append(loss)
             self.forward_passes += 1
@@ -448,7 +453,7 @@ class Trainer:
             loss_plus, loss_minus, zo_update = self.zo_update(q, batches, lr)
             update += zo_update
             losses.append(float(np.mean((loss_plus + loss_minus) / 2)))
-            measure = self.scheduler.measure_step(Progress(self.step, self.forward_passes, cfg.budget))
+            measure = self.scheduler.measure_step(Progress(self.step, self.spent, self.total))
         before = self.master.copy() if measure else None
         self.master += update
         # Parameters stay inside what int8 / int32 can hold; the master copy must not drift beyond.
@@ -457,15 +462,11 @@ class Trainer:
         self.step += 1
         if self.blocks:
             self.forward_passes += 2 * q * batches
-            if before is not None and self.forward_passes + 3 <= cfg.budget:
+            if before is not None and self.spent + 3 <= self.total:
                 first, second = self.taylor_terms(before, self.master - before)
                 self.forward_passes += 3
-                self.scheduler.observe_taylor(
-                    Progress(self.step, self.forward_passes, cfg.budget), first, second
-                )
-            self.scheduler.observe(
-                Progress(self.step, self.forward_passes, cfg.budget), q, loss_plus, loss_minus
-            )
+                self.scheduler.observe_taylor(Progress(self.step, self.spent, self.total), first, second)
+            self.scheduler.observe(Progress(self.step, self.spent, self.total), q, loss_plus, loss_minus)
         self.last_lr = lr
         return float(np.mean(losses))
 
@@ -504,7 +505,7 @@ class Trainer:
         self.write_config()
         start = time.perf_counter() - self.wall_offset
         self.wall = lambda: time.perf_counter() - start
-        self.last_lr = learning_rate(cfg.learning_rate, cfg.lr_schedule, self.forward_passes / cfg.budget)
+        self.last_lr = learning_rate(cfg.learning_rate, cfg.lr_schedule, self.spent / self.total)
         metrics = self.metrics
         metrics.open()
         # Ctrl-C is taken between steps (npusim/interrupt.py): the checkpoint then records a whole step.
@@ -515,14 +516,16 @@ class Trainer:
                     self.log_eval()
                 while True:
                     interrupt.check(between_steps=True)
-                    progress = Progress(self.step, self.forward_passes, cfg.budget)
+                    progress = Progress(self.step, self.spent, self.total)
                     q = self.scheduler.next_q(progress)
                     batches = self.scheduler.probe_batches(progress)
                     cost = self.step_passes(q, batches)
                     if self.forward_passes + cost >= self.next_eval:
                         cost += self.validation_passes()
+                    if cfg.budget_ms is not None:
+                        cost += self.step_overhead(q, batches) / self.device_seconds_per_pass
                     # The last evaluation's validation passes are kept in reserve: within the budget.
-                    if self.forward_passes + cost + self.validation_passes() > cfg.budget:
+                    if self.spent + cost + self.validation_passes() > self.total:
                         break
                     loss = self.train_step(q, batches)
                     self.log(
@@ -564,13 +567,14 @@ class Trainer:
     def log(self, row: dict):
         row.setdefault("wall_seconds", f"{self.wall():.3f}")
         row.setdefault("macs", self.forward_passes * self.macs_per_pass)
-        row.setdefault("device_seconds", f"{self.forward_passes * self.device_seconds_per_pass:.4f}")
+        device = self.forward_passes * self.device_seconds_per_pass + self.overhead_seconds
+        row.setdefault("device_seconds", f"{device:.4f}")
         row.setdefault("lr", f"{self.last_lr:.6g}")
         self.metrics.write(row)
 
     def log_eval(self):
         acc = self.test_accuracy()
-        q = self.scheduler.next_q(Progress(self.step, self.forward_passes, self.config.budget))
+        q = self.scheduler.next_q(Progress(self.step, self.spent, self.total))
         row = {
             "step": self.step,
             "q": q,
@@ -633,6 +637,7 @@ class Trainer:
         meta = {
             "step": self.step,
             "forward_passes": self.forward_passes,
+            "overhead_seconds": self.overhead_seconds,
             "wall": self.wall(),
             "metric_rows": self.metrics.rows,
             "dead_steps": self.dead_steps,
@@ -674,7 +679,7 @@ class Trainer:
         except (KeyError, ValueError, TypeError) as e:
             raise ZoError(f"{checkpoint.damaged_message(directory)} ({type(e).__name__}: {e})") from None
         self.scheduler.load(r.scheduler_state)
-        self.step, self.forward_passes = r.step, r.forward_passes
+        self.step, self.forward_passes, self.overhead_seconds = r.step, r.forward_passes, r.overhead_seconds
         self.metrics.rows, self.next_eval, self.dead_steps = r.metric_rows, r.next_eval, r.dead_steps
         self.wall_offset, self.last_eval_passes, self.final_accuracy = (
             r.wall,
