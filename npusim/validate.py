@@ -292,38 +292,53 @@ def validate(
             f"{int8.origin}: a float model: npusim runs int8 models; as INT8_MODEL give its int8 model, "
             "and this one as --float"
         )
-    check_int8(int8)  # a legacy uint8 model
+    samples = _samples(int8, x, labels)
     ref_graph = None
     if float_model is not None:
         ref_graph = float_model if isinstance(float_model, Graph) else load_model(float_model)
         check_pair(int8, ref_graph)
-    if len(int8.inputs) != 1:
-        raise NpusimError(f"the int8 model has {len(int8.inputs)} inputs, validate feeds one")
-    x_int8, x_real = split_inputs(x, int8)
-    if labels is not None:
-        labels = check_labels(labels, x.shape[0], int8)
     # An ONNX QuantizeLinear may fold a ReLU or Clip into its range (ORT's quantize_static does): the
     # graph in float keeps each layer within its quantization range, or it would drop them.
     ranges = onnx and ref_graph is None
     local_forms = FloatInterpreter(int8, ranges=ranges)
     reference = local_forms if ref_graph is None else FloatInterpreter(ref_graph)
     mapping, unmatched = reference_tensors(int8, ref_graph)
-    warnings = [RANGES_WARNING] if ranges else []
-    return _run(
-        int8,
-        x_int8,
-        x_real,
-        labels,
-        profile,
-        local_forms,
+    against = _Against(
         reference,
+        local_forms,
         (ref_graph or int8).outputs,
         mapping,
         unmatched,
-        warnings,
+        [RANGES_WARNING] if ranges else [],
         "float model" if ref_graph is not None else "int8 graph in float",
-        n6,
     )
+    return _run(int8, samples, against, profile, n6)
+
+
+@dataclass
+class _Against:
+    """What the int8 run is compared with: the reference (run_all of the real-valued samples), each
+    layer's local float form, the reference's output tensors in the int8 outputs' order, the int8 ->
+    reference tensor mapping, what matched nothing, warnings, and the reference's name in reports."""
+
+    reference: object
+    local_forms: FloatInterpreter
+    outputs: list
+    mapping: dict
+    unmatched: list
+    warnings: list
+    what: str
+
+
+def _samples(int8: Graph, x: np.ndarray, labels) -> tuple:
+    """(int8 inputs, real inputs, checked labels) of the samples x, for a one-input int8 model."""
+    check_int8(int8)  # a legacy uint8 model
+    if len(int8.inputs) != 1:
+        raise NpusimError(f"the int8 model has {len(int8.inputs)} inputs, validate feeds one")
+    x_int8, x_real = split_inputs(x, int8)
+    if labels is not None:
+        labels = check_labels(labels, x.shape[0], int8)
+    return x_int8, x_real, labels
 
 
 RANGES_WARNING = (
@@ -340,12 +355,7 @@ def _validate_onnx_pair(int8: Graph, x, float_model, labels, profile, n6=None) -
 
     data, where = _read(float_model)
     reference = OnnxFloatReference(data, int8, where)
-    check_int8(int8)
-    if len(int8.inputs) != 1:
-        raise NpusimError(f"the int8 model has {len(int8.inputs)} inputs, validate feeds one")
-    x_int8, x_real = split_inputs(x, int8)
-    if labels is not None:
-        labels = check_labels(labels, x.shape[0], int8)
+    samples = _samples(int8, x, labels)
     warnings = []
     if reference.unmatched:
         listed = ", ".join(f"{k} ({kind})" for k, kind in reference.unmatched[:8])
@@ -353,42 +363,30 @@ def _validate_onnx_pair(int8: Graph, x, float_model, labels, profile, n6=None) -
             f"{len(reference.unmatched)} float node(s) matched no int8 tensor by value or node name "
             f"(their layers have no propagated error): {listed}"
         )
-    local_forms = FloatInterpreter(int8)
-    return _run(
-        int8,
-        x_int8,
-        x_real,
-        labels,
-        profile,
-        local_forms,
+    against = _Against(
         reference,
+        FloatInterpreter(int8),
         int8.outputs,
         reference.mapping(),
         reference.unmatched,
         warnings,
         "float model",
-        n6,
     )
+    return _run(int8, samples, against, profile, n6)
 
 
-def _run(
-    int8,
-    x_int8,
-    x_real,
-    labels,
-    profile,
-    local_forms,
-    reference,
-    ref_outputs,
-    mapping,
-    unmatched,
-    warnings,
-    what,
-    n6=None,
-) -> Validation:
-    """One pass over the samples: the int8 run (and under neural-art the tflm baseline beside it),
-    the reference, the per-layer tallies."""
+def _run(int8, samples: tuple, against: _Against, profile, n6=None) -> Validation:
+    """One pass over the samples (_samples): the int8 run (and under neural-art the tflm baseline
+    beside it), the reference, the per-layer tallies."""
     from .npu.neural_art_run import profile_object
+
+    x_int8, x_real, labels = samples
+    reference, local_forms, ref_outputs, mapping = (
+        against.reference,
+        against.local_forms,
+        against.outputs,
+        against.mapping,
+    )
 
     interpreter = Interpreter(int8, profile=profile_object(profile, n6), warm=False)  # one run
     baseline = Interpreter(int8, warm=False) if profile == "neural-art" else None
@@ -449,9 +447,9 @@ def _run(
         layers,
         acc,
         samples=int(x_int8.shape[0]),
-        reference=what,
-        unmatched_float=unmatched,
-        warnings=warnings,
+        reference=against.what,
+        unmatched_float=against.unmatched,
+        warnings=against.warnings,
         output_pairs=[(np.concatenate(r), np.concatenate(g)) for r, g in tally.pairs],
         worst_pair=(worst, *tally.scatter[worst["op"]]),
         breaks_first=breaks_first(int8, layers),
