@@ -103,6 +103,7 @@ def friendly_errors(func):
 
 
 def interrupted():
+    interrupt.end_command()  # the command line's own process ends here (npusim/interrupt.py says why)
     interrupt.ignore_further()
     fail("interrupted", interrupt.EXIT_STATUS)
 

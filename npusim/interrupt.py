@@ -55,6 +55,7 @@ class _State:
     previous: dict = {}
     previous_hook = None
     end = None  # exit_on_signal's callback, called with the status before the process ends
+    command = False  # exit_on_signal was called: this process is a command line, not a library's caller
 
 
 _state = _State()
@@ -119,12 +120,30 @@ def end_now(signum=None, frame=None):
     os._exit(EXIT_STATUS)
 
 
+def end_command() -> None:
+    """After a command has handled its interrupt (its temporary files removed): if this process is
+    the command line (exit_on_signal was its first act), the one line, the status and exit 130 at
+    once (end_now), stdout flushed first; else return (a library caller of the command gets the
+    usual SystemExit). Why not Python's own exit: it first frees the frames the KeyboardInterrupt
+    unwound, and one such frame may hold an array that a Numba kernel interrupted on its way out left
+    with a wrong reference count; freeing it aborted the process after the line ("free(): double free
+    detected", SIGABRT, once in several hundred signals into the kernels)."""
+    if not _state.command:
+        return
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe: what it could not take is lost either way
+            pass
+    end_now()
+
+
 def exit_on_signal(end=None) -> None:
     """The command line's first act: from here, a signal outside guarded() ends the process at once
     (end_now), after calling end(status) if given. Main thread only."""
     if threading.current_thread() is not threading.main_thread():
         return
-    _state.end = end
+    _state.end, _state.command = end, True
     for s in SIGNALS:
         if signal.getsignal(s) is not signal.SIG_IGN:
             signal.signal(s, end_now)
