@@ -41,14 +41,6 @@ CASES = [
     "test_dequantizelinear_axis",
 ]
 
-# Not met yet (issue 48, Build 2): npusim refuses these in one line, as the reasons say.
-OPEN = {
-    "test_qlinearconv": "a uint8 weight of zero point 255: codes minus zero point leave int8",
-    "test_matmulinteger": "an int32 graph output (the integer sums with no rescale after them)",
-    "test_convinteger_with_padding": "an int32 graph output (the integer sums with no rescale after them)",
-    "test_convinteger_without_padding": "an int32 graph output (the integer sums with no rescale after them)",
-}
-
 
 def _cases() -> dict:
     from onnx.backend.test.case.node import collect_testcases
@@ -68,15 +60,7 @@ def test_every_named_case_is_in_the_package(cases):
     assert sorted(cases) == sorted(CASES)
 
 
-@pytest.mark.parametrize(
-    "name",
-    [
-        pytest.param(n, marks=pytest.mark.xfail(raises=npusim.NpusimError, strict=True, reason=OPEN[n]))
-        if n in OPEN
-        else n
-        for n in CASES
-    ],
-)
+@pytest.mark.parametrize("name", CASES)
 @pytest.mark.parametrize("profile", ["tflm", "onnxruntime"])
 def test_conformance_case(cases, name, profile):
     case = cases[name]
