@@ -5,8 +5,9 @@ the generators, not the generated files), run as they are and compared with thei
 These cases feed scales, zero points and weights as graph inputs. npusim fixes every input but the
 first at load (`npusim.onnx.reader.bind_inputs`: an NPU compiler fixes them too), and runs the first,
 an int8 / uint8 / float32 activation, under both profiles. Graph inputs and outputs of type int8 and
-uint8 and per-axis QuantizeLinear / DequantizeLinear at the graph's edges are what these need
-(docs/onnx.md).
+uint8, int32 outputs (the sums of ConvInteger and MatMulInteger), asymmetric weights (QLinearConv's
+uint8 weight of zero point 255) and per-axis QuantizeLinear / DequantizeLinear at the graph's edges
+are what these need (docs/onnx.md). All pass; none is left open.
 """
 
 from __future__ import annotations
