@@ -5,8 +5,9 @@ the generators, not the generated files), run as they are and compared with thei
 These cases feed scales, zero points and weights as graph inputs. npusim fixes every input but the
 first at load (`npusim.onnx.reader.bind_inputs`: an NPU compiler fixes them too), and runs the first,
 an int8 / uint8 / float32 activation, under both profiles. Graph inputs and outputs of type int8 and
-uint8 and per-axis QuantizeLinear / DequantizeLinear at the graph's edges are what these need
-(docs/onnx.md).
+uint8, int32 outputs (the sums of ConvInteger and MatMulInteger), asymmetric weights (QLinearConv's
+uint8 weight of zero point 255) and per-axis QuantizeLinear / DequantizeLinear at the graph's edges
+are what these need (docs/onnx.md). All pass; none is left open.
 """
 
 from __future__ import annotations
@@ -41,14 +42,6 @@ CASES = [
     "test_dequantizelinear_axis",
 ]
 
-# Not met yet (issue 48, Build 2): npusim refuses these in one line, as the reasons say.
-OPEN = {
-    "test_qlinearconv": "a uint8 weight of zero point 255: codes minus zero point leave int8",
-    "test_matmulinteger": "an int32 graph output (the integer sums with no rescale after them)",
-    "test_convinteger_with_padding": "an int32 graph output (the integer sums with no rescale after them)",
-    "test_convinteger_without_padding": "an int32 graph output (the integer sums with no rescale after them)",
-}
-
 
 def _cases() -> dict:
     from onnx.backend.test.case.node import collect_testcases
@@ -68,15 +61,7 @@ def test_every_named_case_is_in_the_package(cases):
     assert sorted(cases) == sorted(CASES)
 
 
-@pytest.mark.parametrize(
-    "name",
-    [
-        pytest.param(n, marks=pytest.mark.xfail(raises=npusim.NpusimError, strict=True, reason=OPEN[n]))
-        if n in OPEN
-        else n
-        for n in CASES
-    ],
-)
+@pytest.mark.parametrize("name", CASES)
 @pytest.mark.parametrize("profile", ["tflm", "onnxruntime"])
 def test_conformance_case(cases, name, profile):
     case = cases[name]

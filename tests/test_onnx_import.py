@@ -411,16 +411,28 @@ def test_plan_only_undoes_a_lowering_that_stops_halfway():
         npusim.load_model(m.SerializeToString())
 
 
-def test_refuses_an_asymmetric_weight_zero_point_naming_the_node():
+def test_an_asymmetric_weight_zero_point_runs_as_ort():
+    """uint8 weights of zero point 100 with codes up to 250 (codes minus zero point leave int8): once
+    refused, now a CONV_2D that keeps the zero point (engines/wide.py); --profile onnxruntime equals
+    ORT (optimizations off), tflm is within one output step."""
     m = onnx.load_from_string(conv_qdq("uint8"))
     z = next(i for i in m.graph.initializer if i.name == "w_z")
     z.CopyFrom(
         helper.make_tensor("w_z", TensorProto.UINT8, list(z.dims), [100] * max(1, int(np.prod(z.dims))))
     )
     w = next(i for i in m.graph.initializer if i.name == "w_q")
-    w.CopyFrom(helper.make_tensor("w_q", TensorProto.UINT8, list(w.dims), [250] * int(np.prod(w.dims))))
-    with pytest.raises(npusim.NpusimError, match=r"node .*\(Conv\): weight .* zero point 100"):
-        npusim.load_model(m.SerializeToString())
+    codes = rng_of("asymmetric-weights").integers(0, 256, int(np.prod(w.dims)))
+    w.CopyFrom(helper.make_tensor("w_q", TensorProto.UINT8, list(w.dims), codes.tolist()))
+    data = m.SerializeToString()
+    x = rng_of("asymmetric-weights", "x").uniform(-1, 1, (2, 3, 6, 6)).astype(np.float32)
+    want = oo.run_ort(data, x, optimize=False)
+    graph = npusim.load_model(data)
+    conv = next(op for op in graph.ops if op.kind == "CONV_2D")
+    assert np.any(graph.tensors[conv.inputs[1]].quant.zero_point)  # the zero point stays in the layer
+    np.testing.assert_array_equal(npusim.Interpreter(graph, profile="onnxruntime").run(x), want)
+    y_scale = graph.tensors[conv.outputs[0]].quant.scale[0]
+    tflm = npusim.Interpreter(graph, profile="tflm").run(x)
+    assert np.abs(tflm - want).max() <= y_scale * 1.001
 
 
 @pytest.mark.parametrize("weights", ["int8", "uint8", "int4", "uint4"])

@@ -179,12 +179,16 @@ _QLINEAR_PARAMS = {0: (1, 2), 3: (4, 5)}
 
 def _integer_input(ctx: Lowering, name: str, shape: tuple, elem: int) -> int:
     """An int8 or uint8 graph input: its parameters are those its readers (a DequantizeLinear, a
-    QOperator op) give it, all the same. A uint8 input is shifted to int8 by a QUANTIZE, as
+    QOperator op) give it, all the same. A ConvInteger or MatMulInteger reading it gives only a zero
+    point, and its sums no scale: read by those alone, it is at scale 1 (lower_integer.py checks their
+    zero points against it). A uint8 input is shifted to int8 by a QUANTIZE, as
     TFLite's converter writes a uint8 input (the same real values)."""
-    found = []
+    found, integer = [], []
     for c in ctx.consumers.get(name, []):
         ks = [k for k, i in enumerate(c.input) if i == name]
-        if c.op_type == "DequantizeLinear" and ks == [0]:
+        if c.op_type in ("ConvInteger", "MatMulInteger") and ks == [0]:
+            integer.append(_integer_reader_params(ctx, c, elem))
+        elif c.op_type == "DequantizeLinear" and ks == [0]:
             found.append(ctx.qparams(c, 1, 2, boundary=True))
         elif c.op_type.startswith("QLinear") or c.op_type == "QGemm":
             if len(ks) != 1 or ks[0] not in _QLINEAR_PARAMS or c.op_type == "QLinearConcat":
@@ -196,8 +200,10 @@ def _integer_input(ctx: Lowering, name: str, shape: tuple, elem: int) -> int:
         else:
             raise NpusimError(
                 f"{ctx.where}: integer graph input {name!r} is read by {node_name(c)}, expected a "
-                "DequantizeLinear or a QLinear op (which give its scale and zero point)"
+                "DequantizeLinear, a QLinear op (which give its scale and zero point), a ConvInteger or a "
+                "MatMulInteger"
             )
+    found = found or integer[:1]
     if not found:
         raise NpusimError(
             f"{ctx.where}: integer graph input {name!r} is read by nothing that gives its scale"
@@ -225,6 +231,23 @@ def _integer_input(ctx: Lowering, name: str, shape: tuple, elem: int) -> int:
     ctx.emit("QUANTIZE", [t], [out])
     ctx.env[name] = Value(out, perm)
     return t
+
+
+def _integer_reader_params(ctx: Lowering, node, elem: int):
+    """(Quantization at scale 1, storage) of a graph input read as input 0 of a ConvInteger or
+    MatMulInteger: its zero point is that op's a zero point (0 if none), in int8."""
+    zp_c = ctx.const(node, 2, required=False)
+    storage = ("int8" if elem == 3 else "uint8") if zp_c is None else zp_c.value.dtype.name
+    zp = 0 if zp_c is None else zp_c.value.astype(np.int64).ravel()
+    if np.size(zp) != 1:
+        raise NpusimError(
+            f"{ctx.where}: {node_name(node)}: input zero point {np.ravel(zp).tolist()}, expected one"
+        )
+    shift = 128 if storage == "uint8" else 0
+    quant = Quantization(
+        np.ones(1, np.float32), np.asarray([int(np.ravel(zp)[0]) - shift], np.int64), offset=shift
+    )
+    return quant, storage
 
 
 def _graph_outputs(ctx: Lowering, plan_only: bool = False) -> list:
@@ -256,10 +279,12 @@ def _graph_outputs(ctx: Lowering, plan_only: bool = False) -> list:
             )
             ctx.emit("QUANTIZE", [t], [out])
             t = out
-        elif elem not in (1, 3) or src.dtype != np.int8 and elem == 3:
+        elif (
+            elem == 6 and src.dtype != np.int32 or elem not in (1, 3, 6) or src.dtype != np.int8 and elem == 3
+        ):
             raise NpusimError(
                 f"{ctx.where}: graph output {info.name!r} is {ELEM_TYPES.get(elem, elem)}, expected float32 "
-                "(after a DequantizeLinear), int8 or uint8"
+                "(after a DequantizeLinear), int8, uint8, or int32 (a ConvInteger or MatMulInteger's own)"
             )
         if t in outputs:
             raise NpusimError(f"{ctx.where}: graph output {info.name!r} repeats another output")

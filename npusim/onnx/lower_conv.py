@@ -16,9 +16,12 @@ from .context import NHWC, Const, Lowering, Value, identity
 FUSED = {(0.0, None): "RELU", (0.0, 6.0): "RELU6", (-1.0, 1.0): "RELU_N1_TO_1"}
 
 
-def int8_weights(ctx: Lowering, w: Const, what: str) -> np.ndarray:
-    """Integer weight codes minus their zero point, as int8 (uint8 weights with zero point 128 and
-    uint4 with 8 land on the same int8 values; TFLite's kernels take symmetric weights only)."""
+def weight_codes(ctx: Lowering, w: Const, what: str) -> tuple[np.ndarray, np.ndarray | None]:
+    """(int8 codes, zero points): the codes minus their zero point when all of them fit int8 (zero
+    points None: symmetric weights, which TFLite's kernels take; uint8 with zero point 128 and uint4
+    with 8 land on the same int8 values), else the file's codes moved into int8 (uint8 by -128) with
+    their zero points moved likewise (one, or one per channel of w.axis): asymmetric weights, such as
+    uint8 of zero point 255, which CONV_2D and FULLY_CONNECTED then sum exactly (engines/wide.py)."""
     if w.codes is None:
         raise ctx.error(
             f"{what} {w.name!r} is float, expected quantized weights (a DequantizeLinear of integers)"
@@ -32,13 +35,10 @@ def int8_weights(ctx: Lowering, w: Const, what: str) -> np.ndarray:
         [-1 if i == w.axis and w.zero_point.size > 1 else 1 for i in range(w.codes.ndim)]
     )
     q = w.codes.astype(np.int64) - zp
-    if q.size and (q.min() < -128 or q.max() > 127):
-        raise ctx.error(
-            f"{what} {w.name!r}: zero point {int(w.zero_point.ravel()[0])} leaves codes outside "
-            "int8 after the shift, expected a weight zero point of 0 (int8, int4) or the middle "
-            "code (uint8 128, uint4 8)"
-        )
-    return q.astype(np.int8)
+    if not q.size or (q.min() >= -128 and q.max() <= 127):
+        return q.astype(np.int8), None
+    shift = 128 if w.storage == "uint8" else 0  # (int4 and uint4 codes minus zero point always fit)
+    return (w.codes.astype(np.int64) - shift).astype(np.int8), w.zero_point.astype(np.int64).ravel() - shift
 
 
 def bias_tensor(
@@ -230,8 +230,10 @@ def conv(
     out_name: str,
     activation: str = "NONE",
     bn=None,
+    out_dtype=np.int8,
 ) -> int:
-    """The integer convolution of x (any layout; read as NHWC): returns its NHWC output tensor."""
+    """The integer convolution of x (any layout; read as NHWC): returns its NHWC output tensor
+    (out_dtype int32: the accumulators plus the bias, no rescale; see wide_conv)."""
     if w.value.ndim != 4:
         raise ctx.error(
             f"weight {w.name!r} has shape {list(w.value.shape)}, expected a 2-D convolution [O, I, kh, kw]"
@@ -242,7 +244,8 @@ def conv(
     group = int(ctx.attr(node, "group", 1))
     if group < 1 or c % group or o % group or cg * group != c:
         raise ctx.error(f"group {group} does not fit {c} input channels and weight {list(w.value.shape)}")
-    codes = int8_weights(ctx, w, "weight")
+    codes, wzp = weight_codes(ctx, w, "weight")
+    wide = wzp is not None or out_dtype != np.int8
     ws = (
         np.broadcast_to(np.asarray(w.scale, np.float64).reshape(-1), (o,)).copy()
         if w.scale.size > 1
@@ -254,9 +257,13 @@ def conv(
         )
     bias_real = None
     if bn is not None:
+        if wide:
+            raise ctx.error("a BatchNormalization cannot be folded into asymmetric weights or int32 sums")
         codes, ws, bias_real = fold_batchnorm(ctx, codes, ws, b, bn)
     b_real = bias_real if bn is not None else (None if b is None else b.value)
-    codes, ws, refit = fit_bias_range(codes, ws, b_real, ctx.quant(t).scale[0])
+    refit = False  # wide layers sum in int64 (engines/wide.py): no accumulator to keep from wrapping
+    if not wide:
+        codes, ws, refit = fit_bias_range(codes, ws, b_real, ctx.quant(t).scale[0])
     keep_file_codes = bn is None and not refit  # the Graph's codes are the file's (writer.py)
     strides = list(ctx.attr(node, "strides", [1, 1]))
     dil = list(ctx.attr(node, "dilations", [1, 1]))
@@ -288,7 +295,10 @@ def conv(
         fused_activation_function=activation,
     )
     bias_const = b if bias_real is None else Const(b.name if b else out_name + "_bias", bias_real)
-    out = ctx.tensor(out_name, (n, oh, ow, o), np.int8, out_quant)
+    out = ctx.tensor(out_name, (n, oh, ow, o), out_dtype, out_quant)
+    if wide:
+        wide_conv(ctx, t, codes, wzp, ws, bias_const, w, group, out, options)
+        return out
     depthwise = group == c and group > 1 and cg == 1
     if depthwise:
         wq = Quantization(np.asarray(ws, np.float32).reshape(-1), np.zeros(np.size(ws), np.int64), axis=3)
@@ -310,6 +320,31 @@ def conv(
     # Grouped: SPLIT the channels, one CONV_2D per group, CONCATENATION (TFLite's converter does the same).
     grouped_conv(ctx, t, ohwi, ws, bias_const, w.name, out, group, options)
     return out
+
+
+def wide_conv(ctx: Lowering, t: int, codes, wzp, ws, bias_const, w: Const, group: int, out: int, options):
+    """One CONV_2D whose filter keeps its zero points (engines/wide.py sums it exactly, and writes
+    int32 sums). Groups (depthwise too) become one block-diagonal filter whose taps outside a
+    channel's group hold that channel's zero point, so contribute 0: DEPTHWISE_CONV_2D and the
+    SPLIT / CONCATENATION of grouped_conv take neither filter zero points nor int32."""
+    o, cg, kh, kw = codes.shape
+    og = o // group
+    zp = np.zeros(o, np.int64) if wzp is None else np.broadcast_to(np.asarray(wzp, np.int64), (o,))
+    full = np.repeat(zp.reshape(o, 1, 1, 1), cg * group, axis=1).repeat(kh, axis=2).repeat(kw, axis=3)
+    for g in range(group):
+        full[g * og : (g + 1) * og, g * cg : (g + 1) * cg] = codes[g * og : (g + 1) * og]
+    wsb = np.broadcast_to(np.asarray(ws, np.float64).reshape(-1), (o,))
+    per_channel = np.size(ws) > 1 or np.any(zp != zp[0])
+    quant = Quantization(
+        np.asarray(wsb if per_channel else wsb[:1], np.float32),
+        np.asarray(zp if per_channel else zp[:1], np.int64),
+        axis=0,
+    )
+    wt = ctx.constant(w.name, full.transpose(0, 2, 3, 1), np.int8, quant)
+    if group == 1 and wzp is None:
+        keep_file_layout(ctx, wt, w, "conv")
+    bt = bias_tensor(ctx, bias_const, ctx.quant(t).scale[0], wsb, o, ctx.tensors[out].name + "_bias")
+    ctx.emit("CONV_2D", [t, wt, bt], [out], **options)
 
 
 def grouped_conv(ctx: Lowering, t: int, ohwi, ws, bias_const, w_name: str, out: int, group: int, options):
@@ -373,14 +408,17 @@ def dense(
     alpha: float = 1.0,
     beta: float = 1.0,
     file_nk: bool = False,
+    out_dtype=np.int8,
 ) -> Value:
-    """x [..., K] (declared layout) times a constant [K, N]: FULLY_CONNECTED with weights [N, K]."""
+    """x [..., K] (declared layout) times a constant [K, N]: FULLY_CONNECTED with weights [N, K]
+    (asymmetric weights keep their zero points, and out_dtype int32 gives the sums: engines/wide.py)."""
     t = ctx.logical(x)
     shape = ctx.shape(t)
     if w_kn.value.ndim != 2 or shape[-1] != w_kn.value.shape[0]:
         raise ctx.error(f"weight {list(w_kn.value.shape)} does not fit an input {list(shape)} as [K, N]")
     k, nout = w_kn.value.shape
-    codes = int8_weights(ctx, w_kn, "weight")
+    codes, wzp = weight_codes(ctx, w_kn, "weight")
+    wide = wzp is not None or out_dtype != np.int8
     ws = np.asarray(w_kn.scale, np.float64).reshape(-1)
     if alpha <= 0:
         raise ctx.error(f"alpha {alpha:g} is not positive")
@@ -389,13 +427,18 @@ def dense(
     if b is not None and beta != 1.0:
         bias = Const(b.name, np.asarray(b.value, np.float64) * beta)
     bias_real = None if bias is None else bias.value
-    codes, ws, refit = fit_bias_range(codes, ws, bias_real, ctx.quant(t).scale[0], axis=1)
+    refit = False  # wide layers sum in int64 (engines/wide.py): no accumulator to keep from wrapping
+    if not wide:
+        codes, ws, refit = fit_bias_range(codes, ws, bias_real, ctx.quant(t).scale[0], axis=1)
     if refit:  # the bias's codes are no longer at the file's scale: requantize its real values
         bias = Const(bias.name, np.asarray(bias.value, np.float64))
     ws = np.asarray(ws, np.float64).reshape(-1)
-    wq = Quantization(ws.astype(np.float32), np.zeros(ws.size, np.int64), axis=0)
+    zp = np.zeros(ws.size, np.int64) if wzp is None else np.asarray(wzp, np.int64)
+    if zp.size != ws.size:  # one scale and a zero point per column, or the reverse
+        ws, zp = np.broadcast_to(ws, (nout,)).copy(), np.broadcast_to(zp, (nout,)).copy()
+    wq = Quantization(ws.astype(np.float32), zp, axis=0)
     wt = ctx.constant(w_kn.name, codes.T, np.int8, wq)
-    if alpha == 1.0 and w_kn.source and not refit:
+    if alpha == 1.0 and w_kn.source and not refit and wzp is None:
         ctx.weights[wt] = dict(
             init=w_kn.source,
             kind="dense_nk" if file_nk else "dense_kn",
@@ -406,7 +449,7 @@ def dense(
         )
     bt = bias_tensor(ctx, bias, ctx.quant(t).scale[0], ws, nout, out_name + "_bias")
     out_shape = tuple(shape[:-1]) + (nout,)
-    out = ctx.tensor(out_name, out_shape, np.int8, out_quant)
+    out = ctx.tensor(out_name, out_shape, out_dtype, out_quant)
     ctx.emit(
         "FULLY_CONNECTED",
         [t, wt, bt],

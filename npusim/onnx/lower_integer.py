@@ -9,6 +9,11 @@ its options (`onnx_rescale`: M and b per output channel, float32) for `--profile
 runs what ORT runs: float32(sum) * M + b in float32, one operation and one rounding at a time, then
 QuantizeLinear (ops/ort_kernels.IntegerRescale).
 
+An op whose int32 output is a graph output, with no rescale after it, is the MAC layer with an int32
+output: the exact sums of (x - x_zp)(w - w_zp) themselves (engines/wide.py), under both profiles.
+Weights whose codes minus zero point leave int8 (uint8 of zero point 255) keep their zero points in
+the layer, which sums them exactly (engines/wide.py).
+
 Refused in one line: a chain that is not this one (a runtime scale, a float graph output), and
 DynamicQuantizeLinear, whose scale is each run's input range (docs/onnx.md says why).
 """
@@ -17,8 +22,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .context import NHWC, Const, Lowering, Value
-from .lower_conv import conv, dense, fit_bias_range, int8_weights
+from .context import NHWC, Const, Lowering, Quantization, Value
+from .lower_conv import conv, dense, fit_bias_range, weight_codes
 
 MAC_KINDS = ("CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED")
 CHAIN = "Cast(to float) -> Mul by a constant scale [-> Add of a constant bias] -> QuantizeLinear"
@@ -102,18 +107,35 @@ def _check_input_zero_point(ctx: Lowering, node, x: Value):
         )
 
 
+def _integer_sums(ctx: Lowering, node, x: Value):
+    """The op's own int32 output (a graph output): the MAC layer writing its sums, at scale x_scale
+    (the weights' scale is 1), zero point 0."""
+    is_conv = node.op_type == "ConvInteger"
+    w = _weights(ctx, node, 0 if is_conv else 1)
+    xs = np.float32(ctx.tensors[x.tensor].quant.scale[0])
+    quant = Quantization(np.asarray([xs], np.float32), np.zeros(1, np.int64))
+    name = node.output[0]
+    if is_conv:
+        ctx.env[name] = Value(conv(ctx, node, x, w, None, quant, name, out_dtype=np.int32), NHWC)
+    else:
+        ctx.env[name] = dense(ctx, node, x, w, None, quant, name, out_dtype=np.int32)
+
+
 def lower_integer(ctx: Lowering, node):
     x = ctx.activation(node, 0)
     if not isinstance(ctx.get(node.input[1]), Const):
         raise ctx.error("the second operand is an activation, expected constant integer weights")
     _check_input_zero_point(ctx, node, x)
+    if node.output[0] in ctx.graph_outputs:
+        _integer_sums(ctx, node, x)
+        return
     scale, bias, final, taken = rescale_chain(ctx, node)
     out_quant = ctx.out_quant(node, name=final)
     xs = np.float64(ctx.tensors[x.tensor].quant.scale[0])
     is_conv = node.op_type == "ConvInteger"
     axis = 0 if is_conv else 1  # the output channels' axis of the weights (OIHW, [K, N])
     w = _weights(ctx, node, axis)
-    codes = int8_weights(ctx, w, "weight")  # refuses a zero point that leaves int8, naming the node
+    codes, wzp = weight_codes(ctx, w, "weight")
     channels = w.value.shape[0 if is_conv else -1]
     rank = 4 if is_conv else len(ctx.logical_shape(x))
     out_axis = 1 if is_conv else rank - 1  # and of the output (NCHW, [..., N])
@@ -122,10 +144,12 @@ def lower_integer(ctx: Lowering, node):
     if not np.all(np.isfinite(m) & (m > 0)):
         raise ctx.error(f"rescale factor {m[:4].tolist()} is not positive and finite")
     ws = (m.astype(np.float64) / xs).astype(np.float32)  # so that x_scale * w_scale = M
-    if fit_bias_range(codes, ws, b, xs, axis)[2]:
+    if wzp is None and fit_bias_range(codes, ws, b, xs, axis)[2]:
         raise ctx.error("bias is beyond the int32 accumulator at the rescale factor (|b / M| >= 2^30)")
     # the file's codes and zero point (conv() and dense() subtract it, and zo writes codes back there)
-    real = codes * ws.reshape([-1 if i == axis else 1 for i in range(codes.ndim)])
+    shape = [-1 if i == axis else 1 for i in range(codes.ndim)]
+    zq = 0 if wzp is None else (wzp.reshape(shape) if wzp.size > 1 else wzp[0])
+    real = (codes.astype(np.int64) - zq) * ws.reshape(shape)
     wq = Const(w.name, real, w.codes, ws, w.zero_point, axis, w.storage, w.source)
     b_const = None if b is None else Const(node.output[0] + "_bias", b.astype(np.float64))
     x_type = "uint8" if ctx.tensors[x.tensor].quant.offset else "int8"

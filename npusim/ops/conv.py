@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..engines import aligned, backend, gemm
+from ..engines import aligned, backend, gemm, wide
 from ..engines.geometry import ConvGeometry, SlidingWindow
 from ..engines.int16 import Stage16, conv16, is_int16
 from ..engines.requant import OutputStage
@@ -50,8 +50,9 @@ class Conv2D(SlidingWindow, Kernel):
         x, w, y = self.inputs[0], self.inputs[1], self.outputs[0]
         self.int16: Stage16 | None = None
         self.unpadded = None  # (image shape, geometry, engine) of the input of a PAD taken over
+        self.wide: wide.WideStage | None = None  # asymmetric filter or int32 output (engines/wide.py)
         if not is_int16(x):
-            self.require_int8(x, w, y)
+            self.require_int8(*((x, w) if wide.is_wide(w, y) else (x, w, y)))
         self.require_constant(w, "filter")
         if len(x.shape) != 4 or len(w.shape) != 4 or len(y.shape) != 4:
             raise self.error(
@@ -79,13 +80,16 @@ class Conv2D(SlidingWindow, Kernel):
             activation = o.get("fused_activation_function", "NONE")
             self.int16 = Stage16.prepare(self, x, w, bias, y, self.out_channels, activation)
             return
-        self.stage = OutputStage.prepare(
-            x, w, y, self.out_channels, o.get("fused_activation_function", "NONE"), self.profile
-        )
+        activation = o.get("fused_activation_function", "NONE")
         self.backends = backends or backend.select()
         self.engine = self.backends.for_geometry(self.geometry)
         self.workspace = aligned.Workspace()  # the padded input of the AMX and VNNI engines
         self.memo = WeightMemo()
+        if wide.is_wide(w, y):
+            args = (self.out_channels, activation, self.profile, mac_profile(self.profile))
+            self.wide = wide.prepare(self.error, x, w, y, *args)
+            return
+        self.stage = OutputStage.prepare(x, w, y, self.out_channels, activation, self.profile)
 
     def fuse_pad(self, pad) -> bool:
         """Take over the spatial padding of the PAD kernel that feeds this op (YOLO's stride-2
@@ -125,6 +129,11 @@ class Conv2D(SlidingWindow, Kernel):
             if w.ndim != 4:
                 raise self.error("grouped weights are not supported with int16 activations")
             return self.int16(conv16(x, w, self.geometry), b)
+        if self.wide is not None:
+            if w.ndim != 4:
+                raise self.error("grouped weights are not supported with a filter zero point or int32 output")
+            out = self.wide(x, w, b, self.inputs[0].zero_point, geometry)
+            return out.reshape(-1, self.out_h, self.out_w, self.out_channels)
         wg = w if w.ndim == 5 else w[None]
         out = (engine or self.engine).convolve(
             geometry,

@@ -16,7 +16,7 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
-from ..engines import backend
+from ..engines import backend, wide
 from ..engines.geometry import ConvGeometry
 from ..engines.int16 import Stage16, is_int16
 from ..engines.requant import OutputStage, requantization_multiplier
@@ -94,8 +94,9 @@ class FullyConnected(Kernel):
         x, w, y = self.inputs[0], self.inputs[1], self.outputs[0]
         self.int16: Stage16 | None = None
         self.dynamic: ActivationWeights | None = None
+        self.wide: wide.WideStage | None = None  # asymmetric filter or int32 output (engines/wide.py)
         if not is_int16(x):
-            self.require_int8(x, w, y)
+            self.require_int8(*((x, w) if w.data is not None and wide.is_wide(w, y) else (x, w, y)))
         if w.data is None and not is_int16(x):
             self.crosses_batch = f"weights {w.name!r} are an activation, whose axis 0 is not the batch"
         else:
@@ -138,13 +139,16 @@ class FullyConnected(Kernel):
             activation = op.options.get("fused_activation_function", "NONE")
             self.dynamic = ActivationWeights(self, x, w, bias, y, activation)
             return
-        self.stage = OutputStage.prepare(
-            x, w, y, self.out_channels, op.options.get("fused_activation_function", "NONE"), self.profile
-        )
+        activation = op.options.get("fused_activation_function", "NONE")
         self.engine = (backends or backend.select()).for_geometry(self.geometry)
         # Packed once while the weights stay: packing at every call took half of a small FC's time
         # (ResNet-8's 64 -> 10 classifier at batch 64).
         self.memo = WeightMemo()
+        if wide.is_wide(w, y):
+            args = (self.out_channels, activation, self.profile, mac_profile(self.profile))
+            self.wide = wide.prepare(self.error, x, w, y, *args)
+            return
+        self.stage = OutputStage.prepare(x, w, y, self.out_channels, activation, self.profile)
 
     def macs(self) -> int:
         return self.rows_per_image * self.out_channels * self.depth
@@ -163,8 +167,19 @@ class FullyConnected(Kernel):
             return self.int16(acc, b).reshape((-1,) + self.out_shape)
         if self.dynamic is not None:
             return self.dynamic(x.reshape(-1, self.depth), w, b).reshape((-1,) + self.out_shape)
-        wg = w if w.ndim == 3 else w[None]
         rows = x.reshape(-1, 1, 1, self.depth)
+        if self.wide is not None:
+            if w.ndim != 2:
+                raise self.error("grouped weights are not supported with a filter zero point or int32 output")
+            out = self.wide(
+                rows,
+                w.reshape(self.out_channels, 1, 1, self.depth),
+                b,
+                self.inputs[0].zero_point,
+                self.geometry,
+            )
+            return out.reshape((-1,) + self.out_shape)
+        wg = w if w.ndim == 3 else w[None]
         filters = wg.reshape(wg.shape[0], self.out_channels, 1, 1, self.depth)
         out = self.engine.convolve(
             self.geometry,

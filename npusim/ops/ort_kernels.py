@@ -185,6 +185,9 @@ class IntegerRescale(Kernel):
         self.bias = None if r["bias"] is None else np.asarray(r["bias"], _F32)
         self.x_zp = np.float64(x.zero_point)
         self.w = w.data
+        # an asymmetric filter keeps its zero points (one per output channel, axis 0): subtracted here
+        zp = np.asarray(w.quant.zero_point, np.float64)
+        self.w_zp = zp.reshape((-1,) + (1,) * (w.data.ndim - 1)) if zp.size > 1 else zp.reshape(())
         self.y_scale, self.y_zp = y.quant.scale[0], int(y.quant.zero_point[0])
 
     def macs(self) -> int:
@@ -193,7 +196,8 @@ class IntegerRescale(Kernel):
 
     def __call__(self, x, w=None, b=None, shared=False):
         acc = self.form(
-            np.asarray(x, np.float64) - self.x_zp, np.asarray(self.w if w is None else w, np.float64)
+            np.asarray(x, np.float64) - self.x_zp,
+            np.asarray(self.w if w is None else w, np.float64) - self.w_zp,
         )
         v = acc.astype(_F32) * self.scale  # Cast (int32 -> float32, nearest), then Mul
         if self.bias is not None:
