@@ -170,9 +170,16 @@ def blocked_call(env, files, **kw):
 
 
 def call_processes(server: int) -> list:
-    """The processes the server has forked for calls still running (not those ended, unreaped yet)."""
-    with open(f"/proc/{server}/task/{server}/children") as f:
-        return [int(p) for p in f.read().split() if alive(int(p))]
+    """The processes the server has forked for calls still running (not those ended, unreaped yet),
+    from whichever of its threads forked them (/proc lists a child under the forking thread)."""
+    children = []
+    for task in os.listdir(f"/proc/{server}/task"):
+        try:
+            with open(f"/proc/{server}/task/{task}/children") as f:
+                children += [int(p) for p in f.read().split()]
+        except FileNotFoundError:  # a thread that ended meanwhile
+            pass
+    return [p for p in children if alive(p)]
 
 
 def wait_for(predicate, timeout=60.0):
@@ -432,12 +439,15 @@ def call_on_fifo(env, files, command=(), preexec_fn=None, output="y.npy"):
     deadline = time.monotonic() + 120
     while True:
         try:
-            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))  # ENXIO until a reader has it open
+            # ENXIO until a reader has it open. Held open until the check: a writer closed at once
+            # would give the reader its end of file, and the call could end before it is seen.
+            writer = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
             break
         except OSError:
             assert waiting.poll() is None and time.monotonic() < deadline, waiting.communicate()
             time.sleep(0.02)
     served = bool(call_processes(server_pid(env)))
+    os.close(writer)
     waiting.kill()
     waiting.wait()
     STARTED.remove(waiting)
@@ -462,11 +472,6 @@ def running(env, files):
     return (files / "ref.npy").read_bytes()
 
 
-@pytest.mark.xfail(
-    reason="known issue (issue 49, open): passes alone, fails after other tests of the file in one "
-    "session (a context item of the test process differs from its server's); not yet explained",
-    strict=False,
-)
 def test_a_call_of_the_servers_own_context_is_served(env, files, running):
     served, code, err, y = call_on_fifo(env, files)
     assert served and code == 0 and y == running, err

@@ -126,11 +126,6 @@ for _ in range({rounds}):
 """
 
 
-@pytest.mark.xfail(
-    reason="known issue (issue 49, open): passes alone, but in a full `make test` run on 2 cores a SIGINT "
-    "into the threaded kernels was lost (the child looped on) in both cases; not yet explained",
-    strict=False,
-)
 @pytest.mark.parametrize("defer", [False, True], ids=["setup", "run"])
 def test_ctrl_c_inside_threaded_numba_kernels_is_a_keyboard_interrupt(defer):
     """Under Python's own handler most of these end in `SystemError: CPUDispatcher(...) returned a
