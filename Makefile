@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 SHARED ?= ../shared
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run lint test test-quick bench fuzz paper-quick paper defaults stm32n6 op-lists clean
+.PHONY: setup run lint test test-quick bench fuzz paper defaults stm32n6 op-lists clean
 
 setup: $(STAMP)
 
@@ -41,15 +41,10 @@ bench: setup
 fuzz: setup
 	$(PY) -m pytest -q tests/test_fuzz.py --fuzz-examples 20000
 
-paper-quick: setup
-	$(PY) -m experiments.study --grid quick --shared $(SHARED)
-
+# The pre-registered study of the hybrid trainer (docs/study.md); resumes where it stopped. The
+# earlier studies' grids (full, steprules, v3, v31, init, quick) run by name with experiments.study.
 paper: setup
-	$(PY) -m experiments.study --grid full --shared $(SHARED) --readme
-	$(PY) -m experiments.study --grid steprules --shared $(SHARED) --readme
-	$(PY) -m experiments.study --grid design-steprules --shared $(SHARED)
-	$(PY) -m experiments.study --grid v3 --shared $(SHARED)
-	$(PY) -m experiments.study --grid v31 --shared $(SHARED) --readme
+	$(PY) -m experiments.study --grid v4 --shared $(SHARED) --workers 2 --readme
 
 defaults: setup
 	$(PY) -m experiments.defaults_table --shared $(SHARED) --docs

@@ -80,6 +80,10 @@ def late_gain(runs: list[dict], budget: int) -> float:
     return float(np.mean(gains))
 
 
+def is_constant_q(scheduler: str) -> bool:
+    return scheduler.startswith("fixed:") and "@" not in scheduler
+
+
 def summarize(grid, runs_dir: Path) -> list[dict]:
     """One row per (cell, scheduler). Every scheduler of a cell ran on the same seeds, and a seed fixes
     the mini-batch and the directions of each step (zo.trainer), so differences are paired by seed:
@@ -93,10 +97,14 @@ def summarize(grid, runs_dir: Path) -> list[dict]:
         aucs = {
             s: np.array([area_under_curve(r["evals"], cell.budget) for r in rs]) for s, rs in runs.items()
         }
-        fixed = [s for s in grid.schedulers if s.startswith("fixed:")] or list(grid.schedulers)
+        # constant q at the default lr; "fixed:Q@VARIANT" runs are baselines (study.variant_options)
+        fixed = [s for s in grid.schedulers if is_constant_q(s)] or list(grid.schedulers)
         best_fixed = max(fixed, key=lambda s: finals[s].mean())
         worst_fixed = min(fixed, key=lambda s: finals[s].mean())
         best = max(v.mean() for v in finals.values())
+        start = float(np.mean([r["evals"][0, 1] for rs in runs.values() for r in rs]))
+        # The study's second criterion: every constant q more than 1 point below the cell's best run.
+        constants_behind = all(finals[f].mean() < best - 0.01 for f in fixed if is_constant_q(f))
         for s, rs in runs.items():
             reach = np.array([passes_to_reach(r["evals"], 0.95 * best) for r in rs])
             gap, gap_lo, gap_hi = paired_interval(finals[s] - finals[best_fixed])
@@ -108,6 +116,9 @@ def summarize(grid, runs_dir: Path) -> list[dict]:
                     "final_accuracy_mean": finals[s].mean(),
                     "final_accuracy_std": finals[s].std(),
                     "best_fixed": best_fixed,
+                    "start_accuracy": start,
+                    "best_run_accuracy": best,
+                    "constants_behind": constants_behind,
                     "gap_to_best_fixed": gap,
                     "gap_ci_low": gap_lo,
                     "gap_ci_high": gap_hi,
@@ -155,6 +166,10 @@ def cell_table(cell, rows: list[dict], bound: dict | None) -> list[str]:
         f"{100 * first['best_fixed_late_gain']:+.1f} points over the last third of the budget: "
         + ("flattened" if first["best_fixed_late_gain"] < FLAT_POINTS / 100 else "NOT flattened")
         + f" (criterion: under {FLAT_POINTS:g} point)."
+        + f" Forward-only start (the fitted head, first evaluation): {fmt_pct(first['start_accuracy'])}%;"
+        + f" best run {fmt_pct(first['best_run_accuracy'])}%; every constant q more than 1 point below it: "
+        + ("yes" if first["constants_behind"] else "no")
+        + "."
         + (
             " Back-propagation bound (same layers, float): "
             f"{fmt_pct(bound['float_test_accuracy'])}%, written back to int8 with the fixed scales: "
@@ -193,7 +208,7 @@ def verdict(grid, rows: list[dict]) -> list[str]:
     claim for the headline scheduler: its mean final accuracy within 1 point of the best fixed q in
     every cell, and its AUC at least the best fixed q's in most cells."""
     lines = []
-    adaptive = [s for s in grid.schedulers if not s.startswith("fixed:")]
+    adaptive = [s for s in grid.schedulers if not is_constant_q(s)]
     for role in ROLES:
         cells = [c.name for c in grid.cells if c.role == role]
         if not cells or not adaptive:
@@ -231,6 +246,11 @@ def verdict(grid, rows: list[dict]) -> list[str]:
                 f"{100 * r['fixed_spread']:.1f} points."
                 for r in mine
             ]
+            behind = [r["cell"] for r in mine if r["constants_behind"]]
+            lines.append(
+                f"- Cells where every constant q is more than 1 point below the cell's best run: "
+                f"{', '.join(behind) if behind else 'none'}."
+            )
         lines.append("")
     return lines
 

@@ -41,19 +41,20 @@ class Cell:
     role: str = "evaluation"  # "design": the rule was designed and tuned on it; "evaluation": judged on it
     optimizer: str | None = None  # None: `zo train`'s default step rule and learning rate
     lr: float | None = None
-    eps: int = 1
+    eps: int | None = 1  # None: measured per block (zo train's default since the hybrid trainer)
     batch: int = 32
     train_size: int | None = None
     test_size: int | None = None
     input_range: str = "auto"  # pixels -> model input, as `zo train --input-range / --mean / --std`
     mean: str | None = None
     std: str | None = None
+    options: tuple = ()  # further TrainConfig fields as (name, value) pairs, e.g. (("master", "none"),)
 
     def config(self, shared: Path, **run) -> "TrainConfig":  # noqa: F821 (imported in the worker)
         from zo.trainer import TrainConfig
 
         step_rule = {"optimizer": self.optimizer} if self.optimizer else {}
-        return TrainConfig(
+        fields = dict(
             model=str(shared / "models" / self.model),
             data=str(shared / "data" / self.data),
             trainable=self.trainable,
@@ -68,8 +69,8 @@ class Cell:
             input_range=self.input_range,
             mean=self.mean,
             std=self.std,
-            **run,
         )
+        return TrainConfig(**(fields | dict(self.options) | run))
 
     @property
     def folder(self) -> str:
@@ -82,7 +83,8 @@ class Cell:
         step = f"{self.optimizer or 'default step rule'}" + (
             f" lr {self.lr}" if self.lr else " at its default lr"
         )
-        return f"fresh head, {step}, eps {self.eps}"
+        extra = "".join(f", --{k.replace('_', '-')} {v}" for k, v in self.options)
+        return f"fresh head, {step}, eps {self.eps or 'auto'}{extra}"
 
 
 @dataclass(frozen=True)
@@ -100,7 +102,7 @@ REID = "stm32n6/mobilenetv2_a100_256_128_fft_int8.tflite"  # no classifier: an a
 HEAD_BUDGET = 120_000  # forward passes; see FLAT_POINTS for the criterion the budgets are held to
 DEEP_BUDGET = 60_000
 
-# Pre-registered (docs/study.md, "Design and evaluation cells"): the rules and their defaults were
+# Pre-registered (earlier-studies.md, "Design and evaluation cells"): the rules and their defaults were
 # designed and tuned on the design cells only; the claim is judged on the evaluation cells. Every
 # cell trains with `zo train`'s defaults (step rule, learning rate, eps, batch), as a user would.
 CELLS = {
@@ -116,7 +118,7 @@ CELLS = {
         Cell("resnet8-cifar10-last3", RESNET8, "cifar10_subset.npz", "last:3", DEEP_BUDGET),
     )
 }
-# Pre-registered after the full grid had run, and before any of these cells ran (docs/study.md, "Step
+# Pre-registered after the full grid had run, and before any of these cells ran (earlier-studies.md, "Step
 # rules where q matters"): the full grid's evaluation cells again under `zo train`'s other two step
 # rules at their default lr, where a one-seed pilot of fixed q alone on the design cells (seed 99;
 # no scheduler ran) put 4 to 23 points between q = 1 and q = 64. The rule stays the one frozen
@@ -173,10 +175,10 @@ V31_CELLS = (
 )
 # The study's claim on the trainer with an initialized fresh head (`--head-init ridge`, the default
 # since issue 28), pre-registered with the frozen trainer and rule before any of these runs ran
-# (docs/study.md, "An initialized head"): a trainable set no nsgd grid ran (ResNet-8 `last:2`) and
+# (earlier-studies.md, "An initialized head"): a trainable set no nsgd grid ran (ResNet-8 `last:2`) and
 # two evaluation cells of the full grid on seeds no grid ran (5, 6). Evaluation only. Registered
 # first at 60,000 / 120,000 passes; re-registered at 30,000 when the first run (unread) showed that
-# the loaded machine could not finish that grid in the session (docs/study.md).
+# the loaded machine could not finish that grid in the session (results/earlier-studies.md).
 INIT_BUDGET = 30_000
 INIT_CELLS = (
     Cell("resnet8-eurosat-last2-init", RESNET8, "eurosat32_subset.npz", "last:2", INIT_BUDGET),
@@ -184,8 +186,30 @@ INIT_CELLS = (
     Cell("mobilenetv2-cifar10-init", MOBILENETV2, "cifar10_subset.npz", "last:1", INIT_BUDGET),
 )
 FIXED = tuple(f"fixed:{q}" for q in (1, 2, 4, 8, 16, 32, 64))
+# The hybrid trainer's study (issue 46; docs/study.md, "Study v4"), pre-registered before any of its
+# runs: `zo train`'s defaults (the head's exact gradient, ZO one block a step below it, eps measured,
+# channel subspace, the model kept on a held-out tenth) on ResNet-8 `last:3`, and the integer-only
+# mode (--master none, no float copy: q has no learning rate to trade against there). Baselines in
+# the same grid: constant q 1 and 4 (in FIXED), q = 1 under a cosine lr, and a small (q, lr) grid at
+# three times the default lr (a run "SPEC@VARIANT": zo train --q SPEC with --lr-schedule cosine or
+# --lr X). The back-propagation bound and the forward-only start are in every cell's table.
+V4_BUDGET = 10_000
+V4_CELLS = (
+    Cell("r8-eurosat-last3", RESNET8, "eurosat32_subset.npz", "last:3", V4_BUDGET, eps=None),
+    Cell("r8-cifar10-last3", RESNET8, "cifar10_subset.npz", "last:3", V4_BUDGET, eps=None),
+    Cell(
+        "r8-eurosat-last3-int",
+        RESNET8,
+        "eurosat32_subset.npz",
+        "last:3",
+        V4_BUDGET,
+        eps=None,
+        options=(("master", "none"),),
+    ),
+)
+V4_RUNS = FIXED[:5] + ("qscheduler", "snr", "fixed:1@cosine", "fixed:4@lr0.03", "fixed:16@lr0.03")
 # The design cells under the two step rules whose step does not grow with q: with the nsgd design
-# cells, where QScheduler v3's efficiency test was designed (docs/study.md, "QScheduler v3").
+# cells, where QScheduler v3's efficiency test was designed (earlier-studies.md, "QScheduler v3").
 DESIGN_STEP_RULE_CELLS = tuple(
     replace(c, name=f"{c.name}-{optimizer}", optimizer=optimizer)
     for optimizer in ("sgd", "adam")
@@ -213,10 +237,11 @@ GRIDS = {
     "v3": Grid(V3_CELLS, FIXED + ("qscheduler",), SEEDS),
     "v31": Grid(V31_CELLS, FIXED + ("qscheduler",), SEEDS),
     # q up to 32 (the best fixed q of every nsgd cell of the full grid lay there), 2 seeds: to fit the
-    # machine's time (docs/study.md).
+    # machine's time (results/earlier-studies.md).
     "init": Grid(INIT_CELLS, FIXED[:6] + ("qscheduler",), (5, 6)),
+    "v4": Grid(V4_CELLS, V4_RUNS, (0, 1)),
     # The same study at twice the budgets, for the flattening criterion that 7 of 8 cells of "full"
-    # miss (docs/study.md); the rule stays the one frozen before "full" ran.
+    # miss (results/earlier-studies.md); the rule stays the one frozen before "full" ran.
     "long": Grid(
         tuple(replace(c, budget=2 * c.budget) for c in CELLS.values()), FIXED + ADAPTIVE_RUNS, SEEDS
     ),
@@ -237,12 +262,16 @@ GRIDS = {
     ),
 }
 
+# grid -> (the file, its marked block): the current study in docs/study.md, the earlier ones (the
+# trainer before the hybrid one) in experiments/results/earlier-studies.md
+EARLIER = Path("experiments") / "results" / "earlier-studies.md"
 DOCS_BLOCKS = {
-    "full": "study",
-    "steprules": "study-steprules",
-    "v31": "study-v31",
-    "init": "study-init",
-}  # grid -> its marked block in docs/study.md
+    "full": (EARLIER, "study"),
+    "steprules": (EARLIER, "study-steprules"),
+    "v31": (EARLIER, "study-v31"),
+    "init": (EARLIER, "study-init"),
+    "v4": (Path("docs") / "study.md", "study-v4"),
+}
 
 
 @dataclass(frozen=True)
@@ -349,8 +378,14 @@ def execute(run: Run, shared: str, runs_dir: str, cache_dir: str) -> dict:
     shared = Path(shared)
     data, caches = prefix_caches(run.cell, shared, Path(cache_dir))
     c = run.cell
+    spec, _, variant = run.scheduler.partition("@")
     config = c.config(
-        shared, q=run.scheduler, seed=run.seed, eval_every=c.budget // run.evals, checkpoint_every=10**9
+        shared,
+        q=spec,
+        seed=run.seed,
+        eval_every=c.budget // run.evals,
+        checkpoint_every=10**9,
+        **variant_options(variant),
     )
     if out.exists():  # an interrupted run: start it again from scratch
         shutil.rmtree(out)
@@ -372,6 +407,17 @@ def execute(run: Run, shared: str, runs_dir: str, cache_dir: str) -> dict:
     tmp.write_text(json.dumps(result, indent=1))
     os.replace(tmp, done)
     return result
+
+
+def variant_options(variant: str) -> dict:
+    """A baseline run's TrainConfig fields: "" (none), "cosine" (--lr-schedule cosine) or "lrX" (--lr X)."""
+    if not variant:
+        return {}
+    if variant in ("cosine", "linear"):
+        return {"lr_schedule": variant}
+    if variant.startswith("lr"):
+        return {"lr": float(variant[2:])}
+    raise ValueError(f"run variant {variant!r}: expected cosine, linear or lrX")
 
 
 ONE_THREAD = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1"}
@@ -492,7 +538,8 @@ def main(argv=None):
     p.add_argument(
         "--readme",
         action="store_true",
-        help="also put the table into docs/study.md (grids full and steprules, each in its own block)",
+        help="also put the table into its marked block (v4: docs/study.md; earlier grids: "
+        "experiments/results/earlier-studies.md)",
     )
     p.add_argument(
         "--report-only",
@@ -516,9 +563,9 @@ def main(argv=None):
         sweep_seconds=sweep_seconds(runs_dir),
     )
     if a.readme and a.grid in DOCS_BLOCKS:
-        block = DOCS_BLOCKS[a.grid]
+        where, block = DOCS_BLOCKS[a.grid]
         update_readme(
-            ROOT / "docs" / "study.md",
+            ROOT / where,
             results / "table.md",
             f"<!-- {block}:begin -->",
             f"<!-- {block}:end -->",

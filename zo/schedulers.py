@@ -415,9 +415,10 @@ ADAPTIVE = {
     "snr": SignalToNoise,
     "efficiency": EfficiencyTest,
 }
-# The rule `--q qscheduler` names, by whether the step rule's step grows with q (docs/study.md: how
-# each was chosen). Under nsgd's linear scaling q is first-order neutral and the slope test keeps q
-# off the edges; under a step that does not grow with q, the efficiency test's thresholds hold.
+# The rule `--q qscheduler` names, by whether the step rule's step grows with q (how each was chosen:
+# experiments/results/earlier-studies.md). Under nsgd's linear scaling q is first-order neutral and
+# the slope test keeps q off the edges; under a step that does not grow with q, the efficiency
+# test's thresholds hold.
 QSCHEDULER = {True: "slope", False: "efficiency"}
 
 

@@ -140,12 +140,12 @@ class Trainer:
         if not OPTIMIZERS[config.optimizer].step_grows_with_q and not isinstance(
             self.scheduler, (FixedQ, EfficiencyTest)
         ):
-            # Measured, not assumed: the steprules grid of the study (docs/study.md).
+            # Measured, not assumed: the steprules grid of the study (experiments/results/earlier-studies.md).
             self.warn(
                 f"--q {config.q} with --optimizer {config.optimizer}: this q rule assumes nsgd's step, "
                 "which grows with q; with a step that does not, the slope test and the ramps ended 1.5 to "
-                "14 points under the best fixed q in the study (docs/study.md); use --q qscheduler (the "
-                "efficiency test under this step rule) or a fixed q"
+                "14 points under the best fixed q in the study (experiments/results/earlier-studies.md); "
+                "use --q qscheduler (the efficiency test under this step rule) or a fixed q"
             )
         first_step = 2 * self.scheduler.next_q(Progress(0, 0, self.total))  # at most; checked again below
         fresh = self.model.head_op is not None and config.head_init != "zero"
