@@ -342,25 +342,31 @@ def prefix_caches(cell: Cell, shared: Path, cache_dir: Path):
 
 
 def backprop_bounds(grid, shared: Path, cache_dir: Path) -> dict:
-    """The back-propagation upper bound per cell, for the same trainable layers (cached as JSON)."""
-    from zo.backprop import backprop_baseline
+    """The back-propagation upper bound per cell: the same trainable layers from the trainer's own
+    initialized start, on its training images, with its own lr chosen on the held-out tenth
+    (experiments.defaults_table.bound_with_own_lr), seed 0; cached as JSON."""
+    from zo.trainer import Trainer
+
+    from .defaults_table import bound_with_own_lr
 
     out = {}
     for cell in grid.cells:
-        path = cache_dir / f"backprop-{cell.name}-{cell.trainable}-{cell.train_size}.json"
+        path = cache_dir / f"backprop-init-{cell.folder}.json"
         if path.exists():
             out[cell.name] = json.loads(path.read_text())
             continue
-        from npusim import load_model
-        from zo.trainer import build_model
-
-        data, (train, test) = prefix_caches(cell, shared, cache_dir)
-        model = build_model(cell.config(shared), load_model(shared / "models" / cell.model), data)[0]
-        result = backprop_baseline(model, train, data.y_train, test, data.y_test, seed=0)
+        data, caches = prefix_caches(cell, shared, cache_dir)
+        start = cache_dir / f"bound-start-{cell.folder}"
+        trainer = Trainer(cell.config(shared, checkpoint_every=10**9), start, dataset=data, caches=caches)
+        lr, result = bound_with_own_lr(trainer, 0)
+        shutil.rmtree(start, ignore_errors=True)
         out[cell.name] = {
-            k: float(v)
-            for k, v in result.items()
-            if isinstance(v, (int, float, np.number)) and not isinstance(v, bool)
+            "lr": lr,
+            **{
+                k: float(v)
+                for k, v in result.items()
+                if isinstance(v, (int, float, np.number)) and not isinstance(v, bool)
+            },
         }
         cache_dir.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(out[cell.name]))
