@@ -193,19 +193,18 @@ FIXED = tuple(f"fixed:{q}" for q in (1, 2, 4, 8, 16, 32, 64))
 # the same grid: constant q 1 and 4 (in FIXED), q = 1 under a cosine lr, and a small (q, lr) grid at
 # three times the default lr (a run "SPEC@VARIANT": zo train --q SPEC with --lr-schedule cosine or
 # --lr X). The back-propagation bound and the forward-only start are in every cell's table.
-V4_BUDGET = 10_000
+V4_BUDGET = 20_000
+V4_INT = (("master", "none"),)
 V4_CELLS = (
     Cell("r8-eurosat-last3", RESNET8, "eurosat32_subset.npz", "last:3", V4_BUDGET, eps=None),
     Cell("r8-cifar10-last3", RESNET8, "cifar10_subset.npz", "last:3", V4_BUDGET, eps=None),
     Cell(
-        "r8-eurosat-last3-int",
-        RESNET8,
-        "eurosat32_subset.npz",
-        "last:3",
-        V4_BUDGET,
-        eps=None,
-        options=(("master", "none"),),
+        "r8-eurosat-last3-int", RESNET8, "eurosat32_subset.npz", "last:3", V4_BUDGET, eps=None, options=V4_INT
     ),
+    Cell(
+        "r8-cifar10-last3-int", RESNET8, "cifar10_subset.npz", "last:3", V4_BUDGET, eps=None, options=V4_INT
+    ),
+    Cell("mnv2-eurosat-last3", MOBILENETV2, "eurosat64_subset.npz", "last:3", V4_BUDGET, eps=None),
 )
 V4_RUNS = FIXED[:5] + ("qscheduler", "snr", "fixed:1@cosine", "fixed:4@lr0.03", "fixed:16@lr0.03")
 # The design cells under the two step rules whose step does not grow with q: with the nsgd design
@@ -239,7 +238,7 @@ GRIDS = {
     # q up to 32 (the best fixed q of every nsgd cell of the full grid lay there), 2 seeds: to fit the
     # machine's time (results/earlier-studies.md).
     "init": Grid(INIT_CELLS, FIXED[:6] + ("qscheduler",), (5, 6)),
-    "v4": Grid(V4_CELLS, V4_RUNS, (0, 1)),
+    "v4": Grid(V4_CELLS, V4_RUNS, (0, 1, 2)),
     # The same study at twice the budgets, for the flattening criterion that 7 of 8 cells of "full"
     # miss (results/earlier-studies.md); the rule stays the one frozen before "full" ran.
     "long": Grid(
