@@ -4,7 +4,7 @@ the unseen YOLOv8n input sizes.
 
     python -m experiments.stm32n6_table [--shared DIR] [--readme] [--docs]
 
-Writes experiments/results/stm32n6.md and .json; --readme puts the short table into README.md,
+Writes experiments/results/stm32n6.md and .json; --readme puts a one-sentence summary into README.md,
 --docs the full report into docs/stm32n6.md (between their stm32n6 markers). The fit:
   1. CA_HALF_DEPTH from a grid of six values, each with NPU_EFFICIENCY and EPOCH_OVERHEAD_S refitted
      (npusim.npu.calibration.fit_cost_model); the value with the smallest squared log error wins;
@@ -265,6 +265,22 @@ def area_scaled_rows(interps: dict, measurements, cost) -> list[dict]:
     return scaled
 
 
+def readme_summary(rows: list[dict], scaled: list[dict]) -> str:
+    """README's sentence: the largest relative errors, fitted, leave-one-out, unseen and memory."""
+
+    def worst(pairs) -> str:
+        return f"{max(abs(e / p - 1) for e, p in pairs) * 100:.0f}%"
+
+    ram = [(r["estimated_internal_ram_kib"], r["published_internal_ram_kib"]) for r in rows + scaled]
+    return (
+        f"Latency within {worst((r['estimated_ms'], r['published_ms']) for r in rows)} on the "
+        f"{len(rows)} models the 3 constants were fitted on (leave-one-out within "
+        f"{worst((r['loo_ms'], r['published_ms']) for r in rows)}), within "
+        f"{worst((r['estimated_ms'], r['published_ms']) for r in scaled)} on {len(scaled)} unseen input "
+        f"sizes; internal RAM within {worst(ram)} (`make stm32n6`, the table: docs/stm32n6.md).\n"
+    )
+
+
 def short_report(rows: list[dict], scaled: list[dict], cost, today: str) -> tuple[list[str], list[str]]:
     """(the short table with its fit summary, the table alone): README's and docs' block."""
     command = "python -m experiments.stm32n6_table --shared ../shared --readme --docs"
@@ -402,25 +418,20 @@ def write_outputs(a, full, table, rows, scaled, fits, sse, cost, today: str) -> 
         )
     )
     print("\n".join(full))
-    if a.readme or a.docs:
+    if a.readme:
         from .report import update_readme
 
-        tmp = a.results / "stm32n6_short.md"
-        tmp.write_text(
-            "\n".join(table)
-            + f"\n\n3 constants fitted on {len(rows)} models, the rest from ST's documents; the fit and the"
-            " leave-one-out errors: docs/stm32n6.md.\n"
-        )
-        if a.readme:
-            update_readme(ROOT / "README.md", tmp, "<!-- stm32n6:begin -->", "<!-- stm32n6:end -->")
-        if a.docs:
-            body = a.results / "stm32n6_full.md"
-            body.write_text("\n".join(full[2:]) + "\n")
-            update_readme(
-                ROOT / "docs" / "stm32n6.md", body, "<!-- stm32n6:begin -->", "<!-- stm32n6:end -->"
-            )
-            body.unlink()
+        tmp = a.results / "stm32n6_readme.md"
+        tmp.write_text(readme_summary(rows, scaled))
+        update_readme(ROOT / "README.md", tmp, "<!-- stm32n6:begin -->", "<!-- stm32n6:end -->")
         tmp.unlink()
+    if a.docs:
+        from .report import update_readme
+
+        body = a.results / "stm32n6_full.md"
+        body.write_text("\n".join(full[2:]) + "\n")
+        update_readme(ROOT / "docs" / "stm32n6.md", body, "<!-- stm32n6:begin -->", "<!-- stm32n6:end -->")
+        body.unlink()
 
 
 def main(argv=None):
@@ -430,7 +441,7 @@ def main(argv=None):
         "--calibration", type=Path, default=None, help="default: SHARED/models/stm32n6/published.csv"
     )
     p.add_argument("--results", type=Path, default=ROOT / "experiments" / "results")
-    p.add_argument("--readme", action="store_true", help="put the short table into README.md")
+    p.add_argument("--readme", action="store_true", help="put the one-sentence summary into README.md")
     p.add_argument("--docs", action="store_true", help="put the full report into docs/stm32n6.md")
     a = p.parse_args(argv)
 
