@@ -15,6 +15,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -529,6 +530,42 @@ def test_a_call_in_another_namespace_runs_in_its_own_process(env, files, running
     if not can_unshare(flag):
         pytest.skip(f"`unshare {flag}` does not work here (needs root or user namespaces)")
     served, code, err, y = call_on_fifo(env, files, command=["unshare", flag])
+    assert not served and code == 0 and y == running, err
+
+
+@pytest.fixture
+def other_cgroup():
+    """A fresh cgroup this process may move a child into (cgroup v2's tree, or v1's pids hierarchy),
+    removed afterwards; a skip where none can be made (not root, no cgroup file system)."""
+    base = Path("/sys/fs/cgroup")
+    roots = [base] if (base / "cgroup.controllers").exists() else [base / "pids", base / "cpu"]
+    for root in roots:
+        group = root / f"npusim-test-{os.getpid()}"
+        try:
+            group.mkdir()
+        except OSError:
+            continue
+        if (group / "cgroup.procs").exists():
+            yield group
+            for _ in range(100):  # the moved processes have ended; the kernel lets go of them soon
+                try:
+                    group.rmdir()
+                    break
+                except OSError:
+                    time.sleep(0.05)
+            return
+        group.rmdir()
+    pytest.skip("no cgroup can be created here (needs root and a cgroup file system)")
+
+
+def test_a_call_in_another_cgroup_runs_in_its_own_process(env, files, running, other_cgroup):
+    """A CI system's cleanup of one job's cgroup must not reach another job's call: a caller in
+    another cgroup than the server's is not served."""
+
+    def move():
+        (other_cgroup / "cgroup.procs").write_text(str(os.getpid()))
+
+    served, code, err, y = call_on_fifo(env, files, preexec_fn=move)
     assert not served and code == 0 and y == running, err
 
 
