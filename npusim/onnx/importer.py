@@ -61,8 +61,10 @@ def load_onnx(data: bytes, where: str, plan_only: bool = False):
 
 def _lower(model, order: list, where: str, plan_only: bool = False):
     integer = ("QuantizeLinear", "DynamicQuantizeLinear", "QLinear", "ConvInteger", "MatMulInteger")
-    integer_input = any(i.type.tensor_type.elem_type in (2, 3) for i in model.graph.input)
-    if not integer_input and not any(n.op_type.startswith(integer) for n in order):
+    # Any graph input that is not float32 (int8, uint8, and the types _graph_inputs refuses by name,
+    # such as int4) makes it no float model.
+    other_input = any(i.type.tensor_type.elem_type != 1 for i in model.graph.input)
+    if not other_input and not any(n.op_type.startswith(integer) for n in order):
         # no node makes an integer tensor: the same one line as a float .tflite, not a per-node complaint
         raise NpusimError(
             f"{where}: a float model: npusim runs int8 models; quantize it to int8 (QDQ or QOperator, e.g. "
@@ -146,6 +148,12 @@ def _rebuilt_weights(ctx: Lowering) -> dict:
     return out
 
 
+# Why 4-bit graph inputs and outputs are refused, not run: numpy has no 4-bit type to hold them, and
+# ONNX Runtime's Python API refuses one from numpy too (1.32: "Unexpected input data type. Actual:
+# (tensor(int8)), expected: (tensor(Int4x2))"; an ml_dtypes int4 array: "can't be converted").
+INT4_IO = " (4-bit graph inputs and outputs: no numpy type holds them; keep 4 bits for weights)"
+
+
 def _graph_inputs(ctx: Lowering) -> list:
     inputs = []
     initializers = {t.name for t in ctx.model.graph.initializer}
@@ -157,6 +165,7 @@ def _graph_inputs(ctx: Lowering) -> list:
             raise NpusimError(
                 f"{ctx.where}: graph input {info.name!r} is {ELEM_TYPES.get(elem, elem)}, expected float32 "
                 "(quantized by the graph's first QuantizeLinear), int8 or uint8"
+                + (INT4_IO if ELEM_TYPES.get(elem) in ("int4", "uint4") else "")
             )
         dims = tuple(
             int(d.dim_value) if d.HasField("dim_value") else -1 for d in info.type.tensor_type.shape.dim
@@ -285,6 +294,7 @@ def _graph_outputs(ctx: Lowering, plan_only: bool = False) -> list:
             raise NpusimError(
                 f"{ctx.where}: graph output {info.name!r} is {ELEM_TYPES.get(elem, elem)}, expected float32 "
                 "(after a DequantizeLinear), int8, uint8, or int32 (a ConvInteger or MatMulInteger's own)"
+                + (INT4_IO if ELEM_TYPES.get(elem) in ("int4", "uint4") else "")
             )
         if t in outputs:
             raise NpusimError(f"{ctx.where}: graph output {info.name!r} repeats another output")
