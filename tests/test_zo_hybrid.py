@@ -9,6 +9,7 @@ import sys
 
 import numpy as np
 import pytest
+from test_zo import assert_resumes_bit_for_bit
 
 from zo.blocks import MIN_CORRELATION, Block, choose_eps, estimated_correlation
 from zo.float_suffix import FloatSuffix
@@ -73,19 +74,7 @@ def test_hybrid_run_resumes_bit_for_bit(tiny, tmp_path):
 
     reference = trainer(tmp_path / "reference")
     reference.run()
-
-    def stop(t, q, loss):
-        if t.step == 17:
-            raise KeyboardInterrupt
-
-    with pytest.raises(KeyboardInterrupt):
-        trainer(tmp_path / "run").run(on_step=stop)
-    resumed = trainer(tmp_path / "run")
-    resumed.load_checkpoint(tmp_path / "run")
-    resumed.run()
-    assert (tmp_path / "run" / "model.tflite").read_bytes() == (
-        tmp_path / "reference" / "model.tflite"
-    ).read_bytes()
+    assert_resumes_bit_for_bit(trainer, reference, tmp_path, interrupt_at=17)
 
 
 def test_master_none_keeps_the_values_on_the_integer_grid(tiny, tmp_path):
