@@ -9,6 +9,7 @@ import sys
 
 import numpy as np
 import pytest
+from test_zo import assert_resumes_bit_for_bit
 
 from zo.head_init import fit_head, fit_temperature
 from zo.trainer import TrainConfig, Trainer
@@ -112,18 +113,7 @@ def test_resume_after_initialization_is_bit_identical(tiny, tmp_path):
 
     reference = trainer(tmp_path / "reference")
     reference.run()
-
-    def stop(t, q, loss):
-        if t.step == 12:
-            raise KeyboardInterrupt
-
-    with pytest.raises(KeyboardInterrupt):
-        trainer(tmp_path / "run").run(on_step=stop)
-    resumed = trainer(tmp_path / "run")
-    resumed.load_checkpoint(tmp_path / "run")
-    resumed.run()
-    exported = [(tmp_path / d / "model.tflite").read_bytes() for d in ("run", "reference")]
-    assert exported[0] == exported[1]
+    assert_resumes_bit_for_bit(trainer, reference, tmp_path, interrupt_at=12)
     strip = lambda rows: [{k: v for k, v in r.items() if k != "wall_seconds"} for r in rows]  # noqa: E731
     assert strip(metrics(tmp_path / "run")) == strip(metrics(tmp_path / "reference"))
 
