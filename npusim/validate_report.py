@@ -17,7 +17,7 @@ import numpy as np
 from .atomic import replacing, write_text
 from .errors import NpusimError
 from .metrics import NAMES
-from .validate import Validation, _num, worst_layers
+from .validate import Validation, _num, _sat, worst_layers
 
 SCATTER_POINTS = 20000  # a scatter of more points says nothing more and makes a heavy PNG
 
@@ -136,13 +136,18 @@ def _page(result: Validation) -> str:
         ["index", "name", *NAMES],
         [[o["index"], o["name"], *(_num(o[k]) for k in NAMES)] for o in result.outputs],
     )
+    beside = any("tflm_propagated" in r for r in result.layers)  # --profile neural-art
     layer_rows = []
     for r in result.layers:
-        p = r["propagated"]
+        p, t, steps = r["propagated"], r.get("tflm_propagated"), r.get("propagated_steps")
+        span = r.get("range")
         layer_rows.append(
             [r["op"], r["kind"], r["tensor"]]
             + [_num(r["local"][k]) for k in ("sqnr_db", "cos", "max_abs", "mean_error", "std_error")]
             + [_num(p[k]) if p else "-" for k in ("sqnr_db", "cos", "max_abs")]
+            + ([_num(t["sqnr_db"]) if t else "-"] if beside else [])
+            + [_num(steps["rmse"]) if steps else "-", _num(r.get("scale"))]
+            + [f"[{_num(span[0])}, {_num(span[1])}]" if span else "-", _sat(r)]
         )
     layers = _html_table(
         [
@@ -157,6 +162,11 @@ def _page(result: Validation) -> str:
             "propagated sqnr_db",
             "propagated cos",
             "propagated max_abs",
+            *(["tflm propagated sqnr_db"] if beside else []),
+            "propagated rmse (output steps)",
+            "scale",
+            "range seen",
+            "saturated",
         ],
         layer_rows,
     )
@@ -178,6 +188,16 @@ def _page(result: Validation) -> str:
             f"<p>Top-1 accuracy: int8 {a['int8']:.4f}, reference {a['reference']:.4f}, "
             f"agreement {a['agreement']:.4f}.</p>"
         )
+    b = result.breaks_first
+    if b is not None:
+        parts.append(
+            f"<p>Breaks first: op {b['op']} ({html.escape(b['kind'])}, {html.escape(b['tensor'])}), where "
+            f"the propagated SQNR drops most: {_num(b['sqnr_db_before'])} dB into it, "
+            f"{_num(b['sqnr_db'])} dB out (-{_num(b['drop_db'])} dB).</p>"
+        )
+    if result.agreement is not None:
+        parts.append(f"<p>Top-1 agreement of int8 and reference on output 0: {result.agreement:.4f}.</p>")
+    parts += [f"<p>Note: {html.escape(n)}</p>" for n in result.notes + result.warnings]
     parts += ["<h2>Outputs</h2>", outputs]
     parts += [
         f"<h3>Output {k}</h3><img src='error_{k}.png' alt='output {k} error histogram'>"

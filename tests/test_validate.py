@@ -111,6 +111,11 @@ def test_report_renders(pair, tmp_path):
         image = matplotlib.image.imread(d / png)
         assert image.ndim == 3 and image.shape[0] > 100 and image.shape[1] > 100
     assert "<table>" in page and "Top-1 accuracy" in page
+    # what the text report says beyond the metrics: where it breaks first, agreement, the layers'
+    # error in output steps, scale, range seen and saturation
+    assert "Breaks first: op " in page and "Top-1 agreement of int8 and reference" in page
+    for column in ("propagated rmse (output steps)", "scale", "range seen", "saturated"):
+        assert f"<th>{column}</th>" in page
 
 
 # ----------------------------------------------------------------------------------------------
