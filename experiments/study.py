@@ -344,10 +344,9 @@ def prefix_caches(cell: Cell, shared: Path, cache_dir: Path):
 def backprop_bounds(grid, shared: Path, cache_dir: Path) -> dict:
     """The back-propagation upper bound per cell: the same trainable layers from the trainer's own
     initialized start, on its training images, with its own lr chosen on the held-out tenth
-    (experiments.defaults_table.bound_with_own_lr), seed 0; cached as JSON."""
+    (zo.backprop.bound_with_own_lr), seed 0; cached as JSON."""
+    from zo.backprop import bound_with_own_lr
     from zo.trainer import Trainer
-
-    from .defaults_table import bound_with_own_lr
 
     out = {}
     for cell in grid.cells:

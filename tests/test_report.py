@@ -34,7 +34,7 @@ def test_step_rule_cells_are_fresh_evaluation_cells_with_their_own_docs_block(tm
     )
     table = tmp_path / "table.md"
     table.write_text("# title\n\n## cell\nnew rows\n")
-    block = study.DOCS_BLOCKS["steprules"]
+    _, block = study.DOCS_BLOCKS["steprules"]
     update_readme(page, table, f"<!-- {block}:begin -->", f"<!-- {block}:end -->")
     text = page.read_text()
     assert "old full" in text and "### cell\nnew rows" in text and "\nold\n" not in text
@@ -52,6 +52,8 @@ def test_each_evaluation_grid_runs_cells_no_other_grid_ran():
         assert cell.role == "evaluation" and cell.optimizer in ("sgd", "adam")
         assert cell.folder not in others
     assert all(c.role == "design" for c in study.GRIDS["v3"].cells)
-    page = (Path(study.ROOT) / "docs" / "study.md").read_text()
-    for block in study.DOCS_BLOCKS.values():
+    v4 = {c.folder for c in study.GRIDS["v4"].cells}  # the hybrid trainer's study: cells of its own
+    assert not v4 & {c.folder for name, g in study.GRIDS.items() if name != "v4" for c in g.cells}
+    for where, block in study.DOCS_BLOCKS.values():
+        page = (Path(study.ROOT) / where).read_text()
         assert f"<!-- {block}:begin -->" in page and f"<!-- {block}:end -->" in page

@@ -43,8 +43,6 @@ HEAD_SCHEDULE = "cosine"
 # --keep best: every VALIDATION_EVERY-th training image is held out (never trained on) to pick the
 # model to keep; the test split is never used for it.
 VALIDATION_EVERY = 10
-# A warning when more than this share of the head's input features is constant over the data.
-DEAD_FEATURES_WARNING = 0.5
 
 
 @dataclass

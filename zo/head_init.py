@@ -22,8 +22,11 @@ from __future__ import annotations
 import numpy as np
 
 from .errors import ZoError
+from .head import LOGIT_RANGE
 
 HEAD_INITS = ("ridge", "imprint", "zero")
+# A warning when more than this share of the head's input features is constant over the data.
+DEAD_FEATURES_WARNING = 0.5
 DEFAULT_HEAD_INIT = "ridge"
 # lambda relative to the mean eigenvalue of Xc'Xc (trace / D): scale-free across models.
 RIDGE_LAMBDA = 1e-2
@@ -108,9 +111,6 @@ def initialize(model, features: np.ndarray, labels: np.ndarray, method: str, war
     images: fit (fit_head), a temperature (fit_temperature), the weight scales held or coarsened to
     fit (SCALE_RULE), the codes rounded into them. warn(message) when most features are dead on this
     data. Returns how many weights were clamped to the int8 range (quantize_head)."""
-    from .config import DEAD_FEATURES_WARNING
-    from .head import LOGIT_RANGE
-
     dead = float(np.mean(np.ptp(features, axis=0) == 0))
     if dead > DEAD_FEATURES_WARNING:
         warn(

@@ -81,10 +81,8 @@ class Trainer:
         with interrupt.guarded():
             self._set_up(config, out_dir, dataset, scheduler, caches)
 
-    def _set_up(self, config, out_dir, dataset, scheduler, caches):
-        config.validate()
-        self.config = config
-        self.out = Path(out_dir)
+    def _read(self, config, dataset):
+        """(the model's graph, the data set: `dataset` if given, else --data's file)."""
         self.report(f"reading the model {config.model}")
         try:
             graph = load_model(config.model)
@@ -96,7 +94,13 @@ class Trainer:
             dataset = load_dataset(config.data)
             if config.train_size or config.test_size:
                 dataset = subset(dataset, config.train_size, config.test_size, seed=0)
-        data = dataset
+        return graph, dataset
+
+    def _set_up(self, config, out_dir, dataset, scheduler, caches):
+        config.validate()
+        self.config = config
+        self.out = Path(out_dir)
+        graph, data = self._read(config, dataset)
         self.data = data
         self.split_validation()
         classes = graph.output().shape[-1]
