@@ -401,6 +401,10 @@ class FakeTrainer:
     def __init__(self):
         self.step, self.forward_passes, self.last_eval_passes, self.final_accuracy = 0, 0, -1, float("nan")
 
+    @property
+    def spent(self):  # a run budgeted in passes: Trainer.spent is its forward passes
+        return self.forward_passes
+
 
 def drive(tty: bool, steps: int = 100, dt: float = 0.01):
     """A run of `steps` steps of 10 passes, one every dt seconds, evaluated every 250 passes."""

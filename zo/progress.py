@@ -32,8 +32,8 @@ class StatusLine:
     (from this session's rate: a resumed run does not count the passes it did not spend)."""
 
     def __init__(self, budget: float, stream=None, clock=time.monotonic, ms_per_pass: float | None = None):
-        """budget: in forward passes; ms_per_pass set (--budget-ms): shown as device milliseconds, the
-        trainer's `spent` (its steps' fixed work included) read instead of its passes."""
+        """budget: in forward passes, compared with the trainer's `spent`; ms_per_pass set
+        (--budget-ms): both shown as device milliseconds."""
         self.stream = stream or sys.stderr
         self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
         self.budget, self.clock, self.ms_per_pass = budget, clock, ms_per_pass
@@ -43,7 +43,7 @@ class StatusLine:
         self.width = 0
 
     def text(self, trainer, q: int, loss: float) -> str:
-        passes = self.text_passes(trainer)
+        passes = trainer.spent
         now = self.clock()
         if self.start is None:
             self.start = (now, passes)
@@ -59,14 +59,10 @@ class StatusLine:
             f"ETA {duration(eta)}"
         )
 
-    def text_passes(self, trainer) -> float:
-        """What the budget is spent by: passes, or with --budget-ms the pass-equivalents of device time."""
-        return trainer.forward_passes if self.ms_per_pass is None else trainer.spent
-
     def update(self, trainer, q: int, loss: float):
         """After each step."""
         if self.tty:
-            if self.clock() - self.drawn_at < 1.0 / REDRAWS_PER_S and self.text_passes(trainer) < self.budget:
+            if self.clock() - self.drawn_at < 1.0 / REDRAWS_PER_S and trainer.spent < self.budget:
                 return
             line = self.text(trainer, q, loss)
             self.stream.write("\r" + line.ljust(self.width))

@@ -239,9 +239,12 @@ class Trainer:
     def spent(self) -> float:
         """The budget spent, in forward passes; with --budget-ms, the device time spent (the steps' fixed
         work included) over one pass's."""
-        if self.config.budget_ms is None:
-            return self.forward_passes
-        return self.forward_passes + self.overhead_seconds / self.device_seconds_per_pass
+        return self.forward_passes + self.charged(self.overhead_seconds)
+
+    def charged(self, seconds: float) -> float:
+        """Fixed device work of `seconds` in the budget's unit: passes of equal device time under
+        --budget-ms; nothing under --budget, which counts passes only."""
+        return 0 if self.config.budget_ms is None else seconds / self.device_seconds_per_pass
 
     def budget_option(self) -> str:
         cfg = self.config
@@ -526,8 +529,7 @@ class Trainer:
                     cost = self.step_passes(q, batches)
                     if self.forward_passes + cost >= self.next_eval:
                         cost += self.validation_passes()
-                    if cfg.budget_ms is not None:
-                        cost += self.step_overhead(q, batches) / self.device_seconds_per_pass
+                    cost += self.charged(self.step_overhead(q, batches))
                     # The last evaluation's validation passes are kept in reserve: within the budget.
                     if self.spent + cost + self.validation_passes() > self.total:
                         break

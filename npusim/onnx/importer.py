@@ -151,7 +151,11 @@ def _rebuilt_weights(ctx: Lowering) -> dict:
 # Why 4-bit graph inputs and outputs are refused, not run: numpy has no 4-bit type to hold them, and
 # ONNX Runtime's Python API refuses one from numpy too (1.32: "Unexpected input data type. Actual:
 # (tensor(int8)), expected: (tensor(Int4x2))"; an ml_dtypes int4 array: "can't be converted").
-INT4_IO = " (4-bit graph inputs and outputs: no numpy type holds them; keep 4 bits for weights)"
+def _four_bit_hint(elem: int) -> str:
+    """The refusal's reason for an int4 / uint4 graph input or output; empty for any other type."""
+    if ELEM_TYPES.get(elem) not in ("int4", "uint4"):
+        return ""
+    return " (4-bit graph inputs and outputs: no numpy type holds them; keep 4 bits for weights)"
 
 
 def _graph_inputs(ctx: Lowering) -> list:
@@ -164,8 +168,7 @@ def _graph_inputs(ctx: Lowering) -> list:
         if elem not in (1, 2, 3):
             raise NpusimError(
                 f"{ctx.where}: graph input {info.name!r} is {ELEM_TYPES.get(elem, elem)}, expected float32 "
-                "(quantized by the graph's first QuantizeLinear), int8 or uint8"
-                + (INT4_IO if ELEM_TYPES.get(elem) in ("int4", "uint4") else "")
+                "(quantized by the graph's first QuantizeLinear), int8 or uint8" + _four_bit_hint(elem)
             )
         dims = tuple(
             int(d.dim_value) if d.HasField("dim_value") else -1 for d in info.type.tensor_type.shape.dim
@@ -294,7 +297,7 @@ def _graph_outputs(ctx: Lowering, plan_only: bool = False) -> list:
             raise NpusimError(
                 f"{ctx.where}: graph output {info.name!r} is {ELEM_TYPES.get(elem, elem)}, expected float32 "
                 "(after a DequantizeLinear), int8, uint8, or int32 (a ConvInteger or MatMulInteger's own)"
-                + (INT4_IO if ELEM_TYPES.get(elem) in ("int4", "uint4") else "")
+                + _four_bit_hint(elem)
             )
         if t in outputs:
             raise NpusimError(f"{ctx.where}: graph output {info.name!r} repeats another output")
