@@ -154,6 +154,17 @@ ROLE_TITLES = {
 ADAPTIVE_Q_PLOTTED = ("qscheduler", "slope", "coupled", "snr", "efficiency")
 
 
+def below_head(bound: dict) -> str:
+    """What the bound reaches with the layers below the head restricted (study.backprop_bounds)."""
+    if "subspace" not in bound:
+        return ""
+    frozen, subspace = (fmt_pct(bound[k]["int8_test_accuracy"]) for k in ("frozen", "subspace"))
+    return (
+        f" Int8, the head alone (the layers below frozen): {frozen}%;"
+        f" the layers below moved only along ZO's subspace: {subspace}%."
+    )
+
+
 def cell_table(cell, rows: list[dict], bound: dict | None) -> list[str]:
     first = rows[0]
     lines = [
@@ -174,6 +185,7 @@ def cell_table(cell, rows: list[dict], bound: dict | None) -> list[str]:
             " Back-propagation bound (same layers, float): "
             f"{fmt_pct(bound['float_test_accuracy'])}%, written back to int8 with the fixed scales: "
             f"{fmt_pct(bound['int8_test_accuracy'])}%."
+            + below_head(bound)
             if bound
             else ""
         ),

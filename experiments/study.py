@@ -342,31 +342,35 @@ def prefix_caches(cell: Cell, shared: Path, cache_dir: Path):
 
 
 def backprop_bounds(grid, shared: Path, cache_dir: Path) -> dict:
-    """The back-propagation upper bound per cell: the same trainable layers from the trainer's own
+    """The back-propagation upper bounds per cell: the same trainable layers from the trainer's own
     initialized start, on its training images, with its own lr chosen on the held-out tenth
-    (zo.backprop.bound_with_own_lr), seed 0; cached as JSON."""
-    from zo.backprop import bound_with_own_lr
+    (zo.backprop.bound_with_own_lr), seed 0: below the head in full, along ZO's subspace only, and
+    frozen (the head alone); cached as JSON."""
+    from zo.backprop import BELOW, bound_with_own_lr
     from zo.trainer import Trainer
 
     out = {}
     for cell in grid.cells:
-        path = cache_dir / f"backprop-init-{cell.folder}.json"
+        path = cache_dir / f"backprop-bounds-{cell.folder}.json"
         if path.exists():
             out[cell.name] = json.loads(path.read_text())
             continue
         data, caches = prefix_caches(cell, shared, cache_dir)
         start = cache_dir / f"bound-start-{cell.folder}"
         trainer = Trainer(cell.config(shared, checkpoint_every=10**9), start, dataset=data, caches=caches)
-        lr, result = bound_with_own_lr(trainer, 0)
+        bounds = {}
+        for below in BELOW:
+            lr, result = bound_with_own_lr(trainer, 0, below)
+            bounds[below] = {
+                "lr": lr,
+                **{
+                    k: float(v)
+                    for k, v in result.items()
+                    if isinstance(v, (int, float, np.number)) and not isinstance(v, bool)
+                },
+            }
         shutil.rmtree(start, ignore_errors=True)
-        out[cell.name] = {
-            "lr": lr,
-            **{
-                k: float(v)
-                for k, v in result.items()
-                if isinstance(v, (int, float, np.number)) and not isinstance(v, bool)
-            },
-        }
+        out[cell.name] = {**bounds["full"], "subspace": bounds["subspace"], "frozen": bounds["frozen"]}
         cache_dir.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(out[cell.name]))
     return out

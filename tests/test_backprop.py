@@ -366,3 +366,75 @@ def test_takes_model_caches_and_labels_from_a_trainer():
     assert via_trainer["int8_test_accuracy_initial"] == float(np.mean(model.predict(test) == y_test))
     with pytest.raises(ZoError, match="required"):
         backprop_baseline(model, train, y_train)
+
+
+def zo_blocks_below_head(model: TrainableModel) -> list:
+    """The trainer's partition (Trainer.partition): every trainable tensor but the last layer's, a
+    weight perturbed along its output channels' scalings."""
+    from zo.blocks import Block
+
+    head_op = max(p.op_index for p in model.params)
+    blocks, i = [], 0
+    for p, v in zip(model.params, model.values()):
+        if p.op_index != head_op:
+            t = model.graph.tensors[p.tensor]
+            block = Block(p.name, i, i + v.size)
+            block.shape = tuple(t.shape)
+            if not p.is_bias:
+                block.channel_axis = t.quant.axis if t.quant.scale.size > 1 else 0
+            blocks.append(block)
+        i += v.size
+    return blocks
+
+
+def test_block_projection_is_the_transpose_of_its_lift():
+    model = generated_trainable()
+    rng = np.random.default_rng(5)
+    for block, values in zip(zo_blocks_below_head(model), model.values()):
+        values = values.ravel().astype(np.float64)
+        a, b = rng.normal(size=block.dims), rng.normal(size=block.size)
+        assert np.dot(block.lift(a, values), b) == pytest.approx(np.dot(a, block.project(b, values)))
+
+
+def test_restricted_bounds_move_the_layers_below_only_as_asked():
+    """below="frozen" leaves every block as it was; "subspace" moves a weight block only by
+    per-channel scalings (each channel stays proportional to where it started, up to rounding);
+    "full" moves it freely; the head trains in every case."""
+    model = generated_trainable()
+    train, test = random_boundary(model, 512, seed=11), random_boundary(model, 256, seed=12)
+    y_train, y_test = teacher_labels(model, [train, test], seed=13)
+    blocks = zo_blocks_below_head(model)
+    start = model.values()
+    # project=False: no clamp inside training, so a channel's values stay in proportion even where
+    # a scaling takes its largest past the int8 bound (the write-back clamps those: left out below)
+    runs = {
+        below: backprop_baseline(
+            model, train, y_train, test, y_test, epochs=3, blocks=blocks, below=below, project=False
+        )
+        for below in ("full", "subspace", "frozen")
+    }
+    head = len(start) - 1  # the last layer's bias; its weight is before it
+    for below, r in runs.items():
+        assert not np.array_equal(r["values"][head], start[head]), f"{below}: the head did not train"
+    weights = [k for k, b in enumerate(blocks) if b.channel_axis is not None]
+    assert weights
+    for k in range(len(blocks)):
+        assert np.array_equal(runs["frozen"]["values"][k], start[k]), f"frozen: block {k} moved"
+
+    def off_the_scalings(k, values):
+        """The largest distance, in codes, of a block's values from the nearest per-channel scaling
+        of its start (values clamped at the int8 bound aside)."""
+        axis = blocks[k].channel_axis
+        w0 = np.moveaxis(start[k].astype(np.float64), axis, 0).reshape(start[k].shape[axis], -1)
+        w = np.moveaxis(values.astype(np.float64), axis, 0).reshape(w0.shape)
+        inside = np.abs(w) < 127
+        s = np.sum(w * w0 * inside, axis=1) / np.maximum(np.sum(w0 * w0 * inside, axis=1), 1e-12)
+        return float(np.max(np.abs(w - s[:, None] * w0) * inside))
+
+    moved = [k for k in weights if not np.array_equal(runs["subspace"]["values"][k], start[k])]
+    assert moved, "subspace: no weight block moved"
+    for k in moved:
+        assert off_the_scalings(k, runs["subspace"]["values"][k]) <= 1.0, k
+    assert max(off_the_scalings(k, runs["full"]["values"][k]) for k in weights) > 2.0
+    with pytest.raises(ZoError, match="below"):
+        backprop_baseline(model, train, y_train, test, y_test, epochs=1, below="half")

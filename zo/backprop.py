@@ -29,6 +29,7 @@ except ImportError:  # pragma: no cover - then the BLAS keeps its own thread cou
 
 __all__ = ["DEFAULT_LR", "FloatSuffix", "backprop_baseline", "int8_accuracy"]
 
+BELOW = ("full", "subspace", "frozen")  # what the bound trains below the head (backprop_baseline)
 # lr by coordinate units (see backprop_baseline) and optimizer.
 DEFAULT_LR = {"steps": {"adam": 1.0, "sgd": 10.0}, "real": {"adam": 1e-3, "sgd": 1e-2}}
 
@@ -67,6 +68,8 @@ def backprop_baseline(
     project: bool = True,
     eval_every_epoch: bool = True,
     blas_threads: int | None = 1,
+    blocks: list | None = None,
+    below: str = "full",
 ) -> dict:
     """Train the trainable layers in float by back-propagation; report float and int8 accuracy.
 
@@ -88,10 +91,17 @@ def backprop_baseline(
     and on 2 shared cores a second OpenBLAS thread made a ResNet-8 last:4 step 1.2x slower (load
     ~3), and float64 checks on a loaded machine (load ~7) 5x slower.
 
-    Returns float_test_accuracy; int8_test_accuracy (the trained float values written back with the
-    deployed scales fixed: round to nearest, weights clamped to [-127, 127], biases to int32; run on
-    npusim); both before training (*_initial); train_loss (mean over the last epoch); history
-    (per epoch: train_loss and, with eval_every_epoch, float_test_accuracy); the settings; seconds.
+    blocks: the ZO trainer's blocks (zo/blocks.py), the tensors below the head. below="full" trains
+    them in full; "subspace" projects each block's gradient onto the subspace its perturbations
+    span (a weight tensor's per-channel scalings by default) and lifts it back, so the bound is what
+    exact gradients reach where ZO can move (ZO's own ceiling); "frozen" leaves them (what the head
+    alone reaches). The head trains in full in every case.
+
+    Returns float_test_accuracy; values and int8_test_accuracy (the trained float values written back
+    with the deployed scales fixed, in model.params order: round to nearest, weights clamped to
+    [-127, 127], biases to int32; run on npusim); both before training (*_initial); train_loss
+    (mean over the last epoch); history (per epoch: train_loss and, with eval_every_epoch,
+    float_test_accuracy); the settings; seconds.
     """
     if isinstance(trainer_or_model, TrainableModel):
         model = trainer_or_model
@@ -117,6 +127,8 @@ def backprop_baseline(
         raise ZoError(f"backprop_baseline: optimizer {optimizer!r}, expected one of {expected}")
     if units not in DEFAULT_LR:
         raise ZoError(f"backprop_baseline: units {units!r}, expected one of {', '.join(DEFAULT_LR)}")
+    if below not in BELOW:
+        raise ZoError(f"backprop_baseline: below {below!r}, expected one of {', '.join(BELOW)}")
     if lr_schedule not in SCHEDULES:
         raise ZoError(
             f"backprop_baseline: lr_schedule {lr_schedule!r}, expected one of {', '.join(SCHEDULES)}"
@@ -148,7 +160,43 @@ def backprop_baseline(
             lr_schedule,
             project,
             eval_every_epoch,
+            [] if below == "full" else blocks or [],
+            below,
         )
+
+
+class Restriction:
+    """The coordinates the bound's optimizer moves: every trainable value, except that each ZO block
+    (zo/blocks.py) is moved along its own dims ("subspace": the optimizer's state and step live in
+    the block's coordinates, as ZO's do, and are lifted to its values) or not at all ("frozen").
+    Flat vectors are in the trainer's order (model.params), as the blocks' offsets are."""
+
+    def __init__(self, blocks: list, below: str, size: int):
+        self.blocks = sorted(blocks, key=lambda b: b.start)
+        self.below = below
+        self.free = np.ones(size, dtype=bool)
+        for b in self.blocks:
+            self.free[b.start : b.end] = False
+        kept = sum(b.dims for b in self.blocks) if below == "subspace" else 0
+        self.size = int(self.free.sum()) + kept
+
+    def reduce(self, g: np.ndarray, master: np.ndarray) -> np.ndarray:
+        """A gradient over every value -> one over the optimizer's coordinates."""
+        parts = [g[self.free]]
+        if self.below == "subspace":
+            parts += [b.project(g[b.start : b.end], master[b.start : b.end]) for b in self.blocks]
+        return np.concatenate(parts)
+
+    def expand(self, u: np.ndarray, master: np.ndarray) -> np.ndarray:
+        """A step over the optimizer's coordinates -> a move of every value."""
+        out = np.zeros(self.free.size)
+        n = int(self.free.sum())
+        out[self.free] = u[:n]
+        if self.below == "subspace":
+            for b in self.blocks:
+                out[b.start : b.end] = b.lift(u[n : n + b.dims], master[b.start : b.end])
+                n += b.dims
+        return out
 
 
 def _train(
@@ -166,6 +214,8 @@ def _train(
     lr_schedule,
     project,
     eval_every_epoch,
+    blocks,
+    below,
 ) -> dict:
     start, cpu_start = time.perf_counter(), time.process_time()
 
@@ -185,7 +235,8 @@ def _train(
     )
     offsets = np.cumsum([0] + [net.params[t].size for t in net.trainable])
     master = np.concatenate([net.params[t].astype(np.float64).ravel() for t in net.trainable]) / unit_flat
-    opt = OPTIMIZERS[optimizer](master.size)
+    restricted = Restriction(blocks, below, master.size)
+    opt = OPTIMIZERS[optimizer](restricted.size)
 
     def write_params():
         real = master * unit_flat
@@ -223,7 +274,8 @@ def _train(
             index = np.sort(order[j * b : (j + 1) * b])
             losses[j], grads = net.loss_and_gradient(net.dequantize(train_cache, index), y_train[index])
             g = np.concatenate([grads[t].astype(np.float64).ravel() for t in net.trainable]) * unit_flat
-            master += opt.step(g, learning_rate(lr, lr_schedule, step / total))
+            update = opt.step(restricted.reduce(g, master), learning_rate(lr, lr_schedule, step / total))
+            master += restricted.expand(update, master)
             if project:
                 np.clip(master, -bound_flat, bound_flat, out=master)
             write_params()
@@ -235,7 +287,8 @@ def _train(
     result["float_test_accuracy"] = (
         history[-1]["float_test_accuracy"] if history and eval_every_epoch else test_accuracy_float()
     )
-    result["int8_test_accuracy"] = int8_accuracy(model, net.int_values(), test_cache, y_test)
+    result["values"] = net.int_values()
+    result["int8_test_accuracy"] = int8_accuracy(model, result["values"], test_cache, y_test)
     result["train_loss"] = history[-1]["train_loss"] if history else float("nan")
     result["history"] = history
     result["seconds"] = time.perf_counter() - start
@@ -249,14 +302,19 @@ def _train(
 BOUND_LRS = (0.03, 0.1, 0.3, 1.0)
 
 
-def bound_with_own_lr(trainer, seed: int) -> tuple[float, dict]:
+def bound_with_own_lr(trainer, seed: int, below: str = "full") -> tuple[float, dict]:
     """Back-propagation from the trainer's start on its training images, the lr of BOUND_LRS chosen
-    on its held-out tenth (never the test set); returns (lr, the chosen run measured on the test set)."""
+    on its held-out tenth (never the test set); returns (lr, the chosen run measured on the test set).
+    below: the trainable tensors under the head trained in full, only along what the trainer's ZO
+    blocks perturb ("subspace": ZO's own ceiling), or not at all ("frozen": the head alone)."""
     data, rows, val = trainer.data, trainer.train_rows, trainer.val_rows
     train = {t: v[rows] for t, v in trainer.train_cache.items()}
 
     def run(lr, cache, labels):
-        return backprop_baseline(trainer.model, train, data.y_train[rows], cache, labels, seed=seed, lr=lr)
+        return backprop_baseline(
+            trainer.model, train, data.y_train[rows], cache, labels, seed=seed, lr=lr,
+            blocks=trainer.blocks, below=below,
+        )  # fmt: skip
 
     held = {t: v[val] for t, v in trainer.train_cache.items()}
     scores = {lr: run(lr, held, data.y_train[val])["int8_test_accuracy"] for lr in BOUND_LRS}

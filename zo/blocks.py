@@ -72,6 +72,14 @@ class Block:
         moved = eps * u.reshape(shape) * self._directions(values)
         return np.rint(moved).astype(np.int64).ravel()
 
+    def project(self, g: np.ndarray, values: np.ndarray) -> np.ndarray:
+        """A gradient over the block's values as one over its dims (the transpose of lift): what the
+        block's perturbations can measure of it."""
+        if self.channel_axis is None:
+            return g
+        axes = tuple(a for a in range(len(self.shape)) if a != self.channel_axis)
+        return np.sum(g.reshape(self.shape) * self._directions(values), axis=axes)
+
     def lift(self, g: np.ndarray, values: np.ndarray) -> np.ndarray:
         """A gradient over the block's dims as a move of its values (the chain rule of delta)."""
         if self.channel_axis is None:
