@@ -160,7 +160,7 @@ def backprop_baseline(
             lr_schedule,
             project,
             eval_every_epoch,
-            [] if below == "full" else blocks or [],
+            blocks or [],
             below,
         )
 
@@ -168,11 +168,12 @@ def backprop_baseline(
 class Restriction:
     """The coordinates the bound's optimizer moves: every trainable value, except that each ZO block
     (zo/blocks.py) is moved along its own dims ("subspace": the optimizer's state and step live in
-    the block's coordinates, as ZO's do, and are lifted to its values) or not at all ("frozen").
-    Flat vectors are in the trainer's order (model.params), as the blocks' offsets are."""
+    the block's coordinates, as ZO's do, and are lifted to its values) or not at all ("frozen");
+    "full" moves every value. Flat vectors are in the trainer's order (model.params), as the
+    blocks' offsets are."""
 
     def __init__(self, blocks: list, below: str, size: int):
-        self.blocks = sorted(blocks, key=lambda b: b.start)
+        self.blocks = [] if below == "full" else sorted(blocks, key=lambda b: b.start)
         self.below = below
         self.free = np.ones(size, dtype=bool)
         for b in self.blocks:
