@@ -26,18 +26,22 @@ def dequantize(tensor, values: np.ndarray) -> np.ndarray:
 class FloatInterpreter:
     """A graph prepared on float forms. `run_all(x)` evaluates a batch of real-valued inputs."""
 
-    def __init__(self, graph: Graph | str | bytes, ranges: bool = False):
+    def __init__(self, graph: Graph | str | bytes, ranges: bool = False, clamps: dict | None = None):
         """ranges: keep each op's output within the range its int8 tensor can hold (an ONNX
-        QuantizeLinear that folds a ReLU or Clip writes it only as that range)."""
+        QuantizeLinear that folds a ReLU or Clip writes it only as that range). clamps: {tensor:
+        (low, high)}, the activations a float model applies where the int8 graph folded them."""
         self.graph = graph if isinstance(graph, Graph) else load_model(graph)
-        self.ranges = {}  # {tensor: (low, high)} of the int8 outputs, when ranges
+        # {tensor: (low, high)}: the clamps, and the int8 outputs' ranges when ranges
+        self.ranges = {t: (np.float32(lo), np.float32(hi)) for t, (lo, hi) in (clamps or {}).items()}
         if ranges:
             for op in self.graph.ops:
                 for t in op.outputs:
                     q = self.graph.tensors[t].quant
                     if self.graph.tensors[t].dtype == np.int8 and q is not None and not q.per_channel:
                         s, z = np.float64(q.scale[0]), int(q.zero_point[0])
-                        self.ranges[t] = (np.float32(s * (-128 - z)), np.float32(s * (127 - z)))
+                        lo, hi = self.ranges.get(t, (-np.inf, np.inf))
+                        lo, hi = max(lo, s * (-128 - z)), min(hi, s * (127 - z))
+                        self.ranges[t] = (np.float32(lo), np.float32(hi))
         ops = execution_order(self.graph)
         self.forms = []
         for op in ops:
