@@ -12,6 +12,7 @@ import numpy as np
 
 from .errors import NpusimError
 from .graph import Graph
+from .hybrid import hybrid_call, is_hybrid
 from .interpreter import batch_plan, by_image, execution_order, image_chunks
 from .ops import KERNELS
 from .ops.float_form import real_value
@@ -57,6 +58,8 @@ class FloatInterpreter:
                 # A float model's shapes and options are read as the file states them (the integer
                 # Interpreter's Prepare checks an int8 graph before its forms are made).
                 raise NpusimError(f"op {op.index} ({op.kind}): malformed for its float form ({e})") from None
+        # A float model's MAC ops with int8 weights run as LiteRT's hybrid kernels do (hybrid.py).
+        self.hybrid = {p for p, form in enumerate(self.forms) if is_hybrid(form.op, self.graph)}
         # Run image by image as the integer Interpreter does, for the same reason (interpreter.py).
         self.batch = batch_plan(self.graph, self.forms)
         # Each op's constant inputs as real values, once (a MAC op's bias depends on its op).
@@ -99,7 +102,10 @@ class FloatInterpreter:
                 )
         try:
             with np.errstate(over="ignore", under="ignore"):  # exp of large inputs: inf, as float32's
-                result = form(*args)
+                if position in self.hybrid:
+                    result = hybrid_call(form, self.graph, args[0], args[2] if len(args) > 2 else None)
+                else:
+                    result = form(*args)
         except (ValueError, IndexError) as e:  # shapes that contradict each other in a float model
             raise NpusimError(f"op {form.op.index} ({form.kind}): cannot evaluate ({e})") from None
         results = result if isinstance(result, tuple) else (result,)

@@ -141,7 +141,7 @@ def agreement(predictions) -> float | None:
 
 def dynamic_range_note(ref: Graph | None) -> str | None:
     """A --float model whose MAC weights are int8 (dynamic-range quantization): its reference
-    computes activations in float, where LiteRT's hybrid kernels quantize them on the fly."""
+    quantizes those layers' inputs on the fly, as LiteRT's hybrid kernels do (hybrid.py)."""
     if ref is None:
         return None
     for op in ref.ops:
@@ -152,7 +152,7 @@ def dynamic_range_note(ref: Graph | None) -> str | None:
             w = ref.tensors[op.inputs[1]] if op.inputs[1] >= 0 else None
             if w is not None and w.is_constant and np.dtype(w.dtype) == np.int8:
                 return (
-                    "the --float model's weights are int8 (a dynamic-range model): its reference computes "
-                    "activations in float, where LiteRT would quantize them on the fly"
+                    "the --float model's weights are int8 (a dynamic-range model): its reference quantizes "
+                    "each such layer's input on the fly, as LiteRT's hybrid kernels do"
                 )
     return None
