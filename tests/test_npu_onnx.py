@@ -80,3 +80,21 @@ def test_four_bit_weights_count_packed_when_the_import_rebuilds_them():
     dev = plan_device(npusim.Interpreter(graph, plan_only=True))
     conv = next(o for o in dev.ops if o.kind == "CONV_2D")
     assert conv.weight_bytes == (w.size + 1) // 2 + 4 * 4  # packed int4 filter + int32 bias
+
+
+def test_inspect_shows_each_layers_weight_type(tmp_path):
+    import json
+
+    from click.testing import CliRunner
+
+    from npusim.cli import main
+
+    path = tmp_path / "conv4.onnx"
+    path.write_bytes(conv_qdq("int4"))
+    res = CliRunner().invoke(main, ["inspect", str(path), "--format", "json"])
+    assert res.exit_code == 0, res.output
+    ops = json.loads(res.output)["ops"]
+    assert [o["weights"] for o in ops if o["op"] == "CONV_2D"] == ["int4"]
+    assert all(o["weights"] is None for o in ops if o["op"] != "CONV_2D")
+    lines = CliRunner().invoke(main, ["inspect", str(path)]).output.splitlines()
+    assert "int4" in next(line for line in lines if " CONV_2D " in line)
