@@ -45,6 +45,7 @@ from .resident_files import (  # noqa: F401
     environment_hash,
     process_context,
     running,
+    securebits,
     server_environment,
     server_key,
     server_paths,
@@ -230,7 +231,7 @@ def call(argv: list, env=os.environ) -> int:
         raise Unavailable(f"the working directory: {e.strerror}") from None
     umask = os.umask(0o022)
     os.umask(umask)
-    request = {"argv": list(argv), "cwd": cwd, "env": dict(env), "umask": umask}
+    request = {"argv": list(argv), "cwd": cwd, "env": dict(env), "umask": umask, "securebits": securebits()}
     try:
         conn, fresh = connect_or_start(paths, env)
     except OSError as e:  # the runtime folder full or read-only, no more processes, ...
@@ -362,13 +363,17 @@ def _release_stdio() -> None:
 
 class _Server:
     context: dict | None = None  # process_context() of the server, read at its start
+    securebits: int | None = None  # and its securebits (no process's are in /proc)
     environment: str | None = None  # environment_hash() of the environment of the client that started it
 
 
 def _own_context(conn, request: dict) -> bool:
     """Whether the calling process's context is the server's (and so the call's process, forked from
     the server, is as the caller's own would be): the same user (SO_PEERCRED), groups, file mode
-    mask, resource limits, namespaces and cgroup (process_context, from /proc), and environment."""
+    mask, capabilities, NoNewPrivs, seccomp, LSM label, nice value, resource limits, namespaces and
+    cgroup (process_context, from /proc), and environment. The securebits are the caller's word (no
+    process's are in /proc): they only limit what an exec gains, and the capabilities compared are
+    what the process holds."""
     try:
         creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
     except (OSError, AttributeError):
@@ -377,7 +382,11 @@ def _own_context(conn, request: dict) -> bool:
     if uid != os.getuid() or pid <= 0 or _Server.context is None:
         return False  # pid 0: a caller in a pid namespace the server cannot see
     theirs = process_context(pid)
-    return theirs == _Server.context and environment_hash(request["env"]) == _Server.environment
+    return (
+        theirs == _Server.context
+        and request.get("securebits") == _Server.securebits
+        and environment_hash(request["env"]) == _Server.environment
+    )
 
 
 def _serve_call(conn) -> None:
@@ -617,6 +626,7 @@ def serve(path: str) -> None:
     inode = os.stat(path).st_ino
     pid_path = path[: -len(".sock")] + ".pid"
     _Server.context = process_context()
+    _Server.securebits = securebits()
     _Server.environment = os.environ.pop(HASH_ENV, None)
     fit = False
     signal.signal(signal.SIGTERM, _stop_on_sigterm)
