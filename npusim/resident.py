@@ -62,6 +62,7 @@ STDIO = (0, 1, 2)
 DEFAULT_ON = sys.platform.startswith("linux")
 START_TIMEOUT_S = 120.0
 BUSY_WAIT_S = 10.0  # a server that has not forked for the call this long: it runs in its own process
+SOCKET_CHECK_S = 1.0  # how often an idle server checks that its socket is still there
 REAP_EVERY_S = 1.0  # how often a server with running calls collects the ended ones
 GONE_GRACE_S = 2.0  # a call whose client has gone ends this long after, if its command has not
 REQUEST_TIMEOUT_S = 10.0  # a connection that sends no request within this is closed
@@ -276,10 +277,16 @@ def call(argv: list, env=os.environ) -> int:
         except OSError:  # the process forked for the call ended without a word
             status = b""
     if len(status) < _STATUS.size:
-        print(
-            f"error: the resident npusim server stopped during the command (its log: {paths['log']})",
-            file=sys.stderr,
-        )
+        from .resident_files import running
+
+        if running(env) is not None:  # the server runs on: only the call's own process ended
+            what = "the process that ran the command in the resident npusim server ended without a status"
+            print(f"error: {what} (killed?); the server serves on (its log: {paths['log']})", file=sys.stderr)
+        else:
+            print(
+                f"error: the resident npusim server stopped during the command (its log: {paths['log']})",
+                file=sys.stderr,
+            )
         return 1
     return _STATUS.unpack(status)[0]
 
@@ -572,13 +579,25 @@ def _reap(children: dict) -> None:
             _learn(children.pop(pid))
 
 
-def _serve_until_idle(listener, idle: float, threads: int) -> bool:
-    """Accept calls and fork for each until `idle` seconds pass without a call or a running one;
+def _socket_is_mine(path: str, inode: int) -> bool:
+    """Whether `path` is still the socket this server listens on (not removed, nor another's)."""
+    try:
+        return os.stat(path).st_ino == inode
+    except OSError:
+        return False
+
+
+def _serve_until_idle(listener, idle: float, threads: int, path: str, inode: int) -> bool:
+    """Accept calls and fork for each until `idle` seconds pass without a call or a running one, or
+    its socket is removed (no new call can reach it, and a new server may already listen there);
     whether the server is still fit to fork (it stops when it is not: the next call starts another)."""
     children: dict = {}  # pid -> the read end of its report
     last = time.monotonic()
     while True:
         _reap(children)
+        if not _socket_is_mine(path, inode):
+            print(f"npusim resident: {path} was removed: stopping", file=sys.stderr)
+            return True
         if not _fit_to_fork(threads):
             print(
                 "npusim resident: a thread was started in the server, which must not fork: stopping",
@@ -590,7 +609,7 @@ def _serve_until_idle(listener, idle: float, threads: int) -> bool:
         left = idle - (time.monotonic() - last)
         if left <= 0:
             return True
-        listener.settimeout(min(left, REAP_EVERY_S) if children else left)
+        listener.settimeout(min(left, REAP_EVERY_S, SOCKET_CHECK_S))
         try:
             conn, _ = listener.accept()
         except TimeoutError:
@@ -638,7 +657,7 @@ def serve(path: str) -> None:
         # Listening only now: a client that comes while the server loads waits for it as the one
         # that started it does, not the BUSY_WAIT_S of a server that has stopped answering.
         listener.listen(64)
-        fit = _serve_until_idle(listener, idle_seconds(), threads)
+        fit = _serve_until_idle(listener, idle_seconds(), threads, path, inode)
     finally:
         # New clients start a new server from here on (a stop, an idle or an unfit server alike).
         try:

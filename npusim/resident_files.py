@@ -184,11 +184,17 @@ def runtime_dir(env=os.environ) -> str:
         st = os.lstat(path)
     except OSError as e:
         raise Unavailable(f"{path}: {e.strerror}") from None
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
-        raise Unavailable(
-            f"{path}: expected a directory of this user's with mode 700, got mode {st.st_mode & 0o777:o}"
-        )
-    return path
+    if stat.S_ISLNK(st.st_mode):
+        cause = "it is a symbolic link"
+    elif not stat.S_ISDIR(st.st_mode):
+        cause = "it is not a directory"
+    elif st.st_uid != os.getuid():
+        cause = f"it is owned by uid {st.st_uid}, not this user ({os.getuid()})"
+    elif st.st_mode & 0o077:
+        cause = f"its mode is {st.st_mode & 0o777:o}, others may enter it"
+    else:
+        return path
+    raise Unavailable(f"{path}: expected a private directory of this user's (mode 700), but {cause}")
 
 
 def server_paths(env=os.environ) -> dict:

@@ -241,9 +241,20 @@ def test_a_call_whose_process_dies_is_one_error_line_and_the_server_serves_on(en
     os.kill(wait_until_blocked(pid), signal.SIGKILL)  # as a crash in a kernel would end it
     out, err = waiting.communicate(timeout=60)
     assert waiting.returncode == 1
-    assert err.strip().splitlines() == [err.strip()] and "stopped during the command" in err
+    assert err.strip().splitlines() == [err.strip()] and "ended without a status" in err
+    assert "serves on" in err and "server stopped" not in err
     assert npusim(["inspect", "conv.tflite"], env, files).returncode == 0
     assert server_pid(env) == pid
+
+
+def test_a_server_whose_socket_is_removed_exits_and_one_server_runs(env, files):
+    assert npusim(["inspect", "conv.tflite"], env, files).returncode == 0
+    old = server_pid(env)
+    os.unlink(resident.server_paths(env)["sock"])
+    assert npusim(["inspect", "conv.tflite"], env, files).returncode == 0  # a new server
+    assert server_pid(env) != old
+    wait_for(lambda: not alive(old), timeout=30)  # the old one noticed (SOCKET_CHECK_S), not IDLE_S
+    assert [s["pid"] for s in resident.servers(env)] == [server_pid(env)]
 
 
 def test_the_server_is_the_default_on_linux_and_0_turns_it_off(env, files):
@@ -283,8 +294,25 @@ def test_a_runtime_folder_others_can_enter_runs_the_command_in_its_own_process(e
     os.chmod(folder, 0o777)
     done = npusim(["inspect", "conv.tflite"], env, files)
     assert done.returncode == 0 and "inputs:" in done.stdout
-    assert done.stderr.startswith("npusim: no resident server (") and "mode 700" in done.stderr
+    assert done.stderr.startswith("npusim: no resident server (") and "its mode is 777" in done.stderr
     assert not os.path.exists(os.path.join(folder, resident.server_key(env) + ".sock"))
+
+
+@pytest.mark.parametrize("cause", ["owner", "symlink"])
+def test_a_runtime_folder_refusal_names_its_cause(env, files, cause):
+    folder = os.path.join(env["XDG_RUNTIME_DIR"], f"npusim-{os.getuid()}")
+    if cause == "owner":
+        if os.geteuid() != 0:
+            pytest.skip("a folder of another user's needs root to make: not tested here")
+        os.mkdir(folder, 0o700)
+        os.chown(folder, 12345, 12345)
+        expected = "it is owned by uid 12345"
+    else:
+        os.mkdir(folder + "-elsewhere", 0o777)
+        os.symlink(folder + "-elsewhere", folder)
+        expected = "it is a symbolic link"
+    done = npusim(["inspect", "conv.tflite"], env, files)
+    assert done.returncode == 0 and expected in done.stderr and "got mode" not in done.stderr, done.stderr
 
 
 def test_a_server_that_died_is_replaced(env, files):
