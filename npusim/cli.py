@@ -49,6 +49,7 @@ def n6_options(func):
         "add_products": "ADD: the two products summed exact then rounded once, or each rounded first",
         "shift_a": "CONVACC shift_a: no effect, or a left shift of the accumulator before shift_o",
         "input_offset": "conv input zero point: suboff subtracts it; or adds 128 and BC folds the rest",
+        "compiler": "the ST Edge AI version whose conv requantization is derived (3.0: one ARITH; 2.x: two)",
     }
     for key, choices in reversed(N6_CHOICES.items()):
         flag = "--n6-" + key.replace("_", "-")
@@ -279,9 +280,18 @@ def write_dump(interp, values: dict, directory: Path):
         "and predicted error in output steps (docs/neural-art.md)."
     ),
 )
+@click.option(
+    "--compiled",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help=(
+        "stm32n6: ST Edge AI's compiled program (network_ecblobs.h): its conv chains decoded and mapped "
+        "to the model's ops beside the derived ones (--format json: \"compiled\" per op; docs/neural-art.md)."
+    ),
+)
 @n6_options
 @friendly_errors
-def inspect(model, target, fmt, calibration, npu_efficiency, m55_macs_per_cycle, lint, n6):
+def inspect(model, target, fmt, calibration, npu_efficiency, m55_macs_per_cycle, lint, compiled, n6):
     """The inputs and outputs (name, shape, dtype, scale, zero point: how to feed the model), then one
     row per op: shapes, MACs and parameters, whether npusim runs it, then the totals (docs/inspect.md).
 
@@ -325,6 +335,11 @@ def inspect(model, target, fmt, calibration, npu_efficiency, m55_macs_per_cycle,
             cost.m55_macs_per_cycle = m55_macs_per_cycle
         cost.__post_init__()  # validate the overrides
         dev = plan_device(interp, cost)
+        program = None
+        if compiled is not None:
+            from .npu.compiled import read_compiled
+
+            program = read_compiled(compiled, interp.graph)
         note = unsupported_line(interp, "left out of this estimate")
         findings = None
         if lint:
@@ -335,17 +350,26 @@ def inspect(model, target, fmt, calibration, npu_efficiency, m55_macs_per_cycle,
         if fmt == "json":
             data = {**edges, **report_dict(dev, Path(model).name, fitted), "unsupported": left_out}
             neural_art_ops(data, interp.graph, n6)
+            if program is not None:
+                from .npu.compiled import compiled_ops
+
+                compiled_ops(data, interp.graph, program, n6)
             if findings is not None:
                 data["lint"] = findings
             click.echo(json.dumps(data, indent=1))
         else:
             text = format_report(dev, Path(model).name, fitted)
             lines = [*head, text, *([note] if note else [])]
+            if program is not None:
+                from .npu.compiled import summary_lines
+
+                lines += summary_lines(program, interp.graph, n6)
             click.echo(shown_lines("\n".join(lines + ([""] + lint_lines(findings) if lint else []))))
         return
-    if npu_efficiency is not None or m55_macs_per_cycle is not None or calibration is not None or lint:
+    n6_only = (npu_efficiency, m55_macs_per_cycle, calibration, compiled)
+    if any(v is not None for v in n6_only) or lint:
         raise NpusimError(
-            "--calibration, --npu-efficiency, --m55-macs-per-cycle and --lint apply only with "
+            "--calibration, --npu-efficiency, --m55-macs-per-cycle, --lint and --compiled apply only with "
             "--target stm32n6"
         )
     records = op_records(interp)
