@@ -62,13 +62,30 @@ def n6_options(func):
             help=f"--profile neural-art: {helps[key]}.",
         )(func)
 
+    func = click.option(
+        "--compiled",
+        "n6_compiled",
+        type=click.Path(dir_okay=False),
+        default=None,
+        help=(
+            "ST Edge AI's compiled program (network_ecblobs.h): inspect --target stm32n6 decodes its conv "
+            "chains beside the derived ones; --profile neural-art runs them (docs/neural-art.md)."
+        ),
+    )(func)
+
     @functools.wraps(func)
     def wrapper(*args, **kwargs):
         values = {key: kwargs.pop(f"n6_{key}") for key in N6_CHOICES}
+        compiled = kwargs.pop("n6_compiled")
+        changed = [f"--n6-{k.replace('_', '-')}" for k, v in values.items() if v != N6_CHOICES[k][0]]
+        changed += ["--compiled"] if compiled is not None and "target" not in kwargs else []
+        profiles = [kwargs[k] for k in ("profile", "a", "b") if kwargs.get(k) is not None]
+        if changed and profiles and "neural-art" not in profiles:
+            fail(f"{', '.join(changed)} apply only to --profile neural-art, not to {', '.join(profiles)}")
 
         from .npu.neural_art import N6Options
 
-        return func(*args, n6=N6Options(**values), **kwargs)
+        return func(*args, n6=N6Options(**values, compiled=compiled), **kwargs)
 
     return wrapper
 
@@ -280,18 +297,9 @@ def write_dump(interp, values: dict, directory: Path):
         "and predicted error in output steps (docs/neural-art.md)."
     ),
 )
-@click.option(
-    "--compiled",
-    type=click.Path(dir_okay=False),
-    default=None,
-    help=(
-        "stm32n6: ST Edge AI's compiled program (network_ecblobs.h): its conv chains decoded and mapped "
-        "to the model's ops beside the derived ones (--format json: \"compiled\" per op; docs/neural-art.md)."
-    ),
-)
 @n6_options
 @friendly_errors
-def inspect(model, target, fmt, calibration, npu_efficiency, m55_macs_per_cycle, lint, compiled, n6):
+def inspect(model, target, fmt, calibration, npu_efficiency, m55_macs_per_cycle, lint, n6):
     """The inputs and outputs (name, shape, dtype, scale, zero point: how to feed the model), then one
     row per op: shapes, MACs and parameters, whether npusim runs it, then the totals (docs/inspect.md).
 
@@ -336,10 +344,10 @@ def inspect(model, target, fmt, calibration, npu_efficiency, m55_macs_per_cycle,
         cost.__post_init__()  # validate the overrides
         dev = plan_device(interp, cost)
         program = None
-        if compiled is not None:
+        if n6.compiled is not None:
             from .npu.compiled import read_compiled
 
-            program = read_compiled(compiled, interp.graph)
+            program = read_compiled(n6.compiled, interp.graph)
         note = unsupported_line(interp, "left out of this estimate")
         findings = None
         if lint:
@@ -366,7 +374,7 @@ def inspect(model, target, fmt, calibration, npu_efficiency, m55_macs_per_cycle,
                 lines += summary_lines(program, interp.graph, n6)
             click.echo(shown_lines("\n".join(lines + ([""] + lint_lines(findings) if lint else []))))
         return
-    n6_only = (npu_efficiency, m55_macs_per_cycle, calibration, compiled)
+    n6_only = (npu_efficiency, m55_macs_per_cycle, calibration, n6.compiled)
     if any(v is not None for v in n6_only) or lint:
         raise NpusimError(
             "--calibration, --npu-efficiency, --m55-macs-per-cycle, --lint and --compiled apply only with "

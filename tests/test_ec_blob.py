@@ -148,3 +148,23 @@ def test_inspect_compiled_json_and_errors(yolox21, tmp_path):
     assert r.exit_code == 2 and r.output.count("\n") == 1 and "blob _ec_blob_1, word 0" in r.output
     r = cli("inspect", need(MODEL), "--compiled", bad)
     assert r.exit_code == 2 and "apply only with --target stm32n6" in r.output
+
+
+def test_n6_options_refused_under_other_profiles(tmp_path):
+    x = tmp_path / "x.npy"
+    np.save(x, np.zeros((1, 4), np.int8))
+    model = need(MODEL)
+    r = cli("run", model, "--input", x, "--output", tmp_path / "y.npy", "--n6-compiler", "2.1")
+    assert r.exit_code == 2 and "--n6-compiler apply only to --profile neural-art, not to tflm" in r.output
+
+
+def test_profile_runs_the_compiled_chain(yolox21):
+    from npusim.npu.compiled import run_stages
+    from npusim.npu.neural_art_run import NeuralArtProfile
+
+    graph, program = yolox21
+    index, chain = next((i, c) for i, c in sorted(program.mapped.items()) if len(c.ariths) == 2)
+    profile = NeuralArtProfile(N6Options(compiler="2.1", compiled=need(BLOBS)))
+    stages = profile._stages(graph, graph.ops[index])
+    assert stages == run_stages(graph_stages(graph, N6Options(compiler="2.1"))[index], chain)
+    assert [s["A_vector"] for s in stages[2:]] == [a["A_vector"] for a in chain.ariths]

@@ -238,3 +238,16 @@ def summary_lines(program: CompiledProgram, graph, options: N6Options | None = N
         shown = ", ".join(f"{k} ({v})" for k, v in sorted(counts.items(), key=lambda kv: -kv[1]))
         lines.append(f"  fields that differ (layers): {shown}")
     return lines
+
+
+def run_stages(derived: list[dict], chain: Chain) -> list[dict]:
+    """The chain `--profile neural-art --compiled` runs for a mapped conv: the derived suboff (the
+    blobs' suboffs are not mapped yet), the CONVACC with the compiled pipe's shift_a and output
+    (its last unit's shift_o and width), then the compiled requantizing ARITHs as they are."""
+    convacc = dict(derived[1])
+    convacc.update(
+        shift_a=chain.convaccs[0]["shift_a"],
+        shift_o=chain.convaccs[-1]["shift_o"],
+        outbytes_o=chain.convaccs[-1]["outbytes_o"],
+    )
+    return [derived[0], convacc, *(dict(a, role="compiled") for a in chain.ariths)]

@@ -57,6 +57,8 @@ class N6Options:
       (the suboff adds 128, unsigned 8-bit feature, and (z_x + 128) * sum(w) goes into BC).
     compiler: the ST Edge AI version whose requantization chain is derived (npu/n6_compiler.py):
       "3.0" one off_bias ARITH, "2.2" / "2.1" a 16-bit per-channel scale then a scalar one.
+    compiled: a network_ecblobs.h path: the convs it maps run its coefficients, shifts and widths
+      (npu/compiled.py) instead of derived ones.
     """
 
     rounding: str = "half-up"
@@ -65,6 +67,7 @@ class N6Options:
     conv_shift: object = "weights"
     input_offset: str = "subtract"
     compiler: str = "3.0"
+    compiled: object = None
 
 
 ROUNDINGS, ADD_PRODUCTS, SHIFT_A, INPUT_OFFSETS = (

@@ -157,6 +157,9 @@ class RequantizeChain(Chain):
         return out.astype(np.int8).reshape(x.shape)
 
 
+ConvKinds = ("CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED")
+
+
 class NeuralArtProfile:
     """The profile's table: which kernel runs each op under --profile neural-art."""
 
@@ -171,13 +174,26 @@ class NeuralArtProfile:
 
     def __init__(self, options: N6Options | None = None):
         self.options = options or N6Options()
+        self._programs = {}  # id(graph) -> its compiled program (options.compiled), read once
+
+    def _stages(self, graph, op):
+        stages = op_stages(graph, op, self.options)
+        if stages is None or self.options.compiled is None or op.kind not in ConvKinds:
+            return stages
+        from .compiled import read_compiled, run_stages
+
+        key = id(graph)
+        if key not in self._programs:
+            self._programs[key] = read_compiled(self.options.compiled, graph)
+        chain = self._programs[key].mapped.get(op.index)
+        return stages if chain is None else run_stages(stages, chain)
 
     def kernel_for(self, kernel_class, op, graph, **extra) -> Kernel:
         tflm = kernel_class(op, graph, TFLM, **extra)
         chain = self.kernels.get(op.kind)
         if chain is None or placement(tflm)[0] != NPU:
             return tflm
-        stages = op_stages(graph, op, self.options)
+        stages = self._stages(graph, op)
         if stages is None or getattr(tflm, "int16", None) is not None:
             return tflm
         return chain(tflm, stages, self.options)
