@@ -14,8 +14,9 @@ import numpy as np
 
 from . import interrupt
 from .atomic import WriteFailed, replacing
+from .cli_usage import OneLineGroup
 from .display import shown, shown_lines
-from .errors import NpusimError
+from .errors import NpusimError, numpy_load_error
 from .model_io import load_model, model_suffix
 from .profiles import N6_CHOICES, PROFILES
 
@@ -131,7 +132,7 @@ def load_array(path: str, what: str) -> np.ndarray:
         x = np.load(path, allow_pickle=False)
     except (OSError, ValueError, EOFError) as e:
         raise NpusimError(
-            f"{what} {path}: cannot read as .npy ({str(e).splitlines()[0] if str(e) else type(e).__name__})"
+            f"{what} {path}: cannot read as .npy: {numpy_load_error(path, e)}"
         ) from None
     if not isinstance(x, np.ndarray):
         raise NpusimError(f"{what} {path}: expected a single .npy array, got an archive")
@@ -163,7 +164,7 @@ def tensor_file_name(index: int, name: str) -> str:
     return f"{index:04d}_{re.sub(r'[^A-Za-z0-9_.-]+', '_', name)[:80]}.npy"
 
 
-@click.group()
+@click.group(cls=OneLineGroup)
 @click.version_option(package_name="npusim-zo")
 def main():
     """Bit-exact INT8 NPU simulator (TFLite Micro integer numerics)."""
@@ -459,12 +460,26 @@ def golden():
         "this size; larger ones keep only their hash. [default: 1 MiB]"
     ),
 )
+@click.option(
+    "--outputs-only",
+    is_flag=True,
+    help=(
+        "Store only the input and the outputs' values (every intermediate keeps its hash, so a "
+        "check still names the first diverging op): the small file for CI."
+    ),
+)
 @friendly_errors
-def golden_record(model, input_path, output_path, profile, store_limit):
+def golden_record(model, input_path, output_path, profile, store_limit, outputs_only):
     """Run MODEL on --input and write inputs, outputs, per-tensor hashes and small intermediates."""
     from .golden import DEFAULT_STORE_LIMIT, record
 
     check_output_path(output_path, "-o", (".npz",))
+    if outputs_only and store_limit is not None:
+        raise NpusimError(
+            "--outputs-only and --store-limit: expected one of them (--outputs-only stores no intermediate)"
+        )
+    if outputs_only:
+        store_limit = 0
     x = load_array(input_path, "--input")
     meta = record(
         model,
@@ -476,7 +491,8 @@ def golden_record(model, input_path, output_path, profile, store_limit):
     stored = sum(1 for e in meta["tensors"] if e["stored"])
     click.echo(
         f"recorded {len(meta['tensors'])} tensors ({stored} with values, {len(meta['tensors']) - stored} "
-        f"hash only) of {meta['model_name']}, profile {profile}, batch {meta['batch']} -> {output_path}"
+        f"hash only) of {meta['model_name']}, profile {profile}, batch {meta['batch']} -> {output_path} "
+        f"({os.path.getsize(output_path):,} bytes)"
     )
 
 

@@ -13,6 +13,7 @@ import click
 from click.core import ParameterSource
 
 from npusim import interrupt
+from npusim.cli_usage import OneLineGroup
 from npusim.errors import NpusimError
 
 from .errors import ZoError
@@ -44,7 +45,7 @@ def interrupted(message: str):
     sys.exit(130)
 
 
-@click.group()
+@click.group(cls=OneLineGroup)
 @click.version_option(package_name="npusim-zo")
 def main():
     """Zeroth-order (forward-only) on-device training on the npusim INT8 simulator."""
