@@ -157,6 +157,15 @@ def main():
     help="Train the model's own classifier head (the data must have its class count).",
 )
 @click.option(
+    "--estimator",
+    type=click.Choice(["activity", "weights"]),
+    default="activity",
+    show_default=True,
+    help="Below the head: activity (the exact tail: layers with only parameter-free ops up to the head get "
+    "exact gradients; below it each layer's output is perturbed, per example) or weights (every tensor's "
+    "weights perturbed, the estimator before issue 53). The pure-ZO setting: --head-gradient zo.",
+)
+@click.option(
     "--head-gradient",
     type=click.Choice(["exact", "zo"]),
     default="exact",
