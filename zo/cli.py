@@ -406,9 +406,18 @@ def cost(model, trainable, q, batch, classes, new_head, calibration, master):
         device = fit_cost_model(read_calibration_csv(calibration)).cost if calibration else None
     except (ZoError, NpusimError) as e:
         fail(str(e))
+    from .head_grad import ExactHead
+    from .tail import ExactTail
+
+    offsets, i = {}, 0
+    for p in m.params:
+        n = m.graph.tensors[p.tensor].data.size
+        offsets[p.tensor] = (i, i + n)
+        i += n
+    tail = ExactTail.find(m, ExactHead.find(m, offsets), offsets)
     click.echo(
         format_zo_step_report(
-            zo_step_report(m.interp, [p.tensor for p in m.params], q, batch, device, master=master)
+            zo_step_report(m.interp, [p.tensor for p in m.params], q, batch, device, master=master), tail
         )
     )
 
