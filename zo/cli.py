@@ -158,6 +158,15 @@ def main():
     help="Train the model's own classifier head (the data must have its class count).",
 )
 @click.option(
+    "--estimator",
+    type=click.Choice(["activity", "weights"]),
+    default="activity",
+    show_default=True,
+    help="Below the head: activity (the exact tail: layers with only parameter-free ops up to the head get "
+    "exact gradients; below it each layer's output is perturbed, per example) or weights (every tensor's "
+    "weights perturbed, the estimator before issue 53). The pure-ZO setting: --head-gradient zo.",
+)
+@click.option(
     "--head-gradient",
     type=click.Choice(["exact", "zo"]),
     default="exact",
@@ -398,9 +407,18 @@ def cost(model, trainable, q, batch, classes, new_head, calibration, master):
         device = fit_cost_model(read_calibration_csv(calibration)).cost if calibration else None
     except (ZoError, NpusimError) as e:
         fail(str(e))
+    from .head_grad import ExactHead
+    from .tail import ExactTail
+
+    offsets, i = {}, 0
+    for p in m.params:
+        n = m.graph.tensors[p.tensor].data.size
+        offsets[p.tensor] = (i, i + n)
+        i += n
+    tail = ExactTail.find(m, ExactHead.find(m, offsets), offsets)
     click.echo(
         format_zo_step_report(
-            zo_step_report(m.interp, [p.tensor for p in m.params], q, batch, device, master=master)
+            zo_step_report(m.interp, [p.tensor for p in m.params], q, batch, device, master=master), tail
         )
     )
 
