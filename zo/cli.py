@@ -384,7 +384,7 @@ def cost(model, trainable, q, batch, classes, new_head, calibration, master):
     from npusim.errors import NpusimError
     from npusim.npu import fit_cost_model, read_calibration_csv
 
-    from .cost import format_zo_step_report, zo_step_report
+    from .cost import format_step_parts, format_zo_step_report, step_parts, zo_step_report
     from .model import TrainableModel
 
     if q < 1 or batch < 1:
@@ -397,11 +397,9 @@ def cost(model, trainable, q, batch, classes, new_head, calibration, master):
         device = fit_cost_model(read_calibration_csv(calibration)).cost if calibration else None
     except (ZoError, NpusimError) as e:
         fail(str(e))
-    click.echo(
-        format_zo_step_report(
-            zo_step_report(m.interp, [p.tensor for p in m.params], q, batch, device, master=master)
-        )
-    )
+    tensors = [p.tensor for p in m.params]
+    click.echo(format_zo_step_report(zo_step_report(m.interp, tensors, q, batch, device, master=master)))
+    click.echo(format_step_parts(step_parts(m.interp, tensors, q, batch, device)))
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from npusim.npu import CostModel, plan_device, plan_fusion, plan_memory
 from npusim.npu.arena import tensor_bytes, tensor_elements
-from npusim.npu.cost import M55_CYCLES_PER_ELEMENT
+from npusim.npu.cost import M55_CYCLES_PER_ELEMENT, M55_MACS_PER_CYCLE
 from npusim.npu.report import kib
 
 from .errors import ZoError
@@ -199,3 +199,119 @@ def step_overhead_seconds(
         + head_macs / cost.m55_macs_per_cycle
     )
     return cycles / cost.m55_clock_hz
+
+
+# -- a step of the hybrid trainer on the device, part by part (--budget-ms, `zo cost`) ---------------
+# Cortex-M55 MAC rates. Peak, per cycle, of Helium's dual-beat datapath (64 bits a cycle, a 128-bit
+# vector in two beats): 8 int8, 4 int16, 2 int32, 4 fp16 and 2 fp32 multiply-accumulates (Elettronica
+# Plus, "Embedded 90", November 2023, p. 37, on the Cortex-M85's Helium, the same dual-beat MVE as the
+# Cortex-M55's; Arm's Cortex-M55 product page describes the M55's MVE as dual-beat too).
+M55_PEAK_MACS_PER_CYCLE = {"int8": 8.0, "fp32": 2.0}
+# What a kernel sustains of that peak: npusim.npu.cost's CMSIS-NN int8 figure (2 MACs a cycle, itself
+# an ASSUMPTION) over the int8 peak, 0.25; ASSUMPTION: the same fraction for fp32 (loads of the
+# operands and the accumulator's spills bound both alike), 0.5 fp32 MACs a cycle.
+M55_SUSTAINED_FRACTION = M55_MACS_PER_CYCLE / M55_PEAK_MACS_PER_CYCLE["int8"]
+# ASSUMPTION: one Gaussian (or Rademacher) value of an activity direction, drawn from a counter-based
+# generator and scaled, about as costly as a weight direction's coordinate.
+CYCLES_PER_ACTIVITY_ELEMENT = CYCLES_PER_DIRECTION_COORDINATE
+
+
+def m55_mac_seconds(macs: float, dtype: str, cost: CostModel | None = None) -> float:
+    """Seconds of `macs` multiply-adds on the M55 in int8 or fp32 at the sustained rate above."""
+    cost = cost or CostModel()
+    rate = M55_PEAK_MACS_PER_CYCLE[dtype] * M55_SUSTAINED_FRACTION
+    return macs / rate / cost.m55_clock_hz
+
+
+def trainable_ops(interp, trainable: set) -> list:
+    """(execution position, kernel) of every op that reads a trainable tensor, in execution order."""
+    return [(pos, k) for pos, k in enumerate(interp.kernels) if trainable & set(k.op.inputs)]
+
+
+def step_parts(
+    interp, trainable_tensor_indices, q: int, batch: int, cost: CostModel | None = None,
+    exact: frozenset = frozenset(), grad_dtype: str = "fp32",
+) -> dict:  # fmt: skip
+    """Device seconds of one step of the hybrid trainer with activity perturbation, part by part:
+
+    - `head_pass`: one pass of the trainable suffix over the batch, the one whose features and softmax
+      error give the head's exact gradient and the tail's (npusim's N6 latency from the first op that
+      reads a trainable tensor; the frozen prefix's outputs are cached);
+    - `probe_passes`: 2q suffix passes (one +/- pair a direction, each direction one per example);
+    - `directions`: the q directions drawn twice (probes, then the update, from their seeds) over the
+      outputs of every perturbed layer (trainable, not the head, not in `exact`), for the whole batch;
+    - `local_gradients`: every trainable layer below the head forms its weight gradient from its cached
+      input and its output gradient: as many multiply-adds as its forward pass, per image, on the M55
+      (`grad_dtype`: fp32, the output gradient being a float; int8 for a device that quantizes it);
+    - `head_outer`: the head's (p - y)' x, classes x features multiply-adds per image, on the M55;
+    - `write_back`: every trainable value updated, rounded, clamped and stored once;
+    - `loss`: a softmax per logit of every pass.
+    `fixed_s` (what a step pays whatever q is) + q x `per_direction_s` = `total_s`."""
+    if q < 1 or batch < 1:
+        raise ZoError(f"q and batch must be at least 1, got q={q}, batch={batch}")
+    cost = cost or CostModel()
+    graph = interp.graph
+    trainable = {int(t) for t in trainable_tensor_indices}
+    dev = plan_device(interp, cost)
+    ops = trainable_ops(interp, trainable)
+    if not ops:
+        raise ZoError("no op reads any of the trainable tensors")
+    start = ops[0][0]
+    head_pos, head = ops[-1]
+    head = head if head.op.kind == "FULLY_CONNECTED" else None
+    below = [(pos, k) for pos, k in ops if head is None or pos != head_pos]
+    perturbed = [k for _, k in below if not {graph.tensors[t].name for t in k.op.inputs} & exact]
+    suffix_pass = dev.latency_s(batch, first=start)
+    classes = graph.tensors[interp.kernels[-1].op.outputs[0]].shape[-1]
+    params = sum(tensor_elements(graph.tensors[t]) for t in trainable)
+    out_elements = sum(tensor_elements(graph.tensors[k.op.outputs[0]]) for k in perturbed)
+    head_macs = dev.ops[head_pos].macs if head is not None else 0
+    per_direction = {
+        "probe_passes": 2 * suffix_pass,
+        "directions": 2 * batch * out_elements * CYCLES_PER_ACTIVITY_ELEMENT / cost.m55_clock_hz,
+        "loss": 2 * batch * classes * CYCLES_PER_LOGIT / cost.m55_clock_hz,
+    }
+    fixed = {
+        "head_pass": suffix_pass,
+        "local_gradients": m55_mac_seconds(batch * sum(dev.ops[p].macs for p, _ in below), grad_dtype, cost),
+        "head_outer": m55_mac_seconds(batch * head_macs, grad_dtype, cost),
+        "write_back": params * CYCLES_PER_UPDATED_PARAMETER / cost.m55_clock_hz,
+        "loss": batch * classes * CYCLES_PER_LOGIT / cost.m55_clock_hz,
+    }
+    fixed_s, per_direction_s = sum(fixed.values()), sum(per_direction.values())
+    return {
+        "q": q,
+        "batch": batch,
+        "suffix_pass_s": suffix_pass,
+        "fixed": fixed,
+        "per_direction": per_direction,
+        "fixed_s": fixed_s,
+        "per_direction_s": per_direction_s,
+        "total_s": fixed_s + q * per_direction_s,
+        "local_gradient_macs": batch * sum(dev.ops[p].macs for p, _ in below),
+        "head_outer_macs": batch * head_macs,
+        "perturbed_layers": len(perturbed),
+        "grad_dtype": grad_dtype,
+        # q* of a pass budget is sqrt(noise / signal x fixed / per direction): docs/zo.md
+        "fixed_per_direction": fixed_s / per_direction_s,
+    }
+
+
+def format_step_parts(r: dict) -> str:
+    ms = lambda s: f"{s * 1e3:.3f} ms"  # noqa: E731
+    f, p = r["fixed"], r["per_direction"]
+    return "\n".join(
+        [
+            f"step of the hybrid trainer (activity perturbation), q={r['q']}, batch={r['batch']}: "
+            f"{ms(r['total_s'])} = fixed {ms(r['fixed_s'])} + {r['q']} x {ms(r['per_direction_s'])} "
+            "a direction",
+            f"  fixed: head pass {ms(f['head_pass'])} (NPU, suffix), local weight gradients "
+            f"{ms(f['local_gradients'])} ({r['local_gradient_macs']:,} {r['grad_dtype']} MACs on the M55), "
+            f"head outer product {ms(f['head_outer'])} ({r['head_outer_macs']:,} MACs), write-back "
+            f"{ms(f['write_back'])}, loss {ms(f['loss'])}",
+            f"  per direction: 2 suffix passes {ms(p['probe_passes'])} (NPU), directions "
+            f"{ms(p['directions'])} ({r['perturbed_layers']} perturbed layers), loss {ms(p['loss'])}",
+            f"  fixed / per direction = {r['fixed_per_direction']:.2f} (the ratio the q rule weighs, "
+            "docs/zo.md)",
+        ]
+    )
