@@ -73,7 +73,7 @@ def main():
     default="qscheduler",
     show_default=True,
     help="fixed:N | qscheduler[:QMAX] (the slope test under nsgd, the efficiency test under sgd and adam) "
-    "| slope, coupled, snr, efficiency, linear, power [:QMAX]",
+    "| slope, coupled, snr, efficiency, rate (progress per unit of cost, docs/zo.md), linear, power [:QMAX]",
 )
 @click.option(
     "--optimizer",
