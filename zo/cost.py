@@ -228,23 +228,57 @@ def trainable_ops(interp, trainable: set) -> list:
     return [(pos, k) for pos, k in enumerate(interp.kernels) if trainable & set(k.op.inputs)]
 
 
+MAC_KINDS = frozenset({"CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED", "TRANSPOSE_CONV"})
+
+
+def exact_tail_positions(interp, ops: list, head_pos: int) -> set:
+    """Positions of the trainable MAC ops whose gradient the head's error gives exactly: no weighted
+    op but the head on any path from their output (only parameter-free ops: ADD, activations, pools,
+    MEAN, RESHAPE, CONCATENATION...). The head itself is not counted."""
+    consumers: dict = {}
+    for pos, k in enumerate(interp.kernels):
+        for t in k.op.inputs:
+            consumers.setdefault(t, []).append(pos)
+    tail = set()
+    for pos, _ in ops:
+        if pos == head_pos:
+            continue
+        seen, todo, exact = set(), [pos], True
+        while todo and exact:
+            at = todo.pop()
+            for t in interp.kernels[at].op.outputs:
+                for c in consumers.get(t, []):
+                    if c == head_pos or c in seen:
+                        continue
+                    if interp.kernels[c].op.kind in MAC_KINDS:
+                        exact = False
+                        break
+                    seen.add(c)
+                    todo.append(c)
+        if exact:
+            tail.add(pos)
+    return tail
+
+
 def step_parts(
     interp, trainable_tensor_indices, q: int, batch: int, cost: CostModel | None = None,
-    exact: frozenset = frozenset(), grad_dtype: str = "fp32",
+    grad_dtype: str = "fp32",
 ) -> dict:  # fmt: skip
-    """Device seconds of one step of the hybrid trainer with activity perturbation, part by part:
+    """Device seconds of one step of the hybrid trainer with activity perturbation, part by part,
+    averaged over the round robin of the layers below the exact tail (one of them is perturbed a step):
 
     - `head_pass`: one pass of the trainable suffix over the batch, the one whose features and softmax
       error give the head's exact gradient and the tail's (npusim's N6 latency from the first op that
       reads a trainable tensor; the frozen prefix's outputs are cached);
-    - `probe_passes`: 2q suffix passes (one +/- pair a direction, each direction one per example);
+    - `probe_passes`: per direction 2 passes of what follows the step's perturbed layer;
     - `directions`: the q directions drawn twice (probes, then the update, from their seeds) over the
-      outputs of every perturbed layer (trainable, not the head, not in `exact`), for the whole batch;
-    - `local_gradients`: every trainable layer below the head forms its weight gradient from its cached
-      input and its output gradient: as many multiply-adds as its forward pass, per image, on the M55
-      (`grad_dtype`: fp32, the output gradient being a float; int8 for a device that quantizes it);
+      perturbed layer's output for the whole batch;
+    - `local_gradients`: the exact tail's layers and the step's perturbed layer form their weight
+      gradients from their cached inputs and their output gradients: as many multiply-adds as their
+      forward passes, per image, on the M55 (`grad_dtype`: fp32, the output gradient being a float;
+      int8 for a device that quantizes it);
     - `head_outer`: the head's (p - y)' x, classes x features multiply-adds per image, on the M55;
-    - `write_back`: every trainable value updated, rounded, clamped and stored once;
+    - `write_back`: the step's updated values (head, tail, the perturbed layer) rounded, clamped, stored;
     - `loss`: a softmax per logit of every pass.
     `fixed_s` (what a step pays whatever q is) + q x `per_direction_s` = `total_s`."""
     if q < 1 or batch < 1:
@@ -256,26 +290,38 @@ def step_parts(
     ops = trainable_ops(interp, trainable)
     if not ops:
         raise ZoError("no op reads any of the trainable tensors")
-    start = ops[0][0]
-    head_pos, head = ops[-1]
-    head = head if head.op.kind == "FULLY_CONNECTED" else None
-    below = [(pos, k) for pos, k in ops if head is None or pos != head_pos]
-    perturbed = [k for _, k in below if not {graph.tensors[t].name for t in k.op.inputs} & exact]
-    suffix_pass = dev.latency_s(batch, first=start)
+    head_pos = ops[-1][0] if ops[-1][1].op.kind == "FULLY_CONNECTED" else None
+    tail = exact_tail_positions(interp, ops, head_pos)
+    perturbed = [pos for pos, _ in ops if pos != head_pos and pos not in tail]
+    suffix_pass = dev.latency_s(batch, first=ops[0][0])
     classes = graph.tensors[interp.kernels[-1].op.outputs[0]].shape[-1]
-    params = sum(tensor_elements(graph.tensors[t]) for t in trainable)
-    out_elements = sum(tensor_elements(graph.tensors[k.op.outputs[0]]) for k in perturbed)
-    head_macs = dev.ops[head_pos].macs if head is not None else 0
+
+    def values(positions):
+        return sum(
+            tensor_elements(graph.tensors[t])
+            for p in positions
+            for t in interp.kernels[p].op.inputs
+            if t in trainable
+        )
+
+    def mean(f):  # over the round robin of the perturbed layers (nothing when there is none)
+        return sum(f(p) for p in perturbed) / len(perturbed) if perturbed else 0.0
+
+    exact_macs = batch * sum(dev.ops[p].macs for p in tail)
+    local_macs = exact_macs + batch * mean(lambda p: dev.ops[p].macs)
+    head_macs = batch * dev.ops[head_pos].macs if head_pos is not None else 0
     per_direction = {
-        "probe_passes": 2 * suffix_pass,
-        "directions": 2 * batch * out_elements * CYCLES_PER_ACTIVITY_ELEMENT / cost.m55_clock_hz,
-        "loss": 2 * batch * classes * CYCLES_PER_LOGIT / cost.m55_clock_hz,
-    }
+        "probe_passes": 2 * mean(lambda p: dev.latency_s(batch, first=p + 1)),
+        "directions": 2 * batch * CYCLES_PER_ACTIVITY_ELEMENT / cost.m55_clock_hz
+        * mean(lambda p: tensor_elements(graph.tensors[interp.kernels[p].op.outputs[0]])),
+        "loss": 2 * batch * classes * CYCLES_PER_LOGIT / cost.m55_clock_hz if perturbed else 0.0,
+    }  # fmt: skip
+    updated = values([head_pos] if head_pos is not None else []) + values(tail) + mean(lambda p: values([p]))
     fixed = {
         "head_pass": suffix_pass,
-        "local_gradients": m55_mac_seconds(batch * sum(dev.ops[p].macs for p, _ in below), grad_dtype, cost),
-        "head_outer": m55_mac_seconds(batch * head_macs, grad_dtype, cost),
-        "write_back": params * CYCLES_PER_UPDATED_PARAMETER / cost.m55_clock_hz,
+        "local_gradients": m55_mac_seconds(local_macs, grad_dtype, cost),
+        "head_outer": m55_mac_seconds(head_macs, grad_dtype, cost),
+        "write_back": updated * CYCLES_PER_UPDATED_PARAMETER / cost.m55_clock_hz,
         "loss": batch * classes * CYCLES_PER_LOGIT / cost.m55_clock_hz,
     }
     fixed_s, per_direction_s = sum(fixed.values()), sum(per_direction.values())
@@ -288,12 +334,14 @@ def step_parts(
         "fixed_s": fixed_s,
         "per_direction_s": per_direction_s,
         "total_s": fixed_s + q * per_direction_s,
-        "local_gradient_macs": batch * sum(dev.ops[p].macs for p, _ in below),
-        "head_outer_macs": batch * head_macs,
+        "local_gradient_macs": int(round(local_macs)),
+        "exact_tail_macs": exact_macs,
+        "head_outer_macs": head_macs,
+        "tail_layers": len(tail),
         "perturbed_layers": len(perturbed),
         "grad_dtype": grad_dtype,
-        # q* of a pass budget is sqrt(noise / signal x fixed / per direction): docs/zo.md
-        "fixed_per_direction": fixed_s / per_direction_s,
+        # q* of the rule is sqrt(noise / signal x fixed / per direction): docs/zo.md
+        "fixed_per_direction": fixed_s / per_direction_s if per_direction_s else float("inf"),
     }
 
 
@@ -306,12 +354,14 @@ def format_step_parts(r: dict) -> str:
             f"{ms(r['total_s'])} = fixed {ms(r['fixed_s'])} + {r['q']} x {ms(r['per_direction_s'])} "
             "a direction",
             f"  fixed: head pass {ms(f['head_pass'])} (NPU, suffix), local weight gradients "
-            f"{ms(f['local_gradients'])} ({r['local_gradient_macs']:,} {r['grad_dtype']} MACs on the M55), "
+            f"{ms(f['local_gradients'])} ({r['local_gradient_macs']:,} {r['grad_dtype']} MACs on the M55: "
+            f"{r['tail_layers']} exact-tail layer(s) and the step's perturbed one), "
             f"head outer product {ms(f['head_outer'])} ({r['head_outer_macs']:,} MACs), write-back "
             f"{ms(f['write_back'])}, loss {ms(f['loss'])}",
-            f"  per direction: 2 suffix passes {ms(p['probe_passes'])} (NPU), directions "
-            f"{ms(p['directions'])} ({r['perturbed_layers']} perturbed layers), loss {ms(p['loss'])}",
+            f"  per direction: 2 passes after the perturbed layer {ms(p['probe_passes'])} (NPU), directions "
+            f"{ms(p['directions'])} (one of {r['perturbed_layers']} layers a step, round robin), "
+            f"loss {ms(p['loss'])}",
             f"  fixed / per direction = {r['fixed_per_direction']:.2f} (the ratio the q rule weighs, "
-            "docs/zo.md)",
+            "docs/zo.md); averages over the round robin of the layers below the tail",
         ]
     )
