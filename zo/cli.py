@@ -74,7 +74,7 @@ def main():
     default="qscheduler",
     show_default=True,
     help="fixed:N | qscheduler[:QMAX] (the slope test under nsgd, the efficiency test under sgd and adam) "
-    "| slope, coupled, snr, efficiency, linear, power [:QMAX]",
+    "| slope, coupled, snr, efficiency, rate (progress per unit of cost, docs/zo.md), linear, power [:QMAX]",
 )
 @click.option(
     "--optimizer",
@@ -394,7 +394,7 @@ def cost(model, trainable, q, batch, classes, new_head, calibration, master):
     from npusim.errors import NpusimError
     from npusim.npu import fit_cost_model, read_calibration_csv
 
-    from .cost import format_zo_step_report, zo_step_report
+    from .cost import format_step_parts, format_zo_step_report, step_parts, zo_step_report
     from .model import TrainableModel
 
     if q < 1 or batch < 1:
@@ -416,11 +416,10 @@ def cost(model, trainable, q, batch, classes, new_head, calibration, master):
         offsets[p.tensor] = (i, i + n)
         i += n
     tail = ExactTail.find(m, ExactHead.find(m, offsets), offsets)
-    click.echo(
-        format_zo_step_report(
-            zo_step_report(m.interp, [p.tensor for p in m.params], q, batch, device, master=master), tail
-        )
-    )
+    tensors = [p.tensor for p in m.params]
+    report = zo_step_report(m.interp, tensors, q, batch, device, master=master)
+    click.echo(format_zo_step_report(report, tail))
+    click.echo(format_step_parts(step_parts(m.interp, tensors, q, batch, device)))
 
 
 if __name__ == "__main__":

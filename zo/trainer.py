@@ -64,7 +64,7 @@ from .model import (  # noqa: F401 (build_model, calibration_indices: re-exporte
 )
 from .optim import OPTIMIZERS, Adam, learning_rate, make_optimizer
 from .perturbation import direction, second_moment
-from .schedulers import EfficiencyTest, FixedQ, Progress, Scheduler
+from .schedulers import EfficiencyTest, FixedQ, Progress, Scheduler, direction_statistics
 from .tail import ExactTail
 
 
@@ -316,6 +316,13 @@ class Trainer:
             head_macs=self.config.batch * head.classes * head.features if head else 0,
         )  # fmt: skip
 
+    def step_cost_split(self, batches: int) -> tuple[float, float]:
+        """(what a step costs whatever q is, what each direction adds), in the budget's unit (forward
+        passes; under --budget-ms, passes of equal device time): the q rule's C_s and C_p."""
+        one, two = self.step_overhead(1, batches), self.step_overhead(2, batches)
+        per_direction = 2 * batches + self.charged(two - one)
+        return (self.head is not None) + self.charged(2 * one - two), per_direction
+
     def validation_passes(self) -> int:
         """Forward passes of one evaluation of the held-out images (--keep best), one per mini-batch."""
         return -(-len(self.val_rows) // self.config.batch) if len(self.val_rows) else 0
@@ -483,11 +490,17 @@ class Trainer:
     def gradient(self, q: int, derivatives: np.ndarray, block) -> np.ndarray:
         """g = (1/q) sum_i d_i u_i / E[u^2] over the block's dims, as a move of its values (zero
         elsewhere), regenerating each u_i from its seed (never stored)."""
-        sub = np.zeros(block.dims)
+        sub, squares = np.zeros(block.dims), 0.0
         for i in range(q):
-            sub += derivatives[i] * direction(
+            one = derivatives[i] * direction(
                 self.config.seed, self.step, i, block.dims, self.config.direction
             )
+            sub += one
+            squares += float(np.dot(one, one))
+        if getattr(self.scheduler, "wants_estimates", False) and q >= 2:
+            # per-direction estimates g_i = d_i u_i / E[u^2], streamed (schedulers.direction_statistics)
+            signal, noise = direction_statistics(sub / self.u_moment, squares / self.u_moment**2, q)
+            self.scheduler.observe_estimates(Progress(self.step, self.spent, self.total), signal, noise)
         g = np.zeros(self.master.size)
         values = self.deployed()[block.start : block.end]
         g[block.start : block.end] = block.lift(sub / (q * self.u_moment), values)
@@ -513,6 +526,8 @@ class Trainer:
         cfg = self.config
         lr = learning_rate(cfg.learning_rate, cfg.lr_schedule, self.spent / self.total)
         self.overhead_seconds += self.step_overhead(q, batches)
+        if hasattr(self.scheduler, "observe_costs") and self.blocks:
+            self.scheduler.observe_costs(*self.step_cost_split(batches))
         update = np.zeros(self.master.size)
         losses = []
         estimate = StepEstimate()
