@@ -13,6 +13,7 @@ import click
 from click.core import ParameterSource
 
 from npusim import interrupt
+from npusim.cli_usage import OneLineGroup
 from npusim.errors import NpusimError
 
 from .errors import ZoError
@@ -44,7 +45,7 @@ def interrupted(message: str):
     sys.exit(130)
 
 
-@click.group()
+@click.group(cls=OneLineGroup)
 @click.version_option(package_name="npusim-zo")
 def main():
     """Zeroth-order (forward-only) on-device training on the npusim INT8 simulator."""
@@ -155,6 +156,15 @@ def main():
     "--keep-head",
     is_flag=True,
     help="Train the model's own classifier head (the data must have its class count).",
+)
+@click.option(
+    "--estimator",
+    type=click.Choice(["activity", "weights"]),
+    default="activity",
+    show_default=True,
+    help="Below the head: activity (the exact tail: layers with only parameter-free ops up to the head get "
+    "exact gradients; below it each layer's output is perturbed, per example) or weights (every tensor's "
+    "weights perturbed, the estimator before issue 53). The pure-ZO setting: --head-gradient zo.",
 )
 @click.option(
     "--head-gradient",
@@ -397,8 +407,18 @@ def cost(model, trainable, q, batch, classes, new_head, calibration, master):
         device = fit_cost_model(read_calibration_csv(calibration)).cost if calibration else None
     except (ZoError, NpusimError) as e:
         fail(str(e))
+    from .head_grad import ExactHead
+    from .tail import ExactTail
+
+    offsets, i = {}, 0
+    for p in m.params:
+        n = m.graph.tensors[p.tensor].data.size
+        offsets[p.tensor] = (i, i + n)
+        i += n
+    tail = ExactTail.find(m, ExactHead.find(m, offsets), offsets)
     tensors = [p.tensor for p in m.params]
-    click.echo(format_zo_step_report(zo_step_report(m.interp, tensors, q, batch, device, master=master)))
+    report = zo_step_report(m.interp, tensors, q, batch, device, master=master)
+    click.echo(format_zo_step_report(report, tail))
     click.echo(format_step_parts(step_parts(m.interp, tensors, q, batch, device)))
 
 

@@ -143,10 +143,22 @@ def zo_step_report(
     }
 
 
-def format_zo_step_report(r: dict) -> str:
+def format_zo_step_report(r: dict, tail=None) -> str:
+    """tail: the run's ExactTail (zo/tail.py), whose extra memory gets its own line."""
     zo, bp = r["zo_memory"], r["bp_memory"]
+    tail_line = (
+        []
+        if tail is None
+        else [
+            f"exact tail ({', '.join(f.inputs[1].name for f in tail.layers)}): "
+            f"{kib(tail.memory_bytes(r['batch']))} "
+            f"more for the batch (their int8 inputs, the clamp masks, one float32 gradient buffer); "
+            f"{tail.macs_per_image * r['batch']:,} weight-gradient multiply-adds a step on the M55"
+        ]
+    )
     return "\n".join(
-        [
+        tail_line
+        + [
             f"ZO step on STM32N6: q={r['q']}, batch={r['batch']} ({r['resident_images']} image(s) resident), "
             f"{r['trainable_params']:,} trainable parameters in {len(r['trainable_tensors'])} tensors "
             f"(suffix from op {r['suffix_first_op']}, {r['suffix_ops']} ops)",
