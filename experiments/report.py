@@ -160,6 +160,11 @@ ADAPTIVE_Q_PLOTTED = ("qscheduler", "slope", "coupled", "snr", "efficiency")
 
 def below_head(bound: dict) -> str:
     """What the bound reaches with the layers below the head restricted (study.backprop_bounds)."""
+    if "tail" in bound:  # v5: the exact tail alone (experiments/v5_bounds.py)
+        frozen, tail = (fmt_pct(bound[k]["int8_test_accuracy"]) for k in ("frozen", "tail"))
+        return (
+            f" Int8, the head alone: {frozen}%; the exact tail alone (the layers below it frozen): {tail}%."
+        )
     if "subspace" not in bound:
         return ""
     frozen, subspace = (fmt_pct(bound[k]["int8_test_accuracy"]) for k in ("frozen", "subspace"))
@@ -195,8 +200,7 @@ def cell_table(cell, rows: list[dict], bound: dict | None) -> list[str]:
         + (
             " Back-propagation bound (same layers, float): "
             f"{fmt_pct(bound['float_test_accuracy'])}%, written back to int8 with the fixed scales: "
-            f"{fmt_pct(bound['int8_test_accuracy'])}%."
-            + below_head(bound)
+            f"{fmt_pct(bound['int8_test_accuracy'])}%." + below_head(bound)
             if bound
             else ""
         ),

@@ -46,6 +46,8 @@ CANDIDATES = (
     Candidate("mnv2-eurosat-last5", MNV2, "eurosat64_subset.npz", "last:5", "last:2"),
     Candidate("mnv2-eurosat-last8", MNV2, "eurosat64_subset.npz", "last:8", "last:2"),
     Candidate("mnv2-eurosat-last11", MNV2, "eurosat64_subset.npz", "last:11", "last:2"),
+    Candidate("mnv2-cifar10-last5", MNV2, "cifar10_subset.npz", "last:5", "last:2"),
+    Candidate("mnv2-cifar10-last8", MNV2, "cifar10_subset.npz", "last:8", "last:2"),
     Candidate("mnv2-1.0-eurosat-last5", REID, "eurosat64_subset.npz", "last:5", "last:2"),
 )
 
