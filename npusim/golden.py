@@ -41,6 +41,10 @@ FORMAT = "npusim-golden"
 FORMAT_VERSION = 1
 DEFAULT_STORE_LIMIT = 1 << 20  # bytes per tensor (whole batch) stored in full
 DEFAULT_STORE_TOTAL = 64 << 20  # bytes of stored intermediates per file, before compression
+# What a golden file may hold once decompressed, all members together (its input batch, outputs and
+# stored tensors): checked from the zip's and the arrays' headers before anything is decompressed.
+MAX_GOLDEN_BYTES = 1 << 30
+MAX_META_BYTES = 64 << 20
 
 
 def tensor_hash(a: np.ndarray) -> str:
@@ -268,8 +272,50 @@ def _numeric(a, key: str, where: str) -> np.ndarray:
     return a
 
 
+def _check_sizes(path, where: str) -> None:
+    """Refuse a golden file that would decompress to more than MAX_GOLDEN_BYTES, read from the zip's
+    member headers and each array's .npy header (numpy allocates what the header says before it reads
+    the data), before any member is decompressed. Not a zip: left to np.load to say what it is."""
+    import zipfile
+
+    try:
+        archive = zipfile.ZipFile(path)
+    except (zipfile.BadZipFile, OSError, ValueError):
+        return
+    bad = f"{where}: damaged golden file:"
+    with archive:
+        members = archive.infolist()
+        total = sum(m.file_size for m in members)
+        _require(
+            total <= MAX_GOLDEN_BYTES,
+            f"{where}: golden file would decompress to {total:,} bytes, more than {MAX_GOLDEN_BYTES:,}",
+        )
+        for m in members:
+            if not m.filename.endswith(".npy"):
+                continue
+            try:
+                with archive.open(m) as f:
+                    version = np.lib.format.read_magic(f)
+                    read = (
+                        np.lib.format.read_array_header_1_0
+                        if version == (1, 0)
+                        else np.lib.format.read_array_header_2_0
+                    )
+                    shape, _, dtype = read(f)
+            except Exception:  # whatever the damaged header leads to
+                raise NpusimError(f"{bad} the header of {m.filename} cannot be read") from None
+            _require(not dtype.hasobject, f"{bad} {m.filename} holds Python objects")
+            size = int(np.prod(shape, dtype=object)) * dtype.itemsize
+            _require(
+                size <= m.file_size,
+                f"{bad} {m.filename} says {size:,} bytes of data, its member holds {m.file_size:,}",
+            )
+
+
 def load_golden(path) -> Golden:
     where = str(path)
+    if Path(path).exists():
+        _check_sizes(path, where)
     try:
         archive = np.load(path, allow_pickle=False)
     except FileNotFoundError:
@@ -324,7 +370,24 @@ def load_golden(path) -> Golden:
         inputs[0].ndim >= 1 and inputs[0].shape[0] == meta["batch"],
         f"{where}: damaged golden file: input batch does not match the metadata",
     )
+    _check_stored_hashes(meta, inputs, outputs, values, where)
     return Golden(meta=meta, inputs=inputs, outputs=outputs, values=values)
+
+
+def _check_stored_hashes(meta: dict, inputs: list, outputs: list, values: dict, where: str) -> None:
+    """Every stored array must be what its own entry records (type, shape, hash): a file whose values
+    disagree with its hashes is damaged, whatever the model computes (it was not a divergence of the
+    model's that made it so). The input is checked where its tensor is known (check())."""
+    entries = {e["index"]: e for e in meta["tensors"]}
+    stored = [(f"tensor_{t}", entries[t], v) for t, v in values.items()]
+    for k, t in enumerate(meta.get("output_tensors", [])):
+        if t in entries:
+            stored.append((f"output_{k}", entries[t], outputs[k]))
+    for key, e, v in stored:
+        _require(
+            tensor_hash(np.ascontiguousarray(v)) == e["sha256"],
+            f"{where}: damaged golden file: the stored {key} does not match its recorded hash",
+        )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -458,6 +521,13 @@ def check(model_path, golden_path) -> CheckResult:
         f"{golden_path}: damaged golden file: tensor "
         f"{extra[0] if extra else ''} is not an activation of the model",
     )
+    # A golden records every activation (record()): a shorter list is a cut one, never a pass.
+    absent = [t for t, _, _ in produced if t not in entries]
+    _require(
+        not absent,
+        f"{golden_path}: damaged golden file: {len(entries)} tensors recorded, the model has "
+        f"{len(produced)} activations (tensor {absent[0] if absent else ''} is not listed)",
+    )
     x = golden.inputs[0]
     t_in = graph.inputs[0]
     if t_in in entries and tensor_hash(np.ascontiguousarray(x)) != entries[t_in]["sha256"]:
@@ -486,11 +556,14 @@ def check(model_path, golden_path) -> CheckResult:
                 bad_refs.append((count, largest, ""))
         if hash_ok and not bad_refs:
             continue
+        _require(
+            not (hash_ok and bad_refs),  # a stored array the file's own hash disowns (an older file)
+            f"{golden_path}: damaged golden file: the stored values of tensor {t} disagree with its "
+            "recorded hash, which the run matches",
+        )
         integer = v.dtype.kind in "iub"
         if bad_refs:
             count, largest, reason = max(bad_refs, key=lambda r: r[0])
-            if hash_ok and not reason:
-                reason = "the stored values disagree with the recorded hash, which the run matches"
         else:
             count, largest = None, None
             if v.dtype.str != e["dtype"] or list(v.shape) != e["shape"]:

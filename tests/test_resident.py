@@ -666,7 +666,7 @@ def allow_all_seccomp_filter():
 
     class SockFilter(ctypes.Structure):
         _fields_ = [
-            ("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte), ("jf", ctypes.c_ubyte), ("k", ctypes.c_uint)
+            ("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte), ("jf", ctypes.c_ubyte), ("k", ctypes.c_uint),
         ]
 
     class SockFprog(ctypes.Structure):
