@@ -49,6 +49,7 @@ class Cell:
     mean: str | None = None
     std: str | None = None
     options: tuple = ()  # further TrainConfig fields as (name, value) pairs, e.g. (("master", "none"),)
+    budget_ms: float | None = None  # set: the budget is estimated STM32N6 time (--budget-ms), not passes
 
     def config(self, shared: Path, **run) -> "TrainConfig":  # noqa: F821 (imported in the worker)
         from zo.trainer import TrainConfig
@@ -63,6 +64,7 @@ class Cell:
             eps=self.eps,
             batch=self.batch,
             budget=self.budget,
+            budget_ms=self.budget_ms,
             new_head=True,
             train_size=self.train_size,
             test_size=self.test_size,
@@ -77,6 +79,8 @@ class Cell:
         """The cell's run folder: its name and a digest of every setting but the role, so a run made
         with other settings (an older grid) is never taken for a finished run of this one."""
         settings = {k: v for k, v in asdict(self).items() if k != "role"}
+        if settings["budget_ms"] is None:  # the cells before device-time budgets keep their folders
+            del settings["budget_ms"]
         return f"{self.name}-{hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:8]}"
 
     def describe_settings(self) -> str:
@@ -392,7 +396,7 @@ def execute(run: Run, shared: str, runs_dir: str, cache_dir: str) -> dict:
         shared,
         q=spec,
         seed=run.seed,
-        eval_every=c.budget // run.evals,
+        eval_every=None if c.budget_ms else c.budget // run.evals,  # device time: the trainer's /20
         checkpoint_every=10**9,
         **variant_options(variant),
     )

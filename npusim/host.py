@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import math
+import os
 import sys
+import time
 
 import llvmlite.binding
 import numba as nb
@@ -84,3 +87,87 @@ def has_amx() -> bool:
         return ctypes.CDLL(None, use_errno=True).syscall(arch_prctl, req_xcomp_perm, xfeature_xtiledata) == 0
     except (OSError, AttributeError):
         return False
+
+
+# --- Cores free for threads: asked per threaded kernel call, cheaply (a cached snapshot). ---
+
+_FREE_TTL_S = 0.02  # a snapshot of the run queue serves the kernel calls of the next 20 ms
+
+
+def _cgroup_quota(proc_cgroup: str = "/proc/self/cgroup", root: str = "/sys/fs/cgroup") -> float | None:
+    """CPUs' worth of time the process's cgroup may use (cgroup v2 cpu.max, else v1's
+    cpu.cfs_quota_us / cpu.cfs_period_us), or None where it has no quota or none can be read."""
+    try:
+        lines = open(proc_cgroup).read().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        try:
+            if controllers == "":  # v2: "max 100000" or "200000 100000"
+                quota, period = open(f"{root}{path}/cpu.max").read().split()
+                if quota != "max":
+                    return int(quota) / int(period)
+            elif "cpu" in controllers.split(","):
+                base = f"{root}/{controllers}{path}"
+                quota = int(open(f"{base}/cpu.cfs_quota_us").read())
+                if quota > 0:
+                    return quota / int(open(f"{base}/cpu.cfs_period_us").read())
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+@functools.cache
+def cpu_budget() -> int:
+    """CPUs this process may run on: its affinity mask, bounded by its cgroup's CPU quota (a CI
+    runner's container of 2 CPUs on a 64-core host has 2, not 64). Fixed for the process's life."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        cpus = os.cpu_count() or 1
+    quota = _cgroup_quota()
+    if quota is not None:
+        cpus = min(cpus, max(1, math.ceil(quota)))
+    return max(1, cpus)
+
+
+def _own_running_threads(task_dir: str = "/proc/self/task") -> int:
+    """This process's threads that are running or runnable now (state R), the caller included."""
+    n = 0
+    try:
+        for tid in os.listdir(task_dir):
+            try:
+                stat = open(f"{task_dir}/{tid}/stat").read()
+            except OSError:
+                continue
+            n += stat[stat.rindex(")") + 2] == "R"  # the state follows the command's parentheses
+    except OSError:
+        return 1
+    return max(n, 1)
+
+
+def free_cores_now(loadavg: str = "/proc/loadavg", task_dir: str = "/proc/self/task") -> int:
+    """cpu_budget() less the other processes' threads that are runnable right now (the run queue of
+    /proc/loadavg's fourth field, less this process's own): at least 1. Where it cannot be read,
+    the budget."""
+    budget = cpu_budget()
+    try:
+        running = int(open(loadavg).read().split()[3].split("/")[0])
+    except (OSError, ValueError, IndexError):
+        return budget
+    others = max(0, running - _own_running_threads(task_dir))
+    return max(1, min(budget, budget - others))
+
+
+_FREE = [0.0, 0]  # [time of the snapshot, its answer]
+
+
+def free_cores() -> int:
+    """free_cores_now(), taken at most once per _FREE_TTL_S: a parallel region run on more threads
+    than there are free cores waits for a descheduled thread at its end (a scheduler quantum, some
+    milliseconds, per region; issue 57 measured 16-35x slower runs under load)."""
+    now = time.monotonic()
+    if now - _FREE[0] > _FREE_TTL_S:
+        _FREE[0], _FREE[1] = now, free_cores_now()
+    return _FREE[1]

@@ -22,7 +22,10 @@ The threads. A parallel region waits for its slowest thread: on a small machine 
 processes share, a thread that is not scheduled stalls the whole region for a scheduler quantum,
 so many small threaded kernels can be tens of times slower than serial ones (measured on ResNet-8
 at batch 8: 572 ms threaded, 9.4 ms serial, under load). Each kernel is compiled twice, serial and
-threaded, and the call picks by the size of its largest array.
+threaded, and the call picks by the size of its largest array (or its own measure of work) and,
+for the threaded form, by the cores free at the call (host.free_cores: the affinity mask, the
+cgroup's CPU quota, the other processes' runnable threads): on one free core, the serial form; on
+k, k threads.
 """
 
 from __future__ import annotations
@@ -51,6 +54,8 @@ import numpy as np
 from llvmlite import binding as ll
 from numba.core import caching, codegen, compiler, config
 from numba.core.runtime import rtsys
+
+from . import host
 
 PACKAGE = Path(__file__).resolve().parent
 # Work from which a parallel kernel runs threaded: elements of its largest array argument, or what
@@ -547,7 +552,22 @@ class ParallelKernel:
             for a in args:
                 if isinstance(a, np.ndarray) and a.size > work:
                     work = a.size
-        return (self.threaded if work >= PARALLEL_MIN_WORK else self.serial)(*args)
+        if work < PARALLEL_MIN_WORK:
+            return self.serial(*args)
+        # Threads only on cores free now (affinity, cgroup quota, the run queue): a region with
+        # more threads than free cores waits at its end for a descheduled one.
+        # The caller's numba.set_num_threads stays the ceiling.
+        ceiling = nb.get_num_threads()
+        threads = min(host.free_cores(), ceiling)
+        if threads < 2:
+            return self.serial(*args)
+        if threads == ceiling:
+            return self.threaded(*args)
+        nb.set_num_threads(threads)
+        try:
+            return self.threaded(*args)
+        finally:
+            nb.set_num_threads(ceiling)
 
 
 @contextlib.contextmanager

@@ -45,6 +45,7 @@ from .resident_files import (  # noqa: F401
     environment_hash,
     process_context,
     running,
+    securebits,
     server_environment,
     server_key,
     server_paths,
@@ -61,6 +62,7 @@ STDIO = (0, 1, 2)
 DEFAULT_ON = sys.platform.startswith("linux")
 START_TIMEOUT_S = 120.0
 BUSY_WAIT_S = 10.0  # a server that has not forked for the call this long: it runs in its own process
+SOCKET_CHECK_S = 1.0  # how often an idle server checks that its socket is still there
 REAP_EVERY_S = 1.0  # how often a server with running calls collects the ended ones
 GONE_GRACE_S = 2.0  # a call whose client has gone ends this long after, if its command has not
 REQUEST_TIMEOUT_S = 10.0  # a connection that sends no request within this is closed
@@ -230,7 +232,7 @@ def call(argv: list, env=os.environ) -> int:
         raise Unavailable(f"the working directory: {e.strerror}") from None
     umask = os.umask(0o022)
     os.umask(umask)
-    request = {"argv": list(argv), "cwd": cwd, "env": dict(env), "umask": umask}
+    request = {"argv": list(argv), "cwd": cwd, "env": dict(env), "umask": umask, "securebits": securebits()}
     try:
         conn, fresh = connect_or_start(paths, env)
     except OSError as e:  # the runtime folder full or read-only, no more processes, ...
@@ -275,10 +277,16 @@ def call(argv: list, env=os.environ) -> int:
         except OSError:  # the process forked for the call ended without a word
             status = b""
     if len(status) < _STATUS.size:
-        print(
-            f"error: the resident npusim server stopped during the command (its log: {paths['log']})",
-            file=sys.stderr,
-        )
+        from .resident_files import running
+
+        if running(env) is not None:  # the server runs on: only the call's own process ended
+            what = "the process that ran the command in the resident npusim server ended without a status"
+            print(f"error: {what} (killed?); the server serves on (its log: {paths['log']})", file=sys.stderr)
+        else:
+            print(
+                f"error: the resident npusim server stopped during the command (its log: {paths['log']})",
+                file=sys.stderr,
+            )
         return 1
     return _STATUS.unpack(status)[0]
 
@@ -362,13 +370,17 @@ def _release_stdio() -> None:
 
 class _Server:
     context: dict | None = None  # process_context() of the server, read at its start
+    securebits: int | None = None  # and its securebits (no process's are in /proc)
     environment: str | None = None  # environment_hash() of the environment of the client that started it
 
 
 def _own_context(conn, request: dict) -> bool:
     """Whether the calling process's context is the server's (and so the call's process, forked from
     the server, is as the caller's own would be): the same user (SO_PEERCRED), groups, file mode
-    mask, resource limits, namespaces and cgroup (process_context, from /proc), and environment."""
+    mask, capabilities, NoNewPrivs, seccomp, LSM label, nice value, resource limits, namespaces and
+    cgroup (process_context, from /proc), and environment. The securebits are the caller's word (no
+    process's are in /proc): they only limit what an exec gains, and the capabilities compared are
+    what the process holds."""
     try:
         creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
     except (OSError, AttributeError):
@@ -377,7 +389,11 @@ def _own_context(conn, request: dict) -> bool:
     if uid != os.getuid() or pid <= 0 or _Server.context is None:
         return False  # pid 0: a caller in a pid namespace the server cannot see
     theirs = process_context(pid)
-    return theirs == _Server.context and environment_hash(request["env"]) == _Server.environment
+    return (
+        theirs == _Server.context
+        and request.get("securebits") == _Server.securebits
+        and environment_hash(request["env"]) == _Server.environment
+    )
 
 
 def _serve_call(conn) -> None:
@@ -563,13 +579,25 @@ def _reap(children: dict) -> None:
             _learn(children.pop(pid))
 
 
-def _serve_until_idle(listener, idle: float, threads: int) -> bool:
-    """Accept calls and fork for each until `idle` seconds pass without a call or a running one;
+def _socket_is_mine(path: str, inode: int) -> bool:
+    """Whether `path` is still the socket this server listens on (not removed, nor another's)."""
+    try:
+        return os.stat(path).st_ino == inode
+    except OSError:
+        return False
+
+
+def _serve_until_idle(listener, idle: float, threads: int, path: str, inode: int) -> bool:
+    """Accept calls and fork for each until `idle` seconds pass without a call or a running one, or
+    its socket is removed (no new call can reach it, and a new server may already listen there);
     whether the server is still fit to fork (it stops when it is not: the next call starts another)."""
     children: dict = {}  # pid -> the read end of its report
     last = time.monotonic()
     while True:
         _reap(children)
+        if not _socket_is_mine(path, inode):
+            print(f"npusim resident: {path} was removed: stopping", file=sys.stderr)
+            return True
         if not _fit_to_fork(threads):
             print(
                 "npusim resident: a thread was started in the server, which must not fork: stopping",
@@ -581,7 +609,7 @@ def _serve_until_idle(listener, idle: float, threads: int) -> bool:
         left = idle - (time.monotonic() - last)
         if left <= 0:
             return True
-        listener.settimeout(min(left, REAP_EVERY_S) if children else left)
+        listener.settimeout(min(left, REAP_EVERY_S, SOCKET_CHECK_S))
         try:
             conn, _ = listener.accept()
         except TimeoutError:
@@ -617,6 +645,7 @@ def serve(path: str) -> None:
     inode = os.stat(path).st_ino
     pid_path = path[: -len(".sock")] + ".pid"
     _Server.context = process_context()
+    _Server.securebits = securebits()
     _Server.environment = os.environ.pop(HASH_ENV, None)
     fit = False
     signal.signal(signal.SIGTERM, _stop_on_sigterm)
@@ -628,7 +657,7 @@ def serve(path: str) -> None:
         # Listening only now: a client that comes while the server loads waits for it as the one
         # that started it does, not the BUSY_WAIT_S of a server that has stopped answering.
         listener.listen(64)
-        fit = _serve_until_idle(listener, idle_seconds(), threads)
+        fit = _serve_until_idle(listener, idle_seconds(), threads, path, inode)
     finally:
         # New clients start a new server from here on (a stop, an idle or an unfit server alike).
         try:

@@ -4,6 +4,7 @@ the command line's `npusim server status|stop` can use it without importing the 
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -36,7 +37,14 @@ DEPENDENCIES = ("numpy", "numba", "llvmlite", "scipy", "click", "flatbuffers", "
 # What a call's context is besides the key (npusim/resident.py): the server serves a call only when
 # the calling process's is its own, read from /proc for both (never taken from the caller's word).
 NAMESPACES = ("mnt", "pid", "net")
-STATUS_FIELDS = ("Uid", "Gid", "Groups", "Umask")
+# Everything else the kernel decides what a process may do by (docs/robustness.md#the-resident-server):
+# its capability sets, whether it may gain privileges on exec, its seccomp filters. The LSM label
+# (/proc/PID/attr/current) and the nice value are read too (process_context).
+PRIVILEGE_FIELDS = (
+    "CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb", "NoNewPrivs", "Seccomp", "Seccomp_filters",
+)
+STATUS_FIELDS = ("Uid", "Gid", "Groups", "Umask", *PRIVILEGE_FIELDS)
+PR_GET_SECUREBITS = 27
 # Variables a shell changes from one command to the next without changing what a command does (the
 # working directory is passed to the server itself): left out of the environment's hash.
 UNHASHED = ("PWD", "OLDPWD", "_", "SHLVL")
@@ -79,7 +87,11 @@ def server_key(env=os.environ) -> str:
     variables = sorted((k, v) for k, v in env.items() if keyed(k))
     # The CPUs the caller may use: Numba sizes its thread pool from them when it is imported.
     cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
-    blob = json.dumps([sys.executable, sys.version, package, sources, deps, variables, cpus])
+    # The caller's privileges and priority: a caller with fewer (dropped capabilities, NoNewPrivs,
+    # a seccomp filter, a nice value) gets a server of its own, started by it and so holding no more
+    # than it does, and identical callers share one. The server checks them from /proc too.
+    privilege = privilege_context()
+    blob = json.dumps([sys.executable, sys.version, package, sources, deps, variables, cpus, privilege])
     return hashlib.sha256(blob.encode()).hexdigest()[:20]
 
 
@@ -102,15 +114,54 @@ def environment_hash(env) -> str:
     return hashlib.sha256(json.dumps(items).encode()).hexdigest()
 
 
+def securebits() -> int | None:
+    """This process's securebits (prctl; /proc shows no process's): None where prctl is not there."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        bits = libc.prctl(PR_GET_SECUREBITS, 0, 0, 0, 0)
+    except (OSError, AttributeError):
+        return None
+    return bits if bits >= 0 else None
+
+
+def privilege_context() -> dict | None:
+    """This process's privileges and priority, as process_context reads them, and its securebits:
+    part of the server's key (server_key)."""
+    context = process_context()
+    if context is None:
+        return None
+    return {
+        **{name: context[name] for name in (*PRIVILEGE_FIELDS, "lsm", "nice")},
+        "securebits": securebits(),
+    }
+
+
+def _lsm_label(base: str) -> str:
+    """The process's LSM label (SELinux, AppArmor, Smack), "" where no LSM gives one (EINVAL)."""
+    try:
+        with open(f"{base}/attr/current", "rb") as f:
+            return f.read().rstrip(b"\0\n").decode(errors="replace")
+    except OSError as e:
+        if e.errno in (errno.EINVAL, errno.ENOENT):
+            return ""
+        raise
+
+
 def process_context(pid="self") -> dict | None:
     """What the resident server must share with a process it serves, read from /proc/PID: its user,
-    groups and file mode mask, resource limits, mount, pid and network namespaces and cgroup. None
-    where /proc does not tell (another system, or a process gone)."""
+    groups and file mode mask, capability sets, NoNewPrivs and seccomp mode and filter count, LSM
+    label, nice value, resource limits, mount, pid and network namespaces and cgroup. None where
+    /proc does not tell (another system, or a process gone)."""
     base = f"/proc/{pid}"
     try:
         with open(f"{base}/status") as f:
             status = dict(line.rstrip("\n").split(":\t", 1) for line in f if ":\t" in line)
         context = {name: status.get(name, "").split() for name in STATUS_FIELDS}
+        context["lsm"] = _lsm_label(base)
+        with open(f"{base}/stat") as f:
+            context["nice"] = int(f.read().rsplit(")", 1)[1].split()[16])  # field 19 of proc(5)
         with open(f"{base}/limits") as f:
             context["limits"] = f.read()
         with open(f"{base}/cgroup") as f:
@@ -133,11 +184,17 @@ def runtime_dir(env=os.environ) -> str:
         st = os.lstat(path)
     except OSError as e:
         raise Unavailable(f"{path}: {e.strerror}") from None
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
-        raise Unavailable(
-            f"{path}: expected a directory of this user's with mode 700, got mode {st.st_mode & 0o777:o}"
-        )
-    return path
+    if stat.S_ISLNK(st.st_mode):
+        cause = "it is a symbolic link"
+    elif not stat.S_ISDIR(st.st_mode):
+        cause = "it is not a directory"
+    elif st.st_uid != os.getuid():
+        cause = f"it is owned by uid {st.st_uid}, not this user ({os.getuid()})"
+    elif st.st_mode & 0o077:
+        cause = f"its mode is {st.st_mode & 0o777:o}, others may enter it"
+    else:
+        return path
+    raise Unavailable(f"{path}: expected a private directory of this user's (mode 700), but {cause}")
 
 
 def server_paths(env=os.environ) -> dict:

@@ -178,7 +178,7 @@ def test_a_short_write_is_written_on_not_lost(tmp_path, monkeypatch):
     assert np.array_equal(np.load(tmp_path / "y.npy"), np.arange(100))
 
 
-def test_a_device_is_written_in_place_and_a_link_keeps_pointing(tmp_path):
+def test_a_device_is_written_in_place_and_a_link_to_a_file_is_refused(tmp_path):
     with atomic.replacing("/dev/null") as f:
         f.write(b"nothing")
     assert os.path.exists("/dev/null") and not os.path.isfile("/dev/null")
@@ -187,9 +187,38 @@ def test_a_device_is_written_in_place_and_a_link_keeps_pointing(tmp_path):
             f.write(b"x")
     assert not os.path.isfile("/dev/full")
     (tmp_path / "target.txt").write_text("old")
+    (tmp_path / "target.txt").chmod(0o600)
     (tmp_path / "link.txt").symlink_to("target.txt")
-    atomic.write_text(tmp_path / "link.txt", "new")
-    assert (tmp_path / "link.txt").is_symlink() and (tmp_path / "target.txt").read_text() == "new"
+    (tmp_path / "dangling.txt").symlink_to("nowhere.txt")
+    for link in ("link.txt", "dangling.txt"):
+        with pytest.raises(atomic.WriteFailed, match="symbolic link"):
+            atomic.write_text(tmp_path / link, "new")
+    assert (tmp_path / "target.txt").read_text() == "old" and not (tmp_path / "nowhere.txt").exists()
+    assert (tmp_path / "link.txt").is_symlink() and sorted(os.listdir(tmp_path)) == [
+        "dangling.txt", "link.txt", "target.txt",
+    ]
+
+
+def test_a_replaced_file_keeps_its_mode(tmp_path):
+    path = tmp_path / "y.npy"
+    path.write_bytes(OLD)
+    path.chmod(0o600)
+    atomic.write_bytes(path, b"new")
+    assert path.read_bytes() == b"new" and path.stat().st_mode & 0o777 == 0o600
+
+
+def test_the_temporary_file_of_a_killed_writer_is_removed_by_the_next_write(tmp_path):
+    """SIGKILL at the fsync leaves `.NAME.PID.XXXX.tmp`: the next write of NAME removes it when its
+    writer no longer runs, and leaves a running writer's (and another name's) alone."""
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    stale = tmp_path / f".y.npy.{dead.pid}.0badc0de.tmp"
+    live = tmp_path / f".y.npy.{os.getppid()}.0badc0de.tmp"
+    other = tmp_path / f".z.npy.{dead.pid}.0badc0de.tmp"
+    for f in (stale, live, other):
+        f.write_bytes(b"half")
+    atomic.write_bytes(tmp_path / "y.npy", b"new")
+    assert not stale.exists() and live.exists() and other.exists()
 
 
 def test_an_interrupted_write_leaves_the_old_file(tmp_path):

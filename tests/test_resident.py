@@ -241,9 +241,20 @@ def test_a_call_whose_process_dies_is_one_error_line_and_the_server_serves_on(en
     os.kill(wait_until_blocked(pid), signal.SIGKILL)  # as a crash in a kernel would end it
     out, err = waiting.communicate(timeout=60)
     assert waiting.returncode == 1
-    assert err.strip().splitlines() == [err.strip()] and "stopped during the command" in err
+    assert err.strip().splitlines() == [err.strip()] and "ended without a status" in err
+    assert "serves on" in err and "server stopped" not in err
     assert npusim(["inspect", "conv.tflite"], env, files).returncode == 0
     assert server_pid(env) == pid
+
+
+def test_a_server_whose_socket_is_removed_exits_and_one_server_runs(env, files):
+    assert npusim(["inspect", "conv.tflite"], env, files).returncode == 0
+    old = server_pid(env)
+    os.unlink(resident.server_paths(env)["sock"])
+    assert npusim(["inspect", "conv.tflite"], env, files).returncode == 0  # a new server
+    assert server_pid(env) != old
+    wait_for(lambda: not alive(old), timeout=30)  # the old one noticed (SOCKET_CHECK_S), not IDLE_S
+    assert [s["pid"] for s in resident.servers(env)] == [server_pid(env)]
 
 
 def test_the_server_is_the_default_on_linux_and_0_turns_it_off(env, files):
@@ -283,8 +294,25 @@ def test_a_runtime_folder_others_can_enter_runs_the_command_in_its_own_process(e
     os.chmod(folder, 0o777)
     done = npusim(["inspect", "conv.tflite"], env, files)
     assert done.returncode == 0 and "inputs:" in done.stdout
-    assert done.stderr.startswith("npusim: no resident server (") and "mode 700" in done.stderr
+    assert done.stderr.startswith("npusim: no resident server (") and "its mode is 777" in done.stderr
     assert not os.path.exists(os.path.join(folder, resident.server_key(env) + ".sock"))
+
+
+@pytest.mark.parametrize("cause", ["owner", "symlink"])
+def test_a_runtime_folder_refusal_names_its_cause(env, files, cause):
+    folder = os.path.join(env["XDG_RUNTIME_DIR"], f"npusim-{os.getuid()}")
+    if cause == "owner":
+        if os.geteuid() != 0:
+            pytest.skip("a folder of another user's needs root to make: not tested here")
+        os.mkdir(folder, 0o700)
+        os.chown(folder, 12345, 12345)
+        expected = "it is owned by uid 12345"
+    else:
+        os.mkdir(folder + "-elsewhere", 0o777)
+        os.symlink(folder + "-elsewhere", folder)
+        expected = "it is a symbolic link"
+    done = npusim(["inspect", "conv.tflite"], env, files)
+    assert done.returncode == 0 and expected in done.stderr and "got mode" not in done.stderr, done.stderr
 
 
 def test_a_server_that_died_is_replaced(env, files):
@@ -614,3 +642,108 @@ def test_a_silent_connection_is_let_go(env, files):
     assert s.recv(1) == b""  # closed by the server's process for it, after REQUEST_TIMEOUT_S (10 s)
     s.close()
     wait_for(lambda: call_processes(server_pid(env)) == [])
+
+
+# -- privileges: a caller with fewer is never served by a server that holds more ---------------------
+# Each case differs from the test's own process (the server's starter) in one thing the kernel
+# decides what a process may do by (npusim/resident_files.PRIVILEGE_FIELDS, the LSM label, the nice
+# value, the securebits): the first server never serves it; the call gets a server of its own,
+# started under its privileges, and its own result.
+
+
+def setpriv(*args):
+    if shutil.which("setpriv") is None:
+        pytest.skip("setpriv (util-linux) is not installed: this privilege case is not tested here")
+    probe = subprocess.run(["setpriv", *args, "true"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        pytest.skip(f"setpriv {' '.join(args)} does not work here: {probe.stderr.strip()}")
+    return ("setpriv", *args)
+
+
+def allow_all_seccomp_filter():
+    """Install a seccomp filter that allows every call (a filter count the server's starter lacks)."""
+    import ctypes
+
+    class SockFilter(ctypes.Structure):
+        _fields_ = [
+            ("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte), ("jf", ctypes.c_ubyte), ("k", ctypes.c_uint)
+        ]
+
+    class SockFprog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(SockFilter))]
+
+    allow = (SockFilter * 1)(SockFilter(0x06, 0, 0, 0x7FFF0000))  # BPF_RET|BPF_K, SECCOMP_RET_ALLOW
+    prog = SockFprog(1, allow)
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS: needed without CAP_SYS_ADMIN
+    if libc.prctl(22, 2, ctypes.byref(prog), 0, 0) != 0:  # PR_SET_SECCOMP, SECCOMP_MODE_FILTER
+        raise OSError(ctypes.get_errno(), "PR_SET_SECCOMP")
+
+
+def privilege_case(case: str):
+    """(command prefix, preexec_fn) of a caller that differs from this process in `case` only."""
+    if case == "bounding set (and so CapPrm, CapEff)":
+        if os.geteuid() != 0:
+            pytest.skip("dropping a capability of a root caller's needs root: not root here")
+        return setpriv("--bounding-set", "-dac_override,-dac_read_search"), None
+    if case == "inheritable set":
+        return setpriv("--inh-caps", "+net_raw"), None
+    if case == "ambient set":
+        return setpriv("--inh-caps", "+net_raw", "--ambient-caps", "+net_raw"), None
+    if case == "NoNewPrivs":
+        return setpriv("--no-new-privs"), None
+    if case == "securebits":
+        if os.geteuid() != 0:
+            pytest.skip("setting securebits needs CAP_SETPCAP: not root here")
+        return setpriv("--securebits", "+no_setuid_fixup"), None
+    if case == "seccomp filter":
+        return (), allow_all_seccomp_filter
+    if case == "nice":
+        if os.getpriority(os.PRIO_PROCESS, 0) >= 19:
+            pytest.skip("this process already runs at nice 19: no lower priority to call with")
+        return (), lambda: os.nice(1)
+    if case == "LSM label":
+        label = resident.process_context()["lsm"]
+        if not label or shutil.which("runcon") is None and shutil.which("aa-exec") is None:
+            pytest.skip("no LSM gives processes a label here (/proc/self/attr/current): not tested")
+        pytest.skip(f"changing the LSM label {label!r} needs a policy of this machine's: not tested")
+    raise AssertionError(case)
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "bounding set (and so CapPrm, CapEff)",
+        "inheritable set",
+        "ambient set",
+        "NoNewPrivs",
+        "securebits",
+        "seccomp filter",
+        "nice",
+        "LSM label",
+    ],
+)
+def test_a_caller_with_other_privileges_is_not_served_by_the_first_server(env, files, running, case):
+    command, preexec_fn = privilege_case(case)
+    served, code, err, y = call_on_fifo(env, files, command, preexec_fn)
+    assert not served and code == 0 and y == running and err == ""
+    assert len(resident.servers(env)) == 2  # its own server, and one only (the second call reused it)
+
+
+def test_a_caller_without_dac_override_cannot_read_through_the_server_what_it_cannot_read(env, files):
+    """The issue's probe: root without CAP_DAC_OVERRIDE and CAP_DAC_READ_SEARCH may not read another
+    user's mode-600 input, served or not."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root (a file of another user's, and capabilities to drop)")
+    command = setpriv("--bounding-set", "-dac_override,-dac_read_search")
+    secret = files / "secret"
+    secret.mkdir()
+    shutil.copy(files / "x.npy", secret / "in.npy")
+    os.chown(secret / "in.npy", 12345, 12345)
+    os.chmod(secret / "in.npy", 0o600)
+    args = ["run", "conv.tflite", "--input", "secret/in.npy", "--output", "y.npy"]
+    assert npusim(args, env, files).returncode == 0  # a server of the full set is running
+    for _ in range(2):  # the first call starts its own server, the second is served by it
+        done = subprocess.run([*command, *ENTRY, *args], env=env, cwd=files, capture_output=True, text=True)
+        assert done.returncode == 2 and "secret/in.npy" in done.stderr, done.stderr
+        assert "Permission denied" in done.stderr or "not readable" in done.stderr, done.stderr
