@@ -305,6 +305,12 @@ def chosen_layers(spec: str, mac: list, tensors, appended_head: bool = False) ->
     return sorted({id(by_name[n]): by_name[n] for n in names}.values(), key=lambda o: o.index), True
 
 
+def check_trainable(spec: str, graph) -> None:
+    """--trainable against the graph's layers, before the data set is read and the model prepared."""
+    mac = [op for op in graph.ops if op.kind in MAC_OPS]
+    chosen_layers(spec, mac, graph.tensors, appended_head=find_head(graph) is None)
+
+
 def calibration_indices(n: int) -> np.ndarray:
     return np.unique(np.linspace(0, n - 1, min(n, CALIBRATION_IMAGES)).astype(np.int64))
 

@@ -27,7 +27,6 @@ from npusim import NpusimError, atomic, interrupt, load_model, write_model
 from npusim.interpreter import check_int8
 from npusim.model_io import model_suffix
 from npusim.npu import plan_device
-from npusim.ops import MAC_OPS
 
 from . import blocks as zo_blocks
 from . import checkpoint, head_init
@@ -49,7 +48,6 @@ from .data import Dataset, load_dataset, subset
 from .errors import ZoError
 from .estimate import StepEstimate
 from .float_ops import FLOAT_OPS
-from .head import find_head
 from .head_grad import ExactHead
 from .inputs import SATURATION_WARNING, model_inputs
 from .loss import group_losses
@@ -58,7 +56,7 @@ from .model import (  # noqa: F401 (build_model, calibration_indices: re-exporte
     TrainableModel,
     build_model,
     calibration_indices,
-    chosen_layers,
+    check_trainable,
     fresh_head_wanted,
     input_mapping,
 )
@@ -96,9 +94,7 @@ class Trainer:
             check_int8(graph)  # before the input checks: a float or uint8 model says what it is
         except NpusimError as e:
             raise ZoError(str(e)) from None
-        # --trainable names layers of the graph: refused here, before the data set is read
-        mac = [op for op in graph.ops if op.kind in MAC_OPS]
-        chosen_layers(config.trainable, mac, graph.tensors, appended_head=find_head(graph) is None)
+        check_trainable(config.trainable, graph)  # before the data set is read
         if dataset is None:
             self.report(f"reading the data {config.data}")
             dataset = load_dataset(config.data)
