@@ -104,6 +104,7 @@ def test_the_trainer_feeds_the_rule_its_costs_and_estimates(tiny, tmp_path):
 
     model, data = tiny
     base = dict(model=str(model), data=str(data), batch=16, trainable="last:2", q="rate", seed=0)
+    base["estimator"] = "weights"  # the estimator whose per-direction vectors the trainer streams
     t = Trainer(TrainConfig(**base, budget=600), tmp_path / "passes")
     t.run()
     # a pass budget: the head's pass is the fixed cost, a direction two passes
