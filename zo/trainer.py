@@ -14,11 +14,8 @@ are written back with fixed scales.
 
 from __future__ import annotations
 
-import functools
-import json
 import sys
 import time
-from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -29,7 +26,7 @@ from npusim.model_io import model_suffix
 from npusim.npu import plan_device
 
 from . import blocks as zo_blocks
-from . import checkpoint, head_init
+from . import head_init
 from .activity import ActivityEstimator
 from .config import (  # noqa: F401 (re-exported: the API imports them from here)
     CALIBRATION_IMAGES,
@@ -43,7 +40,6 @@ from .config import (  # noqa: F401 (re-exported: the API imports them from here
     TrainConfig,
     default_lr,
 )
-from .cost import step_overhead_seconds
 from .data import Dataset, load_dataset, subset
 from .errors import ZoError
 from .estimate import StepEstimate
@@ -62,11 +58,13 @@ from .model import (  # noqa: F401 (build_model, calibration_indices: re-exporte
 )
 from .optim import OPTIMIZERS, Adam, learning_rate, make_optimizer
 from .perturbation import direction, second_moment
+from .run_files import RunFiles
 from .schedulers import EfficiencyTest, FixedQ, Progress, Scheduler, direction_statistics
+from .step_budget import StepBudget
 from .tail import ExactTail
 
 
-class Trainer:
+class Trainer(StepBudget, RunFiles):
     def __init__(
         self,
         config: TrainConfig,
@@ -102,13 +100,8 @@ class Trainer:
                 dataset = subset(dataset, config.train_size, config.test_size, seed=0)
         return graph, dataset
 
-    def _set_up(self, config, out_dir, dataset, scheduler, caches):
-        config.validate()
-        self.config = config
-        self.out = Path(out_dir)
-        graph, data = self._read(config, dataset)
-        self.data = data
-        self.split_validation()
+    def _head_wanted(self, config, graph, data) -> bool:
+        """Whether a fresh head replaces the model's; --keep-head with another class count is refused."""
         classes = graph.output().shape[-1]
         if config.keep_head and data.num_classes != classes:
             raise ZoError(
@@ -121,6 +114,16 @@ class Trainer:
                 f"the model's head has {classes} classes like the data; a fresh head fitted to the data "
                 "replaces it (--keep-head keeps the model's own)"
             )
+        return fresh
+
+    def _set_up(self, config, out_dir, dataset, scheduler, caches):
+        config.validate()
+        self.config = config
+        self.out = Path(out_dir)
+        graph, data = self._read(config, dataset)
+        self.data = data
+        self.split_validation()
+        fresh = self._head_wanted(config, graph, data)
         calibrated = len(calibration_indices(len(data.y_train)))
         head = f", with a fresh head quantized from the features of {calibrated} training images"
         self.report(
@@ -283,51 +286,6 @@ class Trainer:
         if blocks:
             parts.append(f"{len(blocks)} tensor(s): estimated by weight perturbation (2q passes a step)")
         return "gradients: " + "; ".join(parts)
-    @property
-    def spent(self) -> float:
-        """The budget spent, in forward passes; with --budget-ms, the device time spent (the steps' fixed
-        work included) over one pass's."""
-        return self.forward_passes + self.charged(self.overhead_seconds)
-
-    def charged(self, seconds: float) -> float:
-        """Fixed device work of `seconds` in the budget's unit: passes of equal device time under
-        --budget-ms; nothing under --budget, which counts passes only."""
-        return 0 if self.config.budget_ms is None else seconds / self.device_seconds_per_pass
-
-    def budget_option(self) -> str:
-        cfg = self.config
-        if cfg.budget_ms is None:
-            return f"--budget {cfg.budget}"
-        per_pass = self.device_seconds_per_pass * 1e3
-        return f"--budget-ms {cfg.budget_ms:g} ({self.total:.0f} forward passes of {per_pass:.3g} ms)"
-
-    def step_overhead(self, q: int, batches: int) -> float:
-        """Device seconds of this step's work besides its forward passes (zo/cost.py)."""
-        block = self.block_of_step(self.step) if self.blocks else None
-        head = self.head
-        return step_overhead_seconds(
-            q if block else 0, batches, block.dims if block else 0, block.size if block else 0,
-            params=self.master.size, passes=self.step_passes(q, batches),
-            logits=self.config.batch * self.model.num_classes,
-            head_macs=self.config.batch * head.classes * head.features if head else 0,
-        )  # fmt: skip
-
-    def step_cost_split(self, batches: int) -> tuple[float, float]:
-        """(what a step costs whatever q is, what each direction adds), in the budget's unit (forward
-        passes; under --budget-ms, passes of equal device time): the q rule's C_s and C_p."""
-        one, two = self.step_overhead(1, batches), self.step_overhead(2, batches)
-        per_direction = 2 * batches + self.charged(two - one)
-        return (self.head is not None) + self.charged(2 * one - two), per_direction
-
-    def validation_passes(self) -> int:
-        """Forward passes of one evaluation of the held-out images (--keep best), one per mini-batch."""
-        return -(-len(self.val_rows) // self.config.batch) if len(self.val_rows) else 0
-
-    def step_passes(self, q: int, batches: int) -> int:
-        """Forward passes of one step: the head's pass, and 2q per probed mini-batch for a ZO block."""
-        zo = self.blocks or self.activity is not None
-        return (self.head is not None) + (2 * q * batches if zo else 0)
-
     def calibrate_eps(self) -> int:
         """Each ZO block's eps from d(eps) against d(2 eps) (zo/blocks.py), unless --eps is given;
         returns the forward passes it cost."""
@@ -362,11 +320,6 @@ class Trainer:
         return 1 + self.activity.measure_eps(values, self.data.y_train[indices], interrupt.check)
 
     # -- the fresh head's initialization -----------------------------------------------------------
-    def feature_passes(self) -> int:
-        """Forward passes of the head's initialization: one per mini-batch of the training set, as
-        the device would run the deployed model over it (the budget counts mini-batch passes)."""
-        return -(-len(self.train_rows) // self.config.batch)
-
     def split_validation(self):
         """--keep best: every VALIDATION_EVERY-th training image is held out to choose the model to
         keep (seed-free, the same for every run); the rest is trained on. --keep last trains on all."""
@@ -723,85 +676,3 @@ class Trainer:
 
     def export(self, path: Path):
         atomic.write_bytes(path, write_model(self.model.graph))  # whole or not at all
-
-    # -- checkpoints ---------------------------------------------------------------------------
-    @functools.cached_property
-    def identity(self) -> dict:
-        """What a checkpoint must have been made with. Hashed once: checkpoints are written often."""
-        identity = checkpoint.fingerprint(
-            self.config.model, self.config.data, len(self.data.y_train), len(self.data.y_test)
-        )
-        # The mapping as resolved, not the options' spelling: "auto" and the range it found are one.
-        mapping = self.mapping.describe()
-        identity["input_mapping"] = {k: mapping[k] for k in ("range", "mean", "std")}
-        return identity
-
-    def write_config(self):
-        config = asdict(self.config)
-        config["input_mapping"] = {
-            **self.mapping.describe(),
-            "model_input": self.image.name,
-            "model_interval": self.image.interval,
-            "channels": self.image.channels,
-            "layout": "NCHW" if self.image.nchw else "NHWC",
-            "size": [self.image.height, self.image.width],
-        }
-        config["fingerprint"] = self.identity
-        config["scheduler"] = self.scheduler.describe()
-        atomic.write_text(self.out / "config.json", json.dumps(config, indent=2))
-
-    def save_checkpoint(self):
-        """checkpoints/last.npz from the current state (zo/checkpoint.py)."""
-        meta = {
-            "step": self.step,
-            "forward_passes": self.forward_passes,
-            "overhead_seconds": self.overhead_seconds,
-            "wall": self.wall(),
-            "metric_rows": self.metrics.rows,
-            "dead_steps": self.dead_steps,
-            "next_eval": self.next_eval,
-            "last_eval_passes": self.last_eval_passes,
-            "final_accuracy": self.final_accuracy,
-            "scheduler": self.scheduler.state(),
-            "fingerprint": self.identity,
-            "params": [p.name for p in self.model.params],
-            "config": asdict(self.config),
-        }
-        ints = np.concatenate([v.astype(np.int64).ravel() for v in self.model.values()])
-        state = dict(self.optimizer.state())
-        if self.head_optimizer is not None:
-            state.update({f"head_{k}": v for k, v in self.head_optimizer.state().items()})
-        if self.best is not None:
-            state.update(best_scores=np.array(self.best[:2]), best_ints=self.best[2])
-        checkpoint.save(self.out, meta, self.master, ints, state)
-
-    def load_checkpoint(self, directory: Path):
-        """Restore a run. Everything is read and checked before anything is applied: a damaged,
-        foreign or mismatched checkpoint is a one-line ZoError and leaves the file untouched."""
-        r = checkpoint.validate(
-            checkpoint.load(directory),
-            self.config,
-            self.identity,
-            [p.name for p in self.model.params],
-            self.master.size,
-        )
-        self.master = r.master
-        self.model.set_values(self.split(r.ints))
-        self.optimizer = r.optimizer
-        try:
-            if self.head_optimizer is not None:
-                self.head_optimizer.load({k[5:]: v for k, v in r.extra.items() if k.startswith("head_")})
-            if "best_ints" in r.extra:
-                val, acc = (float(v) for v in r.extra["best_scores"])
-                self.best = (val, acc, np.asarray(r.extra["best_ints"], dtype=np.int64))
-        except (KeyError, ValueError, TypeError) as e:
-            raise ZoError(f"{checkpoint.damaged_message(directory)} ({type(e).__name__}: {e})") from None
-        self.scheduler.load(r.scheduler_state)
-        self.step, self.forward_passes, self.overhead_seconds = r.step, r.forward_passes, r.overhead_seconds
-        self.metrics.rows, self.next_eval, self.dead_steps = r.metric_rows, r.next_eval, r.dead_steps
-        self.wall_offset, self.last_eval_passes, self.final_accuracy = (
-            r.wall,
-            r.last_eval_passes,
-            r.final_accuracy,
-        )
-        checkpoint.truncate_csv(self.metrics.path, self.metrics.rows)
