@@ -41,10 +41,12 @@ bench: setup
 fuzz: setup
 	$(PY) -m pytest -q tests/test_fuzz.py --fuzz-examples 20000
 
-# The pre-registered study of the hybrid trainer (docs/study.md); resumes where it stopped. The
-# earlier studies' grids (full, steprules, v3, v31, init, quick) run by name with experiments.study.
+# The pre-registered study of the cost-aware q rule (docs/study.md, v5; its cells were chosen by
+# experiments.v5_bounds, whose cached bounds it reads); resumes where it stopped. The earlier studies'
+# grids (v4, full, steprules, v3, v31, init, quick) run by name with experiments.study.
 paper: setup
-	$(PY) -m experiments.study --grid v4 --shared $(SHARED) --workers 2 --readme
+	$(PY) -m experiments.v5_bounds --shared $(SHARED)
+	$(PY) -m experiments.study --grid v5 --shared $(SHARED) --workers 2 --readme
 
 defaults: setup
 	$(PY) -m experiments.defaults_table --shared $(SHARED) --docs

@@ -272,6 +272,9 @@ def main(argv: list[str] | None = None) -> int:
     def log(msg: str):
         print(msg, file=sys.stderr, flush=True)
 
+    from .machine import cpu_family_model, cpu_flags, cpu_model
+
+    log(f"CPU: {cpu_model()} ({cpu_family_model()}); features: {cpu_flags()}")
     results = Results()
     if args.only in ("all", "conv", "paths"):
         log("kernel paths")

@@ -11,6 +11,7 @@ from .bench_timing import LITERT_THREADS, Row, fmt_ms
 from .machine import (
     blas_threads,
     compile_target,
+    cpu_family_model,
     cpu_flags,
     cpu_model,
     kernel_path,
@@ -43,11 +44,20 @@ class Results:
     oneshot: list = field(default_factory=list)  # lines of "One shot: a fresh process per run"
 
 
+# Issue 57: under load, npusim/LiteRT no lower than quiet by more than 20%.
+LOADED_GOAL = 0.8
+
+
+def loaded_ratio(r: Row) -> float:
+    return r.litert_loaded / r.npusim_loaded
+
+
 def table(rows: list[Row]) -> list[str]:
     head = (
         "| workload | batch | MMAC/img | npusim ms | npusim min ms | npusim 1T ms | LiteRT ms | TFLM ms* | "
         "npusim GMAC/s | LiteRT GMAC/s | TFLM GMAC/s | npusim img/s | LiteRT img/s | TFLM img/s | "
-        "npusim/TFLM | npusim/LiteRT | exact vs TFLM | exact vs LiteRT** |"
+        "npusim/TFLM | npusim/LiteRT | meets 1.0x LiteRT | loaded: npusim ms | loaded: LiteRT ms | "
+        "loaded npusim/LiteRT | loaded over quiet ratio (goal >= 0.8) | exact vs TFLM | exact vs LiteRT** |"
     )
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
@@ -57,7 +67,11 @@ def table(rows: list[Row]) -> list[str]:
             f"| {fmt_ms(r.npusim_1t)} | {fmt_ms(r.litert)}{lrt_note} | {fmt_ms(r.tflm)} | "
             f"{r.gmacs(r.npusim):.2f} | {r.gmacs(r.litert):.2f} | {r.gmacs(r.tflm):.2f} | "
             f"{r.ips(r.npusim):.0f} | {r.ips(r.litert):.0f} | {r.ips(r.tflm):.1f} | {r.tflm / r.npusim:.1f}x "
-            f"| {r.litert / r.npusim:.2f}x | {r.exact_tflm} | {r.exact_litert} |"
+            f"| {r.litert / r.npusim:.2f}x | {'yes' if r.litert >= r.npusim else 'NO'} | "
+            f"{fmt_ms(r.npusim_loaded)} | {fmt_ms(r.litert_loaded)} | {loaded_ratio(r):.2f}x | "
+            f"{loaded_ratio(r) / (r.litert / r.npusim):.2f} "
+            f"{'(met)' if loaded_ratio(r) >= LOADED_GOAL * r.litert / r.npusim else '(MISSED)'} | "
+            f"{r.exact_tflm} | {r.exact_litert} |"
         )
     return lines
 
@@ -98,6 +112,10 @@ def main_table(rows, tflm_imgs) -> list:
         + ", multiplied by the batch (extrapolated, not measured on the whole batch).",
         "npusim 1T: the same run with numba.set_num_threads(1) and OpenBLAS set to 1 thread (diagnostic; "
         "the ratios use the default threads).",
+        "loaded: the same interleaved runs with one busy process per core but one (experiments/machine.py "
+        "busy_cores: a spinning Python loop each), both sides under the same load; the goal is a loaded "
+        "npusim/LiteRT ratio at least 0.8 of the quiet one. 'quiet' is this machine as the bench found "
+        "it (see the load average above).",
         "Ratios are throughput ratios (other runtime's time / npusim's time): >1 means npusim is faster.",
         "exact vs TFLM: npusim (tflm profile) output == TFLM output on the images TFLM ran. **exact vs "
         "LiteRT: npusim (xnnpack profile) output == LiteRT output on the whole timed batch, for the conv "
@@ -116,6 +134,7 @@ def render(results: Results, command: str, quick: bool, started, load_start, tic
     lines = [
         "# npusim speed benchmark",
         "",
+        f"- CPU: {cpu_model()} ({cpu_family_model()}); features: {cpu_flags()}",
         f"- date: {started.isoformat(timespec='seconds')}",
         f"- machine: {os.cpu_count()} CPUs (nproc {len(os.sched_getaffinity(0))}), {cpu_model()}; "
         f"{cpu_flags()}; {platform.platform()}",

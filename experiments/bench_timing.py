@@ -13,10 +13,11 @@ from pathlib import Path
 
 import numpy as np
 
+from npusim import host
 from npusim.testing import oracle
 
 from .bench_workloads import ALL_MODELS, bench_inputs
-from .machine import current_rss_mb, process_peak_rss_mb, single_thread
+from .machine import busy_cores, current_rss_mb, process_peak_rss_mb, single_thread
 
 LITERT_THREADS = 2
 
@@ -103,6 +104,9 @@ class Row:
     exact_tflm: str
     exact_litert: str
     notes: list = field(default_factory=list)
+    # the same interleaved runs with one busy process per core but one (busy_cores), both sides
+    npusim_loaded: float = float("nan")
+    litert_loaded: float = float("nan")
     # npusim's output of the timed batch (tflm profile), which the Haswell section compares against
     output: np.ndarray | None = field(default=None, repr=False, compare=False)
 
@@ -144,6 +148,8 @@ def bench_workload(
         both = interleaved(sides, {side: reps[side][n] for side in sides})
         ts, tl = both["npusim"], both["litert"]
         t_sim, t_lrt = statistics.median(ts), statistics.median(tl)
+        with busy_cores(max(0, host.cpu_budget() - 1)):
+            loaded = interleaved(sides, {side: reps[side][n] for side in sides})
         with single_thread():
             t_1t = median_time(lambda x=x: sim.run(x), reps["npusim"][n], warmup=1)
         y_lrt = lrt(x)
@@ -164,6 +170,8 @@ def bench_workload(
             lrt.batched,
             f"{'yes' if ok_t else 'no'} ({k} img)",
             f"{'yes' if ok_l else 'no'} ({n} img)",
+            npusim_loaded=statistics.median(loaded["npusim"]),
+            litert_loaded=statistics.median(loaded["litert"]),
             output=y_sim,
         )
         if not ok_t:
@@ -176,6 +184,7 @@ def bench_workload(
             f"  batch {n}: npusim {t_sim * 1e3:.1f} ms [{min(ts) * 1e3:.1f}-{max(ts) * 1e3:.1f}] "
             f"(first call {first * 1e3:.0f} ms), npusim 1 thread {t_1t * 1e3:.1f} ms, "
             f"LiteRT {t_lrt * 1e3:.2f} ms [{min(tl) * 1e3:.2f}-{max(tl) * 1e3:.2f}], "
+            f"loaded: npusim {row.npusim_loaded * 1e3:.1f} ms, LiteRT {row.litert_loaded * 1e3:.2f} ms, "
             f"exact TFLM {row.exact_tflm}, exact LiteRT {row.exact_litert}"
         )
         rows.append(row)

@@ -60,8 +60,8 @@ def cpu_flags() -> str:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("flags"):
                 flags = set(line.split(":", 1)[1].split())
-                keep = ["avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx_vnni"]
-                keep.append("amx_int8")
+                keep = ["avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512vbmi"]
+                keep += ["avx512_bf16", "avx_vnni", "amx_int8"]
                 return " ".join(f for f in keep if f in flags) or "none of avx2/avx512/vnni"
     except OSError:
         pass
@@ -128,6 +128,39 @@ def blas_threads() -> str:
         return f"{blas.get('name')} {blas.get('version')} (threads unknown: threadpoolctl not installed)"
     except Exception:  # noqa: BLE001 - informational only
         return "unknown"
+
+
+def cpu_family_model() -> str:
+    """'family F model M' of /proc/cpuinfo (what tells Zen 3 from Zen 4 where the names agree)."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()[:12]
+        info = {k.strip(): v.strip() for k, _, v in (line.partition(":") for line in lines)}
+        return f"family {info['cpu family']} model {info['model']}"
+    except (OSError, KeyError):
+        return "family unknown"
+
+
+class busy_cores:
+    """Context: `n` processes that spin on the CPU (a busy CI runner's other jobs), started on entry
+    and ended on exit. Each is a plain Python loop, started and ended by its own process id."""
+
+    def __init__(self, n: int):
+        self.n, self.procs = n, []
+
+    def __enter__(self):
+        import subprocess
+        import sys
+        import time
+
+        self.procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(self.n)]
+        time.sleep(0.3)  # let them start spinning before the first timed call
+        return self
+
+    def __exit__(self, *exc):
+        for p in self.procs:
+            p.kill()
+            p.wait()
+        return False
 
 
 class single_thread:

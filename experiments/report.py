@@ -11,12 +11,15 @@ from pathlib import Path
 import numpy as np
 
 
-def read_run(run_dir: Path) -> dict:
+def read_run(run_dir: Path, device_ms: bool = False) -> dict:
+    """A run's evaluations against its clock: forward passes, or with device_ms the estimated STM32N6
+    milliseconds it had spent (a cell budgeted in device time, --budget-ms)."""
     evals, qs = [], []
     with open(run_dir / "metrics.csv") as f:
         for row in csv.DictReader(f):
             if row["test_accuracy"]:
-                evals.append((int(row["forward_passes"]), float(row["test_accuracy"])))
+                clock = 1e3 * float(row["device_seconds"]) if device_ms else int(row["forward_passes"])
+                evals.append((clock, float(row["test_accuracy"])))
             if row["train_loss"]:
                 qs.append((int(row["forward_passes"]), int(row["q"])))
     result = json.loads((run_dir / "result.json").read_text())
@@ -90,13 +93,14 @@ def summarize(grid, runs_dir: Path) -> list[dict]:
     gap_to_best_fixed is the mean over seeds of (this scheduler - the best fixed q in hindsight)."""
     rows = []
     for cell in grid.cells:
+        device = getattr(cell, "budget_ms", None) is not None
+        budget = cell.budget_ms if device else cell.budget
         runs = {
-            s: [read_run(run_dir(runs_dir, cell, s, seed)) for seed in grid.seeds] for s in grid.schedulers
+            s: [read_run(run_dir(runs_dir, cell, s, seed), device) for seed in grid.seeds]
+            for s in grid.schedulers
         }
         finals = {s: np.array([r["test_accuracy"] for r in rs]) for s, rs in runs.items()}
-        aucs = {
-            s: np.array([area_under_curve(r["evals"], cell.budget) for r in rs]) for s, rs in runs.items()
-        }
+        aucs = {s: np.array([area_under_curve(r["evals"], budget) for r in rs]) for s, rs in runs.items()}
         # constant q at the default lr; "fixed:Q@VARIANT" runs are baselines (study.variant_options)
         fixed = [s for s in grid.schedulers if is_constant_q(s)] or list(grid.schedulers)
         best_fixed = max(fixed, key=lambda s: finals[s].mean())
@@ -123,7 +127,7 @@ def summarize(grid, runs_dir: Path) -> list[dict]:
                     "gap_ci_low": gap_lo,
                     "gap_ci_high": gap_hi,
                     "fixed_spread": finals[best_fixed].mean() - finals[worst_fixed].mean(),
-                    "best_fixed_late_gain": late_gain(runs[best_fixed], cell.budget),
+                    "best_fixed_late_gain": late_gain(runs[best_fixed], budget),
                     "passes_to_95pct_best_mean": float(np.nanmean(reach))
                     if np.isfinite(reach).any()
                     else float("nan"),
@@ -139,7 +143,7 @@ def summarize(grid, runs_dir: Path) -> list[dict]:
                             ]
                         )
                     ),
-                    "budget": cell.budget,
+                    "budget": budget,
                     "wall_seconds_mean": float(np.mean([r["wall_seconds"] for r in rs])),
                 }
             )
@@ -156,6 +160,11 @@ ADAPTIVE_Q_PLOTTED = ("qscheduler", "slope", "coupled", "snr", "efficiency")
 
 def below_head(bound: dict) -> str:
     """What the bound reaches with the layers below the head restricted (study.backprop_bounds)."""
+    if "tail" in bound:  # v5: the exact tail alone (experiments/v5_bounds.py)
+        frozen, tail = (fmt_pct(bound[k]["int8_test_accuracy"]) for k in ("frozen", "tail"))
+        return (
+            f" Int8, the head alone: {frozen}%; the exact tail alone (the layers below it frozen): {tail}%."
+        )
     if "subspace" not in bound:
         return ""
     frozen, subspace = (fmt_pct(bound[k]["int8_test_accuracy"]) for k in ("frozen", "subspace"))
@@ -165,13 +174,20 @@ def below_head(bound: dict) -> str:
     )
 
 
+def budget_text(cell) -> str:
+    ms = getattr(cell, "budget_ms", None)
+    if ms is None:
+        return f"{cell.budget} passes"
+    return f"{ms:g} ms of estimated STM32N6 time (--budget-ms; 'passes to 95%' in ms too)"
+
+
 def cell_table(cell, rows: list[dict], bound: dict | None) -> list[str]:
     first = rows[0]
     lines = [
         f"### {cell.name}",
         "",
         f"{cell.model} on {cell.data}, trainable `{cell.trainable}` ({cell.describe_settings()}), "
-        f"batch {cell.batch}, budget {cell.budget} passes. Best fixed q in hindsight: "
+        f"batch {cell.batch}, budget {budget_text(cell)}. Best fixed q in hindsight: "
         f"{first['best_fixed']}; spread between the best and the worst fixed q: "
         f"{100 * first['fixed_spread']:.1f} points. The best fixed q gains "
         f"{100 * first['best_fixed_late_gain']:+.1f} points over the last third of the budget: "
@@ -184,8 +200,7 @@ def cell_table(cell, rows: list[dict], bound: dict | None) -> list[str]:
         + (
             " Back-propagation bound (same layers, float): "
             f"{fmt_pct(bound['float_test_accuracy'])}%, written back to int8 with the fixed scales: "
-            f"{fmt_pct(bound['int8_test_accuracy'])}%."
-            + below_head(bound)
+            f"{fmt_pct(bound['int8_test_accuracy'])}%." + below_head(bound)
             if bound
             else ""
         ),

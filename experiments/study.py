@@ -16,7 +16,7 @@ import os
 import shutil
 import sys
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 import numpy as np
@@ -49,6 +49,7 @@ class Cell:
     mean: str | None = None
     std: str | None = None
     options: tuple = ()  # further TrainConfig fields as (name, value) pairs, e.g. (("master", "none"),)
+    budget_ms: float | None = None  # set: the budget is estimated STM32N6 time (--budget-ms), not passes
 
     def config(self, shared: Path, **run) -> "TrainConfig":  # noqa: F821 (imported in the worker)
         from zo.trainer import TrainConfig
@@ -63,6 +64,7 @@ class Cell:
             eps=self.eps,
             batch=self.batch,
             budget=self.budget,
+            budget_ms=self.budget_ms,
             new_head=True,
             train_size=self.train_size,
             test_size=self.test_size,
@@ -77,6 +79,8 @@ class Cell:
         """The cell's run folder: its name and a digest of every setting but the role, so a run made
         with other settings (an older grid) is never taken for a finished run of this one."""
         settings = {k: v for k, v in asdict(self).items() if k != "role"}
+        if settings["budget_ms"] is None:  # the cells before device-time budgets keep their folders
+            del settings["budget_ms"]
         return f"{self.name}-{hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:8]}"
 
     def describe_settings(self) -> str:
@@ -208,6 +212,41 @@ V4_CELLS = (
     Cell("mnv2-eurosat-last3", MOBILENETV2, "eurosat64_subset.npz", "last:3", V4_BUDGET, eps=None),
 )
 V4_RUNS = FIXED[:5] + ("qscheduler", "snr", "fixed:1@cosine", "fixed:4@lr0.03", "fixed:16@lr0.03")
+# The study of the cost-aware rule (issue 53; docs/study.md, "Study v5"), pre-registered before any of
+# its runs: the trainer with the exact tail and activity perturbation (`--estimator activity`, zo train's
+# default since issue 53), cells chosen by restricted bounds measured first (experiments/v5_bounds.py:
+# back-propagation below the tail worth more than 2 points over the tail alone), budgets in device time
+# of different fixed-to-direction cost ratios, and one cell budgeted in passes (the control, where the
+# fixed cost is one pass). The budget of a device-time cell: the device time of V5_PASSES suffix passes
+# of its trainable set at batch 32 (npusim's N6 view, `zo cost`), so every cell gets the same number of
+# pass-equivalents and the steps' fixed work decides how many steps that buys.
+V5_PASSES = 20_000
+V5_ESTIMATOR = (("estimator", "activity"),)
+
+
+def v5_budget_ms(model: str, trainable: str, shared: Path = DEFAULT_SHARED, batch: int = 32) -> float:
+    """V5_PASSES suffix passes of `trainable` on `model` at `batch`, in milliseconds of N6 time."""
+    from npusim import load_model
+    from zo.cost import step_parts
+    from zo.model import TrainableModel
+
+    m = TrainableModel(load_model(str(shared / "models" / model)), trainable, num_classes=10, new_head=True)
+    parts = step_parts(m.interp, [p.tensor for p in m.params], 1, batch)
+    return round(V5_PASSES * parts["suffix_pass_s"] * 1e3, -2)
+
+
+# (name, model, data, trainable, budget in ms or None for the pass budget): fixed before any run; the
+# milliseconds are v5_budget_ms's, written out so that a change of the cost model cannot move them.
+V5_SPECS = (
+    ("r8-eurosat-last6", RESNET8, "eurosat32_subset.npz", "last:6", 399_100.0),
+    ("mnv2-cifar10-last8", MOBILENETV2, "cifar10_subset.npz", "last:8", 743_500.0),
+    ("r8-eurosat-last6-passes", RESNET8, "eurosat32_subset.npz", "last:6", None),
+)
+V5_CELLS = tuple(
+    Cell(name, model, data, trainable, V5_PASSES, eps=None, options=V5_ESTIMATOR, budget_ms=ms)
+    for name, model, data, trainable, ms in V5_SPECS
+)
+V5_RUNS = tuple(f"fixed:{q}" for q in (1, 2, 4, 8, 16, 32)) + ("rate", "fixed:1@cosine")
 # The design cells under the two step rules whose step does not grow with q: with the nsgd design
 # cells, where QScheduler v3's efficiency test was designed (earlier-studies.md, "QScheduler v3").
 DESIGN_STEP_RULE_CELLS = tuple(
@@ -240,6 +279,7 @@ GRIDS = {
     # machine's time (results/earlier-studies.md).
     "init": Grid(INIT_CELLS, FIXED[:6] + ("qscheduler",), (5, 6)),
     "v4": Grid(V4_CELLS, V4_RUNS, (0, 1, 2), auc_goal=False),
+    "v5": Grid(V5_CELLS, V5_RUNS, (0, 1, 2), headline="rate", auc_goal=False),
     # The same study at twice the budgets, for the flattening criterion that 7 of 8 cells of "full"
     # miss (results/earlier-studies.md); the rule stays the one frozen before "full" ran.
     "long": Grid(
@@ -271,6 +311,7 @@ DOCS_BLOCKS = {
     "v31": (EARLIER, "study-v31"),
     "init": (EARLIER, "study-init"),
     "v4": (Path("docs") / "study.md", "study-v4"),
+    "v5": (Path("docs") / "study.md", "study-v5"),
 }
 
 
@@ -351,6 +392,9 @@ def backprop_bounds(grid, shared: Path, cache_dir: Path) -> dict:
 
     out = {}
     for cell in grid.cells:
+        if dict(cell.options).get("estimator") == "activity":  # v5: the bounds its cells were chosen by
+            out[cell.name] = v5_cell_bounds(cell, shared)
+            continue
         path = cache_dir / f"backprop-bounds-{cell.folder}.json"
         if path.exists():
             out[cell.name] = json.loads(path.read_text())
@@ -376,9 +420,21 @@ def backprop_bounds(grid, shared: Path, cache_dir: Path) -> dict:
     return out
 
 
+def v5_cell_bounds(cell: Cell, shared: Path) -> dict:
+    """The whole set's bound with the head alone and the exact tail alone beside it, from
+    experiments/v5_bounds.py (cached there: the measurements the cells were chosen by)."""
+    from .v5_bounds import CANDIDATES, measure
+
+    candidate = next(
+        c for c in CANDIDATES if (c.model, c.data, c.trainable) == (cell.model, cell.data, cell.trainable)
+    )
+    r = measure(candidate, shared)
+    return {**r["whole"], "tail": r["tail"], "frozen": r["head"]}
+
+
 def execute(run: Run, shared: str, runs_dir: str, cache_dir: str) -> dict:
     """Train one run (or return its stored result). Deterministic: same run, same result anywhere."""
-    from zo.trainer import Trainer
+    from zo.trainer import TrainConfig, Trainer
 
     out = Path(runs_dir) / run.key
     done = out / "result.json"
@@ -388,11 +444,15 @@ def execute(run: Run, shared: str, runs_dir: str, cache_dir: str) -> dict:
     data, caches = prefix_caches(run.cell, shared, Path(cache_dir))
     c = run.cell
     spec, _, variant = run.scheduler.partition("@")
+    known = {f.name for f in fields(TrainConfig)}
+    for name, value in c.options:  # a grid needs the trainer it was registered for (v5: the estimator)
+        if name not in known:
+            raise SystemExit(f"error: cell {c.name}: zo train has no option {name} (expected {value!r})")
     config = c.config(
         shared,
         q=spec,
         seed=run.seed,
-        eval_every=c.budget // run.evals,
+        eval_every=None if c.budget_ms else c.budget // run.evals,  # device time: the trainer's /20
         checkpoint_every=10**9,
         **variant_options(variant),
     )

@@ -15,7 +15,7 @@ from __future__ import annotations
 import errno
 import io
 import os
-import tempfile
+import stat
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -85,21 +85,88 @@ class WriteFailed(OSError):
         return self.message()
 
 
+TMP_SUFFIX = ".tmp"
+
+
+def _temp_name(name: str) -> str:
+    """A temporary name beside `name` that says whose it is: `.NAME.PID.RANDOM.tmp`."""
+    return f".{name}.{os.getpid()}.{os.urandom(4).hex()}{TMP_SUFFIX}"
+
+
+def _remove_stale_temps(dir_fd: int, name: str) -> None:
+    """Remove the temporary files a killed writer of `name` left beside it (SIGKILL at the fsync):
+    only those of this user's whose writer's pid no longer runs."""
+    prefix = f".{name}."
+    for entry in os.listdir(dir_fd):
+        if not (entry.startswith(prefix) and entry.endswith(TMP_SUFFIX)):
+            continue
+        pid = entry[len(prefix) : -len(TMP_SUFFIX)].split(".")[0]
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+            continue  # its writer runs
+        except ProcessLookupError:
+            pass
+        except OSError:
+            continue  # another user's process
+        try:
+            if os.stat(entry, dir_fd=dir_fd, follow_symlinks=False).st_uid == os.getuid():
+                os.unlink(entry, dir_fd=dir_fd)
+        except OSError:
+            pass
+
+
 @contextmanager
 def replacing(path, text: bool = False, newline: str | None = None):
     """`with replacing(path) as f: ...`: f is a binary file (text=True: a UTF-8 text file) whose
     contents replace `path` when the block ends without an error, and never otherwise. Raises
     WriteFailed, naming path and the cause, where the file could not be written. A path that is not
     a regular file (/dev/stdout, a pipe) is written in place, every write checked: it cannot be
-    replaced. A symbolic link's target is replaced, the link kept."""
+    replaced. A symbolic link to a regular file (or to nothing) is refused: the path's folder is
+    opened by the kernel's own resolution and the file created and renamed in it by name, so a link
+    is never followed in user space, nor swapped in between a check and the rename. An existing
+    file's mode is kept."""
     path = Path(path)
-    real = Path(os.path.realpath(path))
-    if real.exists() and not real.is_file():
-        with _in_place(path, text, newline) as f:
-            yield f
-        return
+    folder, name = os.path.split(os.fspath(path))
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{real.name}.", suffix=".tmp", dir=real.parent)
+        dir_fd = os.open(folder or ".", os.O_RDONLY | os.O_DIRECTORY)
+    except OSError as e:
+        raise WriteFailed(path, e) from None
+    try:
+        try:
+            st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        except FileNotFoundError:
+            st = None
+        except OSError as e:
+            raise WriteFailed(path, e) from None
+        if st is not None and stat.S_ISLNK(st.st_mode):
+            try:
+                target = os.stat(name, dir_fd=dir_fd)
+            except OSError:
+                target = None
+            if target is None or stat.S_ISREG(target.st_mode):
+                raise WriteFailed(
+                    path, OSError(errno.ELOOP, "it is a symbolic link; give the path of the file itself")
+                )
+            st = target  # a link to a device or a pipe (/dev/stdout): written in place
+        if st is not None and not stat.S_ISREG(st.st_mode):
+            with _in_place(path, text, newline) as f:
+                yield f
+            return
+        _remove_stale_temps(dir_fd, name)
+        with _replacing_in(dir_fd, name, path, st, text, newline) as f:
+            yield f
+    finally:
+        os.close(dir_fd)
+
+
+@contextmanager
+def _replacing_in(dir_fd: int, name: str, path: Path, st, text: bool, newline: str | None):
+    """replacing() of `name` in the open folder dir_fd; st: the file it replaces, if any."""
+    tmp = _temp_name(name)
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=dir_fd)
     except OSError as e:
         raise WriteFailed(path, e) from None
     try:
@@ -110,12 +177,16 @@ def replacing(path, text: bool = False, newline: str | None = None):
         os.fsync(fd)
         if os.fstat(fd).st_size != raw.end:  # belt and braces: what the disk holds is what was written
             raise OSError(errno.EIO, f"{os.fstat(fd).st_size} bytes on disk, {raw.end} written")
-        umask = os.umask(0)
-        os.umask(umask)
-        os.fchmod(fd, 0o666 & ~umask)  # mkstemp makes it private; an output is an ordinary file
+        if st is not None:
+            mode = stat.S_IMODE(st.st_mode)  # the file it replaces keeps its mode (a private 600)
+        else:
+            umask = os.umask(0)
+            os.umask(umask)
+            mode = 0o666 & ~umask  # created private; a new output is an ordinary file
+        os.fchmod(fd, mode)
         os.close(fd)
         fd = None
-        os.replace(tmp, real)
+        os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
         tmp = None
     except OSError as e:
         raise WriteFailed(path, e) from None
@@ -124,7 +195,7 @@ def replacing(path, text: bool = False, newline: str | None = None):
             os.close(fd)
         if tmp is not None:
             try:
-                os.unlink(tmp)
+                os.unlink(tmp, dir_fd=dir_fd)
             except OSError:
                 pass
 

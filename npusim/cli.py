@@ -14,8 +14,9 @@ import numpy as np
 
 from . import interrupt
 from .atomic import WriteFailed, replacing
+from .cli_usage import OneLineGroup
 from .display import shown, shown_lines
-from .errors import NpusimError
+from .errors import NpusimError, numpy_load_error
 from .model_io import load_model, model_suffix
 from .profiles import N6_CHOICES, PROFILES
 
@@ -49,6 +50,7 @@ def n6_options(func):
         "add_products": "ADD: the two products summed exact then rounded once, or each rounded first",
         "shift_a": "CONVACC shift_a: no effect, or a left shift of the accumulator before shift_o",
         "input_offset": "conv input zero point: suboff subtracts it; or adds 128 and BC folds the rest",
+        "compiler": "the ST Edge AI version whose conv requantization is derived (3.0: one ARITH; 2.x: two)",
     }
     for key, choices in reversed(N6_CHOICES.items()):
         flag = "--n6-" + key.replace("_", "-")
@@ -61,13 +63,30 @@ def n6_options(func):
             help=f"--profile neural-art: {helps[key]}.",
         )(func)
 
+    func = click.option(
+        "--compiled",
+        "n6_compiled",
+        type=click.Path(dir_okay=False),
+        default=None,
+        help=(
+            "ST Edge AI's compiled program (network_ecblobs.h): inspect --target stm32n6 decodes its conv "
+            "chains beside the derived ones; --profile neural-art runs them (docs/neural-art.md)."
+        ),
+    )(func)
+
     @functools.wraps(func)
     def wrapper(*args, **kwargs):
         values = {key: kwargs.pop(f"n6_{key}") for key in N6_CHOICES}
+        compiled = kwargs.pop("n6_compiled")
+        changed = [f"--n6-{k.replace('_', '-')}" for k, v in values.items() if v != N6_CHOICES[k][0]]
+        changed += ["--compiled"] if compiled is not None and "target" not in kwargs else []
+        profiles = [kwargs[k] for k in ("profile", "a", "b") if kwargs.get(k) is not None]
+        if changed and profiles and "neural-art" not in profiles:
+            fail(f"{', '.join(changed)} apply only to --profile neural-art, not to {', '.join(profiles)}")
 
         from .npu.neural_art import N6Options
 
-        return func(*args, n6=N6Options(**values), **kwargs)
+        return func(*args, n6=N6Options(**values, compiled=compiled), **kwargs)
 
     return wrapper
 
@@ -113,7 +132,7 @@ def load_array(path: str, what: str) -> np.ndarray:
         x = np.load(path, allow_pickle=False)
     except (OSError, ValueError, EOFError) as e:
         raise NpusimError(
-            f"{what} {path}: cannot read as .npy ({str(e).splitlines()[0] if str(e) else type(e).__name__})"
+            f"{what} {path}: cannot read as .npy: {numpy_load_error(path, e)}"
         ) from None
     if not isinstance(x, np.ndarray):
         raise NpusimError(f"{what} {path}: expected a single .npy array, got an archive")
@@ -145,7 +164,7 @@ def tensor_file_name(index: int, name: str) -> str:
     return f"{index:04d}_{re.sub(r'[^A-Za-z0-9_.-]+', '_', name)[:80]}.npy"
 
 
-@click.group()
+@click.group(cls=OneLineGroup)
 @click.version_option(package_name="npusim-zo")
 def main():
     """Bit-exact INT8 NPU simulator (TFLite Micro integer numerics)."""
@@ -325,6 +344,11 @@ def inspect(model, target, fmt, calibration, npu_efficiency, m55_macs_per_cycle,
             cost.m55_macs_per_cycle = m55_macs_per_cycle
         cost.__post_init__()  # validate the overrides
         dev = plan_device(interp, cost)
+        program = None
+        if n6.compiled is not None:
+            from .npu.compiled import read_compiled
+
+            program = read_compiled(n6.compiled, interp.graph)
         note = unsupported_line(interp, "left out of this estimate")
         findings = None
         if lint:
@@ -335,17 +359,26 @@ def inspect(model, target, fmt, calibration, npu_efficiency, m55_macs_per_cycle,
         if fmt == "json":
             data = {**edges, **report_dict(dev, Path(model).name, fitted), "unsupported": left_out}
             neural_art_ops(data, interp.graph, n6)
+            if program is not None:
+                from .npu.compiled import compiled_ops
+
+                compiled_ops(data, interp.graph, program, n6)
             if findings is not None:
                 data["lint"] = findings
             click.echo(json.dumps(data, indent=1))
         else:
             text = format_report(dev, Path(model).name, fitted)
             lines = [*head, text, *([note] if note else [])]
+            if program is not None:
+                from .npu.compiled import summary_lines
+
+                lines += summary_lines(program, interp.graph, n6)
             click.echo(shown_lines("\n".join(lines + ([""] + lint_lines(findings) if lint else []))))
         return
-    if npu_efficiency is not None or m55_macs_per_cycle is not None or calibration is not None or lint:
+    n6_only = (npu_efficiency, m55_macs_per_cycle, calibration, n6.compiled)
+    if any(v is not None for v in n6_only) or lint:
         raise NpusimError(
-            "--calibration, --npu-efficiency, --m55-macs-per-cycle and --lint apply only with "
+            "--calibration, --npu-efficiency, --m55-macs-per-cycle, --lint and --compiled apply only with "
             "--target stm32n6"
         )
     records = op_records(interp)
@@ -427,12 +460,26 @@ def golden():
         "this size; larger ones keep only their hash. [default: 1 MiB]"
     ),
 )
+@click.option(
+    "--outputs-only",
+    is_flag=True,
+    help=(
+        "Store only the input and the outputs' values (every intermediate keeps its hash, so a "
+        "check still names the first diverging op): the small file for CI."
+    ),
+)
 @friendly_errors
-def golden_record(model, input_path, output_path, profile, store_limit):
+def golden_record(model, input_path, output_path, profile, store_limit, outputs_only):
     """Run MODEL on --input and write inputs, outputs, per-tensor hashes and small intermediates."""
     from .golden import DEFAULT_STORE_LIMIT, record
 
     check_output_path(output_path, "-o", (".npz",))
+    if outputs_only and store_limit is not None:
+        raise NpusimError(
+            "--outputs-only and --store-limit: expected one of them (--outputs-only stores no intermediate)"
+        )
+    if outputs_only:
+        store_limit = 0
     x = load_array(input_path, "--input")
     meta = record(
         model,
@@ -444,7 +491,8 @@ def golden_record(model, input_path, output_path, profile, store_limit):
     stored = sum(1 for e in meta["tensors"] if e["stored"])
     click.echo(
         f"recorded {len(meta['tensors'])} tensors ({stored} with values, {len(meta['tensors']) - stored} "
-        f"hash only) of {meta['model_name']}, profile {profile}, batch {meta['batch']} -> {output_path}"
+        f"hash only) of {meta['model_name']}, profile {profile}, batch {meta['batch']} -> {output_path} "
+        f"({os.path.getsize(output_path):,} bytes)"
     )
 
 

@@ -117,10 +117,26 @@ def op_records(interp) -> list[dict]:
                 "params": int(
                     sum(g.tensors[t].data.size for t in op.inputs if t >= 0 and g.tensors[t].is_constant)
                 ),
+                "weights": _weight_type(g, op),
                 "supported": k is not None,
             }
         )
     return records
+
+
+def _weight_type(g: Graph, op) -> str | None:
+    """How the file stores the op's weights (its first quantized constant that is not an int32 bias):
+    "int8", or "int4" / "uint4" / "uint8" for an ONNX filter stored so (the N6 view counts 4 bits
+    packed); None for an op without weights."""
+    from .npu.arena import weight_storage
+
+    for t in op.inputs:
+        tensor = g.tensors[t] if t >= 0 else None
+        if tensor is None or not tensor.is_constant or tensor.quant is None:
+            continue
+        if np.dtype(tensor.dtype) != np.int32:
+            return weight_storage(g, t)
+    return None
 
 
 def unsupported(interp) -> list[dict]:
@@ -160,7 +176,7 @@ def _shape_text(shape) -> str:
 
 def op_table(records: list) -> list[str]:
     """The generic report's table: one row per op, then the totals of the ops npusim runs."""
-    header = ("#", "op", "inputs", "outputs", "MACs", "params")
+    header = ("#", "op", "inputs", "outputs", "MACs", "params", "weights")
     rows = [header]
     for r in records:
         rows.append(
@@ -171,10 +187,11 @@ def op_table(records: list) -> list[str]:
                 abbreviated([_shape_text(s) for s in r["outputs"]], "outputs"),  # one short cell
                 "-" if r["macs"] is None else f"{r['macs']:,}",
                 f"{r['params']:,}",
+                r["weights"] or "",
             )
         )
     total_macs = sum(r["macs"] or 0 for r in records)
-    rows.append(("", "total", "", "", f"{total_macs:,}", f"{sum(r['params'] for r in records):,}"))
+    rows.append(("", "total", "", "", f"{total_macs:,}", f"{sum(r['params'] for r in records):,}", ""))
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     return [
         "  ".join(

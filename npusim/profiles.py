@@ -20,4 +20,5 @@ N6_CHOICES = {
     "add_products": ("exact", "rounded"),
     "shift_a": ("ignore", "products"),
     "input_offset": ("subtract", "fold"),
+    "compiler": ("3.0", "2.2", "2.1"),  # ST Edge AI versions, newest first (npu/n6_compiler.py)
 }

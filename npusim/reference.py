@@ -12,6 +12,7 @@ import numpy as np
 
 from .errors import NpusimError
 from .graph import Graph
+from .hybrid import hybrid_call, is_hybrid
 from .interpreter import batch_plan, by_image, execution_order, image_chunks
 from .ops import KERNELS
 from .ops.float_form import real_value
@@ -26,18 +27,22 @@ def dequantize(tensor, values: np.ndarray) -> np.ndarray:
 class FloatInterpreter:
     """A graph prepared on float forms. `run_all(x)` evaluates a batch of real-valued inputs."""
 
-    def __init__(self, graph: Graph | str | bytes, ranges: bool = False):
+    def __init__(self, graph: Graph | str | bytes, ranges: bool = False, clamps: dict | None = None):
         """ranges: keep each op's output within the range its int8 tensor can hold (an ONNX
-        QuantizeLinear that folds a ReLU or Clip writes it only as that range)."""
+        QuantizeLinear that folds a ReLU or Clip writes it only as that range). clamps: {tensor:
+        (low, high)}, the activations a float model applies where the int8 graph folded them."""
         self.graph = graph if isinstance(graph, Graph) else load_model(graph)
-        self.ranges = {}  # {tensor: (low, high)} of the int8 outputs, when ranges
+        # {tensor: (low, high)}: the clamps, and the int8 outputs' ranges when ranges
+        self.ranges = {t: (np.float32(lo), np.float32(hi)) for t, (lo, hi) in (clamps or {}).items()}
         if ranges:
             for op in self.graph.ops:
                 for t in op.outputs:
                     q = self.graph.tensors[t].quant
                     if self.graph.tensors[t].dtype == np.int8 and q is not None and not q.per_channel:
                         s, z = np.float64(q.scale[0]), int(q.zero_point[0])
-                        self.ranges[t] = (np.float32(s * (-128 - z)), np.float32(s * (127 - z)))
+                        lo, hi = self.ranges.get(t, (-np.inf, np.inf))
+                        lo, hi = max(lo, s * (-128 - z)), min(hi, s * (127 - z))
+                        self.ranges[t] = (np.float32(lo), np.float32(hi))
         ops = execution_order(self.graph)
         self.forms = []
         for op in ops:
@@ -53,6 +58,8 @@ class FloatInterpreter:
                 # A float model's shapes and options are read as the file states them (the integer
                 # Interpreter's Prepare checks an int8 graph before its forms are made).
                 raise NpusimError(f"op {op.index} ({op.kind}): malformed for its float form ({e})") from None
+        # A float model's MAC ops with int8 weights run as LiteRT's hybrid kernels do (hybrid.py).
+        self.hybrid = {p for p, form in enumerate(self.forms) if is_hybrid(form.op, self.graph)}
         # Run image by image as the integer Interpreter does, for the same reason (interpreter.py).
         self.batch = batch_plan(self.graph, self.forms)
         # Each op's constant inputs as real values, once (a MAC op's bias depends on its op).
@@ -95,7 +102,10 @@ class FloatInterpreter:
                 )
         try:
             with np.errstate(over="ignore", under="ignore"):  # exp of large inputs: inf, as float32's
-                result = form(*args)
+                if position in self.hybrid:
+                    result = hybrid_call(form, self.graph, args[0], args[2] if len(args) > 2 else None)
+                else:
+                    result = form(*args)
         except (ValueError, IndexError) as e:  # shapes that contradict each other in a float model
             raise NpusimError(f"op {form.op.index} ({form.kind}): cannot evaluate ({e})") from None
         results = result if isinstance(result, tuple) else (result,)

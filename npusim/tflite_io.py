@@ -223,14 +223,27 @@ def load_model(source) -> Graph:
     except NpusimError:
         raise
     except Exception as e:  # flatbuffers raises whatever the damaged offsets lead to
-        detail = first_line(e)
-        raise NpusimError(f"{where}: malformed flatbuffer, file truncated or damaged ({detail})") from None
+        raise NpusimError(f"{where}: malformed flatbuffer, {_damage(e, len(data))}") from None
     try:
         return _to_graph(model, where, _Source(buf, where))
     except NpusimError:
         raise
     except Exception as e:
         raise NpusimError(f"{where}: malformed model ({type(e).__name__}: {e})") from None
+
+
+def _damage(e: Exception, size: int) -> str:
+    """What a flatbuffer read that failed says of the file: an offset past the end (struct's
+    "unpack_from requires a buffer of at least N bytes") is a truncated file, named with both sizes."""
+    import struct
+
+    need = re.search(r"at least (\d+) bytes", str(e)) if isinstance(e, struct.error) else None
+    if need:
+        return (
+            f"file truncated or damaged: an offset reaches byte {int(need.group(1)):,} of a "
+            f"{size:,}-byte file, expected a complete .tflite"
+        )
+    return f"file truncated or damaged ({first_line(e)})"
 
 
 class _Source:

@@ -311,6 +311,7 @@ def validate(
         unmatched,
         [RANGES_WARNING] if ranges else [],
         "float model" if ref_graph is not None else "int8 graph in float",
+        [note] if (note := dynamic_range_note(ref_graph)) else [],
     )
     return _run(int8, samples, against, profile, n6)
 
@@ -328,6 +329,7 @@ class _Against:
     unmatched: list
     warnings: list
     what: str
+    notes: list = field(default_factory=list)  # what the report says of the --float model
 
 
 def _samples(int8: Graph, x: np.ndarray, labels) -> tuple:
@@ -365,7 +367,7 @@ def _validate_onnx_pair(int8: Graph, x, float_model, labels, profile, n6=None) -
         )
     against = _Against(
         reference,
-        FloatInterpreter(int8),
+        FloatInterpreter(int8, clamps=reference.clamps),
         int8.outputs,
         reference.mapping(),
         reference.unmatched,
@@ -441,7 +443,6 @@ def _run(int8, samples: tuple, against: _Against, profile, n6=None) -> Validatio
             "agreement": float(np.mean(a == b)),
         }
     classes = len(int8.output(0).shape) == 2
-    note = dynamic_range_note(ref_graph)
     return Validation(
         outputs,
         layers,
@@ -454,7 +455,7 @@ def _run(int8, samples: tuple, against: _Against, profile, n6=None) -> Validatio
         worst_pair=(worst, *tally.scatter[worst["op"]]),
         breaks_first=breaks_first(int8, layers),
         agreement=agreement(tally.predictions) if classes else None,
-        notes=[note] if note else [],
+        notes=against.notes,
     )
 
 

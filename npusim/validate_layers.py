@@ -71,10 +71,34 @@ def _db(v) -> float:
     return float(v)
 
 
+# Ops that move an int8 tensor's codes without changing them (a layer's padded copy, the import's
+# layout transposes): a layer fed by one without a propagated value is fed what that op was fed.
+_MOVES = ("PAD", "PADV2", "TRANSPOSE", "RESHAPE", "SQUEEZE", "EXPAND_DIMS")
+
+
+def _sqnr_into(int8: Graph, t: int, producer: dict, by_op: dict):
+    """The propagated SQNR of activation tensor t: its producer's record, followed back through
+    the ops of _MOVES that have none (and the QUANTIZE of a graph input, exact: inf); None where
+    it is not known (a computing op without a record)."""
+    while True:
+        src = producer.get(t)
+        if src is None:  # a graph input: exact
+            return math.inf
+        p = by_op[src.index]["propagated"] if src.index in by_op else None
+        if p is not None:
+            return _db(p["sqnr_db"])
+        ins = [i for i in src.inputs if i >= 0 and not int8.tensors[i].is_constant]
+        graph_quantize = src.kind == "QUANTIZE" and ins and producer.get(ins[0]) is None
+        if len(ins) != 1 or not (src.kind in _MOVES or graph_quantize):
+            return None
+        t = ins[0]
+
+
 def breaks_first(int8: Graph, layers: list) -> dict | None:
     """The layer where the propagated SQNR drops most from its inputs' (the worst of its activation
     inputs, an exact input counted as INT8_SQNR_DB): {"op", "kind", "tensor", "sqnr_db_before",
-    "sqnr_db", "drop_db"}. None when no layer has a propagated record."""
+    "sqnr_db", "drop_db"}. Only layers whose output and every activation input have a propagated
+    value take part. None when no layer does."""
     producer = int8.producer()
     by_op = {r["op"]: r for r in layers}
     best, best_drop = None, -math.inf
@@ -83,12 +107,13 @@ def breaks_first(int8: Graph, layers: list) -> dict | None:
         if p is None:
             continue
         op = int8.ops[r["op"]]
-        before = []
-        for t in op.inputs:
-            src = producer.get(t) if t >= 0 and not int8.tensors[t].is_constant else None
-            q = by_op.get(src.index) if src is not None else None
-            if q is not None and q["propagated"] is not None:
-                before.append(_db(q["propagated"]["sqnr_db"]))
+        before = [
+            _sqnr_into(int8, t, producer, by_op)
+            for t in op.inputs
+            if t >= 0 and not int8.tensors[t].is_constant
+        ]
+        if None in before:
+            continue
         worst_before = min(before) if before else math.inf
         drop = min(worst_before, INT8_SQNR_DB) - min(_db(p["sqnr_db"]), INT8_SQNR_DB)
         if drop > best_drop:
@@ -116,7 +141,7 @@ def agreement(predictions) -> float | None:
 
 def dynamic_range_note(ref: Graph | None) -> str | None:
     """A --float model whose MAC weights are int8 (dynamic-range quantization): its reference
-    computes activations in float, where LiteRT's hybrid kernels quantize them on the fly."""
+    quantizes those layers' inputs on the fly, as LiteRT's hybrid kernels do (hybrid.py)."""
     if ref is None:
         return None
     for op in ref.ops:
@@ -127,7 +152,7 @@ def dynamic_range_note(ref: Graph | None) -> str | None:
             w = ref.tensors[op.inputs[1]] if op.inputs[1] >= 0 else None
             if w is not None and w.is_constant and np.dtype(w.dtype) == np.int8:
                 return (
-                    "the --float model's weights are int8 (a dynamic-range model): its reference computes "
-                    "activations in float, where LiteRT would quantize them on the fly"
+                    "the --float model's weights are int8 (a dynamic-range model): its reference quantizes "
+                    "each such layer's input on the fly, as LiteRT's hybrid kernels do"
                 )
     return None

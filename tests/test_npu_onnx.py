@@ -61,3 +61,40 @@ def test_yolo26_requantizations_are_no_m55_epochs():
     m55 = [o for o in dev.ops if o.unit == "M55"]
     assert not [o for o in m55 if o.kind == "QUANTIZE" and o.position > 0], "a requantization on the M55"
     assert dev.software_epochs <= 10  # 130 before (123 QUANTIZE epochs)
+
+
+def test_four_bit_weights_count_packed_when_the_import_rebuilds_them():
+    """A channel whose tiny filter scale puts its bias beyond the middle half of int32: the import
+    widens that scale (fit_bias_range), so the graph's codes are no longer the file's and are not
+    written back; on the N6 they are still the file's int4 codes, two per byte (issue 56: 19 of 30
+    int4 convs of a YOLOv8n counted at a byte per weight)."""
+    rng = rng_of("npu-int4-refit")
+    w = rng.standard_normal((4, 3, 3, 3)).astype(np.float32) * 0.3
+    w[0] *= 2.5e-6 / np.abs(w[0]).max()  # its bias code lands between 2^30 and 2^31
+    bias = np.array([10.0, 0.1, -0.1, 0.2], np.float32)
+    node = helper.make_node("Conv", ["x", "w", "b"], ["y"], kernel_shape=[3, 3], pads=[1, 1, 1, 1])
+    m = model([node], [("x", (1, 3, 6, 6))], [("w", w), ("b", bias)])
+    graph = npusim.load_model(qdq(m, feeds_for(m, rng), weight_bits=4))
+    conv_op = next(op for op in graph.ops if op.kind == "CONV_2D")
+    assert conv_op.inputs[1] not in graph.source.weights  # the rebuilt codes: not the file's
+    dev = plan_device(npusim.Interpreter(graph, plan_only=True))
+    conv = next(o for o in dev.ops if o.kind == "CONV_2D")
+    assert conv.weight_bytes == (w.size + 1) // 2 + 4 * 4  # packed int4 filter + int32 bias
+
+
+def test_inspect_shows_each_layers_weight_type(tmp_path):
+    import json
+
+    from click.testing import CliRunner
+
+    from npusim.cli import main
+
+    path = tmp_path / "conv4.onnx"
+    path.write_bytes(conv_qdq("int4"))
+    res = CliRunner().invoke(main, ["inspect", str(path), "--format", "json"])
+    assert res.exit_code == 0, res.output
+    ops = json.loads(res.output)["ops"]
+    assert [o["weights"] for o in ops if o["op"] == "CONV_2D"] == ["int4"]
+    assert all(o["weights"] is None for o in ops if o["op"] != "CONV_2D")
+    lines = CliRunner().invoke(main, ["inspect", str(path)]).output.splitlines()
+    assert "int4" in next(line for line in lines if " CONV_2D " in line)

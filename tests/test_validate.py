@@ -162,11 +162,13 @@ def test_csv_has_one_row_per_layer_and_text_ranks_by_local_sqnr(pair):
 
 
 def test_the_int8_graph_in_float_is_the_default_reference(pair):
-    """Without --float, every layer has a propagated record (the graph's own tensors)."""
+    """Without --float, every layer has a propagated record (the graph's own tensors), and no note
+    speaks of a --float model (the int8 graph's own int8 weights are no dynamic-range model)."""
     int8, _, xp, *_ = pair
     doc = json.loads(cli("validate", int8, "--input", xp, "--format", "json").output)
     assert all(r["propagated"] is not None for r in doc["layers"])
     assert doc["outputs"][0]["sqnr_db"] > 10
+    assert doc["notes"] == []
 
 
 # ----------------------------------------------------------------------------------------------

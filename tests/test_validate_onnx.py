@@ -97,12 +97,37 @@ def test_validate_onnx_matches_by_topology_where_names_differ(tmp_path):
     """Every value and node of the float model renamed: the match falls back on the topology (the
     int8 file's node of the same op type reading the same tensors, a folded Relu taking its Conv's
     match), and every layer's propagated error is the one the names gave."""
-    import onnx
-
     from npusim.validate import validate
 
     m, q, x = _pair(tmp_path)
     by_name = validate(q, x, m.SerializeToString())
+    by_topology = validate(q, x, _renamed(m))
+    assert by_topology.unmatched_float == [] and by_topology.warnings == []
+    assert [layer["propagated"] for layer in by_topology.layers] == [
+        layer["propagated"] for layer in by_name.layers
+    ]
+
+
+def test_a_qoperator_file_matches_by_topology_where_names_differ():
+    """The same on a QOperator file: its QLinearConv, QLinearAdd and QGemm nodes stand for the float
+    model's Conv, Add and Gemm (the folded Clips taking their Convs' matches)."""
+    import onnx
+
+    from npusim.validate import validate
+
+    m, q, x = _relu6_pair("QOperator")
+    by_name = validate(q, x, m)
+    by_topology = validate(q, x, _renamed(onnx.load_from_string(m)))
+    assert by_topology.unmatched_float == [] and by_topology.warnings == []
+    assert [layer["propagated"] for layer in by_topology.layers] == [
+        layer["propagated"] for layer in by_name.layers
+    ]
+
+
+def _renamed(m) -> bytes:
+    """The float model m with every node and every value but the graph outputs renamed."""
+    import onnx
+
     renamed = onnx.ModelProto()
     renamed.CopyFrom(m)
     new = {}
@@ -114,8 +139,66 @@ def test_validate_onnx_matches_by_topology_where_names_differ(tmp_path):
     for node in renamed.graph.node:
         for j, i in enumerate(node.input):
             node.input[j] = new.get(i, i)
-    by_topology = validate(q, x, renamed.SerializeToString())
-    assert by_topology.unmatched_float == [] and by_topology.warnings == []
-    assert [layer["propagated"] for layer in by_topology.layers] == [
-        layer["propagated"] for layer in by_name.layers
+    return renamed.SerializeToString()
+
+
+def _relu6_pair(fmt: str):
+    """A small CNN with Relu6 (Clip to [0, 6]) quantized by ORT's quantize_static in fmt, on inputs
+    large enough for every Clip to clamp; ORT folds each Clip into its layer's output range."""
+    pytest.importorskip("onnxruntime")
+    from npusim.testing import onnx_oracle as oo
+
+    m = oo.small_cnn_model(seed=2, size=16, activation="Relu6")
+    feeds = oo.random_inputs(m, 16, seed=4, low=0.0, high=8.0)
+    q = oo.quantize(m, fmt=fmt, per_channel=True, calibration=feeds)
+    x = np.concatenate([f["x"] for f in oo.random_inputs(m, 8, seed=9, low=0.0, high=8.0)])
+    return m.SerializeToString(), q, x
+
+
+@pytest.mark.parametrize("fmt", ["QDQ", "QOperator"])
+def test_a_folded_activation_clamp_is_no_local_error(fmt):
+    """A Relu6 that ORT folded into a layer's output range clamps the int8 output: the layer's
+    local float form clamps as the float model's Clip does (0.7-2.9 dB before, the clamp counted as
+    error), so local SQNR stays above the propagated one; on the QOperator file every float node is
+    matched (its values named <float name>_quantized, its nodes QLinearConv, QGemm, ...)."""
+    from npusim.validate import validate
+
+    m, q, x = _relu6_pair(fmt)
+    result = validate(q, x, m)
+    assert result.unmatched_float == [] and result.warnings == []
+    convs = [r for r in result.layers if r["kind"] in ("CONV_2D", "DEPTHWISE_CONV_2D")]
+    assert len(convs) == 4 and all(r["propagated"] is not None for r in convs)
+    assert all(r["local"]["sqnr_db"] > r["propagated"]["sqnr_db"] for r in convs), [
+        (r["local"]["sqnr_db"], r["propagated"]["sqnr_db"]) for r in convs
     ]
+    if fmt == "QOperator":  # the same layers have a propagated error as in the QDQ file
+        qdq = validate(_relu6_pair("QDQ")[1], x, m)
+        assert [r["propagated"] is None for r in result.layers] == [
+            r["propagated"] is None for r in qdq.layers
+        ]
+
+
+def test_breaks_first_names_a_layer_whose_inputs_have_a_propagated_value():
+    """A conv fed by the import's PAD (no float counterpart, no propagated value) is measured from
+    what the PAD was fed, never named with "inf dB into it" (op 5 was, on this model)."""
+    from npusim.model_io import load_model
+    from npusim.validate import validate
+
+    m, q, x = _relu6_pair("QDQ")
+    graph = load_model(q)
+    result = validate(graph, x, m)
+    b, producer = result.breaks_first, graph.producer()
+    by_op = {r["op"]: r for r in result.layers}
+    ins = [t for t in graph.ops[b["op"]].inputs if t >= 0 and not graph.tensors[t].is_constant]
+    before = []
+    for t in ins:  # each input's value has a propagated record, or is the quantized graph input
+        src = producer[t]
+        while by_op[src.index]["propagated"] is None and src.kind in ("PAD", "TRANSPOSE"):
+            src = producer[src.inputs[0]]
+        p = by_op[src.index]["propagated"]
+        assert p is not None or src.kind == "QUANTIZE"
+        before.append(float("inf") if p is None else p["sqnr_db"])
+    assert b["sqnr_db_before"] == min(before)
+    # the model has a conv fed by a PAD without a propagated value
+    pads = {r["op"] for r in result.layers if r["kind"] == "PAD" and r["propagated"] is None}
+    assert any(producer.get(t) is not None and producer[t].index in pads for o in graph.ops for t in o.inputs)

@@ -17,7 +17,11 @@ from zo.trainer import VALIDATION_EVERY, TrainConfig, Trainer
 
 
 def config(model, data, **kw):
-    base = dict(model=str(model), data=str(data), batch=16, budget=600, checkpoint_every=10, eval_every=60)
+    # the weight-perturbation blocks as such (--estimator weights); the activity estimator: test_zo_tail.py
+    base = dict(
+        model=str(model), data=str(data), batch=16, budget=600, checkpoint_every=10, eval_every=60,
+        estimator="weights",
+    )  # fmt: skip
     base.update(kw)
     return TrainConfig(**base)
 

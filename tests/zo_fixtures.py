@@ -22,10 +22,13 @@ def tiny_classifier(
     width: int | None = None,
     nchw: bool = False,
     reshape_logits: bool = False,
+    convs: int = 1,
 ) -> bytes:
     """[1, side, width, channels] input (default int8, scale 1, zp -128: raw pixels, like the shared
     ResNet-8) -> CONV_2D 1x1 + RELU -> AVERAGE_POOL_2D (global) -> RESHAPE -> FULLY_CONNECTED ->
-    SOFTMAX. head=False stops at the pooled features (an embedding model). nchw declares the input
+    SOFTMAX; convs > 1 stacks more 1x1 CONV_2D + RELU (hidden -> hidden) after the first, so that
+    the layers below the last conv are separated from the head by a weighted layer.
+    head=False stops at the pooled features (an embedding model). nchw declares the input
     1 x channels x side x width and reads it through a TRANSPOSE. The conv's weight scale follows the
     input scale, so the integer arithmetic after the input is the same for every input quantization."""
     rng = np.random.default_rng(seed)
@@ -67,6 +70,23 @@ def tiny_classifier(
     opt.padding, opt.strideH, opt.strideW = schema.Padding.VALID, 1, 1
     opt.fusedActivationFunction = schema.ActivationFunctionType.RELU
     b.add_op("CONV_2D", [conv_in, w1, b1], [h], opt)
+    for k in range(1, convs):
+        wk_scale = np.full(hidden, 0.003, np.float32)
+        wk = b.add_const(
+            rng.integers(-127, 128, (hidden, 1, 1, hidden)).astype(np.int8),
+            scale=wk_scale,
+            zero_point=np.zeros(hidden, np.int64),
+            name=f"conv{k}/weights",
+        )
+        bk = b.add_const(
+            rng.integers(-200, 200, hidden).astype(np.int32),
+            scale=bias_scale(0.2, wk_scale),
+            zero_point=np.zeros(hidden, np.int64),
+            name=f"conv{k}/bias",
+        )
+        hk = b.add_tensor((1, side, width, hidden), np.int8, 0.2, -128, name=f"conv{k}/out")
+        b.add_op("CONV_2D", [h, wk, bk], [hk], opt)
+        h = hk
     pooled = b.add_tensor((1, 1, 1, hidden), np.int8, 0.2, -128, name="pool/out")
     popt = schema.Pool2DOptionsT()
     popt.padding, popt.strideH, popt.strideW, popt.filterHeight, popt.filterWidth = (

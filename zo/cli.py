@@ -13,6 +13,7 @@ import click
 from click.core import ParameterSource
 
 from npusim import interrupt
+from npusim.cli_usage import OneLineGroup
 from npusim.errors import NpusimError
 
 from .errors import ZoError
@@ -44,7 +45,7 @@ def interrupted(message: str):
     sys.exit(130)
 
 
-@click.group()
+@click.group(cls=OneLineGroup)
 @click.version_option(package_name="npusim-zo")
 def main():
     """Zeroth-order (forward-only) on-device training on the npusim INT8 simulator."""
@@ -73,7 +74,7 @@ def main():
     default="qscheduler",
     show_default=True,
     help="fixed:N | qscheduler[:QMAX] (the slope test under nsgd, the efficiency test under sgd and adam) "
-    "| slope, coupled, snr, efficiency, linear, power [:QMAX]",
+    "| slope, coupled, snr, efficiency, rate (progress per unit of cost, docs/zo.md), linear, power [:QMAX]",
 )
 @click.option(
     "--optimizer",
@@ -155,6 +156,15 @@ def main():
     "--keep-head",
     is_flag=True,
     help="Train the model's own classifier head (the data must have its class count).",
+)
+@click.option(
+    "--estimator",
+    type=click.Choice(["activity", "weights"]),
+    default="activity",
+    show_default=True,
+    help="Below the head: activity (the exact tail: layers with only parameter-free ops up to the head get "
+    "exact gradients; below it each layer's output is perturbed, per example) or weights (every tensor's "
+    "weights perturbed, the estimator before issue 53). The pure-ZO setting: --head-gradient zo.",
 )
 @click.option(
     "--head-gradient",
@@ -384,7 +394,7 @@ def cost(model, trainable, q, batch, classes, new_head, calibration, master):
     from npusim.errors import NpusimError
     from npusim.npu import fit_cost_model, read_calibration_csv
 
-    from .cost import format_zo_step_report, zo_step_report
+    from .cost import format_step_parts, format_zo_step_report, step_parts, zo_step_report
     from .model import TrainableModel
 
     if q < 1 or batch < 1:
@@ -397,11 +407,19 @@ def cost(model, trainable, q, batch, classes, new_head, calibration, master):
         device = fit_cost_model(read_calibration_csv(calibration)).cost if calibration else None
     except (ZoError, NpusimError) as e:
         fail(str(e))
-    click.echo(
-        format_zo_step_report(
-            zo_step_report(m.interp, [p.tensor for p in m.params], q, batch, device, master=master)
-        )
-    )
+    from .head_grad import ExactHead
+    from .tail import ExactTail
+
+    offsets, i = {}, 0
+    for p in m.params:
+        n = m.graph.tensors[p.tensor].data.size
+        offsets[p.tensor] = (i, i + n)
+        i += n
+    tail = ExactTail.find(m, ExactHead.find(m, offsets), offsets)
+    tensors = [p.tensor for p in m.params]
+    report = zo_step_report(m.interp, tensors, q, batch, device, master=master)
+    click.echo(format_zo_step_report(report, tail))
+    click.echo(format_step_parts(step_parts(m.interp, tensors, q, batch, device)))
 
 
 if __name__ == "__main__":

@@ -69,6 +69,9 @@ class TrainConfig:
     test_size: int | None = None
     new_head: bool = False  # a fresh head (appended to a model without a classifier)
     keep_head: bool = False  # keep the model's own head when the class count matches (else a fresh one)
+    # Below the head: "activity" (its exact tail, then activity perturbation, zo/tail.py, zo/activity.py)
+    # or "weights" (weight perturbation of every tensor below the head, zo/blocks.py).
+    estimator: str = "activity"
     head_gradient: str = "exact"  # the classifier's gradient: "exact" (zo/head_grad.py) or "zo"
     master: str = "float"  # "float" (a float64 master copy) or "none" (integer codes only)
     zo_subspace: str = "channels"  # what a ZO block perturbs (zo/blocks.py): channels' scalings or all
@@ -92,6 +95,7 @@ class TrainConfig:
             raise ZoError(f"--eps {self.eps}: expected a positive number of int8 steps (or auto)")
         for name, value, allowed in (
             ("head-gradient", self.head_gradient, ("exact", "zo")),
+            ("estimator", self.estimator, ("activity", "weights")),
             ("master", self.master, ("float", "none")),
             ("keep", self.keep, ("best", "last")),
             ("zo-subspace", self.zo_subspace, zo_blocks.SUBSPACES),

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from npusim.npu import CostModel, plan_device, plan_fusion, plan_memory
 from npusim.npu.arena import tensor_bytes, tensor_elements
-from npusim.npu.cost import M55_CYCLES_PER_ELEMENT
+from npusim.npu.cost import M55_CYCLES_PER_ELEMENT, M55_MACS_PER_CYCLE
 from npusim.npu.report import kib
 
 from .errors import ZoError
@@ -143,10 +143,22 @@ def zo_step_report(
     }
 
 
-def format_zo_step_report(r: dict) -> str:
+def format_zo_step_report(r: dict, tail=None) -> str:
+    """tail: the run's ExactTail (zo/tail.py), whose extra memory gets its own line."""
     zo, bp = r["zo_memory"], r["bp_memory"]
+    tail_line = (
+        []
+        if tail is None
+        else [
+            f"exact tail ({', '.join(f.inputs[1].name for f in tail.layers)}): "
+            f"{kib(tail.memory_bytes(r['batch']))} "
+            f"more for the batch (their int8 inputs, the clamp masks, one float32 gradient buffer); "
+            f"{tail.macs_per_image * r['batch']:,} weight-gradient multiply-adds a step on the M55"
+        ]
+    )
     return "\n".join(
-        [
+        tail_line
+        + [
             f"ZO step on STM32N6: q={r['q']}, batch={r['batch']} ({r['resident_images']} image(s) resident), "
             f"{r['trainable_params']:,} trainable parameters in {len(r['trainable_tensors'])} tensors "
             f"(suffix from op {r['suffix_first_op']}, {r['suffix_ops']} ops)",
@@ -199,3 +211,169 @@ def step_overhead_seconds(
         + head_macs / cost.m55_macs_per_cycle
     )
     return cycles / cost.m55_clock_hz
+
+
+# -- a step of the hybrid trainer on the device, part by part (--budget-ms, `zo cost`) ---------------
+# Cortex-M55 MAC rates. Peak, per cycle, of Helium's dual-beat datapath (64 bits a cycle, a 128-bit
+# vector in two beats): 8 int8, 4 int16, 2 int32, 4 fp16 and 2 fp32 multiply-accumulates (Elettronica
+# Plus, "Embedded 90", November 2023, p. 37, on the Cortex-M85's Helium, the same dual-beat MVE as the
+# Cortex-M55's; Arm's Cortex-M55 product page describes the M55's MVE as dual-beat too).
+M55_PEAK_MACS_PER_CYCLE = {"int8": 8.0, "fp32": 2.0}
+# What a kernel sustains of that peak: npusim.npu.cost's CMSIS-NN int8 figure (2 MACs a cycle, itself
+# an ASSUMPTION) over the int8 peak, 0.25; ASSUMPTION: the same fraction for fp32 (loads of the
+# operands and the accumulator's spills bound both alike), 0.5 fp32 MACs a cycle.
+M55_SUSTAINED_FRACTION = M55_MACS_PER_CYCLE / M55_PEAK_MACS_PER_CYCLE["int8"]
+# ASSUMPTION: one Gaussian (or Rademacher) value of an activity direction, drawn from a counter-based
+# generator and scaled, about as costly as a weight direction's coordinate.
+CYCLES_PER_ACTIVITY_ELEMENT = CYCLES_PER_DIRECTION_COORDINATE
+
+
+def m55_mac_seconds(macs: float, dtype: str, cost: CostModel | None = None) -> float:
+    """Seconds of `macs` multiply-adds on the M55 in int8 or fp32 at the sustained rate above."""
+    cost = cost or CostModel()
+    rate = M55_PEAK_MACS_PER_CYCLE[dtype] * M55_SUSTAINED_FRACTION
+    return macs / rate / cost.m55_clock_hz
+
+
+def trainable_ops(interp, trainable: set) -> list:
+    """(execution position, kernel) of every op that reads a trainable tensor, in execution order."""
+    return [(pos, k) for pos, k in enumerate(interp.kernels) if trainable & set(k.op.inputs)]
+
+
+MAC_KINDS = frozenset({"CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED", "TRANSPOSE_CONV"})
+
+
+def exact_tail_positions(interp, ops: list, head_pos: int) -> set:
+    """Positions of the trainable MAC ops whose gradient the head's error gives exactly: no weighted
+    op but the head on any path from their output (only parameter-free ops: ADD, activations, pools,
+    MEAN, RESHAPE, CONCATENATION...). The head itself is not counted."""
+    consumers: dict = {}
+    for pos, k in enumerate(interp.kernels):
+        for t in k.op.inputs:
+            consumers.setdefault(t, []).append(pos)
+    tail = set()
+    for pos, _ in ops:
+        if pos == head_pos:
+            continue
+        seen, todo, exact = set(), [pos], True
+        while todo and exact:
+            at = todo.pop()
+            for t in interp.kernels[at].op.outputs:
+                for c in consumers.get(t, []):
+                    if c == head_pos or c in seen:
+                        continue
+                    if interp.kernels[c].op.kind in MAC_KINDS:
+                        exact = False
+                        break
+                    seen.add(c)
+                    todo.append(c)
+        if exact:
+            tail.add(pos)
+    return tail
+
+
+def step_parts(
+    interp, trainable_tensor_indices, q: int, batch: int, cost: CostModel | None = None,
+    grad_dtype: str = "fp32",
+) -> dict:  # fmt: skip
+    """Device seconds of one step of the hybrid trainer with activity perturbation, part by part,
+    averaged over the round robin of the layers below the exact tail (one of them is perturbed a step):
+
+    - `head_pass`: one pass of the trainable suffix over the batch, the one whose features and softmax
+      error give the head's exact gradient and the tail's (npusim's N6 latency from the first op that
+      reads a trainable tensor; the frozen prefix's outputs are cached);
+    - `probe_passes`: per direction 2 passes of what follows the step's perturbed layer;
+    - `directions`: the q directions drawn twice (probes, then the update, from their seeds) over the
+      perturbed layer's output for the whole batch;
+    - `local_gradients`: the exact tail's layers and the step's perturbed layer form their weight
+      gradients from their cached inputs and their output gradients: as many multiply-adds as their
+      forward passes, per image, on the M55 (`grad_dtype`: fp32, the output gradient being a float;
+      int8 for a device that quantizes it);
+    - `head_outer`: the head's (p - y)' x, classes x features multiply-adds per image, on the M55;
+    - `write_back`: the step's updated values (head, tail, the perturbed layer) rounded, clamped, stored;
+    - `loss`: a softmax per logit of every pass.
+    `fixed_s` (what a step pays whatever q is) + q x `per_direction_s` = `total_s`."""
+    if q < 1 or batch < 1:
+        raise ZoError(f"q and batch must be at least 1, got q={q}, batch={batch}")
+    cost = cost or CostModel()
+    graph = interp.graph
+    trainable = {int(t) for t in trainable_tensor_indices}
+    dev = plan_device(interp, cost)
+    ops = trainable_ops(interp, trainable)
+    if not ops:
+        raise ZoError("no op reads any of the trainable tensors")
+    head_pos = ops[-1][0] if ops[-1][1].op.kind == "FULLY_CONNECTED" else None
+    tail = exact_tail_positions(interp, ops, head_pos)
+    perturbed = [pos for pos, _ in ops if pos != head_pos and pos not in tail]
+    suffix_pass = dev.latency_s(batch, first=ops[0][0])
+    classes = graph.tensors[interp.kernels[-1].op.outputs[0]].shape[-1]
+
+    def values(positions):
+        return sum(
+            tensor_elements(graph.tensors[t])
+            for p in positions
+            for t in interp.kernels[p].op.inputs
+            if t in trainable
+        )
+
+    def mean(f):  # over the round robin of the perturbed layers (nothing when there is none)
+        return sum(f(p) for p in perturbed) / len(perturbed) if perturbed else 0.0
+
+    exact_macs = batch * sum(dev.ops[p].macs for p in tail)
+    local_macs = exact_macs + batch * mean(lambda p: dev.ops[p].macs)
+    head_macs = batch * dev.ops[head_pos].macs if head_pos is not None else 0
+    per_direction = {
+        "probe_passes": 2 * mean(lambda p: dev.latency_s(batch, first=p + 1)),
+        "directions": 2 * batch * CYCLES_PER_ACTIVITY_ELEMENT / cost.m55_clock_hz
+        * mean(lambda p: tensor_elements(graph.tensors[interp.kernels[p].op.outputs[0]])),
+        "loss": 2 * batch * classes * CYCLES_PER_LOGIT / cost.m55_clock_hz if perturbed else 0.0,
+    }  # fmt: skip
+    updated = values([head_pos] if head_pos is not None else []) + values(tail) + mean(lambda p: values([p]))
+    fixed = {
+        "head_pass": suffix_pass,
+        "local_gradients": m55_mac_seconds(local_macs, grad_dtype, cost),
+        "head_outer": m55_mac_seconds(head_macs, grad_dtype, cost),
+        "write_back": updated * CYCLES_PER_UPDATED_PARAMETER / cost.m55_clock_hz,
+        "loss": batch * classes * CYCLES_PER_LOGIT / cost.m55_clock_hz,
+    }
+    fixed_s, per_direction_s = sum(fixed.values()), sum(per_direction.values())
+    return {
+        "q": q,
+        "batch": batch,
+        "suffix_pass_s": suffix_pass,
+        "fixed": fixed,
+        "per_direction": per_direction,
+        "fixed_s": fixed_s,
+        "per_direction_s": per_direction_s,
+        "total_s": fixed_s + q * per_direction_s,
+        "local_gradient_macs": int(round(local_macs)),
+        "exact_tail_macs": exact_macs,
+        "head_outer_macs": head_macs,
+        "tail_layers": len(tail),
+        "perturbed_layers": len(perturbed),
+        "grad_dtype": grad_dtype,
+        # q* of the rule is sqrt(noise / signal x fixed / per direction): docs/zo.md
+        "fixed_per_direction": fixed_s / per_direction_s if per_direction_s else float("inf"),
+    }
+
+
+def format_step_parts(r: dict) -> str:
+    ms = lambda s: f"{s * 1e3:.3f} ms"  # noqa: E731
+    f, p = r["fixed"], r["per_direction"]
+    return "\n".join(
+        [
+            f"step of the hybrid trainer (activity perturbation), q={r['q']}, batch={r['batch']}: "
+            f"{ms(r['total_s'])} = fixed {ms(r['fixed_s'])} + {r['q']} x {ms(r['per_direction_s'])} "
+            "a direction",
+            f"  fixed: head pass {ms(f['head_pass'])} (NPU, suffix), local weight gradients "
+            f"{ms(f['local_gradients'])} ({r['local_gradient_macs']:,} {r['grad_dtype']} MACs on the M55: "
+            f"{r['tail_layers']} exact-tail layer(s) and the step's perturbed one), "
+            f"head outer product {ms(f['head_outer'])} ({r['head_outer_macs']:,} MACs), write-back "
+            f"{ms(f['write_back'])}, loss {ms(f['loss'])}",
+            f"  per direction: 2 passes after the perturbed layer {ms(p['probe_passes'])} (NPU), directions "
+            f"{ms(p['directions'])} (one of {r['perturbed_layers']} layers a step, round robin), "
+            f"loss {ms(p['loss'])}",
+            f"  fixed / per direction = {r['fixed_per_direction']:.2f} (the ratio the q rule weighs, "
+            "docs/zo.md); averages over the round robin of the layers below the tail",
+        ]
+    )

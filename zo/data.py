@@ -17,6 +17,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
+from npusim.errors import numpy_load_error
+
 from .errors import DataError
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".tif", ".tiff")
@@ -90,7 +92,7 @@ def _load_npz(path: Path) -> Dataset:
     except DataError:
         raise
     except Exception as e:  # zip errors, pickled object arrays, truncated files ...
-        raise DataError(f"{path}: cannot read as .npz ({type(e).__name__}: {e})") from None
+        raise DataError(f"{path}: cannot read as .npz: {numpy_load_error(path, e)}") from None
 
     where = str(path)
     for split in ("train", "test"):

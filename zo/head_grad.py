@@ -48,6 +48,13 @@ class ExactHead:
         out = tensors[self.out_tensor]
         self.out_scale, self.out_zero = np.float64(out.scale), int(out.zero_point)
         self.classes = classes
+        self.error = None
+
+    def input_gradient(self, values: dict) -> np.ndarray:
+        """dL/d(head input) in real units, shaped as the pass's head input: error W (W dequantized), of
+        the last loss_and_gradient's pass. What the exact tail (zo/tail.py) spreads back."""
+        w = self.model.graph.tensors[self.op.inputs[1]].data.astype(np.float64) * self.w_step[:, None]
+        return (self.error @ w).reshape(values[self.x_tensor].shape)
 
     @staticmethod
     def find(model: TrainableModel, offsets: dict) -> ExactHead | None:
@@ -86,6 +93,7 @@ class ExactHead:
         out = values[self.out_tensor].reshape(len(xq), -1)
         error[(out == -128) | (out == 127)] = 0.0
         error /= len(labels)
+        self.error = error  # dL/dlogits of this pass: input_gradient() spreads it below the head
         grads = [(error.T @ x) * self.w_step[:, None]]
         if self.has_bias:
             grads.append(error.sum(axis=0) * self.x_scale * self.w_step * self.bias_unit)

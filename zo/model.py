@@ -177,38 +177,8 @@ class TrainableModel:
     # -- the trainable set -------------------------------------------------------------------
     def _select(self, spec: str) -> list[Parameter]:
         mac = [k.op for k in self.interp.kernels if k.op.kind in MAC_OPS]
-        if not mac:
-            raise ZoError("the model has no CONV_2D, DEPTHWISE_CONV_2D or FULLY_CONNECTED layer to train")
         tensors = self.graph.tensors
-        if spec == "biases":
-            chosen, with_weights = mac, False
-        elif spec.startswith("last:"):
-            try:
-                k = int(spec[5:])
-            except ValueError:
-                raise ZoError(f"--trainable {spec!r}: expected last:K with an integer K") from None
-            if not 1 <= k <= len(mac):
-                raise ZoError(
-                    f"--trainable {spec!r}: K must be between 1 and {len(mac)} (the model's trainable layers)"
-                )
-            chosen, with_weights = mac[-k:], True
-        else:
-            names = [n.strip() for n in spec.split(",") if n.strip()]
-            by_name = {}
-            for op in mac:
-                by_name[tensors[op.inputs[1]].name] = op
-                by_name[tensors[op.outputs[0]].name] = op
-            missing = [n for n in names if n not in by_name]
-            if missing or not names:
-                sample = ", ".join(tensors[op.inputs[1]].name for op in mac[-3:])
-                raise ZoError(
-                    f"--trainable: no trainable layer named {missing[0] if missing else spec!r} "
-                    f"(expected last:K, biases, or weight/output tensor names such as {sample})"
-                )
-            chosen, with_weights = (
-                sorted({id(by_name[n]): by_name[n] for n in names}.values(), key=lambda o: o.index),
-                True,
-            )
+        chosen, with_weights = chosen_layers(spec, mac, tensors)
         params = []
         stored = getattr(self.graph.source, "weights", None) or {}
         for op in chosen:
@@ -299,6 +269,46 @@ def input_mapping(config: TrainConfig, graph) -> tuple[ImageInput, InputMapping]
     return image, choose_mapping(
         image, config.input_range, parse_channels("--mean", config.mean), parse_channels("--std", config.std)
     )
+
+
+def chosen_layers(spec: str, mac: list, tensors, appended_head: bool = False) -> tuple[list, bool]:
+    """(the MAC ops --trainable `spec` names, among `mac` in execution order; whether their weights
+    train). appended_head: a fresh head will be appended, so last:K may count one layer more (the
+    check before the model is prepared, which knows the graph's layers but not yet the head's)."""
+    if not mac:
+        raise ZoError("the model has no CONV_2D, DEPTHWISE_CONV_2D or FULLY_CONNECTED layer to train")
+    if spec == "biases":
+        return mac, False
+    if spec.startswith("last:"):
+        try:
+            k = int(spec[5:])
+        except ValueError:
+            raise ZoError(f"--trainable {spec!r}: expected last:K with an integer K") from None
+        if not 1 <= k <= len(mac) + appended_head:
+            raise ZoError(
+                f"--trainable {spec!r}: K must be between 1 and {len(mac) + appended_head} (the model's "
+                "trainable layers)"
+            )
+        return mac[-k:], True
+    names = [n.strip() for n in spec.split(",") if n.strip()]
+    by_name = {}
+    for op in mac:
+        by_name[tensors[op.inputs[1]].name] = op
+        by_name[tensors[op.outputs[0]].name] = op
+    missing = [n for n in names if n not in by_name]
+    if missing or not names:
+        sample = ", ".join(tensors[op.inputs[1]].name for op in mac[-3:])
+        raise ZoError(
+            f"--trainable: no trainable layer named {missing[0] if missing else spec!r} "
+            f"(expected last:K, biases, or weight/output tensor names such as {sample})"
+        )
+    return sorted({id(by_name[n]): by_name[n] for n in names}.values(), key=lambda o: o.index), True
+
+
+def check_trainable(spec: str, graph) -> None:
+    """--trainable against the graph's layers, before the data set is read and the model prepared."""
+    mac = [op for op in graph.ops if op.kind in MAC_OPS]
+    chosen_layers(spec, mac, graph.tensors, appended_head=find_head(graph) is None)
 
 
 def calibration_indices(n: int) -> np.ndarray:

@@ -409,11 +409,118 @@ class EfficiencyTest(SequentialTest):
         self.changes = [tuple(c) for c in state["changes"]]
 
 
+# -- q against a step's fixed cost (QScheduler v5; the derivation is in docs/zo.md) ------------------
+def progress_rate(q: float, signal: float, noise: float, fixed: float, per_direction: float) -> float:
+    """Expected loss decrease per unit of cost, up to a constant, of a step that averages q
+    directions: (q s / (q s + v)) / (C_s + q C_p), s = |g|^2 (signal, data noise included), v the
+    variance of one direction's estimate, C_s the step's fixed cost, C_p a direction's."""
+    return (q * signal / (q * signal + noise)) / (fixed + q * per_direction)
+
+
+def best_q(signal: float, noise: float, fixed: float, per_direction: float, q_max: int = 64) -> int:
+    """The integer q in [1, q_max] of the largest progress_rate: the continuous optimum is
+    q* = sqrt((v / s) (C_s / C_p)) (docs/zo.md), and the rate is unimodal in q, so the best integer is
+    floor(q*) or ceil(q*). No signal measured above zero (noise swamps it): q_max."""
+    if per_direction <= 0:
+        raise ValueError(f"per-direction cost {per_direction}: expected > 0")
+    if signal <= 0:
+        return q_max
+    if noise <= 0 or fixed <= 0:
+        return 1
+    star = math.sqrt(noise / signal * fixed / per_direction)
+    candidates = {min(max(c, 1), q_max) for c in (math.floor(star), math.ceil(star))}
+    return max(sorted(candidates), key=lambda q: progress_rate(q, signal, noise, fixed, per_direction))
+
+
+def direction_statistics(total: np.ndarray, squares: float, q: int) -> tuple[float, float]:
+    """(signal, noise) from one step's q per-direction estimates g_i, given streamed as their sum
+    `total` = sum g_i and `squares` = sum |g_i|^2 (nothing per direction is kept). noise: the
+    unbiased variance of one direction's estimate about their mean, (sum |g_i - m|^2) / (q - 1);
+    signal: |m|^2 - noise / q, unbiased for |E m|^2 = |g|^2 (the batch's gradient, so data noise
+    is in it, which a larger q does not average away). Needs q >= 2."""
+    if q < 2:
+        raise ValueError("direction_statistics needs q >= 2 directions")
+    mean_sq = float(np.dot(total, total)) / q**2
+    noise = (squares - q * mean_sq) / (q - 1)
+    return mean_sq - noise / q, max(noise, 0.0)
+
+
+def split_half_statistics(half_a: np.ndarray, half_b: np.ndarray, q: int) -> tuple[float, float]:
+    """(signal, noise) as direction_statistics gives them, from two half-sums of the q estimates
+    (directions 0..q/2-1 and q/2..q-1; q even): for an estimator whose per-direction vectors are never
+    formed one by one (activity perturbation forms one weight gradient from all directions' output
+    gradients; two halves cost one local gradient more, on the steps that measure). With means A and
+    B of q/2 estimates each, E|A - B|^2 = 4 v / q and E[A . B] = |g|^2."""
+    if q < 2 or q % 2:
+        raise ValueError("split_half_statistics needs an even q >= 2")
+    a, b = np.asarray(half_a) / (q // 2), np.asarray(half_b) / (q // 2)
+    diff = a - b
+    return float(np.dot(a, b)), q * float(np.dot(diff, diff)) / 4
+
+
+class ProgressRate(Scheduler):
+    """QScheduler v5: q maximising the expected progress per unit of cost, from measured statistics
+    (docs/zo.md, "How many directions a step").
+
+    The trainer reports each step's per-direction statistics (observe_estimates: signal and noise
+    from direction_statistics, summed over the steps where q >= 2) and the step's cost split into
+    what it pays once and what each direction adds (observe_costs: device seconds under --budget-ms,
+    forward passes under --budget). Every `window` measured steps q = best_q(sum signal, sum noise,
+    fixed, per direction). No tuned constant enters the rule: window only sets how many steps a
+    ratio of sums averages over. While q is 1 no spread can be measured, so every `every`-th step
+    then probes 2 directions (its estimate is used; it costs one direction more)."""
+
+    name = "rate"
+    wants_estimates = True
+
+    def __init__(self, q_max: int = 64, q_init: int = 2, window: int = 20, every: int = 10):
+        self.q, self.q_max, self.window, self.every = q_init, q_max, window, every
+        self.signal, self.noise, self.measured = 0.0, 0.0, 0
+        self.fixed, self.per_direction = 0.0, 1.0
+        self.changes: list[tuple[int, int]] = []
+
+    def next_q(self, progress):
+        if self.q == 1 and progress.step % self.every == self.every - 1:
+            return 2
+        return self.q
+
+    def observe_costs(self, fixed: float, per_direction: float):
+        self.fixed, self.per_direction = float(fixed), float(per_direction)
+
+    def observe_estimates(self, progress: Progress, signal: float, noise: float):
+        self.signal += signal
+        self.noise += noise
+        self.measured += 1
+        if self.measured < self.window:
+            return
+        q = best_q(self.signal, self.noise, self.fixed, self.per_direction, self.q_max)
+        self.signal, self.noise, self.measured = 0.0, 0.0, 0
+        if q != self.q:
+            self.q = q
+            self.changes.append((progress.step, q))
+
+    def state(self):
+        return {
+            "q": self.q, "signal": self.signal, "noise": self.noise, "measured": self.measured,
+            "fixed": self.fixed, "per_direction": self.per_direction, "changes": self.changes,
+        }  # fmt: skip
+
+    def load(self, state):
+        self.q, self.measured = int(state["q"]), int(state["measured"])
+        self.signal, self.noise = float(state["signal"]), float(state["noise"])
+        self.fixed, self.per_direction = float(state["fixed"]), float(state["per_direction"])
+        self.changes = [tuple(c) for c in state["changes"]]
+
+    def describe(self):
+        return f"{self.name}:{self.q_max}"
+
+
 ADAPTIVE = {
     "slope": SlopeTest,
     "coupled": CoupledSlopeTest,
     "snr": SignalToNoise,
     "efficiency": EfficiencyTest,
+    "rate": ProgressRate,
 }
 # The rule `--q qscheduler` names, by whether the step rule's step grows with q (how each was chosen:
 # experiments/results/earlier-studies.md). Under nsgd's linear scaling q is first-order neutral and
@@ -423,7 +530,8 @@ QSCHEDULER = {True: "slope", False: "efficiency"}
 
 
 def parse_scheduler(spec: str, step_grows_with_q: bool = True) -> Scheduler:
-    """fixed:N | qscheduler[:q_max] | slope|coupled|snr|efficiency[:q_max] | linear[:q_max] | power[:q_max]
+    """fixed:N | qscheduler[:q_max] | slope|coupled|snr|efficiency|rate[:q_max] | linear[:q_max] |
+    power[:q_max]
 
     step_grows_with_q: the step rule's (zo/optim.py), which `qscheduler` is resolved for."""
     kind, _, arg = spec.partition(":")
@@ -446,6 +554,6 @@ def parse_scheduler(spec: str, step_grows_with_q: bool = True) -> Scheduler:
     if kind == "power":
         return PowerLaw(q_max=n or 32)
     raise ValueError(
-        f"--q {spec!r}: expected fixed:N, qscheduler[:QMAX], slope|coupled|snr|efficiency[:QMAX], "
+        f"--q {spec!r}: expected fixed:N, qscheduler[:QMAX], slope|coupled|snr|efficiency|rate[:QMAX], "
         "linear[:QMAX] or power[:QMAX]"
     )

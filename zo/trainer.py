@@ -30,6 +30,7 @@ from npusim.npu import plan_device
 
 from . import blocks as zo_blocks
 from . import checkpoint, head_init
+from .activity import ActivityEstimator
 from .config import (  # noqa: F401 (re-exported: the API imports them from here)
     CALIBRATION_IMAGES,
     DEAD_STEPS,
@@ -45,6 +46,8 @@ from .config import (  # noqa: F401 (re-exported: the API imports them from here
 from .cost import step_overhead_seconds
 from .data import Dataset, load_dataset, subset
 from .errors import ZoError
+from .estimate import StepEstimate
+from .float_ops import FLOAT_OPS
 from .head_grad import ExactHead
 from .inputs import SATURATION_WARNING, model_inputs
 from .loss import group_losses
@@ -53,12 +56,14 @@ from .model import (  # noqa: F401 (build_model, calibration_indices: re-exporte
     TrainableModel,
     build_model,
     calibration_indices,
+    check_trainable,
     fresh_head_wanted,
     input_mapping,
 )
 from .optim import OPTIMIZERS, Adam, learning_rate, make_optimizer
 from .perturbation import direction, second_moment
-from .schedulers import EfficiencyTest, FixedQ, Progress, Scheduler
+from .schedulers import EfficiencyTest, FixedQ, Progress, Scheduler, direction_statistics
+from .tail import ExactTail
 
 
 class Trainer:
@@ -89,6 +94,7 @@ class Trainer:
             check_int8(graph)  # before the input checks: a float or uint8 model says what it is
         except NpusimError as e:
             raise ZoError(str(e)) from None
+        check_trainable(config.trainable, graph)  # before the data set is read
         if dataset is None:
             self.report(f"reading the data {config.data}")
             dataset = load_dataset(config.data)
@@ -186,7 +192,18 @@ class Trainer:
         self.optimizer = make_optimizer(config.optimizer, self.master.size, config.momentum)
         if config.master == "none":
             self.optimizer.momentum = 0.0  # no buffer beside the codes: the device keeps none
-        self.head_optimizer = Adam(len(self.head.coords)) if self.head is not None else None
+        # The coordinates of the head's Adam, in the order their gradient is concatenated: the head,
+        # its exact tail, the activity-perturbed layers.
+        self.exact_coords = (
+            None
+            if self.head is None
+            else np.concatenate(
+                [self.head.coords]
+                + ([self.tail.coords] if self.tail is not None else [])
+                + ([self.activity.coords] if self.activity is not None else [])
+            )
+        )
+        self.head_optimizer = Adam(len(self.exact_coords)) if self.head is not None else None
         self.u_moment = second_moment(config.direction)
         self.step = 0
         self.forward_passes = self.init_passes  # the head's initialization is paid from the budget
@@ -206,6 +223,7 @@ class Trainer:
         self.next_eval = 0
         self._perm_epoch, self._perm = -1, None
         self.zero_differences = 0.0  # of the last step's probe pairs
+        self.last_estimate = StepEstimate()  # what the last step measured and cost (zo/estimate.py)
         self.dead_steps = 0  # consecutive steps in which every probe pair gave L+ == L-
         self.last_lr = learning_rate(config.learning_rate, config.lr_schedule, 0.0)
         self.last_eval_passes, self.final_accuracy = -1, float("nan")
@@ -214,13 +232,28 @@ class Trainer:
 
     # -- where the forward passes go -------------------------------------------------------------
     def partition(self) -> tuple[ExactHead | None, list]:
-        """The exact-gradient head (or None) and the ZO blocks: every other trainable tensor."""
+        """The exact-gradient head (or None) and the ZO blocks: every trainable tensor outside the head
+        and its exact tail (self.tail, zo/tail.py)."""
         offsets, i = {}, 0
         for p, v in zip(self.model.params, self.model.values()):
             offsets[p.tensor] = (i, i + v.size)
             i += v.size
         head = ExactHead.find(self.model, offsets) if self.config.head_gradient == "exact" else None
+        # --estimator weights (and pure ZO, --head-gradient zo): every tensor below the head in ZO blocks.
+        activity = head is not None and self.config.estimator == "activity"
+        self.tail = ExactTail.find(self.model, head, offsets) if activity else None
         taken = set() if head is None else set(head.op.inputs[1:3])
+        if self.tail is not None:
+            taken |= {t for f in self.tail.layers for t in f.op.inputs[1:3]}
+        below = []
+        if activity:  # the layers whose weights are trainable, outside head and tail: activity perturbation
+            ops = {k.op.index: k.op for k in self.model.suffix}
+            for p in self.model.params:
+                op = ops[p.op_index]
+                if p.tensor not in taken and not p.is_bias and op.kind in FLOAT_OPS:
+                    below.append(FLOAT_OPS[op.kind](op, self.model.graph))
+                    taken |= {t for t in op.inputs[1:3] if t in offsets}
+        self.activity = ActivityEstimator(self.model, below, offsets, self.config.seed) if below else None
         tensors = self.model.graph.tensors
         blocks = []
         for p in self.model.params:
@@ -233,8 +266,23 @@ class Trainer:
             block = zo_blocks.Block(p.name, *offsets[p.tensor], self.config.eps or 1)
             block.shape, block.channel_axis = tuple(t.shape), axis
             blocks.append(block)
+        self.report(self.describe_training(head, blocks))
         return head, blocks
 
+    def describe_training(self, head, blocks) -> str:
+        """One line: what each trainable layer's gradient is and why."""
+        parts = []
+        if head is not None:
+            parts.append("the head: exact (its features and softmax error, one pass)")
+        if self.tail is not None:
+            names = ", ".join(f.inputs[1].name for f in self.tail.layers)
+            parts.append(f"exact tail {names}: exact (only parameter-free ops lie between it and the head)")
+        if self.activity is not None:
+            names = ", ".join(layer.name for layer in self.activity.layers)
+            parts.append(f"{names}: estimated by activity perturbation (2q suffix passes, one layer a step)")
+        if blocks:
+            parts.append(f"{len(blocks)} tensor(s): estimated by weight perturbation (2q passes a step)")
+        return "gradients: " + "; ".join(parts)
     @property
     def spent(self) -> float:
         """The budget spent, in forward passes; with --budget-ms, the device time spent (the steps' fixed
@@ -264,17 +312,27 @@ class Trainer:
             head_macs=self.config.batch * head.classes * head.features if head else 0,
         )  # fmt: skip
 
+    def step_cost_split(self, batches: int) -> tuple[float, float]:
+        """(what a step costs whatever q is, what each direction adds), in the budget's unit (forward
+        passes; under --budget-ms, passes of equal device time): the q rule's C_s and C_p."""
+        one, two = self.step_overhead(1, batches), self.step_overhead(2, batches)
+        per_direction = 2 * batches + self.charged(two - one)
+        return (self.head is not None) + self.charged(2 * one - two), per_direction
+
     def validation_passes(self) -> int:
         """Forward passes of one evaluation of the held-out images (--keep best), one per mini-batch."""
         return -(-len(self.val_rows) // self.config.batch) if len(self.val_rows) else 0
 
     def step_passes(self, q: int, batches: int) -> int:
         """Forward passes of one step: the head's pass, and 2q per probed mini-batch for a ZO block."""
-        return (self.head is not None) + (2 * q * batches if self.blocks else 0)
+        zo = self.blocks or self.activity is not None
+        return (self.head is not None) + (2 * q * batches if zo else 0)
 
     def calibrate_eps(self) -> int:
         """Each ZO block's eps from d(eps) against d(2 eps) (zo/blocks.py), unless --eps is given;
         returns the forward passes it cost."""
+        if self.activity is not None:
+            return self.calibrate_activity_eps()
         if self.config.eps is not None or not self.blocks:
             return 0
         rng = np.random.Generator(np.random.PCG64([self.config.seed, 0xCA1B]))
@@ -288,6 +346,20 @@ class Trainer:
             lambda k, i, dims: direction(self.config.seed, 2**40 + k, i, dims, self.config.direction),
             interrupt.check,
         )
+
+    def calibrate_activity_eps(self) -> int:
+        """The activity layers' eps (LSB of each layer's output), measured as the blocks' are, on one
+        mini-batch; --eps fixes it. Returns the forward passes spent."""
+        if self.config.eps is not None:
+            for layer in self.activity.layers:
+                layer.eps = self.config.eps
+            return 0
+        rng = np.random.Generator(np.random.PCG64([self.config.seed, 0xCA1B]))
+        rows = self.train_rows
+        indices = rows[rng.choice(len(rows), min(self.config.batch, len(rows)), replace=False)]
+        values = {t: v[indices] for t, v in self.train_cache.items()}
+        self.model.interp.evaluate(values, self.model.suffix)
+        return 1 + self.activity.measure_eps(values, self.data.y_train[indices], interrupt.check)
 
     # -- the fresh head's initialization -----------------------------------------------------------
     def feature_passes(self) -> int:
@@ -414,11 +486,17 @@ class Trainer:
     def gradient(self, q: int, derivatives: np.ndarray, block) -> np.ndarray:
         """g = (1/q) sum_i d_i u_i / E[u^2] over the block's dims, as a move of its values (zero
         elsewhere), regenerating each u_i from its seed (never stored)."""
-        sub = np.zeros(block.dims)
+        sub, squares = np.zeros(block.dims), 0.0
         for i in range(q):
-            sub += derivatives[i] * direction(
+            one = derivatives[i] * direction(
                 self.config.seed, self.step, i, block.dims, self.config.direction
             )
+            sub += one
+            squares += float(np.dot(one, one))
+        if getattr(self.scheduler, "wants_estimates", False) and q >= 2:
+            # per-direction estimates g_i = d_i u_i / E[u^2], streamed (schedulers.direction_statistics)
+            signal, noise = direction_statistics(sub / self.u_moment, squares / self.u_moment**2, q)
+            self.scheduler.observe_estimates(Progress(self.step, self.spent, self.total), signal, noise)
         g = np.zeros(self.master.size)
         values = self.deployed()[block.start : block.end]
         g[block.start : block.end] = block.lift(sub / (q * self.u_moment), values)
@@ -444,22 +522,41 @@ class Trainer:
         cfg = self.config
         lr = learning_rate(cfg.learning_rate, cfg.lr_schedule, self.spent / self.total)
         self.overhead_seconds += self.step_overhead(q, batches)
+        if hasattr(self.scheduler, "observe_costs") and self.blocks:
+            self.scheduler.observe_costs(*self.step_cost_split(batches))
         update = np.zeros(self.master.size)
         losses = []
+        estimate = StepEstimate()
         if self.head is not None:
             indices = self.batch_indices(self.step)
+            labels = self.data.y_train[indices]
             values = {t: v[indices] for t, v in self.train_cache.items()}
             self.model.interp.evaluate(values, self.model.suffix)
             loss, g = self.head.loss_and_gradient(values, self.data.y_train[indices])
+            if self.tail is not None:
+                g = np.concatenate([g, self.tail.gradient(values, self.head.input_gradient(values))])
+            if self.activity is not None:
+                g = np.concatenate([g, self.activity_gradient(q, values, labels, estimate)])
+                self.forward_passes += 2 * q
             head_lr = learning_rate(HEAD_LR, HEAD_SCHEDULE, self.spent / self.total)
-            update[self.head.coords] = self.head_optimizer.step(g, head_lr)
+            update[self.exact_coords] = self.head_optimizer.step(g, head_lr)
             losses.append(loss)
             self.forward_passes += 1
+            b = len(indices)
+            estimate.suffix_passes += 1
+            estimate.exact_coords = len(self.exact_coords)
+            estimate.local_macs += b * self.head.classes * self.head.features
+            if self.tail is not None:
+                estimate.local_macs += b * self.tail.macs_per_image
+                estimate.local_elements += b * self.tail.elements_per_image
         measure = False
         if self.blocks:
             loss_plus, loss_minus, zo_update = self.zo_update(q, batches, lr)
             update += zo_update
             losses.append(float(np.mean((loss_plus + loss_minus) / 2)))
+            estimate.suffix_passes += 2 * q * batches
+            eps = self.block_of_step(self.step).eps
+            estimate.estimates = np.ravel((loss_plus - loss_minus) / (2.0 * eps))
             measure = self.scheduler.measure_step(Progress(self.step, self.spent, self.total))
         before = self.master.copy() if measure else None
         self.master += update
@@ -475,7 +572,22 @@ class Trainer:
                 self.scheduler.observe_taylor(Progress(self.step, self.spent, self.total), first, second)
             self.scheduler.observe(Progress(self.step, self.spent, self.total), q, loss_plus, loss_minus)
         self.last_lr = lr
+        self.last_estimate = estimate
         return float(np.mean(losses))
+
+    def activity_gradient(self, q: int, values: dict, labels: np.ndarray, estimate) -> np.ndarray:
+        """This step's activity layer's estimated gradient, zero over the other activity layers."""
+        act = self.activity
+        layer = act.layers[self.step % len(act.layers)]
+        g_layer, d = act.gradient(values, layer, q, self.step, labels)
+        g = np.zeros(act.coords.size)
+        start = sum(c.size for other in act.layers[: act.layers.index(layer)] for c in other.coords)
+        g[start : start + g_layer.size] = g_layer
+        self.zero_differences = float(np.mean(d == 0))
+        estimate.estimates = d.ravel()
+        estimate.suffix_passes += 2 * q
+        estimate.local_macs += len(labels) * layer.macs_per_image
+        return g
 
     def zo_update(self, q: int, batches: int, lr: float) -> tuple:
         """The probes of this step's block and the step rule's move: (L+, L-, update)."""
@@ -537,7 +649,7 @@ class Trainer:
                     self.log(
                         {
                             "step": self.step,
-                            "q": q if self.blocks else 0,
+                            "q": q if self.blocks or self.activity is not None else 0,
                             "forward_passes": self.forward_passes,
                             "train_loss": f"{loss:.6f}",
                             "zero_differences": f"{self.zero_differences:.4f}",

@@ -29,11 +29,20 @@ def tensor_bytes(t) -> int:
     return tensor_elements(t) * np.dtype(t.dtype).itemsize
 
 
+def weight_storage(graph, t: int) -> str:
+    """How the model file stores constant tensor t: an ONNX MAC filter's own type (int4, uint4, int8,
+    uint8; onnx/importer.OnnxSource.storage), whether or not the graph's codes are the file's;
+    otherwise the graph's dtype."""
+    source = getattr(graph, "source", None)
+    storage = (getattr(source, "storage", None) or {}).get(t)
+    storage = storage or (getattr(source, "weights", None) or {}).get(t, {}).get("storage")
+    return storage or np.dtype(graph.tensors[t].dtype).name
+
+
 def constant_bytes(graph, t: int) -> int:
     """The bytes a constant tensor takes in the weights' memory: an ONNX weight the file stores as
     int4 or uint4 packs two values per byte (the graph holds one per int8 byte to compute on)."""
-    weights = getattr(getattr(graph, "source", None), "weights", None) or {}
-    if weights.get(t, {}).get("storage") in ("int4", "uint4"):
+    if weight_storage(graph, t) in ("int4", "uint4"):
         return (tensor_elements(graph.tensors[t]) + 1) // 2
     return tensor_bytes(graph.tensors[t])
 

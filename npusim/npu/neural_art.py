@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..profiles import N6_CHOICES
+from .n6_compiler import compiler
 
 INT16_MAX = 32767
 BC_FRACTION_BITS = 23  # BC is rounded at 2^-23 output steps, then shifted to shift_o (trace rule)
@@ -54,6 +55,10 @@ class N6Options:
     input_offset: "subtract" (the suboff subtracts the input zero point: a real zero is feature 0, so
       the CONVACC's zero padding is right; x - z_x takes 9 bits unless z_x is -128 or 0) or "fold"
       (the suboff adds 128, unsigned 8-bit feature, and (z_x + 128) * sum(w) goes into BC).
+    compiler: the ST Edge AI version whose requantization chain is derived (npu/n6_compiler.py):
+      "3.0" one off_bias ARITH, "2.2" / "2.1" a 16-bit per-channel scale then a scalar one.
+    compiled: a network_ecblobs.h path: the convs it maps run its coefficients, shifts and widths
+      (npu/compiled.py) instead of derived ones.
     """
 
     rounding: str = "half-up"
@@ -61,9 +66,13 @@ class N6Options:
     shift_a: str = "ignore"
     conv_shift: object = "weights"
     input_offset: str = "subtract"
+    compiler: str = "3.0"
+    compiled: object = None
 
 
-ROUNDINGS, ADD_PRODUCTS, SHIFT_A, INPUT_OFFSETS = (N6_CHOICES[k] for k in N6_CHOICES)
+ROUNDINGS, ADD_PRODUCTS, SHIFT_A, INPUT_OFFSETS = (
+    N6_CHOICES[k] for k in ("rounding", "add_products", "shift_a", "input_offset")
+)
 
 MAC_KINDS = ("CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED")  # a CONVACC chain each
 
@@ -227,11 +236,8 @@ def conv_stages(
     w = np.asarray(weights_per_channel, np.int64)
     channels = w.shape[0]
     w_scales = np.broadcast_to(np.asarray(w_scales, np.float32), (channels,))
-    m = np.float64(x_scale) * w_scales.astype(np.float64) / np.float64(y_scale)
-    total = normalised_shift(float(m.max()))  # T: A = M * 2^T fits int16
+    a = np.float64(x_scale) * w_scales.astype(np.float64)  # M[c] = a[c] / s_y
     s = conv_shift(w, options)
-    shift_o = total - s
-    a = [round_half_away(float(v) * 2.0**total) for v in m]
     bq = np.zeros(channels, np.int64) if bias is None else np.asarray(bias, np.int64).reshape(-1)
     offset = 128 if options.input_offset == "fold" else -x_zero_point
     folded = bq - (x_zero_point + offset) * w.sum(axis=1)  # the input offset the suboff left
@@ -239,9 +245,8 @@ def conv_stages(
         bias_scales = np.float32(x_scale) * w_scales
     sb = np.broadcast_to(np.asarray(bias_scales, np.float32), (channels,))
     # The bias as the compiler reads it: float32 value (int32 code times float32 scale), over the
-    # output scale in double, rounded at 2^-23 output steps, floor-shifted to shift_o.
+    # output scale in double (then rounded at 2^-23 output steps, floor-shifted: _bc).
     b_steps = (folded.astype(np.float32) * sb).astype(np.float64) / np.float64(np.float32(y_scale))
-    bc = [_bc(float(v), shift_o, y_zero_point) for v in b_steps]
     _, width, unsigned = feature_format(x_zero_point, options)
     convacc = {
         "unit": "CONVACC",
@@ -258,22 +263,21 @@ def conv_stages(
         "outbytes_o": 2,
         "accumulate": 0,
     }
-    if not np.any(folded):
-        b_sc, c_sc = split_bc(bc[0])
-        off_bias = _arith(role="off_bias", B_scalar=b_sc, C_scalar=c_sc, vec_precision=[16, 16, 16])
-    else:
-        off_bias = _arith(role="off_bias", C_vector=bc, vec_precision=[16, 16, 32])
-    off_bias.update(
-        scalar=0,
-        dualinput=0,
-        combinebc=1,
-        bcast="ARITH_BCAST_CHAN",
-        inbytes_x=2,
-        shift_o=shift_o,
-        A_vector=a,
+    requant = compiler(options.compiler).requantize(
+        _RULES, a, y_scale, s, b_steps, y_zero_point, not np.any(folded)
     )
-    _clip(off_bias, qmin, qmax)
-    return [suboff_stage(x_zero_point, options), convacc, off_bias]
+    _clip(requant[-1], qmin, qmax)
+    return [suboff_stage(x_zero_point, options), convacc, *requant]
+
+
+class _RULES:
+    """The rounding rules the compilers' requantizations share (npu/n6_compiler.py)."""
+
+    normalised_shift = staticmethod(normalised_shift)
+    split_bc = staticmethod(split_bc)
+    round = staticmethod(round_half_away)
+    bc = staticmethod(lambda b_steps, shift_o, zero_point: _bc(b_steps, shift_o, zero_point))
+    arith = staticmethod(lambda **fields: _arith(**fields))
 
 
 def _bc(b_steps: float, shift_o: int, zero_point: int) -> int:

@@ -82,9 +82,13 @@ def _add_findings(graph, op, stage, options) -> list[dict]:
 def _conv_findings(graph, op, stages) -> list[dict]:
     t = graph.tensors
     x, w, o = t[op.inputs[0]], t[op.inputs[1]], t[op.outputs[0]]
-    convacc, off_bias = stages[1], stages[2]
-    a = np.asarray(off_bias["A_vector"], np.float64)
-    total = convacc["shift_o"] + off_bias["shift_o"]
+    convacc, requant = stages[1], stages[2:]
+    # the per-channel A is the first requantizing ARITH's (3.0's off_bias, 2.x's mul_scale); the
+    # later ones (2.x's off_bias: one A2 for every channel) scale all channels alike
+    a = np.asarray(requant[0]["A_vector"], np.float64)
+    total = convacc["shift_o"] + sum(st["shift_o"] for st in requant)
+    for st in requant[1:]:
+        total -= np.log2(np.asarray(st["A_vector"], np.float64))
     m = np.float64(x.scale) * np.asarray(w.quant.scale, np.float64) / np.float64(o.scale)
     m = np.broadcast_to(m, a.shape)
     found = []

@@ -52,12 +52,24 @@ class Chain(Kernel):
         return self.tflm.workspace_bytes(n)
 
 
+def _channel_coeffs(st: dict) -> tuple[np.ndarray, np.ndarray]:
+    """(A[c], BC[c]) of a per-channel ARITH: combinebc's BC from C_vector or the scalars, else C."""
+    a = np.asarray(st["A_vector"], np.int64)
+    c = st["C_vector"]
+    if c is None:
+        return a, np.full(a.size, _bc(st), np.int64)
+    if st.get("combinebc", 1):
+        return a, np.asarray(c, np.int64)
+    return a, np.asarray(c, np.int64) << max(st.get("C_shift", 0), 0)
+
+
 class ConvChain(Chain):
-    """suboff ARITH -> CONVACC (accumulate, shift, round, saturate to 16 bits) -> off_bias ARITH."""
+    """suboff ARITH -> CONVACC (accumulate, shift, round, saturate to 16 bits) -> the requantizing
+    ARITHs, each rounded and saturated to its width (3.0: off_bias; 2.x: mul_scale then off_bias)."""
 
     def __init__(self, tflm, stages, options):
         super().__init__(tflm, stages, options)
-        self.suboff, self.convacc, self.off_bias = stages
+        self.suboff, self.convacc, *self.requant = stages
         self.dense = tflm.kind == "FULLY_CONNECTED"  # a matrix product
         self.geometry = None if self.dense else tflm.geometry
         self.depthwise = tflm.kind == "DEPTHWISE_CONV_2D"
@@ -67,11 +79,7 @@ class ConvChain(Chain):
         self.fill = units.shift_round(
             np.int64(sub["A_scalar"]) * x.zero_point + _bc(sub), sub["shift_o"], units.TRUNCATE
         )
-        self.a = np.asarray(self.off_bias["A_vector"], np.int64)
-        c = self.off_bias["C_vector"]
-        self.bc = (
-            np.asarray(c, np.int64) if c is not None else np.full(self.a.size, _bc(self.off_bias), np.int64)
-        )
+        self.coeffs = [_channel_coeffs(st) for st in self.requant]
         ca = self.convacc
         self.shift = ca["shift_o"]
         if options.shift_a == "products":  # the accumulator shifted left by shift_a before shift_o
@@ -94,12 +102,12 @@ class ConvChain(Chain):
         else:
             acc = units.accumulate(feature, np.asarray(w), self.geometry, int(self.fill), self.depthwise)
         y = units.convacc_output(acc, self.shift, self.mode, self.bits, np.empty_like(acc))
-        lo, hi = _range(self.off_bias)
         rows = y.reshape(-1, y.shape[-1])
-        out = units.arith_channel(
-            rows, self.a, self.bc, self.off_bias["shift_o"], self.mode, lo, hi, np.empty(rows.shape, np.int64)
-        )
-        return out.astype(np.int8).reshape(y.shape)
+        for st, (a, bc) in zip(self.requant, self.coeffs):
+            lo, hi = _range(st)
+            out = np.empty(rows.shape, np.int64)
+            rows = units.arith_channel(rows, a, bc, st["shift_o"], self.mode, lo, hi, out)
+        return rows.astype(np.int8).reshape(y.shape)
 
 
 class AddChain(Chain):
@@ -149,6 +157,9 @@ class RequantizeChain(Chain):
         return out.astype(np.int8).reshape(x.shape)
 
 
+ConvKinds = ("CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED")
+
+
 class NeuralArtProfile:
     """The profile's table: which kernel runs each op under --profile neural-art."""
 
@@ -163,13 +174,26 @@ class NeuralArtProfile:
 
     def __init__(self, options: N6Options | None = None):
         self.options = options or N6Options()
+        self._programs = {}  # id(graph) -> its compiled program (options.compiled), read once
+
+    def _stages(self, graph, op):
+        stages = op_stages(graph, op, self.options)
+        if stages is None or self.options.compiled is None or op.kind not in ConvKinds:
+            return stages
+        from .compiled import read_compiled, run_stages
+
+        key = id(graph)
+        if key not in self._programs:
+            self._programs[key] = read_compiled(self.options.compiled, graph)
+        chain = self._programs[key].mapped.get(op.index)
+        return stages if chain is None else run_stages(stages, chain)
 
     def kernel_for(self, kernel_class, op, graph, **extra) -> Kernel:
         tflm = kernel_class(op, graph, TFLM, **extra)
         chain = self.kernels.get(op.kind)
         if chain is None or placement(tflm)[0] != NPU:
             return tflm
-        stages = op_stages(graph, op, self.options)
+        stages = self._stages(graph, op)
         if stages is None or getattr(tflm, "int16", None) is not None:
             return tflm
         return chain(tflm, stages, self.options)

@@ -90,6 +90,10 @@ class Lowering:
         self.transposed: dict = {}  # (tensor, perm) -> tensor: each layout change made once
         self.skip: set = set()  # ids of nodes a fused lowering has taken over
         self.weights: dict = {}  # graph tensor index -> (initializer name, how to write it back)
+        # graph tensor index -> how the file stores the weights it was made from ("int4", "int8", ...),
+        # for every MAC filter, written back or not (a bias refit, a folded BatchNormalization): the
+        # N6 view counts 4-bit weights packed (npu/arena.constant_bytes)
+        self.storage: dict = {}
         self.node = None  # the node being lowered, for messages
         # op index -> (the ONNX node it was lowered from, {input position: Const}, {input position:
         # activation layout}): ORT's literal

@@ -17,6 +17,20 @@ from ..errors import NpusimError
 from .reader import parse
 
 INTEGER_OPS = ("QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "QLinear", "QGemm")
+QOPERATOR_SUFFIX = "_quantized"  # onnxruntime.quantization's TENSOR_NAME_QUANT_SUFFIX
+ACTIVATIONS = ("Relu", "Clip")  # what a quantizer folds into a QuantizeLinear's range
+
+
+def float_type(op_type: str) -> str:
+    """The float op an integer ONNX node computes: QLinearConv -> Conv, QGemm -> Gemm,
+    MatMulInteger -> MatMul; any other op type is itself."""
+    if op_type.startswith("QLinear") and len(op_type) > 7:
+        return op_type[7:]
+    if op_type == "QGemm":
+        return "Gemm"
+    if op_type.endswith("Integer") and len(op_type) > 7:
+        return op_type[:-7]
+    return op_type
 
 
 class OnnxFloatReference:
@@ -47,8 +61,15 @@ class OnnxFloatReference:
             )
         self.input_name = inputs[0].name
         self.matched: dict = {}  # float value name -> (int8 tensor, perm)
+        readers: dict = {}
+        for node in g.node:
+            for i in set(node.input):
+                readers.setdefault(i, []).append(node)
         self._match_names(g, source, {t for op in int8.ops for t in op.outputs})
-        self._match_topology(g, source, int8, initializers)
+        for o in list(self.matched):
+            self.matched[self._folded_into(o, readers)] = self.matched.pop(o)
+        self._match_topology(g, source, int8, initializers, readers)
+        self.clamps = self._clamps(g)
         self.unmatched = _unmatched(g, self.matched, initializers)  # (node index, op type)
         self.outputs = [o.name for o in g.output]
         extra = [n for n in self.matched if n not in self.outputs]
@@ -60,11 +81,12 @@ class OnnxFloatReference:
         self.evaluator = ReferenceEvaluator(model)
 
     def _match_names(self, g, source, produced: set):
-        """By value name, else by node name (the twin node's output at the same position)."""
+        """By value name (as is, or with the suffix ORT's QOperator quantizer gives the integer
+        value of a float one), else by node name (the twin node's output at the same position)."""
         by_node = {n.name: n for n in source.model.graph.node if n.name}
         for node in g.node:
             for o in node.output:
-                name = o if o in source.values else None
+                name = next((n for n in (o, o + QOPERATOR_SUFFIX) if n in source.values), None)
                 twin = by_node.get(node.name)
                 if name is None and twin is not None and len(twin.output) == len(node.output):
                     name = twin.output[list(node.output).index(o)]
@@ -72,11 +94,10 @@ class OnnxFloatReference:
                 if name is not None and source.values[name][0] in produced:
                     self.matched[o] = source.values[name]
 
-    def _match_topology(self, g, source, int8, initializers: set):
-        """What names leave: a float node matches the int8 file's node of its op type that reads the
-        same int8 tensors (QuantizeLinear / DequantizeLinear between them followed back to their
-        source). A match whose one reader is an unmatched Relu or Clip moves to that reader's output:
-        the quantizer folded it into the QuantizeLinear, so the int8 tensor holds its values."""
+    def _match_topology(self, g, source, int8, initializers: set, readers: dict):
+        """What names leave: a float node matches the int8 file's node of its op type (an integer
+        node's float_type) that reads the same int8 tensors (QuantizeLinear / DequantizeLinear
+        between them followed back to their source), a folded Relu or Clip taking the match."""
         producer = {t: op for op in int8.ops for t in op.outputs}
 
         def root(t):
@@ -89,7 +110,7 @@ class OnnxFloatReference:
         def key(node, lookup):
             ins = [lookup(i) for i in node.input if i and i not in initializers]
             ins = [i for i in ins if i is not skip]
-            return (node.op_type, tuple(ins)) if ins and None not in ins else None
+            return (float_type(node.op_type), tuple(ins)) if ins and None not in ins else None
 
         twins: dict = {}
         constants = {t.name for t in source.model.graph.initializer}
@@ -103,10 +124,6 @@ class OnnxFloatReference:
                     twins.setdefault(k, node)
         graph_inputs = {i.name for i in g.input}
         taken = {t for t, _ in self.matched.values()}
-        readers: dict = {}
-        for node in g.node:
-            for i in set(node.input):
-                readers.setdefault(i, []).append(node)
         for node in g.node:
             if any(o in self.matched for o in node.output):
                 continue
@@ -127,11 +144,31 @@ class OnnxFloatReference:
                 value = source.values[t]
                 if value[0] in taken:
                     continue
-                rs = readers.get(o, [])
-                if len(rs) == 1 and rs[0].op_type in ("Relu", "Clip") and rs[0].output[0] not in self.matched:
-                    o = rs[0].output[0]
-                self.matched[o] = value
+                self.matched[self._folded_into(o, readers)] = value
                 taken.add(value[0])
+
+    def _folded_into(self, o: str, readers: dict) -> str:
+        """Where a match of value o belongs: its one reader's output when that reader is an
+        unmatched Relu or Clip, which the quantizer folded into the QuantizeLinear (ORT's QOperator
+        output keeps the name of the value before it), so the int8 tensor holds its values."""
+        rs = readers.get(o, [])
+        if len(rs) == 1 and rs[0].op_type in ACTIVATIONS and rs[0].output[0] not in self.matched:
+            return rs[0].output[0]
+        return o
+
+    def _clamps(self, g) -> dict:
+        """{int8 tensor: (low, high)} where the matched float value is a Relu's or a Clip's output:
+        the int8 op writes that activation only as its output range, so its float form (the
+        layer's local reference) must clamp as the float model does, or the clamp counts as error."""
+        constants = {t.name: t for t in g.initializer}
+        clamps = {}
+        for node in g.node:
+            if node.op_type not in ACTIVATIONS or node.output[0] not in self.matched:
+                continue
+            bounds = _bounds(node, constants)
+            if bounds is not None:
+                clamps[self.matched[node.output[0]][0]] = bounds
+        return clamps
 
     def mapping(self) -> dict:
         """{int8 tensor: int8 tensor} for the tensors run_all gives (validate's mapping)."""
@@ -172,3 +209,21 @@ def _unmatched(g, matched: dict, initializers: set) -> list:
         )
 
     return [(k, n.op_type) for k, n in enumerate(g.node) if id(n) not in matched_nodes and not folded(n)]
+
+
+def _bounds(node, constants: dict):
+    """(low, high) of a Relu or a Clip (its min and max inputs, constants, or the attributes of
+    opset 6); None where a bound is not a constant."""
+    from onnx import numpy_helper
+
+    if node.op_type == "Relu":
+        return (0.0, np.inf)
+    attrs = {a.name: a.f for a in node.attribute}
+    bounds = [attrs.get("min", -np.inf), attrs.get("max", np.inf)]
+    for k, name in enumerate(node.input[1:3]):
+        if not name:
+            continue
+        if name not in constants:
+            return None
+        bounds[k] = float(numpy_helper.to_array(constants[name]).reshape(()))
+    return (float(bounds[0]), float(bounds[1]))

@@ -33,6 +33,7 @@ class OnnxSource:
         # ONNX value name -> (graph tensor, perm): where each activation of the file lives in the
         # Graph (physical = logical.transpose(perm)), for per-layer comparisons against ORT.
         self.values = values or {}
+        self.storage: dict = {}  # tensor -> the file's storage type of a MAC filter (Lowering.storage)
         self.rebuilt: dict = {}  # tensor -> data at import of MAC weights that are not the file's codes
         # plan_only: {"node", "op", "reason", "index"} per node npusim cannot lower (plan.py); index is
         # the op standing in for it, None where it has none
@@ -91,6 +92,7 @@ def _lower(model, order: list, where: str, plan_only: bool = False):
     values = {k: (v.tensor, v.perm) for k, v in ctx.env.items() if isinstance(v, Value)}
     source = OnnxSource(model, ctx.weights, len(ctx.ops), len(ctx.tensors), values)
     source.rebuilt = _rebuilt_weights(ctx)
+    source.storage = ctx.storage
     source.unlowered = ctx.unlowered
     source.origin = ctx.origin
     return to_graph(ctx, inputs, outputs, source)

@@ -303,6 +303,7 @@ def conv(
     if depthwise:
         wq = Quantization(np.asarray(ws, np.float32).reshape(-1), np.zeros(np.size(ws), np.int64), axis=3)
         wt = ctx.constant(w.name, codes.reshape(o, kh, kw).transpose(1, 2, 0)[None], np.int8, wq)
+        ctx.storage[wt] = w.storage
         if keep_file_codes:
             keep_file_layout(ctx, wt, w, "depthwise")
         bt = bias_tensor(ctx, bias_const, xq.scale[0], ws, o, out_name + "_bias")
@@ -312,13 +313,14 @@ def conv(
     if group == 1:
         wq = Quantization(np.asarray(ws, np.float32).reshape(-1), np.zeros(np.size(ws), np.int64), axis=0)
         wt = ctx.constant(w.name, ohwi, np.int8, wq)
+        ctx.storage[wt] = w.storage
         if keep_file_codes:
             keep_file_layout(ctx, wt, w, "conv")
         bt = bias_tensor(ctx, bias_const, xq.scale[0], ws, o, out_name + "_bias")
         ctx.emit("CONV_2D", [t, wt, bt], [out], **options)
         return out
     # Grouped: SPLIT the channels, one CONV_2D per group, CONCATENATION (TFLite's converter does the same).
-    grouped_conv(ctx, t, ohwi, ws, bias_const, w.name, out, group, options)
+    grouped_conv(ctx, t, ohwi, ws, bias_const, w.name, out, group, options, w.storage)
     return out
 
 
@@ -341,13 +343,16 @@ def wide_conv(ctx: Lowering, t: int, codes, wzp, ws, bias_const, w: Const, group
         axis=0,
     )
     wt = ctx.constant(w.name, full.transpose(0, 2, 3, 1), np.int8, quant)
+    ctx.storage[wt] = w.storage
     if group == 1 and wzp is None:
         keep_file_layout(ctx, wt, w, "conv")
     bt = bias_tensor(ctx, bias_const, ctx.quant(t).scale[0], wsb, o, ctx.tensors[out].name + "_bias")
     ctx.emit("CONV_2D", [t, wt, bt], [out], **options)
 
 
-def grouped_conv(ctx: Lowering, t: int, ohwi, ws, bias_const, w_name: str, out: int, group: int, options):
+def grouped_conv(
+    ctx: Lowering, t: int, ohwi, ws, bias_const, w_name: str, out: int, group: int, options, storage: str
+):
     """A convolution of `group` groups as SPLIT, one CONV_2D per group and CONCATENATION into out."""
     n, h, wd, c = ctx.shape(t)
     _, oh, ow, o = ctx.shape(out)
@@ -367,6 +372,7 @@ def grouped_conv(ctx: Lowering, t: int, ohwi, ws, bias_const, w_name: str, out: 
             axis=0,
         )
         wt = ctx.constant(f"{w_name}_group{g}", ohwi[sl], np.int8, wq)
+        ctx.storage[wt] = storage
         real = (
             None
             if bias_const is None
@@ -438,6 +444,7 @@ def dense(
         ws, zp = np.broadcast_to(ws, (nout,)).copy(), np.broadcast_to(zp, (nout,)).copy()
     wq = Quantization(ws.astype(np.float32), zp, axis=0)
     wt = ctx.constant(w_kn.name, codes.T, np.int8, wq)
+    ctx.storage[wt] = w_kn.storage
     if alpha == 1.0 and w_kn.source and not refit and wzp is None:
         ctx.weights[wt] = dict(
             init=w_kn.source,

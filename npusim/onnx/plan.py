@@ -37,6 +37,7 @@ class Mark:
         ctx.skip = self.skip
         ctx.transposed = {k: v for k, v in ctx.transposed.items() if v < self.tensors}
         ctx.weights = {k: v for k, v in ctx.weights.items() if k < self.tensors}
+        ctx.storage = {k: v for k, v in ctx.storage.items() if k < self.tensors}
 
 
 def _inferred(ctx: Lowering) -> dict:

@@ -196,3 +196,36 @@ def conv_out_size(n: int, k: int, stride: int, dilation: int, padding: str) -> i
     if padding == "SAME":
         return -(-n // stride)
     return (n - (k - 1) * dilation - 1) // stride + 1
+
+
+HYBRID_OPS = (
+    schema.BuiltinOperator.FULLY_CONNECTED,
+    schema.BuiltinOperator.CONV_2D,
+    schema.BuiltinOperator.DEPTHWISE_CONV_2D,
+)
+
+
+def hybrid_model(model_bytes: bytes, asymmetric: bool = True) -> bytes:
+    """The dynamic-range ("hybrid") twin of a quantized model, as the converter's dynamic-range
+    quantization writes it: float32 activations and biases, the MAC ops' weights kept int8 with
+    their (symmetric) scales. asymmetric: the FULLY_CONNECTED / CONV_2D / DEPTHWISE_CONV_2D
+    option asymmetric_quantize_inputs (per-batch asymmetric input quantization in LiteRT's hybrid
+    kernels, else symmetric)."""
+    m = schema.ModelT.InitFromPackedBuf(model_bytes, 0)
+    g = m.subgraphs[0]
+    keep = {op.inputs[1] for op in g.operators if m.operatorCodes[op.opcodeIndex].builtinCode in HYBRID_OPS}
+    saved = {t: (g.tensors[t].type, g.tensors[t].quantization) for t in keep}
+    m = schema.ModelT.InitFromPackedBuf(float_model(model_bytes), 0)
+    g = m.subgraphs[0]
+    for t, (kind, q) in saved.items():  # the weights back to their int8 codes and scales
+        old = schema.ModelT.InitFromPackedBuf(model_bytes, 0)
+        g.tensors[t].type, g.tensors[t].quantization = kind, q
+        m.buffers[g.tensors[t].buffer].data = old.buffers[old.subgraphs[0].tensors[t].buffer].data
+    for op in g.operators:
+        if m.operatorCodes[op.opcodeIndex].builtinCode in HYBRID_OPS and hasattr(
+            op.builtinOptions, "asymmetricQuantizeInputs"
+        ):
+            op.builtinOptions.asymmetricQuantizeInputs = bool(asymmetric)
+    builder = flatbuffers.Builder(0)
+    builder.Finish(m.Pack(builder), file_identifier=b"TFL3")
+    return bytes(builder.Output())

@@ -162,10 +162,12 @@ def resize_model(
     return _model([node], [_value("x", x_shape)], [_value("y", None)], [_init("scales", scales)])
 
 
-def small_cnn_model(seed: int = 0, channels: int = 3, size: int = 16, classes: int = 5):
+def small_cnn_model(
+    seed: int = 0, channels: int = 3, size: int = 16, classes: int = 5, activation: str = "Relu"
+):
     """A small float CNN of the layers ORT runs as integer ops once quantize_static has quantized
     it in QOperator format: Conv + Relu, depthwise Conv, Conv (stride 2), Add (residual),
-    MaxPool, GlobalAveragePool, Flatten, Gemm."""
+    MaxPool, GlobalAveragePool, Flatten, Gemm. activation "Relu6": each Relu is a Clip to [0, 6]."""
     from onnx import helper
 
     rng = np.random.default_rng(seed)
@@ -188,13 +190,21 @@ def small_cnn_model(seed: int = 0, channels: int = 3, size: int = 16, classes: i
         _init("bf", rng.standard_normal(classes) * 0.1),
     ]
     conv = helper.make_node
+    if activation not in ("Relu", "Relu6"):
+        raise ValueError(f"activation {activation!r}, expected 'Relu' or 'Relu6'")
+    if activation == "Relu6":
+        inits += [_init("lo", np.float32(0.0)), _init("hi", np.float32(6.0))]
+
+    def act(x, y):
+        return conv("Relu", [x], [y]) if activation == "Relu" else conv("Clip", [x, "lo", "hi"], [y])
+
     nodes = [
         conv("Conv", ["x", "w1", "b1"], ["c1"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
-        conv("Relu", ["c1"], ["r1"]),
+        act("c1", "r1"),
         conv("Conv", ["r1", "w2", "b2"], ["c2"], kernel_shape=[3, 3], pads=[1, 1, 1, 1], group=c1),
-        conv("Relu", ["c2"], ["r2"]),
+        act("c2", "r2"),
         conv("Conv", ["r2", "w3", "b3"], ["c3"], kernel_shape=[3, 3], pads=[1, 1, 1, 1], strides=[2, 2]),
-        conv("Relu", ["c3"], ["r3"]),
+        act("c3", "r3"),
         conv("Conv", ["r3", "w4", "b4"], ["c4"], kernel_shape=[1, 1]),
         conv("Add", ["c4", "r3"], ["s"]),
         conv("MaxPool", ["s"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),

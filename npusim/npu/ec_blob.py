@@ -1,0 +1,264 @@
+"""Reading ST Edge AI's compiled Neural-ART program as users have it on disk: `network_ecblobs.h`,
+the epoch-controller blobs (`static const uint64_t _ec_blob_N[] = {0x...UL, ...}`).
+
+The encoding is not documented by ST; this is our reading, checked by every blob of the shared
+compile decoding to exactly its stated end (tests/test_ec_blob.py):
+
+* the blob is a stream of little-endian 32-bit words: word 0 the magic 0xca057a7a, word 1 the
+  program's length n in words, the program words 2 .. n + 1, the last one the end (op 12), then
+  padding to 64 bits;
+* an instruction word is register word address << 16 | count << 5 | op (addresses in 32-bit
+  words from ATON_BASE): op 0 writes one data word to the register (count: a byte mask, 0x3e0),
+  op 2 writes `count` words to one register in turn (the last stays), op 3 writes `count` words
+  to consecutive registers, op 4 waits (two data words), op 1 (a unit's start) and op 12 (the
+  end) carry none, op 29 marks the start of epoch `count`.
+
+The register layouts are those of ST's public ll_aton runtime (ATON.h, ll_aton.c's
+LL_Arithacc_Init and LL_Convacc_Init, ll_aton_rcompat.h for the ARITH coefficient memory): ARITH
+unit n at byte 0x17000 + 0x1000 n from ATON_BASE (word 0x5c00 + 0x400 n), CONVACC n at 0xf000 +
+0x1000 n (word 0x3c00 + 0x400 n). Fields are given ll_aton's names, so a decoded unit compares
+with what npusim derives (npu/neural_art.py).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..errors import NpusimError
+
+MAGIC = 0xCA057A7A
+OP_WRITE, OP_START, OP_BURST_ONE, OP_BURST, OP_WAIT, OP_END, OP_EPOCH = 0, 1, 2, 3, 4, 12, 29
+ARITH_BASE, CONVACC_BASE, UNIT_STRIDE = 0x5C00, 0x3C00, 0x400
+ARITH_UNITS, CONVACC_UNITS = 4, 8  # ATON.h names ARITH 0-3; CONVACC pipes of up to 8 are seen
+COEFF_MEMORY = 0x100  # ARITH coefficients from byte 0x400: (COEFF_AB, COEFF_C) word pairs
+SHIFT_BIAS = 16  # ATON_SHIFT(x) = x + 16 (ll_aton_platform.h): signed shifts stored with an offset
+
+# ARITH registers (word offsets) and CONVACC registers, from ATON.h
+A_CTRL, A_SHIFT, A_COEFFAC, A_COEFFB, A_INSHIFTER, A_CLIPRANGE = 0x0, 0x2, 0x7, 0x8, 0xD, 0xE
+C_CTRL, C_DFORMAT = 0x0, 0x4
+CTRL_CLEARS = 1 << 1 | 1 << 30  # CLR and CONFCLR, the same bits in ARITH's and CONVACC's CTRL
+
+_BLOB = re.compile(r"static\s+const\s+uint64_t\s+(_ec_blob_\w+)\s*\[\s*\]\s*=\s*\{(.*?)\};", re.S)
+
+
+class CompiledError(NpusimError):
+    """A compiled program npusim cannot read: the message names the file, blob, epoch and word."""
+
+
+@dataclass
+class Unit:
+    """One hardware unit's registers as an epoch leaves them: name (ARITH0, CONVACC3), regs (word
+    offset -> value, the last write), coeffs (ARITH: coefficient-memory word offset -> value), and
+    the order in which the epoch configured it."""
+
+    name: str
+    order: int
+    regs: dict = field(default_factory=dict)
+    coeffs: dict = field(default_factory=dict)
+
+
+@dataclass
+class Epoch:
+    number: int
+    blob: str
+    units: list = field(default_factory=list)
+
+
+def _words(body: str, where: str) -> list[int]:
+    out = []
+    for i, item in enumerate(v.strip() for v in body.split(",")):
+        if not item:
+            continue
+        text = re.sub(r"(?i)u?l{0,2}u?$", "", item)
+        try:
+            v = int(text, 16)
+        except ValueError:
+            raise CompiledError(f"{where}: 64-bit word {i} is {item!r}, expected a hex literal") from None
+        out += [v & 0xFFFFFFFF, v >> 32]
+    return out
+
+
+def _unit_of(address: int) -> tuple[str, int] | None:
+    for base, count, kind in ((ARITH_BASE, ARITH_UNITS, "ARITH"), (CONVACC_BASE, CONVACC_UNITS, "CONVACC")):
+        if base <= address < base + count * UNIT_STRIDE:
+            return f"{kind}{(address - base) // UNIT_STRIDE}", (address - base) % UNIT_STRIDE
+    return None
+
+
+def decode_blob(name: str, words: list[int], where: str) -> list[Epoch]:
+    """The epochs of one blob with the ARITH and CONVACC registers each one writes."""
+    if len(words) < 3 or words[0] != MAGIC:
+        raise CompiledError(f"{where}: blob {name}, word 0: expected the magic 0x{MAGIC:08x}")
+    end = 1 + words[1]
+    if end >= len(words):
+        raise CompiledError(f"{where}: blob {name}, word 1: program length {words[1]} exceeds the blob")
+    epochs, current, i = [], None, 2
+    while True:
+        if i > end:
+            raise CompiledError(
+                f"{where}: blob {name}, epoch {_num(current)}, word {i}: runs past the stated end {end}"
+            )
+        w = words[i]
+        op, count, address = w & 0x1F, (w >> 5) & 0x7FF, w >> 16
+        data = {OP_WRITE: 1, OP_BURST_ONE: count, OP_BURST: count, OP_WAIT: 2}.get(op, 0)
+        if op not in (OP_WRITE, OP_START, OP_BURST_ONE, OP_BURST, OP_WAIT, OP_END, OP_EPOCH):
+            raise CompiledError(
+                f"{where}: blob {name}, epoch {_num(current)}, word {i}: "
+                f"unknown instruction 0x{w:08x} (op {op})"
+            )
+        if op == OP_END:
+            if i != end:
+                raise CompiledError(
+                    f"{where}: blob {name}, epoch {_num(current)}, word {i}: ends before its stated end {end}"
+                )
+            return epochs
+        if op == OP_EPOCH:
+            current = Epoch(count, name)
+            epochs.append(current)
+        elif data and current is not None:
+            values = words[i + 1 : i + 1 + data]
+            if op == OP_BURST_ONE:
+                values = values[-1:]
+            if op != OP_WAIT:
+                _write(current, address, values, op == OP_BURST)
+        i += 1 + data
+
+
+def _num(epoch) -> str:
+    return "-" if epoch is None else str(epoch.number)
+
+
+def _write(epoch: Epoch, address: int, values: list[int], consecutive: bool):
+    for k, v in enumerate(values):
+        hit = _unit_of(address + (k if consecutive else 0))
+        if hit is None:
+            continue
+        name, offset = hit
+        if offset == A_CTRL and v & CTRL_CLEARS:
+            continue  # the epoch's end clearing the unit (CLR, CONFCLR), not its configuration
+        unit = next((u for u in epoch.units if u.name == name), None)
+        if unit is None:
+            unit = Unit(name, len(epoch.units))
+            epoch.units.append(unit)
+        if name.startswith("ARITH") and offset >= COEFF_MEMORY:
+            unit.coeffs[offset - COEFF_MEMORY] = v
+        else:
+            unit.regs[offset] = v
+
+
+def read_ecblobs(path) -> list[Epoch]:
+    """Every epoch of a network_ecblobs.h, in program order."""
+    path = Path(path)
+    try:
+        text = path.read_text(errors="replace")
+    except OSError as e:
+        raise CompiledError(f"{path}: cannot read: {e.strerror}") from None
+    blobs = _BLOB.findall(text)
+    if not blobs:
+        raise CompiledError(
+            f"{path}: no `static const uint64_t _ec_blob_...[]` array: not a network_ecblobs.h"
+        )
+    epochs = []
+    for name, body in blobs:
+        epochs += decode_blob(name, _words(body, f"{path.name}: blob {name}"), path.name)
+    return epochs
+
+
+# ----------------------------------------------------------------------------------------------
+# Registers to ll_aton's fields
+
+
+def _bits(v: int, lsb: int, width: int) -> int:
+    return (v >> lsb) & ((1 << width) - 1)
+
+
+def _s16(v: int) -> int:
+    v &= 0xFFFF
+    return v - 0x10000 if v & 0x8000 else v
+
+
+def _s32(v: int) -> int:
+    v &= 0xFFFFFFFF
+    return v - 0x100000000 if v & 0x80000000 else v
+
+
+def arith_fields(unit: Unit, channels: int | None = None) -> dict:
+    """An ARITH unit's LL_Arithacc_InitTypeDef fields (ATON.h's bit positions). Per-channel
+    coefficients (vector mode) as A_vector, B_vector, C_vector, with combinebc's BC = {B, C} in
+    C_vector; `channels` (default: every pair written) limits them."""
+    r = unit.regs
+    ctrl, shift, inshift = r.get(A_CTRL, 0), r.get(A_SHIFT, 0), r.get(A_INSHIFTER, 0)
+    coeffac, coeffb = r.get(A_COEFFAC, 0), r.get(A_COEFFB, 0)
+    orndmode = _bits(ctrl, 24, 2)
+    f = {
+        "unit": "ARITH",
+        "operation": "ARITH_AFFINE" if _bits(ctrl, 9, 6) == 0 else f"op{_bits(ctrl, 9, 6)}",
+        "scalar": 0 if _bits(ctrl, 7, 1) else 1,
+        "bcast": "ARITH_BCAST_CHAN" if _bits(ctrl, 3, 1) else "ARITH_BCAST_SCALAR",
+        "dualinput": _bits(ctrl, 8, 1),
+        "combinebc": _bits(ctrl, 28, 1),
+        "rounding_o": _bits(ctrl, 5, 1),
+        "saturation_o": _bits(ctrl, 6, 1),
+        "round_mode_o": orndmode & 1,
+        "relu_mode_o": orndmode >> 1,
+        "outbytes_o": _bits(ctrl, 26, 2),
+        "clipout": _bits(ctrl, 29, 1),
+        "inbytes_x": _bits(inshift, 0, 2),
+        "shift_x": _bits(inshift, 2, 6) - SHIFT_BIAS,
+        "inbytes_y": _bits(inshift, 16, 2),
+        "shift_y": _bits(inshift, 18, 6) - SHIFT_BIAS,
+        "Ax_shift": _bits(shift, 0, 5),
+        "By_shift": _bits(shift, 5, 5),
+        "C_shift": _bits(shift, 10, 5),
+        "shift_o": _bits(shift, 15, 6),
+        "A_scalar": _s16(coeffac),
+        "B_scalar": _s16(coeffb),
+        "C_scalar": _s16(coeffac >> 16),
+        "A_vector": None,
+        "B_vector": None,
+        "C_vector": None,
+    }
+    if f["clipout"]:
+        clip = r.get(A_CLIPRANGE, 0)
+        f.update(clipmax=_s16(clip), clipmin=_s16(clip >> 16))
+    if not f["scalar"]:
+        pairs = len(unit.coeffs) // 2 if channels is None else channels
+        ab = [unit.coeffs.get(2 * k, 0) for k in range(pairs)]
+        c = [unit.coeffs.get(2 * k + 1, 0) for k in range(pairs)]
+        f["A_vector"] = [_s16(v) for v in ab]
+        if f["combinebc"]:
+            f["C_vector"] = [_s32(((v >> 16) << 16) | (cv & 0xFFFF)) for v, cv in zip(ab, c)]
+        else:
+            f["B_vector"] = [_s16(v >> 16) for v in ab]
+            f["C_vector"] = [_s16(cv) for cv in c]
+    return f
+
+
+def convacc_fields(unit: Unit) -> dict:
+    """A CONVACC unit's LL_Convacc_InitTypeDef fields that set its arithmetic (ATON.h's CTRL and
+    DFORMAT bit positions; shift_a is DFORMAT's INSHIFT, "accumulator shift left really")."""
+    ctrl, fmt = unit.regs.get(C_CTRL, 0), unit.regs.get(C_DFORMAT, 0)
+    orndmode = _bits(fmt, 14, 2)
+    return {
+        "unit": "CONVACC",
+        "simd": _bits(ctrl, 5, 2),
+        "f_unsigned": _bits(ctrl, 20, 1),
+        "k_unsigned": _bits(ctrl, 21, 1),
+        "accumulate": 1 - _bits(ctrl, 2, 1),
+        "deepmode": _bits(ctrl, 28, 1),
+        "inbytes_f": _bits(fmt, 22, 2),
+        "shift_a": _bits(fmt, 0, 6),
+        "shift_o": _bits(fmt, 8, 6),
+        "rounding_o": _bits(fmt, 16, 1),
+        "saturation_o": _bits(fmt, 17, 1),
+        "round_mode_o": orndmode & 1,
+        "relu_mode_o": orndmode >> 1,
+        "raw_o": _bits(fmt, 18, 1),
+        "outbytes_o": _bits(fmt, 20, 2),
+    }
+
+
+def unit_fields(unit: Unit) -> dict:
+    return arith_fields(unit) if unit.name.startswith("ARITH") else convacc_fields(unit)

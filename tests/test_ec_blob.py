@@ -1,0 +1,170 @@
+"""ST Edge AI's epoch-controller blobs (npu/ec_blob.py), their mapping to the model's ops
+(npu/compiled.py) and the 2.x two-stage requantization (npu/n6_compiler.py), against ST Edge AI
+2.1's own compile of YOLOX-nano (../shared/models/stm32n6/st_compiler/yolox_nano_480_stedgeai_2.1)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+import npusim.cli
+from npusim.model_io import load_model
+from npusim.npu.compiled import differs, read_compiled
+from npusim.npu.ec_blob import MAGIC, CompiledError, arith_fields, decode_blob, read_ecblobs
+from npusim.npu.neural_art import N6Options, graph_stages
+
+from shared_paths import SHARED, need
+
+FOLDER = SHARED / "models" / "stm32n6" / "st_compiler"
+MODEL = FOLDER / "yolox_nano_480" / "st_yolo_x_nano_480_1.0_0.25_3_st_int8.tflite"
+BLOBS = FOLDER / "yolox_nano_480_stedgeai_2.1" / "network_ecblobs.h"
+
+
+def cli(*args):
+    return CliRunner().invoke(npusim.cli.main, [str(a) for a in args], catch_exceptions=False)
+
+
+def _program(*body):
+    """A blob: magic, length, the program words, the end (op 12)."""
+    words = [*body, 0xC]
+    return [MAGIC, len(words), *words]
+
+
+def test_decode_one_arith_configuration():
+    # epoch 7; ARITH1 CTRL (op 2: default then the value), SHIFT (op 0), COEFFAC+COEFFB (op 3),
+    # two channels of coefficient memory (op 3 from word 0x100), a wait (op 4), an end-of-epoch clear
+    a = 0x5C00 + 0x400
+    ctrl = (
+        1 << 2 | 1 << 3 | 1 << 4 | 1 << 5 | 1 << 6 | 1 << 7 | 1 << 21 | 1 << 22 | 1 << 24 | 1 << 26 | 1 << 28
+    )
+    words = _program(
+        7 << 5 | 29,
+        a << 16 | 2 << 5 | 2,
+        0x08000000,
+        ctrl,
+        (a + 2) << 16 | 0x3E0 << 5 | 0,
+        20 << 15,
+        (a + 0x100) << 16 | 4 << 5 | 3,
+        0xEF885500,
+        0xFD84,
+        0x00015500,
+        0x0002,
+        0x80 << 16 | 4,
+        0x64,
+        0,
+        a << 16 | 0x3E0 << 5,
+        0x48000000,
+    )
+    (epoch,) = decode_blob("_ec_blob_t", words, "t.h")
+    assert epoch.number == 7 and [u.name for u in epoch.units] == ["ARITH1"]
+    f = arith_fields(epoch.units[0])
+    assert (f["scalar"], f["bcast"], f["combinebc"], f["outbytes_o"], f["shift_o"]) == (
+        0,
+        "ARITH_BCAST_CHAN",
+        1,
+        1,
+        20,
+    )
+    assert (f["rounding_o"], f["saturation_o"], f["round_mode_o"]) == (1, 1, 1)
+    assert f["A_vector"] == [21760, 21760]
+    assert f["C_vector"] == [np.int32(np.uint32(0xEF88FD84)), 0x00010002]
+
+
+def test_bad_blob_names_blob_epoch_and_word():
+    words = _program(3 << 5 | 29, 0x5C00 << 16 | 7)  # op 7: no such instruction
+    with pytest.raises(CompiledError, match=r"blob _ec_blob_t, epoch 3, word 3: unknown instruction"):
+        decode_blob("_ec_blob_t", words, "t.h")
+    short = _program(3 << 5 | 29)
+    short[1] += 1  # states one word more than it has before its end
+    with pytest.raises(CompiledError, match=r"epoch 3, word 3: ends before its stated end 4"):
+        decode_blob("_ec_blob_t", short + [0, 0], "t.h")
+
+
+def test_every_blob_decodes_to_its_stated_end():
+    epochs = read_ecblobs(need(BLOBS))
+    assert len(epochs) == 222 and epochs[0].number == 1 and epochs[-1].number == 230
+
+
+@pytest.fixture(scope="module")
+def yolox21():
+    graph = load_model(need(MODEL), plan_only=True)
+    return graph, read_compiled(need(BLOBS), graph)
+
+
+def test_2x_chain_derived_equals_the_compiled_one(yolox21, capsys):
+    graph, program = yolox21
+    derived = graph_stages(graph, N6Options(compiler="2.1"))
+    mac = sum(op.kind in ("CONV_2D", "DEPTHWISE_CONV_2D") for op in graph.ops)
+    two = {i: c for i, c in program.mapped.items() if len(c.ariths) == 2}
+    exact_fields = bc_layers = bc_channels = channels = 0
+    for index, chain in two.items():
+        d = differs(derived[index], chain.stages())
+        exact_fields += not [f for f in d if f != "ARITH.C_vector"]
+        bc = np.array(derived[index][-1]["C_vector"]) == np.array(chain.ariths[-1]["C_vector"])
+        bc_layers += bool(bc.all())
+        bc_channels += int(bc.sum())
+        channels += bc.size
+    with capsys.disabled():
+        print(
+            f"\n2.1 blobs: {len(program.chains)} conv chains, {len(program.mapped)} mapped of "
+            f"{mac} conv layers; "
+            f"two-stage layers {len(two)}: every field but BC exact {exact_fields}/{len(two)}, "
+            f"BC exact {bc_layers}/{len(two)} layers, {bc_channels}/{channels} channels"
+        )
+    assert len(program.mapped) >= 160 and len(two) >= 160
+    assert exact_fields == len(two)  # A1, s1, A2, shift 20, widths, roundings, the CONVACC's S
+    assert bc_channels >= 0.98 * channels
+    # the 3.0 chain (the default) is not what 2.1 compiled
+    derived30 = graph_stages(graph, N6Options())
+    assert all("stages" in differs(derived30[i], c.stages()) for i, c in two.items())
+
+
+def test_inspect_compiled_json_and_errors(yolox21, tmp_path):
+    r = cli(
+        "inspect",
+        need(MODEL),
+        "--target",
+        "stm32n6",
+        "--format",
+        "json",
+        "--compiled",
+        need(BLOBS),
+        "--n6-compiler",
+        "2.1",
+    )
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.output)
+    with_compiled = [o for o in data["ops"] if "compiled" in o.get("neural_art", {})]
+    assert len(with_compiled) == len(yolox21[1].mapped)
+    c = with_compiled[0]["neural_art"]["compiled"]
+    assert set(c) >= {"stages", "differs"} and c["stages"][0]["unit"] == "CONVACC"
+    assert "stages" in with_compiled[0]["neural_art"]
+    bad = tmp_path / "network_ecblobs.h"
+    bad.write_text("static const uint64_t _ec_blob_1 [] = {0x0000000300000000UL};")
+    r = cli("inspect", need(MODEL), "--target", "stm32n6", "--compiled", bad)
+    assert r.exit_code == 2 and r.output.count("\n") == 1 and "blob _ec_blob_1, word 0" in r.output
+    r = cli("inspect", need(MODEL), "--compiled", bad)
+    assert r.exit_code == 2 and "apply only with --target stm32n6" in r.output
+
+
+def test_n6_options_refused_under_other_profiles(tmp_path):
+    x = tmp_path / "x.npy"
+    np.save(x, np.zeros((1, 4), np.int8))
+    model = need(MODEL)
+    r = cli("run", model, "--input", x, "--output", tmp_path / "y.npy", "--n6-compiler", "2.1")
+    assert r.exit_code == 2 and "--n6-compiler apply only to --profile neural-art, not to tflm" in r.output
+
+
+def test_profile_runs_the_compiled_chain(yolox21):
+    from npusim.npu.compiled import run_stages
+    from npusim.npu.neural_art_run import NeuralArtProfile
+
+    graph, program = yolox21
+    index, chain = next((i, c) for i, c in sorted(program.mapped.items()) if len(c.ariths) == 2)
+    profile = NeuralArtProfile(N6Options(compiler="2.1", compiled=need(BLOBS)))
+    stages = profile._stages(graph, graph.ops[index])
+    assert stages == run_stages(graph_stages(graph, N6Options(compiler="2.1"))[index], chain)
+    assert [s["A_vector"] for s in stages[2:]] == [a["A_vector"] for a in chain.ariths]

@@ -1,0 +1,117 @@
+"""QScheduler v5 (zo/schedulers.py, ProgressRate): q from measured per-direction statistics and the
+step's measured cost split, maximising expected progress per unit of cost (docs/zo.md)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from zo.schedulers import (
+    Progress,
+    ProgressRate,
+    best_q,
+    direction_statistics,
+    parse_scheduler,
+    progress_rate,
+    split_half_statistics,
+)
+
+
+def test_q_is_one_when_a_step_has_no_fixed_cost():
+    for noise in (0.1, 10.0, 1e4):
+        assert best_q(1.0, noise, fixed=0.0, per_direction=2.0) == 1
+
+
+def test_q_grows_with_the_fixed_cost():
+    qs = [best_q(1.0, 50.0, fixed, 2.0) for fixed in (0.5, 2.0, 8.0, 32.0, 128.0)]
+    assert qs == sorted(qs) and qs[0] < qs[-1]
+    assert qs[-1] == 57  # sqrt(50 x 64) = 56.6: the integer of the larger rate
+
+
+def test_q_responds_to_the_variance():
+    qs = [best_q(1.0, noise, 20.0, 2.0) for noise in (0.5, 5.0, 50.0, 500.0)]
+    assert qs == sorted(qs) and qs[0] == 2 and qs[-1] == 64  # capped at q_max
+    assert best_q(1.0, 0.0, 20.0, 2.0) == 1  # no noise: one direction is the gradient
+    assert best_q(-0.1, 5.0, 20.0, 2.0) == 64  # no signal above the noise: the most the rule allows
+
+
+def test_best_q_is_the_integer_argmax():
+    for signal, noise, fixed, per in [(1.0, 7.0, 3.0, 1.0), (0.3, 40.0, 11.0, 2.0), (2.0, 1.0, 100.0, 0.5)]:
+        rates = [progress_rate(q, signal, noise, fixed, per) for q in range(1, 65)]
+        assert best_q(signal, noise, fixed, per) == 1 + int(np.argmax(rates))
+
+
+def test_direction_statistics_are_unbiased():
+    rng = np.random.default_rng(0)
+    g, sigma, q, d = rng.normal(size=50), 3.0, 4, 50
+    signals, noises = [], []
+    for _ in range(4000):
+        est = g + sigma * rng.normal(size=(q, d))
+        s, v = direction_statistics(est.sum(0), float((est * est).sum()), q)
+        signals.append(s)
+        noises.append(v)
+    assert np.mean(noises) == pytest.approx(sigma**2 * d, rel=0.02)
+    assert np.mean(signals) == pytest.approx(float(g @ g), rel=0.1)
+
+
+def feed(rule, signal, noise, fixed, per_direction, steps):
+    for step in range(steps):
+        progress = Progress(step, 0, 10**9)
+        q = rule.next_q(progress)
+        rule.observe_costs(fixed, per_direction)
+        if q >= 2:
+            rule.observe_estimates(progress, signal, noise)
+    return rule
+
+
+def test_the_scheduler_follows_the_measured_statistics():
+    # a pass budget with an exact head: C_s = 1 pass, C_p = 2 passes; noise 8x the signal: q* = 2
+    assert feed(ProgressRate(), 1.0, 8.0, 1.0, 2.0, 200).q == 2
+    # device time with a large fixed cost (local gradients): q grows
+    assert feed(ProgressRate(), 1.0, 8.0, 18.0, 2.0, 200).q == 8  # sqrt(8 x 9) = 8.5
+    # no fixed cost: q = 1, and every tenth step still measures at q = 2
+    rule = feed(ProgressRate(), 1.0, 8.0, 0.0, 2.0, 200)
+    assert rule.q == 1
+    assert [rule.next_q(Progress(s, 0, 10**9)) for s in range(10)] == [1] * 9 + [2]
+
+
+def test_the_scheduler_state_round_trips():
+    rule = feed(ProgressRate(), 1.0, 8.0, 18.0, 2.0, 35)
+    again = ProgressRate()
+    again.load(json.loads(json.dumps(rule.state())))
+    assert again.state() == rule.state()
+    assert isinstance(parse_scheduler("rate:16"), ProgressRate) and parse_scheduler("rate:16").q_max == 16
+
+
+def test_split_half_statistics_agree_with_the_per_direction_ones():
+    rng = np.random.default_rng(1)
+    g, sigma, q, d = rng.normal(size=30), 2.0, 6, 30
+    pairs = []
+    for _ in range(4000):
+        est = g + sigma * rng.normal(size=(q, d))
+        pairs.append(split_half_statistics(est[: q // 2].sum(0), est[q // 2 :].sum(0), q))
+    signal, noise = np.mean(pairs, axis=0)
+    assert noise == pytest.approx(sigma**2 * d, rel=0.03)
+    assert signal == pytest.approx(float(g @ g), rel=0.1)
+    with pytest.raises(ValueError):
+        split_half_statistics(g, g, 3)
+
+
+def test_the_trainer_feeds_the_rule_its_costs_and_estimates(tiny, tmp_path):
+    from zo.trainer import TrainConfig, Trainer
+
+    model, data = tiny
+    base = dict(model=str(model), data=str(data), batch=16, trainable="last:2", q="rate", seed=0)
+    t = Trainer(TrainConfig(**base, budget=600), tmp_path / "passes")
+    t.run()
+    # a pass budget: the head's pass is the fixed cost, a direction two passes
+    assert (t.scheduler.fixed, t.scheduler.per_direction) == (1.0, 2.0)
+    assert t.scheduler.measured > 0 or t.scheduler.changes
+    t = Trainer(TrainConfig(**base, budget_ms=2000.0), tmp_path / "ms")
+    fixed, per_direction = t.step_cost_split(1)
+    one = t.step_overhead(1, 1)
+    # device time: the split reproduces the step's fixed work at q = 1, in passes of equal time
+    assert fixed + per_direction == pytest.approx(3 + one / t.device_seconds_per_pass)
+    assert fixed > 1.0 and per_direction > 2.0

@@ -1,0 +1,127 @@
+"""Activity perturbation (`--estimator activity`): below the exact tail, each trainable layer's output
+gradient is estimated by perturbing that output, not the weights, and its weight and bias gradients
+are then local products with its cached input (as the exact tail's are, zo/tail.py).
+
+Ren, Kornblith, Liao and Hinton (ICLR 2023): a random direction over a layer's activations instead
+of its weights divides the estimator's variance by about (weights / activations), and a direction of
+its own per example makes the mini-batch B independent samples from one pair of passes. Measured on
+ResNet-8 conv2d_7 (docs/zo.md): cosine with the true gradient 0.095 at q = 1 against 0.004 for
+weight perturbation.
+
+One step, one layer (round robin, as the weights estimator's blocks): its int8 output h (from the
+step's forward pass) gets q Gaussian integer directions u_ib per example b, zero where h sits at its
+clamp (a ReLU's zero: the output does not move there); the rest of the suffix runs at h + eps u and
+h - eps u (2q passes, batched); d_ib = (L_b+ - L_b-) / (2 eps) from the per-example losses; the
+output gradient dL/dh_b = (1/q) sum_i d_ib u_ib / (E[u^2] B). eps in LSB of h's scale, measured per
+layer before the first step as the weights estimator's is (zo/blocks.py, d(eps) against d(2 eps)).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .blocks import CALIBRATION_DIRECTIONS, calibration_sizes, choose_eps
+from .loss import cross_entropy
+from .perturbation import second_moment
+from .tail import _clamp_mask, layer_steps
+
+
+class ActivityLayer:
+    """One trainable MAC op below the tail: its output perturbed, its gradient local."""
+
+    def __init__(self, model, f, offsets: dict):
+        self.f = f
+        self.op = f.op
+        self.name = f.inputs[1].name
+        self.out = f.op.outputs[0]
+        self.steps, self.coords = layer_steps(model, f, offsets)
+        self.eps = 4
+        self.correlation = float("nan")
+        kernels = model.suffix
+        at = next(i for i, k in enumerate(kernels) if k.op is f.op)
+        # The ops after this layer that depend on its output: all the perturbed passes run.
+        dirty, self.after = {self.out}, []
+        for k in kernels[at + 1 :]:
+            if any(t in dirty for t in k.op.inputs):
+                self.after.append(k)
+                dirty.update(k.op.outputs)
+        self.out_elements = int(np.prod(f.outputs[0].shape[1:]))
+        self.macs_per_image = self.out_elements * int(
+            np.prod(f.inputs[1].shape[1:3] if f.op.kind == "DEPTHWISE_CONV_2D" else f.inputs[1].shape[1:])
+        )
+
+
+class ActivityEstimator:
+    """The activity-perturbation gradient of the layers below the tail (module docstring)."""
+
+    def __init__(self, model, layers: list, offsets: dict, seed: int):
+        self.model = model
+        self.layers = [ActivityLayer(model, f, offsets) for f in layers]
+        self.seed = seed
+        self.u_moment = second_moment("gaussian")
+        self.coords = (
+            np.concatenate([c for layer in self.layers for c in layer.coords])
+            if self.layers
+            else np.zeros(0, dtype=np.int64)
+        )
+
+    def directions(self, step: int, layer: ActivityLayer, q: int, h: np.ndarray) -> np.ndarray:
+        """[q, B, ...] rounded Gaussian integers from (seed, step), zero where h sits at its clamp."""
+        rng = np.random.Generator(np.random.PCG64([self.seed, step, 0xAC71]))
+        u = np.clip(np.rint(rng.standard_normal((q,) + h.shape)), -127, 127)
+        mask = _clamp_mask(layer.f, h)
+        return u if mask is None else u * mask
+
+    def per_example_losses(
+        self, values: dict, layer, perturbed: np.ndarray, labels: np.ndarray
+    ) -> np.ndarray:
+        """Per-example losses [G, B] of the suffix run from layer's output set to perturbed [G, B, ...]."""
+        g, b = perturbed.shape[:2]
+        run = dict(values)
+        run[layer.out] = perturbed.reshape((g * b,) + perturbed.shape[2:]).astype(values[layer.out].dtype)
+        self.model.interp.evaluate(run, layer.after, shared_batch=b)
+        m = self.model
+        zq = run[m.logits_tensor].reshape(g * b, -1)
+        logits = m.logits_scale * (zq.astype(np.float64) - m.logits_zero_point)
+        return cross_entropy(logits, np.tile(labels, g)).reshape(g, b)
+
+    def probe(self, values: dict, layer, u: np.ndarray, eps: int, labels: np.ndarray) -> np.ndarray:
+        """d [q, B]: per-example central differences along u at eps LSB (2q passes, one call)."""
+        h = values[layer.out].astype(np.int64)
+        delta = (eps * u).astype(np.int64)
+        stacked = np.concatenate([np.clip(h + delta, -128, 127), np.clip(h - delta, -128, 127)])
+        losses = self.per_example_losses(values, layer, stacked, labels)
+        q = len(u)
+        return (losses[:q] - losses[q:]) / (2.0 * eps)
+
+    def measure_eps(self, values: dict, labels: np.ndarray, check) -> int:
+        """Each layer's eps from d(eps) against d(2 eps) (zo/blocks.py); returns the passes spent."""
+        passes = 0
+        for k, layer in enumerate(self.layers):
+            check()
+            h = values[layer.out]
+            u = self.directions(2**40 + k, layer, CALIBRATION_DIRECTIONS, h)
+            derivatives = {}
+            for e in calibration_sizes():
+                derivatives[e] = self.probe(values, layer, u, e, labels).ravel()
+                passes += 2 * CALIBRATION_DIRECTIONS
+            layer.eps, layer.correlation, _ = choose_eps(derivatives)
+        return passes
+
+    def gradient(self, values: dict, layer, q: int, step: int, labels: np.ndarray):
+        """(the layer's gradient over layer.coords in the trainer's units, d [q, B])."""
+        f = layer.f
+        h = values[layer.out]
+        u = self.directions(step, layer, q, h)
+        d = self.probe(values, layer, u, layer.eps, labels)
+        b = len(labels)
+        # dL/dh in codes of h, for the batch's mean loss; then in real units (one code = scale).
+        g_codes = np.einsum("qb,qb...->b...", d, u) / (q * self.u_moment * b)
+        dy = g_codes / float(f.outputs[0].scale)
+        t = f.inputs[0]
+        x = float(t.scale) * (values[f.op.inputs[0]].astype(np.float64) - int(t.zero_point))
+        grads = f.backward((x, np.zeros(f.inputs[1].shape)), dy, [False, True, len(layer.steps) > 1])
+        parts = [(grads[1] * layer.steps[0]).ravel()]
+        if len(layer.steps) > 1:
+            parts.append((grads[2] * layer.steps[1]).ravel())
+        return np.concatenate(parts), d
