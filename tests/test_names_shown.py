@@ -74,7 +74,7 @@ def test_inspect_compare_and_validate_show_names_escaped(tmp_path):
     inspect = npusim("inspect", "m.tflite", cwd=tmp_path).stdout.splitlines()
     assert inspect[1].startswith("  in\\x1b]0;title\\x07put")  # one line per tensor, the table whole
     assert inspect[3].startswith("  evil\\x1b[2J")
-    assert inspect[4] == "#  op        inputs  outputs  MACs  params"
+    assert inspect[4] == "#  op        inputs  outputs  MACs  params  weights"
 
 
 def test_an_error_line_shows_names_escaped(tmp_path):
