@@ -161,7 +161,8 @@ def connect_or_start(paths: dict, env=os.environ):
 
     from .resident_files import remove_stale
 
-    remove_stale(os.path.dirname(paths["sock"]))  # the files of servers that have ended
+    folder, key = os.path.split(paths["sock"][: -len(".sock")])
+    remove_stale(folder, keep=key)  # the files of servers that have ended, but this key's log
     with open(paths["lock"], "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         s = _connect(paths["sock"])
@@ -173,6 +174,8 @@ def connect_or_start(paths: dict, env=os.environ):
             server = subprocess.Popen(
                 [
                     sys.executable,
+                    "-X",
+                    "faulthandler",  # a crash of the server's own is in its log, not a silent end
                     "-c",
                     "import sys; from npusim.resident import serve; serve(sys.argv[1])",
                     paths["sock"],
@@ -248,8 +251,9 @@ def call(argv: list, env=os.environ) -> int:
             socket.send_fds(conn, [_HEADER.pack(len(header))], list(STDIO))
             conn.sendall(header)
             ready = conn.recv(1)
-        except (TimeoutError, OSError):
-            raise Unavailable("the server did not take the call") from None
+        except (TimeoutError, OSError) as e:  # a server stopping as the call came (its log says why)
+            why = "it did not answer" if isinstance(e, TimeoutError) else e.strerror or type(e).__name__
+            raise Unavailable(f"the server did not take the call: {why}; see {paths['log']}") from None
         if ready == b"N":
             raise OtherContext()
         if ready != b"R":
@@ -277,16 +281,14 @@ def call(argv: list, env=os.environ) -> int:
         except OSError:  # the process forked for the call ended without a word
             status = b""
     if len(status) < _STATUS.size:
+        # The call's own process sends the status, not the server: only that process's end without
+        # one (a signal, a crash) loses it; the server's stopping never does. The server's log names
+        # the signal (_reap).
         from .resident_files import running
 
-        if running(env) is not None:  # the server runs on: only the call's own process ended
-            what = "the process that ran the command in the resident npusim server ended without a status"
-            print(f"error: {what} (killed?); the server serves on (its log: {paths['log']})", file=sys.stderr)
-        else:
-            print(
-                f"error: the resident npusim server stopped during the command (its log: {paths['log']})",
-                file=sys.stderr,
-            )
+        server = "the server serves on" if running(env) is not None else "the server is no longer running"
+        what = "the process that ran the command in the resident npusim server ended without a status"
+        print(f"error: {what} (killed?); {server} (its log: {paths['log']})", file=sys.stderr)
         return 1
     return _STATUS.unpack(status)[0]
 
@@ -558,23 +560,28 @@ def _settle() -> int:
 
 
 def _fit_to_fork(threads: int) -> bool:
-    """No thread more than the settled count, and Numba's thread pool not started (a fork does not
-    carry its workers over, and the child's first parallel kernel would wait for them forever)."""
+    """No Python thread but the main one, Numba's thread pool not started (a fork does not carry its
+    workers over, and the child's first parallel kernel would wait for them forever), and no native
+    thread more than the settled count once a fork has run. An OpenBLAS's threads stop around every
+    fork: a learned import (numba.np.arraymath, which a call that compiles a kernel imports, imports
+    SciPy's BLAS, and its OpenBLAS starts threads) starts them again, and with a cold kernel cache the
+    server stopped itself after its first calls; a fork now settles them before they are counted."""
     pool = sys.modules.get("numba.np.ufunc.parallel")
-    return (
-        threading.active_count() == 1
-        and _threads() <= threads
-        and not (pool is not None and getattr(pool, "_is_initialized", False))
-    )
+    if threading.active_count() != 1 or (pool is not None and getattr(pool, "_is_initialized", False)):
+        return False
+    return _threads() <= threads or _settle() <= threads
 
 
 def _reap(children: dict) -> None:
     """Collect the calls' processes that have ended, and learn their imports and kernels."""
     for pid in list(children):
         try:
-            done, _ = os.waitpid(pid, os.WNOHANG)
+            done, status = os.waitpid(pid, os.WNOHANG)
         except ChildProcessError:
-            done = pid
+            done, status = pid, 0
+        if done and os.WIFSIGNALED(status):  # what the client, left without a status, refers to
+            name = signal.Signals(os.WTERMSIG(status)).name
+            print(f"npusim resident: the process of a call (pid {pid}) was ended by {name}", file=sys.stderr)
         if done:
             _learn(children.pop(pid))
 
@@ -600,7 +607,8 @@ def _serve_until_idle(listener, idle: float, threads: int, path: str, inode: int
             return True
         if not _fit_to_fork(threads):
             print(
-                "npusim resident: a thread was started in the server, which must not fork: stopping",
+                f"npusim resident: a thread was started in the server, which must not fork "
+                f"({_threads()} threads, {threads} at its start): stopping",
                 file=sys.stderr,
             )
             return False

@@ -41,9 +41,18 @@ NAMESPACES = ("mnt", "pid", "net")
 # its capability sets, whether it may gain privileges on exec, its seccomp filters. The LSM label
 # (/proc/PID/attr/current) and the nice value are read too (process_context).
 PRIVILEGE_FIELDS = (
-    "CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb", "NoNewPrivs", "Seccomp", "Seccomp_filters",
+    "CapInh",
+    "CapPrm",
+    "CapEff",
+    "CapBnd",
+    "CapAmb",
+    "NoNewPrivs",
+    "Seccomp",
+    "Seccomp_filters",
 )
 STATUS_FIELDS = ("Uid", "Gid", "Groups", "Umask", *PRIVILEGE_FIELDS)
+# What the process runs at (process_context): a caller that asked for less is never served at more.
+PRIORITY_FIELDS = ("nice", "rt_priority", "policy", "ioprio", "oom_score_adj")
 PR_GET_SECUREBITS = 27
 # Variables a shell changes from one command to the next without changing what a command does (the
 # working directory is passed to the server itself): left out of the environment's hash.
@@ -133,9 +142,29 @@ def privilege_context() -> dict | None:
     if context is None:
         return None
     return {
-        **{name: context[name] for name in (*PRIVILEGE_FIELDS, "lsm", "nice")},
+        **{name: context[name] for name in (*PRIVILEGE_FIELDS, *PRIORITY_FIELDS, "lsm")},
         "securebits": securebits(),
     }
+
+
+# ioprio_get(2)'s number where it is known (glibc has no wrapper), IOPRIO_WHO_PROCESS.
+IOPRIO_GET = {"x86_64": 252, "aarch64": 31, "i686": 290, "armv7l": 315, "ppc64le": 274, "s390x": 283}
+IOPRIO_WHO_PROCESS = 1
+
+
+def _ioprio(pid) -> int | None:
+    """The process's I/O priority (ionice), None where ioprio_get is not known here."""
+    import ctypes
+    import platform
+
+    number = IOPRIO_GET.get(platform.machine()) if sys.platform.startswith("linux") else None
+    if number is None:
+        return None
+    libc = ctypes.CDLL(None, use_errno=True)
+    value = libc.syscall(number, IOPRIO_WHO_PROCESS, 0 if pid == "self" else int(pid))
+    if value < 0:
+        raise OSError(ctypes.get_errno(), "ioprio_get")
+    return value
 
 
 def _lsm_label(base: str) -> str:
@@ -152,8 +181,9 @@ def _lsm_label(base: str) -> str:
 def process_context(pid="self") -> dict | None:
     """What the resident server must share with a process it serves, read from /proc/PID: its user,
     groups and file mode mask, capability sets, NoNewPrivs and seccomp mode and filter count, LSM
-    label, nice value, resource limits, mount, pid and network namespaces and cgroup. None where
-    /proc does not tell (another system, or a process gone)."""
+    label, scheduling and I/O priority and OOM score adjustment, root directory, resource limits,
+    mount, pid and network namespaces and cgroup. None where /proc does not tell (another system,
+    or a process gone)."""
     base = f"/proc/{pid}"
     try:
         with open(f"{base}/status") as f:
@@ -161,7 +191,15 @@ def process_context(pid="self") -> dict | None:
         context = {name: status.get(name, "").split() for name in STATUS_FIELDS}
         context["lsm"] = _lsm_label(base)
         with open(f"{base}/stat") as f:
-            context["nice"] = int(f.read().rsplit(")", 1)[1].split()[16])  # field 19 of proc(5)
+            fields = f.read().rsplit(")", 1)[1].split()  # proc(5)'s fields from the 3rd on
+        # The scheduling priority: the nice value, the real-time priority and the policy (fields
+        # 19, 40, 41: `chrt --idle` and `nice -n 19` alike), and the I/O priority (ionice).
+        context["nice"], context["rt_priority"], context["policy"] = (int(fields[i]) for i in (16, 37, 38))
+        context["ioprio"] = _ioprio(pid)
+        with open(f"{base}/oom_score_adj") as f:  # who the OOM killer takes first
+            context["oom_score_adj"] = int(f.read())
+        # The root directory (chroot): the folder paths resolve from.
+        context["root"] = os.readlink(f"{base}/root")
         with open(f"{base}/limits") as f:
             context["limits"] = f.read()
         with open(f"{base}/cgroup") as f:
@@ -180,8 +218,12 @@ def runtime_dir(env=os.environ) -> str:
     base = env.get("XDG_RUNTIME_DIR") or env.get("TMPDIR") or "/tmp"
     path = os.path.join(base, f"npusim-{os.getuid()}")
     try:
-        os.makedirs(path, mode=0o700, exist_ok=True)
-        st = os.lstat(path)
+        os.makedirs(base, mode=0o700, exist_ok=True)
+        try:
+            os.mkdir(path, 0o700)
+        except FileExistsError:  # a folder made before, or something else of that name: seen below
+            pass
+        st = os.lstat(path)  # never through a link (a dangling one was "File exists")
     except OSError as e:
         raise Unavailable(f"{path}: {e.strerror}") from None
     if stat.S_ISLNK(st.st_mode):
@@ -258,13 +300,14 @@ def servers(env=os.environ) -> list[dict]:
     return found
 
 
-def remove_stale(folder: str) -> None:
+def remove_stale(folder: str, keep: str | None = None) -> None:
     """Remove the socket, pid file, start lock and log of every key whose server no longer runs and
-    that no client is starting (its start lock free). A server that exits removes its socket and pid
-    file; the lock and the log stay until here."""
+    that no client is starting (its start lock free), but `keep`'s: the key a client is about to
+    start a server for, whose log then goes on (it says why the last one stopped). A server that
+    exits removes its socket and pid file; the lock and the log stay until here."""
     import fcntl
 
-    keys = {name.rsplit(".", 1)[0] for name in os.listdir(folder) if "." in name}
+    keys = {name.rsplit(".", 1)[0] for name in os.listdir(folder) if "." in name} - {keep}
     for key in keys:
         base = os.path.join(folder, key)
         try:

@@ -245,6 +245,24 @@ def test_a_call_whose_process_dies_is_one_error_line_and_the_server_serves_on(en
     assert "serves on" in err and "server stopped" not in err
     assert npusim(["inspect", "conv.tflite"], env, files).returncode == 0
     assert server_pid(env) == pid
+    log = Path(resident.server_paths(env)["log"]).read_text()
+    assert "was ended by SIGKILL" in log, log  # what the client's line refers to
+
+
+def test_a_call_whose_process_dies_after_its_server_is_never_blamed_on_the_server(env, files):
+    """The call's own process sends its status: a server that stops (here killed) during the command
+    neither loses it nor is the cause when that process is killed too."""
+    assert npusim(["inspect", "conv.tflite"], env, files).returncode == 0
+    pid = server_pid(env)
+    waiting = blocked_call(env, files)
+    forked = wait_until_blocked(pid)
+    os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: not alive(pid))
+    assert waiting.poll() is None  # the command goes on without its server
+    os.kill(forked, signal.SIGKILL)
+    out, err = waiting.communicate(timeout=60)
+    assert waiting.returncode == 1 and "ended without a status" in err, err
+    assert "no longer running" in err and "stopped during the command" not in err, err
 
 
 def test_a_server_whose_socket_is_removed_exits_and_one_server_runs(env, files):
@@ -298,7 +316,7 @@ def test_a_runtime_folder_others_can_enter_runs_the_command_in_its_own_process(e
     assert not os.path.exists(os.path.join(folder, resident.server_key(env) + ".sock"))
 
 
-@pytest.mark.parametrize("cause", ["owner", "symlink"])
+@pytest.mark.parametrize("cause", ["owner", "symlink", "dangling symlink", "file"])
 def test_a_runtime_folder_refusal_names_its_cause(env, files, cause):
     folder = os.path.join(env["XDG_RUNTIME_DIR"], f"npusim-{os.getuid()}")
     if cause == "owner":
@@ -307,10 +325,16 @@ def test_a_runtime_folder_refusal_names_its_cause(env, files, cause):
         os.mkdir(folder, 0o700)
         os.chown(folder, 12345, 12345)
         expected = "it is owned by uid 12345"
-    else:
+    elif cause == "symlink":
         os.mkdir(folder + "-elsewhere", 0o777)
         os.symlink(folder + "-elsewhere", folder)
         expected = "it is a symbolic link"
+    elif cause == "dangling symlink":  # was "File exists"
+        os.symlink(folder + "-not-yet", folder)
+        expected = "it is a symbolic link"
+    else:
+        Path(folder).write_text("")
+        expected = "it is not a directory"
     done = npusim(["inspect", "conv.tflite"], env, files)
     assert done.returncode == 0 and expected in done.stderr and "got mode" not in done.stderr, done.stderr
 
@@ -666,7 +690,10 @@ def allow_all_seccomp_filter():
 
     class SockFilter(ctypes.Structure):
         _fields_ = [
-            ("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte), ("jf", ctypes.c_ubyte), ("k", ctypes.c_uint),
+            ("code", ctypes.c_ushort),
+            ("jt", ctypes.c_ubyte),
+            ("jf", ctypes.c_ubyte),
+            ("k", ctypes.c_uint),
         ]
 
     class SockFprog(ctypes.Structure):
@@ -702,6 +729,21 @@ def privilege_case(case: str):
         if os.getpriority(os.PRIO_PROCESS, 0) >= 19:
             pytest.skip("this process already runs at nice 19: no lower priority to call with")
         return (), lambda: os.nice(1)
+    if case == "scheduling policy":  # chrt --idle 0
+        return (), lambda: os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    if case == "I/O priority":
+        if shutil.which("ionice") is None:
+            pytest.skip("ionice (util-linux) is not installed: this priority case is not tested here")
+        return ("ionice", "-c", "3"), None
+    if case == "OOM score adjustment":  # raising it needs no privilege
+
+        def raise_oom_score():
+            with open("/proc/self/oom_score_adj", "w") as f:
+                f.write(str(min(1000, resident.process_context()["oom_score_adj"] + 100)))
+
+        if resident.process_context()["oom_score_adj"] >= 1000:
+            pytest.skip("this process's OOM score adjustment is already 1000: none higher to call with")
+        return (), raise_oom_score
     if case == "LSM label":
         label = resident.process_context()["lsm"]
         if not label or shutil.which("runcon") is None and shutil.which("aa-exec") is None:
@@ -720,6 +762,9 @@ def privilege_case(case: str):
         "securebits",
         "seccomp filter",
         "nice",
+        "scheduling policy",
+        "I/O priority",
+        "OOM score adjustment",
         "LSM label",
     ],
 )
@@ -747,3 +792,100 @@ def test_a_caller_without_dac_override_cannot_read_through_the_server_what_it_ca
         done = subprocess.run([*command, *ENTRY, *args], env=env, cwd=files, capture_output=True, text=True)
         assert done.returncode == 2 and "secret/in.npy" in done.stderr, done.stderr
         assert "Permission denied" in done.stderr or "not readable" in done.stderr, done.stderr
+
+
+def test_a_caller_of_another_lsm_label_is_neither_served_nor_keyed_with_the_server(env, files, monkeypatch):
+    """Where no LSM labels processes (the end-to-end case above skips), the comparison itself: a
+    caller whose /proc/PID/attr/current differs from the server's is refused by _own_context and
+    has another server key."""
+    mine = resident.process_context()
+    try:  # the label is read as the kernel gives it ("" where no LSM labels processes: EINVAL)
+        with open("/proc/self/attr/current", "rb") as f:
+            assert mine["lsm"] == f.read().rstrip(b"\0\n").decode()
+    except OSError:
+        assert mine["lsm"] == ""
+    key = resident.server_key(env)
+    labelled = dict(mine, lsm="system_u:system_r:confined_t:s0")
+    monkeypatch.setattr(resident._Server, "context", labelled)
+    monkeypatch.setattr(resident._Server, "securebits", resident.securebits())
+    monkeypatch.setattr(resident._Server, "environment", resident.environment_hash(env))
+    a, b = socket.socketpair()
+    with a, b:  # SO_PEERCRED of a socketpair is this process: its /proc is read as a caller's
+        request = {"env": env, "securebits": resident.securebits()}
+        assert not resident._own_context(a, request)
+        monkeypatch.setattr(resident._Server, "context", mine)
+        assert resident._own_context(a, request)  # the same context is served: only the label differed
+    import npusim.resident_files as rf
+
+    monkeypatch.setattr(rf, "process_context", lambda pid="self": labelled)
+    assert rf.server_key(env) != key
+
+
+CHROOTED_CALL = """
+import os, sys
+from npusim import resident
+connect = resident.connect_or_start
+def connect_then_chroot(paths, env=os.environ):
+    conn = connect(paths, env)  # the socket is reached from the real root, then the root changes
+    os.chroot(sys.argv[1])
+    return conn
+resident.connect_or_start = connect_then_chroot
+try:
+    print("status", resident.call(["inspect", sys.argv[2]]))
+except resident.OtherContext:
+    print("not served")
+"""
+
+
+def test_a_caller_in_another_root_directory_is_not_served(env, files, running):
+    """A chroot'ed caller that can reach the server's socket (a bind mount of its folder would do)
+    must not have its paths resolved from the server's root: it runs in its own process."""
+    if os.geteuid() != 0:
+        pytest.skip("chroot needs root (CAP_SYS_CHROOT): not tested here")
+    jail = files / "jail"
+    jail.mkdir()
+    done = subprocess.run(
+        [sys.executable, "-c", CHROOTED_CALL, str(jail), str(files / "conv.tflite")],
+        env=env,
+        cwd=files,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.stdout.split("\n")[-2:] == ["not served", ""], done.stdout + done.stderr
+
+
+LEARN_ARRAYMATH = """
+import os, pickle
+from npusim import resident
+resident._preload()
+threads = resident._settle()
+read, write = os.pipe()
+os.write(write, pickle.dumps((["numba.np.arraymath"], [])))
+os.close(write)
+resident._learn(read)  # what a call that compiled a kernel reports (a cold kernel cache)
+print("fit", resident._fit_to_fork(threads), resident._threads() >= threads)
+"""
+
+
+def test_a_learned_import_that_starts_blas_threads_leaves_the_server_fit_to_fork(env):
+    """numba.np.arraymath imports SciPy's BLAS, whose OpenBLAS starts threads; they stop around a
+    fork, so the server may fork on (it stopped itself: 'a thread was started in the server')."""
+    done = subprocess.run([sys.executable, "-c", LEARN_ARRAYMATH], env=env, capture_output=True, text=True)
+    assert done.stdout.strip().splitlines()[-1:] == ["fit True True"], done.stdout + done.stderr
+
+
+def test_with_a_cold_kernel_cache_one_server_serves_every_call(env, files, tmp_path):
+    """The issue's probe: an empty NUMBA_CACHE_DIR and three calls (the first compiles, and the
+    server learns the compiler's imports from it): one server serves all three."""
+    cold = dict(env, NUMBA_CACHE_DIR=str(tmp_path / "cold-cache"))
+    args = ["run", "conv.tflite", "--input", "x.npy", "--output", "y.npy"]
+    pids = []
+    for _ in range(3):
+        done = npusim(args, cold, files, timeout=600)
+        assert done.returncode == 0 and done.stderr == "", done.stderr  # served each time
+        pids.append(server_pid(cold))
+        time.sleep(2 * resident.REAP_EVERY_S)  # the server has reaped the call and learned from it
+    assert len(set(pids)) == 1 and alive(pids[0]), pids
+    log = Path(resident.server_paths(cold)["log"]).read_text()
+    assert "a thread was started" not in log, log
