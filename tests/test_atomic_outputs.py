@@ -245,3 +245,44 @@ def test_a_report_with_a_math_tensor_name_is_written_whole(tmp_path):
     assert done.returncode == 0, done.stderr
     written = sorted(p.name for p in (tmp_path / "r").iterdir())
     assert written == ["error_0.png", "index.html", "sqnr.png", "worst.png"]
+
+
+KILLED_AT_FSYNC = """
+import os, signal, sys
+import numpy as np
+
+def killed(fd):  # SIGKILL as the data is synced: the whole temporary file stays behind
+    os.kill(os.getpid(), signal.SIGKILL)
+
+os.fsync = killed
+if sys.argv[1] == "output":  # what `npusim run --output` writes through
+    from npusim import atomic
+    with atomic.replacing(sys.argv[2]) as f:
+        np.save(f, np.zeros((64, 10), np.int8))
+else:  # zo's metrics.csv
+    from zo.metrics import MetricsLog
+    log = MetricsLog(sys.argv[2])
+    log.open()
+    log.write({"step": 1, "train_loss": 0.5})
+    log.flush()
+"""
+
+
+@pytest.mark.parametrize("what", ["output", "metrics"])
+def test_a_writer_killed_at_the_fsync_leaves_a_temporary_file_the_next_write_removes(tmp_path, what):
+    """The issue's leftovers, made by a real SIGKILL: `.y.npy.*.tmp` of `run --output` and
+    `.metrics.csv.*.tmp` of zo, each removed by the next write of that path."""
+    path = tmp_path / ("y.npy" if what == "output" else "metrics.csv")
+    done = subprocess.run([sys.executable, "-c", KILLED_AT_FSYNC, what, str(path)], capture_output=True)
+    assert done.returncode == -signal.SIGKILL, done.stderr
+    left = leftovers(tmp_path)
+    assert len(left) == 1 and left[0].startswith(f".{path.name}."), left
+    if what == "output":
+        atomic.write_bytes(path, b"new")
+    else:
+        from zo.metrics import MetricsLog
+
+        log = MetricsLog(path)
+        log.open()
+        log.flush()
+    assert leftovers(tmp_path) == [] and path.exists()
