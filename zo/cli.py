@@ -64,9 +64,10 @@ def main():
 )
 @click.option(
     "--trainable",
-    default="last:1",
+    default="tail",
     show_default=True,
-    help="last:K | NAME,... (weight or output tensor names) | biases",
+    help="tail (the head and the layers with only parameter-free ops up to it: exact gradients) | last:K "
+    "| NAME,... (weight or output tensor names) | biases",
 )
 @click.option(
     "--q",
@@ -251,6 +252,8 @@ def train(ctx, out_dir, resume, quiet, **options):
     from .progress import percent
 
     exported = next(Path(run_dir).glob("model.*"), Path(run_dir) / "model.tflite")
+    if result.get("kept"):
+        click.echo(result["kept"])
     click.echo(
         f"test accuracy {percent(before)} -> {percent(result['test_accuracy'])} after {result['steps']} "
         f"steps, {result['forward_passes']} forward passes; model written to {exported}"

@@ -43,6 +43,8 @@ HEAD_SCHEDULE = "cosine"
 # --keep best: every VALIDATION_EVERY-th training image is held out (never trained on) to pick the
 # model to keep; the test split is never used for it.
 VALIDATION_EVERY = 10
+# A first step's training loss below this (nats) gets a note: the model already fits the training set.
+FITTED_LOSS = 1e-3
 
 
 @dataclass

@@ -32,11 +32,12 @@ from .config import (  # noqa: F401 (re-exported: the API imports them from here
     CALIBRATION_IMAGES,
     DEAD_STEPS,
     DEFAULT_LR,
+    FITTED_LOSS,
     HEAD_LR,
     HEAD_SCHEDULE,
     INITIALIZED_LR,
     MAX_IMAGES_PER_CALL,
-    VALIDATION_EVERY,
+    VALIDATION_EVERY,  # noqa: F401 (re-exported)
     TrainConfig,
     default_lr,
 )
@@ -46,6 +47,7 @@ from .estimate import StepEstimate
 from .float_ops import FLOAT_OPS
 from .head_grad import ExactHead
 from .inputs import SATURATION_WARNING, model_inputs
+from .keep import KeepBest
 from .loss import group_losses
 from .metrics import MetricsLog
 from .model import (  # noqa: F401 (build_model, calibration_indices: re-exported)
@@ -64,7 +66,7 @@ from .step_budget import StepBudget
 from .tail import ExactTail
 
 
-class Trainer(StepBudget, RunFiles):
+class Trainer(StepBudget, RunFiles, KeepBest):
     def __init__(
         self,
         config: TrainConfig,
@@ -220,7 +222,6 @@ class Trainer(StepBudget, RunFiles):
                 f"{setup}: the head's initialization ({self.init_passes}), the eps measurement ({measured}) "
                 f"and two evaluations of the held-out images ({2 * self.validation_passes()}, --keep best)"
             )
-        self.best = None  # (validation accuracy, test accuracy, integers) of the kept model
         self.wall_offset = 0.0
         self.eval_every = config.eval_every or max(int(self.total) // 20, 1)
         self.next_eval = 0
@@ -274,6 +275,18 @@ class Trainer(StepBudget, RunFiles):
 
     def describe_training(self, head, blocks) -> str:
         """One line: what each trainable layer's gradient is and why."""
+        if self.config.trainable == "tail" and head is not None and self.activity is None and not blocks:
+            if self.tail is None:
+                return (
+                    "trains the head alone: no layer reaches it through parameter-free ops only "
+                    "(--trainable tail); --trainable last:K trains more, estimated below the head"
+                )
+            names = ", ".join(f.inputs[1].name for f in self.tail.layers)
+            return (
+                f"trains the head and its exact tail: {names} (only parameter-free ops lie between them "
+                "and the head, so one forward pass gives their exact gradients; --trainable tail); "
+                "--trainable last:K to change"
+            )
         parts = []
         if head is not None:
             parts.append("the head: exact (its features and softmax error, one pass)")
@@ -286,6 +299,7 @@ class Trainer(StepBudget, RunFiles):
         if blocks:
             parts.append(f"{len(blocks)} tensor(s): estimated by weight perturbation (2q passes a step)")
         return "gradients: " + "; ".join(parts)
+
     def calibrate_eps(self) -> int:
         """Each ZO block's eps from d(eps) against d(2 eps) (zo/blocks.py), unless --eps is given;
         returns the forward passes it cost."""
@@ -320,15 +334,6 @@ class Trainer(StepBudget, RunFiles):
         return 1 + self.activity.measure_eps(values, self.data.y_train[indices], interrupt.check)
 
     # -- the fresh head's initialization -----------------------------------------------------------
-    def split_validation(self):
-        """--keep best: every VALIDATION_EVERY-th training image is held out to choose the model to
-        keep (seed-free, the same for every run); the rest is trained on. --keep last trains on all."""
-        n = len(self.data.y_train)
-        held = np.zeros(n, dtype=bool)
-        if self.config.keep == "best" and n >= 2 * VALIDATION_EVERY:
-            held[::VALIDATION_EVERY] = True
-        self.train_rows, self.val_rows = np.flatnonzero(~held), np.flatnonzero(held)
-
     def initialize_head(self) -> int:
         """Fill the fresh head from the features of the training images (zo/head_init.py); returns
         the forward passes it cost."""
@@ -599,6 +604,8 @@ class Trainer(StepBudget, RunFiles):
                     if self.spent + cost + self.validation_passes() > self.total:
                         break
                     loss = self.train_step(q, batches)
+                    if self.step == 1:
+                        self.note_fitted(loss)
                     self.log(
                         {
                             "step": self.step,
@@ -633,7 +640,21 @@ class Trainer(StepBudget, RunFiles):
             "steps": self.step,
             "forward_passes": self.forward_passes,
             "test_accuracy": self.final_accuracy,
+            "kept": self.kept_line(),
         }
+
+    def note_fitted(self, loss: float):
+        """One line when the first step's training loss is already about zero (below FITTED_LOSS
+        nats: the batch's labels have probability above 0.999 on average, so every exact gradient,
+        p - y, is about zero and training can move little)."""
+        if loss >= FITTED_LOSS:
+            return
+        fresh = self.model.head_op is not None and self.config.head_init != "zero"
+        who = f"the fresh head ({self.config.head_init}) already fits" if fresh else "the model already fits"
+        self.report(
+            f"note: the training loss is {loss:.4f} at the first step: {who} the training images, so the "
+            "gradients are about zero and training moves little; the held-out and test accuracy say more"
+        )
 
     def log(self, row: dict):
         row.setdefault("wall_seconds", f"{self.wall():.3f}")
@@ -655,24 +676,12 @@ class Trainer(StepBudget, RunFiles):
         if len(self.val_rows):
             # The device runs the held-out images to choose the model it keeps: charged to the budget.
             self.forward_passes += self.validation_passes()
-            val = float(np.mean(self.model.predict(self.val_cache) == self.data.y_train[self.val_rows]))
-            row["val_accuracy"] = f"{val:.6f}"
-            if self.best is None or val > self.best[0]:
-                self.best = (val, acc, self.deployed().copy())
+            row["val_accuracy"] = f"{self.record_validation(acc):.6f}"
         self.log(row)
         self.final_accuracy = acc
         self.last_eval_passes = self.forward_passes
         while self.next_eval <= self.forward_passes:
             self.next_eval += self.eval_every
-
-    def keep_chosen(self):
-        """--keep best: the deployed integers of the best validation accuracy (the start included)
-        replace the last ones before the export; final_accuracy is then that model's test accuracy."""
-        if self.config.keep != "best" or self.best is None:
-            return
-        _, acc, ints = self.best
-        self.model.set_values(self.split(ints.astype(np.float64)))
-        self.final_accuracy = acc
 
     def export(self, path: Path):
         atomic.write_bytes(path, write_model(self.model.graph))  # whole or not at all
