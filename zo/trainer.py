@@ -28,6 +28,7 @@ from npusim.npu import plan_device
 from . import blocks as zo_blocks
 from . import head_init
 from .activity import ActivityEstimator
+from .activity_step import ActivityStep
 from .config import (  # noqa: F401 (re-exported: the API imports them from here)
     CALIBRATION_IMAGES,
     DEAD_STEPS,
@@ -61,12 +62,12 @@ from .model import (  # noqa: F401 (build_model, calibration_indices: re-exporte
 from .optim import OPTIMIZERS, Adam, learning_rate, make_optimizer
 from .perturbation import direction, second_moment
 from .run_files import RunFiles
-from .schedulers import EfficiencyTest, FixedQ, Progress, Scheduler, direction_statistics
+from .schedulers import EfficiencyTest, FixedQ, Progress, ProgressRate, Scheduler, direction_statistics
 from .step_budget import StepBudget
 from .tail import ExactTail
 
 
-class Trainer(StepBudget, RunFiles, KeepBest):
+class Trainer(StepBudget, RunFiles, KeepBest, ActivityStep):
     def __init__(
         self,
         config: TrainConfig,
@@ -153,7 +154,7 @@ class Trainer(StepBudget, RunFiles, KeepBest):
         )
         self.overhead_seconds = 0.0  # the steps' fixed M55 work so far (step_overhead_seconds)
         if not OPTIMIZERS[config.optimizer].step_grows_with_q and not isinstance(
-            self.scheduler, (FixedQ, EfficiencyTest)
+            self.scheduler, (FixedQ, EfficiencyTest, ProgressRate)
         ):
             # Measured, not assumed: the steprules grid of the study (experiments/results/earlier-studies.md).
             self.warn(
@@ -480,7 +481,7 @@ class Trainer(StepBudget, RunFiles, KeepBest):
         cfg = self.config
         lr = learning_rate(cfg.learning_rate, cfg.lr_schedule, self.spent / self.total)
         self.overhead_seconds += self.step_overhead(q, batches)
-        if hasattr(self.scheduler, "observe_costs") and self.blocks:
+        if hasattr(self.scheduler, "observe_costs") and (self.blocks or self.activity is not None):
             self.scheduler.observe_costs(*self.step_cost_split(batches))
         update = np.zeros(self.master.size)
         losses = []
@@ -532,20 +533,6 @@ class Trainer(StepBudget, RunFiles, KeepBest):
         self.last_lr = lr
         self.last_estimate = estimate
         return float(np.mean(losses))
-
-    def activity_gradient(self, q: int, values: dict, labels: np.ndarray, estimate) -> np.ndarray:
-        """This step's activity layer's estimated gradient, zero over the other activity layers."""
-        act = self.activity
-        layer = act.layers[self.step % len(act.layers)]
-        g_layer, d = act.gradient(values, layer, q, self.step, labels)
-        g = np.zeros(act.coords.size)
-        start = sum(c.size for other in act.layers[: act.layers.index(layer)] for c in other.coords)
-        g[start : start + g_layer.size] = g_layer
-        self.zero_differences = float(np.mean(d == 0))
-        estimate.estimates = d.ravel()
-        estimate.suffix_passes += 2 * q
-        estimate.local_macs += len(labels) * layer.macs_per_image
-        return g
 
     def zo_update(self, q: int, batches: int, lr: float) -> tuple:
         """The probes of this step's block and the step rule's move: (L+, L-, update)."""
