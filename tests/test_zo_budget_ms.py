@@ -94,9 +94,10 @@ def test_a_hybrid_step_is_charged_its_priced_parts(tmp_path):
     product and the write-back on the M55), and a step that measures the rate rule's spread pays the
     perturbed layer's local gradient once more."""
     import numpy as np
-    from zo_fixtures import color_dataset, tiny_classifier
 
     from zo.cost import m55_mac_seconds, step_parts
+
+    from zo_fixtures import color_dataset, tiny_classifier
 
     model, data = tmp_path / "deep.tflite", tmp_path / "colors.npz"
     model.write_bytes(tiny_classifier(convs=2))
