@@ -43,7 +43,12 @@ def float_gradient(t, idx) -> dict:
 
 
 def cosine(a, b) -> float:
-    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
+    """Their cosine; 1 when both are zero (a batch whose ReLUs hold a tensor's every output at zero
+    gives it no gradient in either)."""
+    na, nb = np.linalg.norm(a), np.linalg.norm(b)
+    if na == 0 and nb < 1e-12:
+        return 1.0
+    return float(a @ b / (na * nb))
 
 
 def tail_cosines(t, steps) -> list[float]:
