@@ -55,11 +55,17 @@ def test_the_default_trains_the_head_and_its_exact_tail_and_says_so(deep, tmp_pa
 
 
 def test_the_held_out_split_resolves_a_point_where_the_training_set_allows():
-    assert np.array_equal(held_out_rows(10_000), np.arange(0, 10_000, 10))  # a tenth: 1000
-    assert len(held_out_rows(5_000)) == 1000 and len(held_out_rows(2_000)) == 500  # a quarter at most
-    assert len(held_out_rows(100_000)) == 10_000 and len(held_out_rows(10)) == 0
-    rows = held_out_rows(2_000)
-    assert len(set(rows.tolist())) == len(rows) and rows.max() < 2_000  # evenly spaced, distinct
+    def sizes(n, classes=10):
+        return len(held_out_rows(np.arange(n) % classes))
+
+    assert sizes(10_000) == 1000 and sizes(5_000) == 1000 and sizes(2_000) == 500  # a quarter at most
+    assert sizes(100_000) == 10_000 and sizes(10) == 0  # a tenth at least
+    for labels in (np.arange(2_000) % 10, np.repeat(np.arange(10), 200)):  # cycling, or class after class
+        rows = held_out_rows(labels)
+        assert np.array_equal(np.bincount(labels[rows]), np.full(10, 50))  # every class its share
+        assert len(set(rows.tolist())) == len(rows)
+    blocks = np.repeat(np.arange(10), 1000)  # EuroSAT-32's 10,000: every tenth image of each class
+    assert np.array_equal(held_out_rows(blocks), np.arange(0, 10_000, 10))
 
 
 def test_an_earlier_model_is_kept_only_when_its_lead_is_resolved():

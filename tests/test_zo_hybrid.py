@@ -53,7 +53,7 @@ def test_defaults_learn_keep_the_best_and_stay_within_the_budget(tiny, tmp_path)
     assert t.head is not None and [b.channel_axis for b in t.blocks] == [0, None]  # conv weights, bias
     assert all(b.eps >= 1 and 0 <= b.correlation <= 1 for b in t.blocks)
     held = set(t.val_rows.tolist())
-    assert len(held) == len(held_out_rows(len(t.data.y_train))) >= -(-len(t.data.y_train) // VALIDATION_EVERY)
+    assert len(held) == len(held_out_rows(t.data.y_train)) >= -(-len(t.data.y_train) // VALIDATION_EVERY)
     seen = set()
     start = t.test_accuracy()
     result = t.run(on_step=lambda tr, q, loss: seen.update(tr.batch_indices(tr.step - 1).tolist()))

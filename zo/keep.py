@@ -1,7 +1,7 @@
 """--keep best: which model a run writes, chosen on images held out of the training set. A part of
 Trainer.
 
-The held-out split: every VALIDATION_EVERY-th training image, and at least VALIDATION_IMAGES of them
+The held-out split: a tenth of the training images (VALIDATION_EVERY), and at least VALIDATION_IMAGES of them
 where the training set allows, but never more than a VALIDATION_MAX_SHARE of it (the head's
 initialization and the steps need the rest). Why 1000: two models of the same run disagree on a
 fraction f of the held-out images, and the standard error of their accuracy difference on n images
@@ -30,13 +30,23 @@ VALIDATION_MAX_SHARE = 0.25
 KEEP_Z = 2.0
 
 
-def held_out_rows(n: int) -> np.ndarray:
-    """Positions of the held-out images among n training images, evenly spaced (seed-free: the same
-    for every run): max(n / VALIDATION_EVERY, min(VALIDATION_IMAGES, n * VALIDATION_MAX_SHARE))."""
+def held_out_rows(labels: np.ndarray) -> np.ndarray:
+    """Positions of the held-out images among the training labels, sorted: max(n / VALIDATION_EVERY,
+    min(VALIDATION_IMAGES, n * VALIDATION_MAX_SHARE)) of the n images, taken from each class in
+    proportion to its size and evenly spaced within it (seed-free: the same for every run; per class,
+    so a data set stored class after class, or cycling through the classes, gives every class its
+    share)."""
+    labels = np.asarray(labels)
+    n = len(labels)
     if n < 2 * VALIDATION_EVERY:
         return np.zeros(0, dtype=np.int64)
     k = max(-(-n // VALIDATION_EVERY), min(VALIDATION_IMAGES, int(n * VALIDATION_MAX_SHARE)))
-    return (np.arange(k, dtype=np.int64) * n) // k
+    rows = []
+    for c in np.unique(labels):
+        members = np.flatnonzero(labels == c)
+        kc = int(round(k * len(members) / n))
+        rows.append(members[(np.arange(kc, dtype=np.int64) * len(members)) // max(kc, 1)])
+    return np.sort(np.concatenate(rows))
 
 
 def paired_lead(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
@@ -51,10 +61,9 @@ class KeepBest:
     def split_validation(self):
         """--keep best: held_out_rows of the training images are held out (never trained on) to
         choose the model to keep; the rest is trained on. --keep last trains on all."""
-        n = len(self.data.y_train)
-        held = np.zeros(n, dtype=bool)
+        held = np.zeros(len(self.data.y_train), dtype=bool)
         if self.config.keep == "best":
-            held[held_out_rows(n)] = True
+            held[held_out_rows(self.data.y_train)] = True
         self.train_rows, self.val_rows = np.flatnonzero(~held), np.flatnonzero(held)
         self.best = None  # (held-out accuracy, test accuracy, integers, step, per-image correctness)
         self.latest = None  # the same of the last evaluation (the integers not kept: they are deployed)
