@@ -144,10 +144,13 @@ def test_the_default_q_adapts_under_the_activity_estimator(deep, tmp_path):
     model, data = deep
     t = hybrid(model, data, tmp_path / "run", budget=3000)
     assert isinstance(t.scheduler, ProgressRate) and t.activity is not None and not t.blocks
-    qs = []
-    t.run(on_step=lambda tr, q, loss: qs.append(q))
+    windows = recorded_windows(t)
     assert (t.scheduler.fixed, t.scheduler.per_direction) == (1.0, 2.0)  # a pass budget
-    assert t.scheduler.changes and len(set(qs)) > 1  # it decided, on what it measured
+    assert len(windows) >= 2 and all(noise > 0 for _, noise, _ in windows)  # it measured the spread
+    q = 2  # the rule's start; then each decision is best_q of what it measured
+    for signal, noise, step in windows:
+        q = dict(t.scheduler.changes).get(step, q)
+        assert q == best_q(signal, noise, 1.0, 2.0)
     # a step that measured formed its estimate from q directions in two groups: 2q passes still
     assert t.forward_passes <= 3000
 
