@@ -350,7 +350,7 @@ def test_appended_head_keeps_litert_signature_runner_working(tmp_path):
             "--batch",
             "8",
             "--budget",
-            "8",
+            "10",
             "--quiet",
         ]
     )

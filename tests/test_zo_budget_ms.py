@@ -86,3 +86,40 @@ def test_a_too_small_device_budget_names_what_it_buys(tiny, tmp_path):
         zo.cli.ZoError, match=r"--budget-ms 5 \(\d+ forward passes of [\d.]+ ms\): below one step"
     ):
         Trainer(config(model, data, budget_ms=5.0), tmp_path / "run")
+
+
+def test_a_hybrid_step_is_charged_its_priced_parts(tmp_path):
+    """--estimator activity (the default) under --budget-ms: a step costs zo/cost.step_parts for the
+    layer it perturbs (the suffix passes on the N6, the local weight gradients, the head's outer
+    product and the write-back on the M55), and a step that measures the rate rule's spread pays the
+    perturbed layer's local gradient once more."""
+    import numpy as np
+
+    from zo.cost import m55_mac_seconds, step_parts
+
+    from zo_fixtures import color_dataset, tiny_classifier
+
+    model, data = tmp_path / "deep.tflite", tmp_path / "colors.npz"
+    model.write_bytes(tiny_classifier(convs=2))
+    np.savez(data, **color_dataset())
+    t = Trainer(config(model, data, trainable="last:3", q="fixed:3", budget_ms=4000.0), tmp_path / "run")
+    assert t.activity is not None and t.tail is not None and not t.blocks
+    layer = t.activity.layers[0]
+    position = next(i for i, k in enumerate(t.model.interp.kernels) if k.op is layer.op)
+    tensors = [p.tensor for p in t.model.params]
+    parts = step_parts(t.model.interp, tensors, 3, 16, layer=position)
+    per_pass = t.device_seconds_per_pass
+    step_seconds = t.step_passes(3, 1) * per_pass + t.step_overhead(3, 1)
+    assert step_seconds == pytest.approx(parts["total_s"])
+    assert parts["fixed"]["local_gradients"] > 0 and parts["fixed"]["head_outer"] > 0
+    result = t.run()
+    device = float(last_row(tmp_path / "run")["device_seconds"])
+    setup = t.init_passes + 2 * t.validation_passes()
+    assert device == pytest.approx(result["forward_passes"] * per_pass + t.overhead_seconds, abs=1e-4)
+    assert device <= 4.0 + 1e-9 and device > setup * per_pass + t.step * parts["fixed_s"]
+    # the rate rule's measuring step forms the layer's gradient twice and pays for it
+    r = Trainer(config(model, data, trainable="last:3", q="rate", budget_ms=4000.0), tmp_path / "rate")
+    r.step = r.scheduler.every - 1  # a step the rule measures at
+    extra = r.step_overhead(2, 1) - (step_parts(r.model.interp, tensors, 2, 16, layer=position)["total_s"]
+                                     - r.step_passes(2, 1) * per_pass)  # fmt: skip
+    assert extra == pytest.approx(m55_mac_seconds(16 * layer.macs_per_image, "fp32"))

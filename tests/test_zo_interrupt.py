@@ -38,7 +38,7 @@ def train_args(model, data, out, *extra):
         "train",
         *("--model", str(model), "--data", str(data), "--out", str(out)),
         *("--q", "fixed:2", "--lr", "1.0", "--batch", "16", "--budget", "600"),
-        *("--checkpoint-every", "5", "--eval-every", "100"),
+        *("--checkpoint-every", "5", "--eval-every", "100", "--trainable", "last:1"),  # the API's default
         *extra,
     ]
 

@@ -116,3 +116,88 @@ def test_the_trainer_feeds_the_rule_its_costs_and_estimates(tiny, tmp_path):
     # device time: the split reproduces the step's fixed work at q = 1, in passes of equal time
     assert fixed + per_direction == pytest.approx(3 + one / t.device_seconds_per_pass)
     assert fixed > 1.0 and per_direction > 2.0
+
+
+@pytest.fixture
+def deep(tmp_path):
+    """The tiny classifier with two 1x1 convs: the upper one is the exact tail, the lower one below it
+    (activity perturbation)."""
+    from zo_fixtures import color_dataset, tiny_classifier
+
+    model = tmp_path / "deep.tflite"
+    model.write_bytes(tiny_classifier(convs=2))
+    data = tmp_path / "colors.npz"
+    np.savez(data, **color_dataset())
+    return model, data
+
+
+def hybrid(model, data, out, scheduler=None, **kw):
+    from zo.trainer import TrainConfig, Trainer
+
+    base = dict(model=str(model), data=str(data), batch=16, trainable="last:3", checkpoint_every=10**6)
+    return Trainer(TrainConfig(**(base | kw)), out, scheduler=scheduler)
+
+
+def test_the_default_q_adapts_under_the_activity_estimator(deep, tmp_path):
+    """--q qscheduler (the default) is the rate rule for the hybrid trainer: it measures the activity
+    estimates' spread from two groups of directions and moves q."""
+    model, data = deep
+    t = hybrid(model, data, tmp_path / "run", budget=3000)
+    assert isinstance(t.scheduler, ProgressRate) and t.activity is not None and not t.blocks
+    windows = recorded_windows(t)
+    assert (t.scheduler.fixed, t.scheduler.per_direction) == (1.0, 2.0)  # a pass budget
+    assert len(windows) >= 2 and all(noise > 0 for _, noise, _ in windows)  # it measured the spread
+    q = 2  # the rule's start; then each decision is best_q of what it measured
+    for signal, noise, step in windows:
+        q = dict(t.scheduler.changes).get(step, q)
+        assert q == best_q(signal, noise, 1.0, 2.0)
+    # a step that measured formed its estimate from q directions in two groups: 2q passes still
+    assert t.forward_passes <= 3000
+
+
+def recorded_windows(t) -> list:
+    """Run t, recording the (signal, noise) sums of each window its rate rule decided on."""
+    rule, windows, seen = t.scheduler, [], []
+    observe = rule.observe_estimates
+
+    def record(progress, signal, noise):
+        seen.append((signal, noise))
+        if len(seen) == rule.window:
+            windows.append((sum(s for s, _ in seen), sum(v for _, v in seen), progress.step))
+            seen.clear()
+        observe(progress, signal, noise)
+
+    rule.observe_estimates = record
+    t.run()
+    return windows
+
+
+def test_the_rate_rule_takes_more_directions_when_a_step_costs_more(deep, tmp_path, monkeypatch):
+    """Under --budget-ms the rule weighs the step's priced parts (zo/cost.step_parts: the M55's local
+    gradients against the NPU's suffix passes) and the spread it measured: each decision is best_q of
+    the measured sums and the priced split. An M55 1000 times slower makes a step's fixed part larger
+    against a direction's, and on the same measured statistics the rule takes more directions (no
+    constant of the rule changes)."""
+    import zo.cost
+
+    model, data = deep
+    fast = hybrid(model, data, tmp_path / "fast", ProgressRate(window=5), budget_ms=6000.0)
+    fast_split = fast.step_cost_split(1)
+    monkeypatch.setattr(zo.cost, "M55_SUSTAINED_FRACTION", zo.cost.M55_SUSTAINED_FRACTION / 1000)
+    slow = hybrid(model, data, tmp_path / "slow", ProgressRate(window=5), budget_ms=30000.0)
+    slow_split = slow.step_cost_split(1)
+    # the split is the priced step: the round robin's step_parts, in passes of equal device time
+    parts = zo.cost.step_parts(slow.model.interp, [p.tensor for p in slow.model.params], 1, 16)
+    per_pass = slow.device_seconds_per_pass
+    assert slow_split == pytest.approx((parts["fixed_s"] / per_pass, parts["per_direction_s"] / per_pass))
+    assert slow_split[0] / slow_split[1] > 5 * fast_split[0] / fast_split[1]
+    windows = recorded_windows(slow)
+    assert len(windows) >= 2
+    assert (slow.scheduler.fixed, slow.scheduler.per_direction) == pytest.approx(slow_split)
+    changes = dict(slow.scheduler.changes)
+    for signal, noise, step in windows:  # each decision: the measured sums against the priced split
+        q = best_q(signal, noise, *slow_split)
+        assert changes.get(step, q) == q
+    slow_qs = [best_q(s, v, *slow_split) for s, v, _ in windows]
+    fast_qs = [best_q(s, v, *fast_split) for s, v, _ in windows]
+    assert all(a >= b for a, b in zip(slow_qs, fast_qs)) and slow_qs != fast_qs

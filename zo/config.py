@@ -43,6 +43,8 @@ HEAD_SCHEDULE = "cosine"
 # --keep best: every VALIDATION_EVERY-th training image is held out (never trained on) to pick the
 # model to keep; the test split is never used for it.
 VALIDATION_EVERY = 10
+# A first step's training loss below this (nats) gets a note: the model already fits the training set.
+FITTED_LOSS = 1e-3
 
 
 @dataclass
@@ -120,5 +122,10 @@ class TrainConfig:
         return self.lr if self.lr is not None else default_lr(self.optimizer, self.head_init)
 
     def make_scheduler(self) -> Scheduler:
-        """--q as a fresh scheduler; `qscheduler` resolved for this step rule."""
+        """--q as a fresh scheduler; `qscheduler` resolved for this step rule, and for the hybrid
+        trainer (the exact head with activity perturbation below its tail, whose layers take the head's
+        Adam and whose steps pay a fixed cost on the M55) the rate rule derived for that cost (docs/zo.md)."""
+        kind, colon, rest = self.q.partition(":")
+        if kind == "qscheduler" and self.estimator == "activity" and self.head_gradient == "exact":
+            return parse_scheduler("rate" + colon + rest)
         return parse_scheduler(self.q, OPTIMIZERS[self.optimizer].step_grows_with_q)

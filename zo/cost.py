@@ -274,10 +274,11 @@ def exact_tail_positions(interp, ops: list, head_pos: int) -> set:
 
 def step_parts(
     interp, trainable_tensor_indices, q: int, batch: int, cost: CostModel | None = None,
-    grad_dtype: str = "fp32",
+    grad_dtype: str = "fp32", layer: int | None = None,
 ) -> dict:  # fmt: skip
     """Device seconds of one step of the hybrid trainer with activity perturbation, part by part,
-    averaged over the round robin of the layers below the exact tail (one of them is perturbed a step):
+    averaged over the round robin of the layers below the exact tail (one of them is perturbed a step),
+    or with `layer` (the execution position of one of them) the figures of a step that perturbs it:
 
     - `head_pass`: one pass of the trainable suffix over the batch, the one whose features and softmax
       error give the head's exact gradient and the tail's (npusim's N6 latency from the first op that
@@ -316,7 +317,12 @@ def step_parts(
             if t in trainable
         )
 
+    if layer is not None and layer not in perturbed:
+        raise ZoError(f"op position {layer} is not a trainable layer below the exact tail")
+
     def mean(f):  # over the round robin of the perturbed layers (nothing when there is none)
+        if layer is not None:
+            return f(layer)
         return sum(f(p) for p in perturbed) / len(perturbed) if perturbed else 0.0
 
     exact_macs = batch * sum(dev.ops[p].macs for p in tail)

@@ -178,7 +178,10 @@ class TrainableModel:
     def _select(self, spec: str) -> list[Parameter]:
         mac = [k.op for k in self.interp.kernels if k.op.kind in MAC_OPS]
         tensors = self.graph.tensors
-        chosen, with_weights = chosen_layers(spec, mac, tensors)
+        if spec == TAIL:
+            chosen, with_weights = head_and_tail(self.interp.kernels), True
+        else:
+            chosen, with_weights = chosen_layers(spec, mac, tensors)
         params = []
         stored = getattr(self.graph.source, "weights", None) or {}
         for op in chosen:
@@ -271,6 +274,27 @@ def input_mapping(config: TrainConfig, graph) -> tuple[ImageInput, InputMapping]
     )
 
 
+# --trainable's default: the head and its exact tail (zo/tail.py).
+TAIL = "tail"
+
+
+def head_and_tail(kernels) -> list:
+    """The MAC ops of `--trainable tail`, in execution order: the last one (the head) and, when it is a
+    FULLY_CONNECTED classifier, every MAC op whose output reaches it through parameter-free ops only
+    (zo/tail.py's walk with every layer trainable): the layers whose gradient is exact from the
+    head's forward pass."""
+    from .tail import find_tail_ops
+
+    mac = [k.op for k in kernels if k.op.kind in MAC_OPS]
+    if not mac:
+        raise ZoError("the model has no CONV_2D, DEPTHWISE_CONV_2D or FULLY_CONNECTED layer to train")
+    head = mac[-1]
+    if head.kind != "FULLY_CONNECTED":
+        return [head]
+    upto = kernels[: next(i for i, k in enumerate(kernels) if k.op is head) + 1]
+    return find_tail_ops(upto, head, lambda op: True)[1] + [head]
+
+
 def chosen_layers(spec: str, mac: list, tensors, appended_head: bool = False) -> tuple[list, bool]:
     """(the MAC ops --trainable `spec` names, among `mac` in execution order; whether their weights
     train). appended_head: a fresh head will be appended, so last:K may count one layer more (the
@@ -308,6 +332,10 @@ def chosen_layers(spec: str, mac: list, tensors, appended_head: bool = False) ->
 def check_trainable(spec: str, graph) -> None:
     """--trainable against the graph's layers, before the data set is read and the model prepared."""
     mac = [op for op in graph.ops if op.kind in MAC_OPS]
+    if spec == TAIL:  # resolved on the prepared model (its head may be appended)
+        if not mac:
+            raise ZoError("the model has no CONV_2D, DEPTHWISE_CONV_2D or FULLY_CONNECTED layer to train")
+        return
     chosen_layers(spec, mac, graph.tensors, appended_head=find_head(graph) is None)
 
 

@@ -53,9 +53,12 @@ class StatusLine:
             amount = f"{passes}/{self.budget} passes"
         else:
             amount = f"{passes * self.ms_per_pass:.0f}/{self.budget * self.ms_per_pass:.0f} device ms"
+        # q means nothing to a run without an estimated part (the head and its exact tail): "-"
+        estimated = getattr(trainer, "blocks", True) or getattr(trainer, "activity", None) is not None
+        shown = q if estimated else "-"
         return (
             f"zo train {100 * passes / self.budget:3.0f}%  {amount}  "
-            f"step {trainer.step}  q {q}  loss {loss:.4f}  test {percent(trainer.final_accuracy)}  "
+            f"step {trainer.step}  q {shown}  loss {loss:.4f}  test {percent(trainer.final_accuracy)}  "
             f"ETA {duration(eta)}"
         )
 

@@ -63,8 +63,7 @@ class RunFiles:
         state = dict(self.optimizer.state())
         if self.head_optimizer is not None:
             state.update({f"head_{k}": v for k, v in self.head_optimizer.state().items()})
-        if self.best is not None:
-            state.update(best_scores=np.array(self.best[:2]), best_ints=self.best[2])
+        state.update(self.best_state())
         checkpoint.save(self.out, meta, self.master, ints, state)
 
     def load_checkpoint(self, directory: Path):
@@ -83,9 +82,7 @@ class RunFiles:
         try:
             if self.head_optimizer is not None:
                 self.head_optimizer.load({k[5:]: v for k, v in r.extra.items() if k.startswith("head_")})
-            if "best_ints" in r.extra:
-                val, acc = (float(v) for v in r.extra["best_scores"])
-                self.best = (val, acc, np.asarray(r.extra["best_ints"], dtype=np.int64))
+            self.load_best_state(r.extra)
         except (KeyError, ValueError, TypeError) as e:
             raise ZoError(f"{checkpoint.damaged_message(directory)} ({type(e).__name__}: {e})") from None
         self.scheduler.load(r.scheduler_state)

@@ -458,6 +458,16 @@ def split_half_statistics(half_a: np.ndarray, half_b: np.ndarray, q: int) -> tup
     return float(np.dot(a, b)), q * float(np.dot(diff, diff)) / 4
 
 
+def two_means_statistics(mean_a: np.ndarray, mean_b: np.ndarray, qa: int, qb: int) -> tuple[float, float]:
+    """(signal, noise) as direction_statistics gives them, from the means A and B of two independent
+    groups of qa and qb per-direction estimates: E[A . B] = |g|^2, E|A - B|^2 = v (1/qa + 1/qb)."""
+    if qa < 1 or qb < 1:
+        raise ValueError("two_means_statistics needs at least one estimate in each group")
+    a, b = np.asarray(mean_a, dtype=np.float64), np.asarray(mean_b, dtype=np.float64)
+    diff = a - b
+    return float(np.dot(a, b)), float(np.dot(diff, diff)) / (1.0 / qa + 1.0 / qb)
+
+
 class ProgressRate(Scheduler):
     """QScheduler v5: q maximising the expected progress per unit of cost, from measured statistics
     (docs/zo.md, "How many directions a step").
@@ -483,6 +493,11 @@ class ProgressRate(Scheduler):
         if self.q == 1 and progress.step % self.every == self.every - 1:
             return 2
         return self.q
+
+    def measures(self, step: int) -> bool:
+        """Whether an estimator that pays to measure (activity perturbation's second local gradient,
+        zo/activity_step.py) measures at this step: one in `every`, the steps where q = 1 takes 2."""
+        return step % self.every == self.every - 1
 
     def observe_costs(self, fixed: float, per_direction: float):
         self.fixed, self.per_direction = float(fixed), float(per_direction)

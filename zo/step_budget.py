@@ -1,9 +1,24 @@
 """What the trainer's budget counts: forward passes, and under --budget-ms the device time of each
-step's fixed work in passes of equal device time (zo/cost.py prices it). A part of Trainer."""
+step's fixed work in passes of equal device time (zo/cost.py prices it). A part of Trainer.
+
+Two pricings of a step's device time:
+- the hybrid trainer (`--estimator activity` with the exact head): zo/cost.step_parts, part by part
+  for the layer the step perturbs: the head's pass of the trainable suffix and 2 passes of what
+  follows the perturbed layer per direction (npusim's N6 latency), the local weight gradients of the
+  exact tail and of the perturbed layer, the head's outer product, the write-back and the loss on
+  the M55; a step that measures the rate rule's statistics forms the perturbed layer's gradient
+  twice (zo/activity_step.py) and pays that local gradient once more;
+- the weights estimator: its forward passes at a whole pass's time and the M55 work of
+  zo/cost.step_overhead_seconds.
+`overhead_seconds` is what the steps cost beyond their forward passes counted at a whole pass's time
+(for the hybrid trainer it may fall: its suffix passes cost less than whole passes)."""
 
 from __future__ import annotations
 
-from .cost import step_overhead_seconds
+import functools
+
+from .cost import m55_mac_seconds, step_overhead_seconds, step_parts
+from .errors import ZoError
 
 
 class StepBudget:
@@ -25,20 +40,76 @@ class StepBudget:
         per_pass = self.device_seconds_per_pass * 1e3
         return f"--budget-ms {cfg.budget_ms:g} ({self.total:.0f} forward passes of {per_pass:.3g} ms)"
 
+    @property
+    def hybrid(self) -> bool:
+        """The exact head with its tail and activity perturbation below it (step_parts prices it)."""
+        return self.head is not None and self.config.estimator == "activity"
+
+    @functools.cached_property
+    def hybrid_parts(self) -> dict:
+        """Per layer the step perturbs (its op, None without activity layers): (fixed seconds, seconds
+        per direction) of zo/cost.step_parts; and under None the round robin's mean."""
+        interp, batch = self.model.interp, self.config.batch
+        tensors = [p.tensor for p in self.model.params]
+        position = {id(k.op): pos for pos, k in enumerate(interp.kernels)}
+        layers = self.activity.layers if self.activity is not None else []
+        parts = {}
+        mean = step_parts(interp, tensors, 1, batch)
+        parts[None] = (mean["fixed_s"], mean["per_direction_s"])
+        for layer in layers:
+            try:
+                r = step_parts(interp, tensors, 1, batch, layer=position[id(layer.op)])
+            except ZoError:  # a graph where zo/cost.py's tail differs from zo/tail.py's: the mean
+                r = mean
+            parts[id(layer.op)] = (r["fixed_s"], r["per_direction_s"])
+        return parts
+
+    def activity_layer_of_step(self, step: int):
+        act = self.activity
+        return None if act is None else act.layers[step % len(act.layers)]
+
+    def measures_activity(self, q: int) -> bool:
+        """Whether this step forms the activity layer's gradient from two halves of its directions for
+        the rate rule's statistics (zo/activity_step.py)."""
+        measures = getattr(self.scheduler, "measures", None)
+        return self.activity is not None and q >= 2 and measures is not None and measures(self.step)
+
     def step_overhead(self, q: int, batches: int) -> float:
-        """Device seconds of this step's work besides its forward passes (zo/cost.py)."""
+        """Device seconds of this step's work besides its forward passes at a whole pass's time."""
         block = self.block_of_step(self.step) if self.blocks else None
         head = self.head
-        return step_overhead_seconds(
-            q if block else 0, batches, block.dims if block else 0, block.size if block else 0,
-            params=self.master.size, passes=self.step_passes(q, batches),
-            logits=self.config.batch * self.model.num_classes,
-            head_macs=self.config.batch * head.classes * head.features if head else 0,
-        )  # fmt: skip
+        if not self.hybrid:
+            return step_overhead_seconds(
+                q if block else 0, batches, block.dims if block else 0, block.size if block else 0,
+                params=self.master.size, passes=self.step_passes(q, batches),
+                logits=self.config.batch * self.model.num_classes,
+                head_macs=self.config.batch * head.classes * head.features if head else 0,
+            )  # fmt: skip
+        layer = self.activity_layer_of_step(self.step)
+        fixed, per_direction = self.hybrid_parts[None if layer is None else id(layer.op)]
+        seconds = fixed + (q * per_direction if layer is not None else 0.0)
+        if self.measures_activity(q):
+            seconds += m55_mac_seconds(self.config.batch * layer.macs_per_image, "fp32")
+        passes = 1 + (2 * q if layer is not None else 0)
+        if block is not None:  # tensors the activity estimator cannot take, in weight-perturbation blocks
+            zo_passes = 2 * q * batches
+            seconds += zo_passes * self.device_seconds_per_pass + step_overhead_seconds(
+                q, batches, block.dims, block.size, params=0, passes=zo_passes,
+                logits=self.config.batch * self.model.num_classes, head_macs=0,
+            )  # fmt: skip
+            passes += zo_passes
+        return seconds - passes * self.device_seconds_per_pass
 
     def step_cost_split(self, batches: int) -> tuple[float, float]:
         """(what a step costs whatever q is, what each direction adds), in the budget's unit (forward
-        passes; under --budget-ms, passes of equal device time): the q rule's C_s and C_p."""
+        passes; under --budget-ms, passes of equal device time): the q rule's C_s and C_p. The hybrid
+        trainer's: the round robin's mean of step_parts (under --budget: the head's pass, and a
+        direction's two passes)."""
+        if self.hybrid and not self.blocks:
+            if self.config.budget_ms is None:
+                return 1.0, 2.0
+            fixed, per_direction = self.hybrid_parts[None]
+            return fixed / self.device_seconds_per_pass, per_direction / self.device_seconds_per_pass
         one, two = self.step_overhead(1, batches), self.step_overhead(2, batches)
         per_direction = 2 * batches + self.charged(two - one)
         return (self.head is not None) + self.charged(2 * one - two), per_direction
@@ -48,9 +119,13 @@ class StepBudget:
         return -(-len(self.val_rows) // self.config.batch) if len(self.val_rows) else 0
 
     def step_passes(self, q: int, batches: int) -> int:
-        """Forward passes of one step: the head's pass, and 2q per probed mini-batch for a ZO block."""
-        zo = self.blocks or self.activity is not None
-        return (self.head is not None) + (2 * q * batches if zo else 0)
+        """Forward passes of one step: the head's pass, 2q for the activity layer, and 2q per probed
+        mini-batch for a ZO block."""
+        return (
+            (self.head is not None)
+            + (2 * q if self.activity is not None else 0)
+            + (2 * q * batches if self.blocks else 0)
+        )
 
     def feature_passes(self) -> int:
         """Forward passes of the head's initialization: one per mini-batch of the training set, as

@@ -28,15 +28,17 @@ from npusim.npu import plan_device
 from . import blocks as zo_blocks
 from . import head_init
 from .activity import ActivityEstimator
+from .activity_step import ActivityStep
 from .config import (  # noqa: F401 (re-exported: the API imports them from here)
     CALIBRATION_IMAGES,
     DEAD_STEPS,
     DEFAULT_LR,
+    FITTED_LOSS,
     HEAD_LR,
     HEAD_SCHEDULE,
     INITIALIZED_LR,
     MAX_IMAGES_PER_CALL,
-    VALIDATION_EVERY,
+    VALIDATION_EVERY,  # noqa: F401 (re-exported)
     TrainConfig,
     default_lr,
 )
@@ -46,6 +48,7 @@ from .estimate import StepEstimate
 from .float_ops import FLOAT_OPS
 from .head_grad import ExactHead
 from .inputs import SATURATION_WARNING, model_inputs
+from .keep import KeepBest
 from .loss import group_losses
 from .metrics import MetricsLog
 from .model import (  # noqa: F401 (build_model, calibration_indices: re-exported)
@@ -59,12 +62,12 @@ from .model import (  # noqa: F401 (build_model, calibration_indices: re-exporte
 from .optim import OPTIMIZERS, Adam, learning_rate, make_optimizer
 from .perturbation import direction, second_moment
 from .run_files import RunFiles
-from .schedulers import EfficiencyTest, FixedQ, Progress, Scheduler, direction_statistics
+from .schedulers import EfficiencyTest, FixedQ, Progress, ProgressRate, Scheduler, direction_statistics
 from .step_budget import StepBudget
 from .tail import ExactTail
 
 
-class Trainer(StepBudget, RunFiles):
+class Trainer(StepBudget, RunFiles, KeepBest, ActivityStep):
     def __init__(
         self,
         config: TrainConfig,
@@ -151,7 +154,7 @@ class Trainer(StepBudget, RunFiles):
         )
         self.overhead_seconds = 0.0  # the steps' fixed M55 work so far (step_overhead_seconds)
         if not OPTIMIZERS[config.optimizer].step_grows_with_q and not isinstance(
-            self.scheduler, (FixedQ, EfficiencyTest)
+            self.scheduler, (FixedQ, EfficiencyTest, ProgressRate)
         ):
             # Measured, not assumed: the steprules grid of the study (experiments/results/earlier-studies.md).
             self.warn(
@@ -220,7 +223,6 @@ class Trainer(StepBudget, RunFiles):
                 f"{setup}: the head's initialization ({self.init_passes}), the eps measurement ({measured}) "
                 f"and two evaluations of the held-out images ({2 * self.validation_passes()}, --keep best)"
             )
-        self.best = None  # (validation accuracy, test accuracy, integers) of the kept model
         self.wall_offset = 0.0
         self.eval_every = config.eval_every or max(int(self.total) // 20, 1)
         self.next_eval = 0
@@ -274,6 +276,18 @@ class Trainer(StepBudget, RunFiles):
 
     def describe_training(self, head, blocks) -> str:
         """One line: what each trainable layer's gradient is and why."""
+        if self.config.trainable == "tail" and head is not None and self.activity is None and not blocks:
+            if self.tail is None:
+                return (
+                    "trains the head alone: no layer reaches it through parameter-free ops only "
+                    "(--trainable tail); --trainable last:K trains more, estimated below the head"
+                )
+            names = ", ".join(f.inputs[1].name for f in self.tail.layers)
+            return (
+                f"trains the head and its exact tail: {names} (only parameter-free ops lie between them "
+                "and the head, so one forward pass gives their exact gradients; --trainable tail); "
+                "--trainable last:K to change"
+            )
         parts = []
         if head is not None:
             parts.append("the head: exact (its features and softmax error, one pass)")
@@ -286,6 +300,7 @@ class Trainer(StepBudget, RunFiles):
         if blocks:
             parts.append(f"{len(blocks)} tensor(s): estimated by weight perturbation (2q passes a step)")
         return "gradients: " + "; ".join(parts)
+
     def calibrate_eps(self) -> int:
         """Each ZO block's eps from d(eps) against d(2 eps) (zo/blocks.py), unless --eps is given;
         returns the forward passes it cost."""
@@ -320,15 +335,6 @@ class Trainer(StepBudget, RunFiles):
         return 1 + self.activity.measure_eps(values, self.data.y_train[indices], interrupt.check)
 
     # -- the fresh head's initialization -----------------------------------------------------------
-    def split_validation(self):
-        """--keep best: every VALIDATION_EVERY-th training image is held out to choose the model to
-        keep (seed-free, the same for every run); the rest is trained on. --keep last trains on all."""
-        n = len(self.data.y_train)
-        held = np.zeros(n, dtype=bool)
-        if self.config.keep == "best" and n >= 2 * VALIDATION_EVERY:
-            held[::VALIDATION_EVERY] = True
-        self.train_rows, self.val_rows = np.flatnonzero(~held), np.flatnonzero(held)
-
     def initialize_head(self) -> int:
         """Fill the fresh head from the features of the training images (zo/head_init.py); returns
         the forward passes it cost."""
@@ -475,7 +481,7 @@ class Trainer(StepBudget, RunFiles):
         cfg = self.config
         lr = learning_rate(cfg.learning_rate, cfg.lr_schedule, self.spent / self.total)
         self.overhead_seconds += self.step_overhead(q, batches)
-        if hasattr(self.scheduler, "observe_costs") and self.blocks:
+        if hasattr(self.scheduler, "observe_costs") and (self.blocks or self.activity is not None):
             self.scheduler.observe_costs(*self.step_cost_split(batches))
         update = np.zeros(self.master.size)
         losses = []
@@ -527,20 +533,6 @@ class Trainer(StepBudget, RunFiles):
         self.last_lr = lr
         self.last_estimate = estimate
         return float(np.mean(losses))
-
-    def activity_gradient(self, q: int, values: dict, labels: np.ndarray, estimate) -> np.ndarray:
-        """This step's activity layer's estimated gradient, zero over the other activity layers."""
-        act = self.activity
-        layer = act.layers[self.step % len(act.layers)]
-        g_layer, d = act.gradient(values, layer, q, self.step, labels)
-        g = np.zeros(act.coords.size)
-        start = sum(c.size for other in act.layers[: act.layers.index(layer)] for c in other.coords)
-        g[start : start + g_layer.size] = g_layer
-        self.zero_differences = float(np.mean(d == 0))
-        estimate.estimates = d.ravel()
-        estimate.suffix_passes += 2 * q
-        estimate.local_macs += len(labels) * layer.macs_per_image
-        return g
 
     def zo_update(self, q: int, batches: int, lr: float) -> tuple:
         """The probes of this step's block and the step rule's move: (L+, L-, update)."""
@@ -599,6 +591,8 @@ class Trainer(StepBudget, RunFiles):
                     if self.spent + cost + self.validation_passes() > self.total:
                         break
                     loss = self.train_step(q, batches)
+                    if self.step == 1:
+                        self.note_fitted(loss)
                     self.log(
                         {
                             "step": self.step,
@@ -633,7 +627,21 @@ class Trainer(StepBudget, RunFiles):
             "steps": self.step,
             "forward_passes": self.forward_passes,
             "test_accuracy": self.final_accuracy,
+            "kept": self.kept_line(),
         }
+
+    def note_fitted(self, loss: float):
+        """One line when the first step's training loss is already about zero (below FITTED_LOSS
+        nats: the batch's labels have probability above 0.999 on average, so every exact gradient,
+        p - y, is about zero and training can move little)."""
+        if loss >= FITTED_LOSS:
+            return
+        fresh = self.model.head_op is not None and self.config.head_init != "zero"
+        who = f"the fresh head ({self.config.head_init}) already fits" if fresh else "the model already fits"
+        self.report(
+            f"note: the training loss is {loss:.4f} at the first step: {who} the training images, so the "
+            "gradients are about zero and training moves little; the held-out and test accuracy say more"
+        )
 
     def log(self, row: dict):
         row.setdefault("wall_seconds", f"{self.wall():.3f}")
@@ -655,24 +663,12 @@ class Trainer(StepBudget, RunFiles):
         if len(self.val_rows):
             # The device runs the held-out images to choose the model it keeps: charged to the budget.
             self.forward_passes += self.validation_passes()
-            val = float(np.mean(self.model.predict(self.val_cache) == self.data.y_train[self.val_rows]))
-            row["val_accuracy"] = f"{val:.6f}"
-            if self.best is None or val > self.best[0]:
-                self.best = (val, acc, self.deployed().copy())
+            row["val_accuracy"] = f"{self.record_validation(acc):.6f}"
         self.log(row)
         self.final_accuracy = acc
         self.last_eval_passes = self.forward_passes
         while self.next_eval <= self.forward_passes:
             self.next_eval += self.eval_every
-
-    def keep_chosen(self):
-        """--keep best: the deployed integers of the best validation accuracy (the start included)
-        replace the last ones before the export; final_accuracy is then that model's test accuracy."""
-        if self.config.keep != "best" or self.best is None:
-            return
-        _, acc, ints = self.best
-        self.model.set_values(self.split(ints.astype(np.float64)))
-        self.final_accuracy = acc
 
     def export(self, path: Path):
         atomic.write_bytes(path, write_model(self.model.graph))  # whole or not at all

@@ -1,0 +1,44 @@
+"""The activity-perturbation part of a hybrid step (zo/activity.py), and what it tells the rate rule
+(`--q rate`, zo/schedulers.ProgressRate). A part of Trainer.
+
+The rule needs the variance v of one direction's estimate and the signal s = |g|^2 of the layer's
+weight gradient. Activity perturbation forms one weight gradient from all q directions' output
+gradients, so on a step that measures (one in the rule's `every`) the q directions are split in two
+groups of q_a and q_b, each group's weight gradient formed on its own (the local gradient once more,
+charged by zo/step_budget.py) from its own directions, and the step's estimate is their weighted mean
+(q_a A + q_b B) / q: the same 2q suffix passes, an estimate of the same kind. From the group means A
+and B: E[A . B] = |g|^2 and E|A - B|^2 = v (1/q_a + 1/q_b) (schedulers.two_means_statistics)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .schedulers import Progress, two_means_statistics
+
+# The second group's directions come from steps no training step or eps measurement uses.
+SECOND_GROUP = 2**41
+
+
+class ActivityStep:
+    def activity_gradient(self, q: int, values: dict, labels: np.ndarray, estimate) -> np.ndarray:
+        """This step's activity layer's estimated gradient, zero over the other activity layers."""
+        act = self.activity
+        layer = self.activity_layer_of_step(self.step)
+        if self.measures_activity(q):
+            qa = q // 2
+            a, d_a = act.gradient(values, layer, qa, self.step, labels)
+            b, d_b = act.gradient(values, layer, q - qa, SECOND_GROUP + self.step, labels)
+            g_layer, d = (qa * a + (q - qa) * b) / q, np.concatenate([d_a, d_b])
+            signal, noise = two_means_statistics(a, b, qa, q - qa)
+            self.scheduler.observe_estimates(Progress(self.step, self.spent, self.total), signal, noise)
+            estimate.local_macs += len(labels) * layer.macs_per_image  # the second local gradient
+        else:
+            g_layer, d = act.gradient(values, layer, q, self.step, labels)
+        g = np.zeros(act.coords.size)
+        start = sum(c.size for other in act.layers[: act.layers.index(layer)] for c in other.coords)
+        g[start : start + g_layer.size] = g_layer
+        self.zero_differences = float(np.mean(d == 0))
+        estimate.estimates = d.ravel()
+        estimate.suffix_passes += 2 * q
+        estimate.local_macs += len(labels) * layer.macs_per_image
+        return g
