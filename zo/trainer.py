@@ -152,7 +152,7 @@ class Trainer(StepBudget, RunFiles, KeepBest, ActivityStep):
             if config.budget_ms is None
             else config.budget_ms / 1e3 / self.device_seconds_per_pass
         )
-        self.overhead_seconds = 0.0  # the steps' fixed M55 work so far (step_overhead_seconds)
+        self.overhead_seconds = 0.0  # device time of the steps beyond their passes at a whole pass's
         if not OPTIMIZERS[config.optimizer].step_grows_with_q and not isinstance(
             self.scheduler, (FixedQ, EfficiencyTest, ProgressRate)
         ):
