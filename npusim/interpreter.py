@@ -203,8 +203,31 @@ class Interpreter:
         the first run then costs what a later one does. Without it, the first run of a batch faults
         in its activations (about 3 ms per MB on a fresh page in the VM of docs/performance.md)."""
         self.graph = graph if isinstance(graph, Graph) else load_model(graph)
-        # A profile object (--profile neural-art: npu/neural_art_run.NeuralArtProfile) holds its own
-        # per-op kernels; the ops it does not take run TFLM's.
+        table, pid = self._resolve_profile(profile, backend)
+        if not (plan_only and getattr(self.graph.source, "unlowered", None)):
+            # (an ONNX plan whose unlowered nodes stand in with float outputs is no float model)
+            check_int8(self.graph)
+        ops = execution_order(self.graph)
+        self.unsupported = [op for op in ops if op.kind not in KERNELS]
+        self.refusals: dict = {}  # plan_only: {op index: why its kernel refused it}
+        if self.unsupported and not plan_only:
+            raise unsupported_error(self.unsupported[0])
+        check_activations(self.graph)
+        self.kernels = self._create_kernels(ops, table, pid, plan_only)
+        self._share_scratch()
+        self._fuse()
+        self._plan_liveness()
+        self.batch = batch_plan(self.graph, self.kernels)
+        self._plan_limits(batch)
+        self.warm_batch = batch
+        if warm and not plan_only:
+            self.warm_up()
+
+    # -- the plan, step by step ------------------------------------------------------------------
+    def _resolve_profile(self, profile, backend):
+        """(the profile object or None, the profile id), self.profile its name, self.backends the
+        MAC engines. A profile object (--profile neural-art: npu/neural_art_run.NeuralArtProfile)
+        holds its own per-op kernels; the ops it does not take run TFLM's."""
         table = None if isinstance(profile, str) else profile
         self.profile = profile if table is None else table.name
         self.backends = _backend.select(backend)
@@ -213,16 +236,12 @@ class Interpreter:
             raise NpusimError(
                 "profile neural-art: pass npusim.npu.NeuralArtProfile() (its options) as the profile"
             )
-        if not (plan_only and getattr(self.graph.source, "unlowered", None)):
-            # (an ONNX plan whose unlowered nodes stand in with float outputs is no float model)
-            check_int8(self.graph)
-        self.kernels = []
-        ops = execution_order(self.graph)
-        self.unsupported = [op for op in ops if op.kind not in KERNELS]
-        self.refusals: dict = {}  # plan_only: {op index: why its kernel refused it}
-        if self.unsupported and not plan_only:
-            raise unsupported_error(self.unsupported[0])
-        check_activations(self.graph)
+        return table, pid
+
+    def _create_kernels(self, ops, table, pid, plan_only) -> list:
+        """Each supported op's prepared kernel, in plan order. With plan_only, an op whose kernel
+        refuses it joins self.unsupported, its message in self.refusals."""
+        kernels = []
         plan = ort_kernels.Plan(self.graph) if pid == ONNXRUNTIME else None
         for op in ops:
             if op.kind not in KERNELS:
@@ -231,13 +250,11 @@ class Interpreter:
                 kernel_class = KERNELS[op.kind]
                 extra = {"backends": self.backends} if kernel_class.takes_backends else {}
                 if table is not None:
-                    self.kernels.append(table.kernel_for(kernel_class, op, self.graph, **extra))
+                    kernels.append(table.kernel_for(kernel_class, op, self.graph, **extra))
                 elif pid == ONNXRUNTIME:  # ORT's arithmetic, or its float op then QuantizeLinear
-                    self.kernels.append(
-                        ort_kernels.kernel_for(kernel_class, op, self.graph, pid, plan, **extra)
-                    )
+                    kernels.append(ort_kernels.kernel_for(kernel_class, op, self.graph, pid, plan, **extra))
                 else:
-                    self.kernels.append(kernel_class(op, self.graph, pid, **extra))
+                    kernels.append(kernel_class(op, self.graph, pid, **extra))
             except NpusimError as e:  # helpers shared by ops (padding, multipliers) do not know the op
                 message = (
                     str(e) if str(e).startswith(f"op {op.index} ") else f"op {op.index} ({op.kind}): {e}"
@@ -248,12 +265,18 @@ class Interpreter:
                 # lists an op it lacks, instead of refusing the whole model
                 self.unsupported.append(op)
                 self.refusals[op.index] = message
-        # Kernels run one at a time (one Interpreter per thread), so one scratch buffer, the padded
-        # input copy of the convolutions, serves them all: a buffer per kernel held 20 of ResNet-8's
-        # 30 MB at batch 256 (and every fresh page costs a fault on the first run).
+        return kernels
+
+    def _share_scratch(self) -> None:
+        """Kernels run one at a time (one Interpreter per thread), so one scratch buffer, the padded
+        input copy of the convolutions, serves them all: a buffer per kernel held 20 of ResNet-8's
+        30 MB at batch 256 (and every fresh page costs a fault on the first run)."""
         scratch = [k for k in self.kernels if getattr(k, "workspace", None) is not None]
         for k in scratch:
             k.workspace = scratch[0].workspace
+
+    def _fuse(self) -> None:
+        """The two fusion passes of run(), and what each kernel of its walk reads then."""
         # PADs whose only reader is a convolution that takes their padding over (in run() only;
         # the other entry points compute every tensor): {PAD output tensor: PAD input tensor}.
         self._pad_sources = self._fused_pads()
@@ -272,11 +295,17 @@ class Interpreter:
                 self._run_reads.append((self._chains[out].root,))
             else:
                 self._run_reads.append(tuple(self._pad_sources.get(t, t) for t in k.op.inputs))
+
+    def _plan_liveness(self) -> None:
+        """Each tensor's last reader, in run()'s folded walk and in the unfolded one."""
         self._last_readers = {
             True: _last_reader(self._run_reads),
             False: _last_reader([k.op.inputs for k in self.kernels]),
         }
-        self.batch = batch_plan(self.graph, self.kernels)
+
+    def _plan_limits(self, batch) -> None:
+        """Each activation's bytes per image, and the allocation limit checked for one image and
+        for the batch given."""
         tensors = self.graph.tensors
         self._activation_bytes = [
             (
@@ -293,9 +322,6 @@ class Interpreter:
                 f"{tflite_io.MAX_TENSOR_BYTES}"
             )
         self._check_batch(batch)
-        self.warm_batch = batch
-        if warm and not plan_only:
-            self.warm_up()
 
     def _fused_pads(self) -> dict:
         """{PAD output tensor: PAD input tensor} for PADs that a convolution takes over."""
