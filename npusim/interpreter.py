@@ -18,7 +18,7 @@ from .graph import Graph, computes_in_float, legacy_uint8
 from .model_io import load_model
 from .ops import KERNELS, MAC_OPS, ort_kernels
 from .ops.base import both_forms
-from .quant import NEURAL_ART, ONNXRUNTIME, TFLM, profile_id
+from .quant import PROFILES, profile_id
 from .walker import Walker
 
 
@@ -225,24 +225,25 @@ class Interpreter:
 
     # -- the plan, step by step ------------------------------------------------------------------
     def _resolve_profile(self, profile, backend):
-        """(the profile object or None, the profile id), self.profile its name, self.backends the
-        MAC engines. A profile object (--profile neural-art: npu/neural_art_run.NeuralArtProfile)
-        holds its own per-op kernels; the ops it does not take run TFLM's."""
+        """(the profile object or None, the Profile its kernels take); self.profile its name,
+        self.backends the MAC engines. A profile object (--profile neural-art:
+        npu/neural_art_run.NeuralArtProfile) holds its own per-op kernels; the ops it does not take
+        run TFLM's."""
         table = None if isinstance(profile, str) else profile
         self.profile = profile if table is None else table.name
         self.backends = _backend.select(backend)
-        pid = TFLM if table is not None else profile_id(profile)
-        if pid == NEURAL_ART:
+        resolved = PROFILES["tflm"] if table is not None else profile_id(profile)
+        if resolved.kernels == "object":
             raise NpusimError(
-                "profile neural-art: pass npusim.npu.NeuralArtProfile() (its options) as the profile"
+                f"profile {resolved.name}: pass npusim.npu.NeuralArtProfile() (its options) as the profile"
             )
-        return table, pid
+        return table, resolved
 
     def _create_kernels(self, ops, table, pid, plan_only) -> list:
         """Each supported op's prepared kernel, in plan order. With plan_only, an op whose kernel
         refuses it joins self.unsupported, its message in self.refusals."""
         kernels = []
-        plan = ort_kernels.Plan(self.graph) if pid == ONNXRUNTIME else None
+        plan = ort_kernels.Plan(self.graph) if pid.kernels == "onnxruntime" else None
         for op in ops:
             if op.kind not in KERNELS:
                 continue
@@ -251,7 +252,7 @@ class Interpreter:
                 extra = {"backends": self.backends} if kernel_class.takes_backends else {}
                 if table is not None:
                     kernels.append(table.kernel_for(kernel_class, op, self.graph, **extra))
-                elif pid == ONNXRUNTIME:  # ORT's arithmetic, or its float op then QuantizeLinear
+                elif plan is not None:  # ORT's arithmetic, or its float op then QuantizeLinear
                     kernels.append(ort_kernels.kernel_for(kernel_class, op, self.graph, pid, plan, **extra))
                 else:
                     kernels.append(kernel_class(op, self.graph, pid, **extra))

@@ -6,6 +6,7 @@ operators. Static (ast), so nothing is imported or compiled."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -137,3 +138,32 @@ def test_the_engines_do_not_import_the_operators(trees):
         if name.startswith("npusim.engines")
     }
     assert not {k: v for k, v in bad.items() if v}, bad
+
+
+PROFILE_BRANCH = re.compile(
+    r"\bprofile\w*\s*[!=]=|[!=]=\s*(TFLM|SINGLE|XNNPACK|ONNXRUNTIME|NEURAL_ART)\b"
+    r"|\b(TFLM|SINGLE|XNNPACK|ONNXRUNTIME|NEURAL_ART)\s*[!=]="
+)
+# Lines allowed to compare a profile outside npusim/profiles.py: none yet; at most two, each
+# named here with why.
+PROFILE_BRANCHES_ALLOWED: dict[str, str] = {}
+
+
+def test_kernels_branch_on_the_profile_fields_not_on_profile_names():
+    """A profile is one object (npusim/profiles.py): code outside it reads its fields (stage,
+    bounds, xnnpack_delegate, ort_qlinear, kernels, int16, uint8), never `profile == X`."""
+    found = [
+        f"{path.relative_to(ROOT)}:{n}"
+        for name, path in SOURCES.items()
+        if name.startswith(("npusim", "zo")) and name != "npusim.profiles"
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if PROFILE_BRANCH.search(line.split("#")[0])
+    ]
+    extra = [f for f in found if f.split(":")[0] not in PROFILE_BRANCHES_ALLOWED]
+    assert len(PROFILE_BRANCHES_ALLOWED) <= 2 and not extra, f"profile branches: {extra}"
+
+
+def test_the_profile_branch_check_finds_a_branch():
+    assert PROFILE_BRANCH.search("        if profile == XNNPACK:")
+    assert PROFILE_BRANCH.search("and self.profile != ONNXRUNTIME")
+    assert not PROFILE_BRANCH.search("        if profile_of(profile).xnnpack_delegate:")

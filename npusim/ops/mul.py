@@ -13,7 +13,8 @@ import numpy as np
 from ..engines.int16 import is_int16, range16
 from ..engines.requant import output_range, requantization_multiplier
 from ..jit import njit
-from ..quant import ONNXRUNTIME, TFLM, XNNPACK, requantize_to_output
+from ..profiles import profile_of
+from ..quant import TFLM, requantize_to_output
 from . import onnxruntime as ort
 from . import xnnpack as xnn
 from .float_form import Elementwise
@@ -50,10 +51,11 @@ class Mul(BinaryKernel):
             return
         # The xnnpack profile: float32 product and scale, round half to even (quant.requantize_one).
         real32 = np.float32(np.float32(s1) * np.float32(s2) / np.float32(so))
-        if profile == XNNPACK and not xnn.delegates_mul(real32):
+        if profile_of(profile).xnnpack_delegate and not xnn.delegates_mul(real32):
             profile = TFLM  # the delegate refuses it: LiteRT's builtin MUL, TFLM's arithmetic
         lo, hi = output_range(op.options.get("fused_activation_function", "NONE"), y, profile)
-        if profile == ONNXRUNTIME:  # QLinearMul (onnxruntime.mul_table), clamped to a fused activation
+        # QLinearMul (onnxruntime.mul_table), clamped to a fused activation
+        if profile_of(profile).ort_qlinear:
             self.table = np.clip(ort.mul_table(a, b, y), lo, hi).astype(np.int8)
             return
         xa, xb = every_pair()

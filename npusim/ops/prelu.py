@@ -18,7 +18,8 @@ import numpy as np
 
 from ..engines.requant import requantization_multiplier
 from ..jit import njit
-from ..quant import TFLM, XNNPACK, requantize_one
+from ..profiles import DOUBLE_ROUNDING, profile_of
+from ..quant import requantize_one
 from .float_form import Elementwise
 from .pairwise import BinaryKernel, every_pair
 
@@ -72,5 +73,5 @@ class Prelu(BinaryKernel):
             i64(m2),
             i64(s2),
             r2,
-            i64(TFLM if profile == XNNPACK else profile),
+            i64(DOUBLE_ROUNDING if profile_of(profile).xnnpack_delegate else profile_of(profile).stage),
         )

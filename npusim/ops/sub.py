@@ -14,9 +14,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..jit import njit
+from ..profiles import SINGLE_ROUNDING, profile_of
 from ..quant import (
-    SINGLE,
-    XNNPACK,
     clamp,
     multiply_by_quantized_multiplier,
     multiply_by_quantized_multiplier_single,
@@ -28,8 +27,8 @@ from .pairwise import LEFT_SHIFT, BinaryKernel, every_pair
 
 
 @njit(inline="always")
-def _rescale(x, m, shift, profile):
-    if profile == SINGLE:
+def _rescale(x, m, shift, stage):
+    if stage == SINGLE_ROUNDING:
         return multiply_by_quantized_multiplier_single(x, m, shift)
     return multiply_by_quantized_multiplier(x, m, shift)
 
@@ -59,7 +58,7 @@ class Sub(BinaryKernel):
         super().__init__(op, graph, profile)
         params = self.prepare_rescaled(sub16)  # None with int16 operands (int16.sub16)
         a, b, y = self.inputs[0], self.inputs[1], self.outputs[0]
-        if params is not None and profile == XNNPACK and xnn.delegates_add(a, b, y):
+        if params is not None and profile_of(profile).xnnpack_delegate and xnn.delegates_add(a, b, y):
             # XNNPACK subtracts with its ADD kernel, the second operand's scale negated
             self.table = xnn.add_table(a, b, y, True, self.activation)
         elif params is not None:
