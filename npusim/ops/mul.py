@@ -11,24 +11,15 @@ from __future__ import annotations
 import numpy as np
 
 from ..engines.int16 import is_int16, range16
+from ..engines.pair_tables import mul_table
 from ..engines.requant import output_range, requantization_multiplier
-from ..jit import njit
 from ..profiles import profile_of
-from ..quant import TFLM, requantize_to_output
+from ..quant import TFLM
 from . import onnxruntime as ort
 from . import xnnpack as xnn
 from .float_form import Elementwise
 from .int16 import mul16
 from .pairwise import BinaryKernel, every_pair
-
-
-@njit()
-def mul_table(a, b, z1, z2, m, shift, real_scale, profile, zo, lo, hi):
-    out = np.empty(a.size, dtype=np.int8)
-    for i in range(a.size):
-        # |product| <= 255 * 255: int32, as in TFLM.
-        out[i] = requantize_to_output((a[i] - z1) * (b[i] - z2), m, shift, real_scale, profile, zo, lo, hi)
-    return out
 
 
 class MulFloat(Elementwise):
