@@ -18,7 +18,8 @@ from .graph import Graph, computes_in_float, legacy_uint8
 from .model_io import load_model
 from .ops import KERNELS, MAC_OPS, ort_kernels
 from .ops.base import both_forms
-from .quant import NEURAL_ART, ONNXRUNTIME, TFLM, profile_id
+from .quant import PROFILES, profile_id
+from .walker import Walker
 
 
 def execution_order(graph: Graph) -> list:
@@ -202,27 +203,47 @@ class Interpreter:
         the first run then costs what a later one does. Without it, the first run of a batch faults
         in its activations (about 3 ms per MB on a fresh page in the VM of docs/performance.md)."""
         self.graph = graph if isinstance(graph, Graph) else load_model(graph)
-        # A profile object (--profile neural-art: npu/neural_art_run.NeuralArtProfile) holds its own
-        # per-op kernels; the ops it does not take run TFLM's.
-        table = None if isinstance(profile, str) else profile
-        self.profile = profile if table is None else table.name
-        self.backends = _backend.select(backend)
-        pid = TFLM if table is not None else profile_id(profile)
-        if pid == NEURAL_ART:
-            raise NpusimError(
-                "profile neural-art: pass npusim.npu.NeuralArtProfile() (its options) as the profile"
-            )
+        table, pid = self._resolve_profile(profile, backend)
         if not (plan_only and getattr(self.graph.source, "unlowered", None)):
             # (an ONNX plan whose unlowered nodes stand in with float outputs is no float model)
             check_int8(self.graph)
-        self.kernels = []
         ops = execution_order(self.graph)
         self.unsupported = [op for op in ops if op.kind not in KERNELS]
         self.refusals: dict = {}  # plan_only: {op index: why its kernel refused it}
         if self.unsupported and not plan_only:
             raise unsupported_error(self.unsupported[0])
         check_activations(self.graph)
-        plan = ort_kernels.Plan(self.graph) if pid == ONNXRUNTIME else None
+        self.kernels = self._create_kernels(ops, table, pid, plan_only)
+        self._share_scratch()
+        self._fuse()
+        self._plan_liveness()
+        self.batch = batch_plan(self.graph, self.kernels)
+        self._plan_limits(batch)
+        self.warm_batch = batch
+        if warm and not plan_only:
+            self.warm_up()
+
+    # -- the plan, step by step ------------------------------------------------------------------
+    def _resolve_profile(self, profile, backend):
+        """(the profile object or None, the Profile its kernels take); self.profile its name,
+        self.backends the MAC engines. A profile object (--profile neural-art:
+        npu/neural_art_run.NeuralArtProfile) holds its own per-op kernels; the ops it does not take
+        run TFLM's."""
+        table = None if isinstance(profile, str) else profile
+        self.profile = profile if table is None else table.name
+        self.backends = _backend.select(backend)
+        resolved = PROFILES["tflm"] if table is not None else profile_id(profile)
+        if resolved.kernels == "object":
+            raise NpusimError(
+                f"profile {resolved.name}: pass npusim.npu.NeuralArtProfile() (its options) as the profile"
+            )
+        return table, resolved
+
+    def _create_kernels(self, ops, table, pid, plan_only) -> list:
+        """Each supported op's prepared kernel, in plan order. With plan_only, an op whose kernel
+        refuses it joins self.unsupported, its message in self.refusals."""
+        kernels = []
+        plan = ort_kernels.Plan(self.graph) if pid.kernels == "onnxruntime" else None
         for op in ops:
             if op.kind not in KERNELS:
                 continue
@@ -230,13 +251,11 @@ class Interpreter:
                 kernel_class = KERNELS[op.kind]
                 extra = {"backends": self.backends} if kernel_class.takes_backends else {}
                 if table is not None:
-                    self.kernels.append(table.kernel_for(kernel_class, op, self.graph, **extra))
-                elif pid == ONNXRUNTIME:  # ORT's arithmetic, or its float op then QuantizeLinear
-                    self.kernels.append(
-                        ort_kernels.kernel_for(kernel_class, op, self.graph, pid, plan, **extra)
-                    )
+                    kernels.append(table.kernel_for(kernel_class, op, self.graph, **extra))
+                elif plan is not None:  # ORT's arithmetic, or its float op then QuantizeLinear
+                    kernels.append(ort_kernels.kernel_for(kernel_class, op, self.graph, pid, plan, **extra))
                 else:
-                    self.kernels.append(kernel_class(op, self.graph, pid, **extra))
+                    kernels.append(kernel_class(op, self.graph, pid, **extra))
             except NpusimError as e:  # helpers shared by ops (padding, multipliers) do not know the op
                 message = (
                     str(e) if str(e).startswith(f"op {op.index} ") else f"op {op.index} ({op.kind}): {e}"
@@ -247,12 +266,18 @@ class Interpreter:
                 # lists an op it lacks, instead of refusing the whole model
                 self.unsupported.append(op)
                 self.refusals[op.index] = message
-        # Kernels run one at a time (one Interpreter per thread), so one scratch buffer, the padded
-        # input copy of the convolutions, serves them all: a buffer per kernel held 20 of ResNet-8's
-        # 30 MB at batch 256 (and every fresh page costs a fault on the first run).
+        return kernels
+
+    def _share_scratch(self) -> None:
+        """Kernels run one at a time (one Interpreter per thread), so one scratch buffer, the padded
+        input copy of the convolutions, serves them all: a buffer per kernel held 20 of ResNet-8's
+        30 MB at batch 256 (and every fresh page costs a fault on the first run)."""
         scratch = [k for k in self.kernels if getattr(k, "workspace", None) is not None]
         for k in scratch:
             k.workspace = scratch[0].workspace
+
+    def _fuse(self) -> None:
+        """The two fusion passes of run(), and what each kernel of its walk reads then."""
         # PADs whose only reader is a convolution that takes their padding over (in run() only;
         # the other entry points compute every tensor): {PAD output tensor: PAD input tensor}.
         self._pad_sources = self._fused_pads()
@@ -271,11 +296,17 @@ class Interpreter:
                 self._run_reads.append((self._chains[out].root,))
             else:
                 self._run_reads.append(tuple(self._pad_sources.get(t, t) for t in k.op.inputs))
+
+    def _plan_liveness(self) -> None:
+        """Each tensor's last reader, in run()'s folded walk and in the unfolded one."""
         self._last_readers = {
             True: _last_reader(self._run_reads),
             False: _last_reader([k.op.inputs for k in self.kernels]),
         }
-        self.batch = batch_plan(self.graph, self.kernels)
+
+    def _plan_limits(self, batch) -> None:
+        """Each activation's bytes per image, and the allocation limit checked for one image and
+        for the batch given."""
         tensors = self.graph.tensors
         self._activation_bytes = [
             (
@@ -292,9 +323,6 @@ class Interpreter:
                 f"{tflite_io.MAX_TENSOR_BYTES}"
             )
         self._check_batch(batch)
-        self.warm_batch = batch
-        if warm and not plan_only:
-            self.warm_up()
 
     def _fused_pads(self) -> dict:
         """{PAD output tensor: PAD input tensor} for PADs that a convolution takes over."""
@@ -453,64 +481,8 @@ class Interpreter:
 
     def _walk(self, values, kernels, overrides, shared_batch, keep) -> dict:
         """evaluate() on one chunk: the kernels in order on values."""
-        tensors = self.graph.tensors
         plan = self.kernels if kernels is None else kernels
-        whole_run = keep is not None and kernels is None and shared_batch is None
-        folded = whole_run and not overrides
-        last_reader = self._last_readers[folded] if whole_run else {}
-        for position, kernel in enumerate(plan):
-            reads = self._run_reads[position] if folded else kernel.op.inputs
-            if reads is None:  # a PAD folded into its reader, or an op inside a chain
-                continue
-            chain = self._chains.get(kernel.op.outputs[0]) if folded else None
-            args = []
-            for t in reads:
-                if t < 0:
-                    args.append(None)
-                elif overrides is not None and t in overrides:
-                    args.append(overrides[t])
-                elif t in values:
-                    args.append(values[t])
-                elif tensors[t].data is not None:
-                    args.append(tensors[t].data)
-                else:
-                    raise NpusimError(
-                        f"op {kernel.op.index} ({kernel.kind}): no value for tensor {t} "
-                        f"({tensors[t].name!r}); expected every graph input to be given"
-                    )
-            if chain is not None:
-                x = np.ascontiguousarray(args[0]).view(np.uint8)
-                result = lookup(chain.table, x, np.empty(x.shape, chain.table.dtype))
-            elif shared_batch is None:
-                result = kernel(*args)
-            else:
-                result = self._call_grouped(kernel, args, shared_batch)
-            results = result if isinstance(result, tuple) else (result,)
-            if len(results) != len(kernel.op.outputs):
-                raise NpusimError(
-                    f"op {kernel.op.index} ({kernel.kind}): computed {len(results)} outputs, "
-                    f"the model declares {len(kernel.op.outputs)}"
-                )
-            for t, result in zip(kernel.op.outputs, results):
-                out = tensors[t]
-                # Cheap, and the kernels after this one index by the planned shape: a file whose
-                # declared shapes lie stops here with a message instead of corrupting memory further on.
-                if (
-                    result.dtype != out.dtype
-                    or result.ndim != len(out.shape)
-                    or result.shape[1:] != out.shape[1:]
-                ):
-                    declared = ", ".join(["N", *map(str, out.shape[1:])])
-                    raise NpusimError(
-                        f"op {kernel.op.index} ({kernel.kind}): computed {result.dtype.name} "
-                        f"{list(result.shape)}, the model declares "
-                        f"{np.dtype(out.dtype).name} [{declared}] for {out.name!r}"
-                    )
-                values[t] = result
-            for t in reads if whole_run else ():
-                if last_reader.get(t) == position and t not in keep:
-                    values.pop(t, None)
-        return values
+        return _RunWalk(self, kernels is None, overrides, shared_batch, keep).walk(plan, values)
 
     def run_grouped(self, values: dict, kernels, weights: dict, shared_batch: int) -> dict:
         """evaluate() with G versions of some constants in one call: weights maps constant tensor
@@ -533,18 +505,6 @@ class Interpreter:
             if w is not None and w not in overrides and any(t in overrides for t in kernel.op.inputs):
                 overrides[w] = np.broadcast_to(tensors[w].data, (groups,) + tensors[w].data.shape)
         return self.evaluate(values, kernels, overrides, shared_batch=shared_batch)
-
-    def _call_grouped(self, kernel, args, shared_batch):
-        tensors = self.graph.tensors
-        acts = [i for i, t in enumerate(kernel.op.inputs) if t >= 0 and not tensors[t].is_constant]
-        if kernel.kind in MAC_OPS and args[1].ndim == len(tensors[kernel.op.inputs[1]].shape) + 1:
-            return kernel(*args, shared=args[0].shape[0] == shared_batch)
-        largest = max(args[i].shape[0] for i in acts)
-        if largest != shared_batch:
-            for i in acts:
-                if args[i].shape[0] == shared_batch:
-                    args[i] = np.concatenate([args[i]] * (largest // shared_batch))
-        return kernel(*args)
 
     def run_all(self, x: np.ndarray, overrides: dict | None = None) -> dict:
         """Every tensor's value for the batch x: a dict {tensor index: array [N, ...]} holding the
@@ -575,3 +535,77 @@ class Interpreter:
 
     def macs(self) -> int:
         return sum(self.op_macs(k) for k in self.kernels)
+
+
+class _RunWalk(Walker):
+    """The Interpreter's walk (evaluate() on one chunk): overrides before the activations, the
+    model's constants after them; on a whole run (keep given, the whole plan, no groups) the
+    folded PADs and chains of the plan, and every activation but keep dropped after its last
+    reader; grouped kernels with shared_batch."""
+
+    def __init__(self, interp, whole_plan, overrides, shared_batch, keep):
+        self.tensors = interp.graph.tensors
+        self.whole_run = keep is not None and whole_plan and shared_batch is None
+        self.folded = self.whole_run and not overrides
+        self.last_reader = interp._last_readers[self.folded] if self.whole_run else {}
+        self.run_reads = interp._run_reads
+        self.chains = interp._chains if self.folded else {}
+        self.sourced = () if overrides is None else (overrides,)
+        self.shared_batch = shared_batch
+        self.keep = keep
+
+    def reads(self, position, kernel):
+        return self.run_reads[position] if self.folded else kernel.op.inputs
+
+    def sources(self, position, values):
+        return (*self.sourced, values)
+
+    def missing(self, kernel, t):
+        data = self.tensors[t].data
+        if data is not None:
+            return data
+        raise NpusimError(
+            f"op {kernel.op.index} ({kernel.kind}): no value for tensor {t} "
+            f"({self.tensors[t].name!r}); expected every graph input to be given"
+        )
+
+    def call(self, position, kernel, args):
+        chain = self.chains.get(kernel.op.outputs[0]) if self.folded else None
+        if chain is not None:
+            x = np.ascontiguousarray(args[0]).view(np.uint8)
+            return lookup(chain.table, x, np.empty(x.shape, chain.table.dtype))
+        if self.shared_batch is None:
+            return kernel(*args)
+        return self.grouped(kernel, args, self.shared_batch)
+
+    def output(self, kernel, t, result):
+        out = self.tensors[t]
+        # Cheap, and the kernels after this one index by the planned shape: a file whose
+        # declared shapes lie stops here with a message instead of corrupting memory further on.
+        if result.dtype != out.dtype or result.ndim != len(out.shape) or result.shape[1:] != out.shape[1:]:
+            declared = ", ".join(["N", *map(str, out.shape[1:])])
+            raise NpusimError(
+                f"op {kernel.op.index} ({kernel.kind}): computed {result.dtype.name} "
+                f"{list(result.shape)}, the model declares "
+                f"{np.dtype(out.dtype).name} [{declared}] for {out.name!r}"
+            )
+        return result
+
+    def after(self, position, kernel, reads, values):
+        if self.whole_run:
+            for t in reads:
+                if self.last_reader.get(t) == position and t not in self.keep:
+                    values.pop(t, None)
+
+    def grouped(self, kernel, args, shared_batch):
+        """A kernel on grouped weights or activations (run_grouped())."""
+        tensors = self.tensors
+        acts = [i for i, t in enumerate(kernel.op.inputs) if t >= 0 and not tensors[t].is_constant]
+        if kernel.kind in MAC_OPS and args[1].ndim == len(tensors[kernel.op.inputs[1]].shape) + 1:
+            return kernel(*args, shared=args[0].shape[0] == shared_batch)
+        largest = max(args[i].shape[0] for i in acts)
+        if largest != shared_batch:
+            for i in acts:
+                if args[i].shape[0] == shared_batch:
+                    args[i] = np.concatenate([args[i]] * (largest // shared_batch))
+        return kernel(*args)

@@ -12,12 +12,23 @@ import numpy as np
 
 from .errors import NpusimError
 from .jit import njit
-from .profiles import NEURAL_ART, ONNXRUNTIME, PROFILES, SINGLE, TFLM, XNNPACK  # noqa: F401 - re-exported
+from .profiles import (  # noqa: F401 - re-exported
+    DOUBLE_ROUNDING,
+    NEURAL_ART,
+    ONNXRUNTIME,
+    PROFILES,
+    SINGLE,
+    SINGLE_ROUNDING,
+    TFLM,
+    XNNPACK,
+    Profile,
+    profile_of,
+)
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 
 
-def profile_id(name: str) -> int:
+def profile_id(name: str) -> Profile:
     if name not in PROFILES:
         raise NpusimError(
             f"--profile: unknown rounding profile {name!r}, expected one of {', '.join(PROFILES)}"
@@ -31,7 +42,7 @@ def mac_profile(profile: int) -> int:
     float32(acc) * float32(x_scale * w_scale / y_scale), clamped in float to [qmin - zp, qmax - zp],
     rounded half to even (cvtps2dq), + zp. With integer clamp bounds, clamping before or after the
     rounding is the same, so that is XNNPACK's fp32 output stage, which the engines already emit."""
-    return XNNPACK if profile == ONNXRUNTIME else profile
+    return profile_of(profile).stage
 
 
 def quantize_multiplier(real: float) -> tuple[int, int]:
@@ -75,17 +86,18 @@ def activation_range(
     division, MLAS QuantizeLinear), saturated.
     """
     lo, hi = qmin, qmax
+    bounds = profile_of(profile).bounds
 
     # TFLM divides in float32 (f / scale with both float); in double a quotient can land on the
     # other side of .5 and move the RELU6 bound by one.
     def quantize(f: float) -> int:
         q = np.float32(f) / np.float32(scale)
-        if profile == XNNPACK:
+        if bounds == "rint-float-zp":
             v = np.float32(q + np.float32(zero_point))
             if not np.isfinite(v):  # refused as for TFLM (see engines/requant.output_range)
                 raise OverflowError(f"{f} / {scale} is not finite in float32")
             return int(np.rint(min(max(v, np.float32(qmin)), np.float32(qmax))))
-        if profile == ONNXRUNTIME:
+        if bounds == "rint-then-zp":
             if not np.isfinite(q):
                 raise OverflowError(f"{f} / {scale} is not finite in float32")
             return int(min(max(np.rint(q) + zero_point, qmin), qmax))
@@ -166,10 +178,11 @@ def multiply_by_quantized_multiplier_single(x, m, shift):
 
 
 @njit(inline="always")
-def requantize_one(acc, m, shift, real_scale, profile):
-    if profile == TFLM:
+def requantize_one(acc, m, shift, real_scale, stage):
+    """acc requantized by an output stage (profiles.py: DOUBLE_ROUNDING, SINGLE_ROUNDING, else FP32)."""
+    if stage == DOUBLE_ROUNDING:
         return multiply_by_quantized_multiplier(acc, m, shift)
-    if profile == SINGLE:
+    if stage == SINGLE_ROUNDING:
         return multiply_by_quantized_multiplier_single(acc, m, shift)
     # XNNPACK fp32 requantization: float32 product, round half to even.
     return np.int64(np.rint(np.float32(acc) * real_scale))

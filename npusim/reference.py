@@ -17,6 +17,7 @@ from .interpreter import batch_plan, by_image, execution_order, image_chunks
 from .ops import KERNELS
 from .ops.float_form import real_value
 from .tflite_io import load_model
+from .walker import Walker
 
 
 def dequantize(tensor, values: np.ndarray) -> np.ndarray:
@@ -68,6 +69,7 @@ class FloatInterpreter:
             {t: form.constant(k) for k, t in enumerate(form.op.inputs) if t >= 0 and tensors[t].is_constant}
             for form in self.forms
         ]
+        self.walker = _FloatWalk(self)
 
     def check_input(self, x: np.ndarray, k: int = 0) -> np.ndarray:
         t = self.graph.input(k)
@@ -86,48 +88,7 @@ class FloatInterpreter:
     def call(self, position: int, values: dict):
         """The float form at `position` in the plan on the values of its inputs (constants: their
         real values); a tuple, one array per output."""
-        form, constants = self.forms[position], self.constants[position]
-        args = []
-        for t in form.op.inputs:
-            if t < 0:
-                args.append(None)
-            elif t in values:
-                args.append(values[t])
-            elif t in constants:
-                args.append(constants[t])
-            else:
-                raise NpusimError(
-                    f"op {form.op.index} ({form.kind}): no value for tensor {t} "
-                    f"({self.graph.tensors[t].name!r}); expected every graph input to be given"
-                )
-        try:
-            with np.errstate(over="ignore", under="ignore"):  # exp of large inputs: inf, as float32's
-                if position in self.hybrid:
-                    result = hybrid_call(form, self.graph, args[0], args[2] if len(args) > 2 else None)
-                else:
-                    result = form(*args)
-        except (ValueError, IndexError) as e:  # shapes that contradict each other in a float model
-            raise NpusimError(f"op {form.op.index} ({form.kind}): cannot evaluate ({e})") from None
-        results = result if isinstance(result, tuple) else (result,)
-        if len(results) != len(form.op.outputs):
-            raise NpusimError(
-                f"op {form.op.index} ({form.kind}): computed {len(results)} outputs, "
-                f"the model declares {len(form.op.outputs)}"
-            )
-        if self.ranges:
-            results = tuple(
-                np.clip(y, *self.ranges[t]) if t in self.ranges else y
-                for t, y in zip(form.op.outputs, results)
-            )
-        for t, y in zip(form.op.outputs, results):
-            declared = self.graph.tensors[t].shape
-            if np.ndim(y) != len(declared) or tuple(np.shape(y)[1:]) != tuple(declared[1:]):
-                shape = ", ".join(["N", *map(str, declared[1:])])
-                raise NpusimError(
-                    f"op {form.op.index} ({form.kind}): computed {list(np.shape(y))}, the model "
-                    f"declares [{shape}] for {self.graph.tensors[t].name!r}"
-                )
-        return results
+        return self.walker.step(position, self.forms[position], values)
 
     def evaluate(self, values: dict) -> dict:
         """Run every op on {tensor index: real array}, adding their outputs."""
@@ -136,10 +97,7 @@ class FloatInterpreter:
         return self._walk(values)
 
     def _walk(self, values: dict) -> dict:
-        for position, form in enumerate(self.forms):
-            for t, y in zip(form.op.outputs, self.call(position, values)):
-                values[t] = y
-        return values
+        return self.walker.walk(self.forms, values)
 
     def run_all(self, x: np.ndarray) -> dict:
         """Every tensor's real value for the batch x (real values of the graph input's shape)."""
@@ -162,3 +120,44 @@ class FloatInterpreter:
             for chunk in image_chunks(self.graph, real)
         ]
         return {i: tuple(np.concatenate(ys) for ys in zip(*(part[i] for part in parts))) for i in parts[0]}
+
+
+class _FloatWalk(Walker):
+    """The float reference's walk: inputs from the activations, then the form's real-valued
+    constants; the hybrid MAC ops through hybrid_call; outputs clamped to ranges, then checked."""
+
+    def __init__(self, reference: FloatInterpreter):
+        self.graph = reference.graph
+        self.constants = reference.constants
+        self.hybrid = reference.hybrid
+        self.ranges = reference.ranges
+
+    def sources(self, position, values):
+        return (values, self.constants[position])
+
+    def missing(self, form, t):
+        raise NpusimError(
+            f"op {form.op.index} ({form.kind}): no value for tensor {t} "
+            f"({self.graph.tensors[t].name!r}); expected every graph input to be given"
+        )
+
+    def call(self, position, form, args):
+        try:
+            with np.errstate(over="ignore", under="ignore"):  # exp of large inputs: inf, as float32's
+                if position in self.hybrid:
+                    return hybrid_call(form, self.graph, args[0], args[2] if len(args) > 2 else None)
+                return form(*args)
+        except (ValueError, IndexError) as e:  # shapes that contradict each other in a float model
+            raise NpusimError(f"op {form.op.index} ({form.kind}): cannot evaluate ({e})") from None
+
+    def output(self, form, t, y):
+        if t in self.ranges:
+            y = np.clip(y, *self.ranges[t])
+        declared = self.graph.tensors[t].shape
+        if np.ndim(y) != len(declared) or tuple(np.shape(y)[1:]) != tuple(declared[1:]):
+            shape = ", ".join(["N", *map(str, declared[1:])])
+            raise NpusimError(
+                f"op {form.op.index} ({form.kind}): computed {list(np.shape(y))}, the model "
+                f"declares [{shape}] for {self.graph.tensors[t].name!r}"
+            )
+        return y

@@ -390,8 +390,10 @@ def _run(int8, samples: tuple, against: _Against, profile, n6=None) -> Validatio
         against.mapping,
     )
 
-    interpreter = Interpreter(int8, profile=profile_object(profile, n6), warm=False)  # one run
-    baseline = Interpreter(int8, warm=False) if profile == "neural-art" else None
+    chosen = profile_object(profile, n6)  # a name, or a profile object holding its own kernels
+    interpreter = Interpreter(int8, profile=chosen, warm=False)  # one run
+    # a profile object's ops that it does not take run TFLM's: TFLM's run is the baseline beside it
+    baseline = Interpreter(int8, warm=False) if not isinstance(chosen, str) else None
     tally = _Tally(int8, len(int8.outputs))
     ref_graph = getattr(reference, "graph", None)
     base_tally = _Tally(int8, len(int8.outputs)) if baseline is not None else None

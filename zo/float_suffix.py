@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from npusim.ops import MAC_OPS as MAC_KINDS
+from npusim.walker import Walker
 
 from .errors import ZoError
 from .float_ops import FLOAT_OPS, FloatOp
@@ -113,31 +114,10 @@ class FloatSuffix:
         """Logits [N, num_classes] from real boundary activations; with keep, also the tape that
         backward needs."""
         params = self.params if params is None else params
-        values = dict(inputs)
-        tape = []
-        for f in self.ops:
-            args = []
-            for t in f.op.inputs:
-                if t < 0:
-                    args.append(None)
-                elif t in params:
-                    args.append(params[t])
-                elif t in values:
-                    args.append(values[t])
-                else:
-                    args.append(self.constants.get(t))
-            y, saved = f.forward(args)
-            mask = None
-            if f.clamp is not None:
-                lo, hi = f.clamp
-                if keep:
-                    mask = (y > lo) & (y < hi)
-                y = np.clip(y, lo, hi)
-            values[f.op.outputs[0]] = y
-            if keep:
-                tape.append((saved, mask, y.shape))
+        walk = _SuffixWalk(params, self.constants, keep)
+        values = walk.walk(self.ops, dict(inputs))
         logits = values[self.logits_tensor].reshape(-1, self.num_classes)
-        return (logits, tape) if keep else logits
+        return (logits, walk.tape) if keep else logits
 
     def backward(self, tape, dlogits: np.ndarray) -> dict:
         """Gradients of the trainable tensors ({tensor index: array}) given dL/dlogits."""
@@ -194,3 +174,39 @@ class FloatSuffix:
             q = np.rint(params[p.tensor].astype(np.float64) / self.steps[p.tensor])
             out.append(np.clip(q, -p.bound, p.bound).astype(self.model.graph.tensors[p.tensor].dtype))
         return out
+
+
+class _SuffixWalk(Walker):
+    """The suffix's forward walk: inputs from the parameters, the activations, then the frozen
+    constants (None: an input the float op reads from its own fields); each op's clamp applied to
+    its output, and with keep the tape that backward reads, one (saved, mask, shape) per op."""
+
+    def __init__(self, params: dict, constants: dict, keep: bool):
+        self.params = params
+        self.constants = constants
+        self.keep = keep
+        self.tape = []
+        self._saved = self._mask = None
+
+    def sources(self, position, values):
+        return (self.params, values, self.constants)
+
+    def missing(self, f, t):
+        return None
+
+    def call(self, position, f, args):
+        y, self._saved = f.forward(args)
+        return y
+
+    def output(self, f, t, y):
+        self._mask = None
+        if f.clamp is not None:
+            lo, hi = f.clamp
+            if self.keep:
+                self._mask = (y > lo) & (y < hi)
+            y = np.clip(y, lo, hi)
+        return y
+
+    def after(self, position, f, reads, values):
+        if self.keep:
+            self.tape.append((self._saved, self._mask, values[f.op.outputs[0]].shape))

@@ -19,6 +19,7 @@ import dataclasses
 import numpy as np
 
 from ..graph import Tensor
+from ..profiles import profile_of
 from ..quant import TFLM, activation_range, mbqm_array, multiply_by_quantized_multiplier_int64
 from .requant import OutputStage
 
@@ -49,7 +50,7 @@ def require_int16(kernel, *tensors: Tensor):
 
 
 def require_tflm(kernel):
-    if kernel.profile != TFLM:
+    if not profile_of(kernel.profile).int16:
         raise kernel.error("int16 activations are supported with the tflm rounding profile only")
 
 

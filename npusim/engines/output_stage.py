@@ -15,7 +15,8 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from ..quant import INT32_MAX, INT32_MIN, SINGLE, TFLM, XNNPACK
+from ..profiles import DOUBLE_ROUNDING, FP32, SINGLE_ROUNDING
+from ..quant import INT32_MAX, INT32_MIN
 from ..quant import multiply_by_quantized_multiplier_array as requantize
 from . import aligned
 
@@ -128,7 +129,7 @@ def single_multiply(builder, x, m, left, right):
     return builder.ashr(builder.add(builder.mul(builder.sext(x, i64v), builder.sext(m, i64v)), half), total)
 
 
-def vector_output_stage(builder, acc, params, profile, zero_point, lo, hi, narrow=True):
+def vector_output_stage(builder, acc, params, stage, zero_point, lo, hi, narrow=True):
     """int32 accumulators -> int8 outputs (16 or 8 lanes): the vector form of quant.requantize_to_output for
     one profile (the same integer steps; for tflm in the checked form of tflm_checked, which falls back
     to them; tests hold both to TFLM and to each other). narrow=False
@@ -144,7 +145,7 @@ def vector_output_stage(builder, acc, params, profile, zero_point, lo, hi, narro
     # The clamp range of the requantized value before the zero point is added.
     y_lo = splat(builder, builder.trunc(builder.sub(lo, zero_point), _I32), acc.type)
     y_hi = splat(builder, builder.trunc(builder.sub(hi, zero_point), _I32), acc.type)
-    if profile == TFLM:
+    if stage == DOUBLE_ROUNDING:
 
         def exact():
             y = tflm_multiply(builder, x, m, left, right)
@@ -154,7 +155,7 @@ def vector_output_stage(builder, acc, params, profile, zero_point, lo, hi, narro
 
         y = tflm_checked(builder, x, params, exact)
         return builder.trunc(y, ir.VectorType(ir.IntType(8), lanes)) if narrow else y
-    if profile == SINGLE:
+    if stage == SINGLE_ROUNDING:
         y = single_multiply(builder, x, m, left, right)  # clamped in 64 bits: it may exceed int32
         y = builder.select(builder.icmp_signed("<", y, builder.sext(y_lo, i64v)), builder.sext(y_lo, i64v), y)
         y = builder.trunc(
@@ -197,9 +198,10 @@ def lane_mask(builder, count, lanes: int):
 
 
 def each_profile(builder, profile):
-    """Yields each rounding profile id inside the branch taken when `profile` (an i64) equals it:
-    the code of every profile is emitted, and a call runs one, decided once outside its loops."""
-    for pid in (TFLM, SINGLE, XNNPACK):
+    """Yields each output-stage kind (profiles.py: DOUBLE_ROUNDING, SINGLE_ROUNDING, FP32, the ids of
+    tflm, single and xnnpack) inside the branch taken when `profile` (an i64) equals it: the code of
+    every kind is emitted, and a call runs one, decided once outside its loops."""
+    for pid in (DOUBLE_ROUNDING, SINGLE_ROUNDING, FP32):
         with builder.if_then(builder.icmp_signed("==", profile, ir.Constant(_I64, pid))):
             yield pid
 

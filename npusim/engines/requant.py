@@ -9,6 +9,7 @@ import numpy as np
 
 from ..errors import NpusimError
 from ..graph import Tensor
+from ..profiles import DOUBLE_ROUNDING, profile_of
 from ..quant import TFLM, activation_range, quantize_multiplier, quantize_multipliers
 from .output_stage import CHECKED_ROWS, checked_parameters
 
@@ -59,7 +60,7 @@ class OutputStage:
         stage (a ZO step rebuilds the output parameters of its grouped weights every call), and
         only for the tflm profile: zeros elsewhere, which the checked form would send to the
         integer one."""
-        if self.profile != TFLM:
+        if profile_of(self.profile).stage != DOUBLE_ROUNDING:
             return np.zeros((CHECKED_ROWS, self.multiplier.size), np.int32)
         return checked_parameters(self)
 

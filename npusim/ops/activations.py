@@ -32,11 +32,10 @@ import numpy as np
 
 from ..engines.requant import requantization_multiplier
 from ..jit import njit
+from ..profiles import profile_of
 from ..quant import (
     INT32_MAX,
-    ONNXRUNTIME,
     TFLM,
-    XNNPACK,
     quantize_multiplier,
     requantize_one,
     trunc_div,
@@ -112,7 +111,8 @@ class Tanh(UnaryTableKernel):
     def __init__(self, op, graph, profile):
         super().__init__(op, graph, profile)
         x, y = self.prepare_operands()
-        if profile == XNNPACK:  # XNNPACK's float lookup table, which honours the output scale
+        # XNNPACK's float lookup table, which honours the output scale
+        if profile_of(profile).xnnpack_delegate:
             self.table = xnnpack.lut_table(np.tanh, x.scale, x.zero_point, y.scale, y.zero_point)
             return
         # As LOGISTIC: double(scale) * 2^27, frexp, TfLiteRound(q * 2^31).
@@ -251,10 +251,10 @@ class LeakyRelu(UnaryTableKernel):
         super().__init__(op, graph, profile)
         x, y = self.prepare_operands()
         alpha = op.options.get("alpha", 0.0)
-        if profile == ONNXRUNTIME:  # QLinearLeakyRelu and ORT's float LeakyRelu
+        if profile_of(profile).ort_qlinear:  # QLinearLeakyRelu and ORT's float LeakyRelu
             self.table = ort.leaky_relu_table(x.scale, x.zero_point, y.scale, y.zero_point, alpha)
             return
-        if profile == XNNPACK:
+        if profile_of(profile).xnnpack_delegate:
             if xnnpack.leaky_relu_delegated(x.scale, y.scale, alpha):
                 self.table = xnnpack.leaky_relu_table(x.scale, x.zero_point, y.scale, y.zero_point, alpha)
                 return

@@ -31,7 +31,7 @@ from ..engines.output_stage import (
 )
 from ..engines.requant import OutputStage, output_range
 from ..jit import parallel_kernel
-from ..quant import ONNXRUNTIME, SINGLE, TFLM, XNNPACK
+from ..profiles import DOUBLE_ROUNDING, SINGLE_ROUNDING, profile_of
 from . import onnxruntime as ort
 from . import xnnpack as xnn
 from .float_form import Elementwise
@@ -105,7 +105,7 @@ def add_run(typingctx, a_ptr, b_ptr, out_ptr, count, params_ptr, profile):
             ),
         ]
 
-        def add_vector_at(first, remaining, pid, masked: bool):
+        def add_vector_at(first, remaining, stage, masked: bool):
             """16 elements from `first`; masked: only the `remaining` ones (< 16) are read and written.
             Whole vectors take plain loads and stores: without AVX-512 BW there are no byte-masked
             ones, and LLVM writes them as a branch per lane."""
@@ -120,13 +120,15 @@ def add_run(typingctx, a_ptr, b_ptr, out_ptr, count, params_ptr, profile):
                 d = builder.sub(builder.sext(xb, v16), z)
                 # |d| < 2^8, so |d << 20| < 2^28, and the rescale multipliers are at most 1/2: the
                 # results fit int32.
-                if pid == SINGLE:
+                if stage == SINGLE_ROUNDING:
                     x = builder.shl(d, ir.Constant(v16, LEFT_SHIFT))
                     y = builder.trunc(single_multiply(builder, x, m, left, right), v16)
                 else:  # left is 0: a multiplier at most 1/2 has a shift of at most 0
                     y = rounding_divide_by_pot(builder, shifted_high_mul(builder, d, m), right)
                 total = builder.add(total, y)
-            y = vector_output_stage(builder, total, out_params, SINGLE if pid == SINGLE else TFLM, zo, lo, hi)
+            # (the rescales' rounding is the output stage's: the fp32 stage's rows are unused)
+            out_stage = SINGLE_ROUNDING if stage == SINGLE_ROUNDING else DOUBLE_ROUNDING
+            y = vector_output_stage(builder, total, out_params, out_stage, zo, lo, hi)
             dst = builder.gep(out, [first])
             if masked:
                 store_bytes(builder, y, dst, remaining)
@@ -174,7 +176,7 @@ class Add(BinaryKernel):
     def __init__(self, op, graph, profile):
         super().__init__(op, graph, profile)
         self.table = None
-        if profile == ONNXRUNTIME:
+        if profile_of(profile).ort_qlinear:
             # QLinearAdd (onnxruntime.add_table) on the family's lookup, clamped to a fused
             # activation. ORT rescales in float32, so TFLM's output-multiplier limit (a CHECK in
             # QuantizeMultiplierSmallerThanOneExp, refused by rescale_multipliers) does not apply;
@@ -189,7 +191,8 @@ class Add(BinaryKernel):
         a, b, y = self.inputs[0], self.inputs[1], self.outputs[0]
         if self.params[3] > 0 or self.params[5] > 0:  # add_run's shifted_high_mul takes no left shift
             raise self.error(f"input rescale shifts {self.params[3]}, {self.params[5]}: expected at most 0")
-        if profile == XNNPACK and xnn.delegates_add(a, b, y):  # XNNPACK's qs8-vadd, as a table
+        # XNNPACK's qs8-vadd, as a table
+        if profile_of(profile).xnnpack_delegate and xnn.delegates_add(a, b, y):
             self.table = xnn.add_table(a, b, y, False, self.activation)
         m_out, s_out, z_out, lo, hi = self.params[6:11]
         ones = np.ones(1, np.float32)
@@ -201,7 +204,7 @@ class Add(BinaryKernel):
             z_out,
             lo,
             hi,
-            profile=SINGLE if profile == SINGLE else TFLM,
+            profile=profile_of(profile).integer_stage,
         )
         self.vector_params = np.array([*self.params, *stage.checked[:, 0]], np.int64)
 

@@ -16,7 +16,8 @@ import numpy as np
 
 from ..engines.requant import requantization_multiplier
 from ..jit import parallel_kernel
-from ..quant import TFLM, XNNPACK, requantize_to_output
+from ..profiles import profile_of
+from ..quant import TFLM, requantize_to_output
 from .base import Kernel, broadcast_crossing
 from .float_form import FloatForm, real
 
@@ -98,7 +99,7 @@ class BatchMatMul(Kernel):
         self.zl, self.zr, self.zo = lhs.zero_point, rhs.zero_point, y.zero_point
         # LiteRT's XNNPACK delegate takes BATCH_MATMUL only with a right operand of zero point 0 (its
         # qs8 weights are symmetric); else LiteRT's builtin kernel runs, which rounds as TFLM does.
-        self.profile = TFLM if profile == XNNPACK and self.zr != 0 else profile
+        self.profile = TFLM if profile_of(profile).xnnpack_delegate and self.zr != 0 else profile
         self.out_image = tuple(y.shape[1:])
 
     def macs(self) -> int:

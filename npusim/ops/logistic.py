@@ -19,7 +19,8 @@ import numpy as np
 
 from ..engines.int16 import is_int16
 from ..jit import njit, renamed
-from ..quant import INT32_MAX, ONNXRUNTIME, XNNPACK, multiply_by_quantized_multiplier, rounding_divide_by_pot
+from ..profiles import profile_of
+from ..quant import INT32_MAX, multiply_by_quantized_multiplier, rounding_divide_by_pot
 from . import onnxruntime as ort
 from . import xnnpack
 from .float_form import Unary
@@ -90,10 +91,11 @@ class Logistic(UnaryTableKernel):
             multiplier, shift = logistic16_params(self, x, y)
             self.int16 = lambda v: logistic16(v, multiplier, shift)
             return
-        if profile == ONNXRUNTIME:  # QLinearSigmoid and ORT's float Sigmoid (onnxruntime.sigmoid_table)
+        # QLinearSigmoid and ORT's float Sigmoid (onnxruntime.sigmoid_table)
+        if profile_of(profile).ort_qlinear:
             self.table = ort.sigmoid_table(x.scale, x.zero_point, y.scale, y.zero_point)
             return
-        if profile == XNNPACK:  # XNNPACK's float lookup table (xnnpack.lut_table)
+        if profile_of(profile).xnnpack_delegate:  # XNNPACK's float lookup table (xnnpack.lut_table)
             self.table = xnnpack.lut_table(xnnpack.sigmoid, x.scale, x.zero_point, y.scale, y.zero_point)
             return
         if y.zero_point != -128:  # TF_LITE_ENSURE_EQ in TFLM's Prepare

@@ -21,7 +21,8 @@ import numpy as np
 
 from ..engines.requant import requantization_multiplier
 from ..jit import parallel_kernel
-from ..quant import XNNPACK, clamp, multiply_by_quantized_multiplier
+from ..profiles import profile_of
+from ..quant import clamp, multiply_by_quantized_multiplier
 from . import xnnpack
 from .base import Kernel
 from .float_form import FloatForm, real
@@ -165,7 +166,7 @@ class Mean(Kernel):
             sums = sum_middle_axis(view, np.empty((outer, view.shape[2]), dtype=np.int64))
         else:
             sums = np.ascontiguousarray(x.sum(axis=axes, dtype=np.int64))
-        if self.profile == XNNPACK:
+        if profile_of(self.profile).xnnpack_delegate:
             i, o = self.inputs[0], self.outputs[0]
             out = xnnpack.reduce_output(
                 sums, self.count, i.scale, i.zero_point, o.scale, o.zero_point, self.is_mean

@@ -11,23 +11,15 @@ from __future__ import annotations
 import numpy as np
 
 from ..engines.int16 import is_int16, range16
+from ..engines.pair_tables import mul_table
 from ..engines.requant import output_range, requantization_multiplier
-from ..jit import njit
-from ..quant import ONNXRUNTIME, TFLM, XNNPACK, requantize_to_output
+from ..profiles import profile_of
+from ..quant import TFLM
 from . import onnxruntime as ort
 from . import xnnpack as xnn
 from .float_form import Elementwise
 from .int16 import mul16
 from .pairwise import BinaryKernel, every_pair
-
-
-@njit()
-def mul_table(a, b, z1, z2, m, shift, real_scale, profile, zo, lo, hi):
-    out = np.empty(a.size, dtype=np.int8)
-    for i in range(a.size):
-        # |product| <= 255 * 255: int32, as in TFLM.
-        out[i] = requantize_to_output((a[i] - z1) * (b[i] - z2), m, shift, real_scale, profile, zo, lo, hi)
-    return out
 
 
 class MulFloat(Elementwise):
@@ -50,10 +42,11 @@ class Mul(BinaryKernel):
             return
         # The xnnpack profile: float32 product and scale, round half to even (quant.requantize_one).
         real32 = np.float32(np.float32(s1) * np.float32(s2) / np.float32(so))
-        if profile == XNNPACK and not xnn.delegates_mul(real32):
+        if profile_of(profile).xnnpack_delegate and not xnn.delegates_mul(real32):
             profile = TFLM  # the delegate refuses it: LiteRT's builtin MUL, TFLM's arithmetic
         lo, hi = output_range(op.options.get("fused_activation_function", "NONE"), y, profile)
-        if profile == ONNXRUNTIME:  # QLinearMul (onnxruntime.mul_table), clamped to a fused activation
+        # QLinearMul (onnxruntime.mul_table), clamped to a fused activation
+        if profile_of(profile).ort_qlinear:
             self.table = np.clip(ort.mul_table(a, b, y), lo, hi).astype(np.int8)
             return
         xa, xb = every_pair()

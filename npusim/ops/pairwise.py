@@ -14,13 +14,13 @@ import numpy as np
 
 from ..engines import aligned
 from ..engines.int16 import is_int16, range16, require_int16, require_tflm
+from ..engines.pair_tables import LEFT_SHIFT
 from ..engines.requant import output_range, requantization_multiplier
 from ..jit import parallel_kernel
 from .base import Kernel, broadcast_crossing
 
 # ADD and SUB bring both inputs to twice the larger scale with this many bits of headroom (TFLM
 # add_common.cc and sub_common.cc: 20 for int8 outputs, 15 for int16), then to the output scale.
-LEFT_SHIFT = 20
 LEFT_SHIFT_16 = 15
 
 

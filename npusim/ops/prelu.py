@@ -16,25 +16,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..engines.pair_tables import prelu_table
 from ..engines.requant import requantization_multiplier
-from ..jit import njit
-from ..quant import TFLM, XNNPACK, requantize_one
+from ..profiles import DOUBLE_ROUNDING, profile_of
 from .float_form import Elementwise
 from .pairwise import BinaryKernel, every_pair
-
-
-@njit()
-def prelu_table(x, a, zx, za, zy, m1, s1, r1, m2, s2, r2, profile):
-    out = np.empty(x.size, dtype=np.int8)
-    for i in range(x.size):
-        v = x[i] - zx
-        if v >= 0:
-            o = requantize_one(v, m1, s1, r1, profile)
-        else:
-            o = requantize_one(v * (a[i] - za), m2, s2, r2, profile)
-        o += zy
-        out[i] = max(-128, min(127, o))
-    return out
 
 
 class PreluFloat(Elementwise):
@@ -72,5 +58,5 @@ class Prelu(BinaryKernel):
             i64(m2),
             i64(s2),
             r2,
-            i64(TFLM if profile == XNNPACK else profile),
+            i64(DOUBLE_ROUNDING if profile_of(profile).xnnpack_delegate else profile_of(profile).stage),
         )

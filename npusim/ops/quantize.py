@@ -18,7 +18,8 @@ from ..engines.lookup import lookup
 from ..engines.requant import requantization_multiplier
 from ..errors import NpusimError
 from ..jit import parallel_kernel
-from ..quant import ONNXRUNTIME, XNNPACK, clamp, mbqm_array
+from ..profiles import profile_of
+from ..quant import clamp, mbqm_array
 from . import onnxruntime as ort
 from . import xnnpack as xnn
 from .base import Kernel
@@ -71,7 +72,7 @@ class Quantize(Kernel):
             raise self.error(f"output {y.name!r} has scale {y.quant.scale[0]:g}, expected a positive scale")
         if tuple(y.shape) != tuple(x.shape):
             raise self.error(f"output shape {list(y.shape)} differs from the input shape {list(x.shape)}")
-        self.ort = profile == ONNXRUNTIME  # MLAS QuantizeLinear (onnxruntime.quantize_linear)
+        self.ort = profile_of(profile).ort_qlinear  # MLAS QuantizeLinear (onnxruntime.quantize_linear)
         self.tail = None  # xnnpack: (how many last elements of each input, their table) in TFLM's form
         self.shift = 128 if y.dtype == np.uint8 else 0  # uint8 output: int8 at zp - 128, then + 128
         self.y_zp = np.asarray(y.quant.zero_point, np.int64) - self.shift
@@ -91,7 +92,7 @@ class Quantize(Kernel):
                 np.float64(x.quant.scale[0]) / np.float64(y.quant.scale[0])
             )
             codes = np.arange(256, dtype=np.uint8).view(x.dtype).astype(np.int64)
-            if profile == XNNPACK:
+            if profile_of(profile).xnnpack_delegate:
                 self.table = self.xnnpack_table(codes - x.zero_point)
             # The usual input QUANTIZE (uint8 to int8 of the same scale) only shifts every code by one
             # constant, with no clamping: eval is then a vector add instead of a gather.
@@ -116,7 +117,7 @@ class Quantize(Kernel):
         """(axis, one table or (scale, zero point) per channel) of per-axis parameters."""
         q = y.quant if y.quant.per_channel else x.quant
         axis = int(q.axis)
-        if self.profile == XNNPACK or axis == 0 or not 0 < axis < len(x.shape):
+        if profile_of(self.profile).xnnpack_delegate or axis == 0 or not 0 < axis < len(x.shape):
             raise self.error(f"per-axis parameters along axis {axis} are not supported here")
         n = int(x.shape[axis])
 
@@ -195,7 +196,7 @@ class Quantize(Kernel):
         scale = np.float32(scale)
         if self.ort:
             return ort.quantize_linear(x, scale, zero_point).astype(np.int8)
-        if self.profile == XNNPACK:  # f32-qs8-vcvt: defined for every float32 value
+        if profile_of(self.profile).xnnpack_delegate:  # f32-qs8-vcvt: defined for every float32 value
             return xnn.quantize_f32(x, scale, zero_point)
         out = np.empty(x.shape, dtype=np.int8)
         if affine_quantize(np.ascontiguousarray(x, dtype=np.float32), scale, np.int64(zero_point), out):

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..quant import SINGLE, XNNPACK, trunc_div
+from ..profiles import SINGLE_ROUNDING, profile_of
+from ..quant import trunc_div
 from . import xnnpack
 from .base import Kernel
 from .float_form import FloatForm, MovementForm, real
@@ -155,8 +156,8 @@ class ResizeBilinear(Kernel):
             raise self.error("align_corners and half_pixel_centers are both set (TFLM refuses it)")
         self.rows = bilinear_taps(x.shape[1], oh, align, half)
         self.cols = bilinear_taps(x.shape[2], ow, align, half)
-        self.single = profile == SINGLE
-        self.xnnpack = (align, half) if profile == XNNPACK else None
+        self.single = profile_of(profile).stage == SINGLE_ROUNDING
+        self.xnnpack = (align, half) if profile_of(profile).xnnpack_delegate else None
         self.out_image = (oh, ow, x.shape[3])
 
     def workspace_bytes(self, n: int) -> int:

@@ -25,10 +25,10 @@ from numba.cpython.unsafe.numbers import leading_zeros
 
 from ..engines.int16 import is_int16, require_tflm
 from ..jit import njit, parallel_kernel
+from ..profiles import profile_of
 from ..quant import (
     INT32_MAX,
     INT32_MIN,
-    XNNPACK,
     quantize_multiplier,
     rounding_divide_by_pot,
     saturating_rounding_doubling_high_mul,
@@ -259,7 +259,8 @@ class Softmax(Kernel):
                 "expected scale 1/256 and zero point -128 (TFLM int8 softmax)"
             )
         beta = float(np.float32(op.options.get("beta", 1.0)))  # TfLiteSoftmaxParams.beta is a float
-        if profile == XNNPACK:  # not delegated: LiteRT's builtin float-table softmax (xnnpack.softmax)
+        # not delegated: LiteRT's builtin float-table softmax (xnnpack.softmax)
+        if profile_of(profile).xnnpack_delegate:
             self.lut = xnnpack.softmax_table(inp.scale, beta)
             return
         input_scale = float(np.float32(inp.scale))

@@ -13,37 +13,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..jit import njit
-from ..quant import (
-    SINGLE,
-    XNNPACK,
-    clamp,
-    multiply_by_quantized_multiplier,
-    multiply_by_quantized_multiplier_single,
-)
+from ..engines.pair_tables import sub_table
+from ..profiles import profile_of
 from . import xnnpack as xnn
 from .float_form import Elementwise
 from .int16 import sub16
-from .pairwise import LEFT_SHIFT, BinaryKernel, every_pair
-
-
-@njit(inline="always")
-def _rescale(x, m, shift, profile):
-    if profile == SINGLE:
-        return multiply_by_quantized_multiplier_single(x, m, shift)
-    return multiply_by_quantized_multiplier(x, m, shift)
-
-
-@njit()
-def sub_table(a, b, params, profile):
-    """All pairs, TFLM's arithmetic (the xnnpack profile's too where the delegate refuses the op)."""
-    z1, z2, m1, s1, m2, s2, mo, so, zo, lo, hi = params
-    out = np.empty(a.size, dtype=np.int8)
-    for i in range(a.size):
-        x1 = _rescale((a[i] - z1) << LEFT_SHIFT, m1, s1, profile)
-        x2 = _rescale((b[i] - z2) << LEFT_SHIFT, m2, s2, profile)
-        out[i] = clamp(_rescale(x1 - x2, mo, so, profile) + zo, lo, hi)
-    return out
+from .pairwise import BinaryKernel, every_pair
 
 
 class SubFloat(Elementwise):
@@ -59,7 +34,7 @@ class Sub(BinaryKernel):
         super().__init__(op, graph, profile)
         params = self.prepare_rescaled(sub16)  # None with int16 operands (int16.sub16)
         a, b, y = self.inputs[0], self.inputs[1], self.outputs[0]
-        if params is not None and profile == XNNPACK and xnn.delegates_add(a, b, y):
+        if params is not None and profile_of(profile).xnnpack_delegate and xnn.delegates_add(a, b, y):
             # XNNPACK subtracts with its ADD kernel, the second operand's scale negated
             self.table = xnn.add_table(a, b, y, True, self.activation)
         elif params is not None:

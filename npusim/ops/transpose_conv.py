@@ -25,7 +25,8 @@ import numpy as np
 from ..engines import aligned, backend, gemm
 from ..engines.geometry import ConvGeometry
 from ..engines.requant import OutputStage
-from ..quant import ONNXRUNTIME, TFLM, XNNPACK, mac_profile
+from ..profiles import profile_of
+from ..quant import TFLM, mac_profile
 from .base import Kernel, WeightMemo
 from .float_form import FloatForm, real
 
@@ -120,7 +121,7 @@ class TransposeConv(Kernel):
         self.in_hw = tuple(x.shape[1:3])
         self.out_hw = tuple(y.shape[1:3])
         if (
-            profile == XNNPACK
+            profile_of(profile).xnnpack_delegate
             and padding == "SAME"
             and (self.stride[0] > self.kh or self.stride[1] > self.kw)
         ):
@@ -137,7 +138,8 @@ class TransposeConv(Kernel):
             (sh, sw) == (self.kh, self.kw)
             and self.pad == (0, 0)
             and self.out_hw == (h * sh, wd * sw)
-            and self.profile != ONNXRUNTIME  # its stage is gemm's, not the engines' (mac_profile)
+            # its stage is gemm's, not the engines' (mac_profile)
+            and profile_of(self.profile).kernels != "onnxruntime"
         ):
             g = ConvGeometry.from_options({"padding": "VALID"}, x.shape, 1, 1)
             taps, s = self.kh * self.kw, self.stage
