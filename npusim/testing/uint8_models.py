@@ -27,6 +27,8 @@ def as_uint8(model_bytes: bytes, seed: int = 0, filter_zp_spread: int = 40) -> b
             filters.add(op.inputs[1])
     for i, t in enumerate(sg.tensors):
         q = t.quantization
+        if t.type == schema.TensorType.INT32 and q is not None and q.scale is not None and len(q.scale) > 1:
+            q.scale, q.zeroPoint, q.quantizedDimension = [float(q.scale[0])], [0], 0  # a per-tensor bias
         if t.type != schema.TensorType.INT8 or q is None or q.scale is None or not len(q.scale):
             continue
         t.type = schema.TensorType.UINT8
