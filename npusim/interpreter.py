@@ -9,18 +9,17 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import tflite_io
+from . import tflite_io, uint8
 from .chains import find_chains
 from .engines import backend as _backend
 from .engines.lookup import lookup
 from .errors import NpusimError
-from . import uint8
 from .graph import Graph, computes_in_float, legacy_uint8
-from .uint8 import UINT8_PROFILE
 from .model_io import load_model
 from .ops import KERNELS, MAC_OPS, ort_kernels
 from .ops.base import both_forms
 from .quant import NEURAL_ART, ONNXRUNTIME, TFLM, profile_id
+from .uint8 import UINT8_PROFILE
 
 
 def execution_order(graph: Graph) -> list:

@@ -8,11 +8,12 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-import cases as C
 import npusim
 from npusim.errors import NpusimError
 from npusim.testing import runners as R
 from npusim.testing.uint8_models import as_uint8, as_uint8_input
+
+import cases as C
 
 OPS = {
     "CONV_2D": (C.conv_params(), C.make_conv),

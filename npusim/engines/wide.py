@@ -49,7 +49,9 @@ class WideStage:
         acc = np.zeros((n, oh, ow, wf.shape[2]), np.float64)
         for i in range(g.kh):
             for j in range(g.kw):
-                taps = padded[:, i * dh : i * dh + (oh - 1) * sh + 1 : sh, j * dw : j * dw + (ow - 1) * sw + 1 : sw]
+                taps = padded[
+                    :, i * dh : i * dh + (oh - 1) * sh + 1 : sh, j * dw : j * dw + (ow - 1) * sw + 1 : sw
+                ]
                 acc += np.repeat(taps, multiplier, axis=3) * wf[i, j]
         return acc.reshape(n * oh * ow, -1)
 
