@@ -61,13 +61,15 @@ def check_int8(graph: Graph, profile: str | None = None):
     legacy = legacy_uint8(graph)
     if legacy is not None and profile != UINT8_PROFILE:
         op, t = legacy
-        where = f"profile {profile} has no uint8 kernels" if profile else "this command takes int8 models"
-        if profile == "tflm":
-            where += " (TFLM has none)"
+        if profile:
+            why = f"profile {profile} has no uint8 kernels{' (TFLM has none)' if profile == 'tflm' else ''}"
+            what = f"run it with --profile {UINT8_PROFILE} (LiteRT's arithmetic), or quantize it to int8"
+        else:
+            why = f"this command takes int8 models (`npusim run --profile {UINT8_PROFILE}` runs uint8 ones)"
+            what = "quantize it again to int8"
         raise NpusimError(
             f"{graph.origin}: a uint8 model (TFLite's legacy quantization: op {op.index} ({op.kind}) "
-            f"computes on uint8 {t.name!r}): {where}; run it with --profile {UINT8_PROFILE} "
-            "(LiteRT's uint8 arithmetic), or quantize it again to int8"
+            f"computes on uint8 {t.name!r}): {why}; {what}"
         )
 
 

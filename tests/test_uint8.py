@@ -71,3 +71,25 @@ def test_uint8_io_stays_uint8():
     interp = npusim.Interpreter(npusim.load_model(as_uint8(case.model)), profile="xnnpack")
     y = interp.run(as_uint8_input(case.xs))
     assert y.dtype == np.uint8
+
+
+@pytest.mark.parametrize("convs", [1, 2])
+def test_uint8_classifier_end_to_end_matches_litert(convs):
+    """A small uint8 classifier (CONV_2D + RELU, AVERAGE_POOL_2D, RESHAPE, FULLY_CONNECTED, SOFTMAX;
+    uint8 in and out, asymmetric filters) under xnnpack: every output element equal to LiteRT's."""
+    from zo_fixtures import tiny_classifier
+
+    model = as_uint8(tiny_classifier(side=8, hidden=8, convs=convs, seed=convs), seed=convs)
+    x = np.random.default_rng(convs).integers(0, 256, (4, 8, 8, 3)).astype(np.uint8)
+    expected = R.run_litert(model, x, "AUTO")
+    R.assert_same(expected, R.run_npusim(model, x, "xnnpack"), "uint8 classifier")
+
+
+def test_uint8_golden_under_xnnpack(tmp_path):
+    from npusim import golden
+
+    case = C.depthwise_case(4, (5, 5), (1, 1))
+    model = tmp_path / "m.tflite"
+    model.write_bytes(as_uint8(case.model))
+    golden.record(model, as_uint8_input(case.xs), tmp_path / "g.npz", profile="xnnpack")
+    assert golden.check(model, tmp_path / "g.npz").ok
