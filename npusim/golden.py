@@ -493,9 +493,10 @@ def check(model_path, golden_path) -> CheckResult:
     """Re-run the model on the golden's input and compare. Raises NpusimError (exit 2) for a damaged
     or foreign golden file or a model other than the recorded one; mismatches are in the result."""
     graph = load_model(model_path)  # first: a folder, a float or a foreign file says what it is
-    check_int8(graph, UINT8_PROFILE)  # a uint8 model: the recorded profile's Interpreter decides
+    check_int8(graph, UINT8_PROFILE)  # a uint8 model: the recorded profile decides, below
     golden = load_golden(golden_path)
     meta = golden.meta
+    check_int8(graph, str(meta["profile"]))
     sha = file_sha256(model_path)
     if sha != meta["model_sha256"]:
         raise NpusimError(
