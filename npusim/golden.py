@@ -36,6 +36,7 @@ from .errors import NpusimError
 from .interpreter import Interpreter, check_int8
 from .model_io import load_model
 from .profiles import PROFILES
+from .uint8 import UINT8_PROFILE
 
 FORMAT = "npusim-golden"
 FORMAT_VERSION = 1
@@ -99,6 +100,7 @@ def record(
     from .npu.neural_art_run import profile_object  # neural-art: its default --n6-* options
 
     interp = Interpreter(graph, profile=profile_object(profile), warm=False)  # one run
+    graph = interp.graph  # a uint8 model's is shifted to int8 (npusim/uint8.py), with its tensors
     values = interp.run_all(x)
     arrays: dict = {"input_0": np.ascontiguousarray(values[graph.inputs[0]])}
     for k, t in enumerate(graph.outputs):
@@ -491,9 +493,10 @@ def check(model_path, golden_path) -> CheckResult:
     """Re-run the model on the golden's input and compare. Raises NpusimError (exit 2) for a damaged
     or foreign golden file or a model other than the recorded one; mismatches are in the result."""
     graph = load_model(model_path)  # first: a folder, a float or a foreign file says what it is
-    check_int8(graph)
+    check_int8(graph, UINT8_PROFILE)  # a uint8 model: the recorded profile decides, below
     golden = load_golden(golden_path)
     meta = golden.meta
+    check_int8(graph, str(meta["profile"]))
     sha = file_sha256(model_path)
     if sha != meta["model_sha256"]:
         raise NpusimError(
@@ -513,6 +516,7 @@ def check(model_path, golden_path) -> CheckResult:
     from .npu.neural_art_run import profile_object
 
     interp = Interpreter(graph, profile=profile_object(meta["profile"]), warm=False)  # one run
+    graph = interp.graph  # a uint8 model's is shifted to int8 (npusim/uint8.py), as record() saw it
     entries = {e["index"]: e for e in meta["tensors"]}
     produced = _execution_tensors(interp)
     extra = sorted(set(entries) - {t for t, _, _ in produced})

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import tflite_io
+from . import tflite_io, uint8
 from .chains import find_chains
 from .engines import backend as _backend
 from .engines.lookup import lookup
@@ -19,6 +19,7 @@ from .model_io import load_model
 from .ops import KERNELS, MAC_OPS, ort_kernels
 from .ops.base import both_forms
 from .quant import PROFILES, profile_id
+from .uint8 import UINT8_PROFILE
 from .walker import Walker
 
 
@@ -50,20 +51,26 @@ def unsupported_error(op) -> NpusimError:
     return NpusimError(f"op {op.index} ({op.kind}): operator is not supported")
 
 
-def check_int8(graph: Graph):
-    """Refuse, naming the file and what to do, the two kinds of model npusim does not run."""
+def check_int8(graph: Graph, profile: str | None = None):
+    """Refuse, naming the file and what to do, the two kinds of model npusim does not run: a float
+    model, and a legacy uint8 one under a profile other than xnnpack (npusim/uint8.py)."""
     if graph.ops and computes_in_float(graph):
         raise NpusimError(
             f"{graph.origin}: a float model: npusim runs int8 models; quantize it to int8, or give it to "
             "`npusim validate --float` as the reference of its int8 model"
         )
     legacy = legacy_uint8(graph)
-    if legacy is not None:
+    if legacy is not None and profile != UINT8_PROFILE:
         op, t = legacy
+        if profile:
+            why = f"profile {profile} has no uint8 kernels"
+            what = f"run it with --profile {UINT8_PROFILE} (LiteRT's arithmetic), or quantize it to int8"
+        else:
+            why = f"this command takes int8 models (`npusim run --profile {UINT8_PROFILE}` runs uint8 ones)"
+            what = "quantize it again to int8"
         raise NpusimError(
             f"{graph.origin}: a uint8 model (TFLite's legacy quantization: op {op.index} ({op.kind}) "
-            f"computes on uint8 {t.name!r}): npusim runs int8 models; quantize it again to int8 "
-            "(full-integer post-training quantization)"
+            f"computes on uint8 {t.name!r}): {why}; {what}"
         )
 
 
@@ -206,7 +213,8 @@ class Interpreter:
         table, pid = self._resolve_profile(profile, backend)
         if not (plan_only and getattr(self.graph.source, "unlowered", None)):
             # (an ONNX plan whose unlowered nodes stand in with float outputs is no float model)
-            check_int8(self.graph)
+            check_int8(self.graph, self.profile)
+            self.graph = uint8.shifted(self.graph)  # a legacy uint8 model under xnnpack
         ops = execution_order(self.graph)
         self.unsupported = [op for op in ops if op.kind not in KERNELS]
         self.refusals: dict = {}  # plan_only: {op index: why its kernel refused it}

@@ -24,7 +24,8 @@ profiles apart, so that a kernel branches on these fields, never on a profile's 
   QuantizeLinear), "object" (a profile object passed to the Interpreter, which holds its own
   kernel_for: npu/neural_art_run.NeuralArtProfile).
 - int16: the profile runs the 16x8 paths (int16 activations, int8 weights), as TFLM does.
-- uint8: the profile runs uint8 activations (none does yet).
+- uint8: the profile runs TFLite's legacy uint8 models (LiteRT does; TFLM has no uint8 kernels;
+  npusim/uint8.py shifts such a graph to int8 for it).
 
 Adding a profile is one entry in PROFILES (and, with its own kernels, their module).
 """
@@ -68,7 +69,9 @@ TFLM, SINGLE, XNNPACK, ONNXRUNTIME, NEURAL_ART = 0, 1, 2, 3, 4
 PROFILES = {
     "tflm": Profile(TFLM, "tflm", int16=True),
     "single": Profile(SINGLE, "single", stage=SINGLE_ROUNDING, integer_stage=SINGLE_ROUNDING),
-    "xnnpack": Profile(XNNPACK, "xnnpack", stage=FP32, bounds="rint-float-zp", xnnpack_delegate=True),
+    "xnnpack": Profile(
+        XNNPACK, "xnnpack", stage=FP32, bounds="rint-float-zp", xnnpack_delegate=True, uint8=True
+    ),
     "onnxruntime": Profile(
         ONNXRUNTIME, "onnxruntime", stage=FP32, bounds="rint-then-zp", ort_qlinear=True, kernels="onnxruntime"
     ),

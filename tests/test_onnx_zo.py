@@ -166,3 +166,28 @@ def test_four_bit_weights_train_within_four_bits_and_are_written(tmp_path):
     assert np.array_equal(
         npusim.Interpreter(npusim.load_model(written)).run(x), npusim.Interpreter(trainer.model.graph).run(x)
     )
+
+
+@pytest.mark.parametrize("per_channel", [False, True], ids=["per-tensor", "per-channel"])
+def test_new_class_count_written_into_a_qoperator_head(tmp_path, per_channel):
+    """A QOperator classifier (QGemm head) trained for a new class count (3 in the file, 4 in the
+    data): the fresh head goes into the QGemm (weights, per-class scales, bias, logits' scale and
+    zero point), so ORT runs the written file as npusim's onnxruntime profile does, and npusim's run
+    of it equals the trained Graph's (issue 56: it failed with 'trained codes do not fit')."""
+    m = oo.small_cnn_model(seed=3, size=8, classes=3)
+    pixels = color_dataset(side=8)["x_train"][:16].astype(np.float32).transpose(0, 3, 1, 2) / 255.0
+    calibration = [{"x": p[None]} for p in pixels]
+    q = oo.quantize(m, fmt="QOperator", per_channel=per_channel, calibration=calibration)
+    model = tmp_path / "qop.onnx"
+    model.write_bytes(q)
+    assert "QGemm" in {n.op_type for n in onnx.load_from_string(q).graph.node}
+    data = tmp_path / "colors.npz"
+    np.savez(data, **color_dataset(side=8))
+    trainer, written = _train(model, data, tmp_path / "run", budget=60, checkpoint_every=30)
+    x = np.random.default_rng(0).uniform(0, 1, (3, 3, 8, 8)).astype(np.float32)
+    from_file = npusim.Interpreter(npusim.load_model(written)).run(x)
+    assert from_file.shape[-1] == 4
+    assert np.array_equal(from_file, npusim.Interpreter(trainer.model.graph).run(x))
+    y_ort = oo.session(written, optimize=False).run(None, {"x": x[:1]})[0]
+    as_ort = npusim.Interpreter(npusim.load_model(written), profile="onnxruntime").run(x[:1])
+    assert y_ort.shape[-1] == 4 and np.array_equal(as_ort, y_ort)

@@ -36,9 +36,29 @@ class WideStage:
         wf = w.reshape(w.shape[0], -1).astype(np.float64) - self.filter_zero_point[:, None]
         return cols @ wf.T
 
-    def __call__(self, x, w, bias, input_zero_point: int, g) -> np.ndarray:
-        """As gemm.convolve for one weight group: [N * P, O], int8 or int32."""
-        acc = self.sums(x, w, input_zero_point, g)
+    def depthwise_sums(self, x, w, input_zero_point: int, g, multiplier: int) -> np.ndarray:
+        """x [N, H, W, C] int8, a depthwise filter [1, kh, kw, C * multiplier] -> the exact sums
+        [N * P, C * multiplier], float64 (padding taps hold z_x, so they add 0)."""
+        (sh, sw), (dh, dw), (top, left), (oh, ow) = g.stride, g.dilation, g.pad, g.out_hw
+        need_h, need_w = (oh - 1) * sh + (g.kh - 1) * dh + 1, (ow - 1) * sw + (g.kw - 1) * dw + 1
+        n, h, wd, c = x.shape
+        padded = np.full((n, max(need_h, top + h), max(need_w, left + wd), c), input_zero_point, np.float64)
+        padded[:, top : top + h, left : left + wd] = x
+        padded -= np.float64(input_zero_point)
+        wf = w.reshape(g.kh, g.kw, -1).astype(np.float64) - self.filter_zero_point
+        acc = np.zeros((n, oh, ow, wf.shape[2]), np.float64)
+        for i in range(g.kh):
+            for j in range(g.kw):
+                taps = padded[
+                    :, i * dh : i * dh + (oh - 1) * sh + 1 : sh, j * dw : j * dw + (ow - 1) * sw + 1 : sw
+                ]
+                acc += np.repeat(taps, multiplier, axis=3) * wf[i, j]
+        return acc.reshape(n * oh * ow, -1)
+
+    def __call__(self, x, w, bias, input_zero_point: int, g, acc=None) -> np.ndarray:
+        """As gemm.convolve for one weight group: [N * P, O], int8 or int32 (acc: the sums, when
+        the caller computed them, as depthwise_sums)."""
+        acc = self.sums(x, w, input_zero_point, g) if acc is None else acc
         o = acc.shape[1]
         if self.stage is None:
             total = acc.astype(np.int64)

@@ -143,13 +143,37 @@ def _dq_of(model, init_name: str):
     )
 
 
+# QOperator nodes: {op type: {input position of the integer operand: (its scale's, its zero point's)}}
+# and {op type: (the output scale's position, the output zero point's)}.
+_QOP_INPUTS = {
+    "QLinearConv": {0: (1, 2), 3: (4, 5)},
+    "QLinearMatMul": {0: (1, 2), 3: (4, 5)},
+    "QGemm": {0: (1, 2), 3: (4, 5)},
+}
+_QOP_OUTPUTS = {"QLinearConv": (6, 7), "QLinearMatMul": (6, 7), "QGemm": (7, 8)}
+
+
+def _params_of(model, init_name: str):
+    """(node, scale position, zero point position) of the node that holds an initializer's
+    quantization: its DequantizeLinear (1, 2), or the QOperator node that reads it (QLinearConv's,
+    QLinearMatMul's or QGemm's weights); None for neither (a QOperator bias: its scale is implicit)."""
+    dq = _dq_of(model, init_name)
+    if dq is not None:
+        return dq, 1, 2
+    for n in model.graph.node:
+        for k, positions in _QOP_INPUTS.get(n.op_type, {}).items():
+            if len(n.input) > k and n.input[k] == init_name:
+                return (n, *positions)
+    return None
+
+
 def _file_scale(model, inits, init_name: str) -> np.ndarray | None:
     from onnx import numpy_helper
 
-    dq = _dq_of(model, init_name)
-    if dq is None or len(dq.input) < 2 or dq.input[1] not in inits:
+    params = _params_of(model, init_name)
+    if params is None or len(params[0].input) <= params[1] or params[0].input[params[1]] not in inits:
         return None
-    return numpy_helper.to_array(inits[dq.input[1]]).astype(np.float32).ravel()
+    return numpy_helper.to_array(inits[params[0].input[params[1]]]).astype(np.float32).ravel()
 
 
 def _requantized(graph, model, inits) -> set:
@@ -158,6 +182,8 @@ def _requantized(graph, model, inits) -> set:
     for index, where in graph.source.weights.items():
         t = graph.tensors[index]
         scale = _file_scale(model, inits, where["init"])
+        if int(np.prod(t.shape)) != int(np.prod(where["shape"])):
+            out.add(index)  # a new class count (a QOperator bias too, whose scale is implicit)
         if t.quant is None or scale is None:
             continue
         same = scale.size in (1, t.quant.scale.size) and np.array_equal(
@@ -195,27 +221,31 @@ def _new_init(model, inits, name: str, array, storage: str | None = None):
     return t.name
 
 
-def _set_params(model, inits, node, scale, zero_point, storage: str):
-    """node (a QuantizeLinear or DequantizeLinear) reads new scale and zero point initializers; the
-    zero point in the element type of the codes it goes with (the checker refuses an int8 zero point
-    beside int4 codes)."""
-    node.input[1] = _new_init(model, inits, node.input[1], np.asarray(scale, np.float32))
+def _set_params(model, inits, node, scale, zero_point, storage: str, at=(1, 2)):
+    """node (a QuantizeLinear or DequantizeLinear; a QOperator node with at, the positions of the
+    scale and zero point) reads new scale and zero point initializers; the zero point in the element
+    type of the codes it goes with (the checker refuses an int8 zero point beside int4 codes)."""
+    si, zi = at
+    node.input[si] = _new_init(model, inits, node.input[si], np.asarray(scale, np.float32))
     zp = np.asarray(zero_point)
-    if len(node.input) > 2 and node.input[2]:
-        node.input[2] = _new_init(model, inits, node.input[2], zp, storage)
+    if len(node.input) > zi and node.input[zi]:
+        node.input[zi] = _new_init(model, inits, node.input[zi], zp, storage)
     else:
-        node.input.append(_new_init(model, inits, node.input[1] + "_zero_point", zp, storage))
+        node.input.append(_new_init(model, inits, node.input[si] + "_zero_point", zp, storage))
 
 
 def _requantize_dq(model, inits, where, tensor, zero_point: int):
     from onnx import helper
 
-    dq = _dq_of(model, where["init"])
+    params = _params_of(model, where["init"])
+    if params is None:  # a QOperator bias: its scale is the input's times the weights'
+        return
+    dq = params[0]
     scale = tensor.quant.scale.astype(np.float32).ravel()
     per_axis = scale.size > 1
     zp = np.full(scale.size, zero_point) if per_axis else np.asarray(zero_point)
-    _set_params(model, inits, dq, scale if per_axis else scale.reshape(()), zp, where["storage"])
-    if per_axis and where["kind"] in ("dense_nk", "dense_kn"):
+    _set_params(model, inits, dq, scale if per_axis else scale.reshape(()), zp, where["storage"], params[1:])
+    if per_axis and where["kind"] in ("dense_nk", "dense_kn") and dq.op_type == "DequantizeLinear":
         for a in list(dq.attribute):
             if a.name == "axis":
                 dq.attribute.remove(a)
@@ -230,11 +260,18 @@ def _write_logits(graph, model, inits, requantized: set):
     quant = graph.tensors[head.outputs[0]].quant
     names = [n for n, (t, _) in src.values.items() if t == head.outputs[0]]
     qs = [n for n in model.graph.node if n.op_type == "QuantizeLinear" and n.input[0] in names]
+    at = (1, 2)
+    if not qs:  # a QOperator head holds its output's quantization
+        qs = [n for n in model.graph.node if n.op_type in _QOP_OUTPUTS and n.output[0] in names]
+        at = _QOP_OUTPUTS[qs[0].op_type] if qs else at
     if len(qs) != 1:
-        raise NpusimError("the fresh head's logits: expected one QuantizeLinear after the head to write them")
+        raise NpusimError(
+            "the fresh head's logits: expected one QuantizeLinear (or QOperator head) after the head to "
+            "write them"
+        )
     storage = "uint8" if quant.offset else "int8"
     zp = int(quant.zero_point[0]) + quant.offset
-    _set_params(model, inits, qs[0], quant.scale[0], zp, storage)
+    _set_params(model, inits, qs[0], quant.scale[0], zp, storage, at)
     for dq in (
         n for n in model.graph.node if n.op_type == "DequantizeLinear" and n.input[0] == qs[0].output[0]
     ):

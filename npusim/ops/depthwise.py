@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..engines import aligned, backend, depthwise
+from ..engines import aligned, backend, depthwise, wide
 from ..engines.geometry import ConvGeometry, SlidingWindow
 from ..engines.int16 import Stage16, depthwise16, is_int16
 from ..engines.requant import OutputStage
@@ -60,6 +60,7 @@ class DepthwiseConv2D(SlidingWindow, Kernel):
         self.variant = (backends or backend.select()).depthwise_variant()
         x, w, y = self.inputs[0], self.inputs[1], self.outputs[0]
         self.int16: Stage16 | None = None
+        self.wide: wide.WideStage | None = None  # a filter with a zero point (engines/wide.py)
         if not is_int16(x):
             self.require_int8(x, w, y)
         self.require_constant(w, "filter")
@@ -98,6 +99,10 @@ class DepthwiseConv2D(SlidingWindow, Kernel):
             x, w, y, self.out_channels, o.get("fused_activation_function", "NONE"), self.profile
         )
         self.memo = WeightMemo()
+        if wide.is_wide(w, y):  # a uint8 model's asymmetric filter (npusim/uint8.py)
+            activation = o.get("fused_activation_function", "NONE")
+            args = (self.out_channels, activation, self.profile, mac_profile(self.profile))
+            self.wide = wide.prepare(self.error, x, w, y, *args)
 
     def fuse_pad(self, pad) -> bool:
         """Take over the spatial padding of the PAD kernel that feeds this op (as converters write
@@ -105,7 +110,7 @@ class DepthwiseConv2D(SlidingWindow, Kernel):
         padded tap then contributes (zp - zp) * w = 0, exactly as a skipped one. Interpreter.run then
         passes the unpadded input and the PAD's copy of a large activation is saved."""
         top_left = pad.spatial_zero_point_padding(self.inputs[0].zero_point)
-        if top_left is None:
+        if top_left is None or self.wide is not None:
             return False
         self.unpadded_shape = tuple(pad.inputs[0].shape[1:])
         self.fused_pad = top_left
@@ -135,6 +140,12 @@ class DepthwiseConv2D(SlidingWindow, Kernel):
                 f"input array has shape {list(x.shape)}, expected [N, "
                 f"{', '.join(map(str, self.in_image_shape))}]"
             )
+        if self.wide is not None:
+            if w.ndim != 4 or shared:
+                raise self.error("grouped weights are not supported with a filter zero point")
+            acc = self.wide.depthwise_sums(x, w, self.inputs[0].zero_point, g, self.multiplier)
+            out = self.wide(x, w, b, self.inputs[0].zero_point, g, acc=acc)
+            return out.reshape(x.shape[0], self.out_h, self.out_w, self.out_channels)
         wg = w if w.ndim == 5 else w[None]
         groups = wg.shape[0]
         if shared:  # no reduction to share: give each group its own copy of the batch

@@ -16,7 +16,7 @@ from ..engines.padding import compute_padding
 from ..engines.requant import output_range
 from ..errors import NpusimError
 from ..jit import njit, parallel_kernel
-from ..quant import clamp
+from ..quant import XNNPACK, clamp
 from .base import Kernel
 from .float_form import FloatForm, pad_spatial, real, tap
 
@@ -30,8 +30,10 @@ def window(out_index, stride, pad, k, size):
 
 
 @parallel_kernel
-def average_pool(x, kh, kw, sh, sw, pad_h, pad_w, lo, hi, out):
-    """x [N, H, W, C] int8 -> out [N, OH, OW, C] int8."""
+def average_pool(x, kh, kw, sh, sw, pad_h, pad_w, lo, hi, offset, out):
+    """x [N, H, W, C] int8 -> out [N, OH, OW, C] int8. offset 128: a uint8 model's codes shifted to
+    int8 (npusim/uint8.py), averaged as LiteRT's uint8 kernel does, (sum + count / 2) / count of the
+    uint8 codes, half up where the int8 kernel rounds half away from zero."""
     n, in_h, in_w, depth = x.shape
     _, out_h, out_w, _ = out.shape
     acc = np.zeros((n * out_h, depth), dtype=np.int32)
@@ -47,7 +49,7 @@ def average_pool(x, kh, kw, sh, sw, pad_h, pad_w, lo, hi, out):
             for fy in range(fy0, fy1):
                 for fx in range(fx0, fx1):
                     for c in range(depth):
-                        acc[row, c] += x[b, y0 + fy, x0 + fx, c]
+                        acc[row, c] += x[b, y0 + fy, x0 + fx, c] + offset
             half = count // 2
             for c in range(depth):
                 a = acc[row, c]
@@ -56,12 +58,12 @@ def average_pool(x, kh, kw, sh, sw, pad_h, pad_w, lo, hi, out):
                     v = (a + half) // count
                 else:
                     v = -((half - a) // count)
-                out[b, oy, ox, c] = clamp(v, lo, hi)
+                out[b, oy, ox, c] = clamp(v - offset, lo, hi)
     return out
 
 
 @parallel_kernel
-def max_pool(x, kh, kw, sh, sw, pad_h, pad_w, lo, hi, out):
+def max_pool(x, kh, kw, sh, sw, pad_h, pad_w, lo, hi, offset, out):
     """x [N, H, W, C] int8 -> out [N, OH, OW, C] int8: the maximum over the window's taps inside
     the image (TFLM starts from -128), in two passes per output row: down the window's rows for
     every column of the image, then across each window's columns. The maximum of a rectangle is
@@ -166,6 +168,8 @@ class _Pool2D(Kernel):
             raise self.error(str(e)) from None
         self.depth = depth
         self.in_hw = (in_h, in_w)
+        # a uint8 model under xnnpack (npusim/uint8.py): LiteRT's uint8 average rounds the uint8 codes
+        self.code_offset = 128 if profile == XNNPACK and inp.quant.offset else 0
         expected = (self.out_h, self.out_w, depth)
         if tuple(int(d) for d in out.shape[1:]) != expected:
             raise self.error(
@@ -199,6 +203,7 @@ class _Pool2D(Kernel):
             self.pad_w,
             np.int32(self.act_min),
             np.int32(self.act_max),
+            np.int32(self.code_offset),
             out,
         )
         return out

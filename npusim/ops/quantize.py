@@ -152,7 +152,7 @@ class Quantize(Kernel):
         TFLM's table (self.tail)."""
         x, y = self.inputs[0], self.outputs[0]
         if xnn.delegates_requantize(x, y):
-            return xnn.requantize_codes(centred, x, y)
+            return xnn.requantize_codes(centred, x, y, int(self.y_zp[0]))
         neon = np.clip(xnn.neon_multiply(centred, *self.requant) + int(self.y_zp[0]), -128, 127).astype(
             np.int8
         )

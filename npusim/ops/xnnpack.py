@@ -124,10 +124,11 @@ def delegates_requantize(x, y) -> bool:
     return x.dtype == np.int8 and REQUANT_RATIO_MIN <= ratio <= REQUANT_RATIO_MAX
 
 
-def requantize_codes(centred: np.ndarray, x, y) -> np.ndarray:
-    """qs8-vcvt on the centred input codes (x - zi), int64 -> int8 output codes."""
+def requantize_codes(centred: np.ndarray, x, y, y_zp: int) -> np.ndarray:
+    """qs8-vcvt on the centred input codes (x - zi), int64 -> int8 output codes at zero point y_zp
+    (the graph's int8 one: a uint8 output's less 128)."""
     m = int(np.rint(np.float32(256.0) * (np.float32(x.quant.scale[0]) / np.float32(y.quant.scale[0]))))
-    return np.clip(((centred * m + 128) >> 8) + y.zero_point, -128, 127).astype(np.int8)
+    return np.clip(((centred * m + 128) >> 8) + y_zp, -128, 127).astype(np.int8)
 
 
 def neon_multiply(x: np.ndarray, m: int, shift: int) -> np.ndarray:
