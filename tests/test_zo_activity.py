@@ -60,3 +60,29 @@ def test_activity_cosine_is_well_above_weight_spsa_on_resnet8(tmp_path):
     assert sorted(wide) == ["model/conv2d_4/Conv2D", "model/conv2d_6/Conv2D"]
     for name in wide:
         assert act[name] > 0.05 and act[name] > 3 * spsa[name], (name, act[name], spsa[name])
+
+
+def test_signal_fraction_is_checkpointed_and_a_resume_is_bit_for_bit(tmp_path):
+    """The estimated layers' moves are scaled by their signal fraction, a running average: it is in
+    the checkpoint, and an interrupted run resumed ends with the uninterrupted run's model."""
+    from test_zo import assert_resumes_bit_for_bit
+
+    from zo_fixtures import color_dataset, tiny_classifier
+
+    model = tmp_path / "deep.tflite"
+    model.write_bytes(tiny_classifier(convs=2))
+    data = tmp_path / "colors.npz"
+    np.savez(data, **color_dataset())
+
+    def trainer(out):
+        config = TrainConfig(
+            model=str(model), data=str(data), batch=16, budget=400, checkpoint_every=7, eval_every=60,
+            trainable="last:3",
+        )  # fmt: skip
+        return Trainer(config, out)
+
+    reference = trainer(tmp_path / "reference")
+    reference.run()
+    layer = reference.activity.layers[0]
+    assert layer.power > 0 and 0.0 <= reference.activity.signal_fraction(layer) <= 1.0
+    assert_resumes_bit_for_bit(trainer, reference, tmp_path, interrupt_at=9)

@@ -14,6 +14,10 @@ clamp (a ReLU's zero: the output does not move there); the rest of the suffix ru
 h - eps u (2q passes, batched); d_ib = (L_b+ - L_b-) / (2 eps) from the per-example losses; the
 output gradient dL/dh_b = (1/q) sum_i d_ib u_ib / (E[u^2] B). eps in LSB of h's scale, measured per
 layer before the first step as the weights estimator's is (zo/blocks.py, d(eps) against d(2 eps)).
+
+Two rules measured on ResNet-8 `last:6` (docs/zo.md): u is also zero where an elementwise op that
+alone reads h (a residual ADD with a fused ReLU) sits at its clamp; and each layer's move is scaled
+by its signal fraction rho = |G|^2 / E|g|^2, from the two half-batches' independent estimates.
 """
 
 from __future__ import annotations
@@ -175,6 +179,15 @@ class ActivityEstimator:
         estimate is rho times the exact gradient's (McCandlish et al. 2018), so rho scales the layer's
         update beside the exact layers' (update_scale). 0 before the layer's first estimate."""
         return min(1.0, max(0.0, layer.agreement) / layer.power) if layer.power > 0 else 0.0
+
+    def state(self) -> np.ndarray:
+        """[layers, 2]: each layer's signal-fraction averages (a checkpoint's)."""
+        return np.array([[layer.agreement, layer.power] for layer in self.layers], dtype=np.float64)
+
+    def load(self, state) -> None:
+        state = np.asarray(state, dtype=np.float64).reshape(len(self.layers), 2)
+        for layer, (agreement, power) in zip(self.layers, state):
+            layer.agreement, layer.power = float(agreement), float(power)
 
     def update_scale(self) -> np.ndarray:
         """Per coordinate of self.coords: its layer's signal fraction."""

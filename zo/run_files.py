@@ -65,6 +65,8 @@ class RunFiles:
             state.update({f"head_{k}": v for k, v in self.head_optimizer.state().items()})
         if self.best is not None:
             state.update(best_scores=np.array(self.best[:2]), best_ints=self.best[2])
+        if getattr(self, "activity", None) is not None:
+            state["activity_signal"] = self.activity.state()
         checkpoint.save(self.out, meta, self.master, ints, state)
 
     def load_checkpoint(self, directory: Path):
@@ -83,6 +85,8 @@ class RunFiles:
         try:
             if self.head_optimizer is not None:
                 self.head_optimizer.load({k[5:]: v for k, v in r.extra.items() if k.startswith("head_")})
+            if getattr(self, "activity", None) is not None and "activity_signal" in r.extra:
+                self.activity.load(r.extra["activity_signal"])
             if "best_ints" in r.extra:
                 val, acc = (float(v) for v in r.extra["best_scores"])
                 self.best = (val, acc, np.asarray(r.extra["best_ints"], dtype=np.int64))
