@@ -14,6 +14,10 @@ clamp (a ReLU's zero: the output does not move there); the rest of the suffix ru
 h - eps u (2q passes, batched); d_ib = (L_b+ - L_b-) / (2 eps) from the per-example losses; the
 output gradient dL/dh_b = (1/q) sum_i d_ib u_ib / (E[u^2] B). eps in LSB of h's scale, measured per
 layer before the first step as the weights estimator's is (zo/blocks.py, d(eps) against d(2 eps)).
+
+Two rules measured on ResNet-8 `last:6` (docs/zo.md): u is also zero where an elementwise op that
+alone reads h (a residual ADD with a fused ReLU) sits at its clamp; and each layer's move is scaled
+by its signal fraction rho = |G|^2 / E|g|^2, from the two half-batches' independent estimates.
 """
 
 from __future__ import annotations
@@ -21,9 +25,32 @@ from __future__ import annotations
 import numpy as np
 
 from .blocks import CALIBRATION_DIRECTIONS, calibration_sizes, choose_eps
+from .float_ops import FLOAT_OPS
 from .loss import cross_entropy
 from .perturbation import second_moment
 from .tail import _clamp_mask, layer_steps
+
+SIGNAL_EMA = 0.9  # the signal fraction's averages, per layer step (about its last ten estimates)
+
+
+ELEMENTWISE = ("ADD",)  # ops whose output element i moves only with element i of each input
+
+
+def elementwise_clamps(model, kernels, out: int) -> list:
+    """The FloatOps of the chain of same-shaped elementwise ops that alone read `out` (and then their
+    output, and so on), which can clamp: where one of them sits at its clamp, the loss does not move
+    with that element of `out` (a residual block's conv, read by its ADD with a fused ReLU)."""
+    graph, chain = model.graph, []
+    shape = tuple(graph.tensors[out].shape)
+    while True:
+        readers = [k.op for k in kernels if out in k.op.inputs]
+        if len(readers) != 1 or readers[0].kind not in ELEMENTWISE or len(readers[0].outputs) != 1:
+            return chain
+        op = readers[0]
+        out = op.outputs[0]
+        if tuple(graph.tensors[out].shape) != shape:
+            return chain
+        chain.append(FLOAT_OPS[op.kind](op, graph))
 
 
 class ActivityLayer:
@@ -37,6 +64,8 @@ class ActivityLayer:
         self.steps, self.coords = layer_steps(model, f, offsets)
         self.eps = 4
         self.correlation = float("nan")
+        # EMAs of a.c and |g|^2 (the halves' estimates a, c; g their mean): the signal fraction
+        self.agreement, self.power = 0.0, 0.0
         kernels = model.suffix
         at = next(i for i, k in enumerate(kernels) if k.op is f.op)
         # The ops after this layer that depend on its output: all the perturbed passes run.
@@ -45,7 +74,9 @@ class ActivityLayer:
             if any(t in dirty for t in k.op.inputs):
                 self.after.append(k)
                 dirty.update(k.op.outputs)
+        self.masks = [f] + elementwise_clamps(model, kernels[at + 1 :], self.out)
         self.out_elements = int(np.prod(f.outputs[0].shape[1:]))
+        self.op_weights = int(np.prod(f.inputs[1].shape))
         self.macs_per_image = self.out_elements * int(
             np.prod(f.inputs[1].shape[1:3] if f.op.kind == "DEPTHWISE_CONV_2D" else f.inputs[1].shape[1:])
         )
@@ -65,12 +96,17 @@ class ActivityEstimator:
             else np.zeros(0, dtype=np.int64)
         )
 
-    def directions(self, step: int, layer: ActivityLayer, q: int, h: np.ndarray) -> np.ndarray:
-        """[q, B, ...] rounded Gaussian integers from (seed, step), zero where h sits at its clamp."""
+    def directions(self, step: int, layer: ActivityLayer, q: int, values: dict) -> np.ndarray:
+        """[q, B, ...] rounded Gaussian integers from (seed, step), zero where the layer's output, or
+        an elementwise op that alone reads it (ActivityLayer.masks), sits at its clamp."""
+        h = values[layer.out]
         rng = np.random.Generator(np.random.PCG64([self.seed, step, 0xAC71]))
         u = np.clip(np.rint(rng.standard_normal((q,) + h.shape)), -127, 127)
-        mask = _clamp_mask(layer.f, h)
-        return u if mask is None else u * mask
+        for f in layer.masks:
+            mask = _clamp_mask(f, values[f.op.outputs[0]])
+            if mask is not None:
+                u = u * mask
+        return u
 
     def per_example_losses(
         self, values: dict, layer, perturbed: np.ndarray, labels: np.ndarray
@@ -99,8 +135,7 @@ class ActivityEstimator:
         passes = 0
         for k, layer in enumerate(self.layers):
             check()
-            h = values[layer.out]
-            u = self.directions(2**40 + k, layer, CALIBRATION_DIRECTIONS, h)
+            u = self.directions(2**40 + k, layer, CALIBRATION_DIRECTIONS, values)
             derivatives = {}
             for e in calibration_sizes():
                 derivatives[e] = self.probe(values, layer, u, e, labels).ravel()
@@ -109,10 +144,10 @@ class ActivityEstimator:
         return passes
 
     def gradient(self, values: dict, layer, q: int, step: int, labels: np.ndarray):
-        """(the layer's gradient over layer.coords in the trainer's units, d [q, B])."""
+        """(the layer's gradient over layer.coords in the trainer's units, d [q, B]). Also updates the
+        layer's signal fraction from the two half-batches' independent estimates (signal_fraction)."""
         f = layer.f
-        h = values[layer.out]
-        u = self.directions(step, layer, q, h)
+        u = self.directions(step, layer, q, values)
         d = self.probe(values, layer, u, layer.eps, labels)
         b = len(labels)
         # dL/dh in codes of h, for the batch's mean loss; then in real units (one code = scale).
@@ -120,8 +155,42 @@ class ActivityEstimator:
         dy = g_codes / float(f.outputs[0].scale)
         t = f.inputs[0]
         x = float(t.scale) * (values[f.op.inputs[0]].astype(np.float64) - int(t.zero_point))
+        halves = [slice(0, b // 2), slice(b // 2, b)] if b >= 2 else [slice(0, b)]
+        parts = [self._local(f, layer, x[h], dy[h]) for h in halves]
+        g = sum(parts)
+        if len(parts) == 2:  # each half's sum, doubled, estimates the batch mean independently
+            a, c = 2 * parts[0], 2 * parts[1]
+            layer.agreement = SIGNAL_EMA * layer.agreement + (1 - SIGNAL_EMA) * float(a @ c)
+            layer.power = SIGNAL_EMA * layer.power + (1 - SIGNAL_EMA) * float(g @ g)
+        return g, d
+
+    @staticmethod
+    def _local(f, layer, x: np.ndarray, dy: np.ndarray) -> np.ndarray:
+        """The weight (and bias) gradient from the cached input x and output gradient dy."""
         grads = f.backward((x, np.zeros(f.inputs[1].shape)), dy, [False, True, len(layer.steps) > 1])
         parts = [(grads[1] * layer.steps[0]).ravel()]
         if len(layer.steps) > 1:
             parts.append((grads[2] * layer.steps[1]).ravel())
-        return np.concatenate(parts), d
+        return np.concatenate(parts)
+
+    def signal_fraction(self, layer) -> float:
+        """rho = |G|^2 / E|g|^2 of the layer's estimate g (G its mean): E[a.c] = |G|^2 for the two
+        halves' independent estimates. Under SGD the step that decreases the loss most along a noisy
+        estimate is rho times the exact gradient's (McCandlish et al. 2018), so rho scales the layer's
+        update beside the exact layers' (update_scale). 0 before the layer's first estimate."""
+        return min(1.0, max(0.0, layer.agreement) / layer.power) if layer.power > 0 else 0.0
+
+    def state(self) -> np.ndarray:
+        """[layers, 2]: each layer's signal-fraction averages (a checkpoint's)."""
+        return np.array([[layer.agreement, layer.power] for layer in self.layers], dtype=np.float64)
+
+    def load(self, state) -> None:
+        state = np.asarray(state, dtype=np.float64).reshape(len(self.layers), 2)
+        for layer, (agreement, power) in zip(self.layers, state):
+            layer.agreement, layer.power = float(agreement), float(power)
+
+    def update_scale(self) -> np.ndarray:
+        """Per coordinate of self.coords: its layer's signal fraction."""
+        return np.concatenate(
+            [np.full(sum(c.size for c in layer.coords), self.signal_fraction(layer)) for layer in self.layers]
+        )

@@ -49,7 +49,7 @@ COUNTERS = ("step", "forward_passes", "metric_rows", "next_eval", "dead_steps")
 
 
 # State arrays saved beside the ZO step rule's: the exact-gradient head's Adam and the kept model.
-EXTRA_PREFIXES = ("head_", "best_")
+EXTRA_PREFIXES = ("head_", "best_", "activity_")
 
 
 def file_sha256(path: str) -> str:

@@ -64,6 +64,8 @@ class RunFiles:
         if self.head_optimizer is not None:
             state.update({f"head_{k}": v for k, v in self.head_optimizer.state().items()})
         state.update(self.best_state())
+        if getattr(self, "activity", None) is not None:
+            state["activity_signal"] = self.activity.state()
         checkpoint.save(self.out, meta, self.master, ints, state)
 
     def load_checkpoint(self, directory: Path):
@@ -83,6 +85,8 @@ class RunFiles:
             if self.head_optimizer is not None:
                 self.head_optimizer.load({k[5:]: v for k, v in r.extra.items() if k.startswith("head_")})
             self.load_best_state(r.extra)
+            if getattr(self, "activity", None) is not None and "activity_signal" in r.extra:
+                self.activity.load(r.extra["activity_signal"])
         except (KeyError, ValueError, TypeError) as e:
             raise ZoError(f"{checkpoint.damaged_message(directory)} ({type(e).__name__}: {e})") from None
         self.scheduler.load(r.scheduler_state)

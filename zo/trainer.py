@@ -498,7 +498,10 @@ class Trainer(StepBudget, RunFiles, KeepBest, ActivityStep):
                 g = np.concatenate([g, self.activity_gradient(q, values, labels, estimate)])
                 self.forward_passes += 2 * q
             head_lr = learning_rate(HEAD_LR, HEAD_SCHEDULE, self.spent / self.total)
-            update[self.exact_coords] = self.head_optimizer.step(g, head_lr)
+            move = self.head_optimizer.step(g, head_lr)
+            if self.activity is not None:  # the estimated layers' moves, by their signal fraction
+                move[move.size - self.activity.coords.size :] *= self.activity.update_scale()
+            update[self.exact_coords] = move
             losses.append(loss)
             self.forward_passes += 1
             b = len(indices)
