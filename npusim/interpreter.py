@@ -60,7 +60,7 @@ def check_int8(graph: Graph, profile: str | None = None):
             "`npusim validate --float` as the reference of its int8 model"
         )
     legacy = legacy_uint8(graph)
-    if legacy is not None and profile != UINT8_PROFILE:
+    if legacy is not None and not (profile in PROFILES and PROFILES[profile].uint8):
         op, t = legacy
         if profile:
             why = f"profile {profile} has no uint8 kernels"

@@ -183,7 +183,7 @@ def test_new_class_count_written_into_a_qoperator_head(tmp_path, per_channel):
     assert "QGemm" in {n.op_type for n in onnx.load_from_string(q).graph.node}
     data = tmp_path / "colors.npz"
     np.savez(data, **color_dataset(side=8))
-    trainer, written = _train(model, data, tmp_path / "run", budget=60, checkpoint_every=30)
+    trainer, written = _train(model, data, tmp_path / "run", budget=160, checkpoint_every=40)
     x = np.random.default_rng(0).uniform(0, 1, (3, 3, 8, 8)).astype(np.float32)
     from_file = npusim.Interpreter(npusim.load_model(written)).run(x)
     assert from_file.shape[-1] == 4

@@ -16,7 +16,7 @@ from ..engines.padding import compute_padding
 from ..engines.requant import output_range
 from ..errors import NpusimError
 from ..jit import njit, parallel_kernel
-from ..quant import XNNPACK, clamp
+from ..quant import clamp
 from .base import Kernel
 from .float_form import FloatForm, pad_spatial, real, tap
 
@@ -168,8 +168,9 @@ class _Pool2D(Kernel):
             raise self.error(str(e)) from None
         self.depth = depth
         self.in_hw = (in_h, in_w)
-        # a uint8 model under xnnpack (npusim/uint8.py): LiteRT's uint8 average rounds the uint8 codes
-        self.code_offset = 128 if profile == XNNPACK and inp.quant.offset else 0
+        # a legacy uint8 model (npusim/uint8.py shifts it, only under a profile with Profile.uint8):
+        # LiteRT's uint8 average rounds the uint8 codes, so the shift is undone around it
+        self.code_offset = int(inp.quant.offset)
         expected = (self.out_h, self.out_w, depth)
         if tuple(int(d) for d in out.shape[1:]) != expected:
             raise self.error(
