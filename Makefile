@@ -42,21 +42,21 @@ fuzz: setup
 	$(PY) -m pytest -q tests/test_fuzz.py --fuzz-examples 20000
 
 # The pre-registered study of the cost-aware q rule (docs/study.md, v5; its cells were chosen by
-# experiments.v5_bounds, whose cached bounds it reads); resumes where it stopped. The earlier studies'
+# experiments.study.v5_bounds, whose cached bounds it reads); resumes where it stopped. The earlier studies'
 # grids (v4, full, steprules, v3, v31, init, quick) run by name with experiments.study.
 paper: setup
-	$(PY) -m experiments.v5_bounds --shared $(SHARED)
+	$(PY) -m experiments.study.v5_bounds --shared $(SHARED)
 	$(PY) -m experiments.study --grid v5 --shared $(SHARED) --workers 2 --readme
 
 defaults: setup
-	$(PY) -m experiments.defaults_table --shared $(SHARED) --docs
+	$(PY) -m experiments.tables.defaults --shared $(SHARED) --docs
 
 # The op lists of docs/numerics.md and docs/stm32n6.md, from npusim/registry.py.
 op-lists: setup
-	$(PY) -m experiments.op_lists
+	$(PY) -m experiments.tables.op_lists
 
 stm32n6: setup
-	$(PY) -m experiments.stm32n6_table --shared $(SHARED) --readme --docs
+	$(PY) -m experiments.tables.stm32n6 --shared $(SHARED) --readme --docs
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -17,10 +17,10 @@ _LAZY = {
     "Op": "graph",
     "Quantization": "graph",
     "Tensor": "graph",
-    "Interpreter": "interpreter",
-    "load_model": "model_io",  # .tflite or .onnx, by the file's content
-    "write_model": "model_io",
-    "tune_process": "tuning",
+    "Interpreter": "runtime.interpreter",
+    "load_model": "formats.model_io",  # .tflite or .onnx, by the file's content
+    "write_model": "formats.model_io",
+    "tune_process": "kernels.tuning",
 }
 __all__ = ["NpusimError", "__version__", *_LAZY]
 

@@ -1,6 +1,6 @@
 """The model as plain data: tensors and ops, no behaviour.
 
-Everything outside npusim.tflite_io sees only these classes, never flatbuffers.
+Everything outside npusim.formats.tflite_io sees only these classes, never flatbuffers.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ import math
 import numpy as np
 
 from .errors import NpusimError
-from .jit import njit
+from .kernels.jit import njit
 from .profiles import (  # noqa: F401 - re-exported
     DOUBLE_ROUNDING,
     NEURAL_ART,
@@ -94,7 +94,7 @@ def activation_range(
         q = np.float32(f) / np.float32(scale)
         if bounds == "rint-float-zp":
             v = np.float32(q + np.float32(zero_point))
-            if not np.isfinite(v):  # refused as for TFLM (see engines/requant.output_range)
+            if not np.isfinite(v):  # refused as for TFLM (see kernels/requant.output_range)
                 raise OverflowError(f"{f} / {scale} is not finite in float32")
             return int(np.rint(min(max(v, np.float32(qmin)), np.float32(qmax))))
         if bounds == "rint-then-zp":

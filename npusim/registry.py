@@ -3,13 +3,13 @@ kernel (int8 and, where TFLM has one, 16x8), its float form, the ONNX op types t
 its STM32N6 placement and fusion class, the test oracle's builder with the op version a converter
 writes, its fuzz seeds, and how the onnxruntime profile runs it. tests/test_registry.py fails when
 an entry lacks any of them, and the op lists of docs/numerics.md and docs/stm32n6.md are generated
-from here (experiments/op_lists.py).
+from here (experiments/tables/op_lists.py).
 
 Adding an operator: its module in npusim/ops/, its entry here, its tests.
 
 Plain data, stdlib only: reading the registry imports no kernel (OpSpec.kernel_class imports the
 op's module when asked). npusim.ops builds KERNELS from it, npu/cost.py and npu/fusion.py their
-placement and fusion sets, testing/oracle.py its op versions, ops/ort_kernels.py the kinds that
+placement and fusion sets, testing/oracle.py its op versions, profiles/ort_kernels.py the kinds that
 keep their own kernel under --profile onnxruntime.
 
 Placement sources. ST Edge AI Core documentation, "ST Neural-ART NPU - Supported operators and
@@ -50,7 +50,7 @@ FAMILIES = {
 
 ST_DIGEST = "ST table (summary of Core 2.2.0)"
 
-# How the onnxruntime profile runs an op (OpSpec.onnxruntime, ops/ort_kernels.kernel_for).
+# How the onnxruntime profile runs an op (OpSpec.onnxruntime, profiles/ort_kernels.kernel_for).
 ORT_OWN = "own kernel"
 ORT_MODEL = "ORT kernel model"
 ORT_FLOAT = "float then QuantizeLinear"
@@ -69,10 +69,10 @@ class OpSpec:
     placement: str  # the source of the placement
     fuzz: tuple  # names of its seeds in tests/test_fuzz.generated_seeds
     int16: bool = False  # has TFLM's 16x8 path (int16 activations)
-    mac: bool = False  # runs on a MAC engine (npusim/engines/backend.py); weights may carry a group axis
+    mac: bool = False  # runs on a MAC engine (npusim/kernels/backend.py); weights may carry a group axis
     conv_accelerator: bool = False  # on the NPU, runs on the convolution accelerators (CONVACC)
-    onnx: tuple = ()  # the ONNX op types that lower to it (npusim/onnx/table.py LOWERINGS)
-    # How --profile onnxruntime runs it (ops/ort_kernels.py): ORT_OWN, its integer kernel, which then
+    onnx: tuple = ()  # the ONNX op types that lower to it (npusim/formats/onnx/table.py LOWERINGS)
+    # How --profile onnxruntime runs it (profiles/ort_kernels.py): ORT_OWN, its integer kernel, which then
     # follows ORT's arithmetic; ORT_MODEL, an exact model of ORT's QLinear kernel; ORT_FLOAT, ORT's
     # unfused QDQ group: DequantizeLinear, the float form, QuantizeLinear.
     onnxruntime: str = ORT_FLOAT

@@ -1,4 +1,4 @@
-"""The MAC backends (npusim/engines/backend.py): exact int32 on AMX tiles (CONV_2D with output rows of
+"""The MAC backends (npusim/kernels/backend.py): exact int32 on AMX tiles (CONV_2D with output rows of
 16 pixels or more), on AVX-512 VNNI and on AVX2 (VPMADDWD) where the host has them, and the
 chunked float32 BLAS GEMM everywhere. The oracle tests run on each: `with kernel_path(name):` makes
 run_npusim build its Interpreter with backend=name (DEPTHWISE_CONV_2D's vector code follows it too,
@@ -7,7 +7,7 @@ see DEPTHWISE_PATHS).
 
 import pytest
 
-from npusim import host
+from npusim.kernels import host
 from npusim.testing.oracle import on_backend as kernel_path  # noqa: F401 (the tests' name for it)
 
 AMX = pytest.param(

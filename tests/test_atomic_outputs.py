@@ -1,4 +1,4 @@
-"""Every output file is written whole or not at all (npusim/atomic.py): `run --output`, `run --dump`,
+"""Every output file is written whole or not at all (npusim/app/atomic.py): `run --output`, `run --dump`,
 `golden record -o`, `validate --report`, zo's metrics.csv, config.json, checkpoint and model. Under a
 file-size limit (RLIMIT_FSIZE in the command's process, SIGXFSZ ignored, as a shell's `ulimit -f`
 in a CI job gives) and on a full disk (a 64 KiB tmpfs mounted in a mount namespace of the command's
@@ -18,11 +18,11 @@ import sys
 import numpy as np
 import pytest
 
-from npusim import atomic
+from npusim.app import atomic
 
 from zo_fixtures import tiny_classifier
 
-NPUSIM = [sys.executable, "-m", "npusim.resident"]
+NPUSIM = [sys.executable, "-m", "npusim.app.resident"]
 
 
 def limited(max_bytes: int):
@@ -256,7 +256,7 @@ def killed(fd):  # SIGKILL as the data is synced: the whole temporary file stays
 
 os.fsync = killed
 if sys.argv[1] == "output":  # what `npusim run --output` writes through
-    from npusim import atomic
+    from npusim.app import atomic
     with atomic.replacing(sys.argv[2]) as f:
         np.save(f, np.zeros((64, 10), np.int8))
 else:  # zo's metrics.csv

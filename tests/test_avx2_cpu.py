@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from test_rounding_ties import tie_cases
 
-from npusim import host
+from npusim.kernels import host
 from npusim.testing import oracle as O
 
 import cases as C
@@ -26,9 +26,9 @@ from kernel_paths import run_compiled_for
 
 CHILD = """
 import pickle
-from npusim import host
+from npusim.kernels import host
 import numpy as np
-from npusim.engines import avx2, backend, depthwise, lookup
+from npusim.kernels import avx2, backend, depthwise, lookup
 from npusim.testing import oracle as O
 
 assert host.has_avx2() and not host.has_vnni() and not host.has_amx(), "not compiling for Haswell"

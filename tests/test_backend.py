@@ -1,4 +1,4 @@
-"""The MAC backend selection (npusim/engines/backend.py): what "auto" and each name choose, and that
+"""The MAC backend selection (npusim/kernels/backend.py): what "auto" and each name choose, and that
 an op runs on the engine chosen for its geometry; DEPTHWISE_CONV_2D's vector code follows it."""
 
 from __future__ import annotations
@@ -7,9 +7,8 @@ import numpy as np
 import pytest
 
 import npusim
-from npusim import host
-from npusim.engines import backend, depthwise
-from npusim.engines.geometry import ConvGeometry
+from npusim.kernels import backend, depthwise, host
+from npusim.kernels.geometry import ConvGeometry
 from npusim.testing import oracle as O
 
 import cases as C
@@ -114,8 +113,7 @@ def test_a_convolution_takes_threads_by_its_multiply_adds(name, monkeypatch):
     not by their largest array: YOLOv8n-256's 16x16x64 3x3 layers at batch 8 have arrays under
     jit.PARALLEL_MIN_WORK elements and 75 MMAC, and ran on one thread. A layer of a few hundred
     multiply-adds stays serial. Both equal TFLM."""
-    from npusim import jit
-    from npusim.engines import avx2, vnni
+    from npusim.kernels import avx2, jit, vnni
 
     if not (host.has_vnni() if name == "vnni" else host.has_avx2()):
         pytest.skip(f"this CPU cannot run the {name} engine: its thread choice is NOT tested here")

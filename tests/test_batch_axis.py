@@ -150,7 +150,7 @@ def test_every_command_on_a_model_run_image_by_image(tmp_path):
 
 def test_validate_float_reference_runs_image_by_image():
     """The float reference splits the batch as the integer run does: per image, the same values."""
-    from npusim.reference import FloatInterpreter
+    from npusim.runtime.reference import FloatInterpreter
 
     ref = FloatInterpreter(npusim.load_model(O.batch_axis_head_model(3)))
     x = np.random.default_rng(4).uniform(-5, 5, (4, 4, 8, 6)).astype(np.float32)

@@ -141,7 +141,7 @@ def test_expand_dims_in_front_of_a_batch_of_one_keeps_the_whole_batch():
 
 def test_float_reference_runs_a_constant_across_axis_zero_image_by_image():
     """The float forms (pairwise, BATCH_MATMUL, MEAN) say crosses_batch as their kernels do."""
-    from npusim.reference import FloatInterpreter
+    from npusim.runtime.reference import FloatInterpreter
 
     for name in ("ADD", "BATCH_MATMUL", "MEAN batch 1"):
         model = MODELS[name][0]

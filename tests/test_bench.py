@@ -1,4 +1,4 @@
-"""Smoke tests of experiments/bench.py: it runs end to end and writes its table (no wall-time checks).
+"""Smoke tests of experiments/bench/main.py: it runs end to end and writes its table (no wall-time checks).
 The section of the AVX2 code compiled for Haswell runs with the conv and model tests: its rows must
 exist and be bit-exact where this host runs Haswell code, and say why it was skipped where not."""
 
@@ -14,12 +14,12 @@ from shared_paths import SHARED
 pytest.importorskip("tflite_micro", reason="tflite-micro (the TFLM oracle) is not installed")
 
 try:
-    from experiments import bench  # noqa: E402
+    from experiments.bench import main as bench  # noqa: E402
 except ImportError:  # plain `pytest` (not `python -m pytest`) does not put the repository on sys.path
     import sys
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from experiments import bench  # noqa: E402
+    from experiments.bench import main as bench  # noqa: E402
 
 
 def _read_table(out: Path) -> list[str]:
@@ -135,7 +135,7 @@ def test_models_quick_small_batch(tmp_path):
 def test_haswell_skipped_with_its_reason(tmp_path, monkeypatch):
     """Where Haswell code cannot run (ARM, a CPU without AVX2), the section says so and why; no child
     process is started. --no-haswell skips it the same way."""
-    from experiments import bench_haswell  # the section's module (bench.py runs it)
+    from experiments.bench import haswell as bench_haswell  # the section's module (bench.py runs it)
 
     monkeypatch.setattr(bench_haswell, "haswell_unsupported", lambda: "this host is aarch64, not x86-64")
     monkeypatch.setattr(bench_haswell, "haswell_run", lambda spec, log: pytest.fail("child started"))

@@ -1,4 +1,4 @@
-"""The bench's ONNX row (experiments/bench_onnx.py) on one image, one repetition: its table and that
+"""The bench's ONNX row (experiments/bench/onnx_row.py) on one image, one repetition: its table and that
 the two sides it times give nearby outputs."""
 
 import pytest
@@ -9,7 +9,7 @@ pytest.importorskip("onnxruntime")
 
 
 def test_yolo26_row_on_one_image():
-    from experiments import bench_onnx
+    from experiments.bench import onnx_row as bench_onnx
 
     need(SHARED / "models" / "onnx" / bench_onnx.MODEL)
     need(SHARED / "data" / "eurosat64_subset.npz")
@@ -21,7 +21,7 @@ def test_yolo26_row_on_one_image():
 
 
 def test_missing_model_is_reported(tmp_path):
-    from experiments import bench_onnx
+    from experiments.bench import onnx_row as bench_onnx
 
     lines = bench_onnx.bench_yolo26(tmp_path, batch=1, reps=1, log=lambda m: None)
     assert lines[0].startswith("Skipped:") and "not found" in lines[0]

@@ -1,4 +1,4 @@
-"""Elementwise chains over one 8-bit tensor run as one lookup in Interpreter.run (npusim/chains.py):
+"""Elementwise chains over one 8-bit tensor run as one lookup in Interpreter.run (npusim/runtime/chains.py):
 the result equals TFLM's and the unfused walk's, and a chain is taken only where nothing else needs
 its intermediates."""
 
@@ -71,11 +71,11 @@ def test_a_run_that_overrides_a_chain_constant_walks_unfolded():
 
 
 def test_byte_lookup_equals_indexing_at_every_tail():
-    """engines/lookup.py: 64 bytes per VPERMI2B step where the host has AVX-512 VBMI, then a masked
+    """kernels/lookup.py: 64 bytes per VPERMI2B step where the host has AVX-512 VBMI, then a masked
     tail; 32 bytes per 16 VPSHUFB with AVX2 alone, then a scalar tail (tests/test_avx2_cpu.py runs
     it compiled for Haswell); the scalar loop elsewhere (test_generic_cpu.py): against numpy's
     indexing for sizes around the vector and the parallel task boundaries."""
-    from npusim.engines import lookup as L
+    from npusim.kernels import lookup as L
 
     rng = np.random.default_rng(3)
     for dtype in (np.int8, np.uint8):

@@ -16,7 +16,7 @@ from test_cli_outputs import two_output_model
 from test_robustness import one_line_error
 
 import npusim
-import npusim.cli
+import npusim.app.cli
 import zo.cli
 from npusim.ops import KERNELS
 from npusim.testing import oracle as O
@@ -38,7 +38,7 @@ UNSUPPORTED = "RSQRT"
 
 
 def npusim_cli(*args):
-    return CliRunner().invoke(npusim.cli.main, [str(a) for a in args], catch_exceptions=False)
+    return CliRunner().invoke(npusim.app.cli.main, [str(a) for a in args], catch_exceptions=False)
 
 
 def zo_cli(*args):
@@ -333,8 +333,8 @@ def test_inspect_onnx_inputs_and_outputs_are_ort_and_its_edge_nodes(name, tmp_pa
 
 
 def test_inspect_reports_per_channel_quantization_as_lists():
+    from npusim.app.inspect_report import io_details
     from npusim.graph import Graph, Quantization, Tensor
-    from npusim.inspect_report import io_details
 
     q = Quantization(np.array([0.5, 0.25], np.float32), np.array([1, -2]), axis=1)
     t = Tensor("x", (1, 2), np.dtype(np.int8), q)

@@ -12,7 +12,7 @@ from npusim.testing import oracle as O
 
 def npusim_run(*args):
     return subprocess.run(
-        [sys.executable, "-m", "npusim.cli", "run", *map(str, args)],
+        [sys.executable, "-m", "npusim.app.cli", "run", *map(str, args)],
         capture_output=True,
         text=True,
         timeout=300,
@@ -98,7 +98,7 @@ PEAK_CHILD = """
 import resource, runpy, sys
 sys.argv = ["npusim", *sys.argv[1:]]
 try:
-    runpy.run_module("npusim.cli", run_name="__main__")
+    runpy.run_module("npusim.app.cli", run_name="__main__")
 except SystemExit as e:
     if e.code:
         raise

@@ -8,8 +8,8 @@ import pytest
 from click.testing import CliRunner
 
 from npusim import Interpreter, load_model
-from npusim.cli import main, tensor_file_name
-from npusim.compare import compare_profiles, compare_reference, sanitize_name
+from npusim.app.cli import main, tensor_file_name
+from npusim.app.compare import compare_profiles, compare_reference, sanitize_name
 
 from shared_paths import MOBILENET, RESNET, need
 
@@ -198,7 +198,7 @@ def npusim_cli(*args):
     import sys
 
     return subprocess.run(
-        [sys.executable, "-m", "npusim.cli", *map(str, args)], capture_output=True, text=True, timeout=300
+        [sys.executable, "-m", "npusim.app.cli", *map(str, args)], capture_output=True, text=True, timeout=300
     )
 
 

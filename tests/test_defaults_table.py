@@ -1,4 +1,4 @@
-"""experiments/defaults_table.py: one row end to end on the real ResNet-8 (a short budget), its
+"""experiments/tables/defaults.py: one row end to end on the real ResNet-8 (a short budget), its
 resume, and the generated table."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from experiments import defaults_table
+from experiments.tables import defaults as defaults_table
 
 from shared_paths import SHARED
 

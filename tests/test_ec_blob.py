@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-import npusim.cli
-from npusim.model_io import load_model
+import npusim.app.cli
+from npusim.formats.model_io import load_model
 from npusim.npu.compiled import differs, read_compiled
 from npusim.npu.ec_blob import MAGIC, CompiledError, arith_fields, decode_blob, read_ecblobs
 from npusim.npu.neural_art import N6Options, graph_stages
@@ -24,7 +24,7 @@ BLOBS = FOLDER / "yolox_nano_480_stedgeai_2.1" / "network_ecblobs.h"
 
 
 def cli(*args):
-    return CliRunner().invoke(npusim.cli.main, [str(a) for a in args], catch_exceptions=False)
+    return CliRunner().invoke(npusim.app.cli.main, [str(a) for a in args], catch_exceptions=False)
 
 
 def _program(*body):

@@ -21,10 +21,10 @@ import numpy as np
 import pytest
 
 from npusim.errors import NpusimError
+from npusim.formats.tflite_io import load_model
 from npusim.ops import KERNELS
-from npusim.reference import FloatInterpreter
+from npusim.runtime.reference import FloatInterpreter
 from npusim.testing import oracle as O
-from npusim.tflite_io import load_model
 
 from shared_paths import SHARED, need
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from npusim import host, jit
+from npusim.kernels import host, jit
 
 
 def _cgroup(tmp_path, lines, files):

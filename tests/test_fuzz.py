@@ -42,7 +42,8 @@ from ai_edge_litert import schema_py_generated as schema
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from npusim import Interpreter, NpusimError, load_model, tflite_io, write_model
+from npusim import Interpreter, NpusimError, load_model, write_model
+from npusim.formats import tflite_io
 from npusim.npu import report as npu_report
 from npusim.testing import oracle as O
 
@@ -1110,7 +1111,17 @@ def test_fuzz_cli_run(request, tmp_path, capsys):
     def start(job):
         _, _, model, x, y = job
         return subprocess.Popen(
-            [sys.executable, "-m", "npusim.cli", "run", str(model), "--input", str(x), "--output", str(y)],
+            [
+                sys.executable,
+                "-m",
+                "npusim.app.cli",
+                "run",
+                str(model),
+                "--input",
+                str(x),
+                "--output",
+                str(y),
+            ],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,

@@ -236,7 +236,7 @@ def axis_out_of_range(m, rng):
         _set_ints(node, "axis", int(rng.choice([-9, -5, 4, 5, 7, 1 << 31])))
 
 
-# Mutation kinds of the reader's validity checks (npusim/onnx/validity.py): ORT refuses all of them.
+# Mutation kinds of the reader's validity checks (npusim/formats/onnx/validity.py): ORT refuses all of them.
 VALIDITY = [zero_window, duplicate_initializer, relabel_4bit, opset_or_ir, node_domain, axis_out_of_range]
 
 

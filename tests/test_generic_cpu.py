@@ -22,8 +22,8 @@ from kernel_paths import run_compiled_for
 
 CHILD = """
 import pickle
-from npusim import host
-from npusim.engines import backend
+from npusim.kernels import host
+from npusim.kernels import backend
 from npusim.testing import oracle as O
 
 assert not host.has_vnni() and not host.has_amx(), "the generic code path was not selected"

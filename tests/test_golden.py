@@ -14,8 +14,8 @@ import pytest
 from click.testing import CliRunner
 
 import npusim
-from npusim.cli import main
-from npusim.golden import load_golden, tensor_hash
+from npusim.app.cli import main
+from npusim.app.golden import load_golden, tensor_hash
 
 from shared_paths import MOBILENET, RESNET, need
 
@@ -362,7 +362,7 @@ def test_numerics_change_is_reported_at_the_first_op(resnet_golden, tmp_path):
 
 
 def test_check_api_returns_all_mismatches(resnet_golden, tmp_path):
-    from npusim.golden import check
+    from npusim.app.golden import check
 
     model, golden, _, _ = resnet_golden
     result = check(model, golden)
@@ -379,7 +379,7 @@ def npusim_cli(*args):
     import sys
 
     return subprocess.run(
-        [sys.executable, "-m", "npusim.cli", *map(str, args)], capture_output=True, text=True, timeout=300
+        [sys.executable, "-m", "npusim.app.cli", *map(str, args)], capture_output=True, text=True, timeout=300
     )
 
 

@@ -1,5 +1,5 @@
 """Dynamic-range ("hybrid") float models: int8 weights, float activations. validate's reference
-runs their MAC layers as LiteRT's hybrid kernels do (npusim/hybrid.py), proven against LiteRT's
+runs their MAC layers as LiteRT's hybrid kernels do (npusim/runtime/hybrid.py), proven against LiteRT's
 builtin kernels on one-op models and end to end on ResNet-8's dynamic-range twin."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from npusim.reference import FloatInterpreter
+from npusim.runtime.reference import FloatInterpreter
 from npusim.testing import builder, oracle
 from npusim.testing.runners import run_litert
 
@@ -81,11 +81,11 @@ def test_validate_on_a_dynamic_range_twin_gives_litert_float_against_tflm_int8()
     """ResNet-8 int8 against its dynamic-range twin: validate's per-output metrics are those of
     LiteRT running the twin against TFLM running the int8 model (cos 0.99313 against 0.99353 when
     the twin's layers were computed in float)."""
-    from npusim.metrics import ErrorStats
-    from npusim.model_io import load_model
-    from npusim.reference import dequantize
+    from npusim.app.metrics import ErrorStats
+    from npusim.app.validate import split_inputs, validate
+    from npusim.formats.model_io import load_model
+    from npusim.runtime.reference import dequantize
     from npusim.testing.runners import run_tflm
-    from npusim.validate import split_inputs, validate
 
     int8 = open(need(SHARED / "models" / "resnet8_cifar10_int8.tflite"), "rb").read()
     twin = builder.hybrid_model(int8)

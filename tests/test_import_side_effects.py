@@ -21,8 +21,8 @@ class WatchedCDLL(ctypes.CDLL):
         return super().__getattr__(name)
 ctypes.CDLL = WatchedCDLL
 env_before, layer_before = dict(os.environ), numba.config.THREADING_LAYER
-import npusim, npusim.cli
-from npusim.engines import aligned
+import npusim, npusim.app.cli
+from npusim.kernels import aligned
 {action}
 print(json.dumps({{"env_same": dict(os.environ) == env_before,
                    "layer_same": numba.config.THREADING_LAYER == layer_before,
@@ -84,9 +84,10 @@ def test_the_command_line_loads_no_kernel_until_a_command_runs_a_model():
     code = (
         "import json, sys\n"
         "from click.testing import CliRunner\n"
-        "from npusim.cli import main\n"
+        "from npusim.app.cli import main\n"
         "codes = [CliRunner().invoke(main, a).exit_code for a in (['--help'], ['run', '--help'], ['run'])]\n"
-        "heavy = sorted(m for m in ('numba', 'npusim.interpreter', 'npusim.quant') if m in sys.modules)\n"
+        "heavy = sorted(m for m in ('numba', 'npusim.runtime.interpreter', 'npusim.quant') if m in "
+        "sys.modules)\n"
         "print(json.dumps([codes, heavy]))"
     )
     codes, heavy = _printed(code)

@@ -1,6 +1,6 @@
 """The layout rules of docs/layout.md, checked on the sources of npusim/, zo/ and experiments/: no
 file over 700 lines, no function over 120, no import cycle between modules (imports inside
-functions count: a cycle hidden in a function is still a cycle), and the engines never import the
+functions count: a cycle hidden in a function is still a cycle), and the kernels never import the
 operators. Static (ast), so nothing is imported or compiled."""
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("npusim", "zo", "experiments")
 MAX_FILE_LINES = 700
 MAX_FUNCTION_LINES = 120
+MAX_TOP_LEVEL_MODULES = 8  # npusim/'s own modules beside its packages (docs/layout.md)
 
 
 def _sources() -> dict[str, Path]:
@@ -131,11 +132,11 @@ def test_the_cycle_check_finds_a_cycle_hidden_in_a_function():
     assert "npusim.npu.report" in _imported("npusim.npu.cost", tree)
 
 
-def test_the_engines_do_not_import_the_operators(trees):
+def test_the_kernels_do_not_import_the_operators(trees):
     bad = {
         name: sorted(m for m in _imported(name, tree) if m == "npusim.ops" or m.startswith("npusim.ops."))
         for name, tree in trees.items()
-        if name.startswith("npusim.engines")
+        if name.startswith("npusim.kernels")
     }
     assert not {k: v for k, v in bad.items() if v}, bad
 
@@ -144,13 +145,13 @@ PROFILE_BRANCH = re.compile(
     r"\bprofile\w*\s*[!=]=|[!=]=\s*(TFLM|SINGLE|XNNPACK|ONNXRUNTIME|NEURAL_ART)\b"
     r"|\b(TFLM|SINGLE|XNNPACK|ONNXRUNTIME|NEURAL_ART)\s*[!=]="
 )
-# Lines allowed to compare a profile outside npusim/profiles.py: none yet; at most two, each
+# Lines allowed to compare a profile outside npusim/profiles/__init__.py: none yet; at most two, each
 # named here with why.
 PROFILE_BRANCHES_ALLOWED: dict[str, str] = {}
 
 
 def test_kernels_branch_on_the_profile_fields_not_on_profile_names():
-    """A profile is one object (npusim/profiles.py): code outside it reads its fields (stage,
+    """A profile is one object (npusim/profiles/__init__.py): code outside it reads its fields (stage,
     bounds, xnnpack_delegate, ort_qlinear, kernels, int16, uint8), never `profile == X`."""
     found = [
         f"{path.relative_to(ROOT)}:{n}"
@@ -198,7 +199,7 @@ def test_no_new_compiled_code_in_the_operators(trees):
             if isinstance(n, (ast.Import, ast.ImportFrom))
             for a in n.names
         }
-        if "npusim.jit" in _imported(name, tree) or any(
+        if "npusim.kernels.jit" in _imported(name, tree) or any(
             m and m.split(".")[0] in ("numba", "llvmlite") for m in modules
         ):
             compiling.add(name.rpartition(".")[2])
@@ -206,3 +207,13 @@ def test_no_new_compiled_code_in_the_operators(trees):
         f"compiled code in ops/: {sorted(compiling - OPS_STILL_COMPILING)}"
     )
     assert not OPS_STILL_COMPILING - compiling, "moved out: drop from OPS_STILL_COMPILING"
+
+
+def test_few_top_level_modules():
+    """npusim/'s top level is the core (graph, quant, errors, registry); the rest lives in its packages
+    (profiles, kernels, runtime, formats, app, ops, npu, testing). experiments/ keeps make run's module
+    only; the bench, the study and the tables are packages."""
+    top = sorted(p.name for p in (ROOT / "npusim").glob("*.py"))
+    assert len(top) <= MAX_TOP_LEVEL_MODULES, f"{len(top)} top-level modules in npusim/: {top}"
+    flat = sorted(p.name for p in (ROOT / "experiments").glob("*.py"))
+    assert flat == ["__init__.py", "run_default.py"], flat

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from npusim.cli import main
+from npusim.app.cli import main
 
 from shared_paths import MOBILENET, RESNET, need
 

@@ -8,14 +8,14 @@ import pytest
 from click.testing import CliRunner
 from test_robustness import one_line_error
 
-import npusim.cli
+import npusim.app.cli
 import zo.cli
 
 from zo_fixtures import tiny_classifier
 
 
 def npusim_cli(*args):
-    return CliRunner().invoke(npusim.cli.main, [str(a) for a in args], catch_exceptions=False)
+    return CliRunner().invoke(npusim.app.cli.main, [str(a) for a in args], catch_exceptions=False)
 
 
 def zo_cli(*args):

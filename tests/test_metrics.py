@@ -1,4 +1,4 @@
-"""npusim.metrics against a direct numpy computation of each definition (docs/validate.md), and
+"""npusim.app.metrics against a direct numpy computation of each definition (docs/validate.md), and
 the degenerate cases it defines."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from npusim.metrics import NAMES, error_metrics, json_ready
+from npusim.app.metrics import NAMES, error_metrics, json_ready
 
 
 def direct(ref, got) -> dict:
@@ -87,7 +87,7 @@ def test_shape_mismatch_is_refused():
 
 
 def test_chunks_accumulate_to_the_whole():
-    from npusim.metrics import ErrorStats
+    from npusim.app.metrics import ErrorStats
 
     rng = np.random.default_rng(9)
     ref = rng.normal(3, 2, 1000)

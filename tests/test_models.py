@@ -14,7 +14,7 @@ from zo.data import load_dataset, resize_images
 
 from shared_paths import MOBILENET, RESNET, SHARED
 
-NPUSIM = [sys.executable, "-m", "npusim.cli"]
+NPUSIM = [sys.executable, "-m", "npusim.app.cli"]
 
 pytestmark = pytest.mark.skipif(
     not RESNET.exists(), reason=f"SHARED DATA MISSING: {SHARED} not found (set NPU_SHARED)"

@@ -1,4 +1,4 @@
-"""Names from a model file reach the terminal escaped (npusim/display.py): an escape sequence or a line
+"""Names from a model file reach the terminal escaped (npusim/app/display.py): an escape sequence or a line
 end in a tensor name shows as `\\x1b`, `\\x0a` in inspect, compare, validate and error lines, and never
 runs or breaks a table; a long list of tensors in inspect's text is abbreviated."""
 
@@ -9,7 +9,7 @@ import sys
 
 import numpy as np
 
-from npusim.display import abbreviated, shown
+from npusim.app.display import abbreviated, shown
 from npusim.testing import oracle as O
 
 HOSTILE = "evil\x1b[2J\x1b[31mred\nline2\x07"
@@ -36,7 +36,7 @@ def split_model(n: int = 128) -> bytes:
 
 def npusim(*args, cwd):
     return subprocess.run(
-        [sys.executable, "-m", "npusim.cli", *map(str, args)],
+        [sys.executable, "-m", "npusim.app.cli", *map(str, args)],
         cwd=cwd,
         capture_output=True,
         text=True,

@@ -10,14 +10,14 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-import npusim.cli
-from npusim.engines import neural_art as units
-from npusim.interpreter import Interpreter
+import npusim.app.cli
+from npusim.kernels import neural_art as units
 from npusim.npu import N6Options, NeuralArtProfile
 from npusim.npu.cost import NPU, placement
 from npusim.npu.neural_art import add_stage, fixed_point, op_stages
 from npusim.npu.neural_art_lint import add_error, lint
 from npusim.npu.neural_art_run import Chain
+from npusim.runtime.interpreter import Interpreter
 from npusim.testing import oracle as O
 
 ISSUE_FIELDS = {"shift_a", "shift_o", "outbytes_o", "rounding_o", "saturation_o", "round_mode_o"}
@@ -26,7 +26,7 @@ ARITH_FIELDS |= {"Ax_shift", "By_shift", "C_shift", "shift_o", "rounding_o", "sa
 
 
 def cli(*args):
-    return CliRunner().invoke(npusim.cli.main, [str(a) for a in args], catch_exceptions=False)
+    return CliRunner().invoke(npusim.app.cli.main, [str(a) for a in args], catch_exceptions=False)
 
 
 @pytest.fixture(scope="module")

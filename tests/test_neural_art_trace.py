@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from n6_trace import read_trace, vector
 
-from npusim.model_io import load_model
+from npusim.formats.model_io import load_model
 from npusim.npu.neural_art import N6Options, graph_stages, op_stages
 
 from shared_paths import SHARED, need

@@ -12,7 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from npusim import Interpreter, NpusimError, Quantization, Tensor, npu
-from npusim.cli import main
+from npusim.app.cli import main
 from npusim.npu import (
     M55,
     NPU,
@@ -528,7 +528,7 @@ def test_json_output_has_the_table_content(model):
 
 
 def test_the_shipped_constants_reproduce_the_published_fit():
-    """The module constants are the fit on published.csv (experiments/stm32n6_table.py), so the
+    """The module constants are the fit on published.csv (experiments/tables/stm32n6.py), so the
     calibration models land within a few percent of ST's figures."""
     csv_path = SHARED / "models" / "stm32n6" / "published.csv"
     need(csv_path)

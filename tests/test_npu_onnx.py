@@ -87,7 +87,7 @@ def test_inspect_shows_each_layers_weight_type(tmp_path):
 
     from click.testing import CliRunner
 
-    from npusim.cli import main
+    from npusim.app.cli import main
 
     path = tmp_path / "conv4.onnx"
     path.write_bytes(conv_qdq("int4"))

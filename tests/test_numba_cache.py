@@ -1,4 +1,4 @@
-"""npusim's Numba cache (npusim/jit.py): one directory per digest of the kernels' sources (the
+"""npusim's Numba cache (npusim/kernels/jit.py): one directory per digest of the kernels' sources (the
 modules that compile kernels and what they import), so that an edit there (kernels inline code from
 other modules, which Numba's own check does not see) starts a fresh cache and an edit elsewhere (a
 command line, a test helper) recompiles nothing; a directory of other sources is pruned only when
@@ -16,7 +16,7 @@ import numpy as np
 
 import npusim.ops.activations
 import npusim.quant
-from npusim import jit
+from npusim.kernels import jit
 
 
 def _package(root, files: dict):
@@ -87,8 +87,11 @@ def test_digest_memo_goes_to_the_user_cache_where_the_package_takes_none(tmp_pat
 
 def test_the_command_lines_and_oracles_are_no_kernel_sources():
     names = {str(p.relative_to(jit.PACKAGE)) for p in jit.kernel_sources()}
-    assert {"quant.py", "engines/output_stage.py", "ops/add.py", "engines/depthwise.py"} <= names
-    assert not {"cli.py", "interpreter.py", "testing/oracle.py", "npu/cost.py", "registry.py"} & names
+    assert {"quant.py", "kernels/output_stage.py", "ops/add.py", "kernels/depthwise.py"} <= names
+    assert (
+        not {"app/cli.py", "runtime/interpreter.py", "testing/oracle.py", "npu/cost.py", "registry.py"}
+        & names
+    )
 
 
 def test_stale_directories_are_pruned_unless_held_or_recent(tmp_path):
@@ -148,7 +151,7 @@ def test_numba_cache_dir_takes_precedence(tmp_path, monkeypatch):
 CHILD = """
 import json, sys
 import numpy as np
-from npusim.engines.padding import pad_input
+from npusim.kernels.padding import pad_input
 x = np.arange(2 * 3 * 3 * 4, dtype=np.int8).reshape(2, 3, 3, 4)
 pad_input(x, 1, 1, np.int8(-5), np.int8(0), np.empty((2, 5, 5, 4), np.int8))
 stats = pad_input.serial.stats
@@ -159,7 +162,7 @@ print(json.dumps({"hits": sum(stats.cache_hits.values()), "misses": sum(stats.ca
 def test_a_second_process_loads_and_deletes_nothing(tmp_path):
     """Two processes in turn on one cache directory: the first compiles and writes, the second
     loads; files of another digest used recently (another version's workers) are left alone."""
-    other = tmp_path / "npusim" / "numba-0123456789abcdef0123" / "engines"
+    other = tmp_path / "npusim" / "numba-0123456789abcdef0123" / "kernels"
     other.mkdir(parents=True)
     (other / "padding.pad_input-1.py311.nbi").write_bytes(b"another version's index")
     env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path))
@@ -172,7 +175,7 @@ def test_a_second_process_loads_and_deletes_nothing(tmp_path):
         return json.loads(done.stdout.strip().splitlines()[-1])
 
     first = run()
-    fresh = tmp_path / "npusim" / f"numba-{jit.sources_digest()}" / "engines"
+    fresh = tmp_path / "npusim" / f"numba-{jit.sources_digest()}" / "kernels"
     written = sorted(fresh.glob("padding.pad_input-*"))
     assert written, "the first process wrote no cache entry"
     second = run()
@@ -184,7 +187,8 @@ LINK_CHILD = """
 import json
 import sys
 import numba, numpy as np
-from npusim import jit, quant
+from npusim.kernels import jit
+from npusim import quant
 if sys.argv[1:] == ["another numba"]:
     jit._CR_FIELDS = ()  # as if Numba's CompileResult had other fields: Numba's own load
 x = np.arange(-300, 300, dtype=np.int64) * 9973
@@ -225,7 +229,8 @@ def test_a_loaded_kernel_parses_its_linking_module_only_when_linked(tmp_path):
 WARM_CHILD = """
 import json, sys
 import numpy as np
-from npusim import Interpreter, jit
+from npusim import Interpreter
+from npusim.kernels import jit
 from npusim.testing import oracle as O
 # A convolution, and ADD and MUL with a constant of one image's shape (YOLO's box decoding): at one
 # image the constant needs no broadcast, at a batch it is copied, and Numba types a read-only array
@@ -268,7 +273,8 @@ def test_the_first_runs_after_prepare_load_no_kernel():
 PRELOAD_CHILD = """
 import json, sys
 import numba, numpy as np
-from npusim import jit, quant
+from npusim.kernels import jit
+from npusim import quant
 x = np.arange(-300, 300, dtype=np.int64) * 9973
 key, sig = "npusim.quant:mbqm_array", (numba.typeof(x), numba.int64, numba.int64)
 if sys.argv[1] == "compile":
@@ -287,7 +293,7 @@ else:
 
 
 def test_a_serial_kernel_preloads_from_the_cache_and_never_compiles(tmp_path):
-    # What the resident server does before it forks for a call (npusim/resident.py): load the serial
+    # What the resident server does before it forks for a call (npusim/app/resident.py): load the serial
     # kernels its calls loaded, from the cache only; a signature the cache lacks is left to the call.
     env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path))
 

@@ -3,7 +3,7 @@
 the generators, not the generated files), run as they are and compared with their expected outputs.
 
 These cases feed scales, zero points and weights as graph inputs. npusim fixes every input but the
-first at load (`npusim.onnx.reader.bind_inputs`: an NPU compiler fixes them too), and runs the first,
+first at load (`npusim.formats.onnx.reader.bind_inputs`: an NPU compiler fixes them too), and runs the first,
 an int8 / uint8 / float32 activation, under both profiles. Graph inputs and outputs of type int8 and
 uint8, int32 outputs (the sums of ConvInteger and MatMulInteger), asymmetric weights (QLinearConv's
 uint8 weight of zero point 255) and per-axis QuantizeLinear / DequantizeLinear at the graph's edges
@@ -21,7 +21,7 @@ import pytest
 onnx = pytest.importorskip("onnx")
 
 import npusim  # noqa: E402
-from npusim.onnx.reader import bind_inputs  # noqa: E402
+from npusim.formats.onnx.reader import bind_inputs  # noqa: E402
 
 CASES = [
     "test_qlinearconv",

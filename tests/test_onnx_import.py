@@ -336,7 +336,7 @@ def hostile(kind: str) -> bytes:
 def test_hostile_files_exit_2_in_one_line(tmp_path, kind, message):
     from click.testing import CliRunner
 
-    from npusim.cli import main
+    from npusim.app.cli import main
 
     f = tmp_path / "m.onnx"
     f.write_bytes(hostile(kind))
@@ -352,7 +352,7 @@ def test_inspect_lists_a_node_npusim_cannot_lower_and_run_refuses_it(tmp_path):
 
     from click.testing import CliRunner
 
-    from npusim.cli import main
+    from npusim.app.cli import main
 
     f = tmp_path / "m.onnx"
     f.write_bytes(hostile("unsupported op"))
@@ -413,7 +413,7 @@ def test_plan_only_undoes_a_lowering_that_stops_halfway():
 
 def test_an_asymmetric_weight_zero_point_runs_as_ort():
     """uint8 weights of zero point 100 with codes up to 250 (codes minus zero point leave int8): once
-    refused, now a CONV_2D that keeps the zero point (engines/wide.py); --profile onnxruntime equals
+    refused, now a CONV_2D that keeps the zero point (kernels/wide.py); --profile onnxruntime equals
     ORT (optimizations off), tflm is within one output step."""
     m = onnx.load_from_string(conv_qdq("uint8"))
     z = next(i for i in m.graph.initializer if i.name == "w_z")

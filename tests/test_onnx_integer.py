@@ -1,4 +1,4 @@
-"""ConvInteger and MatMulInteger (npusim/onnx/lower_integer.py) against ONNX Runtime.
+"""ConvInteger and MatMulInteger (npusim/formats/onnx/lower_integer.py) against ONNX Runtime.
 
 One-op static graphs built with onnx.helper: QuantizeLinear -> ConvInteger / MatMulInteger ->
 Cast -> Mul by a constant scale [-> Add of a constant bias] -> QuantizeLinear -> DequantizeLinear,
@@ -24,7 +24,7 @@ from click.testing import CliRunner  # noqa: E402
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 import npusim  # noqa: E402
-from npusim.cli import main  # noqa: E402
+from npusim.app.cli import main  # noqa: E402
 from npusim.testing import onnx_oracle as oo  # noqa: E402
 
 Y_SCALE, Y_ZP = np.float32(0.03), np.uint8(131)

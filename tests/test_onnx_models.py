@@ -22,7 +22,7 @@ pytest.importorskip("onnxruntime")
 pytest.importorskip("onnx")
 
 import npusim  # noqa: E402
-from npusim.cli import main  # noqa: E402
+from npusim.app.cli import main  # noqa: E402
 from npusim.testing import onnx_oracle as oo  # noqa: E402
 
 from shared_paths import SHARED, need  # noqa: E402

@@ -1,4 +1,4 @@
-"""The ONNX reader refuses what ONNX Runtime refuses, in one line (npusim/onnx/validity.py).
+"""The ONNX reader refuses what ONNX Runtime refuses, in one line (npusim/formats/onnx/validity.py).
 
 Each hostile file is a valid QDQ Conv model with one edit. `npusim run` must exit 2 with one stderr
 line naming what is wrong; ONNX Runtime itself (session and run) must refuse the same file, except
@@ -126,7 +126,7 @@ def ort_refuses(data: bytes) -> bool:
 def test_refused_in_one_line_as_ort_refuses(kind, tmp_path):
     from click.testing import CliRunner
 
-    from npusim.cli import main
+    from npusim.app.cli import main
 
     data = hostile(kind)
     message, ort_too = CASES[kind][2], CASES[kind][3]

@@ -1,4 +1,4 @@
-"""Asymmetric weights and int32 sums (engines/wide.py) against ONNX Runtime.
+"""Asymmetric weights and int32 sums (kernels/wide.py) against ONNX Runtime.
 
 Generated one-op graphs: MatMulInteger and ConvInteger whose int32 output is the graph's output
 (the sums (x - x_zp)(w - w_zp) with no rescale), read from an int8 / uint8 graph input, with weights

@@ -66,7 +66,7 @@ def test_shared_qdq_model_equals_ort_literal(name, threads, monkeypatch):
     """ORT with its optimizations off (the literal QDQ semantics) at intra_op_num_threads 1 and at
     ORT's default (0: the physical cores), npusim at the same NPUSIM_ORT_THREADS: every output
     element equal. ORT's optimized run is another arithmetic (fused integer kernels): cosine only."""
-    from npusim.ops import ort_literal
+    from npusim.profiles import ort_literal
 
     if threads:
         monkeypatch.setenv(ort_literal.THREADS_ENV, str(threads))

@@ -156,7 +156,7 @@ def test_qdq_unary_literal(kind, attrs, seed):
 )
 def test_qdq_literal(make, monkeypatch):
     """QDQ, ORT_DISABLE_ALL: ORT's float op on dequantized values, then QuantizeLinear. The .onnx
-    model runs ORT's float kernels (ops/ort_literal.py): bit for bit. Its .tflite twin has no ONNX
+    model runs ORT's float kernels (profiles/ort_literal.py): bit for bit. Its .tflite twin has no ONNX
     node to follow and runs the integer kernels, whose results next to a rounding tie can move by
     one step: within one step everywhere, and equal on nearly all elements."""
     monkeypatch.setenv("NPUSIM_ORT_THREADS", "1")  # Case.ort_codes runs ORT on one thread
@@ -220,7 +220,7 @@ def test_single_rounding_only_on_onnx_graphs():
     """A .tflite LOGISTIC followed by a QUANTIZE keeps both roundings under the profile (they are the
     model's); the same pair imported from ONNX (Sigmoid -> QuantizeLinear) rounds once."""
     import npusim
-    from npusim.ops.ort_kernels import Plan
+    from npusim.profiles.ort_kernels import Plan
     from npusim.testing.oracle import ModelBuilder
 
     b = ModelBuilder()
@@ -236,7 +236,7 @@ def test_single_rounding_only_on_onnx_graphs():
     once = T.unary_case(np.random.default_rng(0), "Sigmoid", "int8", fmt="QDQ")
     assert Plan(npusim.load_model(once.onnx)).out_quant  # the imported Sigmoid is planned
     # the .tflite pair: QLinearSigmoid's table to 1/256, then a second QuantizeLinear to 1/255
-    from npusim.ops import onnxruntime as ort
+    from npusim.profiles import onnxruntime as ort
 
     first = ort.sigmoid_table(0.05, 3, 1 / 256, -128)[codes.view(np.uint8)]  # tables index by byte
     real = np.float32(1 / 256) * (first.astype(np.int64) + 128).astype(np.float32)

@@ -109,7 +109,7 @@ def test_inspect_lists_an_op_npusim_refuses_and_run_stops_at_it(tmp_path):
 
     from click.testing import CliRunner
 
-    from npusim.cli import main
+    from npusim.app.cli import main
 
     b = ModelBuilder()
     x = b.add_tensor((1, 8), np.int8, 0.02, 0, name="x")
@@ -141,7 +141,7 @@ def test_inspect_lists_an_op_npusim_refuses_and_run_stops_at_it(tmp_path):
 def test_float_form_with_activation_weights_runs_image_by_image():
     """The float form (validate's reference) takes activation weights too, image by image as the
     kernel: close to the int8 run on the same inputs."""
-    from npusim.reference import FloatInterpreter, dequantize
+    from npusim.runtime.reference import FloatInterpreter, dequantize
 
     model = fc_model(4, 16, 5, (0.02, -3), (0.015, 3), (0.05, 4), True, "NONE", True)
     graph = npusim.load_model(model)

@@ -15,7 +15,7 @@ pytest.importorskip("onnxruntime")
 pytest.importorskip("onnx")
 
 import npusim  # noqa: E402
-from npusim.ops import ort_literal  # noqa: E402
+from npusim.profiles import ort_literal  # noqa: E402
 from npusim.testing import onnx_oracle as oo  # noqa: E402
 
 
@@ -245,7 +245,7 @@ FLOAT_CASES = [
 
 def float_conv_sums(x_shape, filters, k, stride, pad, group, threads, rng):
     """(ORT's float Conv output, the engine's sums) on dequantized int8 codes, NHWC."""
-    from npusim.engines import mlas_float
+    from npusim.kernels import mlas_float
 
     codes = rng.integers(-128, 128, size=x_shape).astype(np.int8)
     scale, zp = np.float32(0.0173), -7
@@ -293,7 +293,7 @@ def test_float_sums_follow_the_thread_count():
 @pytest.mark.parametrize("kind", ["Gemm", "MatMul"])
 def test_float_gemm_sums_bit_for_bit(kind):
     """A constant B is prepacked (K in slices of 256); Gemm's bias goes into C first."""
-    from npusim.engines import mlas_float
+    from npusim.kernels import mlas_float
 
     rng = np.random.default_rng(7)
     k, units, rows = 700, 24, 5

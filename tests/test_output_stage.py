@@ -1,4 +1,4 @@
-"""The MAC ops' vector output stage (engines/output_stage.py) against the scalar TFLM arithmetic of
+"""The MAC ops' vector output stage (kernels/output_stage.py) against the scalar TFLM arithmetic of
 quant.py, on parameters and accumulators chosen to sit on its edges: channels with a left shift,
 M = 2^30 and M = 0, right shifts up to 31, narrow clamp ranges, and accumulators at every rounding
 boundary near the clamp range, at the clamp cells' ends and at the ends of int32.
@@ -13,13 +13,13 @@ import numpy as np
 import pytest
 from numba import njit
 
-from npusim.engines.output_stage import (
+from npusim.kernels.output_stage import (
     PARAMETER_ROWS,
     checked_parameters,
     output_parameters,
     output_stage_row,
 )
-from npusim.engines.requant import OutputStage
+from npusim.kernels.requant import OutputStage
 from npusim.quant import (
     TFLM,
     multiply_by_quantized_multiplier,

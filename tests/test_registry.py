@@ -2,16 +2,16 @@
 places that used to keep their own op lists (KERNELS, the STM32N6 placement and fusion sets, the
 oracle's op versions, the fuzz seeds, the docs' op lists) read it.
 
-Each entry also says how --profile onnxruntime runs the op (branch `onnx-ort`, ops/ort_kernels.py).
+Each entry also says how --profile onnxruntime runs the op (branch `onnx-ort`, profiles/ort_kernels.py).
 
 Every op has its float form (branch `validate`; tests/test_float_forms.py checks them against
 LiteRT): FLOAT_FORM_NOT_YET stays empty, and an op added without one fails here.
 
-The ONNX lowerings are the table of branch `onnx` (npusim/onnx/table.py, LOWERINGS: ONNX op type ->
+The ONNX lowerings are the table of branch `onnx` (npusim/formats/onnx/table.py, LOWERINGS: ONNX op type ->
 Rule(lowering, kinds it may emit)). Each entry names the ONNX types whose lowering produces it
 (copied from that table); NO_ONNX_LOWERING lists, with the reason, the kinds no ONNX type lowers
 to. test_onnx_lowerings_match_the_importer_table holds both to the table once it is importable
-(skipped, saying so, on a branch without npusim/onnx): every declared type exists and emits the
+(skipped, saying so, on a branch without npusim/formats/onnx): every declared type exists and emits the
 kind, every type of the table is declared by a kind it emits, every kind it emits is registered.
 """
 
@@ -30,7 +30,7 @@ from npusim.ops.base import Kernel
 
 # Not yet (see the module docstring): none since branch `validate` gave every op its float form.
 FLOAT_FORM_NOT_YET = frozenset()
-# The kinds no ONNX op type lowers to (npusim/onnx/table.py); a lowering added for one moves it out.
+# The kinds no ONNX op type lowers to (npusim/formats/onnx/table.py); a lowering added for one moves it out.
 NO_ONNX_LOWERING = frozenset(
     {
         # no ONNX lowering in the importer yet
@@ -83,10 +83,12 @@ def test_onnx_lowering(spec):
 
 
 def test_onnx_lowerings_match_the_importer_table():
-    table = pytest.importorskip("npusim.onnx.table", reason="no ONNX importer on this branch").LOWERINGS
+    table = pytest.importorskip(
+        "npusim.formats.onnx.table", reason="no ONNX importer on this branch"
+    ).LOWERINGS
     for kind, spec in R.REGISTRY.items():
         for onnx_type in spec.onnx:
-            assert onnx_type in table, f"{kind}: {onnx_type} is not in npusim/onnx/table.py"
+            assert onnx_type in table, f"{kind}: {onnx_type} is not in npusim/formats/onnx/table.py"
             assert kind in table[onnx_type].kinds, f"{onnx_type}'s lowering does not emit {kind}"
     for onnx_type, rule in table.items():
         assert set(rule.kinds) <= set(R.REGISTRY), (onnx_type, set(rule.kinds) - set(R.REGISTRY))
@@ -97,10 +99,10 @@ def test_onnx_lowerings_match_the_importer_table():
 
 @pytest.mark.parametrize("spec", SPECS, ids=_ids(SPECS))
 def test_onnxruntime_profile_kernel(spec):
-    """How --profile onnxruntime runs the op (ops/ort_kernels.kernel_for): its own kernel (the kinds
+    """How --profile onnxruntime runs the op (profiles/ort_kernels.kernel_for): its own kernel (the kinds
     ort_kernels keeps, read from here), a model of ORT's QLinear kernel, or the float form then
     QuantizeLinear, which needs the float form."""
-    from npusim.ops import ort_kernels
+    from npusim.profiles import ort_kernels
 
     assert spec.onnxruntime in R.ORT_WAYS, spec.onnxruntime
     assert (spec.kind in ort_kernels.KINDS) == (spec.onnxruntime == R.ORT_OWN)
@@ -200,7 +202,7 @@ def test_reading_the_registry_is_cheap():
 
 
 def test_the_docs_op_lists_are_current():
-    from experiments import op_lists
+    from experiments.tables import op_lists
 
-    assert op_lists.stale() == [], "run `make op-lists` (python -m experiments.op_lists)"
+    assert op_lists.stale() == [], "run `make op-lists` (python -m experiments.tables.op_lists)"
     assert all(k in op_lists.readme_block() for k in R.REGISTRY)

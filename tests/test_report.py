@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from experiments.report import late_gain, paired_interval
+from experiments.study.report import late_gain, paired_interval
 
 
 def test_paired_interval_is_the_t_interval_of_the_differences():
@@ -20,8 +20,8 @@ def test_late_gain_reads_the_last_third_of_the_curve():
 
 
 def test_step_rule_cells_are_fresh_evaluation_cells_with_their_own_docs_block(tmp_path):
-    from experiments import study
-    from experiments.report import update_readme
+    from experiments.study import main as study
+    from experiments.study.report import update_readme
 
     full = {c.folder for c in study.GRIDS["full"].cells}
     for cell in study.GRIDS["steprules"].cells:
@@ -45,7 +45,7 @@ def test_each_evaluation_grid_runs_cells_no_other_grid_ran():
     efficiency test) appear in no other grid, and every docs block the study writes exists."""
     from pathlib import Path
 
-    from experiments import study
+    from experiments.study import main as study
 
     others = {c.folder for name, g in study.GRIDS.items() if name != "v31" for c in g.cells}
     for cell in study.GRIDS["v31"].cells:

@@ -1,4 +1,4 @@
-"""The resident server (npusim/resident.py, NPUSIM_RESIDENT=1): a call through it writes the same
+"""The resident server (npusim/app/resident.py, NPUSIM_RESIDENT=1): a call through it writes the same
 bytes, prints the same lines and exits with the same status as the command in its own process; it
 reads and writes the caller's own files, working directory and streams; Ctrl-C interrupts the
 command and the server serves on; calls run side by side, each in a process of its own; one server
@@ -20,11 +20,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from npusim import resident
+from npusim.app import resident
 from npusim.testing import oracle as O
 
 pytestmark = pytest.mark.skipif(not hasattr(socket, "send_fds"), reason="no AF_UNIX descriptor passing here")
-ENTRY = [sys.executable, "-m", "npusim.resident"]
+ENTRY = [sys.executable, "-m", "npusim.app.resident"]
 STARTED = []  # blocked_call's clients, ended by the env fixture
 
 
@@ -371,8 +371,8 @@ def test_an_idle_server_exits_and_removes_its_socket(env, files):
 def test_the_client_imports_no_numerics(env, files):
     # What a call through the server costs in its own process: Python and the standard library.
     code = (
-        "import sys; from npusim import resident; s = resident.call(['inspect', 'conv.tflite']); "
-        "print(s, *(m in sys.modules for m in ('numpy', 'numba', 'click', 'npusim.cli')))"
+        "import sys; from npusim.app import resident; s = resident.call(['inspect', 'conv.tflite']); "
+        "print(s, *(m in sys.modules for m in ('numpy', 'numba', 'click', 'npusim.app.cli')))"
     )
     done = subprocess.run([sys.executable, "-c", code], env=env, cwd=files, capture_output=True, text=True)
     assert done.stdout.splitlines()[-1] == "0 False False False False", done.stdout + done.stderr
@@ -383,7 +383,8 @@ def test_a_call_from_a_removed_working_directory_runs_in_its_own_process(env, fi
     gone.mkdir()
     code = (
         "import os, sys; os.chdir(sys.argv[1]); os.rmdir(sys.argv[1]); "
-        "from npusim.resident import main; sys.argv = ['npusim', 'inspect', sys.argv[2]]; sys.exit(main())"
+        "from npusim.app.resident import main; sys.argv = ['npusim', 'inspect', sys.argv[2]]; "
+        "sys.exit(main())"
     )
     done = subprocess.run(
         [sys.executable, "-c", code, str(gone), str(files / "conv.tflite")],
@@ -436,7 +437,7 @@ def test_server_status_and_stop_tell_and_end_the_server_and_never_start_one(env,
 
 def test_a_closed_stream_is_what_it_is_in_the_commands_own_process(env, files):
     # `npusim ... >&-`: the client's connection must not take the number of the closed stdout.
-    code = "import os, sys; os.close(1); from npusim.resident import main; sys.exit(main())"
+    code = "import os, sys; os.close(1); from npusim.app.resident import main; sys.exit(main())"
     runs = [
         subprocess.run(
             [sys.executable, "-c", code, "run", "conv.tflite", "--input", "x.npy", "--output", f"y{k}.npy"],
@@ -466,7 +467,7 @@ def test_a_signal_the_caller_ignores_does_not_interrupt_the_call(env, files):
 
 
 # -- whose context a server serves ----------------------------------------------------------------
-# A call is served only where the calling process's context is the server's (npusim/resident.py):
+# A call is served only where the calling process's context is the server's (npusim/app/resident.py):
 # else it runs in its own process, silently, and gives the caller's own result. Whether a call was
 # served is seen from outside: the command waits on a fifo for its input; once a process has the fifo
 # open for reading, the server has a process for the call (served) or not (its own process).
@@ -670,7 +671,7 @@ def test_a_silent_connection_is_let_go(env, files):
 
 # -- privileges: a caller with fewer is never served by a server that holds more ---------------------
 # Each case differs from the test's own process (the server's starter) in one thing the kernel
-# decides what a process may do by (npusim/resident_files.PRIVILEGE_FIELDS, the LSM label, the nice
+# decides what a process may do by (npusim/app/resident_files.PRIVILEGE_FIELDS, the LSM label, the nice
 # value, the securebits): the first server never serves it; the call gets a server of its own,
 # started under its privileges, and its own result.
 
@@ -815,7 +816,7 @@ def test_a_caller_of_another_lsm_label_is_neither_served_nor_keyed_with_the_serv
         assert not resident._own_context(a, request)
         monkeypatch.setattr(resident._Server, "context", mine)
         assert resident._own_context(a, request)  # the same context is served: only the label differed
-    import npusim.resident_files as rf
+    import npusim.app.resident_files as rf
 
     monkeypatch.setattr(rf, "process_context", lambda pid="self": labelled)
     assert rf.server_key(env) != key
@@ -823,7 +824,7 @@ def test_a_caller_of_another_lsm_label_is_neither_served_nor_keyed_with_the_serv
 
 CHROOTED_CALL = """
 import os, sys
-from npusim import resident
+from npusim.app import resident
 connect = resident.connect_or_start
 def connect_then_chroot(paths, env=os.environ):
     conn = connect(paths, env)  # the socket is reached from the real root, then the root changes
@@ -857,7 +858,7 @@ def test_a_caller_in_another_root_directory_is_not_served(env, files, running):
 
 LEARN_ARRAYMATH = """
 import os, pickle
-from npusim import resident
+from npusim.app import resident
 resident._preload()
 threads = resident._settle()
 read, write = os.pipe()

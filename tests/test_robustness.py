@@ -21,10 +21,11 @@ import pytest
 from click.testing import CliRunner
 
 import npusim
-import npusim.cli
+import npusim.app.cli
 import zo.cli
 import zo.trainer
-from npusim import Interpreter, NpusimError, tflite_io
+from npusim import Interpreter, NpusimError
+from npusim.formats import tflite_io
 from npusim.testing import oracle as O
 from zo.errors import ZoError
 from zo.trainer import TrainConfig, Trainer
@@ -154,7 +155,7 @@ def files(tmp_path, models):
 
 
 def npusim_run(*args):
-    return CliRunner().invoke(npusim.cli.main, ["run", *map(str, args)], catch_exceptions=False)
+    return CliRunner().invoke(npusim.app.cli.main, ["run", *map(str, args)], catch_exceptions=False)
 
 
 @pytest.mark.parametrize(
@@ -218,7 +219,7 @@ def test_cli_in_a_real_process_has_no_traceback(files, tmp_path):
         [
             sys.executable,
             "-m",
-            "npusim.cli",
+            "npusim.app.cli",
             "run",
             str(files["float32"]),
             "--input",

@@ -1,7 +1,7 @@
 """SIGINT, SIGTERM and SIGHUP sent to real `npusim` processes at random moments of real commands (run,
 inspect, validate, golden record, compare), in their own process and through the resident server:
 every one ends with exit 130 and the one line `error: interrupted` on stderr, never a traceback, and
-leaves no half-written output (npusim/interrupt.py, docs/robustness.md).
+leaves no half-written output (npusim/app/interrupt.py, docs/robustness.md).
 
 The moment: the process under test is the real command line with one addition, a few lines that
 append a byte to a marker file (named by SIGNAL_TEST_MARK) when main() begins ("S"), when the
@@ -35,7 +35,7 @@ import time
 import numpy as np
 import pytest
 
-from npusim import resident
+from npusim.app import resident
 from npusim.testing import oracle as O
 
 from zo_fixtures import tiny_classifier
@@ -46,8 +46,8 @@ SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 MARKS = """
 import os
 import time
-import npusim.interpreter as _i
-import npusim.reference as _f
+import npusim.runtime.interpreter as _i
+import npusim.runtime.reference as _f
 
 def _mark(byte):
     path = os.environ.get("SIGNAL_TEST_MARK")
@@ -78,7 +78,7 @@ _f.FloatInterpreter.run_all = _marked_kernels(_f.FloatInterpreter.run_all)  # va
 # a signal meets Python's start-up (its default handlers), in any program.
 COMMAND = MARKS + """
 import sys
-import npusim.resident as _r
+import npusim.app.resident as _r
 
 _status = _r._command_status
 
@@ -90,7 +90,7 @@ _r._command_status = _marked_status
 sys.argv = ["npusim", *sys.argv[1:]]
 sys.exit(_r.main())
 """
-SERVER = MARKS + "import sys\nfrom npusim.resident import serve\nserve(sys.argv[1])\n"
+SERVER = MARKS + "import sys\nfrom npusim.app.resident import serve\nserve(sys.argv[1])\n"
 COMMANDS = {
     "run": ["run", "m.tflite", "--input", "x.npy", "--output", "y.npy"],
     "inspect": ["inspect", "deep.tflite", "--target", "stm32n6"],

@@ -7,9 +7,9 @@ import re
 
 import pytest
 
-from npusim.interpreter import Interpreter
 from npusim.npu import plan_device
 from npusim.npu.memory import NPU_BUFFER_ALIGNMENT
+from npusim.runtime.interpreter import Interpreter
 
 from shared_paths import SHARED, need
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments import study
+from experiments.study import main as study
 
 from shared_paths import SHARED
 

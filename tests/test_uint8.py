@@ -1,4 +1,4 @@
-"""TFLite's legacy uint8 models (npusim/uint8.py): under --profile xnnpack equal to LiteRT element
+"""TFLite's legacy uint8 models (npusim/runtime/uint8.py): under --profile xnnpack equal to LiteRT element
 for element on one-op uint8 models made from the int8 ones (npusim/testing/uint8_models.py, with
 asymmetric filters), and refused in one line under a profile with no uint8 kernels."""
 
@@ -86,7 +86,7 @@ def test_uint8_classifier_end_to_end_matches_litert(convs):
 
 
 def test_uint8_golden_under_xnnpack(tmp_path):
-    from npusim import golden
+    from npusim.app import golden
 
     case = C.depthwise_case(4, (5, 5), (1, 1))
     model = tmp_path / "m.tflite"

@@ -16,13 +16,13 @@ import pytest
 from click.testing import CliRunner
 from test_metrics import direct
 
-from npusim import tflite_io
-from npusim.cli import main
+from npusim.app.cli import main
+from npusim.app.metrics import NAMES
+from npusim.app.validate import split_inputs
 from npusim.errors import NpusimError
-from npusim.metrics import NAMES
+from npusim.formats import tflite_io
+from npusim.formats.tflite_io import load_model
 from npusim.testing import oracle as O
-from npusim.tflite_io import load_model
-from npusim.validate import split_inputs
 
 from shared_paths import RESNET, SHARED, need
 
@@ -269,7 +269,7 @@ def test_unmatched_layers_are_listed_never_paired(tmp_path):
 def test_names_decide_between_equal_structures():
     """Two float CONV_2D of one shape where the int8 model has one: the one whose output name
     agrees is paired."""
-    from npusim.validate import match_ops
+    from npusim.app.validate import match_ops
 
     def model(names, dtype):
         b = O.ModelBuilder()
@@ -353,7 +353,7 @@ def test_chunks_give_the_result_of_the_whole(monkeypatch):
     """A batch validated in chunks (here of one sample) accumulates to the metrics of one pass. The
     int8 side is exact; the float side is float32 GEMMs whose rounding depends on the number of rows
     (BLAS blocking), so the metrics agree to float32 precision of the values (logits up to ~20)."""
-    import npusim.validate as v
+    import npusim.app.validate as v
 
     x = np.random.default_rng(6).uniform(-3, 3, (7, 6, 6, 3)).astype(np.float32)
     labels = np.arange(7) % 5
@@ -370,8 +370,8 @@ def test_chunks_give_the_result_of_the_whole(monkeypatch):
 
 
 def test_a_float_model_loads_and_the_integer_interpreter_refuses_it():
-    from npusim.interpreter import Interpreter
-    from npusim.reference import FloatInterpreter
+    from npusim.runtime.interpreter import Interpreter
+    from npusim.runtime.reference import FloatInterpreter
 
     graph = load_model(need(FLOAT_RESNET))
     assert FloatInterpreter(graph).graph is graph
@@ -397,7 +397,7 @@ def test_a_float_model_whose_shapes_lie_is_refused_in_one_line(tmp_path):
     b.add_op("CONV_2D", [x, w, -1], [y], opt)
     bad = tmp_path / "bad.tflite"
     bad.write_bytes(b.build([x], [y]))
-    from npusim.reference import FloatInterpreter
+    from npusim.runtime.reference import FloatInterpreter
 
     with pytest.raises(NpusimError, match=r"op 0 \(CONV_2D\): computed \[2, 6, 6, 4\], the model declares"):
         FloatInterpreter(load_model(bad)).run(np.zeros((2, 6, 6, 3), np.float32))

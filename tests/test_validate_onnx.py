@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from npusim.cli import main
+from npusim.app.cli import main
 
 from shared_paths import SHARED, need
 
@@ -62,7 +62,7 @@ def test_validate_onnx_against_its_float_original(tmp_path):
     r = CliRunner().invoke(main, [*args, "--float", str(tmp_path / "f.onnx"), "--format", "json"])
     assert r.exit_code == 0, r.output
     d = json.loads(r.stdout)
-    from npusim.validate import validate
+    from npusim.app.validate import validate
 
     result = validate(str(tmp_path / "q.onnx"), x, str(tmp_path / "f.onnx"))
     ref, got = result.output_pairs[0]
@@ -97,7 +97,7 @@ def test_validate_onnx_matches_by_topology_where_names_differ(tmp_path):
     """Every value and node of the float model renamed: the match falls back on the topology (the
     int8 file's node of the same op type reading the same tensors, a folded Relu taking its Conv's
     match), and every layer's propagated error is the one the names gave."""
-    from npusim.validate import validate
+    from npusim.app.validate import validate
 
     m, q, x = _pair(tmp_path)
     by_name = validate(q, x, m.SerializeToString())
@@ -113,7 +113,7 @@ def test_a_qoperator_file_matches_by_topology_where_names_differ():
     model's Conv, Add and Gemm (the folded Clips taking their Convs' matches)."""
     import onnx
 
-    from npusim.validate import validate
+    from npusim.app.validate import validate
 
     m, q, x = _relu6_pair("QOperator")
     by_name = validate(q, x, m)
@@ -161,7 +161,7 @@ def test_a_folded_activation_clamp_is_no_local_error(fmt):
     local float form clamps as the float model's Clip does (0.7-2.9 dB before, the clamp counted as
     error), so local SQNR stays above the propagated one; on the QOperator file every float node is
     matched (its values named <float name>_quantized, its nodes QLinearConv, QGemm, ...)."""
-    from npusim.validate import validate
+    from npusim.app.validate import validate
 
     m, q, x = _relu6_pair(fmt)
     result = validate(q, x, m)
@@ -181,8 +181,8 @@ def test_a_folded_activation_clamp_is_no_local_error(fmt):
 def test_breaks_first_names_a_layer_whose_inputs_have_a_propagated_value():
     """A conv fed by the import's PAD (no float counterpart, no propagated value) is measured from
     what the PAD was fed, never named with "inf dB into it" (op 5 was, on this model)."""
-    from npusim.model_io import load_model
-    from npusim.validate import validate
+    from npusim.app.validate import validate
+    from npusim.formats.model_io import load_model
 
     m, q, x = _relu6_pair("QDQ")
     graph = load_model(q)

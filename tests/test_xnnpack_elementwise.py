@@ -3,7 +3,7 @@ and, for what it refuses, LiteRT's builtin kernels) on the binary elementwise op
 DEQUANTIZE, bit for bit.
 
 ADD, SUB and MUL of int8 operands depend only on the two input bytes: every case runs all 65,536
-pairs. Each test also checks that the op went where npusim says it goes (npusim/ops/xnnpack.py:
+pairs. Each test also checks that the op went where npusim says it goes (npusim/profiles/xnnpack.py:
 the delegate's scale-ratio limits), so that a case meant for XNNPACK's arithmetic cannot pass on
 LiteRT's builtin one. On x86, XNNPACK's qs8-vadd, qs8-vmul and vcvt kernels compute the same as
 their scalar forms on every ISA (docs/numerics.md); this machine runs the AVX2 ones.
@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from test_ops_elementwise import binary_params, make_binary
 
 from npusim import load_model
-from npusim.ops import xnnpack as xnn
+from npusim.profiles import xnnpack as xnn
 from npusim.testing import oracle as O
 
 import cases as C

@@ -1,6 +1,6 @@
 """The activity estimate (zo/activity.py) resolves the layers below the exact tail far better than
 weight-space SPSA at the same passes: its cosine with back-propagation's gradient, measured per
-layer (experiments/activity_cosine.py), on the shared ResNet-8 where a residual ADD with a fused
+layer (experiments/tables/activity_cosine.py), on the shared ResNet-8 where a residual ADD with a fused
 ReLU sits after the convs below the tail."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from experiments.activity_cosine import cosine, spsa_weights
+from experiments.tables.activity_cosine import cosine, spsa_weights
 from zo.float_suffix import FloatSuffix
 from zo.trainer import TrainConfig, Trainer
 

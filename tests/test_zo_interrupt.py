@@ -108,7 +108,7 @@ KERNEL_LOOP = """
 import sys
 import numpy as np
 import npusim
-from npusim import interrupt
+from npusim.app import interrupt
 from zo_fixtures import tiny_classifier
 npusim.tune_process()
 sim = npusim.Interpreter(tiny_classifier(side=64, hidden=32))
@@ -130,7 +130,7 @@ for _ in range({rounds}):
 def test_ctrl_c_inside_threaded_numba_kernels_is_a_keyboard_interrupt(defer):
     """Under Python's own handler most of these end in `SystemError: CPUDispatcher(...) returned a
     result with an exception set` (the signal is handled inside Numba's boxing callback,
-    npusim/interrupt.py); under zo's, every one is a KeyboardInterrupt."""
+    npusim/app/interrupt.py); under zo's, every one is a KeyboardInterrupt."""
     rounds = 6
     tests_dir = str(__import__("pathlib").Path(__file__).parent)
     code = f"import sys; sys.path.insert(0, {tests_dir!r})\n" + KERNEL_LOOP.format(rounds=rounds, defer=defer)
@@ -199,7 +199,7 @@ SLOW_CHECKPOINT = """
 import os, sys, time
 real = os.fsync
 def slow(fd):
-    # Every output is synced (npusim/atomic.py): config.json and metrics.csv too; the checkpoint's
+    # Every output is synced (npusim/app/atomic.py): config.json and metrics.csv too; the checkpoint's
     # temporary file is .last.npz.*.tmp.
     if ".last.npz." in os.readlink(f"/proc/self/fd/{fd}"):
         print("writing a checkpoint", file=sys.stderr, flush=True)
@@ -439,7 +439,7 @@ def test_the_status_line_is_one_line_per_evaluation_off_a_terminal():
 
 def test_a_system_error_caused_by_a_keyboard_interrupt_is_an_interrupt():
     """The form Python's own handler gives inside a Numba callback, should another handler be installed."""
-    from npusim.interrupt import is_interrupt
+    from npusim.app.interrupt import is_interrupt
 
     def numba_like():
         try:

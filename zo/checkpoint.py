@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from npusim import atomic
+from npusim.app import atomic
 
 from .errors import ZoError
 from .optim import make_optimizer
@@ -80,7 +80,7 @@ def save(directory: str | Path, meta: dict, master: np.ndarray, ints: np.ndarray
     path = checkpoint_path(directory)
     arrays = {f"opt_{k}": np.asarray(v) for k, v in optimizer_state.items()}
     try:
-        with atomic.replacing(path) as f:  # every write checked, synced, renamed (npusim/atomic.py)
+        with atomic.replacing(path) as f:  # every write checked, synced, renamed (npusim/app/atomic.py)
             np.savez(
                 f,
                 master=master,

@@ -12,8 +12,8 @@ from pathlib import Path
 import click
 from click.core import ParameterSource
 
-from npusim import interrupt
-from npusim.cli_usage import OneLineGroup
+from npusim.app import interrupt
+from npusim.app.cli_usage import OneLineGroup
 from npusim.errors import NpusimError
 
 from .errors import ZoError

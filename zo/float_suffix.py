@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from npusim.ops import MAC_OPS as MAC_KINDS
-from npusim.walker import Walker
+from npusim.runtime.walker import Walker
 
 from .errors import ZoError
 from .float_ops import FLOAT_OPS, FloatOp

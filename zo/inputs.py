@@ -222,7 +222,7 @@ def model_inputs(
     """uint8 N x H x W x 3 RGB images -> the model input tensor's values, and the clipped fraction.
     In chunks: the real values are float64, 8 bytes a pixel, too many for a whole data set at once;
     and Python handles Ctrl-C only between numpy's calls (a chunk of 256 128x128 images kept it
-    waiting 0.3 to 0.6 s on a loaded machine, npusim/interrupt.py)."""
+    waiting 0.3 to 0.6 s on a loaded machine, npusim/app/interrupt.py)."""
     shape = (
         (image.channels, image.height, image.width)
         if image.nchw

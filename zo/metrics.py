@@ -1,7 +1,7 @@
 """metrics.csv of a training run: one row per step (train loss) and per evaluation (test accuracy).
 
 The rows are kept in memory and the whole file is written at every checkpoint, to a temporary name
-then renamed (npusim/atomic.py): a full disk or a kill leaves the file of the last checkpoint, never
+then renamed (npusim/app/atomic.py): a full disk or a kill leaves the file of the last checkpoint, never
 a half row. A resumed run keeps the rows up to its checkpoint (the later ones are redone) and writes
 the header only once. One line end, "\\n", whatever a file of an older run held (csv's default is
 "\\r\\n", which a resumed file then mixed with the "\\n" of its kept rows).
@@ -13,7 +13,7 @@ import csv
 import io
 from pathlib import Path
 
-from npusim import atomic
+from npusim.app import atomic
 
 METRIC_FIELDS = [
     "step",

@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from npusim import Interpreter, NpusimError, interrupt, write_model
+from npusim import Interpreter, NpusimError, write_model
+from npusim.app import interrupt
 from npusim.graph import Graph
 from npusim.ops import MAC_OPS
 
@@ -152,7 +153,7 @@ class TrainableModel:
         plan = self.interp.kernels[: producer[tensor] + 1] if tensor in producer else []
         parts = []
         for i in range(0, len(x), chunk):
-            interrupt.check()  # a safe point in the setup (npusim/interrupt.py)
+            interrupt.check()  # a safe point in the setup (npusim/app/interrupt.py)
             values = {self.interp.graph.inputs[0]: self.interp.check_input(x[i : i + chunk])}
             self.interp.evaluate(values, plan)
             parts.append(values[tensor].reshape(len(values[tensor]), -1))
@@ -168,7 +169,7 @@ class TrainableModel:
         n = len(next(iter(boundary.values())))
         parts = []
         for i in range(0, n, chunk):
-            interrupt.check()  # a safe point in the setup (npusim/interrupt.py)
+            interrupt.check()  # a safe point in the setup (npusim/app/interrupt.py)
             values = {b: v[i : i + chunk] for b, v in boundary.items()}
             self.interp.evaluate(values, before)
             parts.append(values[x].reshape(len(values[x]), -1))
@@ -235,7 +236,7 @@ class TrainableModel:
         Chunks of 256 images: 64 took 2.2 to 2.9 times as long on MobileNetV2-0.35."""
         parts = []
         for i in range(0, len(x), chunk):
-            interrupt.check()  # a safe point in the setup (npusim/interrupt.py)
+            interrupt.check()  # a safe point in the setup (npusim/app/interrupt.py)
             values = {self.graph.inputs[0]: self.interp.check_input(x[i : i + chunk])}
             self.interp.evaluate(values, self.prefix)
             parts.append({t: values[t] for t in self.boundary})
@@ -258,7 +259,7 @@ class TrainableModel:
         preds = []
         n = len(next(iter(boundary.values())))
         for i in range(0, n, chunk):
-            interrupt.check()  # a safe point in the setup (npusim/interrupt.py)
+            interrupt.check()  # a safe point in the setup (npusim/app/interrupt.py)
             values = {t: v[i : i + chunk] for t, v in boundary.items()}
             self.interp.evaluate(values, self.suffix + self.tail)
             out = values[self.graph.outputs[0]]  # [N, ...]: a boundary tensor's axis 0 may hold rows

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from npusim import atomic
+from npusim.app import atomic
 
 from . import checkpoint
 from .errors import ZoError

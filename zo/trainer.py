@@ -20,10 +20,11 @@ from pathlib import Path
 
 import numpy as np
 
-from npusim import NpusimError, atomic, interrupt, load_model, write_model
-from npusim.interpreter import check_int8
-from npusim.model_io import model_suffix
+from npusim import NpusimError, load_model, write_model
+from npusim.app import atomic, interrupt
+from npusim.formats.model_io import model_suffix
 from npusim.npu import plan_device
+from npusim.runtime.interpreter import check_int8
 
 from . import blocks as zo_blocks
 from . import head_init
@@ -81,7 +82,7 @@ class Trainer(StepBudget, RunFiles, KeepBest, ActivityStep):
         """dataset and caches (the prefix activations of train and test) let a sweep share them across runs;
         warn(message) reports what the user should know (default: a line on stderr); report(message)
         says what each step of the setup does (default: nothing). Ctrl-C in the setup is a
-        KeyboardInterrupt, never another exception (npusim/interrupt.py)."""
+        KeyboardInterrupt, never another exception (npusim/app/interrupt.py)."""
         self.warn = warn or (lambda message: print(f"warning: {message}", file=sys.stderr, flush=True))
         self.report = report or (lambda message: None)
         with interrupt.guarded():
@@ -575,7 +576,7 @@ class Trainer(StepBudget, RunFiles, KeepBest, ActivityStep):
         self.last_lr = learning_rate(cfg.learning_rate, cfg.lr_schedule, self.spent / self.total)
         metrics = self.metrics
         metrics.open()
-        # Ctrl-C is taken between steps (npusim/interrupt.py): the checkpoint then records a whole step.
+        # Ctrl-C is taken between steps (npusim/app/interrupt.py): the checkpoint then records a whole step.
         with interrupt.deferred():
             try:
                 # (a resumed run already evaluated at its checkpoint does not pay for it again)

@@ -31,7 +31,7 @@ def tensor_bytes(t) -> int:
 
 def weight_storage(graph, t: int) -> str:
     """How the model file stores constant tensor t: an ONNX MAC filter's own type (int4, uint4, int8,
-    uint8; onnx/importer.OnnxSource.storage), whether or not the graph's codes are the file's;
+    uint8; formats/onnx/importer.OnnxSource.storage), whether or not the graph's codes are the file's;
     otherwise the graph's dtype."""
     source = getattr(graph, "source", None)
     storage = (getattr(source, "storage", None) or {}).get(t)

@@ -180,7 +180,7 @@ class Calibration:
 
 
 def _structures(measurements, structures: dict | None) -> dict:
-    from ..interpreter import Interpreter
+    from ..runtime.interpreter import Interpreter
     from .cost import device_structure
 
     structures = dict(structures or {})
@@ -249,7 +249,7 @@ def leave_one_out(
 ) -> list:
     """For each measurement: (measurement, estimated ms with the constants fitted on all the others,
     that fit's Calibration). fit(rest, structures) -> Calibration, when given, replaces
-    fit_cost_model(rest, base, parameters, structures) (experiments/stm32n6_table.py re-chooses the
+    fit_cost_model(rest, base, parameters, structures) (experiments/tables/stm32n6.py re-chooses the
     half-depth in it)."""
     measurements = list(measurements)
     structures = _structures(measurements, structures)

@@ -43,8 +43,8 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from ..errors import NpusimError
-from ..interpreter import batch_plan, macs_per_image
 from ..registry import M55, NPU, REGISTRY, kinds
+from ..runtime.interpreter import batch_plan, macs_per_image
 from .arena import ArenaPlan, constant_bytes, plan_arena, tensor_bytes, tensor_elements
 from .fusion import EPILOGUE, LAYER, VIEW, FusionPlan, plan_fusion
 from .memory import MemoryLayout, plan_memory
@@ -66,7 +66,7 @@ WEIGHT_BYTES_PER_S = 400e6
 # per output, so a depthwise 3x3 layer (depth 9) runs at 1/7 of a deep 3x3 convolution's rate and a
 # pointwise layer with 54 input channels at half of it. Chosen (one global value from 9, 18, 27, 36, 54,
 # 72) on the four calibration models with the two constants below refitted at each value
-# (experiments/stm32n6_table.py; the third fitted constant).
+# (experiments/tables/stm32n6.py; the third fitted constant).
 CA_HALF_DEPTH = 54.0
 # Fitted on ST's published figures (published.csv; npusim/npu/calibration.py, docs/stm32n6.md).
 NPU_EFFICIENCY = 0.1685  # fraction of the accelerators' peak a deep convolution sustains
@@ -308,7 +308,7 @@ def device_structure(interp, area_scale: float = 1.0) -> DeviceStructure:
 
     area_scale: the same graph at another input resolution, every activation and every op's MACs
     multiplied by it (weights unchanged): exact for a fully convolutional graph whose spatial sizes all
-    scale by the same factor, as YOLOv8n at any multiple of 32 (experiments/stm32n6_table.py)."""
+    scale by the same factor, as YOLOv8n at any multiple of 32 (experiments/tables/stm32n6.py)."""
     graph = interp.graph
     batch = batch_plan(graph, interp.kernels)
     units = [placement(k) for k in interp.kernels]

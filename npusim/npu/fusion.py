@@ -91,7 +91,7 @@ def plan_fusion(interp, units: list, rewrites=REWRITES) -> FusionPlan:
         on_npu = units[pos] == "NPU"
         if on_npu and (kind in RESHAPE_KINDS or k.op.options.get("onnx_layout")):
             # onnx_layout: a TRANSPOSE the ONNX importer added between the declared NCHW and the
-            # kernels' NHWC (npusim/onnx/context.py); the NHWC twin of the model has none, so it
+            # kernels' NHWC (npusim/formats/onnx/context.py); the NHWC twin of the model has none, so it
             # moves no data here either.
             roles[pos] = VIEW
             plan.aliases[k.op.outputs[0]] = acts[0]

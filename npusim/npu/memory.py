@@ -130,7 +130,7 @@ def plan_memory(
     virtual: MemoryPool | None = VIRTUAL_POOL,
 ) -> MemoryLayout:
     """Bank placement of the activation buffers of one image. `scale` multiplies every buffer's size
-    (the same graph at another input resolution; see experiments/stm32n6_table.py). virtual: the
+    (the same graph at another input resolution; see experiments/tables/stm32n6.py). virtual: the
     pool spanning the contiguous banks, for buffers no single bank holds (None: no such pool)."""
     graph = interp.graph
     life = activation_lifetimes(interp)

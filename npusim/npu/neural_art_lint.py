@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..engines import neural_art as units
+from ..kernels import neural_art as units
 from .neural_art import N6Options, graph_stages
 
 DEFAULT = N6Options()

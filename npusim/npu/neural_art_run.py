@@ -1,6 +1,6 @@
 """`--profile neural-art`: the model as the STM32N6 computes it. Each op the N6 maps to its NPU and
 whose unit chain npu/neural_art.py derives (CONV_2D, DEPTHWISE_CONV_2D, ADD, an int8 QUANTIZE) runs
-as that chain of integer units (engines/neural_art.py); every other op keeps TFLM's arithmetic:
+as that chain of integer units (kernels/neural_art.py); every other op keeps TFLM's arithmetic:
 the ops placed on the Cortex-M55 (ST's runtime runs them as TFLM-style int8 kernels), and the NPU's
 data movement and max pooling, which compute no new value (docs/neural-art.md).
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..engines import neural_art as units
+from ..kernels import neural_art as units
 from ..ops.base import Kernel
 from ..profiles import TFLM
 from .cost import NPU, placement

@@ -31,6 +31,6 @@ class _Kernels(Mapping):
 KERNELS = _Kernels()
 
 # The multiply-accumulate layers: their weights may carry a leading group axis (many weight
-# versions in one call), they run on a MAC engine (engines/backend.py) and on the NPU's conv
+# versions in one call), they run on a MAC engine (kernels/backend.py) and on the NPU's conv
 # accelerators.
 __all__ = ["KERNELS", "MAC_OPS"]

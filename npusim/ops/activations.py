@@ -30,9 +30,10 @@ import math
 
 import numpy as np
 
-from ..engines.requant import requantization_multiplier
-from ..jit import njit
-from ..profiles import profile_of
+from ..kernels.jit import njit
+from ..kernels.requant import requantization_multiplier
+from ..profiles import onnxruntime as ort
+from ..profiles import profile_of, xnnpack
 from ..quant import (
     INT32_MAX,
     TFLM,
@@ -41,8 +42,6 @@ from ..quant import (
     trunc_div,
     wrap16,
 )
-from . import onnxruntime as ort
-from . import xnnpack
 from .float_form import Unary
 from .logistic import q4_activation_table
 from .softmax import (

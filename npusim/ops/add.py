@@ -15,8 +15,9 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from ..engines import aligned
-from ..engines.output_stage import (
+from ..kernels import aligned
+from ..kernels.jit import parallel_kernel
+from ..kernels.output_stage import (
     CHECKED_ROWS,
     FLOAT_ROWS,
     PARAMETER_ROWS,
@@ -29,11 +30,10 @@ from ..engines.output_stage import (
     store_bytes,
     vector_output_stage,
 )
-from ..engines.requant import OutputStage, output_range
-from ..jit import parallel_kernel
+from ..kernels.requant import OutputStage, output_range
 from ..profiles import DOUBLE_ROUNDING, SINGLE_ROUNDING, profile_of
-from . import onnxruntime as ort
-from . import xnnpack as xnn
+from ..profiles import onnxruntime as ort
+from ..profiles import xnnpack as xnn
 from .float_form import Elementwise
 from .int16 import add16
 from .pairwise import LEFT_SHIFT, BinaryKernel

@@ -9,7 +9,7 @@ from ..graph import Graph, Op, Tensor
 
 # For the interpreter's warm-up and the resident server's preloads, which must not import jit.py
 # (jit.py: kernel sources).
-from ..jit import both_forms, load_serial_kernel, loaded_serial_kernels  # noqa: F401
+from ..kernels.jit import both_forms, load_serial_kernel, loaded_serial_kernels  # noqa: F401
 
 
 def broadcast_crossing(operands, y, core: int = 0) -> str | None:
@@ -45,7 +45,7 @@ class Kernel:
     required_inputs = 1
     max_inputs: int | None = 1
     num_outputs: int | None = 1
-    # Whether __init__ takes backends=, the MAC engines chosen by the interpreter (engines/backend.py).
+    # Whether __init__ takes backends=, the MAC engines chosen by the interpreter (kernels/backend.py).
     takes_backends = False
     # Set in __init__ by an op that moves elements across axis 0 (what it does, for inspect): it is
     # valid at the model's declared shapes only, so the Interpreter runs the model image by image.
@@ -55,7 +55,7 @@ class Kernel:
     def elementwise(self) -> bool:
         """Whether each output element is a function of the inputs' elements at its own position
         (no broadcasting of anything but scalars): such kernels over one 8-bit tensor run as one
-        table (npusim/chains.py)."""
+        table (npusim/runtime/chains.py)."""
         return False
 
     def __init__(self, op: Op, graph: Graph, profile: int):

@@ -14,8 +14,8 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
-from ..engines.requant import requantization_multiplier
-from ..jit import parallel_kernel
+from ..kernels.jit import parallel_kernel
+from ..kernels.requant import requantization_multiplier
 from ..profiles import profile_of
 from ..quant import TFLM, requantize_to_output
 from .base import Kernel, broadcast_crossing

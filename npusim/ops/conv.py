@@ -1,7 +1,7 @@
 """CONV_2D: int8 NHWC convolution with per-channel requantization (TFLM reference_integer_ops/conv.h).
 
 Eval runs on the MAC engine that the interpreter's backend selection picks for the layer's
-geometry (engines/backend.py): AMX tiles, AVX-512 VNNI, or im2col + an exact float32 GEMM, all exact.
+geometry (kernels/backend.py): AMX tiles, AVX-512 VNNI, or im2col + an exact float32 GEMM, all exact.
 Weights may carry an extra leading group axis [G, O, kh, kw, C] (bias [G, O]): the batch is then
 split into G equal groups, group g convolved with weights g. The trainer uses this to run many
 weight perturbations in one call.
@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..engines import aligned, backend, gemm, wide
-from ..engines.geometry import ConvGeometry, SlidingWindow
-from ..engines.int16 import Stage16, conv16, is_int16
-from ..engines.requant import OutputStage
+from ..kernels import aligned, backend, gemm, wide
+from ..kernels.geometry import ConvGeometry, SlidingWindow
+from ..kernels.int16 import Stage16, conv16, is_int16
+from ..kernels.requant import OutputStage
 from ..quant import mac_profile
 from .base import Kernel, WeightMemo
 from .float_form import FloatForm, columns, real
@@ -50,7 +50,7 @@ class Conv2D(SlidingWindow, Kernel):
         x, w, y = self.inputs[0], self.inputs[1], self.outputs[0]
         self.int16: Stage16 | None = None
         self.unpadded = None  # (image shape, geometry, engine) of the input of a PAD taken over
-        self.wide: wide.WideStage | None = None  # asymmetric filter or int32 output (engines/wide.py)
+        self.wide: wide.WideStage | None = None  # asymmetric filter or int32 output (kernels/wide.py)
         if not is_int16(x):
             self.require_int8(*((x, w) if wide.is_wide(w, y) else (x, w, y)))
         self.require_constant(w, "filter")
@@ -76,7 +76,7 @@ class Conv2D(SlidingWindow, Kernel):
                 f"output shape {list(y.shape)} does not match the computed "
                 f"[N, {self.out_h}, {self.out_w}, {self.out_channels}]"
             )
-        if is_int16(x):  # 16x8: int16 activations, int8 weights (engines/int16.py)
+        if is_int16(x):  # 16x8: int16 activations, int8 weights (kernels/int16.py)
             activation = o.get("fused_activation_function", "NONE")
             self.int16 = Stage16.prepare(self, x, w, bias, y, self.out_channels, activation)
             return

@@ -2,7 +2,7 @@
 (TFLM reference_integer_ops/depthwise_conv.h). Output channel c_out = c_in * multiplier + m,
 weights [1, kh, kw, C * multiplier] (or [G, 1, kh, kw, C * multiplier] for grouped weights, see conv.py).
 Prepare checks the operands and fills the geometry and the output stage; Eval runs the direct
-integer loop of engines/depthwise.py (vector runs of 64 channels with multiplier 1, a scalar loop
+integer loop of kernels/depthwise.py (vector runs of 64 channels with multiplier 1, a scalar loop
 otherwise), in the vector form the interpreter's backend selection picks.
 """
 
@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..engines import aligned, backend, depthwise, wide
-from ..engines.geometry import ConvGeometry, SlidingWindow
-from ..engines.int16 import Stage16, depthwise16, is_int16
-from ..engines.requant import OutputStage
+from ..kernels import aligned, backend, depthwise, wide
+from ..kernels.geometry import ConvGeometry, SlidingWindow
+from ..kernels.int16 import Stage16, depthwise16, is_int16
+from ..kernels.requant import OutputStage
 from ..quant import mac_profile
 from .base import Kernel, WeightMemo
 from .float_form import FloatForm, pad_spatial, real, tap
@@ -60,7 +60,7 @@ class DepthwiseConv2D(SlidingWindow, Kernel):
         self.variant = (backends or backend.select()).depthwise_variant()
         x, w, y = self.inputs[0], self.inputs[1], self.outputs[0]
         self.int16: Stage16 | None = None
-        self.wide: wide.WideStage | None = None  # a filter with a zero point (engines/wide.py)
+        self.wide: wide.WideStage | None = None  # a filter with a zero point (kernels/wide.py)
         if not is_int16(x):
             self.require_int8(x, w, y)
         self.require_constant(w, "filter")
@@ -91,7 +91,7 @@ class DepthwiseConv2D(SlidingWindow, Kernel):
                 f"[N, {self.out_h}, {self.out_w}, {self.out_channels}]"
             )
         self.unpadded_shape = None  # see fuse_pad
-        if is_int16(x):  # 16x8: int16 activations, int8 weights (engines/int16.py)
+        if is_int16(x):  # 16x8: int16 activations, int8 weights (kernels/int16.py)
             activation = o.get("fused_activation_function", "NONE")
             self.int16 = Stage16.prepare(self, x, w, bias, y, self.out_channels, activation)
             return
@@ -99,7 +99,7 @@ class DepthwiseConv2D(SlidingWindow, Kernel):
             x, w, y, self.out_channels, o.get("fused_activation_function", "NONE"), self.profile
         )
         self.memo = WeightMemo()
-        if wide.is_wide(w, y):  # a uint8 model's asymmetric filter (npusim/uint8.py)
+        if wide.is_wide(w, y):  # a uint8 model's asymmetric filter (npusim/runtime/uint8.py)
             activation = o.get("fused_activation_function", "NONE")
             args = (self.out_channels, activation, self.profile, mac_profile(self.profile))
             self.wide = wide.prepare(self.error, x, w, y, *args)

@@ -2,7 +2,7 @@
 
 The input is flattened to [N, K] per image; per-tensor or per-channel weight scales. Weights may
 carry a leading group axis [G, O, K] (bias [G, O]) as in conv.py. Eval is a 1x1 convolution of one
-pixel per row on the MAC engine that the backend selection picks (engines/backend.py).
+pixel per row on the MAC engine that the backend selection picks (kernels/backend.py).
 
 Weights that are an activation (an attention's product of two activations written as an
 FULLY_CONNECTED, as in YOLO11's attention blocks) run TFLM's reference kernel, which takes the
@@ -16,11 +16,11 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
-from ..engines import backend, wide
-from ..engines.geometry import ConvGeometry
-from ..engines.int16 import Stage16, is_int16
-from ..engines.requant import OutputStage, requantization_multiplier
-from ..jit import parallel_kernel
+from ..kernels import backend, wide
+from ..kernels.geometry import ConvGeometry
+from ..kernels.int16 import Stage16, is_int16
+from ..kernels.jit import parallel_kernel
+from ..kernels.requant import OutputStage, requantization_multiplier
 from ..quant import activation_range, mac_profile, requantize_to_output
 from .base import Kernel, WeightMemo
 from .float_form import FloatForm, real
@@ -94,7 +94,7 @@ class FullyConnected(Kernel):
         x, w, y = self.inputs[0], self.inputs[1], self.outputs[0]
         self.int16: Stage16 | None = None
         self.dynamic: ActivationWeights | None = None
-        self.wide: wide.WideStage | None = None  # asymmetric filter or int32 output (engines/wide.py)
+        self.wide: wide.WideStage | None = None  # asymmetric filter or int32 output (kernels/wide.py)
         if not is_int16(x):
             self.require_int8(*((x, w) if w.data is not None and wide.is_wide(w, y) else (x, w, y)))
         if w.data is None and not is_int16(x):
@@ -131,7 +131,7 @@ class FullyConnected(Kernel):
             )
         self.out_shape = tuple(y.shape[1:])
         self.geometry = ConvGeometry.dense(self.depth)
-        if is_int16(x):  # 16x8: int16 activations, int8 weights (engines/int16.py)
+        if is_int16(x):  # 16x8: int16 activations, int8 weights (kernels/int16.py)
             activation = op.options.get("fused_activation_function", "NONE")
             self.int16 = Stage16.prepare(self, x, w, bias, y, self.out_channels, activation)
             return

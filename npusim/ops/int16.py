@@ -2,7 +2,7 @@
 (symmetric, zero point 0), as the PyPI TFLM computes them (reference_integer_ops add.h, mul.h,
 logistic.h; sub.cc; reference_ops::SoftmaxInt16). Plain numpy on int64: exactness, not speed, is the
 aim; each op's module picks this path at Prepare by its input's type. The MAC ops' 16x8 paths and
-the checks every 16x8 op shares are in engines/int16.py.
+the checks every 16x8 op shares are in kernels/int16.py.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import functools
 
 import numpy as np
 
-from ..engines.int16 import INT16_MAX, INT16_MIN, mbqm, require_int16
 from ..graph import Tensor
+from ..kernels.int16 import INT16_MAX, INT16_MIN, mbqm, require_int16
 from ..quant import quantize_multiplier, round_half_away, wrap16, wrap32
 from .pairwise import LEFT_SHIFT_16
 

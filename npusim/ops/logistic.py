@@ -17,12 +17,11 @@ import math
 
 import numpy as np
 
-from ..engines.int16 import is_int16
-from ..jit import njit, renamed
-from ..profiles import profile_of
+from ..kernels.int16 import is_int16
+from ..kernels.jit import njit, renamed
+from ..profiles import onnxruntime as ort
+from ..profiles import profile_of, xnnpack
 from ..quant import INT32_MAX, multiply_by_quantized_multiplier, rounding_divide_by_pot
-from . import onnxruntime as ort
-from . import xnnpack
 from .float_form import Unary
 from .int16 import logistic16, logistic16_params
 from .softmax import calculate_input_radius, exp_on_negative_values, one_over_one_plus_x_for_x_in_0_1

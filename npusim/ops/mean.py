@@ -19,11 +19,10 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
-from ..engines.requant import requantization_multiplier
-from ..jit import parallel_kernel
-from ..profiles import profile_of
+from ..kernels.jit import parallel_kernel
+from ..kernels.requant import requantization_multiplier
+from ..profiles import profile_of, xnnpack
 from ..quant import clamp, multiply_by_quantized_multiplier
-from . import xnnpack
 from .base import Kernel
 from .float_form import FloatForm, real
 

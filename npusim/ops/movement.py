@@ -13,9 +13,9 @@ import math
 import numba as nb
 import numpy as np
 
-from ..engines import aligned
-from ..engines.padding import pad_input
-from ..jit import parallel_kernel
+from ..kernels import aligned
+from ..kernels.jit import parallel_kernel
+from ..kernels.padding import pad_input
 from .base import Kernel
 from .float_form import Movement, MovementForm
 

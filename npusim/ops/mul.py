@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..engines.int16 import is_int16, range16
-from ..engines.pair_tables import mul_table
-from ..engines.requant import output_range, requantization_multiplier
+from ..kernels.int16 import is_int16, range16
+from ..kernels.pair_tables import mul_table
+from ..kernels.requant import output_range, requantization_multiplier
+from ..profiles import onnxruntime as ort
 from ..profiles import profile_of
+from ..profiles import xnnpack as xnn
 from ..quant import TFLM
-from . import onnxruntime as ort
-from . import xnnpack as xnn
 from .float_form import Elementwise
 from .int16 import mul16
 from .pairwise import BinaryKernel, every_pair

@@ -12,11 +12,11 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
-from ..engines import aligned
-from ..engines.int16 import is_int16, range16, require_int16, require_tflm
-from ..engines.pair_tables import LEFT_SHIFT
-from ..engines.requant import output_range, requantization_multiplier
-from ..jit import parallel_kernel
+from ..kernels import aligned
+from ..kernels.int16 import is_int16, range16, require_int16, require_tflm
+from ..kernels.jit import parallel_kernel
+from ..kernels.pair_tables import LEFT_SHIFT
+from ..kernels.requant import output_range, requantization_multiplier
 from .base import Kernel, broadcast_crossing
 
 # ADD and SUB bring both inputs to twice the larger scale with this many bits of headroom (TFLM

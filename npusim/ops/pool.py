@@ -11,11 +11,11 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
-from ..engines.geometry import ConvGeometry
-from ..engines.padding import compute_padding
-from ..engines.requant import output_range
 from ..errors import NpusimError
-from ..jit import njit, parallel_kernel
+from ..kernels.geometry import ConvGeometry
+from ..kernels.jit import njit, parallel_kernel
+from ..kernels.padding import compute_padding
+from ..kernels.requant import output_range
 from ..quant import clamp
 from .base import Kernel
 from .float_form import FloatForm, pad_spatial, real, tap
@@ -32,7 +32,7 @@ def window(out_index, stride, pad, k, size):
 @parallel_kernel
 def average_pool(x, kh, kw, sh, sw, pad_h, pad_w, lo, hi, offset, out):
     """x [N, H, W, C] int8 -> out [N, OH, OW, C] int8. offset 128: a uint8 model's codes shifted to
-    int8 (npusim/uint8.py), averaged as LiteRT's uint8 kernel does, (sum + count / 2) / count of the
+    int8 (npusim/runtime/uint8.py), averaged as LiteRT's uint8 kernel does, (sum + count / 2) / count of the
     uint8 codes, half up where the int8 kernel rounds half away from zero."""
     n, in_h, in_w, depth = x.shape
     _, out_h, out_w, _ = out.shape
@@ -168,7 +168,7 @@ class _Pool2D(Kernel):
             raise self.error(str(e)) from None
         self.depth = depth
         self.in_hw = (in_h, in_w)
-        # a legacy uint8 model (npusim/uint8.py shifts it, only under a profile with Profile.uint8):
+        # a legacy uint8 model (npusim/runtime/uint8.py shifts it, only under a profile with Profile.uint8):
         # LiteRT's uint8 average rounds the uint8 codes, so the shift is undone around it
         self.code_offset = int(inp.quant.offset)
         expected = (self.out_h, self.out_w, depth)

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..engines.pair_tables import prelu_table
-from ..engines.requant import requantization_multiplier
+from ..kernels.pair_tables import prelu_table
+from ..kernels.requant import requantization_multiplier
 from ..profiles import DOUBLE_ROUNDING, profile_of
 from .float_form import Elementwise
 from .pairwise import BinaryKernel, every_pair

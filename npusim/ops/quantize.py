@@ -14,14 +14,14 @@ import math
 import numba as nb
 import numpy as np
 
-from ..engines.lookup import lookup
-from ..engines.requant import requantization_multiplier
 from ..errors import NpusimError
-from ..jit import parallel_kernel
+from ..kernels.jit import parallel_kernel
+from ..kernels.lookup import lookup
+from ..kernels.requant import requantization_multiplier
+from ..profiles import onnxruntime as ort
 from ..profiles import profile_of
+from ..profiles import xnnpack as xnn
 from ..quant import clamp, mbqm_array
-from . import onnxruntime as ort
-from . import xnnpack as xnn
 from .base import Kernel
 from .float_form import Identity
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..engines.requant import requantization_multiplier
+from ..kernels.requant import requantization_multiplier
 from .mean import Mean, MeanFloat
 
 

@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..profiles import SINGLE_ROUNDING, profile_of
+from ..profiles import SINGLE_ROUNDING, profile_of, xnnpack
 from ..quant import trunc_div
-from . import xnnpack
 from .base import Kernel
 from .float_form import FloatForm, MovementForm, real
 from .movement import _same_dtype

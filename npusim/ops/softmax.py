@@ -23,9 +23,9 @@ import numba as nb
 import numpy as np
 from numba.cpython.unsafe.numbers import leading_zeros
 
-from ..engines.int16 import is_int16, require_tflm
-from ..jit import njit, parallel_kernel
-from ..profiles import profile_of
+from ..kernels.int16 import is_int16, require_tflm
+from ..kernels.jit import njit, parallel_kernel
+from ..profiles import profile_of, xnnpack
 from ..quant import (
     INT32_MAX,
     INT32_MIN,
@@ -34,7 +34,6 @@ from ..quant import (
     saturating_rounding_doubling_high_mul,
     wrap32_jit,
 )
-from . import xnnpack
 from .base import Kernel
 from .float_form import FloatForm, real
 from .int16 import softmax16, softmax16_params

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..engines.pair_tables import sub_table
+from ..kernels.pair_tables import sub_table
 from ..profiles import profile_of
-from . import xnnpack as xnn
+from ..profiles import xnnpack as xnn
 from .float_form import Elementwise
 from .int16 import sub16
 from .pairwise import BinaryKernel, every_pair

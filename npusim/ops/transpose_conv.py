@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..engines import aligned, backend, gemm
-from ..engines.geometry import ConvGeometry
-from ..engines.requant import OutputStage
+from ..kernels import aligned, backend, gemm
+from ..kernels.geometry import ConvGeometry
+from ..kernels.requant import OutputStage
 from ..profiles import profile_of
 from ..quant import TFLM, mac_profile
 from .base import Kernel, WeightMemo

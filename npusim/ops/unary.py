@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..engines.int16 import is_int16, require_int16, require_tflm
-from ..engines.lookup import lookup
+from ..kernels.int16 import is_int16, require_int16, require_tflm
+from ..kernels.lookup import lookup
 from .base import Kernel
 
 

@@ -498,7 +498,7 @@ def two_head_model(seed: int = 7) -> bytes:
 
 
 def silu_chain_model(shape, variant: str = "silu", seed: int = 0) -> bytes:
-    """Elementwise chains over one activation, as YOLO's SiLU is (npusim/chains.py): a 1x1 CONV_2D
+    """Elementwise chains over one activation, as YOLO's SiLU is (npusim/runtime/chains.py): a 1x1 CONV_2D
     gives x, then by variant
     - "silu": LOGISTIC(x) -> s, MUL(x, s); "swapped": MUL(s, x);
     - "long": SiLU, then ADD of a scalar constant, then TANH (a chain of four);

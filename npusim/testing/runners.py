@@ -137,7 +137,7 @@ _BACKEND = contextvars.ContextVar("npusim_backend", default="auto")
 
 @contextlib.contextmanager
 def on_backend(name: str):
-    """run_npusim within the block uses the MAC backend `name` (npusim/engines/backend.py) unless told
+    """run_npusim within the block uses the MAC backend `name` (npusim/kernels/backend.py) unless told
     otherwise. A context rather than an argument so that a test's body, from which Hypothesis
     derives its derandomized examples, stays the same whichever backend it runs on."""
     token = _BACKEND.set(name)

@@ -1,0 +1,5 @@
+"""`python -m experiments.bench`."""
+
+from .main import main
+
+raise SystemExit(main())

@@ -1,0 +1,5 @@
+"""`python -m experiments.study`."""
+
+from .main import main
+
+raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""The measurements behind the docs' tables, one module each (python -m experiments.tables.NAME)."""

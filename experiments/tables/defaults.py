@@ -1,0 +1,335 @@
+"""`zo train` with its defaults on models and data sets it was not tuned on: how much of the
+back-propagation bound's gain over their common start does the forward-only trainer reach?
+
+    python -m experiments.tables.defaults [--shared DIR] [--budget 20000] [--seeds 0] [--workers 2]
+
+One row per (model, data set, trainable set). Each row trains exactly what
+`zo train --model M --data D --trainable T --new-head --budget B --seed S --out DIR` trains (every
+other option at its default), and beside it the back-propagation bound: the same layers from the
+same initialized start (the ridge-fitted fresh head, as the trainer starts), on the same training
+images (the held-out tenth aside), trained in float with exact gradients (10 epochs of Adam, its own
+lr) and written back to int8 with the scales fixed.
+share = (trainer - start) / (bound - start); goal: share >= 0.5 and the trainer never more than 0.5
+points below its start.
+A row is stored as JSON under --runs when done, so an interrupted table resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from zo.backprop import BOUND_LRS, bound_with_own_lr
+
+from ..study.main import ONE_THREAD, one_thread_worker
+
+ROOT = Path(__file__).resolve().parents[2]
+GOAL = 0.5  # share of the bound's gain over the start that a row should reach
+WORST_LOSS = 0.005  # no row may end more than this below its start (0.5 points)
+
+
+@dataclass(frozen=True)
+class Row:
+    model: str  # name in MODELS
+    data: str  # file under shared/data
+    trainable: str
+
+    @property
+    def key(self) -> str:
+        return f"{self.model}-{Path(self.data).stem}-{self.trainable.replace(':', '')}"
+
+
+MODELS = {
+    "resnet8": "models/resnet8_cifar10_int8.tflite",
+    "mobilenetv2-0.35": "models/mobilenet_v2_0.35_128_flowers_int8.tflite",
+    "reid-mobilenetv2": "models/stm32n6/mobilenetv2_a100_256_128_fft_int8.tflite",
+}
+# EuroSAT at the resolution nearest the model's input (each image is resized to the input anyway).
+DATA = {
+    "resnet8": ("eurosat32_subset.npz", "cifar10_subset.npz"),
+    "mobilenetv2-0.35": ("eurosat64_subset.npz", "cifar10_subset.npz"),
+    "reid-mobilenetv2": ("eurosat64_subset.npz", "cifar10_subset.npz"),
+}
+ROWS = tuple(Row(m, d, t) for m in MODELS for d in DATA[m] for t in ("last:1", "last:3"))
+# The cells whose single-seed pilots chose the defaults (docs/zo.md); the others never informed them.
+PILOTS = {
+    "resnet8-eurosat32_subset-last1",
+    "resnet8-cifar10_subset-last1",
+    "resnet8-eurosat32_subset-last3",
+    "resnet8-cifar10_subset-last3",
+    "mobilenetv2-0.35-eurosat64_subset-last1",
+    "mobilenetv2-0.35-eurosat64_subset-last3",
+    "mobilenetv2-0.35-cifar10_subset-last1",
+    "mobilenetv2-0.35-cifar10_subset-last3",
+    "reid-mobilenetv2-eurosat64_subset-last1",
+}
+
+
+def train_config(row: Row, shared: Path, budget: int, seed: int):
+    from zo.trainer import TrainConfig
+
+    return TrainConfig(
+        model=str(shared / MODELS[row.model]),
+        data=str(shared / "data" / row.data),
+        trainable=row.trainable,
+        new_head=True,
+        budget=budget,
+        seed=seed,
+        checkpoint_every=10**9,
+    )
+
+
+def restricted_bounds(trainer, seed: int, full: float) -> dict:
+    """The bound with the layers below the head frozen (the head alone) and moved only along ZO's
+    subspace (zo.backprop.bound_with_own_lr); with no layer below the head, both are the full bound."""
+    if not trainer.blocks:
+        return {"frozen_accuracy": full, "subspace_accuracy": full}
+    return {
+        f"{below}_accuracy": bound_with_own_lr(trainer, seed, below)[1]["int8_test_accuracy"]
+        for below in ("frozen", "subspace")
+    }
+
+
+def store(done: Path, result: dict):
+    tmp = done.with_suffix(".tmp")
+    tmp.write_text(json.dumps(result, indent=1))
+    os.replace(tmp, done)
+
+
+def execute(row: Row, shared: str, runs: str, budget: int, seed: int) -> dict:
+    """Train one row (or return its stored result)."""
+    from npusim import tune_process
+    from zo.trainer import Trainer
+
+    tune_process()
+    shared = Path(shared)
+    done = Path(runs) / f"{row.key}-seed{seed}.json"
+    out = Path(runs) / f"{row.key}-seed{seed}"
+    if done.exists():
+        result = json.loads(done.read_text())
+        if "subspace_accuracy" not in result:  # stored before the restricted bounds: add them
+            start = out.with_name(out.name + "-bounds")
+            trainer = Trainer(train_config(row, shared, budget, seed), start, warn=lambda message: None)
+            result |= restricted_bounds(trainer, seed, result["bound_accuracy"])
+            shutil.rmtree(start, ignore_errors=True)
+            store(done, result)
+        return result
+    if out.exists():  # an interrupted run starts afresh
+        shutil.rmtree(out)
+    start = time.perf_counter()
+    warnings = []
+    trainer = Trainer(train_config(row, shared, budget, seed), out, warn=warnings.append)
+    setup = time.perf_counter() - start
+    # The bounds start where the trainer starts: the initialized head, the same training images.
+    bound_lr, bound = bound_with_own_lr(trainer, seed)
+    restricted = restricted_bounds(trainer, seed, bound["int8_test_accuracy"])
+    start_accuracy = trainer.test_accuracy()
+    zo_start = time.perf_counter()
+    summary = trainer.run()
+    chance = 1.0 / trainer.model.num_classes
+    result = {
+        "key": row.key,
+        "model": row.model,
+        "data": row.data,
+        "trainable": row.trainable,
+        "seed": seed,
+        "parameters": trainer.model.size,
+        "mapping": str(trainer.mapping),
+        "chance": chance,
+        "start_accuracy": start_accuracy,
+        "zo_accuracy": summary["test_accuracy"],
+        "bound_accuracy": bound["int8_test_accuracy"],
+        "bound_lr": bound_lr,
+        "bound_float_accuracy": bound["float_test_accuracy"],
+        **restricted,
+        "forward_passes": summary["forward_passes"],
+        "init_passes": trainer.init_passes,
+        "zo_seconds": time.perf_counter() - zo_start,
+        "setup_seconds": setup,
+        "bound_seconds": bound["seconds"],
+        "warnings": warnings,
+    }
+    result["fraction"] = share(result)
+    store(done, result)
+    return result
+
+
+def share(r: dict) -> float:
+    """The trainer's gain over its start as a share of the bound's (1.0 when the bound gains nothing
+    and the trainer loses nothing)."""
+    gain, bound_gain = r["zo_accuracy"] - r["start_accuracy"], r["bound_accuracy"] - r["start_accuracy"]
+    if bound_gain <= 0:  # nothing to gain by back-propagation either: no loss is the whole goal
+        return 1.0 if gain >= 0 else 0.0
+    return gain / bound_gain
+
+
+def goal_met(r: dict) -> bool:
+    return r["fraction"] >= GOAL and r["zo_accuracy"] >= r["start_accuracy"] - WORST_LOSS
+
+
+def row_minutes(rows: list[dict]) -> float:
+    return sum(r["setup_seconds"] + r["bound_seconds"] + r["zo_seconds"] for r in rows) / 60
+
+
+def mean_fraction(rows: list[dict]) -> float:
+    return float(np.mean([r["fraction"] for r in rows]))
+
+
+def write_table(results: list[dict], path: Path, command: str, budget: int, seeds: list[int]):
+    import platform
+
+    lines = [
+        "# `zo train` defaults across models, data sets and trainable sets",
+        "",
+        f"Generated by `{command}` on {time.strftime('%Y-%m-%d')} ({platform.machine()}, {os.cpu_count()} "
+        f"cores); the rows took {row_minutes(results):.1f} min of worker time (setup, bound and ZO "
+        "run summed; run on parallel workers, one thread each).",
+        f"Every row: `zo train --trainable T --new-head --budget {budget}` with every other option at its "
+        f"default, seed(s) {', '.join(map(str, seeds))}; accuracies in % on the test split. start: the "
+        "fresh head after `zo train`'s default initialization (`--head-init ridge`, its forward passes over "
+        "the training images charged to the budget). trainer: `zo train`'s result (the head's exact "
+        "gradient, ZO below it; the model kept on the held-out split, zo/keep.py). bound: the same layers "
+        "from the "
+        "same start and training images, trained by back-propagation (float, 10 epochs of Adam at the lr of "
+        f"{', '.join(map(str, BOUND_LRS))} best on the held-out split), written back to int8 with the "
+        "deployed scales. head alone: the bound with the layers below the head frozen; ZO's subspace: "
+        "with them moved only along what ZO perturbs (per-channel scalings and biases, zo/blocks.py), "
+        "the most ZO below the head could add. share = (trainer - start) / (bound - start); "
+        f"goal: share >= {GOAL} and the trainer at most {100 * WORST_LOSS:.1f} points below the start. "
+        "pilot: the cell was among the single-seed pilots the defaults were chosen on (docs/zo.md).",
+        "",
+        "| model | data | trainable | parameters | input mapping | pilot | start | trainer | bound "
+        "| head alone | ZO's subspace | share | goal |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        lines.append(
+            f"| {r['model']} | {Path(r['data']).stem} | `{r['trainable']}` | {r['parameters']:,} "
+            f"| {r['mapping']} | {'yes' if r['key'] in PILOTS else 'no'} | {100 * r['start_accuracy']:.1f} | "
+            f"{100 * r['zo_accuracy']:.1f} | {100 * r['bound_accuracy']:.1f} | "
+            f"{100 * r['frozen_accuracy']:.1f} | {100 * r['subspace_accuracy']:.1f} | {r['fraction']:.3f} | "
+            f"{'met' if goal_met(r) else 'missed'} |"
+        )
+    met = [r for r in results if goal_met(r)]
+    held_out = [r for r in results if r["key"] not in PILOTS]
+    lines += [
+        "",
+        f"Goal met in {len(met)} of {len(results)} rows; mean share {mean_fraction(results):.2f}"
+        + (
+            f", {mean_fraction(held_out):.2f} on the {len(held_out)} rows outside the pilots."
+            if held_out
+            else "."
+        ),
+    ]
+    warned = [r for r in results if r["warnings"]]
+    if warned:
+        lines += ["", "Warnings printed during the runs:"] + [
+            f"- {r['key']}: {w}" for r in warned for w in r["warnings"]
+        ]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + "\n")
+    keys = [
+        "key",
+        "model",
+        "data",
+        "trainable",
+        "seed",
+        "parameters",
+        "chance",
+        "start_accuracy",
+        "zo_accuracy",
+        "bound_accuracy",
+        "bound_float_accuracy",
+        "frozen_accuracy",
+        "subspace_accuracy",
+        "fraction",
+        "forward_passes",
+        "zo_seconds",
+        "bound_seconds",
+    ]
+    csv_lines = [",".join(keys)] + [",".join(str(r[k]) for k in keys) for r in results]
+    path.with_suffix(".csv").write_text("\n".join(csv_lines) + "\n")
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--shared", type=Path, default=ROOT.parent / "shared")
+    p.add_argument("--budget", type=int, default=20000, help="as zo train's default")
+    p.add_argument("--seeds", default="0", help="comma-separated seeds")
+    p.add_argument("--rows", default=None, help="comma-separated row keys (default: all)")
+    p.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    p.add_argument("--runs", type=Path, default=ROOT / "experiments" / "runs" / "defaults")
+    p.add_argument("--results", type=Path, default=ROOT / "experiments" / "results" / "defaults")
+    p.add_argument(
+        "--docs",
+        "--readme",
+        action="store_true",
+        help="also put the table into docs/zo.md (--readme: its former name)",
+    )
+    a = p.parse_args(argv)
+    if not (a.shared / "models").is_dir():
+        sys.exit(f"error: --shared {a.shared}: no models/ folder there, expected the shared data directory")
+    try:
+        seeds = [int(s) for s in a.seeds.split(",")]
+    except ValueError:
+        sys.exit(f"error: --seeds {a.seeds!r}: expected comma-separated integers")
+    rows = [r for r in ROWS if a.rows is None or r.key in a.rows.split(",")]
+    if not rows:
+        sys.exit(f"error: --rows {a.rows!r}: no such row, expected some of {', '.join(r.key for r in ROWS)}")
+    a.runs.mkdir(parents=True, exist_ok=True)
+    jobs = [(r, s) for r in rows for s in seeds]
+    # The deep rows take longest: first, so that the workers finish together.
+    jobs.sort(key=lambda j: (j[0].trainable == "last:1", j[0].model == "resnet8"))
+    results = {}
+    try:
+        if a.workers <= 1:
+            for r, s in jobs:
+                results[(r, s)] = execute(r, str(a.shared), str(a.runs), a.budget, s)
+                print(f"{r.key} seed {s}: fraction {results[(r, s)]['fraction']:.2f}", flush=True)
+        else:
+            import multiprocessing as mp
+            from concurrent.futures import ProcessPoolExecutor
+
+            os.environ.update(ONE_THREAD)  # inherited by the spawned workers before they load numpy
+            with ProcessPoolExecutor(
+                a.workers, mp_context=mp.get_context("spawn"), initializer=one_thread_worker
+            ) as pool:
+                futures = {
+                    pool.submit(execute, r, str(a.shared), str(a.runs), a.budget, s): (r, s) for r, s in jobs
+                }
+                for f in futures:
+                    results[futures[f]] = f.result()
+                    print(
+                        f"{futures[f][0].key} seed {futures[f][1]}: fraction "
+                        f"{results[futures[f]]['fraction']:.2f}",
+                        flush=True,
+                    )
+    except KeyboardInterrupt:
+        sys.exit("interrupted: finished rows are kept; run the same command again to resume")
+    ordered = [results[j] for j in sorted(results, key=lambda j: (ROWS.index(j[0]), j[1]))]
+    command = " ".join(
+        ["python -m experiments.tables.defaults"] + (argv if argv is not None else sys.argv[1:])
+    )
+    write_table(ordered, a.results / "table.md", command, a.budget, seeds)
+    print(f"table written to {a.results / 'table.md'}")
+    if a.docs:
+        from ..study.report import update_readme
+
+        update_readme(
+            ROOT / "docs" / "zo.md",
+            a.results / "table.md",
+            "<!-- defaults:begin -->",
+            "<!-- defaults:end -->",
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,9 +1,0 @@
-"""The MAC engines and what they share, apart from the operators that call them (npusim/ops/).
-
-An op module prepares plain data once (ConvGeometry from geometry.py, OutputStage from
-requant.py) and its Eval hands it to an engine: the AMX, VNNI, AVX2 and BLAS engines of CONV_2D and
-FULLY_CONNECTED behind one interface (backend.py), their shared direct-convolution micro-kernel
-(microkernel.py), the vector output stage (output_stage.py), 64-byte aligned buffers (aligned.py),
-the padded copy of activations (padding.py) and the 16x8 forms (int16.py). Nothing here imports
-npusim.ops: engines never depend on the operators.
-"""
