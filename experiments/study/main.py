@@ -589,7 +589,11 @@ def run_sweep(grid: Grid, a, runs_dir: Path):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m experiments.study",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--grid", choices=sorted(GRIDS), default="quick")
     p.add_argument("--shared", type=Path, default=DEFAULT_SHARED)
     p.add_argument(
