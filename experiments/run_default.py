@@ -2,9 +2,9 @@
 
 Equivalent to
     zo train --model SHARED/models/resnet8_cifar10_int8.tflite --data SHARED/data/eurosat32_subset.npz \
-             --trainable last:2 --budget 20000 --out runs/default
-(every other option at zo train's default): a fresh 10-class head fitted to the frozen int8 features
-takes its exact gradient forward-only, and ZO with QScheduler's q trains the convolution below it.
+             --budget 20000 --out runs/default
+(every option at zo train's default): a fresh 10-class head and the exact tail (the two convolutions
+that reach it through parameter-free ops only) take their exact gradients forward-only.
 A finished run directory is started afresh.
 """
 
@@ -42,8 +42,6 @@ def main(argv=None):
             str(model),
             "--data",
             str(data),
-            "--trainable",
-            "last:2",
             "--budget",
             str(a.budget),
             "--out",
