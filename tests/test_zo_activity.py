@@ -8,8 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from experiments.tables.activity_cosine import cosine, spsa_weights
-from zo.float_suffix import FloatSuffix
+from experiments.tables.activity_cosine import cosine_rows
 from zo.trainer import TrainConfig, Trainer
 
 from shared_paths import SHARED
@@ -21,24 +20,9 @@ EUROSAT32 = SHARED / "data" / "eurosat32_subset.npz"
 def cosines(t, steps, q):
     """Per activity layer: mean cosine with back-propagation of the activity estimate and of SPSA
     over the layer's weights, both at q directions (2q passes) per mini-batch."""
-    net = FloatSuffix(t.model, np.float64)
-    rng = np.random.default_rng(0)
-    act = {layer.name: [] for layer in t.activity.layers}
-    spsa = {layer.name: [] for layer in t.activity.layers}
-    for step in steps:
-        idx = t.batch_indices(step)
-        labels = t.data.y_train[idx]
-        values = {k: v[idx] for k, v in t.train_cache.items()}
-        t.model.interp.evaluate(values, t.model.suffix)
-        inputs = net.dequantize(t.train_cache, idx)
-        _, grads = net.loss_and_gradient(inputs, labels)
-        for layer in t.activity.layers:
-            w = layer.op.inputs[1]
-            ref = (grads[w] * np.broadcast_to(net.steps[w], grads[w].shape)).ravel()
-            g, _ = t.activity.gradient(values, layer, q, step, labels)
-            act[layer.name].append(cosine(g[: ref.size], ref))
-            spsa[layer.name].append(cosine(spsa_weights(net, inputs, labels, w, q, rng), ref))
-    return {k: float(np.mean(v)) for k, v in act.items()}, {k: float(np.mean(v)) for k, v in spsa.items()}
+    rows = cosine_rows(t, steps, qs=(q,), spsa_q=q)
+    mean = {k: {key: float(np.mean(v)) for key, v in r.items()} for k, r in rows.items()}
+    return {k: m[f"activity q={q}"] for k, m in mean.items()}, {k: m[f"spsa q={q}"] for k, m in mean.items()}
 
 
 def test_activity_cosine_is_well_above_weight_spsa_on_resnet8(tmp_path):
@@ -67,12 +51,9 @@ def test_signal_fraction_is_checkpointed_and_a_resume_is_bit_for_bit(tmp_path):
     the checkpoint, and an interrupted run resumed ends with the uninterrupted run's model."""
     from test_zo import assert_resumes_bit_for_bit
 
-    from zo_fixtures import color_dataset, tiny_classifier
+    from zo_fixtures import deep_classifier
 
-    model = tmp_path / "deep.tflite"
-    model.write_bytes(tiny_classifier(convs=2))
-    data = tmp_path / "colors.npz"
-    np.savez(data, **color_dataset())
+    model, data = deep_classifier(tmp_path)
 
     def trainer(out):
         config = TrainConfig(

@@ -14,17 +14,13 @@ import zo.cli
 from zo.keep import KEEP_Z, held_out_rows, paired_lead
 from zo.trainer import TrainConfig, Trainer
 
+from zo_fixtures import deep_classifier
+
 
 @pytest.fixture
 def deep(tmp_path):
     """The tiny classifier with two 1x1 convs: the upper one is the exact tail, the lower one below it."""
-    from zo_fixtures import color_dataset, tiny_classifier
-
-    model = tmp_path / "deep.tflite"
-    model.write_bytes(tiny_classifier(convs=2))
-    data = tmp_path / "colors.npz"
-    np.savez(data, **color_dataset())
-    return model, data
+    return deep_classifier(tmp_path)
 
 
 def train(model, data, out, *extra):

@@ -13,7 +13,7 @@ from zo.tail import find_tail_ops
 from zo.trainer import TrainConfig, Trainer
 
 from shared_paths import SHARED
-from zo_fixtures import color_dataset, tiny_classifier
+from zo_fixtures import deep_classifier
 
 RESNET8 = SHARED / "models" / "resnet8_cifar10_int8.tflite"
 EUROSAT32 = SHARED / "data" / "eurosat32_subset.npz"
@@ -22,11 +22,7 @@ EUROSAT32 = SHARED / "data" / "eurosat32_subset.npz"
 @pytest.fixture
 def deep(tmp_path):
     """The tiny classifier with two 1x1 convs: the upper one is the tail, the lower one below it."""
-    model = tmp_path / "deep.tflite"
-    model.write_bytes(tiny_classifier(convs=2))
-    data = tmp_path / "colors.npz"
-    np.savez(data, **color_dataset())
-    return model, data
+    return deep_classifier(tmp_path)
 
 
 def trainer(model, data, tmp_path, **kw):

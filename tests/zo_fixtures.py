@@ -158,3 +158,13 @@ def color_dataset(
         y_test=y_test,
         class_names=np.array([f"c{i}" for i in range(classes)]),
     )
+
+
+def deep_classifier(folder):
+    """(model path, data path): the tiny classifier with two 1x1 convs (the upper one the exact tail,
+    the lower one below it) and the colour data, written into folder."""
+    model = folder / "deep.tflite"
+    model.write_bytes(tiny_classifier(convs=2))
+    data = folder / "colors.npz"
+    np.savez(data, **color_dataset())
+    return model, data

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import tempfile
 import time
 from pathlib import Path
 
@@ -43,14 +44,13 @@ def spsa_weights(net, inputs, labels, tensor, q: int, rng) -> np.ndarray:
     return g / q
 
 
-def measure(t: Trainer, batches: int, qs=(1, 4)) -> dict:
-    """{layer: {"activity q=Q": mean cosine, "spsa q=1": ..., "norm ratio q=1": ...}} at t's state."""
-    t.calibrate_activity_eps()
+def cosine_rows(t: Trainer, steps, qs=(1, 4), spsa_q: int = 1) -> dict:
+    """{layer: {"activity q=Q": [cosine per mini-batch], "norm ratio q=Q": [...], "spsa q=S": [...]}}
+    at t's state: each activity layer's estimate and weight SPSA's against float back-propagation."""
     net = FloatSuffix(t.model, np.float64)
     rng = np.random.default_rng(0)
-    out = {layer.name: {"eps": layer.eps} for layer in t.activity.layers}
     rows = {layer.name: {} for layer in t.activity.layers}
-    for step in range(batches):
+    for step in steps:
         idx = t.batch_indices(step)
         labels = t.data.y_train[idx]
         values = {k: v[idx] for k, v in t.train_cache.items()}
@@ -66,8 +66,16 @@ def measure(t: Trainer, batches: int, qs=(1, 4)) -> dict:
                 g = g[: ref.size]
                 r.setdefault(f"activity q={q}", []).append(cosine(g, ref))
                 r.setdefault(f"norm ratio q={q}", []).append(float(np.linalg.norm(g) / np.linalg.norm(ref)))
-            r.setdefault("spsa q=1", []).append(cosine(spsa_weights(net, inputs, labels, w, 1, rng), ref))
-    for name, r in rows.items():
+            spsa = spsa_weights(net, inputs, labels, w, spsa_q, rng)
+            r.setdefault(f"spsa q={spsa_q}", []).append(cosine(spsa, ref))
+    return rows
+
+
+def measure(t: Trainer, batches: int, qs=(1, 4)) -> dict:
+    """{layer: {"eps": LSB, "activity q=Q": mean cosine, "spsa q=1": ..., "norm ratio q=Q": ...}}."""
+    t.calibrate_activity_eps()
+    out = {layer.name: {"eps": layer.eps} for layer in t.activity.layers}
+    for name, r in cosine_rows(t, range(batches), qs).items():
         out[name].update({k: float(np.mean(v)) for k, v in r.items()})
     return out
 
@@ -88,8 +96,8 @@ def main(argv=None):
         trainable=a.trainable, new_head=True, train_size=a.train_size, test_size=50,
         checkpoint_every=10**9, eps=a.eps,
     )  # fmt: skip
-    t = Trainer(config, Path("/tmp") / f"activity-cosine-{time.time_ns()}")
-    result = measure(t, a.batches)
+    with tempfile.TemporaryDirectory(prefix="activity-cosine-") as run:
+        result = measure(Trainer(config, Path(run) / "run"), a.batches)
     result["cpu_seconds"] = time.process_time() - start
     print(json.dumps(result, indent=1))
 
