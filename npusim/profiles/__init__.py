@@ -40,17 +40,17 @@ DOUBLE_ROUNDING, SINGLE_ROUNDING, FP32 = 0, 1, 2
 class Profile(int):
     """A rounding profile: its id, with its name and the fields of the module's docstring."""
 
-    def __new__(cls, pid: int, name: str, **fields):
+    def __new__(
+        cls, pid: int, name: str, *, stage=DOUBLE_ROUNDING, integer_stage=DOUBLE_ROUNDING,
+        bounds="round-away", xnnpack_delegate=False, ort_qlinear=False, kernels="builtin",
+        int16=False, uint8=False,
+    ):  # fmt: skip
+        # keyword-only fields: a misspelt one is a TypeError, never a silent default
         self = int.__new__(cls, pid)
         self.name = name
-        self.stage = fields.get("stage", DOUBLE_ROUNDING)
-        self.integer_stage = fields.get("integer_stage", DOUBLE_ROUNDING)
-        self.bounds = fields.get("bounds", "round-away")
-        self.xnnpack_delegate = fields.get("xnnpack_delegate", False)
-        self.ort_qlinear = fields.get("ort_qlinear", False)
-        self.kernels = fields.get("kernels", "builtin")
-        self.int16 = fields.get("int16", False)
-        self.uint8 = fields.get("uint8", False)
+        self.stage, self.integer_stage, self.bounds = stage, integer_stage, bounds
+        self.xnnpack_delegate, self.ort_qlinear, self.kernels = xnnpack_delegate, ort_qlinear, kernels
+        self.int16, self.uint8 = int16, uint8
         return self
 
     def fields(self) -> dict:
