@@ -240,36 +240,19 @@ def trainable_ops(interp, trainable: set) -> list:
     return [(pos, k) for pos, k in enumerate(interp.kernels) if trainable & set(k.op.inputs)]
 
 
-MAC_KINDS = frozenset({"CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED", "TRANSPOSE_CONV"})
+def exact_tail_positions(interp, ops: list, head_pos: int | None) -> set:
+    """Positions of the trainable MAC ops whose gradient the head's error gives exactly: the layers
+    zo/tail.py's walk finds (the trainer's own rule: only parameter-free ops between them and the
+    head), so that `zo cost` prices the step the trainer runs. No FULLY_CONNECTED head, no tail. The
+    head itself is not counted."""
+    if head_pos is None:
+        return set()
+    from .tail import find_tail_ops
 
-
-def exact_tail_positions(interp, ops: list, head_pos: int) -> set:
-    """Positions of the trainable MAC ops whose gradient the head's error gives exactly: no weighted
-    op but the head on any path from their output (only parameter-free ops: ADD, activations, pools,
-    MEAN, RESHAPE, CONCATENATION...). The head itself is not counted."""
-    consumers: dict = {}
-    for pos, k in enumerate(interp.kernels):
-        for t in k.op.inputs:
-            consumers.setdefault(t, []).append(pos)
-    tail = set()
-    for pos, _ in ops:
-        if pos == head_pos:
-            continue
-        seen, todo, exact = set(), [pos], True
-        while todo and exact:
-            at = todo.pop()
-            for t in interp.kernels[at].op.outputs:
-                for c in consumers.get(t, []):
-                    if c == head_pos or c in seen:
-                        continue
-                    if interp.kernels[c].op.kind in MAC_KINDS:
-                        exact = False
-                        break
-                    seen.add(c)
-                    todo.append(c)
-        if exact:
-            tail.add(pos)
-    return tail
+    position = {id(k.op): pos for pos, k in ops}
+    head = interp.kernels[head_pos].op
+    _, layers = find_tail_ops(interp.kernels[: head_pos + 1], head, lambda op: id(op) in position)
+    return {position[id(op)] for op in layers}
 
 
 def step_parts(
