@@ -1,97 +1,166 @@
 """npusim's Numba cache (npusim/kernels/jit.py): one directory per digest of the kernels' sources (the
-modules that compile kernels and what they import), so that an edit there (kernels inline code from
-other modules, which Numba's own check does not see) starts a fresh cache and an edit elsewhere (a
-command line, a test helper) recompiles nothing; a directory of other sources is pruned only when
-no process holds it and nobody used it for a day; a read-only package caches in the user's
-directory."""
+files of npusim/kernels/, where all compiled code lives), so that an edit there (kernels inline code
+from other modules, which Numba's own check does not see) starts a fresh cache and an edit elsewhere
+(graph.py, an operator, a command line, a test helper) recompiles nothing; a directory of other
+sources is pruned only when no process holds it and nobody used it for a day; a read-only package
+caches in the user's directory."""
 
 from __future__ import annotations
 
+import ast
 import json
 import os
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 
-import npusim.ops.activations
+import npusim.kernels.fixed_point
+import npusim.kernels.rounding
 import npusim.quant
 from npusim.kernels import jit
 
 
-def _package(root, files: dict):
-    pkg = root / "pkg"
-    for name, text in files.items():
-        (pkg / name).parent.mkdir(parents=True, exist_ok=True)
-        (pkg / name).write_text(text)
-    return pkg
-
-
-def test_digest_follows_the_kernel_sources_only(tmp_path):
-    """A module that compiles kernels (it imports jit.py) and what it imports, transitively, relative
-    or absolute, in a function or at the top, count; a module no kernel module imports does not."""
-    pkg = _package(
-        tmp_path,
-        {
-            "__init__.py": "",
-            "jit.py": "def njit(f): return f\n",
-            "kernels.py": "from .jit import njit\nfrom . import rounding\n",
-            "sub/__init__.py": "",
-            "sub/rounding.py": "y = 1\n",
-            "rounding.py": "def f():\n    from pkg.sub import rounding\n",
-            "cli.py": "from . import kernels\n",
-        },
-    )
-    digest = jit.digest_of
-    first = digest(pkg)
-    names = {str(p.relative_to(pkg)) for p in jit.kernel_sources(pkg)}
-    assert names == {"jit.py", "kernels.py", "rounding.py", "sub/rounding.py"}, names
-    (pkg / "cli.py").write_text("from . import kernels  # a new message\n")
-    jit.imports_of.cache_clear()
-    assert digest(pkg) == first  # the command line: nothing to recompile
-    (pkg / "sub" / "rounding.py").write_text("y = 2\n")  # an edit two imports away
-    jit.imports_of.cache_clear()
-    assert digest(pkg) != first
-
-
-def test_digest_memo_is_read_back_until_a_source_changes(tmp_path, monkeypatch):
-    """The digest is parsed once and read back from the package's __pycache__ while no source file
-    changes (path, size, modification time); any edit, a kernel source's or not, parses again."""
-    pkg = _package(
-        tmp_path,
-        {"__init__.py": "", "jit.py": "def njit(f): return f\n", "kernels.py": "from .jit import njit\n"},
-    )
-    parse = jit.digest_of
-    parsed = []
-    monkeypatch.setattr(jit, "digest_of", lambda p: parsed.append(p) or parse(p))
-    first = jit.memoized_digest(pkg)
-    assert parsed == [pkg] and (pkg / "__pycache__" / "npusim-sources.json").is_file()
-    assert jit.memoized_digest(pkg) == first and parsed == [pkg]  # read back, not parsed
-    (pkg / "kernels.py").write_text("from .jit import njit\nX = 1\n")
-    jit.imports_of.cache_clear()
-    second = jit.memoized_digest(pkg)
-    assert len(parsed) == 2 and second != first
-    (pkg / "cli.py").write_text("from . import kernels\n")  # no kernel source: parsed, same digest
-    assert jit.memoized_digest(pkg) == second and len(parsed) == 3
-
-
-def test_digest_memo_goes_to_the_user_cache_where_the_package_takes_none(tmp_path, monkeypatch):
-    pkg = _package(tmp_path, {"__init__.py": "", "jit.py": "", "kernels.py": "from .jit import njit\n"})
-    (pkg / "__pycache__").write_text("")  # a file, not a folder: nothing can be written under it
-    monkeypatch.setattr(jit, "user_cache_dir", lambda: tmp_path / "user")
-    digest = jit.memoized_digest(pkg)
-    memo = json.loads((tmp_path / "user" / "sources.json").read_text())
-    assert memo["digest"] == digest == jit.digest_of(pkg)
-    assert memo["stamp"] == jit.tree_stamp(pkg)
-
-
-def test_the_command_lines_and_oracles_are_no_kernel_sources():
+def test_the_kernel_sources_are_the_kernels_folder():
     names = {str(p.relative_to(jit.PACKAGE)) for p in jit.kernel_sources()}
-    assert {"quant.py", "kernels/output_stage.py", "ops/add.py", "kernels/depthwise.py"} <= names
-    assert (
-        not {"app/cli.py", "runtime/interpreter.py", "testing/oracle.py", "npu/cost.py", "registry.py"}
-        & names
-    )
+    expected = {str(p.relative_to(jit.PACKAGE)) for p in (jit.PACKAGE / "kernels").glob("*.py")}
+    assert names == expected and {"kernels/rounding.py", "kernels/output_stage.py"} <= names, names
+    assert jit.sources_digest() == jit.digest_of(jit.PACKAGE / "kernels")
+
+
+def _names_in_compiled_code(folder: Path) -> list[str]:
+    """The names imported from outside `folder` (npusim/kernels/) that compiled code can reach: the
+    bodies of the functions given to njit, parallel_kernel, intrinsic or renamed (decorated or
+    called), their LLVM code generation included, and everything of the folder that those refer to,
+    transitively (top-level functions, classes and constants, across the folder's modules).
+    Static (ast): nothing is imported."""
+    mods = {p.stem: ast.parse(p.read_text()) for p in sorted(folder.glob("*.py"))}
+    outside, inside, defs = {}, {}, {}
+    for m, tree in mods.items():
+        outside[m], inside[m], defs[m] = {}, {}, {}
+        for node in tree.body:
+            if isinstance(node, ast.ImportFrom):
+                for a in node.names:
+                    local = a.asname or a.name
+                    if node.level == 1:  # from .module import name, or from . import module
+                        inside[m][local] = (node.module, a.name) if node.module else (a.name, None)
+                    elif node.level > 1 or (node.module or "").startswith("npusim"):
+                        outside[m][local] = f"{'.' * node.level}{node.module or ''}:{a.name}"
+            elif isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+                defs[m][node.name] = node
+            elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+                for t in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                    defs[m].update((n.id, node) for n in ast.walk(t) if isinstance(n, ast.Name))
+
+    def named(node):
+        node = node.func if isinstance(node, ast.Call) else node
+        return node.attr if isinstance(node, ast.Attribute) else getattr(node, "id", None)
+
+    compilers = {"njit", "parallel_kernel", "intrinsic", "renamed", "ParallelKernel"}
+    todo = []
+    for m, tree in mods.items():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef) and any(named(d) in compilers for d in node.decorator_list):
+                todo.append((m, node.name))
+            if isinstance(node, ast.Call) and named(node.func) in compilers:
+                todo += [
+                    (m, a.id)
+                    for a in [*node.args, *(k.value for k in node.keywords)]
+                    if isinstance(a, ast.Name)
+                ]
+    seen, found = set(), set()
+    while todo:
+        m, name = todo.pop()
+        if (m, name) in seen:
+            continue
+        seen.add((m, name))
+        if name in outside[m]:
+            found.add(f"{m}.py: {outside[m][name]}")
+        elif name in inside[m] and inside[m][name][1] is not None:
+            todo.append(inside[m][name])
+        elif name in defs[m]:
+            for n in ast.walk(defs[m][name]):
+                if isinstance(n, ast.Name):
+                    todo.append((m, n.id))
+                elif isinstance(n, ast.Attribute) and getattr(n.value, "id", None) in inside[m]:
+                    module, attr = inside[m][n.value.id]
+                    if attr is None:  # module.attribute of a module of the folder
+                        todo.append((module, n.attr))
+    return sorted(found)
+
+
+def test_compiled_code_uses_nothing_from_outside_the_kernels_folder():
+    """Why the digest of kernels/ alone keys the cache: what kernels/ imports from elsewhere (errors,
+    graph, profiles, quant) serves the Python code that prepares parameters; no compiled body and
+    no LLVM code generation reaches it."""
+    assert _names_in_compiled_code(jit.PACKAGE / "kernels") == []
+
+
+def test_the_compiled_code_check_finds_an_outside_name(tmp_path):
+    files = {
+        "jit.py": "def njit(*a, **k):\n    return lambda f: f\n",
+        "a.py": "from ..quant import X\nfrom .jit import njit\nfrom .b import helper\n\n"
+        "@njit()\ndef f():\n    return helper()\n",
+        "b.py": "from ..quant import Y\nfrom ..graph import Tensor\n\nZ = Y + 1\n\n"
+        "def helper():\n    return Z\n\ndef prepare(t: Tensor):\n    return t\n",
+    }
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    assert _names_in_compiled_code(tmp_path) == ["b.py: ..quant:Y"]  # through helper and Z; not X, Tensor
+
+
+def _copy_of_the_package(root: Path) -> Path:
+    shutil.copytree(jit.PACKAGE, root / "npusim", ignore=shutil.ignore_patterns("__pycache__"))
+    return root / "npusim"
+
+
+CACHE_CHILD = """
+import json
+import numpy as np
+from npusim.kernels import jit
+from npusim.kernels.padding import pad_input
+x = np.arange(2 * 3 * 3 * 4, dtype=np.int8).reshape(2, 3, 3, 4)
+pad_input(x, 1, 1, np.int8(-5), np.int8(0), np.empty((2, 5, 5, 4), np.int8))
+stats = pad_input.serial.stats
+print(json.dumps({"hits": sum(stats.cache_hits.values()), "misses": sum(stats.cache_misses.values()),
+                  "digest": jit.sources_digest(), "file": jit.__file__}))
+"""
+
+
+def test_an_edit_outside_kernels_reuses_the_cache_and_one_inside_does_not(tmp_path):
+    """In a copy of the package: a process compiles a kernel; after edits of graph.py and an
+    operator (ops/add.py) the next process loads it from the cache, compiling nothing; after an
+    edit of a file of kernels/ (one the kernel does not even import) the next compiles it again."""
+    package = _copy_of_the_package(tmp_path / "copy")
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "cache"), PYTHONPATH=str(package.parent))
+
+    def run():
+        done = subprocess.run(
+            [sys.executable, "-c", CACHE_CHILD],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            cwd=tmp_path,
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        got = json.loads(done.stdout.strip().splitlines()[-1])
+        assert got["file"].startswith(str(package)), got  # the copy runs, not the original
+        return got
+
+    first = run()
+    assert first["misses"] >= 1 and first["digest"] == jit.sources_digest(), first
+    for name in ("graph.py", "ops/add.py"):
+        with open(package / name, "a") as f:
+            f.write("\nEDITED = True  # an edit outside kernels/\n")
+    outside = run()
+    assert outside["hits"] >= 1 and outside["misses"] == 0 and outside["digest"] == first["digest"], outside
+    with open(package / "kernels" / "lookup.py", "a") as f:
+        f.write("\n# an edit inside kernels/\n")
+    inside = run()
+    assert inside["misses"] >= 1 and inside["hits"] == 0 and inside["digest"] != first["digest"], inside
 
 
 def test_stale_directories_are_pruned_unless_held_or_recent(tmp_path):
@@ -127,10 +196,10 @@ def _cache_path(py_func) -> str:
 
 def test_cache_directory_is_keyed_by_the_digest(monkeypatch):
     monkeypatch.setattr(jit.config, "CACHE_DIR", "")
-    path = _cache_path(npusim.quant.requantize_one.py_func)
-    assert path == str(jit.PACKAGE / "__pycache__" / f"numba-{jit.sources_digest()}" / ".")
-    path = _cache_path(npusim.ops.activations.one_minus_x_over_one_plus_x_for_x_in_0_1.py_func)
-    assert path == str(jit.PACKAGE / "__pycache__" / f"numba-{jit.sources_digest()}" / "ops")
+    path = _cache_path(npusim.kernels.rounding.requantize_one.py_func)
+    assert path == str(jit.PACKAGE / "__pycache__" / f"numba-{jit.sources_digest()}" / "kernels")
+    path = _cache_path(npusim.kernels.fixed_point.one_minus_x_over_one_plus_x_for_x_in_0_1.py_func)
+    assert path == str(jit.PACKAGE / "__pycache__" / f"numba-{jit.sources_digest()}" / "kernels")
 
 
 def test_read_only_package_caches_in_the_user_directory(tmp_path, monkeypatch):
@@ -139,13 +208,15 @@ def test_read_only_package_caches_in_the_user_directory(tmp_path, monkeypatch):
     monkeypatch.setattr(jit.config, "CACHE_DIR", "")
     monkeypatch.setattr(jit._PackageLocator, "root", classmethod(lambda cls: tmp_path / "file" / "pycache"))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "user"))
-    path = _cache_path(npusim.quant.requantize_one.py_func)
+    path = _cache_path(npusim.kernels.rounding.requantize_one.py_func)
     assert path.startswith(str(tmp_path / "user" / "npusim" / f"numba-{jit.sources_digest()}"))
 
 
 def test_numba_cache_dir_takes_precedence(tmp_path, monkeypatch):
     monkeypatch.setattr(jit.config, "CACHE_DIR", str(tmp_path))
-    assert _cache_path(npusim.quant.requantize_one.py_func).startswith(str(tmp_path / "npusim" / "numba-"))
+    assert _cache_path(npusim.kernels.rounding.requantize_one.py_func).startswith(
+        str(tmp_path / "npusim" / "numba-")
+    )
 
 
 CHILD = """
@@ -276,7 +347,7 @@ import numba, numpy as np
 from npusim.kernels import jit
 from npusim import quant
 x = np.arange(-300, 300, dtype=np.int64) * 9973
-key, sig = "npusim.quant:mbqm_array", (numba.typeof(x), numba.int64, numba.int64)
+key, sig = "npusim.kernels.rounding:mbqm_array", (numba.typeof(x), numba.int64, numba.int64)
 if sys.argv[1] == "compile":
     quant.mbqm_array(x, 1518500250, -3)
     print(json.dumps([[k, str(s)] for k, s in jit.loaded_serial_kernels()]))
@@ -304,7 +375,7 @@ def test_a_serial_kernel_preloads_from_the_cache_and_never_compiles(tmp_path):
         assert done.returncode == 0, done.stderr
         return json.loads(done.stdout.splitlines()[-1])
 
-    assert any(k == "npusim.quant:mbqm_array" for k, _ in child("compile"))  # listed once loaded
+    assert any(k == "npusim.kernels.rounding:mbqm_array" for k, _ in child("compile"))  # listed once loaded
     got = child("preload")
     assert got["loaded"] and got["overloads"] == 1 and got["after_call"] == 1  # the call found it loaded
     assert got["other"] is False and got["misses"] == 0  # not compiled for the signature it lacked

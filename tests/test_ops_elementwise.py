@@ -147,7 +147,7 @@ def test_binary_every_input_pair(kind, params):
 )
 def test_every_input_pair_random_scales(kind, s1, ratio, out, z, activation):
     """Random scales over every pair catch a multiplier off by one LSB (float32 vs double Prepare),
-    and for ADD its input rescale's 32-bit form (ops/add.py shifted_high_mul) against TFLM's 64-bit
+    and for ADD its input rescale's 32-bit form (kernels/elementwise.shifted_high_mul) against TFLM's 64-bit
     SaturatingRoundingDoublingHighMul, for multipliers of every size."""
     s2 = float(np.float32(s1 * 10.0**ratio))
     so = float(np.float32(max(s1, s2) * 10.0**out))

@@ -162,7 +162,7 @@ def test_mul_every_pair_on_ties(r0, family):
 
 def test_add_rescale_32_bit_form_equals_tflm_high_mul():
     """ADD's input rescale computes SaturatingRoundingDoublingHighMul((x - z) << 20, m) in 32-bit
-    lanes (ops/add.py shifted_high_mul). Its low bits almost never reach an output (they sit 20 bits
+    lanes (kernels/elementwise.shifted_high_mul). Its low bits almost never reach an output (they sit 20 bits
     below it), so the every-pair tests above cannot see an error there: held here to TFLM's 64-bit
     formula (nudge 2^30 or 1 - 2^30, division by 2^31 truncating toward zero) for every difference
     x - z and multipliers of every residue of the 11 bits the 32-bit form splits off."""
@@ -171,7 +171,7 @@ def test_add_rescale_32_bit_form_equals_tflm_high_mul():
     from numba.core import cgutils
     from numba.extending import intrinsic
 
-    from npusim.ops.add import shifted_high_mul
+    from npusim.kernels.elementwise import shifted_high_mul
 
     @intrinsic
     def high_mul_lanes(typingctx, d_ptr, m_ptr, out_ptr, count):

@@ -480,7 +480,7 @@ def _fork_call(conn, listener) -> tuple | None:
         _serve_call(conn)
         import pickle
 
-        from ..ops.base import loaded_serial_kernels
+        from ..kernels.jit import loaded_serial_kernels
 
         imported = [m for m in sys.modules if m not in modules and not m.startswith("__")]
         report_of = pickle.dumps((imported, loaded_serial_kernels()))
@@ -508,7 +508,7 @@ def _learn(learned: int) -> None:
     import importlib
     import pickle
 
-    from ..ops.base import load_serial_kernel
+    from ..kernels.jit import load_serial_kernel
 
     data = b""
     try:

@@ -35,7 +35,7 @@ from . import aligned, host
 from .jit import ParallelKernel, njit, parallel_kernel, renamed
 from .microkernel import int64_intrinsic, packs_to_bytes, pmaddwd_add, prefetch_range, vpdpbusd
 from .output_stage import (
-    each_profile,
+    each_stage,
     lane_mask,
     load_bytes,
     load_parameters,
@@ -127,7 +127,7 @@ def _tap_quads_run(vnni: bool):
         def shuffle(u, v, indices):
             return builder.shuffle_vector(u, v, ir.Constant(ir.VectorType(i32, len(indices)), indices))
 
-        for pid in each_profile(builder, a.profile):
+        for kind in each_stage(builder, a.profile):
             with cgutils.for_range(builder, a.n_pixels) as pixel:
                 base = builder.mul(pixel.index, a.x_step)
                 for slot in acc_slots:
@@ -151,7 +151,7 @@ def _tap_quads_run(vnni: bool):
                         )
                         builder.store(multiply_add(builder.load(slot), xs, ws), slot)
                 ys = [
-                    vector_output_stage(builder, builder.load(slot), p, pid, a.zero_point, a.lo, a.hi)
+                    vector_output_stage(builder, builder.load(slot), p, kind, a.zero_point, a.lo, a.hi)
                     for slot, p in zip(acc_slots, channel_params)
                 ]
                 y = shuffle(
@@ -195,7 +195,7 @@ def _tap_pairs_run():
         taps = builder.inttoptr(a.taps_ptr, i64.as_pointer())
         acc_slots = [cgutils.alloca_once_value(builder, ir.Constant(acc_t, None)) for _ in range(2)]
 
-        def pixels(chunk, pid, left):
+        def pixels(chunk, kind, left):
             """The pixel loop over one chunk of 16 channels; left: None when all 16 are valid, else
             the count of valid ones (masked loads and stores)."""
             mask = None if left is None else lane_mask(builder, left, CHUNK)
@@ -231,7 +231,7 @@ def _tap_pairs_run():
                         builder.store(pmaddwd_add(builder, builder.load(slot), xs, ws), slot)
                 ys = [
                     vector_output_stage(
-                        builder, builder.load(slot), p, pid, a.zero_point, a.lo, a.hi, narrow=False
+                        builder, builder.load(slot), p, kind, a.zero_point, a.lo, a.hi, narrow=False
                     )
                     for slot, p in zip(acc_slots, chunk_params)
                 ]
@@ -245,16 +245,16 @@ def _tap_pairs_run():
                 else:
                     store_bytes(builder, y, dst, left)
 
-        for pid in each_profile(builder, a.profile):
+        for kind in each_stage(builder, a.profile):
             for chunk in range(LANES // CHUNK):
                 left = builder.sub(a.count, ir.Constant(i64, CHUNK * chunk))
                 with builder.if_then(builder.icmp_signed(">", left, ir.Constant(i64, 0))):
                     full = builder.icmp_signed(">=", left, ir.Constant(i64, CHUNK))
                     with builder.if_else(full) as (whole, part):
                         with whole:
-                            pixels(chunk, pid, None)
+                            pixels(chunk, kind, None)
                         with part:
-                            pixels(chunk, pid, left)
+                            pixels(chunk, kind, left)
 
     return run
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
-from ..quant import requantize_to_output
 from .jit import parallel_kernel
+from .rounding import requantize_to_output
 
 CHUNK = 1024
 TILE_BYTES = 4 << 20  # im2col slice size: a few MB stays in the last-level cache

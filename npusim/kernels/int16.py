@@ -20,8 +20,9 @@ import numpy as np
 
 from ..graph import Tensor
 from ..profiles import profile_of
-from ..quant import TFLM, activation_range, mbqm_array, multiply_by_quantized_multiplier_int64
+from ..quant import TFLM, activation_range, multiply_by_quantized_multiplier_int64
 from .requant import OutputStage
+from .rounding import mbqm_array
 
 INT16_MIN, INT16_MAX = -(2**15), 2**15 - 1
 # The int64 MultiplyByQuantizedMultiplier rounds at bit 15 - shift: a shift beyond 14 leaves no

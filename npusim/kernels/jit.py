@@ -2,14 +2,14 @@
 threads only when the work pays for them.
 
 The cache. Numba revalidates a cached function against its own file only, but kernels inline code
-from other modules (quant.py's rounding, the LLVM intrinsics of kernels/output_stage.py) and some
+from other modules (rounding.py's requantization, the LLVM intrinsics of output_stage.py) and some
 are compiled from templates bound to another module's objects (jit.renamed): after an edit or an
 upgrade there, a kernel would load stale machine code. So every kernel of the package is cached in
-a directory named by a digest of the kernel sources: every module that compiles kernels through
-this one and, transitively, every package module those import (kernel_sources; found by reading
-the imports, nothing is imported). An edit there starts a fresh directory; an edit elsewhere (the
-command lines, the interpreter, the STM32N6 view, the test oracles) recompiles nothing. The
-directory is npusim/__pycache__/numba-<digest>, or, where the package is read-only, <user
+a directory named by a digest of the kernel sources: the files of npusim/kernels/, where every
+compiled function and all it inlines live (kernel_sources). An edit there starts a fresh
+directory; an edit elsewhere (the operators, graph.py, the interpreter, the command lines, the
+STM32N6 view, the test oracles) recompiles nothing. The directory is
+npusim/__pycache__/numba-<digest>, or, where the package is read-only, <user
 cache>/npusim/numba-<digest>; NUMBA_CACHE_DIR, when set, takes the place of both. Only npusim's own
 functions use these locators (per dispatcher): the rest of the process keeps Numba's.
 
@@ -30,14 +30,11 @@ k, k threads.
 
 from __future__ import annotations
 
-import ast
 import contextlib
 import functools
 import hashlib
-import json
 import os
 import shutil
-import tempfile
 import threading
 import time
 import types
@@ -57,7 +54,8 @@ from numba.core.runtime import rtsys
 
 from . import host
 
-PACKAGE = Path(__file__).resolve().parents[1]  # npusim/: this module is npusim/kernels/jit.py
+KERNELS = Path(__file__).resolve().parent  # npusim/kernels/: the folder whose sources key the cache
+PACKAGE = KERNELS.parent  # npusim/
 # Work from which a parallel kernel runs threaded: elements of its largest array argument, or what
 # its own measure of work (ParallelKernel's `work`) counts in the same units.
 PARALLEL_MIN_WORK = 1 << 18
@@ -65,123 +63,30 @@ STALE_AFTER_S = 24 * 3600  # a cache directory of other sources, unused this lon
 _LOCK = ".in-use"  # each process holds a shared flock on this file of the directory it caches in
 
 
-def _module_file(package: Path, parts) -> Path | None:
-    """The source file of the package's module parts (a module or a package's __init__), or None."""
-    base = package.joinpath(*parts)
-    for p in (base.with_suffix(".py"), base / "__init__.py"):
-        if parts and p.is_file():
-            return p
-    return None
+def kernel_sources(folder: Path = KERNELS) -> list[Path]:
+    """The sources a compiled kernel can depend on: the Python files of npusim/kernels/, all of
+    them and nothing else. Every Numba and LLVM function of npusim is defined here (tests/test_layout.py
+    keeps them out of ops/), and what they inline or bind is here too: the rounding (rounding.py),
+    the output-stage kinds (stages.py), the LLVM helpers. The modules imported from outside the
+    folder (errors, graph, profiles, quant) serve the Python code that prepares parameters, never a
+    compiled body or the LLVM code generation (tests/test_numba_cache.py checks it), so editing
+    them, or the operators, the interpreter, the command lines, recompiles nothing."""
+    return sorted(p for p in folder.rglob("*.py") if "__pycache__" not in p.parts)
 
 
-@functools.cache
-def imports_of(path: Path, package: Path = PACKAGE) -> frozenset:
-    """The package's source files that the module at `path` imports, anywhere in its source (ast:
-    nothing is imported). `from package import module` names the module, not the package's __init__."""
-    rel = path.relative_to(package).with_suffix("").parts
-    here = rel[:-1]  # the module's package (for __init__.py: the package itself)
-    out = set()
-    for node in ast.walk(ast.parse(path.read_bytes(), str(path))):
-        if isinstance(node, ast.Import):
-            named = [a.name.split(".") for a in node.names]
-            candidates = [n[1:] for n in named if n[0] == package.name]
-        elif isinstance(node, ast.ImportFrom):
-            mod = (node.module or "").split(".") if node.module else []
-            if node.level:
-                base = list(here[: len(here) - node.level + 1]) + mod
-            elif mod and mod[0] == package.name:
-                base = mod[1:]
-            else:
-                continue
-            candidates = []
-            for a in node.names:
-                sub = _module_file(package, base + [a.name])
-                candidates.append(base + [a.name] if sub else base)
-        else:
-            continue
-        for parts in candidates:
-            f = _module_file(package, parts)
-            if f is not None and f != path:
-                out.add(f)
-    return frozenset(out)
-
-
-def kernel_sources(package: Path = PACKAGE) -> list[Path]:
-    """The sources a compiled kernel can depend on: every module that compiles kernels through
-    this one (it imports jit.py) and, transitively, every module of the package those import.
-    Modules no kernel module imports (the command lines, the interpreter, the STM32N6 view, the
-    test oracles) are not among them: editing them leaves the cache as it is."""
-    jit_file = package / "kernels" / "jit.py"
-    if not jit_file.is_file():  # a package laid out flat (the tests' small packages)
-        jit_file = package / "jit.py"
-    todo = [p for p in package.rglob("*.py") if jit_file in imports_of(p, package)] + [jit_file]
-    seen = set()
-    while todo:
-        p = todo.pop()
-        if p not in seen:
-            seen.add(p)
-            todo.extend(imports_of(p, package))
-    return sorted(seen)
-
-
-def digest_of(package: Path) -> str:
-    """A digest of the kernel sources of the package (names and contents)."""
+def digest_of(folder: Path = KERNELS) -> str:
+    """A digest of the kernel sources (names and contents). Reading and hashing the folder's files
+    takes about a millisecond: no memo, no parse."""
     h = hashlib.sha256()
-    for p in kernel_sources(package):
-        h.update(str(p.relative_to(package)).encode() + b"\0" + p.read_bytes() + b"\0")
+    for p in kernel_sources(folder):
+        h.update(str(p.relative_to(folder)).encode() + b"\0" + p.read_bytes() + b"\0")
     return h.hexdigest()[:20]
-
-
-def tree_stamp(package: Path = PACKAGE) -> str:
-    """A stamp of every source file of the package: its path, size and modification time (what
-    Python checks of a .pyc). Stat-ing them takes a millisecond where parsing them takes half a second."""
-    h = hashlib.sha256(str(package).encode() + b"\0")
-    for folder, dirs, files in sorted(os.walk(package)):
-        dirs[:] = [d for d in dirs if d != "__pycache__"]  # the caches: thousands of files, no sources
-        for name in sorted(f for f in files if f.endswith(".py")):
-            st = os.stat(os.path.join(folder, name))
-            h.update(f"{folder}/{name}\0{st.st_size}\0{st.st_mtime_ns}\0".encode())
-    return h.hexdigest()[:20]
-
-
-def _memo_files(package: Path) -> list[Path]:
-    return [package / "__pycache__" / "npusim-sources.json", user_cache_dir() / "sources.json"]
-
-
-def memoized_digest(package: Path = PACKAGE) -> str:
-    """digest_of(package), read back from the last process's memo when no source file has changed
-    since (tree_stamp): parsing the package for its imports is most of a one-shot run's start-up.
-    The memo is written where it can be (the package's __pycache__, else the user cache)."""
-    stamp = tree_stamp(package)
-    memos = _memo_files(package)
-    for memo in memos:
-        try:
-            data = json.loads(memo.read_text())
-        except (OSError, ValueError):
-            continue
-        if isinstance(data, dict) and data.get("stamp") == stamp and isinstance(data.get("digest"), str):
-            return data["digest"]
-    digest = digest_of(package)
-    for memo in memos:
-        try:
-            memo.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=memo.parent, prefix=".sources-")
-        except OSError:
-            continue
-        try:
-            with os.fdopen(fd, "w") as f:
-                json.dump({"stamp": stamp, "digest": digest}, f)
-            os.replace(tmp, memo)  # atomic: a concurrent reader sees the old memo or the new one
-            break
-        except OSError:
-            Path(tmp).unlink(missing_ok=True)
-    return digest
 
 
 @functools.cache
 def sources_digest() -> str:
     """The digest of npusim's kernel sources, taken once per process: what it compiled its kernels from."""
-    return memoized_digest(PACKAGE)
+    return digest_of(KERNELS)
 
 
 _held: dict = {}  # cache directory -> the descriptor of its lock file, held for the process's life

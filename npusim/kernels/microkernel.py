@@ -28,7 +28,7 @@ from numba.extending import intrinsic
 
 from . import aligned
 from .jit import ParallelKernel, njit, renamed
-from .output_stage import each_profile, load_parameters, vector_output_stage
+from .output_stage import each_stage, load_parameters, vector_output_stage
 
 MACS_PER_WORK = 8  # multiply-adds that count as one element of jit.PARALLEL_MIN_WORK (measured below)
 MR = 12  # output pixels per micro-kernel call, computed in tiles of tile_rows(isa, nr) pixels
@@ -261,7 +261,7 @@ def _tile(builder, isa: Isa, nr: int, broadcast, a, pixels: range):
     out = builder.inttoptr(a.out_ptr, i8p)
     if isa.pack is not None and nr == 2:  # both vectors of a pixel narrowed together
         pj = [load_parameters(builder, params, a.params_stride, j, lanes=isa.lanes) for j in range(nr)]
-        for pid in each_profile(builder, a.profile):
+        for kind in each_stage(builder, a.profile):
             for r in pixels:
                 with builder.if_then(builder.icmp_signed("<", ir.Constant(_I64, r), a.rows)):
                     ys = [
@@ -269,7 +269,7 @@ def _tile(builder, isa: Isa, nr: int, broadcast, a, pixels: range):
                             builder,
                             builder.load(accs[r][j]),
                             pj[j],
-                            pid,
+                            kind,
                             a.zero_point,
                             a.lo,
                             a.hi,
@@ -282,11 +282,11 @@ def _tile(builder, isa: Isa, nr: int, broadcast, a, pixels: range):
         return
     for j in range(nr):
         pj = load_parameters(builder, params, a.params_stride, j, lanes=isa.lanes)
-        for pid in each_profile(builder, a.profile):
+        for kind in each_stage(builder, a.profile):
             for r in pixels:
                 with builder.if_then(builder.icmp_signed("<", ir.Constant(_I64, r), a.rows)):
                     y = vector_output_stage(
-                        builder, builder.load(accs[r][j]), pj, pid, a.zero_point, a.lo, a.hi
+                        builder, builder.load(accs[r][j]), pj, kind, a.zero_point, a.lo, a.hi
                     )
                     first = ir.Constant(_I64, isa.lanes * j)
                     dst = builder.gep(

@@ -1,7 +1,7 @@
 """The output stage of the MAC ops as LLVM vector code: int32 accumulators to int8 outputs, 16 lanes
 (one ZMM register) or 8 (one YMM register, for the AVX2 kernels) per vector.
 
-The same integer steps as quant.requantize_to_output, for each rounding profile, written on
+The same integer steps as rounding.requantize_to_output, for each output stage, written on
 vectors so that they run in registers (Numba does not vectorize the scalar form inside the
 kernels' loops). The oracle tests hold it to TFLM and LiteRT, and to the scalar form. Only
 generic LLVM vector operations: it compiles for any x86 (AVX-512 gives the best code).
@@ -15,10 +15,10 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from ..profiles import DOUBLE_ROUNDING, FP32, SINGLE_ROUNDING
-from ..quant import INT32_MAX, INT32_MIN
-from ..quant import multiply_by_quantized_multiplier_array as requantize
 from . import aligned
+from .rounding import INT32_MAX, INT32_MIN
+from .rounding import multiply_by_quantized_multiplier_array as requantize
+from .stages import DOUBLE_ROUNDING, FP32, SINGLE_ROUNDING
 
 _I32, _I64 = ir.IntType(32), ir.IntType(64)
 _V16 = ir.VectorType(_I32, 16)
@@ -121,7 +121,7 @@ def tflm_checked(builder, x, params, exact):
 
 
 def single_multiply(builder, x, m, left, right):
-    """The single-rounding MultiplyByQuantizedMultiplier (quant.multiply_by_quantized_multiplier_single)
+    """The single-rounding MultiplyByQuantizedMultiplier (rounding.multiply_by_quantized_multiplier_single)
     on int32 lanes: (x * M + 2^(total - 1)) >> total, total = 31 - left + right, as int64 lanes."""
     i64v = ir.VectorType(_I64, x.type.count)
     total = builder.sext(builder.add(builder.sub(ir.Constant(x.type, 31), left), right), i64v)
@@ -130,9 +130,10 @@ def single_multiply(builder, x, m, left, right):
 
 
 def vector_output_stage(builder, acc, params, stage, zero_point, lo, hi, narrow=True):
-    """int32 accumulators -> int8 outputs (16 or 8 lanes): the vector form of quant.requantize_to_output for
-    one profile (the same integer steps; for tflm in the checked form of tflm_checked, which falls back
-    to them; tests hold both to TFLM and to each other). narrow=False
+    """int32 accumulators -> int8 outputs (16 or 8 lanes): the vector form of
+    rounding.requantize_to_output for one output stage (the same integer steps; for tflm in the
+    checked form of tflm_checked, which falls back to them; tests hold both to TFLM and to each
+    other). narrow=False
     leaves the outputs in int32 lanes (all within int8), for kernels that narrow them with packs.
 
     params: offset, multiplier, left shift, right shift (int32) and the xnnpack scale (float32),
@@ -197,13 +198,13 @@ def lane_mask(builder, count, lanes: int):
     return builder.bitcast(mask, ir.VectorType(ir.IntType(1), lanes))
 
 
-def each_profile(builder, profile):
-    """Yields each output-stage kind (profiles.py: DOUBLE_ROUNDING, SINGLE_ROUNDING, FP32, the ids of
-    tflm, single and xnnpack) inside the branch taken when `profile` (an i64) equals it: the code of
+def each_stage(builder, stage):
+    """Yields each output-stage kind (stages.py: DOUBLE_ROUNDING, SINGLE_ROUNDING, FP32) inside the
+    branch taken when `stage` (an i64, the kind a kernel was called with) equals it: the code of
     every kind is emitted, and a call runs one, decided once outside its loops."""
-    for pid in (DOUBLE_ROUNDING, SINGLE_ROUNDING, FP32):
-        with builder.if_then(builder.icmp_signed("==", profile, ir.Constant(_I64, pid))):
-            yield pid
+    for kind in (DOUBLE_ROUNDING, SINGLE_ROUNDING, FP32):
+        with builder.if_then(builder.icmp_signed("==", stage, ir.Constant(_I64, kind))):
+            yield kind
 
 
 def load_parameters(builder, params, stride, j, lanes: int = 16):
@@ -275,18 +276,18 @@ def store_first(builder, y, dst, count):
 
 @intrinsic
 def output_stage_row(
-    typingctx, acc_ptr, params_ptr, params_stride, out_ptr, count, profile, zero_point, lo, hi
+    typingctx, acc_ptr, params_ptr, params_stride, out_ptr, count, stage, zero_point, lo, hi
 ):
     """out[c] = output stage of acc[c] for c < count: int32 acc, int8 out, parameters as
     output_parameters lays them out (params_ptr at channel 0, params_stride bytes per row)."""
     sig = types.void(*([types.int64] * 9))
 
     def codegen(context, builder, signature, args):
-        acc_ptr, params_ptr, params_stride, out_ptr, count, profile, zero_point, lo, hi = args
+        acc_ptr, params_ptr, params_stride, out_ptr, count, stage, zero_point, lo, hi = args
         i8p = ir.IntType(8).as_pointer()
         acc, params, out = (builder.inttoptr(v, i8p) for v in (acc_ptr, params_ptr, out_ptr))
         vectors = builder.sdiv(builder.add(count, ir.Constant(_I64, 15)), ir.Constant(_I64, 16))
-        for pid in each_profile(builder, profile):
+        for kind in each_stage(builder, stage):
             with cgutils.for_range(builder, vectors) as loop:
                 v = loop.index
                 a = builder.load(
@@ -297,7 +298,7 @@ def output_stage_row(
                 )
                 p = builder.gep(params, [builder.mul(v, ir.Constant(_I64, 64))])
                 y = vector_output_stage(
-                    builder, a, load_parameters(builder, p, params_stride, 0), pid, zero_point, lo, hi
+                    builder, a, load_parameters(builder, p, params_stride, 0), kind, zero_point, lo, hi
                 )
                 first = builder.mul(v, ir.Constant(_I64, 16))
                 store_bytes(builder, y, builder.gep(out, [first]), builder.sub(count, first))
@@ -316,7 +317,7 @@ def output_stage_tile(
     out_stride,
     rows,
     count,
-    profile,
+    stage,
     zero_point,
     lo,
     hi,
@@ -327,7 +328,7 @@ def output_stage_tile(
     sig = types.void(*([types.int64] * 11))
 
     def codegen(context, builder, signature, args):
-        acc_ptr, params_ptr, params_stride, out_ptr, out_stride, rows, count, profile, zero_point, lo, hi = (
+        acc_ptr, params_ptr, params_stride, out_ptr, out_stride, rows, count, stage, zero_point, lo, hi = (
             args
         )
         i8p = ir.IntType(8).as_pointer()
@@ -349,14 +350,14 @@ def output_stage_tile(
             with two_rows:  # lanes 0-7: row r, 8-15: row r + 1 (a row past `rows` is computed, not stored)
                 pair_params = [lanes(p, list(range(8)) * 2) for p in channel_params]
                 pairs = builder.sdiv(builder.add(rows, ir.Constant(_I64, 1)), ir.Constant(_I64, 2))
-                for pid in each_profile(builder, profile):
+                for kind in each_stage(builder, stage):
                     with cgutils.for_range(builder, pairs) as loop:
                         r = builder.mul(loop.index, ir.Constant(_I64, 2))
                         r1 = builder.add(r, ir.Constant(_I64, 1))
                         a = builder.shuffle_vector(
                             row(r, v8), row(r1, v8), ir.Constant(_V16, list(range(16)))
                         )
-                        y = vector_output_stage(builder, a, pair_params, pid, zero_point, lo, hi)
+                        y = vector_output_stage(builder, a, pair_params, kind, zero_point, lo, hi)
                         store_bytes(
                             builder,
                             lanes(y, list(range(8))),
@@ -371,11 +372,11 @@ def output_stage_tile(
                                 count,
                             )
             with one_row:
-                for pid in each_profile(builder, profile):
+                for kind in each_stage(builder, stage):
                     with cgutils.for_range(builder, rows) as loop:
                         r = loop.index
                         y = vector_output_stage(
-                            builder, row(r, _V16), channel_params, pid, zero_point, lo, hi
+                            builder, row(r, _V16), channel_params, kind, zero_point, lo, hi
                         )
                         store_bytes(builder, y, builder.gep(out, [builder.mul(r, out_stride)]), count)
         return context.get_dummy_value()

@@ -1,21 +1,21 @@
 """The all-pairs tables of the binary elementwise ops that compute one in a loop: SUB's (TFLM's
-arithmetic), MUL's and PRELU's (each output stage's, quant.requantize_one). The operators
+arithmetic), MUL's and PRELU's (each output stage's, rounding.requantize_one). The operators
 (ops/sub.py, ops/mul.py, ops/prelu.py) prepare the parameters and look the table up
-(ops/pairwise.py); ADD's vector form is in ops/add.py."""
+(ops/pairwise.py); ADD's vector form is in elementwise.py."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from ..profiles import SINGLE_ROUNDING
-from ..quant import (
+from .jit import njit
+from .rounding import (
     clamp,
     multiply_by_quantized_multiplier,
     multiply_by_quantized_multiplier_single,
     requantize_one,
     requantize_to_output,
 )
-from .jit import njit
+from .stages import SINGLE_ROUNDING
 
 # The input shift of the 8-bit rescales (TFLM's left_shift = 20 in add.cc and sub.cc).
 LEFT_SHIFT = 20

@@ -9,9 +9,10 @@ import numpy as np
 
 from ..errors import NpusimError
 from ..graph import Tensor
-from ..profiles import DOUBLE_ROUNDING, profile_of
+from ..profiles import profile_of
 from ..quant import TFLM, activation_range, quantize_multiplier, quantize_multipliers
 from .output_stage import CHECKED_ROWS, checked_parameters
+from .stages import DOUBLE_ROUNDING
 
 # MultiplyByQuantizedMultiplier shifts left by `shift` and, with single rounding, right by 31 - shift
 # (TFLM saturates that shift at 30): a real multiplier of 2^30 or more has no defined result.

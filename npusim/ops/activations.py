@@ -30,30 +30,17 @@ import math
 
 import numpy as np
 
-from ..kernels.jit import njit
+from ..kernels.elementwise import leaky_relu_table
+from ..kernels.fixed_point import Q4_INTEGER_BITS as INPUT_INTEGER_BITS  # Q4.27 input to the tanh
+from ..kernels.fixed_point import fixed_point_tanh_q4, q4_activation_table
 from ..kernels.requant import requantization_multiplier
 from ..profiles import onnxruntime as ort
 from ..profiles import profile_of, xnnpack
-from ..quant import (
-    INT32_MAX,
-    TFLM,
-    quantize_multiplier,
-    requantize_one,
-    trunc_div,
-    wrap16,
-)
+from ..quant import INT32_MAX, TFLM, quantize_multiplier, trunc_div, wrap16
 from .float_form import Unary
-from .logistic import q4_activation_table
-from .softmax import (
-    _saturating_shift_left,
-    _wrap32,
-    calculate_input_radius,
-    exp_on_negative_values,
-    reciprocal_of_half_sum,
-)
+from .softmax import calculate_input_radius
 from .unary import UnaryTableKernel
 
-INPUT_INTEGER_BITS = 4  # Q4.27 input to the fixed-point tanh
 TANH_OUTPUT_SCALE_BITS = 7  # output scale 2^-7
 
 EVERY_CODE = np.arange(256, dtype=np.uint8).view(np.int8).astype(np.int64)  # index: the byte as uint8
@@ -62,24 +49,6 @@ EVERY_CODE = np.arange(256, dtype=np.uint8).view(np.int8).astype(np.int64)  # in
 # ----------------------------------------------------------------------------------------------
 # TANH
 # ----------------------------------------------------------------------------------------------
-
-
-@njit()
-def one_minus_x_over_one_plus_x_for_x_in_0_1(a):
-    """gemmlowp's (1 - x) / (1 + x) for x in [0, 1], Q0.31 raw in and out: 2 / (1 + x) - 1."""
-    one_q2 = np.int64(1) << 29
-    return _saturating_shift_left(_wrap32(reciprocal_of_half_sum(a) - one_q2), 2)  # Rescale<0>(x - F2::One())
-
-
-@njit()
-def fixed_point_tanh_q4(a):
-    """gemmlowp::tanh for FixedPoint<int32, 4> raw a; returns Q0.31 raw."""
-    if a == 0:
-        return np.int64(0)
-    n = a if a < 0 else -a
-    # neg_tanh_on_negative_values: exp of ExactMulByPot<1>(n), a Q5.26 value with n's raw bits.
-    t = one_minus_x_over_one_plus_x_for_x_in_0_1(exp_on_negative_values(n, INPUT_INTEGER_BITS + 1))
-    return -t if a < 0 else t
 
 
 class TanhFloat(Unary):
@@ -225,23 +194,6 @@ class HardSwish(UnaryTableKernel):
 # ----------------------------------------------------------------------------------------------
 
 
-@njit()
-def leaky_relu_table(x_zp, y_zp, m_id, s_id, r_id, m_alpha, s_alpha, r_alpha, profile):
-    table = np.empty(256, dtype=np.int8)
-    for code in range(256):
-        q = code - 256 if code >= 128 else code
-        v = np.int64(q) - x_zp
-        if v >= 0:
-            out = requantize_one(v, m_id, s_id, r_id, profile)
-        elif m_alpha < 0:  # a negative alpha: as the PyPI TFLM rounds it (module docstring)
-            out = -requantize_one(v, -m_alpha, s_alpha, -r_alpha, profile)
-        else:
-            out = requantize_one(v, m_alpha, s_alpha, r_alpha, profile)
-        out += y_zp
-        table[code] = max(-128, min(127, out))
-    return table
-
-
 class LeakyRelu(UnaryTableKernel):
     kind = "LEAKY_RELU"
     float_form = LeakyReluFloat
@@ -277,5 +229,5 @@ class LeakyRelu(UnaryTableKernel):
             i64(m_alpha),
             i64(s_alpha),
             real_alpha,
-            i64(profile),
+            i64(profile_of(profile).stage),
         )

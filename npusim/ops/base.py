@@ -7,10 +7,6 @@ import numpy as np
 from ..errors import NpusimError
 from ..graph import Graph, Op, Tensor
 
-# For the interpreter's warm-up and the resident server's preloads, which must not import jit.py
-# (jit.py: kernel sources).
-from ..kernels.jit import both_forms, load_serial_kernel, loaded_serial_kernels  # noqa: F401
-
 
 def broadcast_crossing(operands, y, core: int = 0) -> str | None:
     """Why an op whose operands broadcast to y (numpy rules over all axes but the last `core`, a

@@ -11,26 +11,17 @@ profile requantizes in float32 as XNNPACK does when LiteRT's delegate takes the 
 
 from __future__ import annotations
 
-import numba as nb
 import numpy as np
 
-from ..kernels.jit import parallel_kernel
+from ..kernels.elementwise import requantize_array
 from ..kernels.requant import requantization_multiplier
 from ..profiles import profile_of
-from ..quant import TFLM, requantize_to_output
+from ..quant import TFLM
 from .base import Kernel, broadcast_crossing
 from .float_form import FloatForm, real
 
 MAX_RANK = 5
 MAX_DEPTH = (2**31 - 1) // (255 * 255)  # no int32 accumulator overflow whatever the data
-
-
-@parallel_kernel
-def requantize_array(acc, m, shift, real_scale, profile, zero_point, out):
-    af, of = acc.reshape(-1), out.reshape(-1)
-    for i in nb.prange(af.size):
-        of[i] = requantize_to_output(np.int64(af[i]), m, shift, real_scale, profile, zero_point, -128, 127)
-    return out
 
 
 class BatchMatMulFloat(FloatForm):

@@ -13,25 +13,16 @@ so such a model runs image by image (crosses_batch).
 
 from __future__ import annotations
 
-import numba as nb
 import numpy as np
 
 from ..kernels import backend, wide
+from ..kernels.elementwise import requantize_rows
 from ..kernels.geometry import ConvGeometry
 from ..kernels.int16 import Stage16, is_int16
-from ..kernels.jit import parallel_kernel
 from ..kernels.requant import OutputStage, requantization_multiplier
-from ..quant import activation_range, mac_profile, requantize_to_output
+from ..quant import activation_range, mac_profile
 from .base import Kernel, WeightMemo
 from .float_form import FloatForm, real
-
-
-@parallel_kernel
-def requantize_rows(acc, m, shift, real_scale, profile, zero_point, lo, hi, out):
-    af, of = acc.reshape(-1), out.reshape(-1)
-    for i in nb.prange(af.size):
-        of[i] = requantize_to_output(np.int64(af[i]), m, shift, real_scale, profile, zero_point, lo, hi)
-    return out
 
 
 class ActivationWeights:

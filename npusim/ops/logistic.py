@@ -12,66 +12,21 @@ int16 path instead, an interpolation in a sigmoid table (int16.logistic16).
 
 from __future__ import annotations
 
-import functools
 import math
 
 import numpy as np
 
+from ..kernels.fixed_point import Q4_INTEGER_BITS as INPUT_INTEGER_BITS  # Q4.27 input
+from ..kernels.fixed_point import fixed_point_logistic_q4, q4_activation_table
 from ..kernels.int16 import is_int16
-from ..kernels.jit import njit, renamed
 from ..profiles import onnxruntime as ort
 from ..profiles import profile_of, xnnpack
-from ..quant import INT32_MAX, multiply_by_quantized_multiplier, rounding_divide_by_pot
 from .float_form import Unary
 from .int16 import logistic16, logistic16_params
-from .softmax import calculate_input_radius, exp_on_negative_values, one_over_one_plus_x_for_x_in_0_1
+from .softmax import calculate_input_radius
 from .unary import UnaryTableKernel
 
-INPUT_INTEGER_BITS = 4  # Q4.27 input to the fixed-point logistic
 OUTPUT_INTEGER_BITS = 8
-
-
-@njit()
-def fixed_point_logistic_q4(a):
-    """gemmlowp::logistic for FixedPoint<int32, 4> raw a; returns Q0.31 raw."""
-    if a == 0:
-        return np.int64(1 << 30)  # one half
-    abs_a = a if a > 0 else -a
-    result_if_positive = one_over_one_plus_x_for_x_in_0_1(exp_on_negative_values(-abs_a, INPUT_INTEGER_BITS))
-    if a > 0:
-        return result_if_positive
-    return np.int64(INT32_MAX) - result_if_positive  # ResultF::One() - result_if_positive
-
-
-def q4_activation_table(zero_point, radius, multiplier, left_shift, function, output_shift, output_offset):
-    """TFLM's int8 LOGISTIC or TANH on every input byte (index: the byte as uint8): -128 / 127 at or
-    beyond the input radius from the zero point, else the input rescaled to Q4.27, gemmlowp's
-    fixed-point function (Q0.31 out) and a rounding shift to the output. Runs once, at prepare, as
-    one compiled loop per function (256 calls from Python into the compiled helpers took 1.26 ms a
-    table, 73 ms of preparing YOLOv8n-256 with its 58 LOGISTICs; 0.02 ms now)."""
-    table = np.empty(256, dtype=np.int8)
-    loop = _table_loop(function)
-    return loop(zero_point, radius, multiplier, left_shift, output_shift, output_offset, table)
-
-
-@functools.cache
-def _table_loop(function):
-    """_activation_table compiled with FUNCTION bound to the fixed-point function (an njit one)."""
-    return njit(renamed(_activation_table, function.py_func.__name__, FUNCTION=function))
-
-
-def _activation_table(zero_point, radius, multiplier, left_shift, output_shift, output_offset, table):
-    """The template of q4_activation_table's loop, where the name FUNCTION stands for its function."""
-    for code in range(256):
-        x = np.int64(code - 256 if code >= 128 else code) - zero_point
-        if x <= -radius:
-            table[code] = -128
-        elif x >= radius:
-            table[code] = 127
-        else:
-            out_q0 = FUNCTION(np.int64(multiply_by_quantized_multiplier(x, multiplier, left_shift)))  # noqa: F821
-            table[code] = max(-128, min(127, rounding_divide_by_pot(out_q0, output_shift) + output_offset))
-    return table
 
 
 class LogisticFloat(Unary):

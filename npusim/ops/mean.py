@@ -16,42 +16,13 @@ outputs, they take the declared output shape (checked to hold as many elements p
 
 from __future__ import annotations
 
-import numba as nb
 import numpy as np
 
-from ..kernels.jit import parallel_kernel
+from ..kernels.reduce import mean_requantize, sum_middle_axis
 from ..kernels.requant import requantization_multiplier
 from ..profiles import profile_of, xnnpack
-from ..quant import clamp, multiply_by_quantized_multiplier
 from .base import Kernel
 from .float_form import FloatForm, real
-
-
-@parallel_kernel
-def sum_middle_axis(x, sums):
-    """sums[a, c] = sum over r of x[a, r, c] (exact: int64). The reduced axes of an NHWC mean are
-    contiguous, so the sum runs over the middle axis of this view; the inner loop over c vectorizes
-    (numpy's x.sum(axis, dtype=int64) casts every byte to int64 first: several times slower)."""
-    for a in nb.prange(x.shape[0]):
-        acc = np.zeros(x.shape[2], dtype=np.int64)
-        for r in range(x.shape[1]):
-            for c in range(x.shape[2]):
-                acc[c] += x[a, r, c]
-        sums[a] = acc
-    return sums
-
-
-@parallel_kernel
-def mean_requantize(sums, input_offset, multiplier, shift, output_zero_point, out):
-    """MultiplyByQuantizedMultiplier(int32(sum - zp_in * n), M', e') + zp_out, clamped to int8."""
-    flat = sums.ravel()
-    of = out.ravel()
-    for i in nb.prange(flat.size):
-        shifted = np.int64(np.int32(flat[i] - input_offset))  # static_cast<int32_t> in TFLM
-        of[i] = clamp(
-            multiply_by_quantized_multiplier(shifted, multiplier, shift) + output_zero_point, -128, 127
-        )
-    return out
 
 
 class MeanFloat(FloatForm):

@@ -8,13 +8,10 @@ Interpreter runs that model image by image (chunks of the declared batch), as TF
 
 from __future__ import annotations
 
-import math
-
-import numba as nb
 import numpy as np
 
 from ..kernels import aligned
-from ..kernels.jit import parallel_kernel
+from ..kernels.movement import concatenate, pad_last_axis
 from ..kernels.padding import pad_input
 from .base import Kernel
 from .float_form import Movement, MovementForm
@@ -122,20 +119,8 @@ class Pad(Kernel):
             fill, top, left = np.int8(self.value), int(p[1, 0]), int(p[2, 0])
             return pad_input(np.ascontiguousarray(x), top, left, fill, np.int8(0), out)
         if x.ndim and x.size and not p[:-1].any():  # the last axis alone (BlazeFace's channel pads)
-            return _pad_last_axis(x, int(p[-1, 0]), int(p[-1, 1]), self.value)
+            return pad_last_axis(x, int(p[-1, 0]), int(p[-1, 1]), self.value)
         return np.pad(x, [tuple(q) for q in p], constant_values=self.value)
-
-
-def _pad_last_axis(x, before: int, after: int, value) -> np.ndarray:
-    """np.pad of the last axis alone: the output filled with the value, then each row of x copied
-    into its columns by copy_columns, where numpy's pad of a few channels per pixel ran at about
-    1.5 GB/s (BlazeFace's 24 -> 28 channel pads at batch 8: 0.59 ms each)."""
-    out = aligned.empty((*x.shape[:-1], x.shape[-1] + before + after), x.dtype)
-    out.fill(value)
-    rows = math.prod(x.shape[:-1])
-    block = np.ascontiguousarray(x).reshape(rows, -1).view(np.uint8)
-    copy_columns(block, out.reshape(rows, -1).view(np.uint8), before * x.dtype.itemsize)
-    return out
 
 
 PadFloat.kernel_class = Pad
@@ -165,37 +150,6 @@ class Transpose(Kernel):
 
     def __call__(self, x, perm=None):
         return np.ascontiguousarray(x.transpose(self.perm))
-
-
-@parallel_kernel
-def copy_columns(x, out, first):
-    """out[r, first : first + width] = x[r] for the rows r of x [rows, width], bytes."""
-    rows, width = x.shape
-    for r in nb.prange(rows):
-        # Two slices indexed by the loop variable alone: one vector loop (see padding.pad_input).
-        dst, src = out[r, first : first + width], x[r]
-        for k in range(width):
-            dst[k] = src[k]
-    return out
-
-
-def concatenate(xs, axis: int) -> np.ndarray:
-    """np.concatenate(xs, axis) of arrays that agree outside axis: each input's rows (the axes from
-    `axis` on, as bytes) copied into its columns of the output by one vector loop per row, where
-    numpy's copy of a few channels per pixel ran at about 1 GB/s (YOLOv8n's concatenations along
-    the channels, 3.6 ms of its 47 ms at batch 8)."""
-    shape = list(xs[0].shape)
-    shape[axis] = sum(x.shape[axis] for x in xs)
-    out = aligned.empty(tuple(shape), xs[0].dtype)
-    rows = math.prod(shape[:axis])
-    flat = out.reshape(rows, -1).view(np.uint8)
-    first = 0
-    for x in xs:
-        block = np.ascontiguousarray(x).reshape(rows, -1).view(np.uint8)
-        if block.size:
-            copy_columns(block, flat, first)
-        first += block.shape[1]
-    return out
 
 
 class Concatenation(Kernel):

@@ -9,12 +9,11 @@ computing each element, and vector code whatever the arithmetic.
 
 from __future__ import annotations
 
-import numba as nb
 import numpy as np
 
 from ..kernels import aligned
+from ..kernels.elementwise import pair_lookup
 from ..kernels.int16 import is_int16, range16, require_int16, require_tflm
-from ..kernels.jit import parallel_kernel
 from ..kernels.pair_tables import LEFT_SHIFT
 from ..kernels.requant import output_range, requantization_multiplier
 from .base import Kernel, broadcast_crossing
@@ -22,15 +21,6 @@ from .base import Kernel, broadcast_crossing
 # ADD and SUB bring both inputs to twice the larger scale with this many bits of headroom (TFLM
 # add_common.cc and sub_common.cc: 20 for int8 outputs, 15 for int16), then to the output scale.
 LEFT_SHIFT_16 = 15
-
-
-@parallel_kernel
-def pair_lookup(table, a, b, out):
-    """out[i] = table[a[i] * 256 + b[i]] for bytes a, b (uint8 views of the int8 operands)."""
-    fa, fb, fo = a.reshape(-1), b.reshape(-1), out.reshape(-1)
-    for i in nb.prange(fo.size):
-        fo[i] = table[(np.int64(fa[i]) << 8) | np.int64(fb[i])]
-    return out
 
 
 def read_only(x: np.ndarray) -> np.ndarray:

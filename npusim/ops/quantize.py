@@ -9,52 +9,18 @@ activations, so they occur only at the graph's inputs and outputs."""
 
 from __future__ import annotations
 
-import math
-
-import numba as nb
 import numpy as np
 
 from ..errors import NpusimError
-from ..kernels.jit import parallel_kernel
+from ..kernels.elementwise import add_bytes, affine_quantize
 from ..kernels.lookup import lookup
 from ..kernels.requant import requantization_multiplier
 from ..profiles import onnxruntime as ort
 from ..profiles import profile_of
 from ..profiles import xnnpack as xnn
-from ..quant import clamp, mbqm_array
+from ..quant import mbqm_array
 from .base import Kernel
 from .float_form import Identity
-
-
-@parallel_kernel
-def affine_quantize(x, scale, zero_point, out):
-    """AffineQuantize: TfLiteRound(val / scale) + zero_point, saturated to int8, with a float32
-    division (in double, 3.85f / 0.1f lands just below 38.5 and would round the other way).
-    Returns the number of values that are not finite or whose |val / scale| reaches 2^31 (TFLM's
-    static_cast<int32_t> is undefined there: x86 and Arm disagree), which the caller refuses."""
-    xf = x.reshape(-1)
-    of = out.reshape(-1)
-    bad = 0
-    for i in nb.prange(xf.size):
-        r = np.float64(xf[i] / scale)
-        a = abs(r)
-        if not a < 2.0**31:  # also true for NaN
-            bad += 1
-            a = 0.0
-        q = math.floor(a + 0.5)  # round half away from zero
-        v = np.int64(q if r >= 0 else -q) + zero_point
-        of[i] = clamp(v, -128, 127)
-    return bad
-
-
-@parallel_kernel
-def add_bytes(x, d, out):
-    """out = x + d (mod 256) for bytes x: the lookup when the table is a shift of the codes."""
-    xf = x.reshape(-1)
-    of = out.reshape(-1)
-    for i in nb.prange(xf.size):
-        of[i] = xf[i] + d
-    return out
 
 
 class Quantize(Kernel):

@@ -32,9 +32,9 @@ Adding a profile is one entry in PROFILES (and, with its own kernels, their modu
 
 from __future__ import annotations
 
-# The output-stage kinds (Profile.stage, Profile.integer_stage). Integers so that Numba kernels can
-# branch on them.
-DOUBLE_ROUNDING, SINGLE_ROUNDING, FP32 = 0, 1, 2
+# The output-stage kinds (Profile.stage, Profile.integer_stage): integers the compiled kernels branch
+# on, defined beside them (kernels/stages.py, a module that imports nothing).
+from ..kernels.stages import DOUBLE_ROUNDING, FP32, SINGLE_ROUNDING  # noqa: F401 - re-exported
 
 
 class Profile(int):

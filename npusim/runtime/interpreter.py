@@ -14,9 +14,9 @@ from ..formats import tflite_io
 from ..formats.model_io import load_model
 from ..graph import Graph, computes_in_float, legacy_uint8
 from ..kernels import backend as _backend
+from ..kernels.jit import both_forms
 from ..kernels.lookup import lookup
 from ..ops import KERNELS, MAC_OPS
-from ..ops.base import both_forms
 from ..profiles import ort_kernels
 from ..quant import PROFILES, profile_id
 from . import uint8
