@@ -56,7 +56,7 @@ ROWS_PER_TASK = 8  # output rows per parallel task
 PREFETCH_ROWS = 2  # output rows ahead whose input rows are prefetched
 # The arguments of tap_quads_run (all int64), in both forms.
 RUN_ARGS = """x_ptr x_step taps_ptr n_quads w_ptr n_pixels out_ptr out_step count params_ptr params_stride
-    profile zero_point lo hi"""
+    stage zero_point lo hi"""
 
 
 def quad_order() -> np.ndarray:
@@ -127,7 +127,7 @@ def _tap_quads_run(vnni: bool):
         def shuffle(u, v, indices):
             return builder.shuffle_vector(u, v, ir.Constant(ir.VectorType(i32, len(indices)), indices))
 
-        for kind in each_stage(builder, a.profile):
+        for kind in each_stage(builder, a.stage):
             with cgutils.for_range(builder, a.n_pixels) as pixel:
                 base = builder.mul(pixel.index, a.x_step)
                 for slot in acc_slots:
@@ -245,7 +245,7 @@ def _tap_pairs_run():
                 else:
                     store_bytes(builder, y, dst, left)
 
-        for kind in each_stage(builder, a.profile):
+        for kind in each_stage(builder, a.stage):
             for chunk in range(LANES // CHUNK):
                 left = builder.sub(a.count, ir.Constant(i64, CHUNK * chunk))
                 with builder.if_then(builder.icmp_signed(">", left, ir.Constant(i64, 0))):

@@ -204,6 +204,7 @@ def add_bytes(x, d, out):
 
 @parallel_kernel
 def requantize_rows(acc, m, shift, real_scale, stage, zero_point, lo, hi, out):
+    """out = the output stage (requantize_to_output) of the exact sums acc, elementwise."""
     af, of = acc.reshape(-1), out.reshape(-1)
     for i in nb.prange(af.size):
         of[i] = requantize_to_output(np.int64(af[i]), m, shift, real_scale, stage, zero_point, lo, hi)
@@ -212,6 +213,7 @@ def requantize_rows(acc, m, shift, real_scale, stage, zero_point, lo, hi, out):
 
 @parallel_kernel
 def requantize_array(acc, m, shift, real_scale, stage, zero_point, out):
+    """requantize_rows clamped to the whole int8 range (BATCH_MATMUL has no fused activation)."""
     af, of = acc.reshape(-1), out.reshape(-1)
     for i in nb.prange(af.size):
         of[i] = requantize_to_output(np.int64(af[i]), m, shift, real_scale, stage, zero_point, -128, 127)
@@ -220,13 +222,15 @@ def requantize_array(acc, m, shift, real_scale, stage, zero_point, out):
 
 @njit()
 def leaky_relu_table(x_zp, y_zp, m_id, s_id, r_id, m_alpha, s_alpha, r_alpha, stage):
+    """TFLM's LEAKY_RELU on every input byte (index: the byte as uint8): the identity multiplier
+    above the zero point, alpha's below, each by the output stage `stage`."""
     table = np.empty(256, dtype=np.int8)
     for code in range(256):
         q = code - 256 if code >= 128 else code
         v = np.int64(q) - x_zp
         if v >= 0:
             out = requantize_one(v, m_id, s_id, r_id, stage)
-        elif m_alpha < 0:  # a negative alpha: as the PyPI TFLM rounds it (module docstring)
+        elif m_alpha < 0:  # a negative alpha: as the PyPI TFLM rounds it (ops/activations.py)
             out = -requantize_one(v, -m_alpha, s_alpha, -r_alpha, stage)
         else:
             out = requantize_one(v, m_alpha, s_alpha, r_alpha, stage)

@@ -165,7 +165,7 @@ class Isa:
 
 
 _KERNEL_ARGS = """nr unsigned x_ptr bases_ptr taps_ptr n_taps groups w_ptr out_ptr out_stride rows width
-    params_ptr params_stride profile zero_point lo hi"""
+    params_ptr params_stride stage zero_point lo hi"""
 
 
 def micro_kernel(isa: Isa):
@@ -261,7 +261,7 @@ def _tile(builder, isa: Isa, nr: int, broadcast, a, pixels: range):
     out = builder.inttoptr(a.out_ptr, i8p)
     if isa.pack is not None and nr == 2:  # both vectors of a pixel narrowed together
         pj = [load_parameters(builder, params, a.params_stride, j, lanes=isa.lanes) for j in range(nr)]
-        for kind in each_stage(builder, a.profile):
+        for kind in each_stage(builder, a.stage):
             for r in pixels:
                 with builder.if_then(builder.icmp_signed("<", ir.Constant(_I64, r), a.rows)):
                     ys = [
@@ -282,7 +282,7 @@ def _tile(builder, isa: Isa, nr: int, broadcast, a, pixels: range):
         return
     for j in range(nr):
         pj = load_parameters(builder, params, a.params_stride, j, lanes=isa.lanes)
-        for kind in each_stage(builder, a.profile):
+        for kind in each_stage(builder, a.stage):
             for r in pixels:
                 with builder.if_then(builder.icmp_signed("<", ir.Constant(_I64, r), a.rows)):
                     y = vector_output_stage(

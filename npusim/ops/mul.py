@@ -40,7 +40,7 @@ class Mul(BinaryKernel):
             params = (m, shift, *range16(self, op.options.get("fused_activation_function", "NONE"), y))
             self.int16 = lambda a, b: mul16(a, b, params)
             return
-        # The xnnpack profile: float32 product and scale, round half to even (quant.requantize_one).
+        # The xnnpack profile: float32 product and scale, round half to even (rounding.requantize_one).
         real32 = np.float32(np.float32(s1) * np.float32(s2) / np.float32(so))
         if profile_of(profile).xnnpack_delegate and not xnn.delegates_mul(real32):
             profile = TFLM  # the delegate refuses it: LiteRT's builtin MUL, TFLM's arithmetic

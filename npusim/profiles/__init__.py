@@ -1,5 +1,5 @@
 """The rounding profiles, one object each, plain data: the command lines offer them without importing
-the kernels (quant.py, which decides the rounding, and Numba).
+the kernels or Numba (of kernels/ only stages.py, which imports nothing: the output-stage kinds).
 
 A Profile is an int (its id, what a Numba or LLVM kernel receives) that carries what tells the
 profiles apart, so that a kernel branches on these fields, never on a profile's name:
