@@ -234,3 +234,58 @@ def test_uint8_golden_under_xnnpack(tmp_path):
     model.write_bytes(as_uint8(case.model))
     golden.record(model, as_uint8_input(case.xs), tmp_path / "g.npz", profile="xnnpack")
     assert golden.check(model, tmp_path / "g.npz").ok
+
+
+def test_uint8_op_not_proven_is_refused_before_any_work():
+    """BATCH_MATMUL (registry uint8=False): LiteRT runs no uint8 BATCH_MATMUL (its XNNPACK delegate
+    fails to prepare it, its builtin kernel takes float32, int8 and int16), so there is nothing to
+    prove it against; npusim refuses it in one line naming the op and what it runs in uint8."""
+    model = as_uint8(O.batch_matmul_model((1, 2, 4, 6), (1, 2, 6, 5), (0.05, 3), (0.04, -7), (0.2, 10)))
+    x = [np.zeros((1, 2, 4, 6), np.uint8), np.zeros((1, 2, 6, 5), np.uint8)]
+    with pytest.raises(RuntimeError, match="BATCH_MATMUL"):
+        R.run_litert(model, x, "AUTO")
+    with pytest.raises(NpusimError) as e:
+        npusim.Interpreter(npusim.load_model(model), profile="xnnpack")
+    message = str(e.value)
+    assert "\n" not in message and "op 0 (BATCH_MATMUL) in a uint8 model" in message
+    assert "proven equal to LiteRT in uint8 only (ADD, " in message and "TRANSPOSE_CONV" in message
+
+
+def _inspect(*args):
+    from click.testing import CliRunner
+
+    from npusim.app.cli import main
+
+    return CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False)
+
+
+def test_inspect_lists_a_uint8_model(tmp_path):
+    """inspect plans a uint8 model as it runs (shifted), shows the file's ops only (not the edge
+    QUANTIZEs npusim adds), its uint8 edges and weights, and an op not proven as not run; the
+    STM32N6 view refuses it in one line."""
+    import json
+
+    from zo_fixtures import tiny_classifier
+
+    model = tmp_path / "u8.tflite"
+    model.write_bytes(as_uint8(tiny_classifier(side=8, hidden=8, convs=1, seed=1), seed=1))
+    r = _inspect("inspect", model, "--format", "json")
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.output)
+    assert [e["dtype"] for e in data["inputs"] + data["outputs"]] == ["uint8", "uint8"]
+    ops = {o["op"]: o for o in data["ops"]}
+    assert [o["index"] for o in data["ops"]] == list(range(len(data["ops"]))) and "QUANTIZE" not in ops
+    assert ops["CONV_2D"]["weights"] == "uint8" and ops["CONV_2D"]["macs"] > 0 and data["unsupported"] == []
+    text = _inspect("inspect", model).output
+    assert "CONV_2D" in text and "uint8" in text and "unsupported" not in text
+    r = _inspect("inspect", model, "--target", "stm32n6")
+    lines = [line for line in r.output.splitlines() if line]
+    assert r.exit_code == 2 and len(lines) == 1, r.output
+    assert lines[0].startswith(f"error: {model}: a uint8 model (TFLite's legacy quantization: op 0 (CONV_2D)")
+    assert "the STM32N6 view takes int8 models only" in lines[0]
+
+    bmm = tmp_path / "bmm.tflite"
+    bmm.write_bytes(as_uint8(O.batch_matmul_model((1, 4, 6), (1, 6, 5), (0.05, 3), (0.04, -7), (0.2, 10))))
+    data = json.loads(_inspect("inspect", bmm, "--format", "json").output)
+    assert [o["op"] for o in data["ops"]] == ["BATCH_MATMUL"] and not data["ops"][0]["supported"]
+    assert "in a uint8 model" in data["unsupported"][0]["reason"]
