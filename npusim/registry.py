@@ -180,7 +180,8 @@ REGISTRY = _ops(
         placement="ST table: MatMul is HW only with a constant operand; both are activations here",
         fuzz=("batch_matmul",),
         # not uint8: LiteRT runs no uint8 BATCH_MATMUL (its XNNPACK delegate fails to prepare it, its
-        # builtin kernel takes float32, int8 and int16), so nothing proves it; a uint8 model with it is refused
+        # builtin kernel takes float32, int8 and int16), so nothing proves it: a uint8 model with it
+        # is refused
         onnx=("MatMul", "QLinearMatMul"),
         onnxruntime=ORT_OWN,
     ),
