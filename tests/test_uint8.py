@@ -20,6 +20,7 @@ from npusim.testing import runners as R
 from npusim.testing.uint8_models import as_uint8, as_uint8_input
 
 import cases as C
+from shared_paths import MOBILENET, RESNET, need
 
 OPS = {
     "CONV_2D": (C.conv_params(), C.make_conv),
@@ -224,6 +225,16 @@ def test_uint8_classifier_end_to_end_matches_litert(convs):
     x = np.random.default_rng(convs).integers(0, 256, (4, 8, 8, 3)).astype(np.uint8)
     expected = R.run_litert(model, x, "AUTO")
     R.assert_same(expected, R.run_npusim(model, x, "xnnpack"), "uint8 classifier")
+
+
+@pytest.mark.parametrize("path", [RESNET, MOBILENET], ids=["resnet8", "mobilenet_v2"])
+def test_uint8_twin_of_a_shared_model_matches_litert(path):
+    """The uint8 twin (as_uint8: per-tensor, asymmetric filters) of a shared int8 model, end to end
+    under xnnpack: every output element equal to LiteRT's on random uint8 images."""
+    model = as_uint8(open(need(path), "rb").read(), seed=1)
+    shape = npusim.load_model(model).input().shape
+    x = np.random.default_rng(1).integers(0, 256, (3, *shape[1:])).astype(np.uint8)
+    R.assert_same(R.run_litert(model, x, "AUTO"), R.run_npusim(model, x, "xnnpack"), f"uint8 {path.name}")
 
 
 def test_uint8_golden_under_xnnpack(tmp_path):
