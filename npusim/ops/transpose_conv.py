@@ -26,7 +26,6 @@ from ..kernels import aligned, backend, gemm
 from ..kernels.geometry import ConvGeometry
 from ..kernels.requant import OutputStage
 from ..profiles import profile_of
-from ..profiles import xnnpack as xnn
 from ..quant import TFLM, mac_profile, multiply_by_quantized_multiplier_array
 from .base import Kernel, WeightMemo
 from .float_form import FloatForm, real
@@ -213,16 +212,21 @@ class TransposeConv(Kernel):
 
     def _neon_requantize(self, acc) -> np.ndarray:
         """LiteRT's builtin uint8 TransposeConv's output stage (optimized_ops::Quantize), per image
-        acc [N, H * W * O] (int64 with the bias): runs of 16 elements take the NEON form
-        (xnnpack.neon_multiply), the last size % 16 TFLM's MultiplyByQuantizedMultiplier."""
+        acc [N, H * W * O] (int64 with the bias): runs of 16 elements take the NEON form of
+        xnnpack.neon_multiply (VQRDMULH then VRSHL, ties up), the last size % 16 TFLM's
+        MultiplyByQuantizedMultiplier; each element at its channel's multiplier."""
         s = self.stage
-        m, shift = int(s.multiplier[0]), int(s.shift[0])
+        reps = acc.shape[1] // self.out_channels
+        m = np.tile(np.broadcast_to(s.multiplier, (self.out_channels,)).astype(np.int64), reps)
+        shift = np.tile(np.broadcast_to(s.shift, (self.out_channels,)).astype(np.int64), reps)
         acc = acc.astype(np.int64)
         runs = acc.shape[1] // 16 * 16
+        left, right = np.maximum(shift[:runs], 0), np.maximum(-shift[:runs], 0)
+        high = ((acc[:, :runs] << left) * m[:runs] * 2 + (1 << 31)) >> 32
         scaled = np.concatenate(
             [
-                xnn.neon_multiply(acc[:, :runs], m, shift),
-                multiply_by_quantized_multiplier_array(acc[:, runs:], m, shift),
+                (high + ((1 << right) >> 1)) >> right,
+                multiply_by_quantized_multiplier_array(acc[:, runs:], m[runs:], shift[runs:]),
             ],
             axis=1,
         )
