@@ -62,7 +62,7 @@ def no_head_error(graph: Graph, num_classes: int) -> ZoError:
     op = logits_op(graph)
     classes = graph.output().shape[-1]
     producer = graph.producer()
-    if op is not None and op.kind in ("ADD", "SUB"):
+    if op is not None and op.kind == "ADD":
         inputs = [t for t in op.inputs if t >= 0]
         before = [producer.get(t) for t in inputs if not graph.tensors[t].is_constant]
         constant = any(graph.tensors[t].is_constant for t in inputs)
