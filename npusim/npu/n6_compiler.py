@@ -30,7 +30,7 @@ class SingleStage:
         m = a / np.float64(y_scale)
         total = rule.normalised_shift(float(m.max()))  # T: A = M * 2^T fits int16
         shift_o = total - s
-        bc = [rule.bc(float(v), shift_o, y_zero_point) for v in b_steps]
+        bc = rule.bc(b_steps, shift_o, y_zero_point)
         if no_bias:
             b_sc, c_sc = rule.split_bc(bc[0])
             st = rule.arith(role="off_bias", B_scalar=b_sc, C_scalar=c_sc, vec_precision=[16, 16, 16])
@@ -63,7 +63,7 @@ class TwoStage:
         )
         mul.update(_per_channel(e1 + e2 - A2_SHIFT - s, [rule.round(float(v) * 2.0**e1) for v in a32]))
         mul["combinebc"] = 0
-        bc = [rule.bc(float(v), A2_SHIFT, y_zero_point) for v in b_steps]
+        bc = rule.bc(b_steps, A2_SHIFT, y_zero_point)
         off = rule.arith(role="off_bias", C_vector=bc, vec_precision=[16, 16, 32])
         off.update(_per_channel(A2_SHIFT, [a2] * channels))
         return [mul, off]

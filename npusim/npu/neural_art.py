@@ -36,7 +36,7 @@ from ..profiles import N6_CHOICES
 from .n6_compiler import compiler
 
 INT16_MAX = 32767
-BC_FRACTION_BITS = 23  # BC is rounded at 2^-23 output steps, then shifted to shift_o (trace rule)
+INT32_MAX = 2**31 - 1
 SUBOFF_SHIFT = 14  # the suboff's A = 1.0 as 2^14
 
 
@@ -276,17 +276,24 @@ class _RULES:
     normalised_shift = staticmethod(normalised_shift)
     split_bc = staticmethod(split_bc)
     round = staticmethod(round_half_away)
-    bc = staticmethod(lambda b_steps, shift_o, zero_point: _bc(b_steps, shift_o, zero_point))
+    bc = staticmethod(lambda b_steps, shift_o, zero_point: bc_vector(b_steps, shift_o, zero_point))
     arith = staticmethod(lambda **fields: _arith(**fields))
 
 
-def _bc(b_steps: float, shift_o: int, zero_point: int) -> int:
-    n = round_half_away(b_steps * 2.0**BC_FRACTION_BITS)
-    k = BC_FRACTION_BITS - shift_o
-    n = n >> k if k >= 0 else n << -k
-    if shift_o < 0:  # a multiplier above 2^15 (no such layer seen): the zero point rounded down too
-        return n + (zero_point >> -shift_o)
-    return n + (zero_point << shift_o)
+def bc_vector(b_steps, shift_o: int, zero_point: int) -> list[int]:
+    """A layer's per-channel BC at shift_o: (b[c] + z_y) 2^shift_o, b[c] the bias in output steps.
+    The compiler holds the layer's b + z_y as one int32 fixed-point vector with as many fraction
+    bits F as its largest magnitude leaves (F = the normalising shift of max |b + z_y| into int32),
+    each value rounded half away at 2^-F, then shifts it right (floor) to shift_o. F is 22, 23 or 24
+    on the shared compiles; this gives ST's BC on every channel of the 3.0 trace (12,082) and of the
+    2.1 blobs (11,196), where one fixed F = 23 missed 47 and 161 (docs/neural-art.md)."""
+    b = np.asarray(b_steps, np.float64).reshape(-1)
+    f = normalised_shift(float(np.abs(b + zero_point).max()), INT32_MAX)
+    out = []
+    for v in b:
+        n = round_half_away(float(v) * 2.0**f) + (zero_point << f)
+        out.append(n >> (f - shift_o) if f >= shift_o else n << (shift_o - f))
+    return out
 
 
 def conv_shift(w: np.ndarray, options: N6Options) -> int:
