@@ -94,29 +94,41 @@ def yolox21():
     return graph, read_compiled(need(BLOBS), graph)
 
 
+def _bc(stage: dict, channels: int) -> np.ndarray:
+    """A requantizing ARITH's BC per channel (combinebc; a scalar ARITH's {B_scalar, C_scalar})."""
+    if stage["C_vector"] is not None:
+        return np.asarray(stage["C_vector"], np.int64)
+    return np.full(channels, (stage["B_scalar"] << 16) + (stage["C_scalar"] & 0xFFFF), np.int64)
+
+
 def test_2x_chain_derived_equals_the_compiled_one(yolox21, capsys):
     graph, program = yolox21
     derived = graph_stages(graph, N6Options(compiler="2.1"))
     mac = sum(op.kind in ("CONV_2D", "DEPTHWISE_CONV_2D") for op in graph.ops)
     two = {i: c for i, c in program.mapped.items() if len(c.ariths) == 2}
-    exact_fields = bc_layers = bc_channels = channels = 0
+    exact_fields = bc_layers = bc_channels = channels = split = scalar = 0
     for index, chain in two.items():
         d = differs(derived[index], chain.stages())
         exact_fields += not [f for f in d if f != "ARITH.C_vector"]
-        bc = np.array(derived[index][-1]["C_vector"]) == np.array(chain.ariths[-1]["C_vector"])
+        n = chain.channels
+        bc = _bc(derived[index][-1], n) == _bc(chain.ariths[-1], n)
         bc_layers += bool(bc.all())
         bc_channels += int(bc.sum())
-        channels += bc.size
+        channels += n
+        split += len(chain.epochs) > 1
+        scalar += chain.ariths[-1]["scalar"]
     with capsys.disabled():
         print(
             f"\n2.1 blobs: {len(program.chains)} conv chains, {len(program.mapped)} mapped of "
-            f"{mac} conv layers; "
-            f"two-stage layers {len(two)}: every field but BC exact {exact_fields}/{len(two)}, "
-            f"BC exact {bc_layers}/{len(two)} layers, {bc_channels}/{channels} channels"
+            f"{mac} conv layers ({split} requantized in a later epoch than their CONVACC pipe, "
+            f"{scalar} with a scalar off_bias); two-stage layers {len(two)}: every field but BC "
+            f"exact {exact_fields}/{len(two)}, BC exact {bc_layers}/{len(two)} layers, "
+            f"{bc_channels}/{channels} channels"
         )
-    assert len(program.mapped) >= 160 and len(two) >= 160
+    assert len(program.mapped) == len(two) == mac  # every conv, each with two requantizing ARITHs
     assert exact_fields == len(two)  # A1, s1, A2, shift 20, widths, roundings, the CONVACC's S
     assert bc_channels == channels  # one fixed 2^-23 rounding missed 161 of 11,196
+    assert split >= 11 and scalar >= 9  # the chains that cutting within one epoch missed
     # the 3.0 chain (the default) is not what 2.1 compiled
     derived30 = graph_stages(graph, N6Options())
     assert all("stages" in differs(derived30[i], c.stages()) for i, c in two.items())

@@ -20,51 +20,113 @@ import numpy as np
 from .ec_blob import CompiledError, Epoch, arith_fields, convacc_fields, read_ecblobs
 from .neural_art import MAC_KINDS, N6Options, graph_stages
 
-MATCH_TOLERANCE = 2e-3  # relative: the chain's multiplier is M[c] within its 16-bit rounding
+MATCH_TOLERANCE = 1e-3  # relative, beyond the coefficients' own rounding (Chain.rounding)
 
 
 @dataclass
 class Chain:
-    """One convolution as compiled: its epoch, CONVACC pipe and requantizing ARITHs (ll_aton fields)."""
+    """One convolution as compiled: its CONVACC pipe and requantizing ARITHs (ll_aton fields), and
+    the epoch of each (a requantization may run epochs after its pipe, through a 16-bit buffer)."""
 
     epoch: int
     convaccs: list = field(default_factory=list)
     ariths: list = field(default_factory=list)
+    arith_epochs: list = field(default_factory=list)
 
     @property
     def channels(self) -> int:
-        return len(self.ariths[-1]["A_vector"]) if self.ariths else 0
+        return next((len(a["A_vector"]) for a in self.ariths if a["A_vector"] is not None), 0)
+
+    @property
+    def epochs(self) -> list[int]:
+        return sorted({self.epoch, *self.arith_epochs})
+
+    @property
+    def complete(self) -> bool:
+        """Its requantization reached int8 (an ARITH with an 8-bit output)."""
+        return bool(self.ariths) and self.ariths[-1]["outbytes_o"] == 1
 
     def multiplier(self) -> np.ndarray:
         """The effective per-channel multiplier, accumulator to output steps."""
         total = np.full(self.channels, 2.0 ** -self.convaccs[-1]["shift_o"])
         for a in self.ariths:
-            total = total * np.asarray(a["A_vector"], np.float64) / 2.0 ** a["shift_o"]
+            coefficient = a["A_scalar"] if a["A_vector"] is None else np.asarray(a["A_vector"], np.float64)
+            total = total * coefficient / 2.0 ** a["shift_o"]
         return total
+
+    def rounding(self) -> np.ndarray:
+        """Per channel, the relative error the coefficients' rounding allows the multiplier:
+        half a unit of each A (a channel far below the layer's largest keeps few bits of A1)."""
+        bound = np.zeros(self.channels)
+        for a in self.ariths:
+            coefficient = a["A_scalar"] if a["A_vector"] is None else np.asarray(a["A_vector"], np.float64)
+            bound = bound + 0.5 / np.maximum(np.abs(coefficient), 1)
+        return bound
 
     def stages(self) -> list[dict]:
         return [*self.convaccs, *self.ariths]
 
 
-def epoch_chains(epoch: Epoch) -> list[Chain]:
-    """The convolution chains of one epoch: each CONVACC pipe with the per-channel ARITHs that
-    follow it in the epoch's configuration order."""
-    chains, current = [], None
-    for unit in epoch.units:
-        if unit.name.startswith("CONVACC"):
-            f = convacc_fields(unit)
-            if current is None or not f["accumulate"] or current.ariths:
-                current = Chain(epoch.number)
-                chains.append(current)
-            current.convaccs.append(f)
-        else:
-            f = arith_fields(unit)
-            if f["scalar"] or current is None or f["dualinput"]:
-                continue  # a suboff, an ADD, a QUANTIZE: not part of a conv's requantization
-            if current.ariths and len(f["A_vector"]) != current.channels:
+def _requantizing(f: dict) -> bool:
+    """An ARITH that takes a 16-bit stream (a CONVACC's output or a 16-bit intermediate) to a
+    scale: not a suboff or QUANTIZE (8-bit input), not an ADD (two inputs)."""
+    return not f["dualinput"] and f["inbytes_x"] == 2
+
+
+def program_chains(epochs: list[Epoch]) -> list[Chain]:
+    """The convolution chains of a whole program: each CONVACC pipe (a first unit with
+    `accumulate` 0, then the units accumulating onto it) with the requantizing ARITHs that take
+    its 16-bit output to int8, in the order the epochs configure them.
+
+    A pipe whose output is already 8-bit needs none. An ARITH goes to an open chain of its own
+    stage: a first ARITH (the 2.x mul_scale, or 3.0's off_bias) to a pipe without one, a later one
+    to a chain whose last ARITH has its channel count. Within an epoch units stream into each
+    other, so the chain configured last in the same epoch is taken first; otherwise the ARITH reads
+    a buffer an earlier epoch wrote, and the oldest open chain is taken (ST's network.c names these
+    buffers `<conv>_out`, `<conv>_mul_scale_out`)."""
+    chains, open_chains, pipe = [], [], None
+    for epoch in epochs:
+        for unit in epoch.units:
+            if unit.name.startswith("CONVACC"):
+                f = convacc_fields(unit)
+                if pipe is None or not f["accumulate"] or pipe.ariths or pipe not in open_chains:
+                    pipe = Chain(epoch.number)
+                    chains.append(pipe)
+                    open_chains.append(pipe)
+                pipe.convaccs.append(f)
+                if f["outbytes_o"] == 1:
+                    open_chains.remove(pipe)  # 8-bit out: no requantization follows
                 continue
-            current.ariths.append(f)
-    return [c for c in chains if c.ariths]
+            f = arith_fields(unit)
+            if not _requantizing(f):
+                continue
+            chain = _open_chain_for(f, open_chains, epoch.number)
+            if chain is None:
+                continue
+            chain.ariths.append(f)
+            chain.arith_epochs.append(epoch.number)
+            if chain.complete:
+                open_chains.remove(chain)
+    return [c for c in chains if c.complete]
+
+
+def _open_chain_for(f: dict, open_chains: list[Chain], epoch: int) -> Chain | None:
+    """The open chain an ARITH continues: a 16-bit output starts a requantization (a pipe without
+    ARITHs); an 8-bit one ends one, preferably a chain waiting on a 16-bit intermediate of its
+    channel count, else a pipe (a one-stage requantization). Same epoch first (the last such
+    chain configured), then the oldest from an earlier epoch."""
+    n = None if f["A_vector"] is None else len(f["A_vector"])
+    bare = [c for c in open_chains if not c.ariths]
+    waiting = [
+        c for c in open_chains if c.ariths and c.ariths[-1]["outbytes_o"] == 2 and n in (None, c.channels)
+    ]
+    groups = [bare] if f["outbytes_o"] == 2 else [waiting, bare]
+    for same_epoch in (True, False):
+        for group in groups:
+            found = [c for c in group if ((c.arith_epochs or [c.epoch])[-1] == epoch) == same_epoch]
+            if found:
+                return found[-1] if same_epoch else found[0]
+    return None
 
 
 def _op_multiplier(graph, op) -> np.ndarray | None:
@@ -79,7 +141,8 @@ def _op_multiplier(graph, op) -> np.ndarray | None:
 
 def map_chains(graph, chains: list[Chain]) -> dict[int, Chain]:
     """op index -> its compiled chain: per chain, in program order, the unmapped MAC op of its
-    channel count whose multipliers it reproduces best (within MATCH_TOLERANCE)."""
+    channel count whose multipliers it reproduces best, every channel within its coefficients'
+    rounding (Chain.rounding) plus MATCH_TOLERANCE."""
     candidates = {}
     for op in graph.ops:
         if op.kind in MAC_KINDS:
@@ -88,12 +151,12 @@ def map_chains(graph, chains: list[Chain]) -> dict[int, Chain]:
                 candidates[op.index] = m
     mapped = {}
     for chain in chains:
-        eff = chain.multiplier()
-        best, err = None, MATCH_TOLERANCE
+        eff, allowed = chain.multiplier(), chain.rounding() + MATCH_TOLERANCE
+        best, err = None, np.nextafter(1.0, 2.0)  # within the allowed error, the first best
         for index, m in candidates.items():
             if index in mapped or len(m) != len(eff) or not np.all(m > 0):
                 continue
-            e = float(np.max(np.abs(eff / m - 1.0)))
+            e = float(np.max(np.abs(eff / m - 1.0) / allowed))
             if e < err:
                 best, err = index, e
         if best is not None:
@@ -192,7 +255,7 @@ def read_compiled(path, graph) -> CompiledProgram:
     """Read network_ecblobs.h and map its convolution chains to graph's ops; CompiledError (one
     line naming the blob, epoch and word) when it cannot be read."""
     epochs = read_ecblobs(path)
-    chains = [c for e in epochs for c in epoch_chains(e)]
+    chains = program_chains(epochs)
     if not chains:
         raise CompiledError(f"{path}: no epoch configures a CONVACC with a requantizing ARITH")
     return CompiledProgram(str(path), epochs, chains, map_chains(graph, chains))

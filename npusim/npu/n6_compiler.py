@@ -64,8 +64,17 @@ class TwoStage:
         mul.update(_per_channel(e1 + e2 - A2_SHIFT - s, [rule.round(float(v) * 2.0**e1) for v in a32]))
         mul["combinebc"] = 0
         bc = rule.bc(b_steps, A2_SHIFT, y_zero_point)
-        off = rule.arith(role="off_bias", C_vector=bc, vec_precision=[16, 16, 32])
-        off.update(_per_channel(A2_SHIFT, [a2] * channels))
+        if no_bias:  # one BC for every channel, and A2 is one value: a scalar ARITH
+            b_sc, c_sc = rule.split_bc(bc[0])
+            off = rule.arith(
+                role="off_bias", A_scalar=a2, B_scalar=b_sc, C_scalar=c_sc, vec_precision=[16, 16, 16]
+            )
+            off.update(
+                scalar=1, dualinput=0, combinebc=1, bcast="ARITH_BCAST_SCALAR", inbytes_x=2, shift_o=A2_SHIFT
+            )
+        else:
+            off = rule.arith(role="off_bias", C_vector=bc, vec_precision=[16, 16, 32])
+            off.update(_per_channel(A2_SHIFT, [a2] * channels))
         return [mul, off]
 
 

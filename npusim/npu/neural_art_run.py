@@ -52,9 +52,13 @@ class Chain(Kernel):
         return self.tflm.workspace_bytes(n)
 
 
-def _channel_coeffs(st: dict) -> tuple[np.ndarray, np.ndarray]:
-    """(A[c], BC[c]) of a per-channel ARITH: combinebc's BC from C_vector or the scalars, else C."""
-    a = np.asarray(st["A_vector"], np.int64)
+def _channel_coeffs(st: dict, channels: int) -> tuple[np.ndarray, np.ndarray]:
+    """(A[c], BC[c]) of a requantizing ARITH, per-channel or scalar (A_scalar for every channel):
+    combinebc's BC from C_vector or the scalars, else C."""
+    if st["A_vector"] is None:
+        a = np.full(channels, st["A_scalar"], np.int64)
+    else:
+        a = np.asarray(st["A_vector"], np.int64)
     c = st["C_vector"]
     if c is None:
         return a, np.full(a.size, _bc(st), np.int64)
@@ -79,7 +83,7 @@ class ConvChain(Chain):
         self.fill = units.shift_round(
             np.int64(sub["A_scalar"]) * x.zero_point + _bc(sub), sub["shift_o"], units.TRUNCATE
         )
-        self.coeffs = [_channel_coeffs(st) for st in self.requant]
+        self.coeffs = [_channel_coeffs(st, self.outputs[0].shape[-1]) for st in self.requant]
         ca = self.convacc
         self.shift = ca["shift_o"]
         if options.shift_a == "products":  # the accumulator shifted left by shift_a before shift_o
