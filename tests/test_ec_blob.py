@@ -5,6 +5,8 @@
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,8 +14,16 @@ from click.testing import CliRunner
 
 import npusim.app.cli
 from npusim.formats.model_io import load_model
-from npusim.npu.compiled import differs, read_compiled
-from npusim.npu.ec_blob import MAGIC, CompiledError, arith_fields, decode_blob, read_ecblobs
+from npusim.npu.compiled import differs, ordered_chains, read_compiled, wired_chains
+from npusim.npu.ec_blob import (
+    MAGIC,
+    CompiledError,
+    arith_fields,
+    decode_blob,
+    read_ecblobs,
+    streng_fields,
+    switch_links,
+)
 from npusim.npu.neural_art import N6Options, bc_vector, graph_stages
 
 from shared_paths import SHARED, need
@@ -71,6 +81,30 @@ def test_decode_one_arith_configuration():
     assert (f["rounding_o"], f["saturation_o"], f["round_mode_o"]) == (1, 1, 1)
     assert f["A_vector"] == [21760, 21760]
     assert f["C_vector"] == [np.int32(np.uint32(0xEF88FD84)), 0x00010002]
+
+
+def test_decode_stream_switch_and_engines():
+    # STRSWITCH (word 0x1000): DST 28 (ARITH0 port 0) <- link 19 (ARITH1), DST 19 (CONVACC3
+    # port 0) <- link 20 (ARITH2) with EN1 off; then the epoch's end writes the ports 0 (ignored).
+    # STRENG6 (word 0x2c00): CTRL with DIR (a write engine), ADDR.
+    sw, eng = 0x1000, 0x1400 + 6 * 0x400
+    words = _program(
+        4 << 5 | 29,
+        (sw + 2 + 28) << 16 | 0x3E0 << 5,
+        19 << 1 | 1,
+        (sw + 2 + 19) << 16 | 0x3E0 << 5,
+        0xFF280229,
+        eng << 16 | 0x3E0 << 5,
+        0x880108,
+        (eng + 2) << 16 | 0x3E0 << 5,
+        0x341A8C00,
+        (sw + 2 + 28) << 16 | 0x3E0 << 5,
+        0,
+    )
+    (epoch,) = decode_blob("_ec_blob_t", words, "t.h")
+    assert switch_links(epoch) == {"CONVACC3.0": ["ARITH2"], "ARITH0.0": ["ARITH1"]}
+    engine = next(u for u in epoch.units if u.name == "STRENG6")
+    assert streng_fields(engine) == {"unit": "STRENG", "write": True, "addr": 0x341A8C00}
 
 
 def test_bad_blob_names_blob_epoch_and_word():
@@ -132,6 +166,37 @@ def test_2x_chain_derived_equals_the_compiled_one(yolox21, capsys):
     # the 3.0 chain (the default) is not what 2.1 compiled
     derived30 = graph_stages(graph, N6Options())
     assert all("stages" in differs(derived30[i], c.stages()) for i, c in two.items())
+
+
+def test_wiring_and_order_agree_and_network_c_names_the_epochs(yolox21):
+    """Two readings of the program give the same chains: the stream switch and stream engines'
+    wiring, and configuration order alone. And where ST's network.c names a conv's intermediate
+    buffer (`<node>_mul_scale_out`, `<node>_off_bias_out`, with the epoch that writes it), that is
+    the epoch of the chain's ARITH; ST's node names are those of the quantization file beside the
+    3.0 trace (the same .tflite)."""
+    graph, program = yolox21
+    epochs = read_ecblobs(need(BLOBS))
+
+    def key(c):
+        return c.epoch, tuple(c.arith_epochs), len(c.convaccs), tuple(str(a["A_vector"]) for a in c.ariths)
+
+    wired = sorted(map(key, wired_chains(epochs)))
+    assert len(wired) == 186 and wired == sorted(map(key, ordered_chains(epochs)))
+    qfile = MODEL.with_name("st_yolo_x_nano_480_1.0_0.25_3_st_int8_OE_3_3_1_Q.json")
+    nodes = json.loads(Path(need(qfile)).read_text())["nodes"]
+    node_of = {name: node for node, v in nodes.items() for name in v.get("names", [])}
+    text = Path(need(BLOBS.parent / "network.c")).read_text()
+    written = {}
+    for name, epoch in re.findall(r'\.name = "([^"]+)",.*?\.epoch = (\d+),', text, re.S):
+        written.setdefault(name.rsplit("_", 1)[0], set()).add(int(epoch))
+    checked = 0
+    for index, chain in program.mapped.items():
+        node = node_of[f"{graph.ops[index].kind}_{index}"]
+        for stage, epoch in zip(("mul_scale_out", "off_bias_out"), chain.arith_epochs):
+            if f"{node}_{stage}" in written:
+                assert written[f"{node}_{stage}"] == {epoch}, (node, stage)
+                checked += 1
+    assert checked >= 40  # 6 mul_scale and 39 off_bias buffers on the shared compile
 
 
 def test_inspect_compiled_json_and_errors(yolox21, tmp_path):

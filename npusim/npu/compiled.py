@@ -17,7 +17,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .ec_blob import CompiledError, Epoch, arith_fields, convacc_fields, read_ecblobs
+from .ec_blob import (
+    CompiledError,
+    Epoch,
+    arith_fields,
+    convacc_fields,
+    read_ecblobs,
+    streng_fields,
+    switch_links,
+)
 from .neural_art import MAC_KINDS, N6Options, graph_stages
 
 MATCH_TOLERANCE = 1e-3  # relative, beyond the coefficients' own rounding (Chain.rounding)
@@ -74,9 +82,75 @@ def _requantizing(f: dict) -> bool:
 
 
 def program_chains(epochs: list[Epoch]) -> list[Chain]:
-    """The convolution chains of a whole program: each CONVACC pipe (a first unit with
-    `accumulate` 0, then the units accumulating onto it) with the requantizing ARITHs that take
-    its 16-bit output to int8, in the order the epochs configure them.
+    """The convolution chains of a whole program, by its wiring (wired_chains); by configuration
+    order (ordered_chains) for a program that configures no stream switch."""
+    if any(u.name == "STRSWITCH" for e in epochs for u in e.units):
+        return wired_chains(epochs)
+    return ordered_chains(epochs)
+
+
+def wired_chains(epochs: list[Epoch]) -> list[Chain]:
+    """The chains as the program wires them. Within an epoch the stream switch says which unit
+    feeds which (ec_blob.switch_links): a CONVACC whose accumulator input (port 2) is another
+    CONVACC continues that one's pipe, a requantizing ARITH continues the chain whose last unit
+    feeds its input 0. Across epochs a chain's last unit writes its 16-bit output to memory through
+    a stream engine, and the ARITH that a later epoch feeds from an engine reading that address
+    continues it (network.c names these buffers `<conv>_out`, `<conv>_mul_scale_out`)."""
+    chains, in_memory = [], {}
+    for epoch in epochs:
+        links, units = switch_links(epoch), {u.name: u for u in epoch.units}
+        ends = {}  # unit of this epoch -> the chain it currently ends
+        waiting = [u for u in epoch.units if u.name.startswith(("CONVACC", "ARITH"))]
+        while waiting:
+            left = [u for u in waiting if not _wire(u, epoch.number, links, units, ends, in_memory, chains)]
+            if len(left) == len(waiting):
+                break  # fed by nothing this epoch resolves: not part of a conv chain
+            waiting = left
+        for port, sources in links.items():
+            engine = units.get(port)
+            if engine is not None and port.startswith("STRENG") and streng_fields(engine)["write"]:
+                for source in sources:
+                    if source in ends and not ends[source].complete:
+                        in_memory[streng_fields(engine)["addr"]] = ends[source]
+    return [c for c in chains if c.complete]
+
+
+def _wire(unit, epoch: int, links: dict, units: dict, ends: dict, in_memory: dict, chains: list) -> bool:
+    """Place one unit of an epoch in its chain; False while what feeds it is not placed yet."""
+    if unit.name.startswith("CONVACC"):
+        f = convacc_fields(unit)
+        feeder = next((s for s in links.get(f"{unit.name}.2", []) if s.startswith("CONVACC")), None)
+        if f["accumulate"] and feeder is not None:
+            if feeder not in ends:
+                return False
+            chain = ends.pop(feeder)
+        else:
+            chain = Chain(epoch)
+            chains.append(chain)
+        chain.convaccs.append(f)
+        ends[unit.name] = chain
+        return True
+    f = arith_fields(unit)
+    if not _requantizing(f):
+        return True
+    source = (links.get(f"{unit.name}.0") or [None])[0]
+    if source is not None and source.startswith("STRENG") and source in units:
+        chain = in_memory.pop(streng_fields(units[source])["addr"], None)
+    elif source in ends:
+        chain = ends.pop(source)
+    else:
+        return source is None or source not in units
+    if chain is not None and not chain.complete:
+        chain.ariths.append(f)
+        chain.arith_epochs.append(epoch)
+        ends[unit.name] = chain
+    return True
+
+
+def ordered_chains(epochs: list[Epoch]) -> list[Chain]:
+    """The convolution chains of a whole program by configuration order alone: each CONVACC pipe
+    (a first unit with `accumulate` 0, then the units accumulating onto it) with the requantizing
+    ARITHs that take its 16-bit output to int8, in the order the epochs configure them.
 
     A pipe whose output is already 8-bit needs none. An ARITH goes to an open chain of its own
     stage: a first ARITH (the 2.x mul_scale, or 3.0's off_bias) to a pipe without one, a later one
@@ -87,6 +161,8 @@ def program_chains(epochs: list[Epoch]) -> list[Chain]:
     chains, open_chains, pipe = [], [], None
     for epoch in epochs:
         for unit in epoch.units:
+            if not unit.name.startswith(("CONVACC", "ARITH")):
+                continue
             if unit.name.startswith("CONVACC"):
                 f = convacc_fields(unit)
                 if pipe is None or not f["accumulate"] or pipe.ariths or pipe not in open_chains:
