@@ -14,7 +14,8 @@ from click.testing import CliRunner
 
 import npusim.app.cli
 from npusim.formats.model_io import load_model
-from npusim.npu.compiled import differs, ordered_chains, read_compiled, wired_chains
+from npusim.npu.compiled import differs, read_compiled
+from npusim.npu.compiled_wiring import ordered_chains, wired_chains
 from npusim.npu.ec_blob import (
     MAGIC,
     CompiledError,
@@ -140,7 +141,7 @@ def test_2x_chain_derived_equals_the_compiled_one(yolox21, capsys):
     derived = graph_stages(graph, N6Options(compiler="2.1"))
     mac = sum(op.kind in ("CONV_2D", "DEPTHWISE_CONV_2D") for op in graph.ops)
     two = {i: c for i, c in program.mapped.items() if len(c.ariths) == 2}
-    exact_fields = bc_layers = bc_channels = channels = split = scalar = 0
+    exact_fields = bc_layers = bc_channels = channels = split = scalar = suboffs = 0
     for index, chain in two.items():
         d = differs(derived[index], chain.stages())
         exact_fields += not [f for f in d if f != "ARITH.C_vector"]
@@ -149,18 +150,21 @@ def test_2x_chain_derived_equals_the_compiled_one(yolox21, capsys):
         bc_layers += bool(bc.all())
         bc_channels += int(bc.sum())
         channels += n
-        split += len(chain.epochs) > 1
+        split += chain.arith_epochs[-1] != chain.epoch
+        suboffs += chain.suboff is not None
         scalar += chain.ariths[-1]["scalar"]
     with capsys.disabled():
         print(
             f"\n2.1 blobs: {len(program.chains)} conv chains, {len(program.mapped)} mapped of "
-            f"{mac} conv layers ({split} requantized in a later epoch than their CONVACC pipe, "
+            f"{mac} conv layers ({suboffs} with their suboff wired, {split} requantized in a later epoch "
+            "than their CONVACC pipe, "
             f"{scalar} with a scalar off_bias); two-stage layers {len(two)}: every field but BC "
             f"exact {exact_fields}/{len(two)}, BC exact {bc_layers}/{len(two)} layers, "
             f"{bc_channels}/{channels} channels"
         )
     assert len(program.mapped) == len(two) == mac  # every conv, each with two requantizing ARITHs
-    assert exact_fields == len(two)  # A1, s1, A2, shift 20, widths, roundings, the CONVACC's S
+    assert exact_fields == len(two)  # suboff, A1, s1, A2, shift 20, widths, roundings, the CONVACC's S
+    assert suboffs == mac
     assert bc_channels == channels  # one fixed 2^-23 rounding missed 161 of 11,196
     assert split >= 11 and scalar >= 9  # the chains that cutting within one epoch missed
     # the 3.0 chain (the default) is not what 2.1 compiled
@@ -217,7 +221,8 @@ def test_inspect_compiled_json_and_errors(yolox21, tmp_path):
     with_compiled = [o for o in data["ops"] if "compiled" in o.get("neural_art", {})]
     assert len(with_compiled) == len(yolox21[1].mapped)
     c = with_compiled[0]["neural_art"]["compiled"]
-    assert set(c) >= {"stages", "differs"} and c["stages"][0]["unit"] == "CONVACC"
+    assert set(c) >= {"stages", "differs", "epochs"} and c["stages"][0]["role"] == "suboff"
+    assert c["stages"][1]["unit"] == "CONVACC" and c["differs"] == []
     assert "stages" in with_compiled[0]["neural_art"]
     bad = tmp_path / "network_ecblobs.h"
     bad.write_text("static const uint64_t _ec_blob_1 [] = {0x0000000300000000UL};")

@@ -1,10 +1,10 @@
 """ST Edge AI's compiled program mapped to the model's ops: `npusim inspect --target stm32n6
 --compiled network_ecblobs.h` (docs/neural-art.md).
 
-The epochs of the blobs (npu/ec_blob.py) are cut into convolution chains: a pipe of CONVACCs (the
-first without an accumulator input, `accumulate` 0) and the per-channel ARITHs that requantize its
-16-bit output (ST Edge AI 3.0: one "off_bias"; 2.x: a per-channel scale A1 into 16 bits, then a
-scalar A2 with a per-channel BC). A chain is the op whose multiplier it computes: of the model's
+The epochs of the blobs (npu/ec_blob.py) form convolution chains (npu/compiled_wiring.py): a pipe
+of CONVACCs and the ARITHs that requantize its 16-bit output (ST Edge AI 3.0: one "off_bias"; 2.x:
+a per-channel scale A1 into 16 bits, then a scalar A2 with a BC). A chain is the op whose
+multiplier it computes: of the model's
 CONV_2D / DEPTHWISE_CONV_2D / FULLY_CONNECTED ops with its channel count, the one whose
 M[c] = s_x s_w[c] / s_y is nearest the chain's effective multiplier, A1[c] A2 / 2^(S + s1 + s2)
 (or A[c] / 2^(S + shift_o)), taken in program order. The blobs name no op, so this is a match by
@@ -13,196 +13,15 @@ arithmetic: it holds when no two layers share every channel's multiplier.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
-from .ec_blob import (
-    CompiledError,
-    Epoch,
-    arith_fields,
-    convacc_fields,
-    read_ecblobs,
-    streng_fields,
-    switch_links,
-)
+from .compiled_wiring import Chain, program_chains
+from .ec_blob import CompiledError, read_ecblobs
 from .neural_art import MAC_KINDS, N6Options, graph_stages
 
 MATCH_TOLERANCE = 1e-3  # relative, beyond the coefficients' own rounding (Chain.rounding)
-
-
-@dataclass
-class Chain:
-    """One convolution as compiled: its CONVACC pipe and requantizing ARITHs (ll_aton fields), and
-    the epoch of each (a requantization may run epochs after its pipe, through a 16-bit buffer)."""
-
-    epoch: int
-    convaccs: list = field(default_factory=list)
-    ariths: list = field(default_factory=list)
-    arith_epochs: list = field(default_factory=list)
-
-    @property
-    def channels(self) -> int:
-        return next((len(a["A_vector"]) for a in self.ariths if a["A_vector"] is not None), 0)
-
-    @property
-    def epochs(self) -> list[int]:
-        return sorted({self.epoch, *self.arith_epochs})
-
-    @property
-    def complete(self) -> bool:
-        """Its requantization reached int8 (an ARITH with an 8-bit output)."""
-        return bool(self.ariths) and self.ariths[-1]["outbytes_o"] == 1
-
-    def multiplier(self) -> np.ndarray:
-        """The effective per-channel multiplier, accumulator to output steps."""
-        total = np.full(self.channels, 2.0 ** -self.convaccs[-1]["shift_o"])
-        for a in self.ariths:
-            coefficient = a["A_scalar"] if a["A_vector"] is None else np.asarray(a["A_vector"], np.float64)
-            total = total * coefficient / 2.0 ** a["shift_o"]
-        return total
-
-    def rounding(self) -> np.ndarray:
-        """Per channel, the relative error the coefficients' rounding allows the multiplier:
-        half a unit of each A (a channel far below the layer's largest keeps few bits of A1)."""
-        bound = np.zeros(self.channels)
-        for a in self.ariths:
-            coefficient = a["A_scalar"] if a["A_vector"] is None else np.asarray(a["A_vector"], np.float64)
-            bound = bound + 0.5 / np.maximum(np.abs(coefficient), 1)
-        return bound
-
-    def stages(self) -> list[dict]:
-        return [*self.convaccs, *self.ariths]
-
-
-def _requantizing(f: dict) -> bool:
-    """An ARITH that takes a 16-bit stream (a CONVACC's output or a 16-bit intermediate) to a
-    scale: not a suboff or QUANTIZE (8-bit input), not an ADD (two inputs)."""
-    return not f["dualinput"] and f["inbytes_x"] == 2
-
-
-def program_chains(epochs: list[Epoch]) -> list[Chain]:
-    """The convolution chains of a whole program, by its wiring (wired_chains); by configuration
-    order (ordered_chains) for a program that configures no stream switch."""
-    if any(u.name == "STRSWITCH" for e in epochs for u in e.units):
-        return wired_chains(epochs)
-    return ordered_chains(epochs)
-
-
-def wired_chains(epochs: list[Epoch]) -> list[Chain]:
-    """The chains as the program wires them. Within an epoch the stream switch says which unit
-    feeds which (ec_blob.switch_links): a CONVACC whose accumulator input (port 2) is another
-    CONVACC continues that one's pipe, a requantizing ARITH continues the chain whose last unit
-    feeds its input 0. Across epochs a chain's last unit writes its 16-bit output to memory through
-    a stream engine, and the ARITH that a later epoch feeds from an engine reading that address
-    continues it (network.c names these buffers `<conv>_out`, `<conv>_mul_scale_out`)."""
-    chains, in_memory = [], {}
-    for epoch in epochs:
-        links, units = switch_links(epoch), {u.name: u for u in epoch.units}
-        ends = {}  # unit of this epoch -> the chain it currently ends
-        waiting = [u for u in epoch.units if u.name.startswith(("CONVACC", "ARITH"))]
-        while waiting:
-            left = [u for u in waiting if not _wire(u, epoch.number, links, units, ends, in_memory, chains)]
-            if len(left) == len(waiting):
-                break  # fed by nothing this epoch resolves: not part of a conv chain
-            waiting = left
-        for port, sources in links.items():
-            engine = units.get(port)
-            if engine is not None and port.startswith("STRENG") and streng_fields(engine)["write"]:
-                for source in sources:
-                    if source in ends and not ends[source].complete:
-                        in_memory[streng_fields(engine)["addr"]] = ends[source]
-    return [c for c in chains if c.complete]
-
-
-def _wire(unit, epoch: int, links: dict, units: dict, ends: dict, in_memory: dict, chains: list) -> bool:
-    """Place one unit of an epoch in its chain; False while what feeds it is not placed yet."""
-    if unit.name.startswith("CONVACC"):
-        f = convacc_fields(unit)
-        feeder = next((s for s in links.get(f"{unit.name}.2", []) if s.startswith("CONVACC")), None)
-        if f["accumulate"] and feeder is not None:
-            if feeder not in ends:
-                return False
-            chain = ends.pop(feeder)
-        else:
-            chain = Chain(epoch)
-            chains.append(chain)
-        chain.convaccs.append(f)
-        ends[unit.name] = chain
-        return True
-    f = arith_fields(unit)
-    if not _requantizing(f):
-        return True
-    source = (links.get(f"{unit.name}.0") or [None])[0]
-    if source is not None and source.startswith("STRENG") and source in units:
-        chain = in_memory.pop(streng_fields(units[source])["addr"], None)
-    elif source in ends:
-        chain = ends.pop(source)
-    else:
-        return source is None or source not in units
-    if chain is not None and not chain.complete:
-        chain.ariths.append(f)
-        chain.arith_epochs.append(epoch)
-        ends[unit.name] = chain
-    return True
-
-
-def ordered_chains(epochs: list[Epoch]) -> list[Chain]:
-    """The convolution chains of a whole program by configuration order alone: each CONVACC pipe
-    (a first unit with `accumulate` 0, then the units accumulating onto it) with the requantizing
-    ARITHs that take its 16-bit output to int8, in the order the epochs configure them.
-
-    A pipe whose output is already 8-bit needs none. An ARITH goes to an open chain of its own
-    stage: a first ARITH (the 2.x mul_scale, or 3.0's off_bias) to a pipe without one, a later one
-    to a chain whose last ARITH has its channel count. Within an epoch units stream into each
-    other, so the chain configured last in the same epoch is taken first; otherwise the ARITH reads
-    a buffer an earlier epoch wrote, and the oldest open chain is taken (ST's network.c names these
-    buffers `<conv>_out`, `<conv>_mul_scale_out`)."""
-    chains, open_chains, pipe = [], [], None
-    for epoch in epochs:
-        for unit in epoch.units:
-            if not unit.name.startswith(("CONVACC", "ARITH")):
-                continue
-            if unit.name.startswith("CONVACC"):
-                f = convacc_fields(unit)
-                if pipe is None or not f["accumulate"] or pipe.ariths or pipe not in open_chains:
-                    pipe = Chain(epoch.number)
-                    chains.append(pipe)
-                    open_chains.append(pipe)
-                pipe.convaccs.append(f)
-                if f["outbytes_o"] == 1:
-                    open_chains.remove(pipe)  # 8-bit out: no requantization follows
-                continue
-            f = arith_fields(unit)
-            if not _requantizing(f):
-                continue
-            chain = _open_chain_for(f, open_chains, epoch.number)
-            if chain is None:
-                continue
-            chain.ariths.append(f)
-            chain.arith_epochs.append(epoch.number)
-            if chain.complete:
-                open_chains.remove(chain)
-    return [c for c in chains if c.complete]
-
-
-def _open_chain_for(f: dict, open_chains: list[Chain], epoch: int) -> Chain | None:
-    """The open chain an ARITH continues: a 16-bit output starts a requantization (a pipe without
-    ARITHs); an 8-bit one ends one, preferably a chain waiting on a 16-bit intermediate of its
-    channel count, else a pipe (a one-stage requantization). Same epoch first (the last such
-    chain configured), then the oldest from an earlier epoch."""
-    n = None if f["A_vector"] is None else len(f["A_vector"])
-    bare = [c for c in open_chains if not c.ariths]
-    waiting = [
-        c for c in open_chains if c.ariths and c.ariths[-1]["outbytes_o"] == 2 and n in (None, c.channels)
-    ]
-    groups = [bare] if f["outbytes_o"] == 2 else [waiting, bare]
-    for same_epoch in (True, False):
-        for group in groups:
-            found = [c for c in group if ((c.arith_epochs or [c.epoch])[-1] == epoch) == same_epoch]
-            if found:
-                return found[-1] if same_epoch else found[0]
-    return None
 
 
 def _op_multiplier(graph, op) -> np.ndarray | None:
@@ -253,6 +72,7 @@ COMPARED_CONVACC = (
     "saturation_o",
     "round_mode_o",
 )
+COMPARED_SUBOFF = ("A_scalar", "B_scalar", "C_scalar", "shift_o", "inbytes_x", "outbytes_o", "rounding_o")
 COMPARED_ARITH = (
     "combinebc",
     "inbytes_x",
@@ -268,14 +88,19 @@ COMPARED_ARITH = (
 
 def differs(derived: list[dict], compiled: list[dict]) -> list[str]:
     """The fields where npusim's derived chain and the compiled one part, as UNIT.field (ll_aton's
-    names): the first CONVACC's format and shift_a, the pipe's output (its last CONVACC's shift_o and
-    outbytes_o against the derived one's), and each requantizing ARITH in order; "stages" when the
-    compiled chain has a different number of requantizing ARITHs."""
+    names): the suboff's coefficients and widths (ARITH[suboff].), the first CONVACC's format and
+    shift_a, the pipe's output (its last CONVACC's shift_o and outbytes_o against the derived
+    one's), and each requantizing ARITH in order; "stages" when the compiled chain has a different
+    number of requantizing ARITHs."""
     out = []
     d_conv = [s for s in derived if s["unit"] == "CONVACC"]
     d_arith = [s for s in derived if s["unit"] == "ARITH" and s.get("role") != "suboff"]
     c_conv = [s for s in compiled if s["unit"] == "CONVACC"]
-    c_arith = [s for s in compiled if s["unit"] == "ARITH"]
+    c_arith = [s for s in compiled if s["unit"] == "ARITH" and s.get("role") != "suboff"]
+    d_sub = [s for s in derived if s.get("role") == "suboff"]
+    c_sub = [s for s in compiled if s.get("role") == "suboff"]
+    if d_sub and c_sub:
+        out += [f"ARITH[suboff].{k}" for k in COMPARED_SUBOFF if d_sub[0].get(k) != c_sub[0].get(k)]
     if d_conv and c_conv:
         # deep mode (1x1 kernels) streams the feature 3 bytes at a time (inbytes_f 3 in the 3.0 trace
         # and the 2.1 blobs alike, only there): a packing of the stream, not the feature's width
@@ -350,6 +175,7 @@ def compiled_ops(data: dict, graph, program: CompiledProgram, options: N6Options
         stages = chain.stages()
         na["compiled"] = {
             "epoch": chain.epoch,
+            "epochs": chain.epochs,
             "stages": stages,
             "differs": differs(derived.get(o["op_index"], []), stages),
         }
@@ -380,13 +206,14 @@ def summary_lines(program: CompiledProgram, graph, options: N6Options | None = N
 
 
 def run_stages(derived: list[dict], chain: Chain) -> list[dict]:
-    """The chain `--profile neural-art --compiled` runs for a mapped conv: the derived suboff (the
-    blobs' suboffs are not mapped yet), the CONVACC with the compiled pipe's shift_a and output
-    (its last unit's shift_o and width), then the compiled requantizing ARITHs as they are."""
+    """The chain `--profile neural-art --compiled` runs for a mapped conv: the compiled suboff (the
+    derived one where the wiring found none), the CONVACC with the compiled pipe's shift_a and
+    output (its last unit's shift_o and width), then the compiled requantizing ARITHs as they are."""
     convacc = dict(derived[1])
     convacc.update(
         shift_a=chain.convaccs[0]["shift_a"],
         shift_o=chain.convaccs[-1]["shift_o"],
         outbytes_o=chain.convaccs[-1]["outbytes_o"],
     )
-    return [derived[0], convacc, *(dict(a, role="compiled") for a in chain.ariths)]
+    suboff = derived[0] if chain.suboff is None else dict(chain.suboff, role="suboff")
+    return [suboff, convacc, *(dict(a, role="compiled") for a in chain.ariths)]
