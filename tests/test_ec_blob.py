@@ -219,8 +219,15 @@ def test_inspect_compiled_json_and_errors(yolox21, tmp_path):
     assert r.exit_code == 0, r.output
     data = json.loads(r.output)
     with_compiled = [o for o in data["ops"] if "compiled" in o.get("neural_art", {})]
-    assert len(with_compiled) == len(yolox21[1].mapped)
-    c = with_compiled[0]["neural_art"]["compiled"]
+    program = yolox21[1]
+    assert len(with_compiled) == len(program.mapped) + len(program.singles)
+    assert all(o["neural_art"]["compiled"]["differs"] == [] for o in with_compiled)
+    kinds = program.summary()["epoch_kinds"]
+    # every epoch with an ARITH or CONVACC unit maps to ops but one: epoch 93's three CONVACCs that
+    # pad the SPP max pools' inputs (network.c: MaxPool_43x_decomposed_pad_out)
+    assert kinds["unmapped_units"] == ["93:CONVACC0", "93:CONVACC1", "93:CONVACC2"]
+    assert {program.singles[i].fields["role"] for i in program.singles} == {"add", "quantize"}
+    c = next(o for o in with_compiled if o["kind"] == "CONV_2D")["neural_art"]["compiled"]
     assert set(c) >= {"stages", "differs", "epochs"} and c["stages"][0]["role"] == "suboff"
     assert c["stages"][1]["unit"] == "CONVACC" and c["differs"] == []
     assert "stages" in with_compiled[0]["neural_art"]

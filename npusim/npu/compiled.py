@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .compiled_epochs import epoch_kinds, map_arith_ops
 from .compiled_wiring import Chain, program_chains
 from .ec_blob import CompiledError, read_ecblobs
 from .neural_art import MAC_KINDS, N6Options, graph_stages
@@ -119,6 +120,32 @@ def differs(derived: list[dict], compiled: list[dict]) -> list[str]:
     return sorted(set(out), key=out.index)
 
 
+COMPARED_SINGLE = (
+    "inbytes_x",
+    "rounding_o",
+    "saturation_o",
+    "round_mode_o",
+    "outbytes_o",
+    "shift_o",
+    "A_scalar",
+    "B_scalar",
+    "C_scalar",
+    "Ax_shift",
+    "By_shift",
+    "C_shift",
+)
+
+
+def differs_single(derived: list[dict], compiled: list[dict]) -> list[str]:
+    """An op compiled as one scalar ARITH (ADD, QUANTIZE): the fields where the derived and the
+    compiled unit part (for a single-input unit, Ax_shift, By_shift and C_shift are unused)."""
+    if len(derived) != 1 or len(compiled) != 1:
+        return ["stages"]
+    d, c = derived[0], compiled[0]
+    keys = [k for k in COMPARED_SINGLE if c.get("dualinput") or k not in ("Ax_shift", "By_shift", "C_shift")]
+    return [f"ARITH.{k}" for k in keys if d.get(k) != c.get(k)]
+
+
 def _value(stage: dict, key: str):
     """A field as compared: a scalar stage's per-channel fields as its scalars, a C_vector with
     combinebc as the BC it stands for."""
@@ -132,12 +159,19 @@ def _value(stage: dict, key: str):
 
 @dataclass
 class CompiledProgram:
-    """A compiled program read and mapped: epochs, chains, op index -> chain."""
+    """A compiled program read and mapped: epochs, chains, op index -> conv chain (mapped), op index
+    -> the one ARITH of an ADD or QUANTIZE (singles, npu/compiled_epochs.py)."""
 
     path: str
     epochs: list
     chains: list
     mapped: dict
+    singles: dict
+
+    def claimed(self) -> set:
+        """(epoch, unit) of every unit a mapped op runs on."""
+        units = {u for c in self.mapped.values() for u in c.units}
+        return units | {(p.epoch, p.unit) for p in self.singles.values()}
 
     def summary(self) -> dict:
         conv_epochs = sorted({c.epoch for c in self.chains})
@@ -149,6 +183,8 @@ class CompiledProgram:
             "mapped_chains": len(self.mapped),
             "conv_epochs": len(conv_epochs),
             "mapped_conv_epochs": len(mapped_epochs),
+            "mapped_single_arith_ops": len(self.singles),
+            "epoch_kinds": epoch_kinds(self.epochs, self.claimed()),
         }
 
 
@@ -159,7 +195,9 @@ def read_compiled(path, graph) -> CompiledProgram:
     chains = program_chains(epochs)
     if not chains:
         raise CompiledError(f"{path}: no epoch configures a CONVACC with a requantizing ARITH")
-    return CompiledProgram(str(path), epochs, chains, map_chains(graph, chains))
+    mapped = map_chains(graph, chains)
+    claimed = {u for c in mapped.values() for u in c.units}
+    return CompiledProgram(str(path), epochs, chains, mapped, map_arith_ops(graph, epochs, claimed))
 
 
 def compiled_ops(data: dict, graph, program: CompiledProgram, options: N6Options | None = None) -> dict:
@@ -168,16 +206,18 @@ def compiled_ops(data: dict, graph, program: CompiledProgram, options: N6Options
     "compiled" summary."""
     derived = graph_stages(graph, options or N6Options())
     for o in data["ops"]:
-        chain = program.mapped.get(o["op_index"])
+        index = o["op_index"]
+        chain = program.mapped.get(index, program.singles.get(index))
         if chain is None:
             continue
         na = o.setdefault("neural_art", {"stages": []})
         stages = chain.stages()
+        compare = differs if index in program.mapped else differs_single
         na["compiled"] = {
             "epoch": chain.epoch,
             "epochs": chain.epochs,
             "stages": stages,
-            "differs": differs(derived.get(o["op_index"], []), stages),
+            "differs": compare(derived.get(index, []), stages),
         }
     data["compiled"] = program.summary()
     return data
@@ -193,11 +233,18 @@ def summary_lines(program: CompiledProgram, graph, options: N6Options | None = N
         exact += not d
         for f in d:
             counts[f] = counts.get(f, 0) + 1
+    single_exact = sum(not differs_single(derived.get(i, []), p.stages()) for i, p in program.singles.items())
+    k = s["epoch_kinds"]
     lines = [
         "",
         f"compiled program {s['file']}: {s['epochs']} epochs, {s['conv_chains']} conv chains, "
         f"{s['mapped_chains']} mapped to ops ({s['mapped_conv_epochs']} of {s['conv_epochs']} conv epochs); "
         f"{exact} of {s['mapped_chains']} equal the derived chain in every compared field",
+        f"  ADD and QUANTIZE units mapped to ops: {len(program.singles)}, {single_exact} equal the derived "
+        f"unit in every compared field",
+        f"  epochs: {k['mapped']} with every ARITH and CONVACC unit in a mapped op, {k['unmapped']} not "
+        f"({', '.join(k['unmapped_units'][:6]) or '-'}), {k['pool']} pooling, {k['movement']} data movement "
+        f"only, {k['empty']} with no NPU unit",
     ]
     if counts:
         shown = ", ".join(f"{k} ({v})" for k, v in sorted(counts.items(), key=lambda kv: -kv[1]))

@@ -23,6 +23,7 @@ class Chain:
     arith_epochs: list = field(default_factory=list)
     suboff: dict | None = None  # the ARITH feeding the pipe (wired_chains only)
     suboff_epoch: int | None = None
+    units: list = field(default_factory=list)  # (epoch, unit name) of each of its units (wired only)
 
     @property
     def channels(self) -> int:
@@ -115,7 +116,7 @@ class _Wiring:
                         self.in_memory[streng_fields(engine)["addr"]] = held
 
     def source(self, port: str):
-        """(True, what feeds the port: a chain, a suboff (fields, epoch) or None) once placed;
+        """(True, what feeds the port: a chain, a suboff (fields, epoch, unit) or None) once placed;
         (False, None) while its feeder in this epoch is not placed yet."""
         source = (self.links.get(port) or [None])[0]
         if source is not None and source.startswith("STRENG") and source in self.units:
@@ -139,15 +140,17 @@ class _Wiring:
                     return False
                 chain = Chain(self.number)
                 if isinstance(suboff, tuple):
-                    chain.suboff, chain.suboff_epoch = suboff
+                    chain.suboff, chain.suboff_epoch, name = suboff
+                    chain.units.append((chain.suboff_epoch, name))
                 self.chains.append(chain)
             chain.convaccs.append(f)
+            chain.units.append((self.number, unit.name))
             self.ends[unit.name] = chain
             return True
         f = arith_fields(unit)
         if _suboff(f):
             placed, _ = self.source(f"{unit.name}.0")
-            self.ends[unit.name] = (f, self.number)
+            self.ends[unit.name] = (f, self.number, unit.name)
             return True
         if not _requantizing(f):
             return True
@@ -157,6 +160,7 @@ class _Wiring:
         if isinstance(chain, Chain) and not chain.complete:
             chain.ariths.append(f)
             chain.arith_epochs.append(self.number)
+            chain.units.append((self.number, unit.name))
             self.ends[unit.name] = chain
         return True
 

@@ -384,7 +384,9 @@ def op_stages(graph, op, options: N6Options = N6Options()) -> list[dict] | None:
         if x.quant is None or np.dtype(x.dtype).kind not in "iu":
             return None
         ratio = float(np.float64(x.scale) / np.float64(out.scale))
-        return [affine_stage("requantize", ratio, out.zero_point - ratio * x.zero_point)]
+        # a uint8 input reaches the (signed) ARITH as a 16-bit stream: inbytes_x 2 on the 2.1 compile
+        inbytes = 2 if np.dtype(x.dtype) == np.uint8 else 1
+        return [affine_stage("requantize", ratio, out.zero_point - ratio * x.zero_point, inbytes)]
     if op.kind in ("MAX_POOL_2D", "AVERAGE_POOL_2D"):
         return pool_stages(op.kind, op.options)
     return None

@@ -182,14 +182,17 @@ class NeuralArtProfile:
 
     def _stages(self, graph, op):
         stages = op_stages(graph, op, self.options)
-        if stages is None or self.options.compiled is None or op.kind not in ConvKinds:
+        if stages is None or self.options.compiled is None:
             return stages
         from .compiled import read_compiled, run_stages
 
         key = id(graph)
         if key not in self._programs:
             self._programs[key] = read_compiled(self.options.compiled, graph)
-        chain = self._programs[key].mapped.get(op.index)
+        program = self._programs[key]
+        if op.index in program.singles:  # an ADD or QUANTIZE: its compiled ARITH as it is
+            return [dict(program.singles[op.index].fields)]
+        chain = program.mapped.get(op.index) if op.kind in ConvKinds else None
         return stages if chain is None else run_stages(stages, chain)
 
     def kernel_for(self, kernel_class, op, graph, **extra) -> Kernel:

@@ -1,0 +1,112 @@
+"""The compiled program's units that are not a convolution's chain, mapped to ops (ADD, an int8
+QUANTIZE: each one ARITH), and what each epoch runs (docs/neural-art.md).
+
+An ADD is the two-input ARITH whose ratios A / 2^(shift_o + Ax_shift) and B / 2^(shift_o + By_shift)
+are the op's s_x / s_out and s_y / s_out; a QUANTIZE the one-input scalar ARITH whose
+A / 2^shift_o is s_x / s_out and whose BC / 2^shift_o is z_out - (s_x / s_out) z_x: each within
+its coefficients' rounding, the first such op in program order not yet mapped (a match by
+arithmetic, as npu/compiled.py's for convolutions).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .ec_blob import arith_fields
+
+TOLERANCE = 1e-3  # relative, beyond half a unit of each coefficient
+
+
+@dataclass
+class Placed:
+    """One op compiled as a single ARITH: its epoch, unit name and ll_aton fields."""
+
+    epoch: int
+    unit: str
+    fields: dict
+
+    @property
+    def epochs(self) -> list[int]:
+        return [self.epoch]
+
+    def stages(self) -> list[dict]:
+        return [self.fields]
+
+
+def _bc(f: dict) -> int:
+    return (int(f["B_scalar"]) << 16) + (int(f["C_scalar"]) & 0xFFFF)
+
+
+def _candidates(graph) -> dict[int, tuple]:
+    """op index -> (kind, ratios the ARITH computes)."""
+    t, out = graph.tensors, {}
+    for op in graph.ops:
+        ins = [t[i] for i in op.inputs if i >= 0]
+        o = t[op.outputs[0]] if op.outputs else None
+        if o is None or o.quant is None or any(x.quant is None for x in ins):
+            continue
+        if op.kind == "ADD" and len(ins) == 2 and not any(x.is_constant for x in ins):
+            out[op.index] = ("ADD", ins[0].scale / o.scale, ins[1].scale / o.scale)
+        elif op.kind == "QUANTIZE" and np.dtype(ins[0].dtype).kind in "iu":
+            r = ins[0].scale / o.scale
+            out[op.index] = ("QUANTIZE", r, o.zero_point - r * ins[0].zero_point)
+    return out
+
+
+def _error(f: dict, kind: str, a: float, b: float) -> float | None:
+    """How far the ARITH's coefficients are from the op's, over what their rounding allows
+    (<= 1: a match); None when the unit cannot be that op."""
+    if kind == "ADD":
+        if not f["dualinput"]:
+            return None
+        ra = f["A_scalar"] / 2.0 ** (f["shift_o"] + f["Ax_shift"])
+        rb = f["B_scalar"] / 2.0 ** (f["shift_o"] + f["By_shift"])
+        allowed = 0.5 / max(abs(f["A_scalar"]), 1) + 0.5 / max(abs(f["B_scalar"]), 1) + TOLERANCE
+        return max(abs(ra / a - 1), abs(rb / b - 1)) / allowed
+    if f["dualinput"] or not f["scalar"]:
+        return None  # (a uint8 input arrives as a 16-bit stream: inbytes_x 2 on the 2.1 compile)
+    ratio, c = f["A_scalar"] / 2.0 ** f["shift_o"], _bc(f) / 2.0 ** f["shift_o"]
+    allowed = 0.5 / max(abs(f["A_scalar"]), 1) + TOLERANCE
+    return max(abs(ratio / a - 1) / allowed, abs(c - b) / (1 + abs(b)) / allowed)
+
+
+def map_arith_ops(graph, epochs, claimed: set) -> dict[int, Placed]:
+    """op index -> the single ARITH it compiled to, over the ARITHs no chain claimed
+    ((epoch, unit) pairs), in program order."""
+    candidates, mapped = _candidates(graph), {}
+    for epoch in epochs:
+        for unit in epoch.units:
+            if not unit.name.startswith("ARITH") or (epoch.number, unit.name) in claimed:
+                continue
+            f = arith_fields(unit)
+            best, err = None, np.nextafter(1.0, 2.0)
+            for index, (kind, a, b) in candidates.items():
+                e = None if index in mapped else _error(f, kind, a, b)
+                if e is not None and e < err:
+                    best, err = index, e
+            if best is not None:
+                mapped[best] = Placed(epoch.number, unit.name, dict(f, role=candidates[best][0].lower()))
+    return mapped
+
+
+def epoch_kinds(epochs, claimed: set) -> dict:
+    """What the epochs run: "mapped", every ARITH and CONVACC unit in one mapped op; "unmapped",
+    some not (listed as "epoch:unit"); "pool", POOL units only; "movement", stream engines only
+    (copies: concatenation, resize, transposes through memory); "empty", no NPU unit."""
+    out = {"mapped": 0, "unmapped": 0, "pool": 0, "movement": 0, "empty": 0, "unmapped_units": []}
+    for epoch in epochs:
+        names = [u.name for u in epoch.units]
+        compute = [n for n in names if n.startswith(("ARITH", "CONVACC"))]
+        if compute:
+            left = [f"{epoch.number}:{n}" for n in compute if (epoch.number, n) not in claimed]
+            out["unmapped" if left else "mapped"] += 1
+            out["unmapped_units"] += left
+        elif any(n.startswith("POOL") for n in names):
+            out["pool"] += 1
+        elif any(n.startswith("STRENG") for n in names):
+            out["movement"] += 1
+        else:
+            out["empty"] += 1
+    return out
