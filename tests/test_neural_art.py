@@ -178,6 +178,32 @@ def test_compare_and_validate(conv_model, tmp_path):
     assert "tflm propagated sqnr_db" in r.output
 
 
+def test_compare_applies_n6_options_per_side(conv_model, tmp_path):
+    """--n6-* options apply to both sides, so neural-art against itself never parts; a side given
+    as a spec (neural-art:KEY=VALUE,...) has its own choices over the shared ones."""
+    path = tmp_path / "conv.tflite"
+    path.write_bytes(conv_model)
+    x = np.random.default_rng(6).integers(-128, 128, (4, 8, 8, 4)).astype(np.int8)
+    np.save(tmp_path / "x.npy", x)
+    run = ("compare", path, "--input", tmp_path / "x.npy", "--a", "neural-art")
+    both = cli(*run, "--b", "neural-art", "--n6-rounding", "truncate")
+    assert both.exit_code == 0 and "first difference" not in both.output
+    side = cli(*run, "--b", "neural-art:rounding=truncate")
+    assert side.exit_code == 0 and "B = neural-art:rounding=truncate" in side.output
+    assert "first difference: op 0 (CONV_2D)" in side.output
+    # the shared option, then B's own back to the default: the sides part again
+    back = cli(*run, "--b", "neural-art:rounding=half-up", "--n6-rounding", "truncate")
+    assert "first difference: op 0 (CONV_2D)" in back.output
+    for bad, says in (
+        ("neural-art:rounding=sideways", "rounding is one of half-up, half-even, truncate"),
+        ("neural-art:speed=fast", "is not KEY=VALUE with KEY one of"),
+        ("tflm:rounding=truncate", "options after ':' apply only to neural-art"),
+        ("nope", "the profile is one of"),
+    ):
+        r = cli(*run, "--b", bad)
+        assert r.exit_code == 2 and says in r.output and r.output.count("\n") <= 2, r.output
+
+
 def test_fully_connected_and_pool_chains():
     rng = np.random.default_rng(7)
     w = rng.integers(-127, 128, (6, 20)).astype(np.int8)

@@ -211,6 +211,39 @@ class NeuralArtProfile:
 
 
 def profile_object(name: str, options: N6Options | None = None):
-    """What the Interpreter takes for a profile name: NeuralArtProfile(options) for "neural-art",
-    else the name itself."""
+    """What the Interpreter takes for a profile name or spec (parse_profile_spec):
+    NeuralArtProfile(options with the spec's own) for "neural-art[:...]", else the name itself."""
+    name, options = parse_profile_spec(name, options)
     return NeuralArtProfile(options) if name == NeuralArtProfile.name else name
+
+
+def parse_profile_spec(spec: str, options: N6Options | None = None) -> tuple[str, N6Options | None]:
+    """ "neural-art:rounding=truncate,compiler=2.1" -> ("neural-art", options with those fields):
+    one side's own --n6-* choices (keys as the options' names, `-` or `_`; compiled=FILE), over the
+    ones both sides share. A plain profile name is itself. NpusimError (one line) for a bad spec."""
+    from dataclasses import fields, replace
+
+    from ..errors import NpusimError
+    from ..profiles import N6_CHOICES
+
+    name, _, rest = spec.partition(":")
+    if not rest:
+        return name, options
+    if name != NeuralArtProfile.name:
+        raise NpusimError(f"profile {spec!r}: options after ':' apply only to neural-art")
+    known = {f.name for f in fields(N6Options)} & (set(N6_CHOICES) | {"compiled"})
+    changes = {}
+    for item in rest.split(","):
+        key, eq, value = item.partition("=")
+        key = key.strip().replace("-", "_")
+        if not eq or key not in known:
+            raise NpusimError(
+                f"profile {spec!r}: {item!r} is not KEY=VALUE with KEY one of "
+                f"{', '.join(sorted(k.replace('_', '-') for k in known))}"
+            )
+        if key in N6_CHOICES and value not in N6_CHOICES[key]:
+            raise NpusimError(
+                f"profile {spec!r}: {key.replace('_', '-')} is one of {', '.join(N6_CHOICES[key])}"
+            )
+        changes[key] = value
+    return name, replace(options or N6Options(), **changes)
