@@ -2,8 +2,9 @@
 per compiler family (`--n6-compiler`, N6Options.compiler), so no other module asks for a version.
 
 * 3.0 (the readable trace, tests/test_neural_art_trace.py): one per-channel ARITH "off_bias",
-  A[c] = round(M[c] 2^T), shift_o = T - S, BC[c] at shift_o (neural_art.conv_stages' rule).
-* 2.1 and 2.2 (the shared 2.1 compile's blobs, tests/test_n6_compiler.py): two ARITHs.
+  A[c] = round(M[c] 2^T) with M[c] = float32(s_x s_w[c]) / s_y, shift_o = T - S, BC[c] at shift_o
+  (neural_art.bc_vector).
+* 2.1 and 2.2 (the shared 2.1 compile's blobs, tests/test_ec_blob.py): two ARITHs.
   - "mul_scale", per channel: A1[c] = round(a[c] 2^e1), a[c] = s_x * s_w[c] in float32, e1 the
     largest shift keeping every A1 within int16; no B or C; 16-bit output, rounded and saturated;
     shift s1 = e1 + e2 - 20 - S.
@@ -28,7 +29,9 @@ class SingleStage:
     name = "3.0"
 
     def requantize(self, rule, a, y_scale, s, b_steps, y_zero_point, no_bias) -> list[dict]:
-        m = a / np.float64(y_scale)
+        # s_x * s_w[c] as the compiler holds it, in float32 (the bias scale), then over s_y in double:
+        # ST's A on all 12,082 channels of the 3.0 trace (in double, 7 ties x.5 went the other way)
+        m = a.astype(np.float32).astype(np.float64) / np.float64(y_scale)
         total = rule.normalised_shift(float(m.max()))  # T: A = M * 2^T fits int16
         shift_o = total - s
         bc = rule.bc(b_steps, shift_o, y_zero_point)
