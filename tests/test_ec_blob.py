@@ -220,13 +220,17 @@ def test_inspect_compiled_json_and_errors(yolox21, tmp_path):
     data = json.loads(r.output)
     with_compiled = [o for o in data["ops"] if "compiled" in o.get("neural_art", {})]
     program = yolox21[1]
-    assert len(with_compiled) == len(program.mapped) + len(program.singles)
+    assert len(with_compiled) == len(program.mapped) + len(program.singles) + len(program.pools)
     assert all(o["neural_art"]["compiled"]["differs"] == [] for o in with_compiled)
     kinds = program.summary()["epoch_kinds"]
-    # every epoch with an ARITH or CONVACC unit maps to ops but one: epoch 93's three CONVACCs that
-    # pad the SPP max pools' inputs (network.c: MaxPool_43x_decomposed_pad_out)
-    assert kinds["unmapped_units"] == ["93:CONVACC0", "93:CONVACC1", "93:CONVACC2"]
+    # every epoch with an ARITH, CONVACC or POOL unit maps to ops; the others only move data (16)
+    # or run nothing on the NPU (the input's and output's transposes, the end: 3)
+    assert kinds["unmapped"] == 0 and (kinds["mapped"], kinds["movement"], kinds["empty"]) == (203, 16, 3)
     assert {program.singles[i].fields["role"] for i in program.singles} == {"add", "quantize"}
+    # the SPP pools (5x5, 9x9, 13x13) as 2, 4 and 6 chained POOL units after a padding CONVACC each,
+    # in the epochs network.c names (MaxPool_433 in 93, MaxPool_432 in 97-98, MaxPool_431 in 94-96)
+    pools = {graph_op: (p.pools, p.epochs, len(p.pads)) for graph_op, p in program.pools.items()}
+    assert sorted(pools.values()) == [(2, [93], 1), (4, [93, 97, 98], 1), (6, [93, 94, 95, 96], 1)]
     c = next(o for o in with_compiled if o["kind"] == "CONV_2D")["neural_art"]["compiled"]
     assert set(c) >= {"stages", "differs", "epochs"} and c["stages"][0]["role"] == "suboff"
     assert c["stages"][1]["unit"] == "CONVACC" and c["differs"] == []

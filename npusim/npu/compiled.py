@@ -13,12 +13,12 @@ arithmetic: it holds when no two layers share every channel's multiplier.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from .compiled_epochs import epoch_kinds, map_arith_ops
-from .compiled_wiring import Chain, program_chains
+from .compiled_epochs import epoch_kinds, map_arith_ops, map_pools
+from .compiled_wiring import Chain, program_chains, wire
 from .ec_blob import CompiledError, read_ecblobs
 from .neural_art import MAC_KINDS, N6Options, graph_stages
 
@@ -136,6 +136,12 @@ COMPARED_SINGLE = (
 )
 
 
+def _differs_pool(derived: list[dict], compiled: list[dict]) -> list[str]:
+    """A pool: the number of POOL units (their registers are not decoded)."""
+    count = sum(st["unit"] == "POOL" for st in compiled)
+    return [] if count == sum(st["unit"] == "POOL" for st in derived) else ["stages"]
+
+
 def differs_single(derived: list[dict], compiled: list[dict]) -> list[str]:
     """An op compiled as one scalar ARITH (ADD, QUANTIZE): the fields where the derived and the
     compiled unit part (for a single-input unit, Ax_shift, By_shift and C_shift are unused)."""
@@ -167,10 +173,11 @@ class CompiledProgram:
     chains: list
     mapped: dict
     singles: dict
+    pools: dict = field(default_factory=dict)  # op index -> PoolChain
 
     def claimed(self) -> set:
         """(epoch, unit) of every unit a mapped op runs on."""
-        units = {u for c in self.mapped.values() for u in c.units}
+        units = {u for c in (*self.mapped.values(), *self.pools.values()) for u in c.units}
         return units | {(p.epoch, p.unit) for p in self.singles.values()}
 
     def summary(self) -> dict:
@@ -184,6 +191,7 @@ class CompiledProgram:
             "conv_epochs": len(conv_epochs),
             "mapped_conv_epochs": len(mapped_epochs),
             "mapped_single_arith_ops": len(self.singles),
+            "mapped_pools": len(self.pools),
             "epoch_kinds": epoch_kinds(self.epochs, self.claimed()),
         }
 
@@ -196,8 +204,10 @@ def read_compiled(path, graph) -> CompiledProgram:
     if not chains:
         raise CompiledError(f"{path}: no epoch configures a CONVACC with a requantizing ARITH")
     mapped = map_chains(graph, chains)
-    claimed = {u for c in mapped.values() for u in c.units}
-    return CompiledProgram(str(path), epochs, chains, mapped, map_arith_ops(graph, epochs, claimed))
+    pools = map_pools(graph, wire(epochs).pools)
+    claimed = {u for c in (*mapped.values(), *pools.values()) for u in c.units}
+    singles = map_arith_ops(graph, epochs, claimed)
+    return CompiledProgram(str(path), epochs, chains, mapped, singles, pools)
 
 
 def compiled_ops(data: dict, graph, program: CompiledProgram, options: N6Options | None = None) -> dict:
@@ -207,12 +217,14 @@ def compiled_ops(data: dict, graph, program: CompiledProgram, options: N6Options
     derived = graph_stages(graph, options or N6Options())
     for o in data["ops"]:
         index = o["op_index"]
-        chain = program.mapped.get(index, program.singles.get(index))
+        chain = program.mapped.get(index, program.singles.get(index, program.pools.get(index)))
         if chain is None:
             continue
         na = o.setdefault("neural_art", {"stages": []})
         stages = chain.stages()
         compare = differs if index in program.mapped else differs_single
+        if index in program.pools:
+            compare = _differs_pool
         na["compiled"] = {
             "epoch": chain.epoch,
             "epochs": chain.epochs,
@@ -242,9 +254,10 @@ def summary_lines(program: CompiledProgram, graph, options: N6Options | None = N
         f"{exact} of {s['mapped_chains']} equal the derived chain in every compared field",
         f"  ADD and QUANTIZE units mapped to ops: {len(program.singles)}, {single_exact} equal the derived "
         f"unit in every compared field",
-        f"  epochs: {k['mapped']} with every ARITH and CONVACC unit in a mapped op, {k['unmapped']} not "
-        f"({', '.join(k['unmapped_units'][:6]) or '-'}), {k['pool']} pooling, {k['movement']} data movement "
-        f"only, {k['empty']} with no NPU unit",
+        f"  pools mapped to ops: {len(program.pools)}",
+        f"  epochs: {k['mapped']} with every ARITH, CONVACC and POOL unit in a mapped op, {k['unmapped']} "
+        f"not ({', '.join(k['unmapped_units'][:6]) or '-'}), {k['movement']} data movement only, "
+        f"{k['empty']} with no NPU unit",
     ]
     if counts:
         shown = ", ".join(f"{k} ({v})" for k, v in sorted(counts.items(), key=lambda kv: -kv[1]))

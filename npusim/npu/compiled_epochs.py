@@ -1,5 +1,6 @@
 """The compiled program's units that are not a convolution's chain, mapped to ops (ADD, an int8
-QUANTIZE: each one ARITH), and what each epoch runs (docs/neural-art.md).
+QUANTIZE: each one ARITH; pools: chains of POOL units), and what each epoch runs
+(docs/neural-art.md).
 
 An ADD is the two-input ARITH whose ratios A / 2^(shift_o + Ax_shift) and B / 2^(shift_o + By_shift)
 are the op's s_x / s_out and s_y / s_out; a QUANTIZE the one-input scalar ARITH whose
@@ -91,20 +92,37 @@ def map_arith_ops(graph, epochs, claimed: set) -> dict[int, Placed]:
     return mapped
 
 
+def map_pools(graph, pools) -> dict:
+    """op index -> its PoolChain (npu/compiled_wiring.py): the first MAX_POOL_2D / AVERAGE_POOL_2D
+    in program order whose decomposition (neural_art.pool_stages) has as many POOL units. POOL's
+    registers are not decoded, so the unit count is all that is compared."""
+    from .neural_art import pool_stages
+
+    counts = {
+        op.index: len(pool_stages(op.kind, op.options))
+        for op in graph.ops
+        if op.kind in ("MAX_POOL_2D", "AVERAGE_POOL_2D")
+    }
+    mapped = {}
+    for pool in pools:
+        index = next((i for i, n in counts.items() if n == pool.pools and i not in mapped), None)
+        if index is not None:
+            mapped[index] = pool
+    return mapped
+
+
 def epoch_kinds(epochs, claimed: set) -> dict:
-    """What the epochs run: "mapped", every ARITH and CONVACC unit in one mapped op; "unmapped",
-    some not (listed as "epoch:unit"); "pool", POOL units only; "movement", stream engines only
-    (copies: concatenation, resize, transposes through memory); "empty", no NPU unit."""
-    out = {"mapped": 0, "unmapped": 0, "pool": 0, "movement": 0, "empty": 0, "unmapped_units": []}
+    """What the epochs run: "mapped", every ARITH, CONVACC and POOL unit in a mapped op;
+    "unmapped", some not (listed as "epoch:unit"); "movement", stream engines only (copies:
+    concatenation, resize, transposes through memory); "empty", no NPU unit."""
+    out = {"mapped": 0, "unmapped": 0, "movement": 0, "empty": 0, "unmapped_units": []}
     for epoch in epochs:
         names = [u.name for u in epoch.units]
-        compute = [n for n in names if n.startswith(("ARITH", "CONVACC"))]
+        compute = [n for n in names if n.startswith(("ARITH", "CONVACC", "POOL"))]
         if compute:
             left = [f"{epoch.number}:{n}" for n in compute if (epoch.number, n) not in claimed]
             out["unmapped" if left else "mapped"] += 1
             out["unmapped_units"] += left
-        elif any(n.startswith("POOL") for n in names):
-            out["pool"] += 1
         elif any(n.startswith("STRENG") for n in names):
             out["movement"] += 1
         else:

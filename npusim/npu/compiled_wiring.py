@@ -85,10 +85,35 @@ def wired_chains(epochs: list[Epoch]) -> list[Chain]:
     Across epochs a unit writes its output to memory through a stream engine, and the unit that a
     later epoch feeds from an engine reading that address continues from it (network.c names these
     buffers `<conv>_zero_off_out`, `<conv>_out`, `<conv>_mul_scale_out`)."""
+    return [c for c in wire(epochs).chains if c.complete]
+
+
+def wire(epochs: list[Epoch]) -> _Wiring:
+    """Follow the program's wiring through every epoch (wired_chains): .chains, and .pools, the
+    chains of POOL units (PoolChain)."""
     wiring = _Wiring()
     for epoch in epochs:
         wiring.epoch(epoch)
-    return [c for c in wiring.chains if c.complete]
+    return wiring
+
+
+@dataclass
+class PoolChain:
+    """One pooling as compiled: POOL units chained within epochs and through memory across them,
+    after the CONVACCs (8-bit out, no ARITH) that pad its input when there are (network.c:
+    `<pool>_decomposed_pad_out`)."""
+
+    epoch: int
+    pads: list = field(default_factory=list)  # CONVACC fields
+    pools: int = 0
+    units: list = field(default_factory=list)  # (epoch, unit name)
+
+    @property
+    def epochs(self) -> list[int]:
+        return sorted({e for e, _ in self.units})
+
+    def stages(self) -> list[dict]:
+        return [*self.pads, *({"unit": "POOL"} for _ in range(self.pools))]
 
 
 class _Wiring:
@@ -96,12 +121,12 @@ class _Wiring:
     what each buffer address in memory holds (a chain's 16-bit output, or a suboff's output)."""
 
     def __init__(self):
-        self.chains, self.in_memory = [], {}
+        self.chains, self.pools, self.in_memory = [], [], {}
 
     def epoch(self, epoch: Epoch):
         self.number, self.links = epoch.number, switch_links(epoch)
         self.units, self.ends = {u.name: u for u in epoch.units}, {}
-        waiting = [u for u in epoch.units if u.name.startswith(("CONVACC", "ARITH"))]
+        waiting = [u for u in epoch.units if u.name.startswith(("CONVACC", "ARITH", "POOL"))]
         while waiting:
             left = [u for u in waiting if not self.place(u)]
             if len(left) == len(waiting):
@@ -127,6 +152,8 @@ class _Wiring:
 
     def place(self, unit) -> bool:
         """Place one unit of the epoch; False while what feeds it is not placed yet."""
+        if unit.name.startswith("POOL"):
+            return self.place_pool(unit)
         if unit.name.startswith("CONVACC"):
             f = convacc_fields(unit)
             feeder = next((s for s in self.links.get(f"{unit.name}.2", []) if s.startswith("CONVACC")), None)
@@ -162,6 +189,25 @@ class _Wiring:
             chain.arith_epochs.append(self.number)
             chain.units.append((self.number, unit.name))
             self.ends[unit.name] = chain
+        return True
+
+    def place_pool(self, unit) -> bool:
+        """A POOL unit continues the pooling that feeds it; fed by a CONVACC pipe without ARITHs
+        (the input's padding), it starts one with that pipe, which is then no conv's."""
+        placed, source = self.source(unit.name)
+        if not placed:
+            return False
+        if isinstance(source, PoolChain):
+            pool = source
+        else:
+            pool = PoolChain(self.number)
+            self.pools.append(pool)
+            if isinstance(source, Chain) and not source.ariths:
+                pool.pads, pool.units = source.convaccs, source.units
+                self.chains.remove(source)
+        pool.pools += 1
+        pool.units.append((self.number, unit.name))
+        self.ends[unit.name] = pool
         return True
 
 
