@@ -101,8 +101,11 @@ def test_decode_stream_switch_and_engines():
         0x341A8C00,
         (sw + 2 + 28) << 16 | 0x3E0 << 5,
         0,
+        0x4C00 << 16 | 0x3E0 << 5,  # the unit after CONVACC3: DECUN0, not a "CONVACC4"
+        1,
     )
     (epoch,) = decode_blob("_ec_blob_t", words, "t.h")
+    assert {u.name for u in epoch.units} == {"STRSWITCH", "STRENG6", "DECUN0"}
     assert switch_links(epoch) == {"CONVACC3.0": ["ARITH2"], "ARITH0.0": ["ARITH1"]}
     engine = next(u for u in epoch.units if u.name == "STRENG6")
     assert streng_fields(engine) == {"unit": "STRENG", "write": True, "addr": 0x341A8C00}

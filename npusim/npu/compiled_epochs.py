@@ -112,13 +112,13 @@ def map_pools(graph, pools) -> dict:
 
 
 def epoch_kinds(epochs, claimed: set) -> dict:
-    """What the epochs run: "mapped", every ARITH, CONVACC and POOL unit in a mapped op;
+    """What the epochs run: "mapped", every ARITH, CONVACC, POOL, ACTIV and DECUN unit in a mapped op;
     "unmapped", some not (listed as "epoch:unit"); "movement", stream engines only (copies:
     concatenation, resize, transposes through memory); "empty", no NPU unit."""
     out = {"mapped": 0, "unmapped": 0, "movement": 0, "empty": 0, "unmapped_units": []}
     for epoch in epochs:
         names = [u.name for u in epoch.units]
-        compute = [n for n in names if n.startswith(("ARITH", "CONVACC", "POOL"))]
+        compute = [n for n in names if n.startswith(("ARITH", "CONVACC", "POOL", "ACTIV", "DECUN"))]
         if compute:
             left = [f"{epoch.number}:{n}" for n in compute if (epoch.number, n) not in claimed]
             out["unmapped" if left else "mapped"] += 1

@@ -172,6 +172,10 @@ class _Wiring:
                 self.chains.append(chain)
             chain.convaccs.append(f)
             chain.units.append((self.number, unit.name))
+            # the weights' port fed by a decompression unit: the DECUN is this conv's too
+            chain.units += [
+                (self.number, d) for d in self.links.get(f"{unit.name}.1", []) if d.startswith("DECUN")
+            ]
             self.ends[unit.name] = chain
             return True
         f = arith_fields(unit)

@@ -31,8 +31,13 @@ from ..errors import NpusimError
 MAGIC = 0xCA057A7A
 OP_WRITE, OP_START, OP_BURST_ONE, OP_BURST, OP_WAIT, OP_END, OP_EPOCH = 0, 1, 2, 3, 4, 12, 29
 ARITH_BASE, CONVACC_BASE, STRENG_BASE, SWITCH_BASE, UNIT_STRIDE = 0x5C00, 0x3C00, 0x1400, 0x1000, 0x400
-ARITH_UNITS, CONVACC_UNITS, STRENG_UNITS = 4, 8, 10  # ARITH 0-3; pipes of up to 8 CONVACCs are seen
-POOL_BASE, POOL_UNITS = 0x6C00, 2  # ATON.h: POOL at byte 0x1b000
+# The N6's units (ATON.h): 10 stream engines, 4 CONVACCs, 2 DECUN (weight decompression), 2 ACTIV,
+# 4 ARITHs, 2 POOLs, each 0x1000 bytes apart; DECUN0 follows CONVACC3, so a unit at the address
+# of a "CONVACC4" is DECUN0 (ST's trace configures CONVACC 0-3 only, and the stream switch's sources
+# name 4 CONVACCs)
+ARITH_UNITS, CONVACC_UNITS, STRENG_UNITS = 4, 4, 10
+DECUN_BASE, ACTIV_BASE, POOL_BASE = 0x4C00, 0x5400, 0x6C00
+DECUN_UNITS, ACTIV_UNITS, POOL_UNITS = 2, 2, 2
 COEFF_MEMORY = 0x100  # ARITH coefficients from byte 0x400: (COEFF_AB, COEFF_C) word pairs
 SHIFT_BIAS = 16  # ATON_SHIFT(x) = x + 16 (ll_aton_platform.h): signed shifts stored with an offset
 
@@ -88,6 +93,8 @@ _UNITS = (
     (CONVACC_BASE, CONVACC_UNITS, "CONVACC"),
     (STRENG_BASE, STRENG_UNITS, "STRENG"),
     (POOL_BASE, POOL_UNITS, "POOL"),
+    (DECUN_BASE, DECUN_UNITS, "DECUN"),
+    (ACTIV_BASE, ACTIV_UNITS, "ACTIV"),
 )
 
 
