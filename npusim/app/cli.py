@@ -316,7 +316,7 @@ def inspect(model, target, fmt, calibration, npu_efficiency, m55_macs_per_cycle,
 
     With --target stm32n6: the NPU/M55 placement, epochs, internal RAM over the N6 RAM banks, weight
     memory and an estimated latency (the model, its constants and their sources: docs/stm32n6.md)."""
-    from ..runtime.interpreter import Interpreter
+    from ..runtime.interpreter import Interpreter, uint8_model
     from .inspect_report import (
         batch_lines,
         io_details,
@@ -333,6 +333,11 @@ def inspect(model, target, fmt, calibration, npu_efficiency, m55_macs_per_cycle,
     left_out = unsupported(interp)
     onnx = model_suffix(interp.graph) == ".onnx"
     head = [*io_lines(inputs, outputs, onnx), *batch_lines(interp.batch)]
+    if target == "stm32n6" and interp.legacy_uint8 is not None:
+        raise NpusimError(
+            f"{uint8_model(interp.graph, interp.legacy_uint8)}: the STM32N6 view takes int8 models only "
+            "(legacy uint8 is outside the Neural-ART's int8 scheme); plain `npusim inspect` lists it"
+        )
     if target == "stm32n6":
         from ..npu import (
             CostModel,
