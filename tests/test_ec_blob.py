@@ -204,6 +204,20 @@ def test_wiring_and_order_agree_and_network_c_names_the_epochs(yolox21):
                 assert written[f"{node}_{stage}"] == {epoch}, (node, stage)
                 checked += 1
     assert checked >= 40  # 6 mul_scale and 39 off_bias buffers on the shared compile
+    # the data-movement epochs (stream engines only): the op each copies for is the Concat_N or
+    # Resize_N whose output buffer network.c says that epoch writes (15 of the 16; the 16th, epoch
+    # 92, copies the SPP conv's output, `Conv2D_427_off_bias_out_inserted`, for its concatenation)
+    by_epoch = {}
+    for name, epoch in re.findall(r'\.name = "([^"]+)",.*?\.epoch = (\d+),', text, re.S):
+        by_epoch.setdefault(int(epoch), set()).add(name)
+    named = 0
+    for epoch, ops in program.movement.items():
+        nodes_written = {n.split("_out")[0].split("_resize")[0] for n in by_epoch.get(epoch, ())}
+        ops_written = {nodes[n]["names"][0] for n in nodes_written if n.startswith(("Concat", "Resize"))}
+        if ops_written:
+            assert {f"{graph.ops[i].kind}_{i}" for i in ops} == ops_written, epoch
+            named += 1
+    assert len(program.movement) == 16 and named == 15
 
 
 def test_inspect_compiled_json_and_errors(yolox21, tmp_path):
@@ -223,7 +237,8 @@ def test_inspect_compiled_json_and_errors(yolox21, tmp_path):
     data = json.loads(r.output)
     with_compiled = [o for o in data["ops"] if "compiled" in o.get("neural_art", {})]
     program = yolox21[1]
-    assert len(with_compiled) == len(program.mapped) + len(program.singles) + len(program.pools)
+    moved = {i for ops in program.movement.values() for i in ops}  # concatenations and resizes
+    assert len(with_compiled) == len(program.mapped) + len(program.singles) + len(program.pools) + len(moved)
     assert all(o["neural_art"]["compiled"]["differs"] == [] for o in with_compiled)
     kinds = program.summary()["epoch_kinds"]
     # every epoch with an ARITH, CONVACC or POOL unit maps to ops; the others only move data (16)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .compiled_epochs import epoch_kinds, map_arith_ops, map_pools
+from .compiled_epochs import epoch_kinds, map_arith_ops, map_pools, movement_ops
 from .compiled_wiring import Chain, program_chains, wire
 from .ec_blob import CompiledError, read_ecblobs
 from .neural_art import MAC_KINDS, N6Options, graph_stages
@@ -174,11 +174,16 @@ class CompiledProgram:
     mapped: dict
     singles: dict
     pools: dict = field(default_factory=dict)  # op index -> PoolChain
+    movement: dict = field(default_factory=dict)  # data-movement epoch -> the ops it works for
+
+    def owners(self) -> dict:
+        """(epoch, unit) -> op index, for every unit a mapped op runs on."""
+        out = {u: i for i, c in (*self.mapped.items(), *self.pools.items()) for u in c.units}
+        out.update({(p.epoch, p.unit): i for i, p in self.singles.items()})
+        return out
 
     def claimed(self) -> set:
-        """(epoch, unit) of every unit a mapped op runs on."""
-        units = {u for c in (*self.mapped.values(), *self.pools.values()) for u in c.units}
-        return units | {(p.epoch, p.unit) for p in self.singles.values()}
+        return set(self.owners())
 
     def summary(self) -> dict:
         conv_epochs = sorted({c.epoch for c in self.chains})
@@ -193,6 +198,7 @@ class CompiledProgram:
             "mapped_single_arith_ops": len(self.singles),
             "mapped_pools": len(self.pools),
             "epoch_kinds": epoch_kinds(self.epochs, self.claimed()),
+            "movement_epochs_mapped": sum(bool(ops) for ops in self.movement.values()),
         }
 
 
@@ -207,7 +213,9 @@ def read_compiled(path, graph) -> CompiledProgram:
     pools = map_pools(graph, wire(epochs).pools)
     claimed = {u for c in (*mapped.values(), *pools.values()) for u in c.units}
     singles = map_arith_ops(graph, epochs, claimed)
-    return CompiledProgram(str(path), epochs, chains, mapped, singles, pools)
+    program = CompiledProgram(str(path), epochs, chains, mapped, singles, pools)
+    program.movement = movement_ops(graph, epochs, program.owners())
+    return program
 
 
 def compiled_ops(data: dict, graph, program: CompiledProgram, options: N6Options | None = None) -> dict:
@@ -218,6 +226,10 @@ def compiled_ops(data: dict, graph, program: CompiledProgram, options: N6Options
     for o in data["ops"]:
         index = o["op_index"]
         chain = program.mapped.get(index, program.singles.get(index, program.pools.get(index)))
+        moved = sorted(e for e, ops in program.movement.items() if index in ops)
+        if chain is None and moved:  # a data-movement op: the epochs whose copies work for it
+            na = o.setdefault("neural_art", {"stages": []})
+            na["compiled"] = {"epoch": moved[0], "epochs": moved, "stages": [], "differs": []}
         if chain is None:
             continue
         na = o.setdefault("neural_art", {"stages": []})
@@ -255,8 +267,9 @@ def summary_lines(program: CompiledProgram, graph, options: N6Options | None = N
         f"  ADD and QUANTIZE units mapped to ops: {len(program.singles)}, {single_exact} equal the derived "
         f"unit in every compared field",
         f"  pools mapped to ops: {len(program.pools)}",
-        f"  epochs: {k['mapped']} with every ARITH, CONVACC and POOL unit in a mapped op, {k['unmapped']} "
-        f"not ({', '.join(k['unmapped_units'][:6]) or '-'}), {k['movement']} data movement only, "
+        f"  epochs: {k['mapped']} with every compute unit in a mapped op, {k['unmapped']} "
+        f"not ({', '.join(k['unmapped_units'][:6]) or '-'}), {k['movement']} data movement only "
+        f"({s['movement_epochs_mapped']} of them mapped to the op they copy for), "
         f"{k['empty']} with no NPU unit",
     ]
     if counts:

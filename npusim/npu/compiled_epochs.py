@@ -128,3 +128,76 @@ def epoch_kinds(epochs, claimed: set) -> dict:
         else:
             out["empty"] += 1
     return out
+
+
+COMPUTE_UNITS = ("ARITH", "CONVACC", "POOL", "ACTIV", "DECUN")
+
+
+def movement_ops(graph, epochs, owners: dict) -> dict[int, list[int]]:
+    """Epoch -> the ops each data-movement epoch (stream engines only: a copy from one buffer to
+    another) works for. owners: (epoch, unit) -> op index of the mapped units. A copy reads what
+    some op wrote (the data's producer, followed through earlier copies) and writes what a later
+    unit reads (its consumer): it is the data-movement op between them in the graph (a
+    CONCATENATION, a resize's expansion, ...) when there is one, else the op it prepares the input
+    of (of several, the first in program order). A gap in the epoch numbers is a software epoch
+    (network.c, not the blobs), which may write any buffer: what memory held is forgotten there,
+    and a copy nothing resolves is the first data-movement op after the ops the epochs before it
+    ran."""
+    from .ec_blob import streng_fields, switch_links
+
+    producer_at, copies, out = {}, {}, {}  # address -> op; address -> [epoch]; epoch -> [op]
+    consumers = {}
+    for op in graph.ops:
+        for t in op.inputs:
+            consumers.setdefault(t, []).append(op)
+    moving = {op.index for op in graph.ops if op.kind not in _UNIT_KINDS}
+    last = None
+    for epoch in epochs:
+        if last is not None and epoch.number != last + 1:
+            producer_at, copies = {}, {}  # a software epoch ran between: memory is not what we saw
+        last = epoch.number
+        links, units = switch_links(epoch), {u.name: u for u in epoch.units}
+        copying = not any(n.startswith(COMPUTE_UNITS) for n in units)
+        for port, sources in links.items():
+            for source in sources:
+                src, dst = units.get(source), units.get(port)
+                if src is not None and source.startswith("STRENG") and (epoch.number, port) in owners:
+                    reader = owners[(epoch.number, port)]
+                    for e in copies.pop(streng_fields(src)["addr"], []):
+                        out[e].append(("reader", reader))
+                if dst is None or not port.startswith("STRENG") or not streng_fields(dst)["write"]:
+                    continue
+                addr = streng_fields(dst)["addr"]
+                if copying and src is not None and source.startswith("STRENG"):
+                    made = producer_at.get(streng_fields(src)["addr"])
+                    out.setdefault(epoch.number, []).append(("producer", made))
+                    copies.setdefault(addr, []).append(epoch.number)
+                    producer_at[addr] = made
+                elif (epoch.number, source) in owners:
+                    producer_at[addr] = owners[(epoch.number, source)]
+    found = {e: _movement_op(graph, f, consumers, moving) for e, f in out.items()}
+    ran = {}  # epoch -> the ops its mapped units run, for the copies nothing above resolves
+    for (e, _), index in owners.items():
+        ran.setdefault(e, set()).add(index)
+    for e in sorted(found):
+        if not found[e]:
+            before = max((i for k, ops in ran.items() if k < e for i in ops), default=-1)
+            found[e] = [min((i for i in moving if i > before), default=None)] if moving else []
+            found[e] = [i for i in found[e] if i is not None]
+        ran.setdefault(e, set()).update(found[e])
+    return found
+
+
+_UNIT_KINDS = ("CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED", "ADD", "QUANTIZE", "MAX_POOL_2D")
+
+
+def _movement_op(graph, found, consumers, moving) -> list[int]:
+    made = {i for k, i in found if k == "producer" and i is not None}
+    readers = {i for k, i in found if k == "reader" and i is not None}
+    after = {c.index for i in made for t in graph.ops[i].outputs for c in consumers.get(t, [])} & moving
+    t_before = {t for i in readers for t in graph.ops[i].inputs}
+    before = {op.index for op in graph.ops if set(op.outputs) & t_before} & moving
+    for choice in (after & before, before, after, readers, made):
+        if choice:
+            return [min(choice)]  # the nearest in program order: epochs run in it
+    return []
