@@ -162,6 +162,22 @@ def test_inspect_json_stages_and_lint(conv_model, tmp_path):
     assert r.exit_code == 2 and "--target stm32n6" in r.output
 
 
+def test_lint_says_near_dead_channels_as_such():
+    """A channel whose weight scale is 1e-9 next to 1e-3: its output is its bias, constant; the lint
+    says so (predicted error 0) instead of a 255-step scale-spread error, and gives remedies."""
+    rng = np.random.default_rng(3)
+    w = rng.integers(-127, 128, (8, 3, 3, 4)).astype(np.int8)
+    b = rng.integers(-3000, 3000, 8).astype(np.int32)
+    scales = rng.uniform(0.001, 0.01, 8)
+    scales[5] = 1e-9
+    graph = Interpreter(O.conv2d_model((1, 8, 8, 4), w, b, 0.05, -3, scales, 0.3, 5), plan_only=True).graph
+    found = lint(graph)
+    dead = [f for f in found if "near-dead" in f["reason"]]
+    assert len(dead) == 1 and dead[0]["near_dead_channels"] == [5] and dead[0]["predicted_error_steps"] == 0
+    assert all(f["predicted_error_steps"] < 255 for f in found)
+    assert all("Remedy" in f["reason"] for f in found)
+
+
 def test_compare_and_validate(conv_model, tmp_path):
     path = tmp_path / "conv.tflite"
     path.write_bytes(conv_model)
