@@ -76,6 +76,10 @@ class OpSpec:
     # follows ORT's arithmetic; ORT_MODEL, an exact model of ORT's QLinear kernel; ORT_FLOAT, ORT's
     # unfused QDQ group: DequantizeLinear, the float form, QuantizeLinear.
     onnxruntime: str = ORT_FLOAT
+    # Runs in a legacy uint8 model (--profile xnnpack, npusim/runtime/uint8.py): proven equal to LiteRT
+    # by tests/test_uint8.py's one-op uint8 models (tests/test_registry.py holds the two lists equal).
+    # A uint8 model with an op not marked is refused before any work (interpreter.check_int8).
+    uint8: bool = False
 
     def kernel_class(self):
         """The integer kernel class (imports its module, and with it Numba)."""
@@ -115,6 +119,7 @@ REGISTRY = _ops(
         conv_accelerator=True,
         onnx=("Conv", "QLinearConv", "ConvInteger"),
         onnxruntime=ORT_OWN,
+        uint8=True,
     ),
     OpSpec(
         "DEPTHWISE_CONV_2D",
@@ -131,6 +136,7 @@ REGISTRY = _ops(
         conv_accelerator=True,
         onnx=("Conv", "QLinearConv", "ConvInteger"),
         onnxruntime=ORT_OWN,
+        uint8=True,
     ),
     OpSpec(
         "FULLY_CONNECTED",
@@ -147,6 +153,7 @@ REGISTRY = _ops(
         conv_accelerator=True,
         onnx=("MatMul", "QLinearMatMul", "Gemm", "QGemm", "MatMulInteger"),
         onnxruntime=ORT_OWN,
+        uint8=True,
     ),
     OpSpec(
         "TRANSPOSE_CONV",
@@ -160,6 +167,7 @@ REGISTRY = _ops(
         fuzz=("transpose_conv",),
         conv_accelerator=True,
         onnxruntime=ORT_OWN,
+        uint8=True,
     ),
     OpSpec(
         "BATCH_MATMUL",
@@ -171,6 +179,9 @@ REGISTRY = _ops(
         4,
         placement="ST table: MatMul is HW only with a constant operand; both are activations here",
         fuzz=("batch_matmul",),
+        # not uint8: LiteRT runs no uint8 BATCH_MATMUL (its XNNPACK delegate fails to prepare it, its
+        # builtin kernel takes float32, int8 and int16), so nothing proves it: a uint8 model with it
+        # is refused
         onnx=("MatMul", "QLinearMatMul"),
         onnxruntime=ORT_OWN,
     ),
@@ -188,6 +199,7 @@ REGISTRY = _ops(
         int16=True,
         onnx=("Add", "QLinearAdd", "HardSigmoid"),
         onnxruntime=ORT_OWN,
+        uint8=True,
     ),
     OpSpec(
         "SUB",
@@ -201,6 +213,7 @@ REGISTRY = _ops(
         fuzz=("sub_const", "sub_int16"),
         int16=True,
         onnx=("Sub",),
+        uint8=True,
     ),
     OpSpec(
         "MUL",
@@ -215,6 +228,7 @@ REGISTRY = _ops(
         int16=True,
         onnx=("Mul", "QLinearMul", "Div", "Neg", "HardSigmoid"),
         onnxruntime=ORT_OWN,
+        uint8=True,
     ),
     OpSpec(
         "MAXIMUM",
@@ -228,6 +242,7 @@ REGISTRY = _ops(
         fuzz=("maximum",),
         onnx=("Relu", "Clip", "HardSigmoid"),
         onnxruntime=ORT_OWN,
+        uint8=True,
     ),
     OpSpec(
         "MINIMUM",
@@ -241,6 +256,7 @@ REGISTRY = _ops(
         fuzz=("minimum_const",),
         onnx=("Clip", "HardSigmoid"),
         onnxruntime=ORT_OWN,
+        uint8=True,
     ),
     OpSpec(
         "PRELU",
@@ -252,6 +268,7 @@ REGISTRY = _ops(
         1,
         placement=_st("PRelu"),
         fuzz=("prelu",),
+        uint8=True,
     ),
     # -- activations -----------------------------------------------------------------------------
     OpSpec(
@@ -267,6 +284,7 @@ REGISTRY = _ops(
         int16=True,
         onnx=("Sigmoid", "QLinearSigmoid"),
         onnxruntime=ORT_OWN,
+        uint8=True,
     ),
     OpSpec(
         "TANH",
@@ -278,6 +296,7 @@ REGISTRY = _ops(
         2,
         placement=_st("Tanh"),
         fuzz=("tanh",),
+        uint8=True,
     ),
     OpSpec(
         "HARD_SWISH",
@@ -290,6 +309,7 @@ REGISTRY = _ops(
         placement=_st("HardSwish"),
         fuzz=("hard_swish",),
         onnx=("HardSwish",),
+        uint8=True,
     ),
     OpSpec(
         "LEAKY_RELU",
@@ -303,6 +323,7 @@ REGISTRY = _ops(
         fuzz=("leaky_relu",),
         onnx=("LeakyRelu", "QLinearLeakyRelu"),
         onnxruntime=ORT_OWN,
+        uint8=True,
     ),
     # ST table: Softmax is HW only with the compiler's --expand-softmax, SW_INT otherwise (quoted by the
     # "STM32N6 Deployment Zoo" README, found by code search); ST's profiles do not pass the flag.
@@ -318,6 +339,7 @@ REGISTRY = _ops(
         fuzz=("softmax", "softmax_int16"),
         int16=True,
         onnx=("Softmax", "QLinearSoftmax"),
+        uint8=True,
     ),
     # -- pooling and reductions ------------------------------------------------------------------
     OpSpec(
@@ -332,6 +354,7 @@ REGISTRY = _ops(
         fuzz=("avg_pool",),
         onnx=("AveragePool", "QLinearAveragePool"),
         onnxruntime=ORT_MODEL,
+        uint8=True,
     ),
     OpSpec(
         "MAX_POOL_2D",
@@ -345,6 +368,7 @@ REGISTRY = _ops(
         fuzz=("max_pool",),
         onnx=("MaxPool",),
         onnxruntime=ORT_OWN,
+        uint8=True,
     ),
     OpSpec(
         "MEAN",
@@ -358,6 +382,7 @@ REGISTRY = _ops(
         fuzz=("mean",),
         onnx=("GlobalAveragePool", "QLinearGlobalAveragePool", "ReduceMean"),
         onnxruntime=ORT_MODEL,
+        uint8=True,
     ),
     OpSpec(
         "SUM",
@@ -369,6 +394,7 @@ REGISTRY = _ops(
         2,
         placement=_st("ReduceSum is SW_FLOAT"),
         fuzz=("sum",),
+        uint8=True,
     ),
     OpSpec(
         "REDUCE_MAX",
@@ -381,6 +407,7 @@ REGISTRY = _ops(
         placement=_st("ReduceMax as global max pooling; H and W only, see placement()"),
         fuzz=("reduce_max",),
         onnxruntime=ORT_OWN,
+        uint8=True,
     ),
     # -- resizing --------------------------------------------------------------------------------
     OpSpec(
@@ -395,6 +422,7 @@ REGISTRY = _ops(
         fuzz=("resize_nearest",),
         onnx=("Resize",),
         onnxruntime=ORT_OWN,
+        uint8=True,
     ),
     # ST Edge AI Core 2.1 reports of MoveNet Lightning on the STM32N6 list its Resize bilinear layers as
     # software epochs (Politecnico di Milano STM32N6 case studies,
@@ -410,6 +438,7 @@ REGISTRY = _ops(
         placement=_st("bilinear Resize is SW_FLOAT (and in MoveNet's ST reports)"),
         fuzz=("resize_bilinear",),
         onnx=("Resize",),
+        uint8=True,
     ),
     # -- data movement and shapes ----------------------------------------------------------------
     OpSpec(
@@ -424,6 +453,7 @@ REGISTRY = _ops(
         fuzz=("reshape",),
         onnx=("Reshape", "Flatten", "Squeeze", "Unsqueeze"),
         onnxruntime=ORT_OWN,
+        uint8=True,
     ),
     OpSpec(
         "SQUEEZE",
@@ -436,6 +466,7 @@ REGISTRY = _ops(
         placement=_st("Squeeze"),
         fuzz=("squeeze",),
         onnxruntime=ORT_OWN,
+        uint8=True,
     ),
     OpSpec(
         "EXPAND_DIMS",
@@ -448,6 +479,7 @@ REGISTRY = _ops(
         placement=_st("Unsqueeze"),
         fuzz=("expand_dims",),
         onnxruntime=ORT_OWN,
+        uint8=True,
     ),
     OpSpec(
         "SHAPE",
@@ -460,6 +492,7 @@ REGISTRY = _ops(
         placement="int32 output: the NPU runs int8 only",
         fuzz=("shape_reshape",),
         onnxruntime=ORT_OWN,
+        uint8=True,
     ),
     OpSpec(
         "PAD",
@@ -473,6 +506,7 @@ REGISTRY = _ops(
         fuzz=("pad",),
         onnx=("Pad",),
         onnxruntime=ORT_OWN,
+        uint8=True,
     ),
     OpSpec(
         "PADV2",
@@ -486,6 +520,7 @@ REGISTRY = _ops(
         fuzz=("padv2",),
         onnx=("Pad",),
         onnxruntime=ORT_OWN,
+        uint8=True,
     ),
     OpSpec(
         "TRANSPOSE",
@@ -498,6 +533,7 @@ REGISTRY = _ops(
         placement="ST table (limited transpose; rank <= 4, see placement())",
         fuzz=("transpose",),
         onnxruntime=ORT_OWN,
+        uint8=True,
     ),
     OpSpec(
         "CONCATENATION",
@@ -511,6 +547,7 @@ REGISTRY = _ops(
         fuzz=("concat", "concat_two_inputs"),
         onnx=("Concat", "QLinearConcat"),
         onnxruntime=ORT_OWN,
+        uint8=True,
     ),
     OpSpec(
         "STRIDED_SLICE",
@@ -524,6 +561,7 @@ REGISTRY = _ops(
         fuzz=("strided_slice",),
         onnx=("Slice",),
         onnxruntime=ORT_OWN,
+        uint8=True,
     ),
     OpSpec(
         "SLICE",
@@ -536,6 +574,7 @@ REGISTRY = _ops(
         placement=_STREAM,
         fuzz=("slice",),
         onnxruntime=ORT_OWN,
+        uint8=True,
     ),
     OpSpec(
         "SPLIT",
@@ -548,6 +587,7 @@ REGISTRY = _ops(
         placement=_STREAM,
         fuzz=("split",),
         onnxruntime=ORT_OWN,
+        uint8=True,
     ),
     OpSpec(
         "SPLIT_V",
@@ -561,6 +601,7 @@ REGISTRY = _ops(
         fuzz=("split_v",),
         onnx=("Split",),
         onnxruntime=ORT_OWN,
+        uint8=True,
     ),
     OpSpec(
         "PACK",
@@ -573,6 +614,7 @@ REGISTRY = _ops(
         placement="ASSUMPTION: stream-engine data movement, as CONCATENATION (not in the digest)",
         fuzz=("pack",),
         onnxruntime=ORT_OWN,
+        uint8=True,
     ),
     OpSpec(
         "UNPACK",
@@ -585,6 +627,7 @@ REGISTRY = _ops(
         placement="ASSUMPTION: stream-engine data movement (not in the digest)",
         fuzz=("unpack",),
         onnxruntime=ORT_OWN,
+        uint8=True,
     ),
     OpSpec(
         "TILE",
@@ -597,6 +640,7 @@ REGISTRY = _ops(
         placement="ASSUMPTION: software epoch (not in the digest)",
         fuzz=("tile",),
         onnxruntime=ORT_OWN,
+        uint8=True,
     ),
     OpSpec(
         "GATHER",
@@ -609,6 +653,7 @@ REGISTRY = _ops(
         placement=_st("Gather is SW_FLOAT"),
         fuzz=("gather",),
         onnxruntime=ORT_OWN,
+        uint8=True,
     ),
     # -- quantization at the graph edges ---------------------------------------------------------
     OpSpec(
@@ -622,6 +667,7 @@ REGISTRY = _ops(
         placement=_st("QuantizeLinear at the float boundary is SW_FLOAT"),
         fuzz=("quantize_float", "quantize_uint8", "quantize_int8"),
         onnxruntime=ORT_OWN,
+        uint8=True,
     ),
     OpSpec(
         "DEQUANTIZE",
@@ -634,6 +680,7 @@ REGISTRY = _ops(
         placement=_st("DequantizeLinear is SW_FLOAT (and in ST validate reports)"),
         fuzz=("dequantize",),
         onnxruntime=ORT_OWN,
+        uint8=True,
     ),
 )
 

@@ -162,6 +162,22 @@ def test_inspect_json_stages_and_lint(conv_model, tmp_path):
     assert r.exit_code == 2 and "--target stm32n6" in r.output
 
 
+def test_lint_says_near_dead_channels_as_such():
+    """A channel whose weight scale is 1e-9 next to 1e-3: its output is its bias, constant; the lint
+    says so (predicted error 0) instead of a 255-step scale-spread error, and gives remedies."""
+    rng = np.random.default_rng(3)
+    w = rng.integers(-127, 128, (8, 3, 3, 4)).astype(np.int8)
+    b = rng.integers(-3000, 3000, 8).astype(np.int32)
+    scales = rng.uniform(0.001, 0.01, 8)
+    scales[5] = 1e-9
+    graph = Interpreter(O.conv2d_model((1, 8, 8, 4), w, b, 0.05, -3, scales, 0.3, 5), plan_only=True).graph
+    found = lint(graph)
+    dead = [f for f in found if "near-dead" in f["reason"]]
+    assert len(dead) == 1 and dead[0]["near_dead_channels"] == [5] and dead[0]["predicted_error_steps"] == 0
+    assert all(f["predicted_error_steps"] < 255 for f in found)
+    assert all("Remedy" in f["reason"] for f in found)
+
+
 def test_compare_and_validate(conv_model, tmp_path):
     path = tmp_path / "conv.tflite"
     path.write_bytes(conv_model)
@@ -176,6 +192,32 @@ def test_compare_and_validate(conv_model, tmp_path):
     assert layer["propagated"] is not None and layer["tflm_propagated"] is not None
     r = cli("validate", path, "--input", tmp_path / "x.npy", "--profile", "neural-art")
     assert "tflm propagated sqnr_db" in r.output
+
+
+def test_compare_applies_n6_options_per_side(conv_model, tmp_path):
+    """--n6-* options apply to both sides, so neural-art against itself never parts; a side given
+    as a spec (neural-art:KEY=VALUE,...) has its own choices over the shared ones."""
+    path = tmp_path / "conv.tflite"
+    path.write_bytes(conv_model)
+    x = np.random.default_rng(6).integers(-128, 128, (4, 8, 8, 4)).astype(np.int8)
+    np.save(tmp_path / "x.npy", x)
+    run = ("compare", path, "--input", tmp_path / "x.npy", "--a", "neural-art")
+    both = cli(*run, "--b", "neural-art", "--n6-rounding", "truncate")
+    assert both.exit_code == 0 and "first difference" not in both.output
+    side = cli(*run, "--b", "neural-art:rounding=truncate")
+    assert side.exit_code == 0 and "B = neural-art:rounding=truncate" in side.output
+    assert "first difference: op 0 (CONV_2D)" in side.output
+    # the shared option, then B's own back to the default: the sides part again
+    back = cli(*run, "--b", "neural-art:rounding=half-up", "--n6-rounding", "truncate")
+    assert "first difference: op 0 (CONV_2D)" in back.output
+    for bad, says in (
+        ("neural-art:rounding=sideways", "rounding is one of half-up, half-even, truncate"),
+        ("neural-art:speed=fast", "is not KEY=VALUE with KEY one of"),
+        ("tflm:rounding=truncate", "options after ':' apply only to neural-art"),
+        ("nope", "the profile is one of"),
+    ):
+        r = cli(*run, "--b", bad)
+        assert r.exit_code == 2 and says in r.output and r.output.count("\n") <= 2, r.output
 
 
 def test_fully_connected_and_pool_chains():

@@ -191,3 +191,36 @@ def test_new_class_count_written_into_a_qoperator_head(tmp_path, per_channel):
     y_ort = oo.session(written, optimize=False).run(None, {"x": x[:1]})[0]
     as_ort = npusim.Interpreter(npusim.load_model(written), profile="onnxruntime").run(x[:1])
     assert y_ort.shape[-1] == 4 and np.array_equal(as_ort, y_ort)
+
+
+def test_a_matmul_add_head_names_itself_and_the_way_out(tmp_path):
+    """A QOperator classifier whose head is MatMul + Add (QLinearMatMul + QLinearAdd: FULLY_CONNECTED
+    then ADD of a constant at import) and a new class count: refused before the first step, in one
+    line that names the two ops and what works (one Gemm; the model's class count), not --new-head,
+    which would append a head on the old logits (and a QOperator graph could not take it back)."""
+    from onnx import helper
+
+    from zo.errors import ZoError
+
+    m = oo.small_cnn_model(seed=3, size=8, classes=3)
+    wf = next(i for i in m.graph.initializer if i.name == "wf")
+    wf.CopyFrom(numpy_helper.from_array(np.ascontiguousarray(numpy_helper.to_array(wf).T), "wf"))
+    gemm = m.graph.node[-1]
+    assert gemm.op_type == "Gemm"
+    m.graph.node.remove(gemm)
+    m.graph.node.extend(
+        [helper.make_node("MatMul", ["f", "wf"], ["mm"]), helper.make_node("Add", ["mm", "bf"], ["y"])]
+    )
+    pixels = color_dataset(side=8)["x_train"][:16].astype(np.float32).transpose(0, 3, 1, 2) / 255.0
+    q = oo.quantize(m, fmt="QOperator", per_channel=False, calibration=[{"x": p[None]} for p in pixels])
+    assert {"QLinearMatMul", "QLinearAdd"} <= {n.op_type for n in onnx.load_from_string(q).graph.node}
+    (tmp_path / "m.onnx").write_bytes(q)
+    np.savez(tmp_path / "c.npz", **color_dataset(side=8))  # 4 classes
+    cfg = TrainConfig(model=str(tmp_path / "m.onnx"), data=str(tmp_path / "c.npz"), budget=200)
+    with pytest.raises(ZoError) as e:
+        Trainer(cfg, tmp_path / "run")
+    message = str(e.value)
+    assert "\n" not in message and "(FULLY_CONNECTED) then op" in message
+    assert "(ADD) of a constant bias" in message
+    assert "export the classifier as one Gemm" in message and "data of its 3 classes" in message
+    assert "--new-head" not in message and not (tmp_path / "run" / "metrics.csv").exists()

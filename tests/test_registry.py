@@ -206,3 +206,11 @@ def test_the_docs_op_lists_are_current():
 
     assert op_lists.stale() == [], "run `make op-lists` (python -m experiments.tables.op_lists)"
     assert all(k in op_lists.readme_block() for k in R.REGISTRY)
+
+
+def test_the_uint8_kinds_are_test_uint8s():
+    """The registry's uint8=True entries (what a uint8 model may hold, npusim/runtime/uint8.py) are
+    exactly the kinds tests/test_uint8.py proves against LiteRT."""
+    from test_uint8 import PROVEN
+
+    assert R.kinds(uint8=True) == PROVEN, (R.kinds(uint8=True) ^ PROVEN)

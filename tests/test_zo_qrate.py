@@ -43,6 +43,42 @@ def test_best_q_is_the_integer_argmax():
         assert best_q(signal, noise, fixed, per) == 1 + int(np.argmax(rates))
 
 
+def whole_step_rate(q, signal, noise, fixed, per_direction, exact):
+    """The whole step's progress per cost, written out here (not progress_rate): the exact layers'
+    |g|^2 plus the estimated layers' |g|^2 times their signal fraction q s / (q s + v)."""
+    return (exact + signal * q * signal / (q * signal + noise)) / (fixed + q * per_direction)
+
+
+def test_q_is_one_when_the_exact_part_dominates():
+    """The case that made last:6 lose to the tail alone (docs/zo.md): a large fixed cost and a noisy
+    estimate (v / s = 300, C_s / C_p = 8) ask for q = 49 when only the estimated layers' progress
+    counts; exact head and tail layers whose |g|^2 is 3% of the estimated layers' already outweigh
+    what more directions would add, and the whole step's rate is largest at q = 1."""
+    assert best_q(1.0, 300.0, 16.0, 2.0) == 49  # the estimated part alone (the rule before)
+    assert best_q(1.0, 300.0, 16.0, 2.0, exact=0.03) == 1
+    assert best_q(1.0, 300.0, 16.0, 2.0, exact=10.0) == 1
+    # the rate falls from q = 1 on once E / s >= (C_s / C_p) / (v / s): here 64 / 50 = 1.28
+    assert best_q(1.0, 50.0, 128.0, 2.0, exact=1.28) == 1 < best_q(1.0, 50.0, 128.0, 2.0, exact=1.2)
+    # no signal measured in the estimate: only the exact part's progress is known, and q = 1 pays most
+    assert best_q(-0.1, 5.0, 20.0, 2.0, exact=1.0) == 1
+
+
+def test_q_falls_as_the_exact_part_grows():
+    qs = [best_q(1.0, 50.0, 128.0, 2.0, exact=e) for e in (0.0, 0.1, 0.3, 1.0, 1.2, 1.28, 10.0)]
+    assert qs == [57, 47, 33, 6, 2, 1, 1]
+
+
+def test_best_q_is_the_integer_argmax_of_the_whole_step():
+    cases = [(1.0, 7.0, 3.0, 1.0, 0.0), (0.3, 40.0, 11.0, 2.0, 0.01), (2.0, 1.0, 100.0, 0.5, 0.5)]
+    cases += [(1.0, 300.0, 16.0, 2.0, 0.003), (1.0, 1000.0, 400.0, 1.0, 0.02), (0.5, 20.0, 9.0, 3.0, 5.0)]
+    for signal, noise, fixed, per, exact in cases:
+        rates = [whole_step_rate(q, signal, noise, fixed, per, exact) for q in range(1, 65)]
+        assert best_q(signal, noise, fixed, per, exact=exact) == 1 + int(np.argmax(rates))
+        assert progress_rate(3, signal, noise, fixed, per, exact) == pytest.approx(rates[2] / 1.0)
+    with pytest.raises(ValueError):
+        best_q(1.0, 1.0, 1.0, 1.0, exact=-1.0)
+
+
 def test_direction_statistics_are_unbiased():
     rng = np.random.default_rng(0)
     g, sigma, q, d = rng.normal(size=50), 3.0, 4, 50
@@ -56,13 +92,13 @@ def test_direction_statistics_are_unbiased():
     assert np.mean(signals) == pytest.approx(float(g @ g), rel=0.1)
 
 
-def feed(rule, signal, noise, fixed, per_direction, steps):
+def feed(rule, signal, noise, fixed, per_direction, steps, exact=0.0):
     for step in range(steps):
         progress = Progress(step, 0, 10**9)
         q = rule.next_q(progress)
         rule.observe_costs(fixed, per_direction)
         if q >= 2:
-            rule.observe_estimates(progress, signal, noise)
+            rule.observe_estimates(progress, signal, noise, exact=exact)
     return rule
 
 
@@ -71,6 +107,8 @@ def test_the_scheduler_follows_the_measured_statistics():
     assert feed(ProgressRate(), 1.0, 8.0, 1.0, 2.0, 200).q == 2
     # device time with a large fixed cost (local gradients): q grows
     assert feed(ProgressRate(), 1.0, 8.0, 18.0, 2.0, 200).q == 8  # sqrt(8 x 9) = 8.5
+    # the same, with an exact head and tail whose |g|^2 is as large as the estimated layers': q = 1
+    assert feed(ProgressRate(), 1.0, 8.0, 18.0, 2.0, 200, exact=1.0).q == 1
     # no fixed cost: q = 1, and every tenth step still measures at q = 2
     rule = feed(ProgressRate(), 1.0, 8.0, 0.0, 2.0, 200)
     assert rule.q == 1
@@ -78,7 +116,8 @@ def test_the_scheduler_follows_the_measured_statistics():
 
 
 def test_the_scheduler_state_round_trips():
-    rule = feed(ProgressRate(), 1.0, 8.0, 18.0, 2.0, 35)
+    rule = feed(ProgressRate(), 1.0, 8.0, 18.0, 2.0, 35, exact=0.01)
+    assert rule.exact > 0
     again = ProgressRate()
     again.load(json.loads(json.dumps(rule.state())))
     assert again.state() == rule.state()
@@ -146,26 +185,28 @@ def test_the_default_q_adapts_under_the_activity_estimator(deep, tmp_path):
     assert isinstance(t.scheduler, ProgressRate) and t.activity is not None and not t.blocks
     windows = recorded_windows(t)
     assert (t.scheduler.fixed, t.scheduler.per_direction) == (1.0, 2.0)  # a pass budget
-    assert len(windows) >= 2 and all(noise > 0 for _, noise, _ in windows)  # it measured the spread
+    assert len(windows) >= 2 and all(noise > 0 for _, noise, _, _ in windows)  # it measured the spread
+    assert all(exact > 0 for _, _, exact, _ in windows)  # and the exact head's and tail's |g|^2
     q = 2  # the rule's start; then each decision is best_q of what it measured
-    for signal, noise, step in windows:
+    for signal, noise, exact, step in windows:
         q = dict(t.scheduler.changes).get(step, q)
-        assert q == best_q(signal, noise, 1.0, 2.0)
+        assert q == best_q(signal, noise, 1.0, 2.0, exact=exact)
     # a step that measured formed its estimate from q directions in two groups: 2q passes still
     assert t.forward_passes <= 3000
 
 
 def recorded_windows(t) -> list:
-    """Run t, recording the (signal, noise) sums of each window its rate rule decided on."""
+    """Run t, recording the (signal, noise, exact) sums of each window its rate rule decided on, and
+    the step of the decision."""
     rule, windows, seen = t.scheduler, [], []
     observe = rule.observe_estimates
 
-    def record(progress, signal, noise):
-        seen.append((signal, noise))
+    def record(progress, signal, noise, exact=0.0):
+        seen.append((signal, noise, exact))
         if len(seen) == rule.window:
-            windows.append((sum(s for s, _ in seen), sum(v for _, v in seen), progress.step))
+            windows.append((*np.sum(seen, axis=0), progress.step))
             seen.clear()
-        observe(progress, signal, noise)
+        observe(progress, signal, noise, exact=exact)
 
     rule.observe_estimates = record
     t.run()
@@ -195,9 +236,15 @@ def test_the_rate_rule_takes_more_directions_when_a_step_costs_more(deep, tmp_pa
     assert len(windows) >= 2
     assert (slow.scheduler.fixed, slow.scheduler.per_direction) == pytest.approx(slow_split)
     changes = dict(slow.scheduler.changes)
-    for signal, noise, step in windows:  # each decision: the measured sums against the priced split
-        q = best_q(signal, noise, *slow_split)
+    for signal, noise, exact, step in windows:  # each decision: the measured sums against the priced split
+        q = best_q(signal, noise, *slow_split, exact=exact)
         assert changes.get(step, q) == q
-    slow_qs = [best_q(s, v, *slow_split) for s, v, _ in windows]
-    fast_qs = [best_q(s, v, *fast_split) for s, v, _ in windows]
+    slow_qs = [best_q(s, v, *slow_split, exact=e) for s, v, e, _ in windows]
+    fast_qs = [best_q(s, v, *fast_split, exact=e) for s, v, e, _ in windows]
+    assert all(a >= b for a, b in zip(slow_qs, fast_qs))
+    # Here the exact head and tail carry most of a step's progress (their |g|^2 is several times the
+    # estimated layer's), so both take few directions; the estimated part's own answer to the priced
+    # split, on the same measured spread, is what the exact part then weighs down:
+    slow_qs = [best_q(s, v, *slow_split) for s, v, _, _ in windows]
+    fast_qs = [best_q(s, v, *fast_split) for s, v, _, _ in windows]
     assert all(a >= b for a, b in zip(slow_qs, fast_qs)) and slow_qs != fast_qs

@@ -7,7 +7,10 @@ gradients, so on a step that measures (one in the rule's `every`) the q directio
 groups of q_a and q_b, each group's weight gradient formed on its own (the local gradient once more,
 charged by zo/step_budget.py) from its own directions, and the step's estimate is their weighted mean
 (q_a A + q_b B) / q: the same 2q suffix passes, an estimate of the same kind. From the group means A
-and B: E[A . B] = |g|^2 and E|A - B|^2 = v (1/q_a + 1/q_b) (schedulers.two_means_statistics)."""
+and B: E[A . B] = |g|^2 and E|A - B|^2 = v (1/q_a + 1/q_b) (schedulers.two_means_statistics).
+The same step moves the exact head and tail along their exact gradient g_exact, whose progress does
+not grow with q: the rule weighs it too, as E = |g_exact|^2 in the same units (loss per trainer unit
+of each coordinate, the mini-batch's gradient, as s is), docs/zo.md."""
 
 from __future__ import annotations
 
@@ -20,8 +23,11 @@ SECOND_GROUP = 2**41
 
 
 class ActivityStep:
-    def activity_gradient(self, q: int, values: dict, labels: np.ndarray, estimate) -> np.ndarray:
-        """This step's activity layer's estimated gradient, zero over the other activity layers."""
+    def activity_gradient(
+        self, q: int, values: dict, labels: np.ndarray, estimate, exact: np.ndarray
+    ) -> np.ndarray:
+        """This step's activity layer's estimated gradient, zero over the other activity layers; exact:
+        the step's exact gradient (head and tail), whose |g|^2 the rate rule weighs beside the estimate."""
         act = self.activity
         layer = self.activity_layer_of_step(self.step)
         if self.measures_activity(q):
@@ -30,7 +36,8 @@ class ActivityStep:
             b, d_b = act.gradient(values, layer, q - qa, SECOND_GROUP + self.step, labels)
             g_layer, d = (qa * a + (q - qa) * b) / q, np.concatenate([d_a, d_b])
             signal, noise = two_means_statistics(a, b, qa, q - qa)
-            self.scheduler.observe_estimates(Progress(self.step, self.spent, self.total), signal, noise)
+            progress = Progress(self.step, self.spent, self.total)
+            self.scheduler.observe_estimates(progress, signal, noise, exact=float(exact @ exact))
             estimate.local_macs += len(labels) * layer.macs_per_image  # the second local gradient
         else:
             g_layer, d = act.gradient(values, layer, q, self.step, labels)

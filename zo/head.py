@@ -37,15 +37,48 @@ def passes_through(graph: Graph, op: Op) -> bool:
     return op.kind in PASS_THROUGH
 
 
-def find_head(graph: Graph) -> Op | None:
-    """The FULLY_CONNECTED that produces the logits (walking back from the output through SOFTMAX,
-    DEQUANTIZE, RESHAPE, a requantizing QUANTIZE), or None when the model ends otherwise (an
-    embedding, a detector)."""
+def logits_op(graph: Graph) -> Op | None:
+    """The op that computes the graph output, walking back through SOFTMAX, DEQUANTIZE, RESHAPE, a
+    requantizing QUANTIZE (passes_through); None when the output is the graph input."""
     producer = graph.producer()
     op = producer.get(graph.outputs[0])
     while op is not None and passes_through(graph, op):
         op = producer.get(op.inputs[0])
+    return op
+
+
+def find_head(graph: Graph) -> Op | None:
+    """The FULLY_CONNECTED that produces the logits (logits_op), or None when the model ends
+    otherwise (an embedding, a detector)."""
+    op = logits_op(graph)
     return op if op is not None and op.kind == "FULLY_CONNECTED" else None
+
+
+def no_head_error(graph: Graph, num_classes: int) -> ZoError:
+    """Why a new class count cannot be given to a model without a FULLY_CONNECTED head, and what to
+    do: name the op the logits come from; a FULLY_CONNECTED then an ADD of a constant (ONNX's MatMul +
+    Add, QLinearMatMul + QLinearAdd in a QOperator file) is a classifier whose head zo cannot replace
+    (appending a head would read its logits), so say how to get one it can."""
+    op = logits_op(graph)
+    classes = graph.output().shape[-1]
+    producer = graph.producer()
+    if op is not None and op.kind == "ADD":
+        inputs = [t for t in op.inputs if t >= 0]
+        before = [producer.get(t) for t in inputs if not graph.tensors[t].is_constant]
+        constant = any(graph.tensors[t].is_constant for t in inputs)
+        if constant and len(before) == 1 and before[0] is not None and before[0].kind == "FULLY_CONNECTED":
+            return ZoError(
+                f"the model's {classes} logits are op {before[0].index} (FULLY_CONNECTED) then "
+                f"op {op.index} ({op.kind}) of a constant bias (ONNX's MatMul + Add; QLinearMatMul + "
+                "QLinearAdd), not one FULLY_CONNECTED head (ONNX's Gemm), the only head zo can give "
+                f"{num_classes} classes: export the classifier as one Gemm (a Dense layer with its bias) "
+                f"and quantize it again, or train on data of its {classes} classes"
+            )
+    ends = f"op {op.index} ({op.kind})" if op is not None else "its input"
+    return ZoError(
+        f"the model ends in {ends} with {classes} outputs, not a FULLY_CONNECTED classifier for "
+        f"{num_classes} classes: pass --new-head to append one"
+    )
 
 
 def feature_tensor(graph: Graph) -> int:

@@ -18,7 +18,7 @@ from npusim.ops import MAC_OPS
 
 from .config import CALIBRATION_IMAGES
 from .errors import ZoError
-from .head import feature_tensor, find_head, fresh_head
+from .head import feature_tensor, find_head, fresh_head, no_head_error
 from .inputs import ImageInput, InputMapping, choose_mapping, model_inputs, parse_channels
 
 if TYPE_CHECKING:  # annotations only
@@ -71,13 +71,7 @@ class TrainableModel:
             head = find_head(graph)
             out_classes = graph.output().shape[-1]
             if head is None and not new_head and num_classes is not None and num_classes != out_classes:
-                producer = graph.producer().get(graph.outputs[0])
-                raise ZoError(
-                    f"the model ends in {producer.kind if producer else 'its input'} with "
-                    f"{out_classes} outputs, "
-                    f"not a FULLY_CONNECTED classifier for {num_classes} classes: pass --new-head "
-                    "to append one"
-                )
+                raise no_head_error(graph, num_classes)
             fresh = new_head or (num_classes is not None and num_classes != out_classes)
             if fresh:
                 features = self.features(calibration, feature_tensor(graph))

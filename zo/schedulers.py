@@ -410,26 +410,46 @@ class EfficiencyTest(SequentialTest):
 
 
 # -- q against a step's fixed cost (QScheduler v5; the derivation is in docs/zo.md) ------------------
-def progress_rate(q: float, signal: float, noise: float, fixed: float, per_direction: float) -> float:
-    """Expected loss decrease per unit of cost, up to a constant, of a step that averages q
-    directions: (q s / (q s + v)) / (C_s + q C_p), s = |g|^2 (signal, data noise included), v the
+def progress_rate(
+    q: float, signal: float, noise: float, fixed: float, per_direction: float, exact: float = 0.0
+) -> float:
+    """Expected loss decrease per unit of cost, up to the constant 1 / 2L, of a step that moves the
+    exact layers along their gradient and the estimated layers along the mean of q directions' estimates:
+    (E + q s^2 / (q s + v)) / (C_s + q C_p). E = |g_exact|^2 (the exact head and tail, whose progress a
+    step makes whatever q is), s = |g|^2 of the estimated layers (data noise included, as in E), v the
     variance of one direction's estimate, C_s the step's fixed cost, C_p a direction's."""
-    return (q * signal / (q * signal + noise)) / (fixed + q * per_direction)
+    estimated = q * signal * signal / (q * signal + noise) if signal > 0 else 0.0
+    return (exact + estimated) / (fixed + q * per_direction)
 
 
-def best_q(signal: float, noise: float, fixed: float, per_direction: float, q_max: int = 64) -> int:
-    """The integer q in [1, q_max] of the largest progress_rate: the continuous optimum is
-    q* = sqrt((v / s) (C_s / C_p)) (docs/zo.md), and the rate is unimodal in q, so the best integer is
-    floor(q*) or ceil(q*). No signal measured above zero (noise swamps it): q_max."""
+def best_q(
+    signal: float, noise: float, fixed: float, per_direction: float, q_max: int = 64, exact: float = 0.0
+) -> int:
+    """The integer q in [1, q_max] of the largest progress_rate. With r = v / s, k = C_s / C_p and
+    e = E / s the continuous optimum is q* = (sqrt(r (k (1 + e) - e r)) - e r) / (1 + e) (docs/zo.md;
+    sqrt(r k) without an exact part), and the rate is unimodal in q, so the best integer is floor(q*) or
+    ceil(q*); where e >= k / r (the exact part's progress outweighs what a direction more could add)
+    the rate falls from q = 1 on. No signal measured above zero (noise swamps it): q_max without an
+    exact part, 1 with one (only the exact part's progress is known, and it does not grow with q)."""
     if per_direction <= 0:
         raise ValueError(f"per-direction cost {per_direction}: expected > 0")
+    if exact < 0:
+        raise ValueError(f"exact part's signal {exact}: expected >= 0 (a squared norm)")
     if signal <= 0:
-        return q_max
+        return 1 if exact > 0 else q_max
     if noise <= 0 or fixed <= 0:
         return 1
-    star = math.sqrt(noise / signal * fixed / per_direction)
+    r, k, e = noise / signal, fixed / per_direction, exact / signal
+    inside = r * (k * (1 + e) - e * r)
+    if inside <= 0:
+        return 1
+    star = (math.sqrt(inside) - e * r) / (1 + e)
+    if star <= 1:
+        return 1
     candidates = {min(max(c, 1), q_max) for c in (math.floor(star), math.ceil(star))}
-    return max(sorted(candidates), key=lambda q: progress_rate(q, signal, noise, fixed, per_direction))
+    return max(
+        sorted(candidates), key=lambda q: progress_rate(q, signal, noise, fixed, per_direction, exact)
+    )
 
 
 def direction_statistics(total: np.ndarray, squares: float, q: int) -> tuple[float, float]:
@@ -469,14 +489,15 @@ def two_means_statistics(mean_a: np.ndarray, mean_b: np.ndarray, qa: int, qb: in
 
 
 class ProgressRate(Scheduler):
-    """QScheduler v5: q maximising the expected progress per unit of cost, from measured statistics
-    (docs/zo.md, "How many directions a step").
+    """QScheduler v5: q maximising the whole step's expected progress per unit of cost, the exact
+    layers' included, from measured statistics (docs/zo.md, "How many directions a step").
 
     The trainer reports each step's per-direction statistics (observe_estimates: signal and noise
-    from direction_statistics, summed over the steps where q >= 2) and the step's cost split into
-    what it pays once and what each direction adds (observe_costs: device seconds under --budget-ms,
-    forward passes under --budget). Every `window` measured steps q = best_q(sum signal, sum noise,
-    fixed, per direction). No tuned constant enters the rule: window only sets how many steps a
+    from direction_statistics or two_means_statistics, summed over the steps where q >= 2, and the
+    exact head's and tail's |g|^2 on the same steps) and the step's cost split into what it pays once
+    and what each direction adds (observe_costs: device seconds under --budget-ms, forward passes
+    under --budget). Every `window` measured steps q = best_q(sum signal, sum noise, fixed, per
+    direction, exact=sum exact). No tuned constant enters the rule: window only sets how many steps a
     ratio of sums averages over. While q is 1 no spread can be measured, so every `every`-th step
     then probes 2 directions (its estimate is used; it costs one direction more)."""
 
@@ -485,7 +506,7 @@ class ProgressRate(Scheduler):
 
     def __init__(self, q_max: int = 64, q_init: int = 2, window: int = 20, every: int = 10):
         self.q, self.q_max, self.window, self.every = q_init, q_max, window, every
-        self.signal, self.noise, self.measured = 0.0, 0.0, 0
+        self.signal, self.noise, self.exact, self.measured = 0.0, 0.0, 0.0, 0
         self.fixed, self.per_direction = 0.0, 1.0
         self.changes: list[tuple[int, int]] = []
 
@@ -502,27 +523,32 @@ class ProgressRate(Scheduler):
     def observe_costs(self, fixed: float, per_direction: float):
         self.fixed, self.per_direction = float(fixed), float(per_direction)
 
-    def observe_estimates(self, progress: Progress, signal: float, noise: float):
+    def observe_estimates(self, progress: Progress, signal: float, noise: float, exact: float = 0.0):
+        """One measured step: the estimated layers' signal and noise, and exact = |g|^2 of the layers
+        the same step moves along their exact gradient, in the same units (0: none, or not commensurable)."""
         self.signal += signal
         self.noise += noise
+        self.exact += exact
         self.measured += 1
         if self.measured < self.window:
             return
-        q = best_q(self.signal, self.noise, self.fixed, self.per_direction, self.q_max)
-        self.signal, self.noise, self.measured = 0.0, 0.0, 0
+        q = best_q(self.signal, self.noise, self.fixed, self.per_direction, self.q_max, exact=self.exact)
+        self.signal, self.noise, self.exact, self.measured = 0.0, 0.0, 0.0, 0
         if q != self.q:
             self.q = q
             self.changes.append((progress.step, q))
 
     def state(self):
         return {
-            "q": self.q, "signal": self.signal, "noise": self.noise, "measured": self.measured,
-            "fixed": self.fixed, "per_direction": self.per_direction, "changes": self.changes,
+            "q": self.q, "signal": self.signal, "noise": self.noise, "exact": self.exact,
+            "measured": self.measured, "fixed": self.fixed, "per_direction": self.per_direction,
+            "changes": self.changes,
         }  # fmt: skip
 
     def load(self, state):
         self.q, self.measured = int(state["q"]), int(state["measured"])
         self.signal, self.noise = float(state["signal"]), float(state["noise"])
+        self.exact = float(state.get("exact", 0.0))  # checkpoints from before the exact part was weighed
         self.fixed, self.per_direction = float(state["fixed"]), float(state["per_direction"])
         self.changes = [tuple(c) for c in state["changes"]]
 

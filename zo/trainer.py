@@ -496,7 +496,7 @@ class Trainer(StepBudget, RunFiles, KeepBest, ActivityStep):
             if self.tail is not None:
                 g = np.concatenate([g, self.tail.gradient(values, self.head.input_gradient(values))])
             if self.activity is not None:
-                g = np.concatenate([g, self.activity_gradient(q, values, labels, estimate)])
+                g = np.concatenate([g, self.activity_gradient(q, values, labels, estimate, g)])
                 self.forward_passes += 2 * q
             head_lr = learning_rate(HEAD_LR, HEAD_SCHEDULE, self.spent / self.total)
             move = self.head_optimizer.step(g, head_lr)

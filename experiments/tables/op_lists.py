@@ -1,6 +1,7 @@
 """The op lists of the docs, generated from the registry (npusim/registry.py): between marker lines
-in docs/numerics.md (the operators) and docs/stm32n6.md (each op's placement, fusion class and
-source), and the README's operator bullet (printed with --readme, for the README's own markers).
+in docs/numerics.md (the operators, and those proven in uint8) and docs/stm32n6.md (each op's
+placement, fusion class and source), and the README's operator bullet (printed with --readme, for
+the README's own markers).
 
     python -m experiments.tables.op_lists            # rewrite the blocks in docs/ (make op-lists)
     python -m experiments.tables.op_lists --check    # exit 1 when a committed block is out of date
@@ -41,6 +42,17 @@ def numerics_block() -> str:
     return "\n".join(lines)
 
 
+def uint8_block() -> str:
+    proven = [k for k, s in REGISTRY.items() if s.uint8]
+    refused = [k for k, s in REGISTRY.items() if not s.uint8]
+    return "\n".join(
+        [
+            _bullet(f"- proven in uint8 ({len(proven)}, tests/test_uint8.py): {', '.join(proven)}"),
+            _bullet(f"- refused in a uint8 model: {', '.join(refused) or 'none'}"),
+        ]
+    )
+
+
 def stm32n6_block() -> str:
     lines = ["| op | unit | fusion class | source of the placement |", "|---|---|---|---|"]
     for k, s in REGISTRY.items():
@@ -58,15 +70,16 @@ def readme_block() -> str:
     return _bullet(text)
 
 
-BLOCKS = {  # file -> (marker name, block)
-    "docs/numerics.md": ("ops", numerics_block),
-    "docs/stm32n6.md": ("placement", stm32n6_block),
+BLOCKS = {  # (file, marker name) -> block
+    ("docs/numerics.md", "ops"): numerics_block,
+    ("docs/numerics.md", "uint8"): uint8_block,
+    ("docs/stm32n6.md", "placement"): stm32n6_block,
 }
 # README.md gets its block (`--readme`) from the lead, who then sets this to True so that the
 # README's list is checked and rewritten with the others.
 README_PLACED = True
 if README_PLACED:
-    BLOCKS["README.md"] = ("ops", readme_block)
+    BLOCKS["README.md", "ops"] = readme_block
 
 
 def markers(name: str) -> tuple[str, str]:
@@ -86,9 +99,9 @@ def with_block(text: str, name: str, block: str, where: str) -> str:
 def stale(root: Path = ROOT) -> list[str]:
     """The docs whose generated block differs from the registry."""
     out = []
-    for rel, (name, make) in BLOCKS.items():
+    for (rel, name), make in BLOCKS.items():
         text = (root / rel).read_text()
-        if with_block(text, name, make(), rel) != text:
+        if with_block(text, name, make(), rel) != text and rel not in out:
             out.append(rel)
     return out
 
@@ -107,7 +120,7 @@ def main(argv=None) -> int:
         for rel in out:
             print(f"{rel}: the op list is out of date; run `make op-lists`", file=sys.stderr)
         return 1 if out else 0
-    for rel, (name, make) in BLOCKS.items():
+    for (rel, name), make in BLOCKS.items():
         path = ROOT / rel
         path.write_text(with_block(path.read_text(), name, make(), rel))
     return 0

@@ -42,6 +42,18 @@ PROFILE = click.option(
 )
 
 
+class ProfileSpec(click.ParamType):
+    """A profile name, or for neural-art a spec with that side's own --n6-* choices:
+    "neural-art:rounding=truncate,compiler=2.1" (npu.neural_art_run.parse_profile_spec)."""
+
+    name = "PROFILE[:KEY=VALUE,...]"
+
+    def convert(self, value, param, ctx):
+        if value.partition(":")[0] not in PROFILES:
+            self.fail(f"{value!r}: the profile is one of {', '.join(PROFILES)}", param, ctx)
+        return value
+
+
 def n6_options(func):
     """The --n6-* options of --profile neural-art (the datapath's unknowns, docs/neural-art.md),
     handed to the command as one `n6` argument (npu.N6Options)."""
@@ -80,7 +92,7 @@ def n6_options(func):
         compiled = kwargs.pop("n6_compiled")
         changed = [f"--n6-{k.replace('_', '-')}" for k, v in values.items() if v != N6_CHOICES[k][0]]
         changed += ["--compiled"] if compiled is not None and "target" not in kwargs else []
-        profiles = [kwargs[k] for k in ("profile", "a", "b") if kwargs.get(k) is not None]
+        profiles = [kwargs[k].partition(":")[0] for k in ("profile", "a", "b") if kwargs.get(k) is not None]
         if changed and profiles and "neural-art" not in profiles:
             fail(f"{', '.join(changed)} apply only to --profile neural-art, not to {', '.join(profiles)}")
 
@@ -131,9 +143,7 @@ def load_array(path: str, what: str) -> np.ndarray:
     try:
         x = np.load(path, allow_pickle=False)
     except (OSError, ValueError, EOFError) as e:
-        raise NpusimError(
-            f"{what} {path}: cannot read as .npy: {numpy_load_error(path, e)}"
-        ) from None
+        raise NpusimError(f"{what} {path}: cannot read as .npy: {numpy_load_error(path, e)}") from None
     if not isinstance(x, np.ndarray):
         raise NpusimError(f"{what} {path}: expected a single .npy array, got an archive")
     return x
@@ -306,7 +316,7 @@ def inspect(model, target, fmt, calibration, npu_efficiency, m55_macs_per_cycle,
 
     With --target stm32n6: the NPU/M55 placement, epochs, internal RAM over the N6 RAM banks, weight
     memory and an estimated latency (the model, its constants and their sources: docs/stm32n6.md)."""
-    from ..runtime.interpreter import Interpreter
+    from ..runtime.interpreter import Interpreter, uint8_model
     from .inspect_report import (
         batch_lines,
         io_details,
@@ -323,6 +333,11 @@ def inspect(model, target, fmt, calibration, npu_efficiency, m55_macs_per_cycle,
     left_out = unsupported(interp)
     onnx = model_suffix(interp.graph) == ".onnx"
     head = [*io_lines(inputs, outputs, onnx), *batch_lines(interp.batch)]
+    if target == "stm32n6" and interp.legacy_uint8 is not None:
+        raise NpusimError(
+            f"{uint8_model(interp.graph, interp.legacy_uint8)}: the STM32N6 view takes int8 models only "
+            "(legacy uint8 is outside the Neural-ART's int8 scheme); plain `npusim inspect` lists it"
+        )
     if target == "stm32n6":
         from ..npu import (
             CostModel,
@@ -571,12 +586,16 @@ def check_pairs(pairs) -> int:
     "--a",
     "--profile",
     "a",
-    type=click.Choice(list(PROFILES)),
+    type=ProfileSpec(),
     default="tflm",
     show_default=True,
-    help="Profile of run A (the simulator's profile when comparing against --reference).",
+    help=(
+        f"Profile of run A (the simulator's profile when comparing against --reference): one of "
+        f"{', '.join(PROFILES)}; neural-art may carry this side's own --n6-* choices, as in "
+        "neural-art:rounding=truncate,compiler=2.1 (over the --n6-* options both sides share)."
+    ),
 )
-@click.option("--b", "b", type=click.Choice(list(PROFILES)), default=None, help="Profile of run B.")
+@click.option("--b", "b", type=ProfileSpec(), default=None, help="Profile of run B (as --a).")
 @click.option(
     "--reference",
     type=click.Path(file_okay=False),
@@ -597,7 +616,7 @@ def compare(model, input_path, a, b, reference, n6):
     result = (
         compare_profiles(graph, x, a, b, n6)
         if reference is None
-        else compare_reference(graph, x, reference, a)
+        else compare_reference(graph, x, reference, a, n6)
     )
     click.echo(shown_lines(format_comparison(result)))
 

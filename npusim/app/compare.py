@@ -121,7 +121,8 @@ def _elements(values: dict, t: int, tensor) -> int:
 
 def compare_profiles(model, x: np.ndarray, a: str = "tflm", b: str = "xnnpack", n6=None) -> Comparison:
     """Run the model under profiles a and b on x and diff every op output. n6: the N6Options of
-    --profile neural-art (default: their defaults)."""
+    --profile neural-art both sides share (default: their defaults); a side given as a spec,
+    "neural-art:rounding=truncate", has its own over them (parse_profile_spec)."""
     from ..npu.neural_art_run import profile_object
 
     graph = model if isinstance(model, Graph) else load_model(model)
@@ -172,12 +173,13 @@ def reference_files(directory: Path, graph) -> tuple[dict, list]:
     return found, ignored
 
 
-def compare_reference(model, x: np.ndarray, directory, profile: str = "tflm") -> Comparison:
-    """Run the model under `profile` on x and diff every op output against the reference files."""
+def compare_reference(model, x: np.ndarray, directory, profile: str = "tflm", n6=None) -> Comparison:
+    """Run the model under `profile` (a name or a neural-art spec, with n6: its N6Options) on x and
+    diff every op output against the reference files."""
     directory = Path(directory)
     from ..npu.neural_art_run import profile_object
 
-    interp = Interpreter(model, profile=profile_object(profile), warm=False)  # one run
+    interp = Interpreter(model, profile=profile_object(profile, n6), warm=False)  # one run
     files, ignored = reference_files(directory, interp.graph)
     if not files:
         raise NpusimError(

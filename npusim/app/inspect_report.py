@@ -99,11 +99,16 @@ def batch_lines(batch) -> list[str]:
 
 def op_records(interp) -> list[dict]:
     """One record per op in execution order; ops npusim lacks (interp.unsupported, an Interpreter
-    prepared with plan_only=True) have their shapes and parameters but no MACs."""
+    prepared with plan_only=True) have their shapes and parameters but no MACs. A uint8 model's
+    edge QUANTIZEs (npusim/runtime/uint8.py shifted) are npusim's, not the file's: left out."""
+    from ..runtime.uint8 import EDGE
+
     g = interp.graph
     kernels = {k.op.index: k for k in interp.kernels}
     records = []
     for op in g.ops:
+        if op.options.get(EDGE):
+            continue
         k = kernels.get(op.index)
         records.append(
             {
@@ -127,7 +132,8 @@ def op_records(interp) -> list[dict]:
 def _weight_type(g: Graph, op) -> str | None:
     """How the file stores the op's weights (its first quantized constant that is not an int32 bias):
     "int8", or "int4" / "uint4" / "uint8" for an ONNX filter stored so (the N6 view counts 4 bits
-    packed); None for an op without weights."""
+    packed), "uint8" for a legacy uint8 .tflite's (held shifted, offset 128); None for an op without
+    weights."""
     from ..npu.arena import weight_storage
 
     for t in op.inputs:
@@ -135,7 +141,7 @@ def _weight_type(g: Graph, op) -> str | None:
         if tensor is None or not tensor.is_constant or tensor.quant is None:
             continue
         if np.dtype(tensor.dtype) != np.int32:
-            return weight_storage(g, t)
+            return "uint8" if tensor.quant.offset == 128 else weight_storage(g, t)
     return None
 
 

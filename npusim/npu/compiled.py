@@ -1,10 +1,10 @@
 """ST Edge AI's compiled program mapped to the model's ops: `npusim inspect --target stm32n6
 --compiled network_ecblobs.h` (docs/neural-art.md).
 
-The epochs of the blobs (npu/ec_blob.py) are cut into convolution chains: a pipe of CONVACCs (the
-first without an accumulator input, `accumulate` 0) and the per-channel ARITHs that requantize its
-16-bit output (ST Edge AI 3.0: one "off_bias"; 2.x: a per-channel scale A1 into 16 bits, then a
-scalar A2 with a per-channel BC). A chain is the op whose multiplier it computes: of the model's
+The epochs of the blobs (npu/ec_blob.py) form convolution chains (npu/compiled_wiring.py): a pipe
+of CONVACCs and the ARITHs that requantize its 16-bit output (ST Edge AI 3.0: one "off_bias"; 2.x:
+a per-channel scale A1 into 16 bits, then a scalar A2 with a BC). A chain is the op whose
+multiplier it computes: of the model's
 CONV_2D / DEPTHWISE_CONV_2D / FULLY_CONNECTED ops with its channel count, the one whose
 M[c] = s_x s_w[c] / s_y is nearest the chain's effective multiplier, A1[c] A2 / 2^(S + s1 + s2)
 (or A[c] / 2^(S + shift_o)), taken in program order. The blobs name no op, so this is a match by
@@ -17,54 +17,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .ec_blob import CompiledError, Epoch, arith_fields, convacc_fields, read_ecblobs
+from .compiled_epochs import epoch_kinds, map_arith_ops, map_pools, movement_ops
+from .compiled_wiring import Chain, program_chains, wire
+from .ec_blob import CompiledError, read_ecblobs
 from .neural_art import MAC_KINDS, N6Options, graph_stages
 
-MATCH_TOLERANCE = 2e-3  # relative: the chain's multiplier is M[c] within its 16-bit rounding
-
-
-@dataclass
-class Chain:
-    """One convolution as compiled: its epoch, CONVACC pipe and requantizing ARITHs (ll_aton fields)."""
-
-    epoch: int
-    convaccs: list = field(default_factory=list)
-    ariths: list = field(default_factory=list)
-
-    @property
-    def channels(self) -> int:
-        return len(self.ariths[-1]["A_vector"]) if self.ariths else 0
-
-    def multiplier(self) -> np.ndarray:
-        """The effective per-channel multiplier, accumulator to output steps."""
-        total = np.full(self.channels, 2.0 ** -self.convaccs[-1]["shift_o"])
-        for a in self.ariths:
-            total = total * np.asarray(a["A_vector"], np.float64) / 2.0 ** a["shift_o"]
-        return total
-
-    def stages(self) -> list[dict]:
-        return [*self.convaccs, *self.ariths]
-
-
-def epoch_chains(epoch: Epoch) -> list[Chain]:
-    """The convolution chains of one epoch: each CONVACC pipe with the per-channel ARITHs that
-    follow it in the epoch's configuration order."""
-    chains, current = [], None
-    for unit in epoch.units:
-        if unit.name.startswith("CONVACC"):
-            f = convacc_fields(unit)
-            if current is None or not f["accumulate"] or current.ariths:
-                current = Chain(epoch.number)
-                chains.append(current)
-            current.convaccs.append(f)
-        else:
-            f = arith_fields(unit)
-            if f["scalar"] or current is None or f["dualinput"]:
-                continue  # a suboff, an ADD, a QUANTIZE: not part of a conv's requantization
-            if current.ariths and len(f["A_vector"]) != current.channels:
-                continue
-            current.ariths.append(f)
-    return [c for c in chains if c.ariths]
+MATCH_TOLERANCE = 1e-3  # relative, beyond the coefficients' own rounding (Chain.rounding)
 
 
 def _op_multiplier(graph, op) -> np.ndarray | None:
@@ -79,7 +37,8 @@ def _op_multiplier(graph, op) -> np.ndarray | None:
 
 def map_chains(graph, chains: list[Chain]) -> dict[int, Chain]:
     """op index -> its compiled chain: per chain, in program order, the unmapped MAC op of its
-    channel count whose multipliers it reproduces best (within MATCH_TOLERANCE)."""
+    channel count whose multipliers it reproduces best, every channel within its coefficients'
+    rounding (Chain.rounding) plus MATCH_TOLERANCE."""
     candidates = {}
     for op in graph.ops:
         if op.kind in MAC_KINDS:
@@ -88,12 +47,12 @@ def map_chains(graph, chains: list[Chain]) -> dict[int, Chain]:
                 candidates[op.index] = m
     mapped = {}
     for chain in chains:
-        eff = chain.multiplier()
-        best, err = None, MATCH_TOLERANCE
+        eff, allowed = chain.multiplier(), chain.rounding() + MATCH_TOLERANCE
+        best, err = None, np.nextafter(1.0, 2.0)  # within the allowed error, the first best
         for index, m in candidates.items():
             if index in mapped or len(m) != len(eff) or not np.all(m > 0):
                 continue
-            e = float(np.max(np.abs(eff / m - 1.0)))
+            e = float(np.max(np.abs(eff / m - 1.0) / allowed))
             if e < err:
                 best, err = index, e
         if best is not None:
@@ -114,6 +73,7 @@ COMPARED_CONVACC = (
     "saturation_o",
     "round_mode_o",
 )
+COMPARED_SUBOFF = ("A_scalar", "B_scalar", "C_scalar", "shift_o", "inbytes_x", "outbytes_o", "rounding_o")
 COMPARED_ARITH = (
     "combinebc",
     "inbytes_x",
@@ -129,14 +89,19 @@ COMPARED_ARITH = (
 
 def differs(derived: list[dict], compiled: list[dict]) -> list[str]:
     """The fields where npusim's derived chain and the compiled one part, as UNIT.field (ll_aton's
-    names): the first CONVACC's format and shift_a, the pipe's output (its last CONVACC's shift_o and
-    outbytes_o against the derived one's), and each requantizing ARITH in order; "stages" when the
-    compiled chain has a different number of requantizing ARITHs."""
+    names): the suboff's coefficients and widths (ARITH[suboff].), the first CONVACC's format and
+    shift_a, the pipe's output (its last CONVACC's shift_o and outbytes_o against the derived
+    one's), and each requantizing ARITH in order; "stages" when the compiled chain has a different
+    number of requantizing ARITHs."""
     out = []
     d_conv = [s for s in derived if s["unit"] == "CONVACC"]
     d_arith = [s for s in derived if s["unit"] == "ARITH" and s.get("role") != "suboff"]
     c_conv = [s for s in compiled if s["unit"] == "CONVACC"]
-    c_arith = [s for s in compiled if s["unit"] == "ARITH"]
+    c_arith = [s for s in compiled if s["unit"] == "ARITH" and s.get("role") != "suboff"]
+    d_sub = [s for s in derived if s.get("role") == "suboff"]
+    c_sub = [s for s in compiled if s.get("role") == "suboff"]
+    if d_sub and c_sub:
+        out += [f"ARITH[suboff].{k}" for k in COMPARED_SUBOFF if d_sub[0].get(k) != c_sub[0].get(k)]
     if d_conv and c_conv:
         # deep mode (1x1 kernels) streams the feature 3 bytes at a time (inbytes_f 3 in the 3.0 trace
         # and the 2.1 blobs alike, only there): a packing of the stream, not the feature's width
@@ -155,6 +120,38 @@ def differs(derived: list[dict], compiled: list[dict]) -> list[str]:
     return sorted(set(out), key=out.index)
 
 
+COMPARED_SINGLE = (
+    "inbytes_x",
+    "rounding_o",
+    "saturation_o",
+    "round_mode_o",
+    "outbytes_o",
+    "shift_o",
+    "A_scalar",
+    "B_scalar",
+    "C_scalar",
+    "Ax_shift",
+    "By_shift",
+    "C_shift",
+)
+
+
+def _differs_pool(derived: list[dict], compiled: list[dict]) -> list[str]:
+    """A pool: the number of POOL units (their registers are not decoded)."""
+    count = sum(st["unit"] == "POOL" for st in compiled)
+    return [] if count == sum(st["unit"] == "POOL" for st in derived) else ["stages"]
+
+
+def differs_single(derived: list[dict], compiled: list[dict]) -> list[str]:
+    """An op compiled as one scalar ARITH (ADD, QUANTIZE): the fields where the derived and the
+    compiled unit part (for a single-input unit, Ax_shift, By_shift and C_shift are unused)."""
+    if len(derived) != 1 or len(compiled) != 1:
+        return ["stages"]
+    d, c = derived[0], compiled[0]
+    keys = [k for k in COMPARED_SINGLE if c.get("dualinput") or k not in ("Ax_shift", "By_shift", "C_shift")]
+    return [f"ARITH.{k}" for k in keys if d.get(k) != c.get(k)]
+
+
 def _value(stage: dict, key: str):
     """A field as compared: a scalar stage's per-channel fields as its scalars, a C_vector with
     combinebc as the BC it stands for."""
@@ -168,12 +165,25 @@ def _value(stage: dict, key: str):
 
 @dataclass
 class CompiledProgram:
-    """A compiled program read and mapped: epochs, chains, op index -> chain."""
+    """A compiled program read and mapped: epochs, chains, op index -> conv chain (mapped), op index
+    -> the one ARITH of an ADD or QUANTIZE (singles, npu/compiled_epochs.py)."""
 
     path: str
     epochs: list
     chains: list
     mapped: dict
+    singles: dict
+    pools: dict = field(default_factory=dict)  # op index -> PoolChain
+    movement: dict = field(default_factory=dict)  # data-movement epoch -> the ops it works for
+
+    def owners(self) -> dict:
+        """(epoch, unit) -> op index, for every unit a mapped op runs on."""
+        out = {u: i for i, c in (*self.mapped.items(), *self.pools.items()) for u in c.units}
+        out.update({(p.epoch, p.unit): i for i, p in self.singles.items()})
+        return out
+
+    def claimed(self) -> set:
+        return set(self.owners())
 
     def summary(self) -> dict:
         conv_epochs = sorted({c.epoch for c in self.chains})
@@ -185,6 +195,10 @@ class CompiledProgram:
             "mapped_chains": len(self.mapped),
             "conv_epochs": len(conv_epochs),
             "mapped_conv_epochs": len(mapped_epochs),
+            "mapped_single_arith_ops": len(self.singles),
+            "mapped_pools": len(self.pools),
+            "epoch_kinds": epoch_kinds(self.epochs, self.claimed()),
+            "movement_epochs_mapped": sum(bool(ops) for ops in self.movement.values()),
         }
 
 
@@ -192,10 +206,16 @@ def read_compiled(path, graph) -> CompiledProgram:
     """Read network_ecblobs.h and map its convolution chains to graph's ops; CompiledError (one
     line naming the blob, epoch and word) when it cannot be read."""
     epochs = read_ecblobs(path)
-    chains = [c for e in epochs for c in epoch_chains(e)]
+    chains = program_chains(epochs)
     if not chains:
         raise CompiledError(f"{path}: no epoch configures a CONVACC with a requantizing ARITH")
-    return CompiledProgram(str(path), epochs, chains, map_chains(graph, chains))
+    mapped = map_chains(graph, chains)
+    pools = map_pools(graph, wire(epochs).pools)
+    claimed = {u for c in (*mapped.values(), *pools.values()) for u in c.units}
+    singles = map_arith_ops(graph, epochs, claimed)
+    program = CompiledProgram(str(path), epochs, chains, mapped, singles, pools)
+    program.movement = movement_ops(graph, epochs, program.owners())
+    return program
 
 
 def compiled_ops(data: dict, graph, program: CompiledProgram, options: N6Options | None = None) -> dict:
@@ -204,15 +224,24 @@ def compiled_ops(data: dict, graph, program: CompiledProgram, options: N6Options
     "compiled" summary."""
     derived = graph_stages(graph, options or N6Options())
     for o in data["ops"]:
-        chain = program.mapped.get(o["op_index"])
+        index = o["op_index"]
+        chain = program.mapped.get(index, program.singles.get(index, program.pools.get(index)))
+        moved = sorted(e for e, ops in program.movement.items() if index in ops)
+        if chain is None and moved:  # a data-movement op: the epochs whose copies work for it
+            na = o.setdefault("neural_art", {"stages": []})
+            na["compiled"] = {"epoch": moved[0], "epochs": moved, "stages": [], "differs": []}
         if chain is None:
             continue
         na = o.setdefault("neural_art", {"stages": []})
         stages = chain.stages()
+        compare = differs if index in program.mapped else differs_single
+        if index in program.pools:
+            compare = _differs_pool
         na["compiled"] = {
             "epoch": chain.epoch,
+            "epochs": chain.epochs,
             "stages": stages,
-            "differs": differs(derived.get(o["op_index"], []), stages),
+            "differs": compare(derived.get(index, []), stages),
         }
     data["compiled"] = program.summary()
     return data
@@ -228,11 +257,20 @@ def summary_lines(program: CompiledProgram, graph, options: N6Options | None = N
         exact += not d
         for f in d:
             counts[f] = counts.get(f, 0) + 1
+    single_exact = sum(not differs_single(derived.get(i, []), p.stages()) for i, p in program.singles.items())
+    k = s["epoch_kinds"]
     lines = [
         "",
         f"compiled program {s['file']}: {s['epochs']} epochs, {s['conv_chains']} conv chains, "
         f"{s['mapped_chains']} mapped to ops ({s['mapped_conv_epochs']} of {s['conv_epochs']} conv epochs); "
         f"{exact} of {s['mapped_chains']} equal the derived chain in every compared field",
+        f"  ADD and QUANTIZE units mapped to ops: {len(program.singles)}, {single_exact} equal the derived "
+        f"unit in every compared field",
+        f"  pools mapped to ops: {len(program.pools)}",
+        f"  epochs: {k['mapped']} with every compute unit in a mapped op, {k['unmapped']} "
+        f"not ({', '.join(k['unmapped_units'][:6]) or '-'}), {k['movement']} data movement only "
+        f"({s['movement_epochs_mapped']} of them mapped to the op they copy for), "
+        f"{k['empty']} with no NPU unit",
     ]
     if counts:
         shown = ", ".join(f"{k} ({v})" for k, v in sorted(counts.items(), key=lambda kv: -kv[1]))
@@ -241,13 +279,14 @@ def summary_lines(program: CompiledProgram, graph, options: N6Options | None = N
 
 
 def run_stages(derived: list[dict], chain: Chain) -> list[dict]:
-    """The chain `--profile neural-art --compiled` runs for a mapped conv: the derived suboff (the
-    blobs' suboffs are not mapped yet), the CONVACC with the compiled pipe's shift_a and output
-    (its last unit's shift_o and width), then the compiled requantizing ARITHs as they are."""
+    """The chain `--profile neural-art --compiled` runs for a mapped conv: the compiled suboff (the
+    derived one where the wiring found none), the CONVACC with the compiled pipe's shift_a and
+    output (its last unit's shift_o and width), then the compiled requantizing ARITHs as they are."""
     convacc = dict(derived[1])
     convacc.update(
         shift_a=chain.convaccs[0]["shift_a"],
         shift_o=chain.convaccs[-1]["shift_o"],
         outbytes_o=chain.convaccs[-1]["outbytes_o"],
     )
-    return [derived[0], convacc, *(dict(a, role="compiled") for a in chain.ariths)]
+    suboff = derived[0] if chain.suboff is None else dict(chain.suboff, role="suboff")
+    return [suboff, convacc, *(dict(a, role="compiled") for a in chain.ariths)]

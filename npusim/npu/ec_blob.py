@@ -30,14 +30,22 @@ from ..errors import NpusimError
 
 MAGIC = 0xCA057A7A
 OP_WRITE, OP_START, OP_BURST_ONE, OP_BURST, OP_WAIT, OP_END, OP_EPOCH = 0, 1, 2, 3, 4, 12, 29
-ARITH_BASE, CONVACC_BASE, UNIT_STRIDE = 0x5C00, 0x3C00, 0x400
-ARITH_UNITS, CONVACC_UNITS = 4, 8  # ATON.h names ARITH 0-3; CONVACC pipes of up to 8 are seen
+ARITH_BASE, CONVACC_BASE, STRENG_BASE, SWITCH_BASE, UNIT_STRIDE = 0x5C00, 0x3C00, 0x1400, 0x1000, 0x400
+# The N6's units (ATON.h): 10 stream engines, 4 CONVACCs, 2 DECUN (weight decompression), 2 ACTIV,
+# 4 ARITHs, 2 POOLs, each 0x1000 bytes apart; DECUN0 follows CONVACC3, so a unit at the address
+# of a "CONVACC4" is DECUN0 (ST's trace configures CONVACC 0-3 only, and the stream switch's sources
+# name 4 CONVACCs)
+ARITH_UNITS, CONVACC_UNITS, STRENG_UNITS = 4, 4, 10
+DECUN_BASE, ACTIV_BASE, POOL_BASE = 0x4C00, 0x5400, 0x6C00
+DECUN_UNITS, ACTIV_UNITS, POOL_UNITS = 2, 2, 2
 COEFF_MEMORY = 0x100  # ARITH coefficients from byte 0x400: (COEFF_AB, COEFF_C) word pairs
 SHIFT_BIAS = 16  # ATON_SHIFT(x) = x + 16 (ll_aton_platform.h): signed shifts stored with an offset
 
 # ARITH registers (word offsets) and CONVACC registers, from ATON.h
 A_CTRL, A_SHIFT, A_COEFFAC, A_COEFFB, A_INSHIFTER, A_CLIPRANGE = 0x0, 0x2, 0x7, 0x8, 0xD, 0xE
 C_CTRL, C_DFORMAT = 0x0, 0x4
+S_CTRL, S_ADDR, S_WRITE = 0x0, 0x2, 1 << 3  # STRENG: CTRL (DIR bit 3: 1 writes memory), ADDR
+SWITCH_DST = 0x2  # STRSWITCH: one register per destination port from word 2 (ATON.h's DST)
 CTRL_CLEARS = 1 << 1 | 1 << 30  # CLR and CONFCLR, the same bits in ARITH's and CONVACC's CTRL
 
 _BLOB = re.compile(r"static\s+const\s+uint64_t\s+(_ec_blob_\w+)\s*\[\s*\]\s*=\s*\{(.*?)\};", re.S)
@@ -80,8 +88,20 @@ def _words(body: str, where: str) -> list[int]:
     return out
 
 
+_UNITS = (
+    (ARITH_BASE, ARITH_UNITS, "ARITH"),
+    (CONVACC_BASE, CONVACC_UNITS, "CONVACC"),
+    (STRENG_BASE, STRENG_UNITS, "STRENG"),
+    (POOL_BASE, POOL_UNITS, "POOL"),
+    (DECUN_BASE, DECUN_UNITS, "DECUN"),
+    (ACTIV_BASE, ACTIV_UNITS, "ACTIV"),
+)
+
+
 def _unit_of(address: int) -> tuple[str, int] | None:
-    for base, count, kind in ((ARITH_BASE, ARITH_UNITS, "ARITH"), (CONVACC_BASE, CONVACC_UNITS, "CONVACC")):
+    if SWITCH_BASE <= address < SWITCH_BASE + UNIT_STRIDE:
+        return "STRSWITCH", address - SWITCH_BASE
+    for base, count, kind in _UNITS:
         if base <= address < base + count * UNIT_STRIDE:
             return f"{kind}{(address - base) // UNIT_STRIDE}", (address - base) % UNIT_STRIDE
     return None
@@ -138,6 +158,8 @@ def _write(epoch: Epoch, address: int, values: list[int], consecutive: bool):
         name, offset = hit
         if offset == A_CTRL and v & CTRL_CLEARS:
             continue  # the epoch's end clearing the unit (CLR, CONFCLR), not its configuration
+        if name == "STRSWITCH" and offset >= SWITCH_DST and v == 0:
+            continue  # the epoch's end disconnecting a port
         unit = next((u for u in epoch.units if u.name == name), None)
         if unit is None:
             unit = Unit(name, len(epoch.units))
@@ -257,6 +279,61 @@ def convacc_fields(unit: Unit) -> dict:
         "relu_mode_o": orndmode >> 1,
         "raw_o": _bits(fmt, 18, 1),
         "outbytes_o": _bits(fmt, 20, 2),
+    }
+
+
+def _source_port(link: int) -> str:
+    """A stream switch source (ATON.h): STRENG 0-9, CONVACC 10-13, DECUN 14-15, ACTIV 16-17,
+    ARITH 18-21, POOL 22-23, RECBUF from 24."""
+    for first, count, kind in ((0, 10, "STRENG"), (10, 4, "CONVACC"), (14, 2, "DECUN"), (16, 2, "ACTIV")):
+        if link < first + count:
+            return f"{kind}{link - first}"
+    for first, count, kind in ((18, 4, "ARITH"), (22, 2, "POOL")):
+        if link < first + count:
+            return f"{kind}{link - first}"
+    return f"RECBUF{link - 24}"
+
+
+def _destination_port(index: int) -> str:
+    """A stream switch destination register (ATON.h): STRENG n (0-9), CONVACC n port p
+    (10 + 3n + p; port 2 the accumulator input), DECUN, ACTIV, ARITH n port p (28 + 2n + p),
+    POOL n (36 + n), RECBUF."""
+    if index < 10:
+        return f"STRENG{index}"
+    if index < 22:
+        return f"CONVACC{(index - 10) // 3}.{(index - 10) % 3}"
+    if index < 26:
+        return f"DECUN{(index - 22) // 2}.{(index - 22) % 2}"
+    if index < 28:
+        return f"ACTIV{index - 26}"
+    if index < 36:
+        return f"ARITH{(index - 28) // 2}.{(index - 28) % 2}"
+    if index < 38:
+        return f"POOL{index - 36}"
+    return f"RECBUF.{index - 38}"
+
+
+def switch_links(epoch: Epoch) -> dict[str, list[str]]:
+    """The epoch's stream switch: destination port (ARITH2.0, CONVACC1.2, STRENG6) -> the source
+    units feeding it (ATON.h's DST register: EN0 bit 0, LINK0 bits 1-6, EN1 bit 16, LINK1 bits
+    17-22)."""
+    switch = next((u for u in epoch.units if u.name == "STRSWITCH"), None)
+    links = {}
+    for offset, v in sorted(switch.regs.items()) if switch else ():
+        if offset < SWITCH_DST:
+            continue
+        sources = [_source_port((v >> lsb) & 0x3F) for en, lsb in ((0, 1), (16, 17)) if v >> en & 1]
+        if sources:
+            links[_destination_port(offset - SWITCH_DST)] = sources
+    return links
+
+
+def streng_fields(unit: Unit) -> dict:
+    """A stream engine's direction and buffer address (ATON.h's STRENG CTRL and ADDR)."""
+    return {
+        "unit": "STRENG",
+        "write": bool(unit.regs.get(S_CTRL, 0) & S_WRITE),
+        "addr": unit.regs.get(S_ADDR, 0),
     }
 
 

@@ -12,12 +12,13 @@ docs/neural-art.md quotes it):
   the unsigned feature the CONVACC reads), a CONVACC that accumulates and rounds the accumulator
   right by S into 16 bits, then an ARITH "off_bias" with a per-channel int16 A and int32 BC:
   A[c] = round(M[c] * 2^T), T the largest shift that keeps every A within int16 (M = s_x s_w / s_y),
-  the ARITH's shift_o = T - S, and BC[c] = (round(b[c] * 2^23) >> (23 - shift_o)) + z_y << shift_o
-  with b the bias in output steps (float32 bias value over the output scale). A bias-free layer
+  the ARITH's shift_o = T - S, and BC[c] = (round(b[c] * 2^F) + z_y << F) >> (F - shift_o) with b
+  the bias in output steps (float32 bias value over the output scale) and F the fraction bits the
+  layer's largest |b + z_y| leaves in int32 (bc_vector). A bias-free layer
   takes a scalar BC in B_scalar / C_scalar (combinebc: BC = {B[15:0], C[15:0]}).
 * ADD: one scalar ARITH, A*x >> Ax_shift + B*y >> By_shift + C << C_shift, all >> shift_o: A and B
   the input scales over the output scale normalised to [2^14, 2^15), the zero points folded in C.
-* QUANTIZE (int8 to int8): one scalar ARITH, A*x + BC, like the suboff.
+* QUANTIZE (to int8): one scalar ARITH, A*x + BC, like the suboff (a uint8 input read as 16 bits).
 
 S, the CONVACC's output shift, is the smallest s with max |sum of a channel's weights| * 256 below
 2^(15 + s) (conv_shift). What the trace does not decide (docs/neural-art.md): an input zero point
@@ -36,7 +37,7 @@ from ..profiles import N6_CHOICES
 from .n6_compiler import compiler
 
 INT16_MAX = 32767
-BC_FRACTION_BITS = 23  # BC is rounded at 2^-23 output steps, then shifted to shift_o (trace rule)
+INT32_MAX = 2**31 - 1
 SUBOFF_SHIFT = 14  # the suboff's A = 1.0 as 2^14
 
 
@@ -245,7 +246,7 @@ def conv_stages(
         bias_scales = np.float32(x_scale) * w_scales
     sb = np.broadcast_to(np.asarray(bias_scales, np.float32), (channels,))
     # The bias as the compiler reads it: float32 value (int32 code times float32 scale), over the
-    # output scale in double (then rounded at 2^-23 output steps, floor-shifted: _bc).
+    # output scale in double (then held in int32 fixed point and floor-shifted: bc_vector).
     b_steps = (folded.astype(np.float32) * sb).astype(np.float64) / np.float64(np.float32(y_scale))
     _, width, unsigned = feature_format(x_zero_point, options)
     convacc = {
@@ -276,17 +277,24 @@ class _RULES:
     normalised_shift = staticmethod(normalised_shift)
     split_bc = staticmethod(split_bc)
     round = staticmethod(round_half_away)
-    bc = staticmethod(lambda b_steps, shift_o, zero_point: _bc(b_steps, shift_o, zero_point))
+    bc = staticmethod(lambda b_steps, shift_o, zero_point: bc_vector(b_steps, shift_o, zero_point))
     arith = staticmethod(lambda **fields: _arith(**fields))
 
 
-def _bc(b_steps: float, shift_o: int, zero_point: int) -> int:
-    n = round_half_away(b_steps * 2.0**BC_FRACTION_BITS)
-    k = BC_FRACTION_BITS - shift_o
-    n = n >> k if k >= 0 else n << -k
-    if shift_o < 0:  # a multiplier above 2^15 (no such layer seen): the zero point rounded down too
-        return n + (zero_point >> -shift_o)
-    return n + (zero_point << shift_o)
+def bc_vector(b_steps, shift_o: int, zero_point: int) -> list[int]:
+    """A layer's per-channel BC at shift_o: (b[c] + z_y) 2^shift_o, b[c] the bias in output steps.
+    The compiler holds the layer's b + z_y as one int32 fixed-point vector with as many fraction
+    bits F as its largest magnitude leaves (F = the normalising shift of max |b + z_y| into int32),
+    each value rounded half away at 2^-F, then shifts it right (floor) to shift_o. F is 22, 23 or 24
+    on the shared compiles; this gives ST's BC on every channel of the 3.0 trace (12,082) and of the
+    2.1 blobs (12,082), where one fixed F = 23 missed 47 and 161 (docs/neural-art.md)."""
+    b = np.asarray(b_steps, np.float64).reshape(-1)
+    f = normalised_shift(float(np.abs(b + zero_point).max()), INT32_MAX)
+    out = []
+    for v in b:
+        n = round_half_away(float(v) * 2.0**f) + (zero_point << f)
+        out.append(n >> (f - shift_o) if f >= shift_o else n << (shift_o - f))
+    return out
 
 
 def conv_shift(w: np.ndarray, options: N6Options) -> int:
@@ -377,7 +385,9 @@ def op_stages(graph, op, options: N6Options = N6Options()) -> list[dict] | None:
         if x.quant is None or np.dtype(x.dtype).kind not in "iu":
             return None
         ratio = float(np.float64(x.scale) / np.float64(out.scale))
-        return [affine_stage("requantize", ratio, out.zero_point - ratio * x.zero_point)]
+        # a uint8 input reaches the (signed) ARITH as a 16-bit stream: inbytes_x 2 on the 2.1 compile
+        inbytes = 2 if np.dtype(x.dtype) == np.uint8 else 1
+        return [affine_stage("requantize", ratio, out.zero_point - ratio * x.zero_point, inbytes)]
     if op.kind in ("MAX_POOL_2D", "AVERAGE_POOL_2D"):
         return pool_stages(op.kind, op.options)
     return None

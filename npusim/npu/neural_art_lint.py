@@ -9,7 +9,10 @@ the half step every int8 output rounds to.
 * CONV_2D / DEPTHWISE_CONV_2D: the 16-bit CONVACC output saturating before the layer's int8 output
   range ends (the accumulator its calibrated range needs, over 32767 * 2^S), the rounding step of
   that output (2^S accumulator units, M * 2^S output steps), and a per-channel scale spread that
-  leaves a channel's A with few bits (A = M[c] * 2^T, T set by the largest M).
+  leaves a channel's A with few bits (A = M[c] * 2^T, T set by the largest M; the error is A's
+  relative error times the output steps the channel can reach). Near-dead channels (weights that
+  move the output by under half a step: a constant output) are said as such, with no error, and
+  left out of the three. Each warning says its remedy.
 """
 
 from __future__ import annotations
@@ -106,38 +109,59 @@ def _conv_findings(graph, op, stages) -> list[dict]:
         else data.reshape(data.shape[0], -1)
     )
     reach = 255.0 * np.maximum(np.maximum(per, 0).sum(1), -np.minimum(per, 0).sum(1))
+    # a near-dead channel: its weights can move its output by less than half a step, whatever the
+    # input (a weight scale of 1e-8 next to 1e-3): its output is its bias, constant, on the NPU as
+    # in TFLM; no warning below is about it
+    live = reach * m >= 0.5
+    dead = np.flatnonzero(~live)
+    if dead.size:
+        found.append(
+            {
+                "reason": f"{dead.size} of {a.size} channels near-dead (channel {int(dead[0])}"
+                f"{', ...' if dead.size > 1 else ''}): their weights move the output by at most "
+                f"{float((reach * m)[dead].max()):.2g} steps, so it is constant (the bias); nothing the "
+                "datapath loses. Remedy, if unintended: retrain or prune them",
+                "predicted_error_steps": 0.0,
+                "near_dead_channels": [int(c) for c in dead],
+            }
+        )
     cap = 32767.0 * 2.0 ** convacc["shift_o"]
-    lost = (np.minimum(need, reach) - cap) * m
+    lost = np.where(live, (np.minimum(need, reach) - cap) * m, 0.0)
     if lost.max() >= THRESHOLD:
         c = int(lost.argmax())
         found.append(
             {
                 "reason": f"the 16-bit CONVACC output (shift {convacc['shift_o']}) can saturate inside the "
                 f"layer's output range: channel {c} can need {np.minimum(need, reach)[c]:.0f} accumulator "
-                f"units (worst case of its weights and output range), 16 bits hold {cap:.0f}",
+                f"units (worst case of its weights and output range), 16 bits hold {cap:.0f}. Remedy: "
+                "kernels whose weights cancel less (the compiler sizes the shift for |sum of weights| "
+                "x 256), a narrower output range, or this layer on the M55",
                 "predicted_error_steps": round(float(lost.max()), 3),
             }
         )
     # 2. the CONVACC output's rounding step, in output steps
-    step = 0.5 * 2.0 ** convacc["shift_o"] * m
+    step = np.where(live, 0.5 * 2.0 ** convacc["shift_o"] * m, 0.0)
     if step.max() >= THRESHOLD:
         found.append(
             {
                 "reason": f"the CONVACC rounds the accumulator to 2^{convacc['shift_o']} units before "
-                f"the scale: up to {step.max():.3g} output steps (channel {int(step.argmax())})",
+                f"the scale: up to {step.max():.3g} output steps (channel {int(step.argmax())}). Remedy: "
+                "a larger output scale for this layer, smaller weight sums, or this layer on the M55",
                 "predicted_error_steps": round(float(step.max()), 3),
             }
         )
-    # 3. a per-channel scale spread a 16-bit A cannot hold
+    # 3. a per-channel scale spread a 16-bit A cannot hold: the multiplier's error over the
+    # accumulator the channel can reach inside its output range
     rel = np.abs(a / 2.0**total - m) / np.maximum(m, 1e-30)
-    coarse = rel * 255.0
+    coarse = np.where(live, rel * np.minimum(need, reach) * m, 0.0)
     if coarse.max() >= THRESHOLD:
         c = int(coarse.argmax())
         found.append(
             {
-                "reason": f"per-channel scale spread {m.max() / max(m.min(), 1e-30):.3g}x: channel {c}'s "
-                f"A = {int(a[c])} keeps {max(int(a[c]), 1).bit_length()} bits at the shift the largest "
-                "scale sets",
+                "reason": f"per-channel scale spread {m[live].max() / max(m[live].min(), 1e-30):.3g}x: "
+                f"channel {c}'s A = {int(a[c])} keeps {max(int(a[c]), 1).bit_length()} bits at the shift "
+                "the largest scale sets. Remedy: weight scales within a narrower range (per-channel "
+                "quantization with a floor on the scale), or this layer on the M55",
                 "predicted_error_steps": round(float(coarse.max()), 3),
             }
         )

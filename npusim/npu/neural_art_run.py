@@ -52,9 +52,13 @@ class Chain(Kernel):
         return self.tflm.workspace_bytes(n)
 
 
-def _channel_coeffs(st: dict) -> tuple[np.ndarray, np.ndarray]:
-    """(A[c], BC[c]) of a per-channel ARITH: combinebc's BC from C_vector or the scalars, else C."""
-    a = np.asarray(st["A_vector"], np.int64)
+def _channel_coeffs(st: dict, channels: int) -> tuple[np.ndarray, np.ndarray]:
+    """(A[c], BC[c]) of a requantizing ARITH, per-channel or scalar (A_scalar for every channel):
+    combinebc's BC from C_vector or the scalars, else C."""
+    if st["A_vector"] is None:
+        a = np.full(channels, st["A_scalar"], np.int64)
+    else:
+        a = np.asarray(st["A_vector"], np.int64)
     c = st["C_vector"]
     if c is None:
         return a, np.full(a.size, _bc(st), np.int64)
@@ -79,7 +83,7 @@ class ConvChain(Chain):
         self.fill = units.shift_round(
             np.int64(sub["A_scalar"]) * x.zero_point + _bc(sub), sub["shift_o"], units.TRUNCATE
         )
-        self.coeffs = [_channel_coeffs(st) for st in self.requant]
+        self.coeffs = [_channel_coeffs(st, self.outputs[0].shape[-1]) for st in self.requant]
         ca = self.convacc
         self.shift = ca["shift_o"]
         if options.shift_a == "products":  # the accumulator shifted left by shift_a before shift_o
@@ -178,14 +182,17 @@ class NeuralArtProfile:
 
     def _stages(self, graph, op):
         stages = op_stages(graph, op, self.options)
-        if stages is None or self.options.compiled is None or op.kind not in ConvKinds:
+        if stages is None or self.options.compiled is None:
             return stages
         from .compiled import read_compiled, run_stages
 
         key = id(graph)
         if key not in self._programs:
             self._programs[key] = read_compiled(self.options.compiled, graph)
-        chain = self._programs[key].mapped.get(op.index)
+        program = self._programs[key]
+        if op.index in program.singles:  # an ADD or QUANTIZE: its compiled ARITH as it is
+            return [dict(program.singles[op.index].fields)]
+        chain = program.mapped.get(op.index) if op.kind in ConvKinds else None
         return stages if chain is None else run_stages(stages, chain)
 
     def kernel_for(self, kernel_class, op, graph, **extra) -> Kernel:
@@ -204,6 +211,39 @@ class NeuralArtProfile:
 
 
 def profile_object(name: str, options: N6Options | None = None):
-    """What the Interpreter takes for a profile name: NeuralArtProfile(options) for "neural-art",
-    else the name itself."""
+    """What the Interpreter takes for a profile name or spec (parse_profile_spec):
+    NeuralArtProfile(options with the spec's own) for "neural-art[:...]", else the name itself."""
+    name, options = parse_profile_spec(name, options)
     return NeuralArtProfile(options) if name == NeuralArtProfile.name else name
+
+
+def parse_profile_spec(spec: str, options: N6Options | None = None) -> tuple[str, N6Options | None]:
+    """ "neural-art:rounding=truncate,compiler=2.1" -> ("neural-art", options with those fields):
+    one side's own --n6-* choices (keys as the options' names, `-` or `_`; compiled=FILE), over the
+    ones both sides share. A plain profile name is itself. NpusimError (one line) for a bad spec."""
+    from dataclasses import fields, replace
+
+    from ..errors import NpusimError
+    from ..profiles import N6_CHOICES
+
+    name, _, rest = spec.partition(":")
+    if not rest:
+        return name, options
+    if name != NeuralArtProfile.name:
+        raise NpusimError(f"profile {spec!r}: options after ':' apply only to neural-art")
+    known = {f.name for f in fields(N6Options)} & (set(N6_CHOICES) | {"compiled"})
+    changes = {}
+    for item in rest.split(","):
+        key, eq, value = item.partition("=")
+        key = key.strip().replace("-", "_")
+        if not eq or key not in known:
+            raise NpusimError(
+                f"profile {spec!r}: {item!r} is not KEY=VALUE with KEY one of "
+                f"{', '.join(sorted(k.replace('_', '-') for k in known))}"
+            )
+        if key in N6_CHOICES and value not in N6_CHOICES[key]:
+            raise NpusimError(
+                f"profile {spec!r}: {key.replace('_', '-')} is one of {', '.join(N6_CHOICES[key])}"
+            )
+        changes[key] = value
+    return name, replace(options or N6Options(), **changes)

@@ -26,7 +26,7 @@ from ..kernels import aligned, backend, gemm
 from ..kernels.geometry import ConvGeometry
 from ..kernels.requant import OutputStage
 from ..profiles import profile_of
-from ..quant import TFLM, mac_profile
+from ..quant import TFLM, mac_profile, multiply_by_quantized_multiplier_array
 from .base import Kernel, WeightMemo
 from .float_form import FloatForm, real
 
@@ -39,9 +39,10 @@ def _padding(size: int, k: int, stride: int, padding: str) -> int:
     return max((out - 1) * stride + k - size, 0) // 2
 
 
-def _taps(w: np.ndarray) -> np.ndarray:
-    """Per tap (fy, fx): the weights [O, kh, kw, I] as [kh, kw, I, O] float64 for the products."""
-    return np.ascontiguousarray(w.astype(np.float64).transpose(1, 2, 3, 0))
+def _taps(w: np.ndarray, w_zp: int = 0) -> np.ndarray:
+    """Per tap (fy, fx): the weights [O, kh, kw, I] less their zero point (nonzero only for a uint8
+    model's filter, npusim/runtime/uint8.py) as [kh, kw, I, O] float64 for the products."""
+    return np.ascontiguousarray((w.astype(np.float64) - w_zp).transpose(1, 2, 3, 0))
 
 
 class TransposeConvFloat(FloatForm):
@@ -120,17 +121,21 @@ class TransposeConv(Kernel):
         )
         self.in_hw = tuple(x.shape[1:3])
         self.out_hw = tuple(y.shape[1:3])
+        self.neon_uint8 = False  # requantize as LiteRT's builtin uint8 kernel (below)
         if (
             profile_of(profile).xnnpack_delegate
             and padding == "SAME"
             and (self.stride[0] > self.kh or self.stride[1] > self.kw)
         ):
             # SAME with a stride beyond the filter pads negatively: LiteRT's XNNPACK delegate refuses it
-            # and runs its builtin kernel, which rounds as TFLM does (measured, ai-edge-litert 2.3.0).
+            # and runs its builtin kernel, which rounds as TFLM does (measured, ai-edge-litert 2.3.0);
+            # its uint8 kernel (a shifted uint8 model's, offset 128) requantizes in NEON code instead
             self.profile = TFLM
+            self.neon_uint8 = y.quant is not None and y.quant.offset == 128
         self.stage = OutputStage.prepare(
             x, w, y, self.out_channels, o.get("fused_activation_function", "NONE"), self.profile
         )
+        self.w_zp = self._filter_zero_point(w)
         self.memo = WeightMemo()
         self.pointwise = None  # (geometry, engine, stage, workspace, memo) of the one-tap-per-pixel form
         (h, wd), (sh, sw) = self.in_hw, self.stride
@@ -138,6 +143,7 @@ class TransposeConv(Kernel):
             (sh, sw) == (self.kh, self.kw)
             and self.pad == (0, 0)
             and self.out_hw == (h * sh, wd * sw)
+            and not self.w_zp  # the engines take a symmetric filter
             # its stage is gemm's, not the engines' (mac_profile)
             and profile_of(self.profile).kernels != "onnxruntime"
         ):
@@ -155,6 +161,14 @@ class TransposeConv(Kernel):
             engine = (backends or backend.select()).for_geometry(g)
             self.pointwise = (g, engine, stage, aligned.Workspace(), WeightMemo())
 
+    def _filter_zero_point(self, w) -> int:
+        """The filter's one zero point: 0 for an int8 model; a uint8 model's (shifted) filter may have
+        any, which LiteRT's uint8 kernel subtracts from each weight (tests/test_uint8.py)."""
+        zp = np.unique(np.asarray(w.quant.zero_point if w.quant is not None else 0, np.int64))
+        if zp.size > 1:
+            raise self.error(f"filter {w.name!r} has zero points {zp.tolist()}, expected one")
+        return int(zp[0]) if zp.size else 0
+
     def macs(self) -> int:
         return self.in_hw[0] * self.in_hw[1] * self.kh * self.kw * self.out_channels * self.inputs[1].shape[3]
 
@@ -168,7 +182,7 @@ class TransposeConv(Kernel):
             raise self.error(f"filter has shape {list(w.shape)}, expected {list(self.inputs[1].shape)}")
         if self.pointwise is not None:
             return self._one_tap_per_pixel(w, x, b)
-        taps = self.memo.get("taps", w, None, lambda: _taps(w))
+        taps = self.memo.get("taps", w, None, lambda: _taps(w, self.w_zp))
         n = x.shape[0]
         (h, wd), (sh, sw), (ph, pw) = self.in_hw, self.stride, self.pad
         oh, ow = self.out_hw
@@ -185,12 +199,38 @@ class TransposeConv(Kernel):
         offset = (
             np.zeros((1, self.out_channels), np.int64) if b is None else b.astype(np.int64).reshape(1, -1)
         )
-        out = np.empty(acc.shape, dtype=np.int8)
         s = self.stage
+        if self.neon_uint8:
+            return self._neon_requantize(acc.reshape(n, -1) + np.tile(offset, (1, oh * ow))).reshape(
+                n, oh, ow, self.out_channels
+            )
+        out = np.empty(acc.shape, dtype=np.int8)
         gemm.requantize_products(
             acc, offset, s.multiplier, s.shift, s.real_scale, s.zero_point, s.lo, s.hi, self.profile, out
         )
         return out.reshape(n, oh, ow, self.out_channels)
+
+    def _neon_requantize(self, acc) -> np.ndarray:
+        """LiteRT's builtin uint8 TransposeConv's output stage (optimized_ops::Quantize), per image
+        acc [N, H * W * O] (int64 with the bias): runs of 16 elements take the NEON form of
+        xnnpack.neon_multiply (VQRDMULH then VRSHL, ties up), the last size % 16 TFLM's
+        MultiplyByQuantizedMultiplier; each element at its channel's multiplier."""
+        s = self.stage
+        reps = acc.shape[1] // self.out_channels
+        m = np.tile(np.broadcast_to(s.multiplier, (self.out_channels,)).astype(np.int64), reps)
+        shift = np.tile(np.broadcast_to(s.shift, (self.out_channels,)).astype(np.int64), reps)
+        acc = acc.astype(np.int64)
+        runs = acc.shape[1] // 16 * 16
+        left, right = np.maximum(shift[:runs], 0), np.maximum(-shift[:runs], 0)
+        high = ((acc[:, :runs] << left) * m[:runs] * 2 + (1 << 31)) >> 32
+        scaled = np.concatenate(
+            [
+                (high + ((1 << right) >> 1)) >> right,
+                multiply_by_quantized_multiplier_array(acc[:, runs:], m[runs:], shift[runs:]),
+            ],
+            axis=1,
+        )
+        return np.clip(scaled + s.zero_point, s.lo, s.hi).astype(np.int8)
 
     def _one_tap_per_pixel(self, w, x, b):
         """Stride = filter size, no padding: output pixel (y * kh + fy, x * kw + fx) is tap (fy, fx)

@@ -119,9 +119,11 @@ def quantize_f32(x: np.ndarray, scale, zero_point: int) -> np.ndarray:
 
 
 def delegates_requantize(x, y) -> bool:
-    """Whether the delegate takes an 8-bit -> int8 QUANTIZE (int8 input, ratio in range)."""
+    """Whether the delegate takes an 8-bit QUANTIZE: an int8 input, or uint8 -> uint8 (a legacy uint8
+    model's requantize, qu8-vcvt: the shifted codes' qs8-vcvt), with the ratio in range."""
     ratio = float(np.float32(x.quant.scale[0]) / np.float32(y.quant.scale[0]))
-    return x.dtype == np.int8 and REQUANT_RATIO_MIN <= ratio <= REQUANT_RATIO_MAX
+    takes = x.dtype == np.int8 or x.dtype == y.dtype == np.uint8
+    return takes and REQUANT_RATIO_MIN <= ratio <= REQUANT_RATIO_MAX
 
 
 def requantize_codes(centred: np.ndarray, x, y, y_zp: int) -> np.ndarray:

@@ -53,27 +53,39 @@ def unsupported_error(op) -> NpusimError:
     return NpusimError(f"op {op.index} ({op.kind}): operator is not supported")
 
 
-def check_int8(graph: Graph, profile: str | None = None):
-    """Refuse, naming the file and what to do, the two kinds of model npusim does not run: a float
-    model, and a legacy uint8 one under a profile other than xnnpack (npusim/runtime/uint8.py)."""
+def uint8_model(graph: Graph, legacy) -> str:
+    """The head of a refusal of a legacy uint8 model; legacy: legacy_uint8(graph)."""
+    op, t = legacy
+    return (
+        f"{graph.origin}: a uint8 model (TFLite's legacy quantization: op {op.index} ({op.kind}) "
+        f"computes on uint8 {t.name!r})"
+    )
+
+
+def check_int8(graph: Graph, profile: str | None = None, plan_only: bool = False):
+    """Refuse, naming the file and what to do, the kinds of model npusim does not run: a float
+    model, a legacy uint8 one under a profile other than xnnpack (npusim/runtime/uint8.py), and a
+    uint8 one with an op not proven in uint8 (uint8.unproven). plan_only (inspect): a uint8 model
+    is planned whatever the profile, its unproven ops listed as not run."""
     if graph.ops and computes_in_float(graph):
         raise NpusimError(
             f"{graph.origin}: a float model: npusim runs int8 models; quantize it to int8, or give it to "
             "`npusim validate --float` as the reference of its int8 model"
         )
     legacy = legacy_uint8(graph)
-    if legacy is not None and not (profile in PROFILES and PROFILES[profile].uint8):
-        op, t = legacy
+    if legacy is None or plan_only:
+        return
+    if not (profile in PROFILES and PROFILES[profile].uint8):
         if profile:
             why = f"profile {profile} has no uint8 kernels"
             what = f"run it with --profile {UINT8_PROFILE} (LiteRT's arithmetic), or quantize it to int8"
         else:
             why = f"this command takes int8 models (`npusim run --profile {UINT8_PROFILE}` runs uint8 ones)"
             what = "quantize it again to int8"
-        raise NpusimError(
-            f"{graph.origin}: a uint8 model (TFLite's legacy quantization: op {op.index} ({op.kind}) "
-            f"computes on uint8 {t.name!r}): {why}; {what}"
-        )
+        raise NpusimError(f"{uint8_model(graph, legacy)}: {why}; {what}")
+    unproven = uint8.unproven(graph)
+    if unproven:
+        raise NpusimError(f"{graph.origin}: {uint8.unproven_reason(unproven[0])}")
 
 
 def check_activations(graph: Graph):
@@ -215,11 +227,13 @@ class Interpreter:
         table, pid = self._resolve_profile(profile, backend)
         if not (plan_only and getattr(self.graph.source, "unlowered", None)):
             # (an ONNX plan whose unlowered nodes stand in with float outputs is no float model)
-            check_int8(self.graph, self.profile)
-            self.graph = uint8.shifted(self.graph)  # a legacy uint8 model under xnnpack
+            check_int8(self.graph, self.profile, plan_only)
+        # plan_only: {op index: why npusim does not run it} (a uint8 model's unproven ops, kernels' refusals)
+        self.refusals: dict = {op.index: uint8.unproven_reason(op) for op in uint8.unproven(self.graph)}
+        self.legacy_uint8 = legacy_uint8(self.graph)  # (op, tensor) of a legacy uint8 model, run shifted
+        self.graph = uint8.shifted(self.graph)
         ops = execution_order(self.graph)
-        self.unsupported = [op for op in ops if op.kind not in KERNELS]
-        self.refusals: dict = {}  # plan_only: {op index: why its kernel refused it}
+        self.unsupported = [op for op in ops if op.kind not in KERNELS or op.index in self.refusals]
         if self.unsupported and not plan_only:
             raise unsupported_error(self.unsupported[0])
         check_activations(self.graph)
@@ -254,8 +268,9 @@ class Interpreter:
         refuses it joins self.unsupported, its message in self.refusals."""
         kernels = []
         plan = ort_kernels.Plan(self.graph) if pid.kernels == "onnxruntime" else None
+        left_out = {op.index for op in self.unsupported}
         for op in ops:
-            if op.kind not in KERNELS:
+            if op.index in left_out:
                 continue
             try:
                 kernel_class = KERNELS[op.kind]

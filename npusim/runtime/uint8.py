@@ -22,6 +22,14 @@ import numpy as np
 
 from ..graph import Graph, Op, Quantization, Tensor, legacy_uint8
 from ..profiles import PROFILES
+from ..registry import kinds
+
+# The ops proven in uint8: their kernels on the shifted codes equal LiteRT's uint8 ones.
+UINT8_KINDS = kinds(uint8=True)
+
+# The option that marks the QUANTIZEs shifted() adds at the graph edges (not the file's ops: inspect
+# leaves them out).
+EDGE = "uint8_edge"
 
 # The profile that runs a legacy uint8 model (LiteRT's arithmetic): the one whose Profile says so.
 UINT8_PROFILE = next(name for name, p in PROFILES.items() if p.uint8)
@@ -42,6 +50,22 @@ def _is_uint8(t: Tensor) -> bool:
     return t.quant is not None and np.dtype(t.dtype) == np.uint8
 
 
+def unproven(graph: Graph) -> list[Op]:
+    """A legacy uint8 model's ops whose kind is not proven in uint8 (the registry's uint8 field,
+    tests/test_uint8.py); none for an int8 model."""
+    if legacy_uint8(graph) is None:
+        return []
+    return [op for op in graph.ops if op.kind not in UINT8_KINDS]
+
+
+def unproven_reason(op: Op) -> str:
+    """The one line that refuses op in a uint8 model."""
+    return (
+        f"op {op.index} ({op.kind}) in a uint8 model: npusim runs uint8 models with the "
+        f"{len(UINT8_KINDS)} ops proven equal to LiteRT in uint8 only ({', '.join(sorted(UINT8_KINDS))})"
+    )
+
+
 def shifted(graph: Graph) -> Graph:
     """The graph that computes a legacy uint8 model in int8 (module doc); an int8 model unchanged."""
     if legacy_uint8(graph) is None:
@@ -60,7 +84,7 @@ def shifted(graph: Graph) -> Graph:
     first = len(graph.ops)  # the added QUANTIZEs are numbered past the file's ops
     for i in graph.inputs:
         if i in inner:
-            ops.append(Op("QUANTIZE", [i], [inner[i]], {}, first + len(ops)))
+            ops.append(Op("QUANTIZE", [i], [inner[i]], {EDGE: True}, first + len(ops)))
     for op in graph.ops:
         op = copy.copy(op)
         op.inputs = [inner.get(i, i) if i >= 0 else i for i in op.inputs]
@@ -69,7 +93,7 @@ def shifted(graph: Graph) -> Graph:
     added = len(ops) - len(graph.ops)
     for i in graph.outputs:
         if i in inner and i not in graph.inputs:
-            ops.append(Op("QUANTIZE", [inner[i]], [i], {}, first + added))
+            ops.append(Op("QUANTIZE", [inner[i]], [i], {EDGE: True}, first + added))
             added += 1
     out = copy.copy(graph)
     out.tensors, out.ops = tensors, ops

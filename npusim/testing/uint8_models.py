@@ -1,6 +1,7 @@
 """Legacy uint8 test models made from the int8 one-op models: every quantized int8 tensor becomes
-uint8 (codes + 128, zero point + 128), and each constant filter gets an asymmetric zero point,
-as TFLite's old uint8 converter wrote them (per-tensor, zero point anywhere in [0, 255])."""
+uint8 (codes + 128, zero point + 128), and each constant filter (input 1 of a convolution,
+FULLY_CONNECTED or TRANSPOSE_CONV) gets an asymmetric zero point, as TFLite's old uint8 converter
+wrote them (per-tensor, zero point anywhere in [0, 255])."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ def as_uint8(model_bytes: bytes, seed: int = 0, filter_zp_spread: int = 40) -> b
             schema.BuiltinOperator.CONV_2D,
             schema.BuiltinOperator.DEPTHWISE_CONV_2D,
             schema.BuiltinOperator.FULLY_CONNECTED,
+            schema.BuiltinOperator.TRANSPOSE_CONV,
         ):
             filters.add(op.inputs[1])
     for i, t in enumerate(sg.tensors):
