@@ -11,8 +11,7 @@ the rate rule, zo/config.py), `--keep best`), and beside it the back-propagation
 layers from the same initialized start (the ridge-fitted fresh head, as the trainer starts), on the
 same training images (the held-out split of `--keep best` aside, zo/keep.py), trained in float with
 exact gradients (10 epochs of Adam, its own lr chosen on that split) and written back to int8 with
-the scales fixed; and that bound restricted: every tensor below the head frozen (the head alone),
-or moved only along weight ZO's channel subspace (`--estimator weights`).
+the scales fixed; and that bound restricted: every tensor below the head frozen (the head alone).
 share = (trainer - start) / (bound - start); goal: share >= 0.5 and the trainer never more than 0.5
 points below its start.
 A row is stored as JSON under --runs when done, so an interrupted table resumes where it stopped.
@@ -91,25 +90,20 @@ def train_config(row: Row, shared: Path, budget: int, seed: int):
     )
 
 
-# Stored with a row whose restricted bounds freeze every tensor below the head; rows stored before
-# (which froze only the weight-ZO blocks, none under the activity estimator) get them again.
+# Stored with a row whose restricted bound freezes every tensor below the head; rows stored before
+# (which froze only the weight-ZO blocks, none under the activity estimator) get it again.
 RESTRICTED = "below the head"
 
 
 def restricted_bounds(trainer, seed: int, full: float) -> dict:
     """The bound with every trainable tensor below the head (its exact tail and the estimated layers
-    included) frozen (the head alone), and moved only along weight ZO's channel subspace
-    (`--estimator weights`, zo/blocks.py; zo.backprop.bound_with_own_lr); with no tensor below the
-    head, both are the full bound."""
+    included) frozen: the head alone (zo.backprop.bound_with_own_lr); with no tensor below the head,
+    the full bound."""
     head = trainer.head
     taken = set() if head is None else set(head.op.inputs[1:3])
     below = trainer.weight_blocks(trainer.flat_offsets(), taken)
-    if not below:
-        return {"frozen_accuracy": full, "subspace_accuracy": full, "restricted": RESTRICTED}
-    return {
-        f"{kind}_accuracy": bound_with_own_lr(trainer, seed, kind, below)[1]["int8_test_accuracy"]
-        for kind in ("frozen", "subspace")
-    } | {"restricted": RESTRICTED}
+    frozen = bound_with_own_lr(trainer, seed, "frozen", below)[1]["int8_test_accuracy"] if below else full
+    return {"frozen_accuracy": frozen, "restricted": RESTRICTED}
 
 
 def store(done: Path, result: dict):
@@ -129,8 +123,7 @@ def execute(row: Row, shared: str, runs: str, budget: int, seed: int) -> dict:
     out = Path(runs) / f"{row.key}-seed{seed}"
     if done.exists():
         result = json.loads(done.read_text())
-        if result.get("restricted") != RESTRICTED or "subspace_accuracy" not in result:
-            # stored before these restricted bounds: add them
+        if result.get("restricted") != RESTRICTED:  # stored before this restricted bound: add it
             start = out.with_name(out.name + "-bounds")
             trainer = Trainer(train_config(row, shared, budget, seed), start, warn=lambda message: None)
             result |= restricted_bounds(trainer, seed, result["bound_accuracy"])
@@ -220,23 +213,21 @@ def write_table(results: list[dict], path: Path, command: str, budget: int, seed
         "`last:3` adds two layers below it. bound: the same layers from the same start and training "
         "images, trained by back-propagation (float, 10 epochs of Adam at the lr of "
         f"{', '.join(map(str, BOUND_LRS))} best on the held-out split), written back to int8 with the "
-        "deployed scales. head alone: the bound with every trainable tensor below the head frozen; "
-        "weight-ZO subspace: with them moved only along what `--estimator weights` perturbs (per-channel "
-        "scalings and biases, zo/blocks.py), that estimator's ceiling (the default activity estimator "
-        "is not confined to it). share = (trainer - start) / (bound - start); "
+        "deployed scales. head alone: the bound with every trainable tensor below the head frozen. "
+        "share = (trainer - start) / (bound - start); "
         f"goal: share >= {GOAL} and the trainer at most {100 * WORST_LOSS:.1f} points below the start. "
         "pilot: the cell was among the single-seed pilots the defaults were chosen on (docs/zo.md).",
         "",
         "| model | data | trainable | parameters | input mapping | pilot | start | trainer | bound "
-        "| head alone | weight-ZO subspace | share | goal |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| head alone | share | goal |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         lines.append(
             f"| {r['model']} | {Path(r['data']).stem} | `{r['trainable']}` | {r['parameters']:,} "
             f"| {r['mapping']} | {'yes' if r['key'] in PILOTS else 'no'} | {100 * r['start_accuracy']:.1f} | "
             f"{100 * r['zo_accuracy']:.1f} | {100 * r['bound_accuracy']:.1f} | "
-            f"{100 * r['frozen_accuracy']:.1f} | {100 * r['subspace_accuracy']:.1f} | {r['fraction']:.3f} | "
+            f"{100 * r['frozen_accuracy']:.1f} | {r['fraction']:.3f} | "
             f"{'met' if goal_met(r) else 'missed'} |"
         )
     met = [r for r in results if goal_met(r)]
@@ -270,7 +261,6 @@ def write_table(results: list[dict], path: Path, command: str, budget: int, seed
         "bound_accuracy",
         "bound_float_accuracy",
         "frozen_accuracy",
-        "subspace_accuracy",
         "fraction",
         "forward_passes",
         "zo_seconds",
