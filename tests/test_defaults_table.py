@@ -36,11 +36,11 @@ def test_one_row_trains_records_and_resumes(tmp_path, capsys):
     assert row["forward_passes"] <= 400 and row["chance"] == pytest.approx(0.1)
     assert row["mapping"].startswith("--input-range 0:255 (auto)")  # ResNet-8: int8, scale 1, zp -128
     # the initialized head starts far above chance, its passes (one per batch of 32 of the 9,000
-    # training images left beside the held-out tenth) paid from the budget; the bound starts there too
+    # training images left beside the 1,000 held out) paid from the budget; the bound starts there too
     assert row["init_passes"] == 282 and row["start_accuracy"] > 0.5
     assert row["bound_accuracy"] > 0.5 and row["zo_accuracy"] > 0.5
     # last:1 has nothing below the head: the bound restricted below it is the bound itself
-    assert row["frozen_accuracy"] == row["subspace_accuracy"] == row["bound_accuracy"]
+    assert row["frozen_accuracy"] == row["bound_accuracy"] and row["restricted"] == defaults_table.RESTRICTED
     gain = row["bound_accuracy"] - row["start_accuracy"]
     assert row["fraction"] == pytest.approx(defaults_table.share(row))
     if gain > 0:
@@ -53,12 +53,12 @@ def test_one_row_trains_records_and_resumes(tmp_path, capsys):
     )
     defaults_table.main(args)
     assert "| 50.0 |" in (tmp_path / "results" / "table.md").read_text()
-    # A row stored before the restricted bounds gets them added, and is not trained again.
+    # A row stored before the restricted bound gets it added, and is not trained again.
     stored = tmp_path / "runs" / "resnet8-eurosat32_subset-last1-seed0.json"
-    old = {k: v for k, v in row.items() if k not in ("frozen_accuracy", "subspace_accuracy")}
+    old = {k: v for k, v in row.items() if k not in ("frozen_accuracy", "restricted")}
     stored.write_text(json.dumps({**old, "zo_accuracy": 0.5}))
     defaults_table.main(args)
     again = json.loads(stored.read_text())
-    assert again["zo_accuracy"] == 0.5 and again["subspace_accuracy"] == row["bound_accuracy"]
+    assert again["zo_accuracy"] == 0.5 and again["frozen_accuracy"] == row["bound_accuracy"]
     with pytest.raises(SystemExit, match="no such row"):
         defaults_table.main(["--shared", str(SHARED), "--rows", "nope"])

@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 import zo.cli
-from zo.keep import KEEP_Z, held_out_rows, paired_lead
+from zo.keep import KEEP_Z, KeepBest, held_out_rows, paired_lead
 from zo.trainer import TrainConfig, Trainer
 
 from zo_fixtures import deep_classifier
@@ -76,6 +76,53 @@ def test_an_earlier_model_is_kept_only_when_its_lead_is_resolved():
     noisy[:30] = False  # 40 right and 30 wrong more: 1 point ahead, se sqrt(70) / 1000 = 0.84 points
     lead, se = paired_lead(noisy, last)
     assert lead == pytest.approx(0.01) and lead < KEEP_Z * se
+
+
+class Kept(KeepBest):
+    """KeepBest's choice alone: a start, a last and a best record on 1000 held-out images."""
+
+    def __init__(self, start_right: int, last_right: int, best_right: int | None = None):
+        self.config = type("Config", (), {"keep": "best"})()
+        self.val_rows = np.arange(1000)
+        self.written, self.final_accuracy = None, 0.0
+        self.model = type("Model", (), {"set_values": lambda _, values: setattr(self, "written", values)})()
+
+        def record(right, step, value, first):
+            r = np.zeros(1000, dtype=bool)
+            r[first : first + right] = True  # the start and the last model disagree on 300 + 300 images
+            return (right / 1000, right / 1000 + 0.01, np.full(3, value), step, r)
+
+        self.start_record = record(start_right, 0, 1, 0)
+        self.best = self.start_record if best_right is None else record(best_right, 50, 2, 300)
+        self.latest = record(last_right, 100, 3, 300)
+        self.latest = self.latest[:2] + (None,) + self.latest[3:]
+
+    def split(self, flat):
+        return flat
+
+
+def test_the_start_is_written_when_it_is_ahead_of_the_last_model_on_the_held_out_split():
+    # 0.9 points ahead: under 2 standard errors (sqrt(600) / 1000 each), but start and last are fixed
+    # in advance, so the plain comparison decides: the start, with its own test accuracy.
+    run = Kept(start_right=612, last_right=603)
+    run.keep_chosen()
+    assert run.kept["why"] == "start" and run.kept["step"] == 0 and np.all(run.written == 1)
+    assert run.final_accuracy == pytest.approx(0.622)
+    assert "the start, ahead of the last model (step 100" in run.kept_line()
+    # the last model ahead of the start: the last is written, nothing replaced
+    run = Kept(start_right=603, last_right=612)
+    run.keep_chosen()
+    assert run.kept["why"] == "last" and run.written is None
+    # a best model resolved ahead of the last wins over the start behind it
+    run = Kept(start_right=612, last_right=603, best_right=700)
+    run.keep_chosen()
+    assert run.kept["why"] == "best" and np.all(run.written == 2)
+    # and the start's record survives a checkpoint (zo/checkpoint.py's best_ arrays)
+    again = Kept(0, 0)
+    again.start_record = None
+    again.load_best_state(Kept(start_right=612, last_right=603).best_state())
+    assert again.start_record[3] == 0 and again.start_record[0] == pytest.approx(0.612)
+    assert np.all(again.start_record[2] == 1) and np.count_nonzero(again.start_record[4]) == 612
 
 
 def test_keep_best_says_which_step_it_kept_and_never_contradicts_the_progress_line(deep, tmp_path):

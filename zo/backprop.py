@@ -303,18 +303,21 @@ def _train(
 BOUND_LRS = (0.03, 0.1, 0.3, 1.0)
 
 
-def bound_with_own_lr(trainer, seed: int, below: str = "full") -> tuple[float, dict]:
+def bound_with_own_lr(
+    trainer, seed: int, below: str = "full", blocks: list | None = None
+) -> tuple[float, dict]:
     """Back-propagation from the trainer's start on its training images, the lr of BOUND_LRS chosen
-    on its held-out tenth (never the test set); returns (lr, the chosen run measured on the test set).
-    below: the trainable tensors under the head trained in full, only along what the trainer's ZO
-    blocks perturb ("subspace": ZO's own ceiling), or not at all ("frozen": the head alone)."""
+    on its held-out split (zo/keep.py; never the test set); returns (lr, the chosen run measured on
+    the test set). below: the tensors of `blocks` (default: the trainer's ZO blocks) trained in full,
+    only along what those blocks perturb ("subspace": weight ZO's own ceiling), or not at all
+    ("frozen")."""
     data, rows, val = trainer.data, trainer.train_rows, trainer.val_rows
     train = {t: v[rows] for t, v in trainer.train_cache.items()}
 
     def run(lr, cache, labels):
         return backprop_baseline(
             trainer.model, train, data.y_train[rows], cache, labels, seed=seed, lr=lr,
-            blocks=trainer.blocks, below=below,
+            blocks=trainer.blocks if blocks is None else blocks, below=below,
         )  # fmt: skip
 
     held = {t: v[val] for t, v in trainer.train_cache.items()}

@@ -240,10 +240,7 @@ class Trainer(StepBudget, RunFiles, KeepBest, ActivityStep):
     def partition(self) -> tuple[ExactHead | None, list]:
         """The exact-gradient head (or None) and the ZO blocks: every trainable tensor outside the head
         and its exact tail (self.tail, zo/tail.py)."""
-        offsets, i = {}, 0
-        for p, v in zip(self.model.params, self.model.values()):
-            offsets[p.tensor] = (i, i + v.size)
-            i += v.size
+        offsets = self.flat_offsets()
         head = ExactHead.find(self.model, offsets) if self.config.head_gradient == "exact" else None
         # --estimator weights (and pure ZO, --head-gradient zo): every tensor below the head in ZO blocks.
         activity = head is not None and self.config.estimator == "activity"
@@ -260,6 +257,14 @@ class Trainer(StepBudget, RunFiles, KeepBest, ActivityStep):
                     below.append(FLOAT_OPS[op.kind](op, self.model.graph))
                     taken |= {t for t in op.inputs[1:3] if t in offsets}
         self.activity = ActivityEstimator(self.model, below, offsets, self.config.seed) if below else None
+        blocks = self.weight_blocks(offsets, taken)
+        self.report(self.describe_training(head, blocks))
+        return head, blocks
+
+    def weight_blocks(self, offsets: dict, taken: set) -> list:
+        """The ZO blocks (zo/blocks.py) of the trainable tensors outside `taken`, as weight perturbation
+        moves them (a channel subspace with --zo-subspace channels). offsets: tensor -> (start, end) in
+        the flat vector."""
         tensors = self.model.graph.tensors
         blocks = []
         for p in self.model.params:
@@ -272,8 +277,15 @@ class Trainer(StepBudget, RunFiles, KeepBest, ActivityStep):
             block = zo_blocks.Block(p.name, *offsets[p.tensor], self.config.eps or 1)
             block.shape, block.channel_axis = tuple(t.shape), axis
             blocks.append(block)
-        self.report(self.describe_training(head, blocks))
-        return head, blocks
+        return blocks
+
+    def flat_offsets(self) -> dict:
+        """Each trainable tensor's (start, end) in the flat vector of trainable values."""
+        offsets, i = {}, 0
+        for p, v in zip(self.model.params, self.model.values()):
+            offsets[p.tensor] = (i, i + v.size)
+            i += v.size
+        return offsets
 
     def describe_training(self, head, blocks) -> str:
         """One line: what each trainable layer's gradient is and why."""
