@@ -81,8 +81,10 @@ def n6_options(func):
         type=click.Path(dir_okay=False),
         default=None,
         help=(
-            "ST Edge AI's compiled program (network_ecblobs.h): inspect --target stm32n6 decodes its conv "
-            "chains beside the derived ones; --profile neural-art runs them (docs/neural-art.md)."
+            "ST Edge AI's compiled program (network_ecblobs.h, or the network.c that includes it): inspect "
+            "--target stm32n6 decodes its conv chains beside the derived ones and counts latency and "
+            "internal RAM on its epochs and buffers (network.c beside it); --profile neural-art runs them "
+            "(docs/neural-art.md)."
         ),
     )(func)
 
@@ -362,8 +364,11 @@ def inspect(model, target, fmt, calibration, npu_efficiency, m55_macs_per_cycle,
         program = None
         if n6.compiled is not None:
             from ..npu.compiled import read_compiled
+            from ..npu.compiled_view import compiled_view, network_c_beside, read_network_c
 
             program = read_compiled(n6.compiled, interp.graph)
+            network_c = network_c_beside(n6.compiled)
+            view = compiled_view(dev, program, read_network_c(network_c) if network_c else None)
         note = unsupported_line(interp, "left out of this estimate")
         findings = None
         if lint:
@@ -378,6 +383,7 @@ def inspect(model, target, fmt, calibration, npu_efficiency, m55_macs_per_cycle,
                 from ..npu.compiled import compiled_ops
 
                 compiled_ops(data, interp.graph, program, n6)
+                data["compiled"]["n6_view"] = view
             if findings is not None:
                 data["lint"] = findings
             click.echo(json.dumps(data, indent=1))
@@ -386,8 +392,9 @@ def inspect(model, target, fmt, calibration, npu_efficiency, m55_macs_per_cycle,
             lines = [*head, text, *([note] if note else [])]
             if program is not None:
                 from ..npu.compiled import summary_lines
+                from ..npu.compiled_view import view_lines
 
-                lines += summary_lines(program, interp.graph, n6)
+                lines += summary_lines(program, interp.graph, n6) + view_lines(view)
             click.echo(shown_lines("\n".join(lines + ([""] + lint_lines(findings) if lint else []))))
         return
     n6_only = (npu_efficiency, m55_macs_per_cycle, calibration, n6.compiled)

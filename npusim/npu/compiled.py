@@ -205,7 +205,9 @@ class CompiledProgram:
 def read_compiled(path, graph) -> CompiledProgram:
     """Read network_ecblobs.h and map its convolution chains to graph's ops; CompiledError (one
     line naming the blob, epoch and word) when it cannot be read."""
-    epochs = read_ecblobs(path)
+    from .compiled_view import blobs_of
+
+    epochs = read_ecblobs(blobs_of(path))
     chains = program_chains(epochs)
     if not chains:
         raise CompiledError(f"{path}: no epoch configures a CONVACC with a requantizing ARITH")

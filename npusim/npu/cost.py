@@ -69,8 +69,8 @@ WEIGHT_BYTES_PER_S = 400e6
 # (experiments/tables/stm32n6.py; the third fitted constant).
 CA_HALF_DEPTH = 54.0
 # Fitted on ST's published figures (published.csv; npusim/npu/calibration.py, docs/stm32n6.md).
-NPU_EFFICIENCY = 0.1685  # fraction of the accelerators' peak a deep convolution sustains
-EPOCH_OVERHEAD_S = 39.81e-6  # per hardware or software epoch: program, start, end interrupt, cache upkeep
+NPU_EFFICIENCY = 0.1653  # fraction of the accelerators' peak a deep convolution sustains
+EPOCH_OVERHEAD_S = 38.32e-6  # per hardware or software epoch: program, start, end interrupt, cache upkeep
 # Software epochs: CMSIS-NN int8 kernels with Helium (about 2 MAC per cycle sustained), and cycles per
 # element for the element-wise and conversion kernels. ASSUMPTIONS, not fitted (2 to 12 % of the four
 # calibration models' estimates, YOLOv8n's DFL SOFTMAX the largest part).
@@ -291,16 +291,31 @@ class DeviceStructure:
     bank_bytes: list  # per op: [(pool, bytes)] of its activation traffic
 
 
-def _activation_traffic(kernel, fusion: FusionPlan, memory: MemoryLayout, graph, scale: float) -> list:
-    """(pool, bytes) for every activation operand of a kernel that sits in memory."""
+def _activation_traffic(kernel, pos: int, memory: MemoryLayout, graph, scale: float) -> list:
+    """(pool, bytes) for every activation operand of a kernel that sits in memory: an input a suboff
+    copied for this kernel read from the copy, and an output's suboff copies written with it (the
+    suboff runs in the producer's epoch; memory.py)."""
     traffic = []
+    outputs = set(kernel.op.outputs)
     for t in dict.fromkeys(list(kernel.op.inputs) + list(kernel.op.outputs)):
-        if t < 0 or graph.tensors[t].is_constant or t in fusion.streamed:
+        if t < 0 or graph.tensors[t].is_constant:
             continue
-        pool = memory.pool_for(t)
-        if pool is not None:
-            traffic.append((pool, int(tensor_bytes(graph.tensors[t]) * scale)))
-    return traffic
+        size = int(tensor_bytes(graph.tensors[t]) * scale)
+        if t in outputs:
+            traffic += [(memory.pool_for_key(k), size) for k in memory.copies_of(t)]
+        if t not in memory.streamed:
+            traffic.append((memory.pool_for(t, None if t in outputs else pos), size))
+    return [(p, b) for p, b in traffic if p is not None]
+
+
+def _epoch_layer(ops: list) -> int | None:
+    """The position of the NPU layer whose epoch the last op of `ops` runs in (None: none)."""
+    for op in reversed(ops[:-1]):
+        if op["unit"] != NPU:
+            return None
+        if op["role"] == LAYER:
+            return op["position"]
+    return None
 
 
 def device_structure(interp, area_scale: float = 1.0) -> DeviceStructure:
@@ -313,7 +328,7 @@ def device_structure(interp, area_scale: float = 1.0) -> DeviceStructure:
     batch = batch_plan(graph, interp.kernels)
     units = [placement(k) for k in interp.kernels]
     fusion = plan_fusion(interp, [u for u, _ in units])
-    memory = plan_memory(interp, fusion, scale=area_scale)
+    memory = plan_memory(interp, fusion, scale=area_scale, units=[u for u, _ in units])
     constants: set = set()
     ops, depth, traffic = [], [], []
     for pos, (k, (unit, reason)) in enumerate(zip(interp.kernels, units)):
@@ -326,7 +341,7 @@ def device_structure(interp, area_scale: float = 1.0) -> DeviceStructure:
         acts = [t for t in list(k.inputs) + list(k.outputs) if t is not None and not t.is_constant]
         macs = macs_per_image(graph, batch, k)  # a tensor's axis 0 may hold rows (interpreter.py)
         out_elements = sum(tensor_elements(t) for t in k.outputs)
-        bank = _activation_traffic(k, fusion, memory, graph, area_scale)
+        bank = _activation_traffic(k, pos, memory, graph, area_scale)
         ops.append(
             dict(
                 position=pos,
@@ -343,6 +358,11 @@ def device_structure(interp, area_scale: float = 1.0) -> DeviceStructure:
         )
         depth.append(macs / out_elements if macs and out_elements else 0.0)
         traffic.append(bank)
+        layer = _epoch_layer(ops)
+        if ops[-1]["role"] == EPILOGUE and layer is not None:  # its bytes move in its layer's epoch
+            traffic[layer] += bank
+            ops[layer]["activation_bytes"] += ops[-1]["activation_bytes"]
+            traffic[-1], ops[-1]["activation_bytes"] = [], 0
     return DeviceStructure(
         ops=ops,
         fusion=fusion,

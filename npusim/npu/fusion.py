@@ -8,12 +8,14 @@ Every op gets one role:
 - "epilogue": an element-wise NPU op whose activation inputs all come from the current epoch's chain
   (YOLO's SiLU, x * sigmoid(x), after a convolution): the stream switch chains the activation and
   arithmetic units behind the convolution accelerators, so the op adds no epoch and its inputs are
-  never written to memory;
+  never written to memory; a residual ADD of the chain's output and a tensor in memory likewise (it
+  reads that tensor; its bytes count in the epoch's layer, npu/cost.py);
 - "view": no data moves. RESHAPE, SQUEEZE and EXPAND_DIMS keep the bytes; STRIDED_SLICE, SLICE, SPLIT
   and SPLIT_V are read in place with strides ("slice"); the inputs of a CONCATENATION are written by
   their producers straight into the concatenation's buffer, so the CONCATENATION itself copies nothing
   ("concat"). Optionally ("pad", off by default) a spatial PAD whose only reader is a convolution is
-  taken over by the convolution's own padding.
+  taken over by the convolution's own padding, and ("add", off by default) an ADD with one input
+  from the current epoch's chain and the other from memory is an epilogue that reads memory.
 The chaining, the strided views and the in-place concatenation are ASSUMPTIONS about ST's compiler (its
 documentation describes epochs, the stream switch and chaining, not these rewrites one by one). The
 default set is the one whose memory plan comes closest to ST's published internal-RAM figures of the
@@ -68,6 +70,12 @@ def _spatial_pad(kernel) -> bool:
 
 
 REWRITES = frozenset({"slice", "concat", "chain"})
+# "add": an ADD one of whose inputs the current epoch's chain produces, the other read from memory,
+# runs in that epoch (ST's two compiles of YOLOX-nano 480, ../shared/models/stm32n6/st_compiler: in
+# the 2.1 blobs each of the 21 ADD ARITHs is configured in the epoch of a conv, 19 with one conv and
+# 2 with two; in the 3.0 c_info.json each residual ADD's output buffer starts in the epoch of the
+# conv before it, e.g. Add_164_out_0 and Conv2D_160 in epoch 34).
+ADD_KINDS = frozenset({"ADD"})
 
 
 def plan_fusion(interp, units: list, rewrites=REWRITES) -> FusionPlan:
@@ -122,6 +130,9 @@ def plan_fusion(interp, units: list, rewrites=REWRITES) -> FusionPlan:
             and acts  # import's requantization, folded into the output stage of the layer before it
             and all(t in chain for t in acts)
         ):
+            roles[pos] = EPILOGUE
+        elif on_npu and "add" in rewrites and kind in ADD_KINDS and any(t in chain for t in acts):
+            # a residual ADD of the layer just computed and a tensor in memory: in that layer's epoch
             roles[pos] = EPILOGUE
         if not on_npu or roles[pos] == LAYER:
             chain = set()

@@ -17,6 +17,17 @@ does so with `enable-virtual-mem-pools` (its default; ST's own compile of YOLOX-
 which is what `internal_bytes` reports; the graph's input and output buffers are included, as in
 ST's "input / output allocated" benchmarks.
 
+A convolution's input reaches memory as the suboff's output (npu/neural_art.py: x + 128, the
+unsigned feature the CONVACC reads), a buffer of its own per convolution: the suboff runs fused after
+the unit that wrote x, in that epoch, and writes `<conv>_zero_off_out`, which the convolution's epoch
+reads. The int8 x itself is in memory only when something else reads it (an ADD, a concatenation,
+the graph's output) or it comes from the Cortex-M55 or the graph's input. Both shared compiles of
+YOLOX-nano 480 (../shared/models/stm32n6/st_compiler) show it: ST Edge AI 2.1's network.c names 182
+`_zero_off_out` buffers for 186 convolutions (c_info.json of 3.0: 183) and 52 `_off_bias_out` int8
+conv outputs, where 53 of the model's 186 conv outputs have a reader other than a convolution. Only
+for an input zero point of -128, the one the suboff turns unsigned by adding 128 (for other zero
+points ST's 2.2 BlazeFace compile has no separate suboff: issue 55); SUBOFF_KINDS below.
+
 Placement order and bank preference are ASSUMPTIONS (ST documents the pools, not its allocator; in
 ST's YOLOX compile npuRAM5 holds most buffers, npuRAM6 fewest).
 """
@@ -24,6 +35,8 @@ ST's YOLOX compile npuRAM5 holds most buffers, npuRAM6 fewest).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from .arena import Buffer, activation_lifetimes, tensor_bytes
 from .fusion import FusionPlan
@@ -34,6 +47,10 @@ from .fusion import FusionPlan
 # 300 activation buffers of its c_info.json start at a multiple of 64 (the rest are views into
 # others); the NPU's stream engines alone need only their 64-bit bus width.
 NPU_BUFFER_ALIGNMENT = 64
+# The ops whose input the suboff copies (the convolutions of both shared compiles; FULLY_CONNECTED
+# and TRANSPOSE_CONV are not in them), and the input zero point it copies for.
+SUBOFF_KINDS = frozenset({"CONV_2D", "DEPTHWISE_CONV_2D"})
+SUBOFF_ZERO_POINT = -128
 
 
 @dataclass(frozen=True)
@@ -74,9 +91,10 @@ class PoolUse:
 @dataclass
 class MemoryLayout:
     pools: list  # list[PoolUse], in MEMORY_POOLS order
-    pool_of: dict  # root tensor -> pool name
+    pool_of: dict  # root tensor (or a copy's key) -> pool name
     root_of: dict  # every activation tensor -> the tensor whose buffer it uses
     streamed: set  # tensors that never reach memory
+    copies: dict = field(default_factory=dict)  # (tensor, reader position) -> key of its suboff copy
 
     @property
     def internal_bytes(self) -> int:
@@ -88,10 +106,21 @@ class MemoryLayout:
     def external_bytes(self) -> int:
         return sum(p.used for p in self.pools if not p.pool.on_chip)
 
-    def pool_for(self, tensor: int):
-        """The MemoryPool holding `tensor` (None when it is streamed or not an activation)."""
-        name = self.pool_of.get(self.root_of.get(tensor, tensor))
+    def pool_for(self, tensor: int, reader: int | None = None):
+        """The MemoryPool holding `tensor` (None when it is streamed or not an activation); with
+        `reader` (an execution position), the pool of that reader's suboff copy when it has one."""
+        key = self.copies.get((tensor, reader), self.root_of.get(tensor, tensor))
+        name = self.pool_of.get(key)
         return next((p.pool for p in self.pools if p.pool.name == name), None)
+
+    def pool_for_key(self, key: int):
+        """The MemoryPool of a buffer by its key (a root tensor or a copy's key)."""
+        name = self.pool_of.get(key)
+        return next((p.pool for p in self.pools if p.pool.name == name), None)
+
+    def copies_of(self, tensor: int) -> list:
+        """The keys of the suboff copies written from `tensor`."""
+        return [k for (t, _), k in self.copies.items() if t == tensor]
 
     def to_dict(self) -> dict:
         return {
@@ -121,6 +150,46 @@ def _lowest_fit(buf: Buffer, placed: list, lo: int, hi: int) -> int | None:
     return offset if offset + buf.size <= hi else None
 
 
+def _zero_point(t) -> int | None:
+    q = getattr(t, "quant", None)
+    if q is None:
+        return None
+    z = np.asarray(q.zero_point).ravel()
+    return int(z[0]) if z.size else None
+
+
+def suboff_copies(interp, fusion: FusionPlan, units: list) -> tuple[dict, set]:
+    """({(tensor, reader position): copy key}, tensors whose int8 buffer no reader needs): the
+    suboff copies of the module docstring. Copy keys are ints past the graph's tensor indices."""
+    graph, kernels = interp.graph, interp.kernels
+    producer = {t: pos for pos, k in enumerate(kernels) for t in k.op.outputs}
+    readers: dict = {}
+    for pos, k in enumerate(kernels):
+        for t in k.op.inputs:
+            if t >= 0 and not graph.tensors[t].is_constant:
+                readers.setdefault(t, []).append(pos)
+    copies: dict = {}
+    for pos, k in enumerate(kernels):
+        if units[pos] != "NPU" or k.op.kind not in SUBOFF_KINDS or fusion.roles[pos] != "layer":
+            continue
+        t = k.op.inputs[0]
+        if t >= 0 and not graph.tensors[t].is_constant and _zero_point(graph.tensors[t]) == SUBOFF_ZERO_POINT:
+            copies[(t, pos)] = len(graph.tensors) + len(copies)
+    aliased = set(fusion.aliases.values()) | set(fusion.aliases)
+    dropped = {
+        t
+        for t, rs in readers.items()
+        if all((t, r) in copies for r in rs)
+        and t not in graph.inputs
+        and t not in graph.outputs
+        and t not in aliased
+        and t in producer
+        and units[producer[t]] == "NPU"
+        and fusion.roles[producer[t]] != "view"
+    }
+    return copies, dropped
+
+
 def plan_memory(
     interp,
     fusion: FusionPlan,
@@ -128,22 +197,29 @@ def plan_memory(
     alignment: int = NPU_BUFFER_ALIGNMENT,
     scale: float = 1.0,
     virtual: MemoryPool | None = VIRTUAL_POOL,
+    units: list | None = None,
 ) -> MemoryLayout:
     """Bank placement of the activation buffers of one image. `scale` multiplies every buffer's size
     (the same graph at another input resolution; see experiments/tables/stm32n6.py). virtual: the
-    pool spanning the contiguous banks, for buffers no single bank holds (None: no such pool)."""
+    pool spanning the contiguous banks, for buffers no single bank holds (None: no such pool).
+    units: each execution position's unit (NPU or M55); with it, the convolutions' suboff copies
+    (module docstring) are buffers of their own; without it, none."""
     graph = interp.graph
     life = activation_lifetimes(interp)
     root_of = {t: fusion.root(t) for t in life}
+    copies, dropped = suboff_copies(interp, fusion, units) if units is not None else ({}, set())
     spans: dict = {}
     sizes: dict = {}
     for t, (first, last) in life.items():
-        if t in fusion.streamed:
+        if t in fusion.streamed or t in dropped:
             continue
         r = root_of[t]
         a, b = spans.get(r, (first, last))
         spans[r] = (min(a, first), max(b, last))
         sizes[r] = max(sizes.get(r, 0), int(tensor_bytes(graph.tensors[t]) * scale))
+    for (t, reader), key in copies.items():  # written in the epoch of t's producer, read by the conv
+        spans[key] = (life[t][0], reader)
+        sizes[key] = int(tensor_bytes(graph.tensors[t]) * scale)
     buffers = sorted(
         (Buffer(r, _align(sizes[r], alignment), a, b) for r, (a, b) in spans.items()),
         key=lambda b: (-b.size, b.first, b.tensor),
@@ -189,4 +265,4 @@ def plan_memory(
     if virtual_use is not None and virtual_use.buffers:
         virtual_use.used = max(b.offset + b.size for b in virtual_use.buffers)
         uses.append(virtual_use)
-    return MemoryLayout(uses, pool_of, root_of, set(fusion.streamed))
+    return MemoryLayout(uses, pool_of, root_of, set(fusion.streamed) | dropped, copies)
