@@ -67,8 +67,10 @@ def zo_step_report(
             raise ZoError(f"tensor {t} is not a constant tensor of the model, so it cannot be trained")
     cost = cost or CostModel()
     dev = plan_device(interp, cost)
-    fusion = plan_fusion(interp, [o.unit for o in dev.ops])
-    arena = plan_memory(interp, fusion, scale=resident_images)
+    units = [o.unit for o in dev.ops]
+    fusion = plan_fusion(interp, units)
+    # the units too, so that the arena holds the convolutions' suboff copies as the N6 view does
+    arena = plan_memory(interp, fusion, scale=resident_images, units=units)
     arena_bytes = arena.internal_bytes + arena.external_bytes
     start = trainable_suffix_start(interp, trainable)
     params = sum(tensor_elements(graph.tensors[t]) for t in trainable)
