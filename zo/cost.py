@@ -21,6 +21,13 @@ def trainable_suffix_start(interp, trainable: set) -> int:
     raise ZoError("no op reads any of the trainable tensors")
 
 
+def _arena_bytes(interp, units: list, resident_images: int) -> int:
+    """The activation arena of resident_images images, laid out as the N6 view does (the units too,
+    so that it holds the convolutions' suboff copies)."""
+    arena = plan_memory(interp, plan_fusion(interp, units), scale=resident_images, units=units)
+    return arena.internal_bytes + arena.external_bytes
+
+
 def zo_step_report(
     interp,
     trainable_tensor_indices,
@@ -67,11 +74,7 @@ def zo_step_report(
             raise ZoError(f"tensor {t} is not a constant tensor of the model, so it cannot be trained")
     cost = cost or CostModel()
     dev = plan_device(interp, cost)
-    units = [o.unit for o in dev.ops]
-    fusion = plan_fusion(interp, units)
-    # the units too, so that the arena holds the convolutions' suboff copies as the N6 view does
-    arena = plan_memory(interp, fusion, scale=resident_images, units=units)
-    arena_bytes = arena.internal_bytes + arena.external_bytes
+    arena_bytes = _arena_bytes(interp, [o.unit for o in dev.ops], resident_images)
     start = trainable_suffix_start(interp, trainable)
     params = sum(tensor_elements(graph.tensors[t]) for t in trainable)
 

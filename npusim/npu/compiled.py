@@ -74,17 +74,10 @@ COMPARED_CONVACC = (
     "round_mode_o",
 )
 COMPARED_SUBOFF = ("A_scalar", "B_scalar", "C_scalar", "shift_o", "inbytes_x", "outbytes_o", "rounding_o")
-COMPARED_ARITH = (
-    "combinebc",
-    "inbytes_x",
-    "rounding_o",
-    "saturation_o",
-    "round_mode_o",
-    "outbytes_o",
-    "shift_o",
-    "A_vector",
-    "C_vector",
-)
+# An ARITH unit's widths, rounding and output shift: compared on every requantizing ARITH, per-channel
+# (COMPARED_ARITH) or scalar (COMPARED_SINGLE).
+ARITH_FORMAT = ("inbytes_x", "rounding_o", "saturation_o", "round_mode_o", "outbytes_o", "shift_o")
+COMPARED_ARITH = ("combinebc", *ARITH_FORMAT, "A_vector", "C_vector")
 
 
 def differs(derived: list[dict], compiled: list[dict]) -> list[str]:
@@ -121,12 +114,7 @@ def differs(derived: list[dict], compiled: list[dict]) -> list[str]:
 
 
 COMPARED_SINGLE = (
-    "inbytes_x",
-    "rounding_o",
-    "saturation_o",
-    "round_mode_o",
-    "outbytes_o",
-    "shift_o",
+    *ARITH_FORMAT,
     "A_scalar",
     "B_scalar",
     "C_scalar",
