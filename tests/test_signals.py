@@ -196,9 +196,24 @@ def read(path) -> bytes:
         return b""
 
 
+def case_marks(proc, mark) -> list:
+    """This case's marks: from its process's "S" on, those of processes that made an interpreter
+    after it ("I": the process itself, or the one the server forked for this call). A served process
+    of an earlier case may still be winding down and write to the same file (the path is part of
+    the server's key, so it is the same for every call): its marks must not start this case's clock,
+    or a signal could reach the new process in Python's start-up, before its handlers exist."""
+    lines = [line.split() for line in read(mark).splitlines()]
+    starts = [k for k, (byte, pid, _) in enumerate(lines) if byte == b"S" and pid == b"%d" % proc.pid]
+    if not starts:
+        return []
+    own = lines[starts[0] :]
+    ours = {pid for byte, pid, _ in own if byte in (b"S", b"I")}
+    return [byte for byte, pid, _ in own if pid in ours]
+
+
 def wait_for_mark(proc, mark, byte=b"S", timeout=120.0) -> bool:
     deadline = time.monotonic() + timeout
-    while byte not in read(mark):
+    while byte not in case_marks(proc, mark):
         if proc.poll() is not None or time.monotonic() > deadline:
             return False
         time.sleep(0.002)
@@ -217,7 +232,7 @@ def one_case(args, env, cwd, mark, start_mark, delay, signum) -> tuple:
             out, err = proc.communicate(timeout=120)
             return proc.returncode, out, err.decode(errors="replace"), "ended"
         time.sleep(delay)
-        marks = read(mark)
+        marks = case_marks(proc, mark)
         where = "kernel" if marks.count(b"K") > marks.count(b"E") else "other"
         if proc.poll() is None:
             proc.send_signal(signum)
