@@ -124,10 +124,23 @@ COMPARED_SINGLE = (
 )
 
 
-def _differs_pool(derived: list[dict], compiled: list[dict]) -> list[str]:
-    """A pool: the number of POOL units (their registers are not decoded)."""
-    count = sum(st["unit"] == "POOL" for st in compiled)
-    return [] if count == sum(st["unit"] == "POOL" for st in derived) else ["stages"]
+def differs_pool(derived: list[dict], compiled: list[dict]) -> list[str]:
+    """A pool: its padding CONVACC and each POOL unit in order, every field the compiled unit states
+    (ec_blob.pool_fields; not POOL's raw CTRL word), as CONVACC[pad].field and POOL[i].field;
+    "stages" when the number of units differs."""
+    out = []
+    for unit, label in (("CONVACC", "CONVACC[pad]"), ("POOL", "POOL")):
+        d = [s for s in derived if s["unit"] == unit]
+        c = [s for s in compiled if s["unit"] == unit]
+        if len(d) != len(c):
+            out.append("stages")
+        for i, (a, b) in enumerate(zip(d, c)):
+            name = label if unit == "CONVACC" else f"POOL[{i}]"
+            out += [f"{name}.{k}" for k in b if k not in _NOT_COMPARED and a.get(k) != b[k]]
+    return sorted(set(out), key=out.index)
+
+
+_NOT_COMPARED = ("unit", "role", "ctrl")
 
 
 def differs_single(derived: list[dict], compiled: list[dict]) -> list[str]:
@@ -226,7 +239,7 @@ def compiled_ops(data: dict, graph, program: CompiledProgram, options: N6Options
         stages = chain.stages()
         compare = differs if index in program.mapped else differs_single
         if index in program.pools:
-            compare = _differs_pool
+            compare = differs_pool
         na["compiled"] = {
             "epoch": chain.epoch,
             "epochs": chain.epochs,

@@ -99,7 +99,7 @@ def map_pools(graph, pools) -> dict:
     from .neural_art import pool_stages
 
     counts = {
-        op.index: len(pool_stages(op.kind, op.options))
+        op.index: sum(st["unit"] == "POOL" for st in pool_stages(op.kind, op.options))
         for op in graph.ops
         if op.kind in ("MAX_POOL_2D", "AVERAGE_POOL_2D")
     }
