@@ -14,6 +14,7 @@ arithmetic: it holds when no two layers share every channel's multiplier.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -203,16 +204,42 @@ class CompiledProgram:
         }
 
 
-def read_compiled(path, graph) -> CompiledProgram:
-    """Read network_ecblobs.h and map its convolution chains to graph's ops; CompiledError (one
-    line naming the blob, epoch and word) when it cannot be read."""
+def read_epochs(path) -> list:
+    """The epochs of a compiled program: ST Edge AI's blob trace (.c, npu/blob_trace.py), its
+    network_ecblobs.h, or the network.c that includes the latter (npu/ec_blob.py). A c_info.json
+    names the epochs' units but holds none of their configuration: refused in one line."""
+    from .blob_trace import is_trace, read_trace
     from .compiled_view import blobs_of
 
-    epochs = read_ecblobs(blobs_of(path))
+    path = Path(path)
+    if path.suffix == ".json":
+        raise CompiledError(
+            f"{path}: a c_info.json lists epochs and buffers but no unit's configuration; give the "
+            "blob trace (<network>_blob_trace.c) or network_ecblobs.h"
+        )
+    if path.suffix == ".c":
+        try:
+            text = path.read_text(errors="replace")
+        except OSError as e:
+            raise CompiledError(f"{path}: cannot read: {e.strerror}") from None
+        if is_trace(text):
+            return read_trace(path)
+    return read_ecblobs(blobs_of(path))
+
+
+def read_compiled(path, graph) -> CompiledProgram:
+    """Read a compiled program (read_epochs) and map its units to graph's ops; CompiledError (one line
+    naming the blob or trace, epoch and word or line) when it cannot be read or nothing maps."""
+    epochs = read_epochs(path)
     chains = program_chains(epochs)
     if not chains:
         raise CompiledError(f"{path}: no epoch configures a CONVACC with a requantizing ARITH")
     mapped = map_chains(graph, chains)
+    if not mapped:
+        raise CompiledError(
+            f"{path}: epoch {chains[0].epoch}: no convolution the program requantizes (this epoch's first, "
+            f"{chains[0].channels} channels) matches a conv of the model: compiled from another model?"
+        )
     pools = map_pools(graph, wire(epochs).pools)
     claimed = {u for c in (*mapped.values(), *pools.values()) for u in c.units}
     singles = map_arith_ops(graph, epochs, claimed)

@@ -52,7 +52,7 @@ S_CTRL, S_ADDR, S_WRITE = 0x0, 0x2, 1 << 3  # STRENG: CTRL (DIR bit 3: 1 writes 
 SWITCH_DST = 0x2  # STRSWITCH: one register per destination port from word 2 (ATON.h's DST)
 CTRL_CLEARS = 1 << 1 | 1 << 30  # CLR and CONFCLR, the same bits in ARITH's and CONVACC's CTRL
 
-_BLOB = re.compile(r"static\s+const\s+uint64_t\s+(_ec_blob_\w+)\s*\[\s*\]\s*=\s*\{(.*?)\};", re.S)
+_BLOB = re.compile(r"static\s+const\s+uint64_t\s+(_ec_blob_\w+)\s*\[\s*\]\s*=\s*\{")
 
 
 class CompiledError(NpusimError):
@@ -152,6 +152,17 @@ def decode_blob(name: str, words: list[int], where: str) -> list[Epoch]:
         i += 1 + data
 
 
+def _epoch_at(words: list[int]) -> str:
+    """The epoch a blob's words reach at their end (for a blob cut short): "-" before the first."""
+    i, epoch = 2, "-"
+    while i < len(words):
+        op, count = words[i] & 0x1F, (words[i] >> 5) & 0x7FF
+        if op == OP_EPOCH:
+            epoch = str(count)
+        i += 1 + {OP_WRITE: 1, OP_BURST_ONE: count, OP_BURST: count, OP_WAIT: 2}.get(op, 0)
+    return epoch
+
+
 def _num(epoch) -> str:
     return "-" if epoch is None else str(epoch.number)
 
@@ -183,14 +194,23 @@ def read_ecblobs(path) -> list[Epoch]:
         text = path.read_text(errors="replace")
     except OSError as e:
         raise CompiledError(f"{path}: cannot read: {e.strerror}") from None
-    blobs = _BLOB.findall(text)
-    if not blobs:
+    starts = list(_BLOB.finditer(text))
+    if not starts:
         raise CompiledError(
             f"{path}: no `static const uint64_t _ec_blob_...[]` array: not a network_ecblobs.h"
         )
     epochs = []
-    for name, body in blobs:
-        epochs += decode_blob(name, _words(body, f"{path.name}: blob {name}"), path.name)
+    for k, m in enumerate(starts):
+        name, end = m.group(1), text.find("};", m.end())
+        limit = starts[k + 1].start() if k + 1 < len(starts) else len(text)
+        if end < 0 or end > limit:  # the array never closes: read what it has, then say where it stops
+            body = text[m.end() : limit].rsplit(",", 1)[0]  # the last item may be cut
+            words = _words(body, f"{path.name}: blob {name}")
+            raise CompiledError(
+                f"{path.name}: blob {name}, epoch {_epoch_at(words)}, word {len(words)}: the array ends "
+                "without its closing `};` (the file is cut short?)"
+            )
+        epochs += decode_blob(name, _words(text[m.end() : end], f"{path.name}: blob {name}"), path.name)
     return epochs
 
 
