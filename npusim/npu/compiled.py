@@ -288,6 +288,7 @@ def summary_lines(program: CompiledProgram, graph, options: N6Options | None = N
         for f in d:
             counts[f] = counts.get(f, 0) + 1
     single_exact = sum(not differs_single(derived.get(i, []), p.stages()) for i, p in program.singles.items())
+    pool_exact = sum(not differs_pool(derived.get(i, []), p.stages()) for i, p in program.pools.items())
     k = s["epoch_kinds"]
     lines = [
         "",
@@ -296,7 +297,8 @@ def summary_lines(program: CompiledProgram, graph, options: N6Options | None = N
         f"{exact} of {s['mapped_chains']} equal the derived chain in every compared field",
         f"  ADD and QUANTIZE units mapped to ops: {len(program.singles)}, {single_exact} equal the derived "
         f"unit in every compared field",
-        f"  pools mapped to ops: {len(program.pools)}",
+        f"  pools mapped to ops: {len(program.pools)}, {pool_exact} equal the derived units (the padding "
+        f"CONVACC, each POOL) in every decoded field",
         f"  epochs: {k['mapped']} with every compute unit in a mapped op, {k['unmapped']} "
         f"not ({', '.join(k['unmapped_units'][:6]) or '-'}), {k['movement']} data movement only "
         f"({s['movement_epochs_mapped']} of them mapped to the op they copy for), "
