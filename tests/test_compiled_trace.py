@@ -71,8 +71,13 @@ def test_every_unit_of_both_compiles_equals_the_derived_one(programs, capsys):
         print("\n" + "\n".join(lines))
 
 
-def test_pool_comparison_sees_a_wrong_field(programs):
+def test_comparison_sees_a_wrong_field(programs):
     graph, progs = programs
+    index, chain = next(iter(progs["3.0"].mapped.items()))
+    derived = [dict(s) for s in graph_stages(graph)[index]]
+    assert differs(derived, chain.stages()) == []
+    derived[1]["bot_padding"] += 1  # the frame is compared too (neural_art.conv_geometry)
+    assert differs(derived, chain.stages()) == ["CONVACC.bot_padding"]
     index, chain = next(iter(progs["2.1"].pools.items()))
     derived = graph_stages(graph, N6Options(compiler="2.1"))[index]
     wrong = [dict(s) for s in derived]

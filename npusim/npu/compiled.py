@@ -73,6 +73,10 @@ COMPARED_CONVACC = (
     "rounding_o",
     "saturation_o",
     "round_mode_o",
+    # the frame (neural_art.conv_geometry): kernel, strides, pads, input size, crops, pad value
+    *("kernelWidth", "kernelHeight", "hstride", "vstride", "fWidth", "fHeight", "zfbias"),
+    *("left_padding", "right_padding", "top_padding", "bot_padding"),
+    *("left_crop", "right_crop", "top_crop", "bot_crop"),
 )
 COMPARED_SUBOFF = ("A_scalar", "B_scalar", "C_scalar", "shift_o", "inbytes_x", "outbytes_o", "rounding_o")
 # An ARITH unit's widths, rounding and output shift: compared on every requantizing ARITH, per-channel

@@ -386,6 +386,43 @@ def _activation(op, out) -> tuple[int, int]:
     return activation_range(act, out.scale, out.zero_point)
 
 
+def conv_geometry(op, x, w, options: N6Options) -> dict:
+    """A convolution's CONVACC frame: kernel, strides, TFLite's SAME padding split with the odd one
+    at the bottom and right, the input frame with crops spanning it, and `zfbias`, the padding's
+    feature value (a real zero: 0 after the suboff subtracts the zero point; z_x + 128 when it adds
+    128). Equal on the first and every pipe unit of all 186 layers of both shared compiles; not given
+    for a dilated or fully-connected op (in neither compile)."""
+    if op.kind == "FULLY_CONNECTED" or len(x.shape) != 4:
+        return {}
+    if int(op.options.get("dilation_w_factor", 1)) != 1 or int(op.options.get("dilation_h_factor", 1)) != 1:
+        return {}
+    h, wd = int(x.shape[1]), int(x.shape[2])
+    kh, kw = int(w.shape[1]), int(w.shape[2])
+    sh, sw = int(op.options.get("stride_h", 1)), int(op.options.get("stride_w", 1))
+    ph = pw = 0
+    if op.options.get("padding") == "SAME":
+        ph = max((-(-h // sh) - 1) * sh + kh - h, 0)
+        pw = max((-(-wd // sw) - 1) * sw + kw - wd, 0)
+    zfbias = 0 if options.input_offset == "subtract" else int(x.zero_point) + 128
+    return {
+        "kernelWidth": kw,
+        "kernelHeight": kh,
+        "hstride": sw,
+        "vstride": sh,
+        "left_padding": pw // 2,
+        "right_padding": pw - pw // 2,
+        "top_padding": ph // 2,
+        "bot_padding": ph - ph // 2,
+        "fWidth": wd,
+        "fHeight": h,
+        "left_crop": 0,
+        "right_crop": wd - 1,
+        "top_crop": 0,
+        "bot_crop": h - 1,
+        "zfbias": zfbias,
+    }
+
+
 def _per_channel_weights(op, w) -> np.ndarray:
     data = np.asarray(w.data, np.int64)
     if op.kind == "DEPTHWISE_CONV_2D":
@@ -407,7 +444,7 @@ def op_stages(graph, op, options: N6Options = N6Options()) -> list[dict] | None:
         if w.data is None or x.quant is None or np.dtype(x.dtype) != np.int8:
             return None
         qmin, qmax = _activation(op, out)
-        return conv_stages(
+        stages = conv_stages(
             x.scale,
             x.zero_point,
             w.quant.scale,
@@ -420,6 +457,8 @@ def op_stages(graph, op, options: N6Options = N6Options()) -> list[dict] | None:
             qmin,
             qmax,
         )
+        stages[1].update(conv_geometry(op, x, w, options))
+        return stages
     if op.kind == "ADD":
         x, y = t[op.inputs[0]], t[op.inputs[1]]
         if x.quant is None or y.quant is None or x.is_constant or y.is_constant:
