@@ -232,4 +232,8 @@ def test_fully_connected_and_pool_chains():
     assert np.abs(interp.run(x).astype(int) - Interpreter(m).run(x)).max() <= 1
     pool = Interpreter(O.max_pool_model((1, 9, 9, 2), 0.1, 0, (9, 9), (1, 1), "SAME"), plan_only=True)
     stages = op_stages(pool.graph, pool.graph.ops[0])
-    assert len(stages) == 4 and all(s["poolWinX"] == 3 and s["unit"] == "POOL" for s in stages)
+    # ST's decomposition: a CONVACC pads the 9x9 input by 4 (with -128), then 4 chained 3x3 POOLs
+    pad, *pools = stages
+    assert pad["unit"] == "CONVACC" and pad["left_padding"] == 4 and pad["zfbias"] == -128
+    assert len(pools) == 4 and all(s["poolWinX"] == 3 and s["unit"] == "POOL" for s in pools)
+    assert [s["inputX"] for s in pools] == [17, 15, 13, 11] and pools[-1]["outputX"] == 9

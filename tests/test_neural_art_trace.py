@@ -124,15 +124,18 @@ def test_quantize_and_graph(compiled):
     (mine,) = op_stages(graph, quantize)
     st = by_node["Quantize_5"].fields
     assert all(mine[k] == st[k] for k in ("A_scalar", "B_scalar", "C_scalar", "shift_o", "combinebc"))
+    pools = 0
     for node, op in to_op.items():
         if op.kind == "MAX_POOL_2D":
-            st = [u for u in units if u.node.startswith(node + "_decomposed_") and u.unit == "Poolacc"]
+            # the padding CONVACC (node <pool>_decomposed_pad), then the POOL units: every field
+            st = [u for u in units if u.node.startswith(node + "_decomposed_")]
             mine = op_stages(graph, op)
-            assert len(mine) == len(st)
-            for a, b in zip(mine, st):
-                assert all(
-                    a[k] == b.fields[k] for k in ("operation", "poolWinX", "poolWinY", "strideX", "strideY")
-                )
+            assert [s["unit"] for s in mine] == ["CONVACC"] + ["POOL"] * (len(st) - 1)
+            assert st[0].node.endswith("_pad") and st[0].unit == "Convacc"
+            for a, b in zip(mine, sorted(st, key=lambda u: (u.unit, u.node))):
+                assert {k: a.get(k) for k in b.fields} == b.fields, b.node
+            pools += 1
+    assert pools == 3
     chains = graph_stages(graph)
     kinds = {op.kind for op in graph.ops if op.index in chains}
     assert {"CONV_2D", "DEPTHWISE_CONV_2D", "ADD", "MAX_POOL_2D"} <= kinds

@@ -81,10 +81,10 @@ def n6_options(func):
         type=click.Path(dir_okay=False),
         default=None,
         help=(
-            "ST Edge AI's compiled program (network_ecblobs.h, or the network.c that includes it): inspect "
-            "--target stm32n6 decodes its conv chains beside the derived ones and counts latency and "
-            "internal RAM on its epochs and buffers (network.c beside it); --profile neural-art runs them "
-            "(docs/neural-art.md)."
+            "ST Edge AI's compiled program (network_ecblobs.h, the network.c that includes it, or 3.0's "
+            "readable <network>_blob_trace.c): inspect --target stm32n6 decodes its units beside the derived "
+            "ones and counts latency on its epochs (internal RAM on network.c's buffers); --profile "
+            "neural-art runs them (docs/neural-art.md)."
         ),
     )(func)
 

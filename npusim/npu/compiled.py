@@ -14,6 +14,7 @@ arithmetic: it holds when no two layers share every channel's multiplier.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -72,6 +73,10 @@ COMPARED_CONVACC = (
     "rounding_o",
     "saturation_o",
     "round_mode_o",
+    # the frame (neural_art.conv_geometry): kernel, strides, pads, input size, crops, pad value
+    *("kernelWidth", "kernelHeight", "hstride", "vstride", "fWidth", "fHeight", "zfbias"),
+    *("left_padding", "right_padding", "top_padding", "bot_padding"),
+    *("left_crop", "right_crop", "top_crop", "bot_crop"),
 )
 COMPARED_SUBOFF = ("A_scalar", "B_scalar", "C_scalar", "shift_o", "inbytes_x", "outbytes_o", "rounding_o")
 # An ARITH unit's widths, rounding and output shift: compared on every requantizing ARITH, per-channel
@@ -124,10 +129,23 @@ COMPARED_SINGLE = (
 )
 
 
-def _differs_pool(derived: list[dict], compiled: list[dict]) -> list[str]:
-    """A pool: the number of POOL units (their registers are not decoded)."""
-    count = sum(st["unit"] == "POOL" for st in compiled)
-    return [] if count == sum(st["unit"] == "POOL" for st in derived) else ["stages"]
+def differs_pool(derived: list[dict], compiled: list[dict]) -> list[str]:
+    """A pool: its padding CONVACC and each POOL unit in order, every field the compiled unit states
+    (ec_blob.pool_fields; not POOL's raw CTRL word), as CONVACC[pad].field and POOL[i].field;
+    "stages" when the number of units differs."""
+    out = []
+    for unit, label in (("CONVACC", "CONVACC[pad]"), ("POOL", "POOL")):
+        d = [s for s in derived if s["unit"] == unit]
+        c = [s for s in compiled if s["unit"] == unit]
+        if len(d) != len(c):
+            out.append("stages")
+        for i, (a, b) in enumerate(zip(d, c)):
+            name = label if unit == "CONVACC" else f"POOL[{i}]"
+            out += [f"{name}.{k}" for k in b if k not in _NOT_COMPARED and a.get(k) != b[k]]
+    return sorted(set(out), key=out.index)
+
+
+_NOT_COMPARED = ("unit", "role", "ctrl")
 
 
 def differs_single(derived: list[dict], compiled: list[dict]) -> list[str]:
@@ -190,16 +208,42 @@ class CompiledProgram:
         }
 
 
-def read_compiled(path, graph) -> CompiledProgram:
-    """Read network_ecblobs.h and map its convolution chains to graph's ops; CompiledError (one
-    line naming the blob, epoch and word) when it cannot be read."""
+def read_epochs(path) -> list:
+    """The epochs of a compiled program: ST Edge AI's blob trace (.c, npu/blob_trace.py), its
+    network_ecblobs.h, or the network.c that includes the latter (npu/ec_blob.py). A c_info.json
+    names the epochs' units but holds none of their configuration: refused in one line."""
+    from .blob_trace import is_trace, read_trace
     from .compiled_view import blobs_of
 
-    epochs = read_ecblobs(blobs_of(path))
+    path = Path(path)
+    if path.suffix == ".json":
+        raise CompiledError(
+            f"{path}: a c_info.json lists epochs and buffers but no unit's configuration; give the "
+            "blob trace (<network>_blob_trace.c) or network_ecblobs.h"
+        )
+    if path.suffix == ".c":
+        try:
+            text = path.read_text(errors="replace")
+        except OSError as e:
+            raise CompiledError(f"{path}: cannot read: {e.strerror}") from None
+        if is_trace(text):
+            return read_trace(path)
+    return read_ecblobs(blobs_of(path))
+
+
+def read_compiled(path, graph) -> CompiledProgram:
+    """Read a compiled program (read_epochs) and map its units to graph's ops; CompiledError (one line
+    naming the blob or trace, epoch and word or line) when it cannot be read or nothing maps."""
+    epochs = read_epochs(path)
     chains = program_chains(epochs)
     if not chains:
         raise CompiledError(f"{path}: no epoch configures a CONVACC with a requantizing ARITH")
     mapped = map_chains(graph, chains)
+    if not mapped:
+        raise CompiledError(
+            f"{path}: epoch {chains[0].epoch}: no convolution the program requantizes (this epoch's first, "
+            f"{chains[0].channels} channels) matches a conv of the model: compiled from another model?"
+        )
     pools = map_pools(graph, wire(epochs).pools)
     claimed = {u for c in (*mapped.values(), *pools.values()) for u in c.units}
     singles = map_arith_ops(graph, epochs, claimed)
@@ -226,7 +270,7 @@ def compiled_ops(data: dict, graph, program: CompiledProgram, options: N6Options
         stages = chain.stages()
         compare = differs if index in program.mapped else differs_single
         if index in program.pools:
-            compare = _differs_pool
+            compare = differs_pool
         na["compiled"] = {
             "epoch": chain.epoch,
             "epochs": chain.epochs,
@@ -248,6 +292,7 @@ def summary_lines(program: CompiledProgram, graph, options: N6Options | None = N
         for f in d:
             counts[f] = counts.get(f, 0) + 1
     single_exact = sum(not differs_single(derived.get(i, []), p.stages()) for i, p in program.singles.items())
+    pool_exact = sum(not differs_pool(derived.get(i, []), p.stages()) for i, p in program.pools.items())
     k = s["epoch_kinds"]
     lines = [
         "",
@@ -256,7 +301,8 @@ def summary_lines(program: CompiledProgram, graph, options: N6Options | None = N
         f"{exact} of {s['mapped_chains']} equal the derived chain in every compared field",
         f"  ADD and QUANTIZE units mapped to ops: {len(program.singles)}, {single_exact} equal the derived "
         f"unit in every compared field",
-        f"  pools mapped to ops: {len(program.pools)}",
+        f"  pools mapped to ops: {len(program.pools)}, {pool_exact} equal the derived units (the padding "
+        f"CONVACC, each POOL) in every decoded field",
         f"  epochs: {k['mapped']} with every compute unit in a mapped op, {k['unmapped']} "
         f"not ({', '.join(k['unmapped_units'][:6]) or '-'}), {k['movement']} data movement only "
         f"({s['movement_epochs_mapped']} of them mapped to the op they copy for), "

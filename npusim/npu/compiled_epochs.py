@@ -94,12 +94,12 @@ def map_arith_ops(graph, epochs, claimed: set) -> dict[int, Placed]:
 
 def map_pools(graph, pools) -> dict:
     """op index -> its PoolChain (npu/compiled_wiring.py): the first MAX_POOL_2D / AVERAGE_POOL_2D
-    in program order whose decomposition (neural_art.pool_stages) has as many POOL units. POOL's
-    registers are not decoded, so the unit count is all that is compared."""
+    in program order whose decomposition (neural_art.pool_stages) has as many POOL units (their
+    fields are then compared, compiled.differs_pool)."""
     from .neural_art import pool_stages
 
     counts = {
-        op.index: len(pool_stages(op.kind, op.options))
+        op.index: sum(st["unit"] == "POOL" for st in pool_stages(op.kind, op.options))
         for op in graph.ops
         if op.kind in ("MAX_POOL_2D", "AVERAGE_POOL_2D")
     }

@@ -8,6 +8,8 @@ What is read:
   `pure_sw` epochs the Cortex-M55 runs), its memory pools (the header's `index=N ... name=...
   offset=0x... size=N` lines, `vpool` the virtual one) and its activation buffers (every
   `LL_Buffer_InfoTypeDef` entry with `.is_param = 0`: `.addr_base` + `.offset_start` .. `.offset_end`).
+- beside ST Edge AI 3.0's readable blob trace (npu/blob_trace.py), which has no network.c, its
+  c_info.json: the memory pools and activation buffers (read_c_info), no software epochs.
 
 Latency: each op keeps npusim's roofline time (max(compute, memory), npu/cost.py); an op mapped to
 the program (npu/compiled.py) is counted in the epoch of its CONVACC pipe (a conv), its ARITH (an ADD,
@@ -86,6 +88,9 @@ class NetworkC:
 
 
 def read_network_c(path) -> NetworkC:
+    """network.c's epochs, pools and buffers (module docstring); a c_info.json's (read_c_info)."""
+    if Path(path).suffix == ".json":
+        return read_c_info(path)
     try:
         text = Path(path).read_text(errors="replace")
     except OSError as e:
@@ -116,9 +121,47 @@ def read_network_c(path) -> NetworkC:
     return net
 
 
+def read_c_info(path) -> NetworkC:
+    """What ST Edge AI's c_info.json (beside a 3.0 blob trace) says of the buffers: its memory pools
+    (`used_size_bytes` as the stated figure; a pool with subpools is the virtual one) and its
+    activation buffers (`is_param` false: pool address + `offset_start`, `size_bytes`, first epoch).
+    It lists no software epochs apart from the hardware ones, so none are counted."""
+    import json
+
+    try:
+        info = json.loads(Path(path).read_text(errors="replace"))
+        pools = [
+            Pool(
+                int(p["id"]),
+                p["name"],
+                int(p["address"]),
+                int(p["size_bytes"]),
+                bool(p.get("subpools")),
+                p.get("rights") == "ACC_READ",
+                int(p["used_size_bytes"]),
+            )
+            for p in info["memory_pools"]
+        ]
+        at = {p.index: p.address for p in pools}
+        buffers = {
+            b["name"]: (
+                at[b["mpool_id"]] + int(b["offset_start"]),
+                at[b["mpool_id"]] + int(b["offset_start"]) + int(b["size_bytes"]),
+                int(b["epochs"]["start"]),
+            )
+            for b in info["buffers"]
+            if not b["is_param"]
+        }
+    except OSError as e:
+        raise CompiledError(f"{path}: cannot read: {e.strerror}") from None
+    except (ValueError, KeyError, TypeError) as e:
+        raise CompiledError(f"{path}: not an ST Edge AI c_info.json ({type(e).__name__}: {e})") from None
+    return NetworkC(str(path), pools, buffers)
+
+
 def network_c_beside(path) -> Path | None:
     """The network.c of a compiled program: the file itself when it is one, else a .c beside it that
-    lists the epoch blocks."""
+    lists the epoch blocks; for a blob trace without one, the c_info.json beside it."""
     path = Path(path)
     candidates = [path] if path.suffix == ".c" else sorted(path.parent.glob("*.c"))
     for c in candidates:
@@ -127,7 +170,8 @@ def network_c_beside(path) -> Path | None:
                 return c
         except OSError:
             continue
-    return None
+    beside = sorted(path.parent.glob("*c_info.json"))
+    return beside[0] if path.suffix == ".c" and beside else None
 
 
 def blobs_of(path) -> Path:
@@ -219,9 +263,10 @@ def view_lines(view: dict) -> list[str]:
             if not n.startswith("cpuRAM2_")
         )
         ram, mine = view["internal_ram_bytes"], view["npusim_internal_ram_bytes"]
+        name = Path(view["network_c"]).name
         lines.append(
-            f"  internal RAM on the compiled buffers ({view['buffers']} in network.c): {ram / 1024:.1f} KiB "
-            f"({pools} KiB{'; as network.c states its pools' if view['equals_stated_pools'] else ''}); "
+            f"  internal RAM on the compiled buffers ({view['buffers']} in {name}): {ram / 1024:.1f} KiB "
+            f"({pools} KiB{f'; as {name} states its pools' if view['equals_stated_pools'] else ''}); "
             f"npusim's layout: {mine / 1024:.1f} KiB ({100.0 * (mine / ram - 1):+.1f} %)"
         )
     else:

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .ec_blob import Epoch, arith_fields, convacc_fields, streng_fields, switch_links
+from .ec_blob import Epoch, arith_fields, convacc_fields, pool_fields, streng_fields, switch_links
 
 
 @dataclass
@@ -107,13 +107,14 @@ class PoolChain:
     pads: list = field(default_factory=list)  # CONVACC fields
     pools: int = 0
     units: list = field(default_factory=list)  # (epoch, unit name)
+    pool_fields: list = field(default_factory=list)  # each POOL unit's fields (ec_blob.pool_fields)
 
     @property
     def epochs(self) -> list[int]:
         return sorted({e for e, _ in self.units})
 
     def stages(self) -> list[dict]:
-        return [*self.pads, *({"unit": "POOL"} for _ in range(self.pools))]
+        return [*(dict(p, role="pad") for p in self.pads), *self.pool_fields]
 
 
 class _Wiring:
@@ -210,6 +211,7 @@ class _Wiring:
                 pool.pads, pool.units = source.convaccs, source.units
                 self.chains.remove(source)
         pool.pools += 1
+        pool.pool_fields.append(pool_fields(unit))
         pool.units.append((self.number, unit.name))
         self.ends[unit.name] = pool
         return True

@@ -43,12 +43,16 @@ SHIFT_BIAS = 16  # ATON_SHIFT(x) = x + 16 (ll_aton_platform.h): signed shifts st
 
 # ARITH registers (word offsets) and CONVACC registers, from ATON.h
 A_CTRL, A_SHIFT, A_COEFFAC, A_COEFFB, A_INSHIFTER, A_CLIPRANGE = 0x0, 0x2, 0x7, 0x8, 0xD, 0xE
-C_CTRL, C_DFORMAT = 0x0, 0x4
+C_CTRL, C_KFORMAT, C_SAMPLE, C_DFORMAT, C_FFORMAT, C_FHCROP, C_FVCROP = 0x0, 0x2, 0x3, 0x4, 0x5, 0x6, 0x7
+C_ZFRAME, C_ZFBIAS = 0xA, 0xD
+# POOL registers (word offsets), in the order ll_aton.c's LL_Poolacc_Init writes them
+P_CTRL, P_PDIMS, P_FDIMS, P_OUTDIMS, P_MULVAL = 0x0, 0x2, 0x3, 0x4, 0x5
+P_XCROP, P_YCROP, P_RNDCTRL = 0x6, 0x7, 0x8
 S_CTRL, S_ADDR, S_WRITE = 0x0, 0x2, 1 << 3  # STRENG: CTRL (DIR bit 3: 1 writes memory), ADDR
 SWITCH_DST = 0x2  # STRSWITCH: one register per destination port from word 2 (ATON.h's DST)
 CTRL_CLEARS = 1 << 1 | 1 << 30  # CLR and CONFCLR, the same bits in ARITH's and CONVACC's CTRL
 
-_BLOB = re.compile(r"static\s+const\s+uint64_t\s+(_ec_blob_\w+)\s*\[\s*\]\s*=\s*\{(.*?)\};", re.S)
+_BLOB = re.compile(r"static\s+const\s+uint64_t\s+(_ec_blob_\w+)\s*\[\s*\]\s*=\s*\{")
 
 
 class CompiledError(NpusimError):
@@ -59,12 +63,14 @@ class CompiledError(NpusimError):
 class Unit:
     """One hardware unit's registers as an epoch leaves them: name (ARITH0, CONVACC3), regs (word
     offset -> value, the last write), coeffs (ARITH: coefficient-memory word offset -> value), and
-    the order in which the epoch configured it."""
+    the order in which the epoch configured it; a unit read from ST's readable trace carries its
+    ll_aton fields themselves (`fields`), which every *_fields function below then returns."""
 
     name: str
     order: int
     regs: dict = field(default_factory=dict)
     coeffs: dict = field(default_factory=dict)
+    fields: dict | None = None  # ll_aton's fields as a readable trace states them (npu/blob_trace.py)
 
 
 @dataclass
@@ -146,6 +152,17 @@ def decode_blob(name: str, words: list[int], where: str) -> list[Epoch]:
         i += 1 + data
 
 
+def _epoch_at(words: list[int]) -> str:
+    """The epoch a blob's words reach at their end (for a blob cut short): "-" before the first."""
+    i, epoch = 2, "-"
+    while i < len(words):
+        op, count = words[i] & 0x1F, (words[i] >> 5) & 0x7FF
+        if op == OP_EPOCH:
+            epoch = str(count)
+        i += 1 + {OP_WRITE: 1, OP_BURST_ONE: count, OP_BURST: count, OP_WAIT: 2}.get(op, 0)
+    return epoch
+
+
 def _num(epoch) -> str:
     return "-" if epoch is None else str(epoch.number)
 
@@ -177,14 +194,23 @@ def read_ecblobs(path) -> list[Epoch]:
         text = path.read_text(errors="replace")
     except OSError as e:
         raise CompiledError(f"{path}: cannot read: {e.strerror}") from None
-    blobs = _BLOB.findall(text)
-    if not blobs:
+    starts = list(_BLOB.finditer(text))
+    if not starts:
         raise CompiledError(
             f"{path}: no `static const uint64_t _ec_blob_...[]` array: not a network_ecblobs.h"
         )
     epochs = []
-    for name, body in blobs:
-        epochs += decode_blob(name, _words(body, f"{path.name}: blob {name}"), path.name)
+    for k, m in enumerate(starts):
+        name, end = m.group(1), text.find("};", m.end())
+        limit = starts[k + 1].start() if k + 1 < len(starts) else len(text)
+        if end < 0 or end > limit:  # the array never closes: read what it has, then say where it stops
+            body = text[m.end() : limit].rsplit(",", 1)[0]  # the last item may be cut
+            words = _words(body, f"{path.name}: blob {name}")
+            raise CompiledError(
+                f"{path.name}: blob {name}, epoch {_epoch_at(words)}, word {len(words)}: the array ends "
+                "without its closing `};` (the file is cut short?)"
+            )
+        epochs += decode_blob(name, _words(text[m.end() : end], f"{path.name}: blob {name}"), path.name)
     return epochs
 
 
@@ -210,6 +236,12 @@ def arith_fields(unit: Unit, channels: int | None = None) -> dict:
     """An ARITH unit's LL_Arithacc_InitTypeDef fields (ATON.h's bit positions). Per-channel
     coefficients (vector mode) as A_vector, B_vector, C_vector, with combinebc's BC = {B, C} in
     C_vector; `channels` (default: every pair written) limits them."""
+    if unit.fields is not None:
+        f = dict(unit.fields)
+        for k in ("A_vector", "B_vector", "C_vector"):
+            if f.get(k) is not None and channels is not None:
+                f[k] = f[k][:channels]
+        return f
     r = unit.regs
     ctrl, shift, inshift = r.get(A_CTRL, 0), r.get(A_SHIFT, 0), r.get(A_INSHIFTER, 0)
     coeffac, coeffb = r.get(A_COEFFAC, 0), r.get(A_COEFFB, 0)
@@ -261,8 +293,13 @@ def arith_fields(unit: Unit, channels: int | None = None) -> dict:
 def convacc_fields(unit: Unit) -> dict:
     """A CONVACC unit's LL_Convacc_InitTypeDef fields that set its arithmetic (ATON.h's CTRL and
     DFORMAT bit positions; shift_a is DFORMAT's INSHIFT, "accumulator shift left really")."""
-    ctrl, fmt = unit.regs.get(C_CTRL, 0), unit.regs.get(C_DFORMAT, 0)
+    if unit.fields is not None:
+        return dict(unit.fields)
+    r = unit.regs
+    ctrl, fmt = r.get(C_CTRL, 0), r.get(C_DFORMAT, 0)
     orndmode = _bits(fmt, 14, 2)
+    kformat, sample, zframe = r.get(C_KFORMAT, 0), r.get(C_SAMPLE, 0), r.get(C_ZFRAME, 0)
+    batch = max(_bits(kformat, 16, 8), 1)  # the horizontal fields count batchDepth channels a pixel
     return {
         "unit": "CONVACC",
         "simd": _bits(ctrl, 5, 2),
@@ -279,6 +316,61 @@ def convacc_fields(unit: Unit) -> dict:
         "relu_mode_o": orndmode >> 1,
         "raw_o": _bits(fmt, 18, 1),
         "outbytes_o": _bits(fmt, 20, 2),
+        "zfbias": _s16(r.get(C_ZFBIAS, 0)),
+        "fWidth": _bits(r.get(C_FFORMAT, 0), 0, 16) // batch,
+        "fHeight": _bits(r.get(C_FFORMAT, 0), 16, 16),
+        "kernelWidth": _bits(kformat, 0, 8),
+        "kernelHeight": _bits(kformat, 8, 8),
+        "batchDepth": _bits(kformat, 16, 8),
+        "nKernels": _bits(kformat, 24, 8),
+        "hstride": _bits(sample, 8, 3),
+        "vstride": _bits(sample, 12, 3),
+        # a pad is SAMPLE's 2-bit one or the zero frame's (ZFRAME: left, right in batch units, top, bottom)
+        "left_padding": _bits(sample, 0, 2) + _bits(zframe, 0, 8) // batch,
+        "right_padding": _bits(sample, 2, 2) + _bits(zframe, 8, 8) // batch,
+        "top_padding": _bits(sample, 4, 2) + _bits(zframe, 16, 8),
+        "bot_padding": _bits(sample, 6, 2) + _bits(zframe, 24, 8),
+        "left_crop": _bits(r.get(C_FHCROP, 0), 0, 16) // batch,
+        "right_crop": _bits(r.get(C_FHCROP, 0), 16, 16) // batch,
+        "top_crop": _bits(r.get(C_FVCROP, 0), 0, 16),
+        "bot_crop": _bits(r.get(C_FVCROP, 0), 16, 16),
+    }
+
+
+def pool_fields(unit: Unit) -> dict:
+    """A POOL unit's LL_Poolacc_InitTypeDef fields as far as they are decoded: the window, stride
+    and batch (PDIMS), the input and output sizes (FDIMS, OUTDIMS), the crops (XCROP, YCROP),
+    mulval, and the output's width and rounding (RNDCTRL); CTRL (operation, rounding, saturation,
+    shifts) as its raw word `ctrl`, its bit positions not being published. Register order is
+    ll_aton.c's LL_Poolacc_Init; the positions are our reading, fitted on ST's debug listing of the
+    3.0 compile, where each register write stands beside the struct the trace shows
+    (docs/neural-art.md)."""
+    if unit.fields is not None:
+        return dict(unit.fields)
+    r = unit.regs
+    pdims, rnd = r.get(P_PDIMS, 0), r.get(P_RNDCTRL, 0)
+    batch = max(_bits(pdims, 26, 6), 1)
+    return {
+        "unit": "POOL",
+        "ctrl": r.get(P_CTRL, 0),
+        "poolWinX": _bits(pdims, 0, 3),
+        "poolWinY": _bits(pdims, 3, 3),
+        "strideX": _bits(pdims, 6, 4),
+        "strideY": _bits(pdims, 10, 4),
+        "batchSize": _bits(pdims, 26, 6),
+        "inputX": _bits(r.get(P_FDIMS, 0), 0, 16) // batch,
+        "inputY": _bits(r.get(P_FDIMS, 0), 16, 16),
+        "outputX": _bits(r.get(P_OUTDIMS, 0), 0, 16),
+        "outputY": _bits(r.get(P_OUTDIMS, 0), 16, 16),
+        "leftCrop": _bits(r.get(P_XCROP, 0), 0, 16) // batch,
+        "rightCrop": _bits(r.get(P_XCROP, 0), 16, 16) // batch,
+        "topCrop": _bits(r.get(P_YCROP, 0), 0, 16),
+        "bottomCrop": _bits(r.get(P_YCROP, 0), 16, 16),
+        "mulval": _s16(r.get(P_MULVAL, 0)),
+        "outbytes_f": _bits(rnd, 0, 2),
+        "outbytes_o": _bits(rnd, 16, 2),
+        "round_mode_o": _bits(rnd, 18, 1),
+        "relu_mode_o": _bits(rnd, 19, 1),
     }
 
 
@@ -318,6 +410,8 @@ def switch_links(epoch: Epoch) -> dict[str, list[str]]:
     units feeding it (ATON.h's DST register: EN0 bit 0, LINK0 bits 1-6, EN1 bit 16, LINK1 bits
     17-22)."""
     switch = next((u for u in epoch.units if u.name == "STRSWITCH"), None)
+    if switch is not None and switch.fields is not None:
+        return {k: list(v) for k, v in switch.fields["links"].items()}
     links = {}
     for offset, v in sorted(switch.regs.items()) if switch else ():
         if offset < SWITCH_DST:
@@ -330,6 +424,8 @@ def switch_links(epoch: Epoch) -> dict[str, list[str]]:
 
 def streng_fields(unit: Unit) -> dict:
     """A stream engine's direction and buffer address (ATON.h's STRENG CTRL and ADDR)."""
+    if unit.fields is not None:
+        return dict(unit.fields)
     return {
         "unit": "STRENG",
         "write": bool(unit.regs.get(S_CTRL, 0) & S_WRITE),
@@ -338,4 +434,6 @@ def streng_fields(unit: Unit) -> dict:
 
 
 def unit_fields(unit: Unit) -> dict:
+    if unit.name.startswith("POOL"):
+        return pool_fields(unit)
     return arith_fields(unit) if unit.name.startswith("ARITH") else convacc_fields(unit)

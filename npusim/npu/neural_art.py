@@ -311,19 +311,66 @@ def conv_shift(w: np.ndarray, options: N6Options) -> int:
     return s
 
 
-def pool_stages(kind: str, options: dict) -> list[dict]:
-    """POOL units. A stride-1 max pool of an odd square window k > 3 is decomposed into (k - 1) / 2
-    chained 3x3 stride-1 POOL units (the trace's 5x5, 9x9 and 13x13 SPP pools: 2, 4 and 6 units)."""
+def pool_stages(kind: str, options: dict, shape=None) -> list[dict]:
+    """The units of a pooling, with ll_aton's fields (LL_Convacc_InitTypeDef, LL_Poolacc_InitTypeDef).
+    A stride-1 SAME max pool of an odd square window k > 3 is ST's decomposition: one CONVACC that
+    pads the input by p = (k - 1) / 2 on every side with -128 (a 1x1 kernel, 8 bits in and out, shift
+    0: a padded value never wins a max), then (k - 1) / 2 chained 3x3 stride-1 POOL units without
+    padding, each taking 2 off the padded frame (the shared compiles' 5x5, 9x9 and 13x13 SPP pools:
+    2, 4 and 6 units, every field equal in both). shape: the input (N, H, W, C); without it the
+    geometry fields are left out. Other pools are one POOL unit with TFLite's padding (not in
+    either compile: unverified)."""
     wx, wy = int(options.get("filter_width", 1)), int(options.get("filter_height", 1))
     sx, sy = int(options.get("stride_w", 1)), int(options.get("stride_h", 1))
     op = "POOL_MAX" if kind == "MAX_POOL_2D" else "POOL_AVG"
+    h, w = (None, None) if shape is None else (int(shape[1]), int(shape[2]))
     if op == "POOL_MAX" and wx == wy and wx > 3 and wx % 2 == 1 and sx == sy == 1:
-        wx = wy = 3
-        count = (int(options.get("filter_width", 1)) - 1) // 2
-    else:
-        count = 1
-    stage = {"unit": "POOL", "operation": op, "poolWinX": wx, "poolWinY": wy, "strideX": sx, "strideY": sy}
-    return [dict(stage) for _ in range(count)]
+        pad = (wx - 1) // 2
+        stages = [] if h is None else [_pad_convacc(h, w, pad)]
+        for i in range(pad):
+            size = None if h is None else (h + 2 * pad - 2 * i, w + 2 * pad - 2 * i)
+            stages.append(_pool_unit(op, 3, 3, 1, 1, size, (0, 0, 0, 0)))
+        return stages
+    size, pads = None, (0, 0, 0, 0)
+    if h is not None:
+        size = (h, w)
+        if options.get("padding") == "SAME":
+            py = max((-(-h // sy) - 1) * sy + wy - h, 0)
+            px = max((-(-w // sx) - 1) * sx + wx - w, 0)
+            pads = (py // 2, py - py // 2, px // 2, px - px // 2)
+    return [_pool_unit(op, wx, wy, sx, sy, size, pads)]
+
+
+def _pool_unit(op: str, wx: int, wy: int, sx: int, sy: int, size, pads) -> dict:
+    """One POOL unit: the constants every unit of the shared compiles has (8-bit in and out, rounded
+    and saturated, no shift, dualLine, batch 1, a max's mulval 0), the window, and with size (H, W) of its
+    input the frame: crops spanning it, output size by its own padding (top, bottom, left, right)."""
+    st = {"unit": "POOL", "operation": op, "avgnopad": 0, "poolWinX": wx, "poolWinY": wy}
+    st.update(strideX=sx, strideY=sy, batchSize=1, shift_f=0, shift_o=0, dualLine=1)
+    if op == "POOL_MAX":
+        st["mulval"] = 0  # (an average's 1 / window as mulval: not in the compiles, not derived)
+    st.update(rounding_f=0, saturation_f=0, round_mode_f=0, inbytes_f=1, outbytes_f=1)
+    st.update(rounding_o=1, saturation_o=1, round_mode_o=1, relu_mode_o=0, outbytes_o=1)
+    st.update(pad_val_en=0, pad_val=0)
+    if size is not None:
+        (h, w), (top, bottom, left, right) = size, pads
+        st.update(inputX=w, inputY=h, topPad=top, bottomPad=bottom, leftPad=left, rightPad=right)
+        st.update(outputX=(w + left + right - wx) // sx + 1, outputY=(h + top + bottom - wy) // sy + 1)
+        st.update(leftCrop=0, rightCrop=w - 1, topCrop=0, bottomCrop=h - 1)
+    return st
+
+
+def _pad_convacc(h: int, w: int, pad: int) -> dict:
+    """The CONVACC of a decomposed max pool: the int8 input through a 1x1 identity, framed by `pad`
+    values of -128 (zfbias) on every side, 8-bit out, no shift."""
+    st = {"unit": "CONVACC", "role": "pad", "simd": 1, "fsub": 0, "vshift": 0, "accumulate": 0}
+    st.update(rounding_f=0, saturation_f=0, round_mode_f=0, f_unsigned=0, k_unsigned=0, deepmode=0)
+    st.update(dss2mode=0, kseten=0, zfbias=-128, inbytes_f=1, shift_f=0, shift_a=0)
+    st.update(rounding_o=1, saturation_o=1, round_mode_o=1, relu_mode_o=0, outbytes_o=1, shift_o=0, raw_o=0)
+    st.update(fWidth=w, fHeight=h, kernelWidth=1, kernelHeight=1, nKernels=1, batchDepth=1)
+    st.update(hstride=1, vstride=1, left_padding=pad, right_padding=pad, top_padding=pad, bot_padding=pad)
+    st.update(left_crop=0, right_crop=w - 1, top_crop=0, bot_crop=h - 1)
+    return st
 
 
 # ----------------------------------------------------------------------------------------------
@@ -337,6 +384,43 @@ def _activation(op, out) -> tuple[int, int]:
     if act in (None, "NONE"):
         return -128, 127
     return activation_range(act, out.scale, out.zero_point)
+
+
+def conv_geometry(op, x, w, options: N6Options) -> dict:
+    """A convolution's CONVACC frame: kernel, strides, TFLite's SAME padding split with the odd one
+    at the bottom and right, the input frame with crops spanning it, and `zfbias`, the padding's
+    feature value (a real zero: 0 after the suboff subtracts the zero point; z_x + 128 when it adds
+    128). Equal on the first and every pipe unit of all 186 layers of both shared compiles; not given
+    for a dilated or fully-connected op (in neither compile)."""
+    if op.kind == "FULLY_CONNECTED" or len(x.shape) != 4:
+        return {}
+    if int(op.options.get("dilation_w_factor", 1)) != 1 or int(op.options.get("dilation_h_factor", 1)) != 1:
+        return {}
+    h, wd = int(x.shape[1]), int(x.shape[2])
+    kh, kw = int(w.shape[1]), int(w.shape[2])
+    sh, sw = int(op.options.get("stride_h", 1)), int(op.options.get("stride_w", 1))
+    ph = pw = 0
+    if op.options.get("padding") == "SAME":
+        ph = max((-(-h // sh) - 1) * sh + kh - h, 0)
+        pw = max((-(-wd // sw) - 1) * sw + kw - wd, 0)
+    zfbias = 0 if options.input_offset == "subtract" else int(x.zero_point) + 128
+    return {
+        "kernelWidth": kw,
+        "kernelHeight": kh,
+        "hstride": sw,
+        "vstride": sh,
+        "left_padding": pw // 2,
+        "right_padding": pw - pw // 2,
+        "top_padding": ph // 2,
+        "bot_padding": ph - ph // 2,
+        "fWidth": wd,
+        "fHeight": h,
+        "left_crop": 0,
+        "right_crop": wd - 1,
+        "top_crop": 0,
+        "bot_crop": h - 1,
+        "zfbias": zfbias,
+    }
 
 
 def _per_channel_weights(op, w) -> np.ndarray:
@@ -360,7 +444,7 @@ def op_stages(graph, op, options: N6Options = N6Options()) -> list[dict] | None:
         if w.data is None or x.quant is None or np.dtype(x.dtype) != np.int8:
             return None
         qmin, qmax = _activation(op, out)
-        return conv_stages(
+        stages = conv_stages(
             x.scale,
             x.zero_point,
             w.quant.scale,
@@ -373,6 +457,8 @@ def op_stages(graph, op, options: N6Options = N6Options()) -> list[dict] | None:
             qmin,
             qmax,
         )
+        stages[1].update(conv_geometry(op, x, w, options))
+        return stages
     if op.kind == "ADD":
         x, y = t[op.inputs[0]], t[op.inputs[1]]
         if x.quant is None or y.quant is None or x.is_constant or y.is_constant:
@@ -389,7 +475,7 @@ def op_stages(graph, op, options: N6Options = N6Options()) -> list[dict] | None:
         inbytes = 2 if np.dtype(x.dtype) == np.uint8 else 1
         return [affine_stage("requantize", ratio, out.zero_point - ratio * x.zero_point, inbytes)]
     if op.kind in ("MAX_POOL_2D", "AVERAGE_POOL_2D"):
-        return pool_stages(op.kind, op.options)
+        return pool_stages(op.kind, op.options, t[op.inputs[0]].shape)
     return None
 
 
