@@ -25,6 +25,8 @@ profiles apart, so that a kernel branches on these fields, never on a profile's 
   prepared for the profile; onnxruntime's (profiles/ort_kernels.OrtKernels: ORT's arithmetic, or
   the float op then QuantizeLinear) and neural-art's (npu/neural_art_run.NeuralArtKernels: the
   Neural-ART unit chains) override it per op kind and fall back to it.
+- baseline: the profile whose kernels run the ops this one does not take as its own (neural-art:
+  tflm), or None; `npusim validate` runs it beside this one (its tflm_propagated column).
 - int16: the profile runs the 16x8 paths (int16 activations, int8 weights), as TFLM does.
 - uint8: the profile runs TFLite's legacy uint8 models (LiteRT does; TFLM has no uint8 kernels;
   npusim/runtime/uint8.py shifts such a graph to int8 for it).
@@ -49,20 +51,21 @@ class Profile(int):
     """A rounding profile: its id, with its name and the fields of the module's docstring."""
 
     FIELDS = (
-        "stage", "integer_stage", "bounds", "xnnpack_delegate", "ort_qlinear", "kernels", "int16", "uint8"
+        "stage", "integer_stage", "bounds", "xnnpack_delegate", "ort_qlinear", "kernels", "baseline",
+        "int16", "uint8",
     )  # fmt: skip
 
     def __new__(
         cls, pid: int, name: str, *, stage=DOUBLE_ROUNDING, integer_stage=DOUBLE_ROUNDING,
         bounds="round-away", xnnpack_delegate=False, ort_qlinear=False, kernels=BUILTIN,
-        int16=False, uint8=False,
+        baseline=None, int16=False, uint8=False,
     ):  # fmt: skip
         # keyword-only fields: a misspelt one is a TypeError, never a silent default
         self = int.__new__(cls, pid)
         self.name = name
         self.stage, self.integer_stage, self.bounds = stage, integer_stage, bounds
         self.xnnpack_delegate, self.ort_qlinear, self.kernels = xnnpack_delegate, ort_qlinear, kernels
-        self.int16, self.uint8 = int16, uint8
+        self.baseline, self.int16, self.uint8 = baseline, int16, uint8
         return self
 
     def fields(self) -> dict:
@@ -117,7 +120,9 @@ PROFILES = {
     # to them, TFLM's kernels for the other ops. It runs with its options (the --n6-* choices):
     # npu/neural_art_run.NeuralArtProfile(N6Options(...)) is this entry with them; its kernel table
     # refuses the entry alone.
-    "neural-art": Profile(NEURAL_ART, "neural-art", kernels="npusim.npu.neural_art_run:NeuralArtKernels"),
+    "neural-art": Profile(
+        NEURAL_ART, "neural-art", kernels="npusim.npu.neural_art_run:NeuralArtKernels", baseline="tflm"
+    ),
 }
 BY_ID = {int(p): p for p in PROFILES.values()}
 
