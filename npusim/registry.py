@@ -50,7 +50,7 @@ FAMILIES = {
 
 ST_DIGEST = "ST table (summary of Core 2.2.0)"
 
-# How the onnxruntime profile runs an op (OpSpec.onnxruntime, profiles/ort_kernels.kernel_for).
+# How the onnxruntime profile runs an op (OpSpec.onnxruntime, profiles/ort_kernels.OrtKernels).
 ORT_OWN = "own kernel"
 ORT_MODEL = "ORT kernel model"
 ORT_FLOAT = "float then QuantizeLinear"

@@ -20,6 +20,7 @@ import numpy as np
 from ..errors import NpusimError
 from ..formats.model_io import load_model
 from ..graph import Graph, computes_in_float
+from ..profiles import PROFILES
 from ..runtime.interpreter import Interpreter, check_int8
 from ..runtime.reference import FloatInterpreter, dequantize
 from .display import shown
@@ -390,10 +391,11 @@ def _run(int8, samples: tuple, against: _Against, profile, n6=None) -> Validatio
         against.mapping,
     )
 
-    chosen = profile_object(profile, n6)  # a name, or a profile object holding its own kernels
+    chosen = profile_object(profile, n6)  # a name, or a Profile with options of its own
     interpreter = Interpreter(int8, profile=chosen, warm=False)  # one run
-    # a profile object's ops that it does not take run TFLM's: TFLM's run is the baseline beside it
-    baseline = Interpreter(int8, warm=False) if not isinstance(chosen, str) else None
+    # the profile whose kernels run the ops this one does not take (neural-art: tflm) runs beside it
+    base = PROFILES[interpreter.profile].baseline
+    baseline = Interpreter(int8, profile=base, warm=False) if base else None
     tally = _Tally(int8, len(int8.outputs))
     ref_graph = getattr(reference, "graph", None)
     base_tally = _Tally(int8, len(int8.outputs)) if baseline is not None else None

@@ -4,17 +4,19 @@ as that chain of integer units (kernels/neural_art.py); every other op keeps TFL
 the ops placed on the Cortex-M55 (ST's runtime runs them as TFLM-style int8 kernels), and the NPU's
 data movement and max pooling, which compute no new value (docs/neural-art.md).
 
-NeuralArtProfile is the profile as an object: its table of per-op kernels, consulted by the
-Interpreter for each op, instead of a branch per profile inside the op modules.
+NeuralArtProfile is the profile's table entry (profiles.PROFILES["neural-art"]) with its options;
+its kernel table, NeuralArtKernels, answers the Interpreter for each op, instead of a branch per
+profile inside the op modules.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from ..errors import NpusimError
 from ..kernels import neural_art as units
 from ..ops.base import Kernel
-from ..profiles import TFLM
+from ..profiles import PROFILES, TFLM, Kernels, Profile
 from .cost import NPU, placement
 from .neural_art import N6Options, op_stages
 
@@ -164,21 +166,21 @@ class RequantizeChain(Chain):
 ConvKinds = ("CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED")
 
 
-class NeuralArtProfile:
-    """The profile's table: which kernel runs each op under --profile neural-art."""
+class NeuralArtProfile(Profile):
+    """--profile neural-art with its options (the --n6-* choices): the table entry
+    PROFILES["neural-art"], whose kernel table (NeuralArtKernels) reads them."""
 
     name = "neural-art"
-    kernels = {
-        "CONV_2D": ConvChain,
-        "DEPTHWISE_CONV_2D": ConvChain,
-        "FULLY_CONNECTED": ConvChain,
-        "ADD": AddChain,
-        "QUANTIZE": RequantizeChain,
-    }
 
-    def __init__(self, options: N6Options | None = None):
+    def __new__(cls, options: N6Options | None = None):
+        entry = PROFILES[cls.name]
+        self = Profile.__new__(cls, int(entry), entry.name, **entry.fields())
         self.options = options or N6Options()
         self._programs = {}  # id(graph) -> its compiled program (options.compiled), read once
+        return self
+
+    def __reduce__(self):
+        return (NeuralArtProfile, (self.options,))
 
     def _stages(self, graph, op):
         stages = op_stages(graph, op, self.options)
@@ -195,19 +197,41 @@ class NeuralArtProfile:
         chain = program.mapped.get(op.index) if op.kind in ConvKinds else None
         return stages if chain is None else run_stages(stages, chain)
 
-    def kernel_for(self, kernel_class, op, graph, **extra) -> Kernel:
-        tflm = kernel_class(op, graph, TFLM, **extra)
-        chain = self.kernels.get(op.kind)
-        if chain is None or placement(tflm)[0] != NPU:
-            return tflm
-        stages = self._stages(graph, op)
-        if stages is None or getattr(tflm, "int16", None) is not None:
-            return tflm
-        return chain(tflm, stages, self.options)
-
     @staticmethod
     def runs_as_chain(kernel) -> bool:
         return isinstance(kernel, Chain)
+
+
+class NeuralArtKernels(Kernels):
+    """The profile's kernel table (Profile.table): which kernel runs each op under --profile
+    neural-art. An op the N6 places on the NPU with a unit chain runs as that chain; every other op
+    runs TFLM's kernel."""
+
+    chains = {
+        "CONV_2D": ConvChain,
+        "DEPTHWISE_CONV_2D": ConvChain,
+        "FULLY_CONNECTED": ConvChain,
+        "ADD": AddChain,
+        "QUANTIZE": RequantizeChain,
+    }
+
+    def __init__(self, profile, graph):
+        if not isinstance(profile, NeuralArtProfile):
+            raise NpusimError(
+                f"profile {profile.name}: pass npusim.npu.NeuralArtProfile() (its options) as the profile"
+            )
+        super().__init__(profile, graph)
+
+    def kernel_for(self, kernel_class, op, **extra) -> Kernel:
+        graph, profile = self.graph, self.profile
+        tflm = kernel_class(op, graph, TFLM, **extra)
+        chain = self.chains.get(op.kind)
+        if chain is None or placement(tflm)[0] != NPU:
+            return tflm
+        stages = profile._stages(graph, op)
+        if stages is None or getattr(tflm, "int16", None) is not None:
+            return tflm
+        return chain(tflm, stages, profile.options)
 
 
 def profile_object(name: str, options: N6Options | None = None):

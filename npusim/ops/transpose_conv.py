@@ -144,8 +144,9 @@ class TransposeConv(Kernel):
             and self.pad == (0, 0)
             and self.out_hw == (h * sh, wd * sw)
             and not self.w_zp  # the engines take a symmetric filter
-            # its stage is gemm's, not the engines' (mac_profile)
-            and profile_of(self.profile).kernels != "onnxruntime"
+            # under ONNX Runtime's arithmetic the op keeps gemm's output stage, not the engines'
+            # (mac_profile), as it did when this form was added
+            and not profile_of(self.profile).ort_qlinear
         ):
             g = ConvGeometry.from_options({"padding": "VALID"}, x.shape, 1, 1)
             taps, s = self.kh * self.kw, self.stage

@@ -19,42 +19,63 @@ profiles apart, so that a kernel branches on these fields, never on a profile's 
   differs from TFLM's, its refusals falling back to LiteRT's builtin kernels).
 - ort_qlinear: the 8-bit elementwise ops are ONNX Runtime's (QuantizeLinear, QLinearAdd,
   QLinearMul, QLinearSigmoid, QLinearLeakyRelu; profiles/onnxruntime.py).
-- kernels: where the Interpreter gets an op's kernel: "builtin" (the op's own kernel class),
-  "onnxruntime" (profiles/ort_kernels.kernel_for: ORT's arithmetic, or the float op then
-  QuantizeLinear), "object" (a profile object passed to the Interpreter, which holds its own
-  kernel_for: npu/neural_art_run.NeuralArtProfile).
+- kernels: the profile's kernel table, "module:Class" (imported when a model is planned): a
+  Kernels subclass made once per graph (Profile.table) whose kernel_for(kernel_class, op, **extra)
+  the Interpreter asks once per op. The default, Kernels below, is each op's own kernel class
+  prepared for the profile; onnxruntime's (profiles/ort_kernels.OrtKernels: ORT's arithmetic, or
+  the float op then QuantizeLinear) and neural-art's (npu/neural_art_run.NeuralArtKernels: the
+  Neural-ART unit chains) override it per op kind and fall back to it.
+- baseline: the profile whose kernels run the ops this one does not take as its own (neural-art:
+  tflm), or None; `npusim validate` runs it beside this one (its tflm_propagated column).
 - int16: the profile runs the 16x8 paths (int16 activations, int8 weights), as TFLM does.
 - uint8: the profile runs TFLite's legacy uint8 models (LiteRT does; TFLM has no uint8 kernels;
   npusim/runtime/uint8.py shifts such a graph to int8 for it).
 
-Adding a profile is one entry in PROFILES (and, with its own kernels, their module).
+Adding a profile is one entry in PROFILES, and, with kernels of its own, their module: a Kernels
+subclass named by the entry's `kernels` (docs/layout.md, "Adding a profile").
 """
 
 from __future__ import annotations
+
+from importlib import import_module
 
 # The output-stage kinds (Profile.stage, Profile.integer_stage): integers the compiled kernels branch
 # on, defined beside them (kernels/stages.py, a module that imports nothing).
 from ..kernels.stages import DOUBLE_ROUNDING, FP32, SINGLE_ROUNDING  # noqa: F401 - re-exported
 
+# The builtin kernel table: every op's own kernel class (Kernels below).
+BUILTIN = "npusim.profiles:Kernels"
+
 
 class Profile(int):
     """A rounding profile: its id, with its name and the fields of the module's docstring."""
 
+    FIELDS = (
+        "stage", "integer_stage", "bounds", "xnnpack_delegate", "ort_qlinear", "kernels", "baseline",
+        "int16", "uint8",
+    )  # fmt: skip
+
     def __new__(
         cls, pid: int, name: str, *, stage=DOUBLE_ROUNDING, integer_stage=DOUBLE_ROUNDING,
-        bounds="round-away", xnnpack_delegate=False, ort_qlinear=False, kernels="builtin",
-        int16=False, uint8=False,
+        bounds="round-away", xnnpack_delegate=False, ort_qlinear=False, kernels=BUILTIN,
+        baseline=None, int16=False, uint8=False,
     ):  # fmt: skip
         # keyword-only fields: a misspelt one is a TypeError, never a silent default
         self = int.__new__(cls, pid)
         self.name = name
         self.stage, self.integer_stage, self.bounds = stage, integer_stage, bounds
         self.xnnpack_delegate, self.ort_qlinear, self.kernels = xnnpack_delegate, ort_qlinear, kernels
-        self.int16, self.uint8 = int16, uint8
+        self.baseline, self.int16, self.uint8 = baseline, int16, uint8
         return self
 
     def fields(self) -> dict:
-        return {k: v for k, v in vars(self).items() if k != "name"}
+        return {k: getattr(self, k) for k in self.FIELDS}
+
+    def table(self, graph) -> Kernels:
+        """This profile's kernels for graph (made once per plan): its kernel_for(kernel_class, op,
+        **extra) is the one question the Interpreter asks of a profile, once per op."""
+        module, _, name = self.kernels.partition(":")
+        return getattr(import_module(module), name)(self, graph)
 
     def __reduce__(self):
         return (_rebuild, (int(self), self.name, self.fields()))
@@ -62,6 +83,21 @@ class Profile(int):
 
 def _rebuild(pid, name, fields):
     return Profile(pid, name, **fields)
+
+
+class Kernels:
+    """A profile's kernels for one graph (Profile.table): each op's own kernel class, prepared for
+    the profile. A profile with kernels of its own subclasses this, overrides kernel_for for the op
+    kinds it runs its own way and falls back to this one for the others (as TFLM's
+    kernels/cmsis_nn/ beside kernels/, behind the same registration)."""
+
+    def __init__(self, profile: Profile, graph):
+        self.profile, self.graph = profile, graph
+
+    def kernel_for(self, kernel_class, op, **extra):
+        """The prepared kernel of op (kernel_class: its registered class, ops.KERNELS[op.kind];
+        extra: what the class takes besides op, graph and profile, e.g. the MAC engines)."""
+        return kernel_class(op, self.graph, self.profile, **extra)
 
 
 # The ids: what the kernels receive (a Profile is its id) and what the tests name profiles by.
@@ -73,12 +109,20 @@ PROFILES = {
         XNNPACK, "xnnpack", stage=FP32, bounds="rint-float-zp", xnnpack_delegate=True, uint8=True
     ),
     "onnxruntime": Profile(
-        ONNXRUNTIME, "onnxruntime", stage=FP32, bounds="rint-then-zp", ort_qlinear=True, kernels="onnxruntime"
+        ONNXRUNTIME,
+        "onnxruntime",
+        stage=FP32,
+        bounds="rint-then-zp",
+        ort_qlinear=True,
+        kernels="npusim.profiles.ort_kernels:OrtKernels",
     ),
-    # The STM32N6's Neural-ART datapath: a profile object (npu/neural_art_run.NeuralArtProfile)
-    # that the Interpreter takes as its profile, holding the ops' kernels (docs/neural-art.md); the
-    # ops it does not take run TFLM's.
-    "neural-art": Profile(NEURAL_ART, "neural-art", kernels="object"),
+    # The STM32N6's Neural-ART datapath (docs/neural-art.md): its unit chains where the N6 maps an op
+    # to them, TFLM's kernels for the other ops. It runs with its options (the --n6-* choices):
+    # npu/neural_art_run.NeuralArtProfile(N6Options(...)) is this entry with them; its kernel table
+    # refuses the entry alone.
+    "neural-art": Profile(
+        NEURAL_ART, "neural-art", kernels="npusim.npu.neural_art_run:NeuralArtKernels", baseline="tflm"
+    ),
 }
 BY_ID = {int(p): p for p in PROFILES.values()}
 

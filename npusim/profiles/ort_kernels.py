@@ -1,8 +1,9 @@
-"""Which kernel runs each op under the onnxruntime profile (quant.ONNXRUNTIME): the op's own kernel
-where it already follows ORT's arithmetic (KINDS), an exact model of ORT's kernel where one is
-written here, else the float op on dequantized values and ORT's QuantizeLinear (FloatThenQuantize:
-what ORT does for an unfused DequantizeLinear -> op -> QuantizeLinear group, and with its
-optimizations off for every group). The arithmetic itself is in onnxruntime.py.
+"""Which kernel runs each op under the onnxruntime profile (quant.ONNXRUNTIME), its kernel table
+OrtKernels (Profile.table): the op's own kernel where it already follows ORT's arithmetic (KINDS),
+an exact model of ORT's kernel where one is written here, else the float op on dequantized values
+and ORT's QuantizeLinear (FloatThenQuantize: what ORT does for an unfused DequantizeLinear -> op ->
+QuantizeLinear group, and with its optimizations off for every group). The arithmetic itself is in
+onnxruntime.py.
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ from ..graph import Graph, Quantization
 from ..kernels.lookup import lookup
 from ..ops.base import Kernel
 from ..ops.float_form import real_value
+from . import Kernels, ort_literal
 from . import onnxruntime as ort
-from . import ort_literal
 
 _F32 = np.float32
 
@@ -216,35 +217,48 @@ class PassThrough(Kernel):
         return x
 
 
-def kernel_for(kernel_class, op, graph, profile, plan: Plan, **extra) -> Kernel:
-    """The kernel the onnxruntime profile runs for op (see the module docstring)."""
-    out_quant = plan.out_quant.get(op.index)
-    if "onnx_rescale" in op.options:
-        return IntegerRescale(kernel_class, op, graph, profile)
-    if op.index in plan.pass_through:
-        return PassThrough(op, graph, profile)
-    if ort_literal.applies(op, graph):  # a float op between Q/DQ: ORT_DISABLE_ALL's float kernel
-        if op.kind in ("CONV_2D", "DEPTHWISE_CONV_2D"):
-            return ort_literal.FloatConv(op, graph, profile)
-        if op.kind == "FULLY_CONNECTED":
-            return ort_literal.FloatGemm(op, graph, profile)
-        if op.kind == "BATCH_MATMUL":
-            return ort_literal.FloatMatMul(op, graph, profile)
-        if op.kind == "MEAN":
-            return ort_literal.FloatGlobalAveragePool(op, graph, profile)
-        if op.kind == "RESIZE_BILINEAR":
-            return ort_literal.FloatResize(op, graph, profile, out_quant)
-        return ort_literal.FloatBinary(op, graph, profile)
-    if op.kind == "LOGISTIC" and out_quant is not None:
-        return SigmoidTable(op, graph, profile, out_quant)
-    if op.kind in KINDS:
-        return kernel_class(op, graph, profile, **extra)
-    if op.kind == "AVERAGE_POOL_2D":
-        return QLinearAveragePool(kernel_class, op, graph, profile, out_quant)
-    if op.kind == "MEAN" and QLinearGlobalAveragePool.applies(op, graph):
-        return QLinearGlobalAveragePool(op, graph, profile)
-    if getattr(kernel_class, "float_form", None) is None:
-        raise NpusimError(
-            f"op {op.index} ({op.kind}): --profile onnxruntime has no model of ONNX Runtime's {op.kind}"
-        )
-    return FloatThenQuantize(kernel_class, op, graph, profile, out_quant)
+class OrtKernels(Kernels):
+    """The onnxruntime profile's kernels for one graph (see the module docstring): its Plan, found
+    once, and the kernel of each op."""
+
+    def __init__(self, profile, graph: Graph):
+        super().__init__(profile, graph)
+        self.plan = Plan(graph)
+
+    def kernel_for(self, kernel_class, op, **extra) -> Kernel:
+        graph, profile, plan = self.graph, self.profile, self.plan
+        out_quant = plan.out_quant.get(op.index)
+        if "onnx_rescale" in op.options:
+            return IntegerRescale(kernel_class, op, graph, profile)
+        if op.index in plan.pass_through:
+            return PassThrough(op, graph, profile)
+        if ort_literal.applies(op, graph):  # a float op between Q/DQ: ORT_DISABLE_ALL's float kernel
+            return _literal(op, graph, profile, out_quant)
+        if op.kind == "LOGISTIC" and out_quant is not None:
+            return SigmoidTable(op, graph, profile, out_quant)
+        if op.kind in KINDS:
+            return super().kernel_for(kernel_class, op, **extra)
+        if op.kind == "AVERAGE_POOL_2D":
+            return QLinearAveragePool(kernel_class, op, graph, profile, out_quant)
+        if op.kind == "MEAN" and QLinearGlobalAveragePool.applies(op, graph):
+            return QLinearGlobalAveragePool(op, graph, profile)
+        if getattr(kernel_class, "float_form", None) is None:
+            raise NpusimError(
+                f"op {op.index} ({op.kind}): --profile onnxruntime has no model of ONNX Runtime's {op.kind}"
+            )
+        return FloatThenQuantize(kernel_class, op, graph, profile, out_quant)
+
+
+def _literal(op, graph, profile, out_quant) -> Kernel:
+    """ORT_DISABLE_ALL's float kernel of a float op between Q/DQ (ort_literal.py)."""
+    if op.kind in ("CONV_2D", "DEPTHWISE_CONV_2D"):
+        return ort_literal.FloatConv(op, graph, profile)
+    if op.kind == "FULLY_CONNECTED":
+        return ort_literal.FloatGemm(op, graph, profile)
+    if op.kind == "BATCH_MATMUL":
+        return ort_literal.FloatMatMul(op, graph, profile)
+    if op.kind == "MEAN":
+        return ort_literal.FloatGlobalAveragePool(op, graph, profile)
+    if op.kind == "RESIZE_BILINEAR":
+        return ort_literal.FloatResize(op, graph, profile, out_quant)
+    return ort_literal.FloatBinary(op, graph, profile)

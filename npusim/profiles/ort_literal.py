@@ -1,7 +1,7 @@
 """ONNX Runtime with its optimizations off (ORT_DISABLE_ALL, "ORT-literal") on the float ops of a QDQ
 graph: DequantizeLinear, the float op as ORT's CPU kernel computes it, QuantizeLinear. The onnxruntime
 profile runs these kernels for the ops an ONNX file writes as float ops between DequantizeLinear and
-QuantizeLinear (ort_kernels.kernel_for); QOperator nodes (QLinearConv, QLinearAdd, ...) keep ORT's
+QuantizeLinear (ort_kernels.OrtKernels); QOperator nodes (QLinearConv, QLinearAdd, ...) keep ORT's
 integer kernels.
 
 - Conv (CONV_2D, DEPTHWISE_CONV_2D): MLAS's im2col + SGEMM in its order of additions, which depends

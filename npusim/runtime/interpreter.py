@@ -17,8 +17,8 @@ from ..kernels import backend as _backend
 from ..kernels.jit import both_forms
 from ..kernels.lookup import lookup
 from ..ops import KERNELS, MAC_OPS
-from ..profiles import ort_kernels
-from ..quant import PROFILES, profile_id
+from ..profiles import PROFILES, Profile
+from ..quant import profile_id
 from . import uint8
 from .chains import find_chains
 from .uint8 import UINT8_PROFILE
@@ -224,7 +224,7 @@ class Interpreter:
         the first run then costs what a later one does. Without it, the first run of a batch faults
         in its activations (about 3 ms per MB on a fresh page in the VM of docs/performance.md)."""
         self.graph = graph if isinstance(graph, Graph) else load_model(graph)
-        table, pid = self._resolve_profile(profile, backend)
+        resolved = self._resolve_profile(profile, backend)
         if not (plan_only and getattr(self.graph.source, "unlowered", None)):
             # (an ONNX plan whose unlowered nodes stand in with float outputs is no float model)
             check_int8(self.graph, self.profile, plan_only)
@@ -237,7 +237,7 @@ class Interpreter:
         if self.unsupported and not plan_only:
             raise unsupported_error(self.unsupported[0])
         check_activations(self.graph)
-        self.kernels = self._create_kernels(ops, table, pid, plan_only)
+        self.kernels = self._create_kernels(ops, resolved, plan_only)
         self._share_scratch()
         self._fuse()
         self._plan_liveness()
@@ -248,26 +248,26 @@ class Interpreter:
             self.warm_up()
 
     # -- the plan, step by step ------------------------------------------------------------------
-    def _resolve_profile(self, profile, backend):
-        """(the profile object or None, the Profile its kernels take); self.profile its name,
-        self.backends the MAC engines. A profile object (--profile neural-art:
-        npu/neural_art_run.NeuralArtProfile) holds its own per-op kernels; the ops it does not take
-        run TFLM's."""
-        table = None if isinstance(profile, str) else profile
-        self.profile = profile if table is None else table.name
-        self.backends = _backend.select(backend)
-        resolved = PROFILES["tflm"] if table is not None else profile_id(profile)
-        if resolved.kernels == "object":
+    def _resolve_profile(self, profile, backend) -> Profile:
+        """The Profile: a name's table entry (profiles.PROFILES), or a Profile given as it is (one
+        with options of its own: npusim.npu.NeuralArtProfile(N6Options(...))); self.profile its
+        name, self.backends the MAC engines."""
+        if isinstance(profile, str):
+            profile = profile_id(profile)
+        elif not isinstance(profile, Profile):
             raise NpusimError(
-                f"profile {resolved.name}: pass npusim.npu.NeuralArtProfile() (its options) as the profile"
+                f"profile: expected a name ({', '.join(PROFILES)}) or a Profile, got {type(profile).__name__}"
             )
-        return table, resolved
+        self.profile = profile.name
+        self.backends = _backend.select(backend)
+        return profile
 
-    def _create_kernels(self, ops, table, pid, plan_only) -> list:
-        """Each supported op's prepared kernel, in plan order. With plan_only, an op whose kernel
-        refuses it joins self.unsupported, its message in self.refusals."""
+    def _create_kernels(self, ops, profile: Profile, plan_only) -> list:
+        """Each supported op's prepared kernel, in plan order: what the profile's kernel table
+        (Profile.table) answers for it. With plan_only, an op whose kernel refuses it joins
+        self.unsupported, its message in self.refusals."""
         kernels = []
-        plan = ort_kernels.Plan(self.graph) if pid.kernels == "onnxruntime" else None
+        table = profile.table(self.graph)
         left_out = {op.index for op in self.unsupported}
         for op in ops:
             if op.index in left_out:
@@ -275,12 +275,7 @@ class Interpreter:
             try:
                 kernel_class = KERNELS[op.kind]
                 extra = {"backends": self.backends} if kernel_class.takes_backends else {}
-                if table is not None:
-                    kernels.append(table.kernel_for(kernel_class, op, self.graph, **extra))
-                elif plan is not None:  # ORT's arithmetic, or its float op then QuantizeLinear
-                    kernels.append(ort_kernels.kernel_for(kernel_class, op, self.graph, pid, plan, **extra))
-                else:
-                    kernels.append(kernel_class(op, self.graph, pid, **extra))
+                kernels.append(table.kernel_for(kernel_class, op, **extra))
             except NpusimError as e:  # helpers shared by ops (padding, multipliers) do not know the op
                 message = (
                     str(e) if str(e).startswith(f"op {op.index} ") else f"op {op.index} ({op.kind}): {e}"
