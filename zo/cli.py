@@ -161,12 +161,15 @@ def main():
 )
 @click.option(
     "--estimator",
-    type=click.Choice(["activity", "weights"]),
+    type=click.Choice(["activity", "weights", "local", "guided"]),
     default="activity",
     show_default=True,
     help="Below the head: activity (the exact tail: layers with only parameter-free ops up to the head get "
     "exact gradients; below it each layer's output is perturbed, per example) or weights (every tensor's "
-    "weights perturbed, the estimator before issue 53). The pure-ZO setting: --head-gradient zo.",
+    "weights perturbed, the estimator before issue 53); local: the exact tail, then each layer below it "
+    "along the exact gradient of a local loss (an auxiliary linear head on its block's pooled output, no "
+    "extra pass); guided: that local direction, sized and signed by 2 suffix passes (zo/local.py). "
+    "The pure-ZO setting: --head-gradient zo.",
 )
 @click.option(
     "--head-gradient",

@@ -72,7 +72,8 @@ class TrainConfig:
     new_head: bool = False  # a fresh head (appended to a model without a classifier)
     keep_head: bool = False  # keep the model's own head when the class count matches (else a fresh one)
     # Below the head: "activity" (its exact tail, then activity perturbation, zo/tail.py, zo/activity.py)
-    # or "weights" (weight perturbation of every tensor below the head, zo/blocks.py).
+    # or "weights" (weight perturbation of every tensor below the head, zo/blocks.py); "local" / "guided":
+    # the exact tail, then local losses below it (zo/local.py).
     estimator: str = "activity"
     head_gradient: str = "exact"  # the classifier's gradient: "exact" (zo/head_grad.py) or "zo"
     master: str = "float"  # "float" (a float64 master copy) or "none" (integer codes only)
@@ -97,7 +98,7 @@ class TrainConfig:
             raise ZoError(f"--eps {self.eps}: expected a positive number of int8 steps (or auto)")
         for name, value, allowed in (
             ("head-gradient", self.head_gradient, ("exact", "zo")),
-            ("estimator", self.estimator, ("activity", "weights")),
+            ("estimator", self.estimator, ("activity", "weights", "local", "guided")),
             ("master", self.master, ("float", "none")),
             ("keep", self.keep, ("best", "last")),
             ("zo-subspace", self.zo_subspace, zo_blocks.SUBSPACES),
@@ -126,6 +127,8 @@ class TrainConfig:
         trainer (the exact head with activity perturbation below its tail, whose layers take the head's
         Adam and whose steps pay a fixed cost on the M55) the rate rule derived for that cost (docs/zo.md)."""
         kind, colon, rest = self.q.partition(":")
+        if self.estimator in ("local", "guided") and self.head_gradient == "exact" and kind == "qscheduler":
+            return parse_scheduler("fixed:1")  # local losses have no q (zo/local.py)
         if kind == "qscheduler" and self.estimator == "activity" and self.head_gradient == "exact":
             return parse_scheduler("rate" + colon + rest)
         return parse_scheduler(self.q, OPTIMIZERS[self.optimizer].step_grows_with_q)
