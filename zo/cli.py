@@ -172,6 +172,14 @@ def main():
     "The pure-ZO setting: --head-gradient zo.",
 )
 @click.option(
+    "--local-layers",
+    type=click.Choice(["all", "round-robin"]),
+    default="all",
+    show_default=True,
+    help="--estimator local: every layer below the tail moves each step, or one a step in turn "
+    "(cheaper steps: the local weight gradients on the M55 dominate a step's device time).",
+)
+@click.option(
     "--head-gradient",
     type=click.Choice(["exact", "zo"]),
     default="exact",

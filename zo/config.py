@@ -75,6 +75,7 @@ class TrainConfig:
     # or "weights" (weight perturbation of every tensor below the head, zo/blocks.py); "local" / "guided":
     # the exact tail, then local losses below it (zo/local.py).
     estimator: str = "activity"
+    local_layers: str = "all"  # --estimator local: every layer below the tail each step, or "round-robin"
     head_gradient: str = "exact"  # the classifier's gradient: "exact" (zo/head_grad.py) or "zo"
     master: str = "float"  # "float" (a float64 master copy) or "none" (integer codes only)
     zo_subspace: str = "channels"  # what a ZO block perturbs (zo/blocks.py): channels' scalings or all
@@ -100,6 +101,7 @@ class TrainConfig:
             ("head-gradient", self.head_gradient, ("exact", "zo")),
             ("estimator", self.estimator, ("activity", "weights", "local", "guided")),
             ("master", self.master, ("float", "none")),
+            ("local-layers", self.local_layers, ("all", "round-robin")),
             ("keep", self.keep, ("best", "last")),
             ("zo-subspace", self.zo_subspace, zo_blocks.SUBSPACES),
         ):

@@ -67,9 +67,11 @@ class AuxHead:
         return x.reshape(len(x), -1, self.channels).mean(axis=1)
 
     def fit(self, features: np.ndarray, labels: np.ndarray) -> None:
-        """Ridge fit with a temperature (zo/head_init.py), and Adam's step from its size."""
+        """Ridge fit with a temperature (zo/head_init.py), its logits held within the model's own
+        logits' range (a separable block output would otherwise take an unbounded temperature, and
+        then no gradient), and Adam's step from its size."""
         w, b = fit_head(features, labels, len(self.b), "ridge")
-        s = fit_temperature(features @ w.T + b, labels, 1e6)
+        s = fit_temperature(features @ w.T + b, labels, 127.5 * self.model.logits_scale)
         self.w, self.b = s * w, s * b
         self.lr = AUX_LR * float(np.sqrt(np.mean(self.w**2)))
 
@@ -140,8 +142,11 @@ class LocalLayer:
 class LocalEstimator:
     """Local-loss gradients of the layers below the tail (module docstring)."""
 
-    def __init__(self, model, layers: list, offsets: dict, classes: int, kind: str = "local"):
+    def __init__(
+        self, model, layers: list, offsets: dict, classes: int, kind: str = "local", every: bool = True
+    ):
         self.model, self.kind = model, kind
+        self.every = every and kind == "local"  # every layer each step, else one a step (round robin)
         self.aux, self.layers = {}, []
         for f in layers:
             at = next(i for i, k in enumerate(model.suffix) if k.op is f.op)
@@ -240,14 +245,15 @@ class LocalEstimator:
         return g_codes / scale
 
     def gradient(self, values: dict, labels: np.ndarray, step: int) -> tuple[np.ndarray, int]:
-        """(the gradient over self.coords, the suffix passes spent): `local` every layer, `guided`
-        the step's layer (round robin), zero over the others. Trains the auxiliary heads after."""
+        """(the gradient over self.coords, the suffix passes spent): `local` every layer (or with
+        every=False the step's layer), `guided` the step's layer (round robin), zero over the
+        others. Trains the auxiliary heads after."""
         errors = {t: a.error(a.features(values), labels) for t, a in self.aux.items()}
         parts, passes = [], 0
         chosen = self.layers[step % len(self.layers)]
         for layer in self.layers:
             size = sum(c.size for c in layer.coords)
-            if self.kind == "guided" and layer is not chosen:
+            if not self.every and layer is not chosen:
                 parts.append(np.zeros(size))
                 continue
             dy = self.output_gradient(values, layer, errors[layer.aux.tensor])

@@ -26,7 +26,10 @@ class LocalStep:
         guided), its auxiliary heads ridge-fitted on the training images' pooled features."""
         if not below or self.config.estimator not in ESTIMATORS:
             return None
-        local = LocalEstimator(self.model, below, offsets, self.model.num_classes, self.config.estimator)
+        every = self.config.local_layers == "all"
+        local = LocalEstimator(
+            self.model, below, offsets, self.model.num_classes, self.config.estimator, every
+        )
         self.report("fitting the local losses' auxiliary heads on the training images' pooled features")
         interrupt.check()
         rows = self.train_rows
@@ -67,7 +70,7 @@ class LocalStep:
         self.forward_passes += passes
         estimate.suffix_passes += passes
         b = len(labels)
-        if self.local.kind == "local":
+        if self.local.every:
             estimate.local_macs += b * sum(layer.macs_per_image for layer in self.local.layers)
         else:
             estimate.local_macs += b * self.local.layers[self.step % len(self.local.layers)].macs_per_image
@@ -104,16 +107,18 @@ class LocalStep:
                 + updated * CYCLES_PER_UPDATED_PARAMETER / cost.m55_clock_hz + probes
             )  # fmt: skip
 
-        if local.kind == "local":
+        if local.every:
             return {None: seconds(local.layers, 0.0)}
         out = {}
         for layer in local.layers:
-            probe = step_parts(interp, tensors, 1, batch, layer=position[id(layer.op)])["per_direction_s"]
+            probe = 0.0
+            if local.kind == "guided":
+                probe = step_parts(interp, tensors, 1, batch, layer=position[id(layer.op)])["per_direction_s"]
             out[id(layer.op)] = seconds([layer], probe)
         return out
 
     def local_overhead(self) -> float:
         """Device seconds of this step beyond its forward passes at a whole pass's time."""
         local = self.local
-        key = None if local.kind == "local" else id(local.layers[self.step % len(local.layers)].op)
+        key = None if local.every else id(local.layers[self.step % len(local.layers)].op)
         return self.local_parts[key] - (1 + self.local_passes()) * self.device_seconds_per_pass
