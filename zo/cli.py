@@ -180,6 +180,14 @@ def main():
     "(cheaper steps: the local weight gradients on the M55 dominate a step's device time).",
 )
 @click.option(
+    "--local-examples",
+    type=int,
+    default=None,
+    help="--estimator local|guided: form the local layers' weight gradients from this many examples of "
+    "each batch (drawn per step, scaled to the batch: unbiased, and that many times cheaper on the M55; "
+    "default: all).",
+)
+@click.option(
     "--head-gradient",
     type=click.Choice(["exact", "zo"]),
     default="exact",
@@ -436,6 +444,11 @@ def cost(model, trainable, q, batch, classes, new_head, calibration, master):
     report = zo_step_report(m.interp, tensors, q, batch, device, master=master)
     click.echo(format_zo_step_report(report, tail))
     click.echo(format_step_parts(step_parts(m.interp, tensors, q, batch, device)))
+    from .local import cost_line
+
+    line = cost_line(m, ExactHead.find(m, offsets), tail, offsets, batch)
+    if line:
+        click.echo(line)
 
 
 if __name__ == "__main__":

@@ -76,6 +76,7 @@ class TrainConfig:
     # the exact tail, then local losses below it (zo/local.py).
     estimator: str = "activity"
     local_layers: str = "all"  # --estimator local: every layer below the tail each step, or "round-robin"
+    local_examples: int | None = None  # the local layers' weight gradients from this many of a batch
     head_gradient: str = "exact"  # the classifier's gradient: "exact" (zo/head_grad.py) or "zo"
     master: str = "float"  # "float" (a float64 master copy) or "none" (integer codes only)
     zo_subspace: str = "channels"  # what a ZO block perturbs (zo/blocks.py): channels' scalings or all
@@ -111,6 +112,8 @@ class TrainConfig:
             raise ZoError("--new-head and --keep-head: expected at most one of them")
         if self.budget_ms is not None and not (self.budget_ms > 0 and np.isfinite(self.budget_ms)):
             raise ZoError(f"--budget-ms {self.budget_ms}: expected a positive number of milliseconds")
+        if self.local_examples is not None and self.local_examples < 1:
+            raise ZoError(f"--local-examples {self.local_examples}: expected at least 1")
         if self.batch < 1:
             raise ZoError(f"--batch {self.batch}: expected at least 1")
         if self.lr is not None and not (self.lr > 0 and np.isfinite(self.lr)):

@@ -147,6 +147,7 @@ class LocalEstimator:
     ):
         self.model, self.kind = model, kind
         self.every = every and kind == "local"  # every layer each step, else one a step (round robin)
+        self.examples, self.seed = None, 0  # the weight gradients' examples of a batch (None: all)
         self.aux, self.layers = {}, []
         for f in layers:
             at = next(i for i, k in enumerate(model.suffix) if k.op is f.op)
@@ -210,10 +211,13 @@ class LocalEstimator:
             dy = dy if mask is None else dy * mask
         return dy
 
-    def weight_gradient(self, values: dict, layer: LocalLayer, dy: np.ndarray) -> np.ndarray:
-        """The layer's weight (and bias) gradient in the trainer's units from its cached input."""
+    def weight_gradient(self, values: dict, layer: LocalLayer, dy: np.ndarray, rows=None) -> np.ndarray:
+        """The layer's weight (and bias) gradient in the trainer's units from its cached input; with
+        rows, from those examples only, scaled to the batch (an unbiased estimate of the batch's)."""
         f = layer.f
         x = _real(self.model, values, f.op.inputs[0])
+        if rows is not None:
+            x, dy = x[rows], dy[rows] * (len(dy) / len(rows))
         grads = f.backward((x, np.zeros(f.inputs[1].shape)), dy, [False, True, len(layer.steps) > 1])
         parts = [(grads[1] * layer.steps[0]).ravel()]
         if len(layer.steps) > 1:
@@ -251,6 +255,10 @@ class LocalEstimator:
         errors = {t: a.error(a.features(values), labels) for t, a in self.aux.items()}
         parts, passes = [], 0
         chosen = self.layers[step % len(self.layers)]
+        rows, b = None, len(labels)
+        if self.examples is not None and self.examples < b:
+            rng = np.random.Generator(np.random.PCG64([self.seed, step, 0x10CA1]))
+            rows = np.sort(rng.choice(b, self.examples, replace=False))
         for layer in self.layers:
             size = sum(c.size for c in layer.coords)
             if not self.every and layer is not chosen:
@@ -260,7 +268,7 @@ class LocalEstimator:
             if self.kind == "guided":
                 dy = self.guided_output_gradient(values, layer, dy, labels)
                 passes += 2
-            parts.append(self.weight_gradient(values, layer, dy))
+            parts.append(self.weight_gradient(values, layer, dy, rows))
         self.train_aux(values, labels)
         return np.concatenate(parts), passes
 
@@ -286,3 +294,32 @@ class LocalEstimator:
             n = a.state().size
             a.load(state[i : i + n])
             i += n
+
+
+def cost_line(model, head, tail, offsets: dict, batch: int) -> str:
+    """`zo cost`'s line for --estimator local: what a device keeps and computes for the trainable
+    layers below the exact tail ("" when there are none)."""
+    from .float_ops import FLOAT_OPS
+
+    taken = set() if head is None else set(head.op.inputs[1:3])
+    if tail is not None:
+        taken |= {t for f in tail.layers for t in f.op.inputs[1:3]}
+    ops = {k.op.index: k.op for k in model.suffix}
+    below = []
+    for p in model.params:
+        op = ops[p.op_index]
+        if head is not None and p.tensor not in taken and not p.is_bias and op.kind in FLOAT_OPS:
+            below.append(FLOAT_OPS[op.kind](op, model.graph))
+            taken |= {t for t in op.inputs[1:3] if t in offsets}
+    if not below:
+        return ""
+    local = LocalEstimator(model, below, offsets, model.num_classes)
+    macs = batch * (sum(layer.macs_per_image for layer in local.layers) + local.aux_macs_per_image())
+    heads = sum(a.w.size + a.b.size for a in local.aux.values())
+    return (
+        f"--estimator local: {len(local.layers)} layer(s) below the exact tail on {len(local.aux)} auxiliary "
+        f"head(s) ({heads:,} float32 values, with Adam's moments {12 * heads / 1024:.1f} KiB); device memory "
+        f"{local.memory_bytes(batch) / 1024:.1f} KiB for batch {batch} (the heads, the layers' int8 inputs, "
+        f"one float32 output-gradient buffer); {macs:,} fp32 multiply-adds a step on the M55 (every layer "
+        "each step; --local-layers round-robin: one), no extra pass"
+    )

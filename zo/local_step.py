@@ -30,6 +30,7 @@ class LocalStep:
         local = LocalEstimator(
             self.model, below, offsets, self.model.num_classes, self.config.estimator, every
         )
+        local.examples, local.seed = self.config.local_examples, self.config.seed
         self.report("fitting the local losses' auxiliary heads on the training images' pooled features")
         interrupt.check()
         rows = self.train_rows
@@ -69,12 +70,12 @@ class LocalStep:
         g, passes = self.local.gradient(values, labels, self.step)
         self.forward_passes += passes
         estimate.suffix_passes += passes
-        b = len(labels)
+        b = min(len(labels), self.local.examples or len(labels))
         if self.local.every:
             estimate.local_macs += b * sum(layer.macs_per_image for layer in self.local.layers)
         else:
             estimate.local_macs += b * self.local.layers[self.step % len(self.local.layers)].macs_per_image
-        estimate.local_macs += b * self.local.aux_macs_per_image()
+        estimate.local_macs += len(labels) * self.local.aux_macs_per_image()
         if passes:
             self.zero_differences = float(np.mean(self.local.last_differences == 0))
         return g
@@ -97,8 +98,10 @@ class LocalStep:
         exact_values = sum(n for t, n in values.items() if t not in local_values)
         aux = m55_mac_seconds(batch * local.aux_macs_per_image(), "fp32", cost)
 
+        examples = min(batch, local.examples or batch)  # the local weight gradients' examples
+
         def seconds(layers, probes):
-            macs = base["exact_tail_macs"] + batch * sum(layer.macs_per_image for layer in layers)
+            macs = base["exact_tail_macs"] + examples * sum(layer.macs_per_image for layer in layers)
             updated = exact_values + sum(
                 values[t] for layer in layers for t in layer.op.inputs[1:3] if t in values
             )
