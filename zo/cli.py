@@ -161,12 +161,31 @@ def main():
 )
 @click.option(
     "--estimator",
-    type=click.Choice(["activity", "weights"]),
+    type=click.Choice(["activity", "weights", "local", "guided"]),
     default="activity",
     show_default=True,
     help="Below the head: activity (the exact tail: layers with only parameter-free ops up to the head get "
     "exact gradients; below it each layer's output is perturbed, per example) or weights (every tensor's "
-    "weights perturbed, the estimator before issue 53). The pure-ZO setting: --head-gradient zo.",
+    "weights perturbed, the estimator before issue 53); local: the exact tail, then each layer below it "
+    "along the exact gradient of a local loss (an auxiliary linear head on its block's pooled output, no "
+    "extra pass); guided: that local direction, sized and signed by 2 suffix passes (zo/local.py). "
+    "The pure-ZO setting: --head-gradient zo.",
+)
+@click.option(
+    "--local-layers",
+    type=click.Choice(["all", "round-robin"]),
+    default="all",
+    show_default=True,
+    help="--estimator local: every layer below the tail moves each step, or one a step in turn "
+    "(cheaper steps: the local weight gradients on the M55 dominate a step's device time).",
+)
+@click.option(
+    "--local-examples",
+    type=int,
+    default=None,
+    help="--estimator local|guided: form the local layers' weight gradients from this many examples of "
+    "each batch (drawn per step, scaled to the batch: unbiased, and that many times cheaper on the M55; "
+    "default: all).",
 )
 @click.option(
     "--head-gradient",
@@ -425,6 +444,11 @@ def cost(model, trainable, q, batch, classes, new_head, calibration, master):
     report = zo_step_report(m.interp, tensors, q, batch, device, master=master)
     click.echo(format_zo_step_report(report, tail))
     click.echo(format_step_parts(step_parts(m.interp, tensors, q, batch, device)))
+    from .local import cost_line
+
+    line = cost_line(m, ExactHead.find(m, offsets), tail, offsets, batch)
+    if line:
+        click.echo(line)
 
 
 if __name__ == "__main__":

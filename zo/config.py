@@ -72,8 +72,11 @@ class TrainConfig:
     new_head: bool = False  # a fresh head (appended to a model without a classifier)
     keep_head: bool = False  # keep the model's own head when the class count matches (else a fresh one)
     # Below the head: "activity" (its exact tail, then activity perturbation, zo/tail.py, zo/activity.py)
-    # or "weights" (weight perturbation of every tensor below the head, zo/blocks.py).
+    # or "weights" (weight perturbation of every tensor below the head, zo/blocks.py); "local" / "guided":
+    # the exact tail, then local losses below it (zo/local.py).
     estimator: str = "activity"
+    local_layers: str = "all"  # --estimator local: every layer below the tail each step, or "round-robin"
+    local_examples: int | None = None  # the local layers' weight gradients from this many of a batch
     head_gradient: str = "exact"  # the classifier's gradient: "exact" (zo/head_grad.py) or "zo"
     master: str = "float"  # "float" (a float64 master copy) or "none" (integer codes only)
     zo_subspace: str = "channels"  # what a ZO block perturbs (zo/blocks.py): channels' scalings or all
@@ -97,8 +100,9 @@ class TrainConfig:
             raise ZoError(f"--eps {self.eps}: expected a positive number of int8 steps (or auto)")
         for name, value, allowed in (
             ("head-gradient", self.head_gradient, ("exact", "zo")),
-            ("estimator", self.estimator, ("activity", "weights")),
+            ("estimator", self.estimator, ("activity", "weights", "local", "guided")),
             ("master", self.master, ("float", "none")),
+            ("local-layers", self.local_layers, ("all", "round-robin")),
             ("keep", self.keep, ("best", "last")),
             ("zo-subspace", self.zo_subspace, zo_blocks.SUBSPACES),
         ):
@@ -108,6 +112,8 @@ class TrainConfig:
             raise ZoError("--new-head and --keep-head: expected at most one of them")
         if self.budget_ms is not None and not (self.budget_ms > 0 and np.isfinite(self.budget_ms)):
             raise ZoError(f"--budget-ms {self.budget_ms}: expected a positive number of milliseconds")
+        if self.local_examples is not None and self.local_examples < 1:
+            raise ZoError(f"--local-examples {self.local_examples}: expected at least 1")
         if self.batch < 1:
             raise ZoError(f"--batch {self.batch}: expected at least 1")
         if self.lr is not None and not (self.lr > 0 and np.isfinite(self.lr)):
@@ -126,6 +132,8 @@ class TrainConfig:
         trainer (the exact head with activity perturbation below its tail, whose layers take the head's
         Adam and whose steps pay a fixed cost on the M55) the rate rule derived for that cost (docs/zo.md)."""
         kind, colon, rest = self.q.partition(":")
+        if self.estimator in ("local", "guided") and self.head_gradient == "exact" and kind == "qscheduler":
+            return parse_scheduler("fixed:1")  # local losses have no q (zo/local.py)
         if kind == "qscheduler" and self.estimator == "activity" and self.head_gradient == "exact":
             return parse_scheduler("rate" + colon + rest)
         return parse_scheduler(self.q, OPTIMIZERS[self.optimizer].step_grows_with_q)

@@ -66,6 +66,8 @@ class RunFiles:
         state.update(self.best_state())
         if getattr(self, "activity", None) is not None:
             state["activity_signal"] = self.activity.state()
+        if getattr(self, "local", None) is not None:
+            state["activity_local_heads"] = self.local.state()
         checkpoint.save(self.out, meta, self.master, ints, state)
 
     def load_checkpoint(self, directory: Path):
@@ -87,6 +89,8 @@ class RunFiles:
             self.load_best_state(r.extra)
             if getattr(self, "activity", None) is not None and "activity_signal" in r.extra:
                 self.activity.load(r.extra["activity_signal"])
+            if getattr(self, "local", None) is not None and "activity_local_heads" in r.extra:
+                self.local.load(r.extra["activity_local_heads"])
         except (KeyError, ValueError, TypeError) as e:
             raise ZoError(f"{checkpoint.damaged_message(directory)} ({type(e).__name__}: {e})") from None
         self.scheduler.load(r.scheduler_state)

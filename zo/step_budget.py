@@ -43,7 +43,7 @@ class StepBudget:
     @property
     def hybrid(self) -> bool:
         """The exact head with its tail and activity perturbation below it (step_parts prices it)."""
-        return self.head is not None and self.config.estimator == "activity"
+        return self.head is not None and self.config.estimator in ("activity", "local", "guided")
 
     @functools.cached_property
     def hybrid_parts(self) -> dict:
@@ -78,6 +78,8 @@ class StepBudget:
         """Device seconds of this step's work besides its forward passes at a whole pass's time."""
         block = self.block_of_step(self.step) if self.blocks else None
         head = self.head
+        if getattr(self, "local", None) is not None and block is None:
+            return self.local_overhead()  # zo/local_step.py
         if not self.hybrid:
             return step_overhead_seconds(
                 q if block else 0, batches, block.dims if block else 0, block.size if block else 0,
@@ -125,6 +127,7 @@ class StepBudget:
             (self.head is not None)
             + (2 * q if self.activity is not None else 0)
             + (2 * q * batches if self.blocks else 0)
+            + (self.local_passes() if getattr(self, "local", None) is not None else 0)
         )
 
     def feature_passes(self) -> int:

@@ -50,6 +50,7 @@ from .float_ops import FLOAT_OPS
 from .head_grad import ExactHead
 from .inputs import SATURATION_WARNING, model_inputs
 from .keep import KeepBest
+from .local_step import LocalStep
 from .loss import group_losses
 from .metrics import MetricsLog
 from .model import (  # noqa: F401 (build_model, calibration_indices: re-exported)
@@ -68,7 +69,7 @@ from .step_budget import StepBudget
 from .tail import ExactTail
 
 
-class Trainer(StepBudget, RunFiles, KeepBest, ActivityStep):
+class Trainer(StepBudget, RunFiles, KeepBest, ActivityStep, LocalStep):
     def __init__(
         self,
         config: TrainConfig,
@@ -208,6 +209,7 @@ class Trainer(StepBudget, RunFiles, KeepBest, ActivityStep):
                 [self.head.coords]
                 + ([self.tail.coords] if self.tail is not None else [])
                 + ([self.activity.coords] if self.activity is not None else [])
+                + ([self.local.coords] if self.local is not None else [])
             )
         )
         self.head_optimizer = Adam(len(self.exact_coords)) if self.head is not None else None
@@ -243,7 +245,7 @@ class Trainer(StepBudget, RunFiles, KeepBest, ActivityStep):
         offsets = self.flat_offsets()
         head = ExactHead.find(self.model, offsets) if self.config.head_gradient == "exact" else None
         # --estimator weights (and pure ZO, --head-gradient zo): every tensor below the head in ZO blocks.
-        activity = head is not None and self.config.estimator == "activity"
+        activity = head is not None and self.config.estimator in ("activity", "local", "guided")
         self.tail = ExactTail.find(self.model, head, offsets) if activity else None
         taken = set() if head is None else set(head.op.inputs[1:3])
         if self.tail is not None:
@@ -256,7 +258,9 @@ class Trainer(StepBudget, RunFiles, KeepBest, ActivityStep):
                 if p.tensor not in taken and not p.is_bias and op.kind in FLOAT_OPS:
                     below.append(FLOAT_OPS[op.kind](op, self.model.graph))
                     taken |= {t for t in op.inputs[1:3] if t in offsets}
-        self.activity = ActivityEstimator(self.model, below, offsets, self.config.seed) if below else None
+        estimated = below and self.config.estimator == "activity"
+        self.activity = ActivityEstimator(self.model, below, offsets, self.config.seed) if estimated else None
+        self.local = self.make_local(below, offsets)  # --estimator local|guided (zo/local_step.py)
         blocks = self.weight_blocks(offsets, taken)
         self.report(self.describe_training(head, blocks))
         return head, blocks
@@ -310,6 +314,7 @@ class Trainer(StepBudget, RunFiles, KeepBest, ActivityStep):
         if self.activity is not None:
             names = ", ".join(layer.name for layer in self.activity.layers)
             parts.append(f"{names}: estimated by activity perturbation (2q suffix passes, one layer a step)")
+        parts += self.local_description()
         if blocks:
             parts.append(f"{len(blocks)} tensor(s): estimated by weight perturbation (2q passes a step)")
         return "gradients: " + "; ".join(parts)
@@ -319,6 +324,8 @@ class Trainer(StepBudget, RunFiles, KeepBest, ActivityStep):
         returns the forward passes it cost."""
         if self.activity is not None:
             return self.calibrate_activity_eps()
+        if self.local is not None:
+            return self.calibrate_local()
         if self.config.eps is not None or not self.blocks:
             return 0
         rng = np.random.Generator(np.random.PCG64([self.config.seed, 0xCA1B]))
@@ -510,6 +517,8 @@ class Trainer(StepBudget, RunFiles, KeepBest, ActivityStep):
             if self.activity is not None:
                 g = np.concatenate([g, self.activity_gradient(q, values, labels, estimate, g)])
                 self.forward_passes += 2 * q
+            if self.local is not None:
+                g = np.concatenate([g, self.local_gradient(values, labels, estimate)])
             head_lr = learning_rate(HEAD_LR, HEAD_SCHEDULE, self.spent / self.total)
             move = self.head_optimizer.step(g, head_lr)
             if self.activity is not None:  # the estimated layers' moves, by their signal fraction
