@@ -78,13 +78,17 @@ def sgemm_tile(lanes: int, max_nr: int, max_acc: int):
 def _splat(builder, value, lanes: int):
     vec = ir.VectorType(_F32, lanes)
     one = builder.insert_element(ir.Constant(vec, ir.Undefined), value, ir.Constant(ir.IntType(32), 0))
-    return builder.shuffle_vector(one, ir.Constant(vec, ir.Undefined), ir.Constant(ir.VectorType(ir.IntType(32), lanes), [0] * lanes))
+    return builder.shuffle_vector(
+        one, ir.Constant(vec, ir.Undefined), ir.Constant(ir.VectorType(ir.IntType(32), lanes), [0] * lanes)
+    )
 
 
 def _fma(builder, a, b, c):
     """a * b + c per lane, rounded once (llvm.fma on vectors: vfmadd231ps)."""
     ty = a.type
-    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ty, [ty] * 3), f"llvm.fma.v{ty.count}f32")
+    fn = cgutils.get_or_insert_function(
+        builder.module, ir.FunctionType(ty, [ty] * 3), f"llvm.fma.v{ty.count}f32"
+    )
     return builder.call(fn, [a, b, c])
 
 
@@ -101,7 +105,10 @@ def _tile(builder, lanes: int, nr: int, a, rows: range):
         off = builder.load(builder.gep(koff, [k]))
         row = builder.gep(w, [builder.mul(k, a.w_stride)])
         wv = [
-            builder.load(builder.bitcast(builder.gep(row, [ir.Constant(_I64, 4 * lanes * j)]), vec.as_pointer()), align=4)
+            builder.load(
+                builder.bitcast(builder.gep(row, [ir.Constant(_I64, 4 * lanes * j)]), vec.as_pointer()),
+                align=4,
+            )
             for j in range(nr)
         ]
         for r in rows:
@@ -117,10 +124,13 @@ def _tile(builder, lanes: int, nr: int, a, rows: range):
                 p = builder.gep(tile, [builder.add(start, ir.Constant(_I64, 4 * lanes * j))])
                 p = builder.bitcast(p, vec.as_pointer())
                 acc = builder.load(accs[r][j])
-                builder.store(builder.select(first, acc, builder.fadd(acc, builder.load(p, align=4))), p, align=4)
+                builder.store(
+                    builder.select(first, acc, builder.fadd(acc, builder.load(p, align=4))), p, align=4
+                )
 
 
 LANES = MAX_NR = 0  # globals of the template, bound per form (tiled_conv)
+sgemm = None  # the template's kernel: sgemm_tile(LANES, MAX_NR, accumulators()), bound by tiled_conv
 
 
 def _tiled(xp, koff, wp, bias, bias_first, geometry, blocks, y_scale, y_zp, out, sums):
