@@ -418,7 +418,9 @@ def conv(
             return mlas_tile.depthwise_m1(xp, packed, bias, geometry, blocks, ys, yz, out, keep)
         koff = mlas_tile.tap_offsets(channels, kh, kw, dh, dw, wp)
         kernel = mlas_tile.tiled_conv(mlas_tile.lanes_for(wt.shape[2]))
-        return kernel(xp, koff, packed, bias, bool(bias_first), geometry, blocks, ys, yz, out, keep)
+        padded = np.zeros(packed.shape[1], np.float32)
+        padded[: bias.size] = bias
+        return kernel(xp, koff, packed, padded, bool(bias_first), geometry, blocks, ys, yz, out, keep)
     xp = np.zeros((batch, channels, hp, wp), np.float32)
     _dequantize_padded(x, np.float32(x_scale), np.int32(x_zp), pt, pl, xp)
     return _conv(

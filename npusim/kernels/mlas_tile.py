@@ -31,10 +31,12 @@ from .jit import ParallelKernel, njit, parallel_kernel, renamed
 from .microkernel import int64_intrinsic
 
 MR = 12  # output positions per kernel call
+ROUNDER = np.float32(12582912.0)  # 1.5 * 2^23
 TILES_PER_TASK = 8  # kernel calls' worth of positions per parallel task
 _I64, _F32 = ir.IntType(64), ir.FloatType()
 
-_ARGS = "nr x_ptr bases_ptr koff_ptr k0 k1 w_ptr w_stride tile_ptr tile_stride rows first"
+_ARGS = """nr x_ptr bases_ptr koff_ptr k0 k1 w_ptr w_stride tile_ptr tile_stride rows first last bias_ptr
+    params_ptr zp out_ptr out_stride width sums_ptr"""
 
 
 def accumulators() -> int:
@@ -49,10 +51,13 @@ def tile_rows(nr: int, max_acc: int) -> int:
 
 @functools.cache
 def sgemm_tile(lanes: int, max_nr: int, max_acc: int):
-    """tile[r, lanes * j + l] (+)= sum over k0 <= k < k1 of x[bases[r] + koff[k]] * w[k, lanes * j + l],
-    one accumulator per element from 0, fused multiply-adds in k order, for r < rows (at most
-    MR) and j < nr (1 to max_nr); stored if `first`, else added to the tile (float32 rows of
-    tile_stride bytes; w: float32 rows of w_stride bytes)."""
+    """t[r, lanes * j + l] = sum over k0 <= k < k1 of x[bases[r] + koff[k]] * w[k, lanes * j + l], one
+    accumulator per element from 0, fused multiply-adds in k order, for r < rows (at most MR) and
+    j < nr (1 to max_nr); unless `first`, plus the tile's value (float32 rows of tile_stride bytes;
+    w: float32 rows of w_stride bytes). Unless `last`, t is stored to the tile; else the output
+    stage: + bias (float32 vectors at bias_ptr, unless 0), MlasQuantizeLinear (params_ptr: float32
+    y_scale, lo, hi; zp) to the int8 rows of out_stride bytes at out_ptr, the first `width` lanes
+    of the block; and the float results to sums_ptr (rows of 4 * out_stride bytes) unless 0."""
 
     @int64_intrinsic(_ARGS)
     def kernel(builder, a):
@@ -117,6 +122,8 @@ def _tile(builder, lanes: int, nr: int, a, rows: range):
                 builder.store(_fma(builder, xv, wv[j], builder.load(accs[r][j])), accs[r][j])
     tile = builder.inttoptr(a.tile_ptr, i8p)
     first = builder.icmp_signed("!=", a.first, ir.Constant(_I64, 0))
+    last = builder.icmp_signed("!=", a.last, ir.Constant(_I64, 0))
+    stage = _Stage(builder, lanes, a)
     for r in rows:
         with builder.if_then(builder.icmp_signed("<", ir.Constant(_I64, r), a.rows)):
             start = builder.mul(a.tile_stride, ir.Constant(_I64, r))
@@ -124,9 +131,87 @@ def _tile(builder, lanes: int, nr: int, a, rows: range):
                 p = builder.gep(tile, [builder.add(start, ir.Constant(_I64, 4 * lanes * j))])
                 p = builder.bitcast(p, vec.as_pointer())
                 acc = builder.load(accs[r][j])
-                builder.store(
-                    builder.select(first, acc, builder.fadd(acc, builder.load(p, align=4))), p, align=4
-                )
+                t = builder.select(first, acc, builder.fadd(acc, builder.load(p, align=4)))
+                with builder.if_else(last) as (then, otherwise):
+                    with then:
+                        stage.store(t, r, j)
+                    with otherwise:
+                        builder.store(t, p, align=4)
+
+
+class _Stage:
+    """The output stage of _tile's vectors (sgemm_tile's docstring): y = t (+ bias), q =
+    min(max(y / y_scale, lo), hi), rounded half to even as (q + 1.5 * 2^23) - 1.5 * 2^23 (exact for
+    |q| < 2^22), + zp, to int8."""
+
+    def __init__(self, builder, lanes, a):
+        self.b, self.lanes, self.a = builder, lanes, a
+        self.vec = ir.VectorType(_F32, lanes)
+        params = builder.inttoptr(a.params_ptr, _F32.as_pointer())
+        self.scale, self.lo, self.hi = (
+            _splat(builder, builder.load(builder.gep(params, [ir.Constant(_I64, i)])), lanes)
+            for i in range(3)
+        )
+        self.rounder = ir.Constant(self.vec, [float(ROUNDER)] * lanes)
+        i32v = ir.VectorType(ir.IntType(32), lanes)
+        zp = builder.trunc(a.zp, ir.IntType(32))
+        one = builder.insert_element(ir.Constant(i32v, ir.Undefined), zp, ir.Constant(ir.IntType(32), 0))
+        self.zp = builder.shuffle_vector(one, ir.Constant(i32v, ir.Undefined), ir.Constant(i32v, [0] * lanes))
+        self.has_bias = builder.icmp_signed("!=", a.bias_ptr, ir.Constant(_I64, 0))
+        self.has_sums = builder.icmp_signed("!=", a.sums_ptr, ir.Constant(_I64, 0))
+
+    def store(self, t, r, j):
+        b, lanes, a = self.b, self.lanes, self.a
+        first = ir.Constant(_I64, lanes * j)
+        bias_at = b.select(self.has_bias, b.add(a.bias_ptr, ir.Constant(_I64, 4 * lanes * j)), a.params_ptr)
+        bias = b.load(b.inttoptr(bias_at, self.vec.as_pointer()), align=4)  # params_ptr: any valid address
+        y = b.select(self.has_bias, b.fadd(t, bias), t)
+        q = b.fdiv(y, self.scale)
+        q = b.select(b.fcmp_ordered("<", q, self.lo), self.lo, q)
+        q = b.select(b.fcmp_ordered(">", q, self.hi), self.hi, q)
+        q = b.fsub(b.fadd(q, self.rounder), self.rounder)
+        codes = b.add(b.fptosi(q, ir.VectorType(ir.IntType(32), lanes)), self.zp)
+        codes = b.trunc(codes, ir.VectorType(ir.IntType(8), lanes))
+        row = b.add(b.mul(a.out_stride, ir.Constant(_I64, r)), first)
+        width = b.sub(a.width, first)
+        _store(b, codes, b.add(a.out_ptr, row), width, lanes)
+        with b.if_then(self.has_sums):
+            _store(b, y, b.add(a.sums_ptr, b.mul(row, ir.Constant(_I64, 4))), width, lanes)
+
+
+def _store(b, v, address, width, lanes):
+    """The first min(width, lanes) lanes of v at address: one vector store when all fit."""
+    whole = b.icmp_signed(">=", width, ir.Constant(_I64, lanes))
+    elem = v.type.element
+    with b.if_else(whole) as (then, otherwise):
+        with then:
+            b.store(v, b.inttoptr(address, v.type.as_pointer()), align=1)
+        with otherwise:
+            base = b.inttoptr(address, elem.as_pointer())
+            for lane in range(lanes):
+                with b.if_then(b.icmp_signed(">", width, ir.Constant(_I64, lane))):
+                    b.store(
+                        b.extract_element(v, ir.Constant(ir.IntType(32), lane)),
+                        b.gep(base, [ir.Constant(_I64, lane)]),
+                    )
+
+
+@njit(inline="always")
+def _epilogue(t, bias, bias_first, y_scale, lo, hi, y_zp, out):
+    """out[f] = MlasQuantizeLinear of t[f] (+ bias[f] unless bias_first): divide, clamp, round half
+    to even, add the zero point."""
+    for f in range(out.size):
+        y = t[f] if bias_first else t[f] + bias[f]
+        q = min(max(y / y_scale, lo), hi)
+        # half to even: |q| < 2^22, so q + 1.5 * 2^23 rounds q to an integer (ulp 1) and the
+        # subtraction is exact (np.rint's call does not vectorize)
+        out[f] = np.int8(np.int32((q + ROUNDER) - ROUNDER) + y_zp)
+
+
+@njit(inline="always")
+def _sums(t, bias, bias_first, out):
+    for f in range(out.size):
+        out[f] = t[f] if bias_first else t[f] + bias[f]
 
 
 LANES = MAX_NR = 0  # globals of the template, bound per form (tiled_conv)
@@ -138,37 +223,45 @@ def _tiled(xp, koff, wp, bias, bias_first, geometry, blocks, y_scale, y_zp, out,
     * dw, c] * wp[k, f] in MLAS's order (blocks[oy * OW + ox]: the K block length), + bias[f] (first
     if bias_first, else last). xp: NHWC float32, zero-padded; koff[k]: the offset of k's tap and
     channel from a position's corner in xp; wp [K, Fp] float32, Fp a multiple of LANES (zeros
-    past F). sums: float32 like out for the results before QuantizeLinear, or empty. The template
-    of the kernels that tiled_conv compiles, where sgemm stands for sgemm_tile(LANES, MAX_NR, .)."""
+    past F); bias [Fp]. sums: float32 like out for the results before QuantizeLinear, or empty. The
+    template of the kernels that tiled_conv compiles, where sgemm stands for sgemm_tile(LANES,
+    MAX_NR, .)."""
     batch, hp, wp_, channels = xp.shape
     oh, ow, filters = out.shape[1], out.shape[2], out.shape[3]
     depth, fp = wp.shape
     sh, sw = geometry[2], geometry[3]
     keep = sums.size > 0
-    flat_out = out.reshape(out.size)
-    flat_sums = sums.reshape(sums.size)
     pixels = oh * ow
     total = batch * pixels
-    lo, hi = np.float32(-128 - y_zp), np.float32(127 - y_zp)
+    params = np.zeros(16, np.float32)  # 64 bytes: also the address of a bias load that is not used
+    params[0], params[1], params[2] = y_scale, np.float32(-128 - y_zp), np.float32(127 - y_zp)
     per_task = MR * TILES_PER_TASK
     tasks = (total + per_task - 1) // per_task
     block_w = LANES * MAX_NR
+    bias_ptr = 0 if bias_first else bias.ctypes.data
     for task in nb.prange(tasks):
         bases = np.empty(MR, np.int64)
         tile = np.empty((MR, fp), np.float32)
         p = task * per_task
         end = min(total, p + per_task)
+        b = p // pixels  # the position p, then stepped one at a time
+        oy = (p - b * pixels) // ow
+        ox = p - b * pixels - oy * ow
         while p < end:
             block = blocks[p % pixels]
             rows = 1
             while rows < MR and p + rows < end and blocks[(p + rows) % pixels] == block:
                 rows += 1
-            for r in range(MR):
-                q = p + min(r, rows - 1)
-                b = q // pixels
-                oy = (q - b * pixels) // ow
-                ox = q - b * pixels - oy * ow
+            for r in range(MR):  # past rows the last position repeats; then (b, oy, ox) is p + rows
                 bases[r] = ((b * hp + oy * sh) * wp_ + ox * sw) * channels
+                if r < rows - 1 or r == MR - 1:
+                    ox += 1
+                    if ox == ow:
+                        ox = 0
+                        oy += 1
+                        if oy == oh:
+                            oy = 0
+                            b += 1
             if bias_first:
                 for r in range(rows):
                     for f in range(filters):
@@ -181,18 +274,12 @@ def _tiled(xp, koff, wp, bias, bias_first, geometry, blocks, y_scale, y_zp, out,
                     sgemm(
                         nr, xp.ctypes.data, bases.ctypes.data, koff.ctypes.data, k0, k1,
                         wp.ctypes.data + cb * 4, fp * 4, tile.ctypes.data + cb * 4, fp * 4, rows,
-                        1 if (k0 == 0 and not bias_first) else 0,
+                        1 if (k0 == 0 and not bias_first) else 0, 1 if k1 == depth else 0,
+                        0 if bias_ptr == 0 else bias_ptr + cb * 4, params.ctypes.data, y_zp,
+                        out.ctypes.data + p * filters + cb, filters, filters - cb,
+                        sums.ctypes.data + (p * filters + cb) * 4 if keep else 0,
                     )  # fmt: skip
                     k0 = k1
-            for r in range(rows):
-                o = (p + r) * filters
-                for f in range(filters):
-                    y = tile[r, f] if bias_first else tile[r, f] + bias[f]
-                    q = min(max(y / y_scale, lo), hi)
-                    flat_out[o + f] = np.int8(np.int32(np.rint(q)) + y_zp)
-                if keep:
-                    for f in range(filters):
-                        flat_sums[o + f] = tile[r, f] if bias_first else tile[r, f] + bias[f]
             p += rows
     return out
 
@@ -246,8 +333,9 @@ def dequantize_nhwc(x, x_scale, x_zp, pt, pl, out):
         for y in range(height):
             s = (b * height + y) * row
             d = ((b * hp + pt + y) * wp + pl) * channels
+            v, o = src[s : s + row], dst[d : d + row]  # views from 0: LLVM vectorizes their loop
             for i in range(row):
-                dst[d + i] = np.float32(np.int32(src[s + i]) - x_zp) * x_scale
+                o[i] = np.float32(np.int32(v[i]) - x_zp) * x_scale
     return out
 
 
@@ -290,13 +378,13 @@ def depthwise_m1(xp, wd, bias, geometry, blocks, y_scale, y_zp, out, sums):
                 kk = k0
                 while kk < k1:
                     kn = kk + (4 if k1 - kk >= 4 else (2 if k1 - kk >= 2 else 1))
-                    o = offs[kk]
+                    xs, ws = src[offs[kk] : offs[kk] + channels], wd[kk]
                     for c in range(channels):
-                        t[c] = src[o + c] * wd[kk, c]
+                        t[c] = xs[c] * ws[c]
                     for i in range(kk + 1, kn):
-                        o = offs[i]
+                        xs, ws = src[offs[i] : offs[i] + channels], wd[i]
                         for c in range(channels):
-                            t[c] = t[c] + src[o + c] * wd[i, c]
+                            t[c] = t[c] + xs[c] * ws[c]
                     if first:
                         for c in range(channels):
                             tot[c] = t[c]
@@ -307,10 +395,7 @@ def depthwise_m1(xp, wd, bias, geometry, blocks, y_scale, y_zp, out, sums):
                     kk = kn
                 k0 = k1
             dst = (bp * ow + ox) * channels
-            for c in range(channels):
-                y = tot[c] + bias[c]
-                flat_out[dst + c] = np.int8(np.int32(np.rint(min(max(y / y_scale, lo), hi))) + y_zp)
+            _epilogue(tot, bias, False, y_scale, lo, hi, y_zp, flat_out[dst : dst + channels])
             if keep:
-                for c in range(channels):
-                    flat_sums[dst + c] = tot[c] + bias[c]
+                _sums(tot, bias, False, flat_sums[dst : dst + channels])
     return out
