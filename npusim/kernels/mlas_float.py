@@ -366,14 +366,17 @@ def _conv(xp, wt, bias, bias_first, geometry, blocks, filter_blocks, y_scale, y_
 
 def fast_form(wt, blocks, filter_blocks, bias_first=False) -> str | None:
     """Which kernel of mlas_tile computes this Conv in MLAS's order: "tile" (one group, every filter
-    in the same K block per output position, fused multiply-adds), "depthwise" (one input channel
-    and one filter per group, the M = 1 kernel's order), else None (_conv's loops)."""
+    in the same K block per output position, fused multiply-adds), "one filter" (one group of one
+    filter: the M = 1 kernel's order), "depthwise" (one input channel and one filter per group, the
+    M = 1 kernel's order), else None (_conv's loops)."""
     blocks = np.asarray(blocks)
     if np.any(filter_blocks) or blocks.size == 0:
         return None
     groups, depth, filters = wt.shape
     if groups == 1 and filters > 1 and bool(np.all((blocks > 0) & (blocks < M1_FLAG))):
         return "tile"
+    if groups == 1 and filters == 1 and bool(np.all(blocks > M1_FLAG)):
+        return "one filter"
     if groups > 1 and filters == 1 and not bias_first and bool(np.all(blocks > M1_FLAG)):
         return "depthwise"
     return None
@@ -381,12 +384,14 @@ def fast_form(wt, blocks, filter_blocks, bias_first=False) -> str | None:
 
 def packed_weights(wt, blocks, filter_blocks, bias_first=False):
     """wt in the layout of its fast_form's kernel (tile: [K, F] padded to whole vectors; depthwise:
-    [K, C]), else None: conv()'s `packed`."""
+    [K, C]; one filter: [K]), else None: conv()'s `packed`."""
     form = fast_form(wt, blocks, filter_blocks, bias_first)
     if form == "tile":
         return mlas_tile.pack_weights(wt[0], mlas_tile.lanes_for(wt.shape[2]))
     if form == "depthwise":
         return np.ascontiguousarray(wt[:, :, 0].T)
+    if form == "one filter":
+        return np.ascontiguousarray(wt[0, :, 0])
     return None
 
 
@@ -417,6 +422,9 @@ def conv(
         if form == "depthwise":
             return mlas_tile.depthwise_m1(xp, packed, bias, geometry, blocks, ys, yz, out, keep)
         koff = mlas_tile.tap_offsets(channels, kh, kw, dh, dw, wp)
+        if form == "one filter":
+            args = (xp, koff, packed, bias, bool(bias_first), geometry, blocks, ys, yz, out, keep)
+            return mlas_tile.one_filter_m1(*args)
         kernel = mlas_tile.tiled_conv(mlas_tile.lanes_for(wt.shape[2]))
         padded = np.zeros(packed.shape[1], np.float32)
         padded[: bias.size] = bias

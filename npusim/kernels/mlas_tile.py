@@ -399,3 +399,47 @@ def depthwise_m1(xp, wd, bias, geometry, blocks, y_scale, y_zp, out, sums):
             if keep:
                 _sums(tot, bias, False, flat_sums[dst : dst + channels])
     return out
+
+
+@parallel_kernel
+def one_filter_m1(xp, koff, w, bias, bias_first, geometry, blocks, y_scale, y_zp, out, sums):
+    """A Conv of one filter (group 1) in MlasSgemmKernelM1Avx's order: per output position, within
+    each K block of blocks[p] - M1_FLAG, groups of 4 products (then 2, then 1) multiplied and added
+    left to right, each group's sum added to the earlier ones (from the bias if bias_first), then
+    the bias (unless first) and QuantizeLinear. xp, koff as in _tiled; w [K]; sums as in _tiled."""
+    batch, hp, wp, channels = xp.shape
+    oh, ow = out.shape[1], out.shape[2]
+    sh, sw = geometry[2], geometry[3]
+    depth = w.size
+    keep = sums.size > 0
+    lo, hi = np.float32(-128 - y_zp), np.float32(127 - y_zp)
+    src = xp.reshape(xp.size)
+    flat_out = out.reshape(out.size)
+    flat_sums = sums.reshape(sums.size)
+    for bp in nb.prange(batch * oh):
+        b = bp // oh
+        oy = bp - b * oh
+        for ox in range(ow):
+            x = src[((b * hp + oy * sh) * wp + ox * sw) * channels :]
+            size = blocks[oy * ow + ox] - M1_FLAG
+            first = not bias_first
+            tot = bias[0] if bias_first else np.float32(0.0)
+            k0 = 0
+            while k0 < depth:
+                k1 = min(k0 + size, depth)
+                kk = k0
+                while kk < k1:
+                    kn = kk + (4 if k1 - kk >= 4 else (2 if k1 - kk >= 2 else 1))
+                    t = x[koff[kk]] * w[kk]
+                    for i in range(kk + 1, kn):
+                        t = t + x[koff[i]] * w[i]
+                    tot = t if first else t + tot
+                    first = False
+                    kk = kn
+                k0 = k1
+            y = tot if bias_first else tot + bias[0]
+            q = min(max(y / y_scale, lo), hi)
+            flat_out[bp * ow + ox] = np.int8(np.int32((q + ROUNDER) - ROUNDER) + y_zp)
+            if keep:
+                flat_sums[bp * ow + ox] = y
+    return out
