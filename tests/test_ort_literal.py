@@ -240,6 +240,14 @@ FLOAT_CASES = [
     ((1, 16, 24, 24), 16, 3, 1, 1, 16),  # depthwise: the M = 1 kernel per group
     ((1, 96, 3, 3), 40, 3, 1, 0, 1),  # one output position: the N = 1 kernel, rows in 4, 2, 1
     ((1, 48, 30, 30), 1, 3, 1, 1, 1),  # one filter
+    # mlas_tile's shapes: filters in several vectors and a partial one, few filters (8-lane
+    # vectors), strides, a small reduction, a wide one (K blocks of 128 or 256), a depthwise stride
+    ((1, 7, 19, 17), 70, 3, 1, 1, 1),
+    ((1, 16, 26, 26), 8, 3, 2, 0, 1),
+    ((1, 3, 34, 34), 16, 3, 2, 1, 1),
+    ((1, 300, 8, 8), 24, 1, 1, 0, 1),
+    ((1, 128, 10, 10), 64, 3, 2, 1, 1),
+    ((1, 40, 21, 21), 40, 3, 2, 1, 40),
 ]
 
 
@@ -332,3 +340,54 @@ def test_weights_given_at_run_time_are_refused():
     x = oo.random_inputs(model, 1)[0]["x"]
     with pytest.raises(NpusimError, match="weights given at run time"):
         interp.evaluate({graph.inputs[0]: x}, overrides={conv.inputs[1]: w})
+
+
+# The engine's fast kernels (kernels/mlas_tile.py: the register tiles and the depthwise form) against
+# its plain loops (mlas_float._conv), sums and codes bit for bit, where ORT's own blocks cannot reach:
+# several images, K blocks that change from one output position to the next, a Gemm's bias first.
+ENGINE_CASES = [
+    # (x NHWC, filters, kernel, stride, pad, dilation, depthwise)
+    ((2, 13, 11, 5), 16, 3, 1, 1, 1, False),
+    ((3, 10, 10, 7), 70, 3, 1, 2, 2, False),
+    ((2, 17, 15, 16), 8, 3, 2, 1, 1, False),
+    ((1, 8, 8, 300), 5, 1, 1, 0, 1, False),
+    ((2, 11, 13, 24), 40, 3, 1, 1, 1, False),
+    ((2, 12, 10, 64), 1, 1, 1, 0, 1, False),  # one filter: the M = 1 kernel
+    ((2, 9, 11, 6), 1, 3, 2, 1, 1, False),
+    ((2, 13, 11, 16), 16, 3, 1, 1, 1, True),
+    ((2, 9, 9, 24), 24, 5, 1, 2, 2, True),
+    ((1, 20, 20, 64), 64, 3, 2, 1, 1, True),
+]
+
+
+@pytest.mark.parametrize("p", ENGINE_CASES, ids=lambda p: "x{}o{}k{}s{}p{}d{}dw{}".format(*p))
+@pytest.mark.parametrize("bias_first", [False, True])
+def test_fast_conv_equals_the_loops(p, bias_first):
+    from npusim.kernels import mlas_float
+
+    (n, h, w, c), filters, k, s, pad, dil, depthwise = p
+    if depthwise and bias_first:
+        pytest.skip("a Conv's bias comes last")
+    rng = np.random.default_rng(n * h + filters)
+    codes = rng.integers(-128, 128, size=(n, h, w, c)).astype(np.int8)
+    shape = (c, k * k, 1) if depthwise else (1, c * k * k, filters)
+    wt, bias = weights(rng, *shape), weights(rng, filters)
+    oh, ow = ((h + 2 * pad - dil * (k - 1) - 1) // s + 1, (w + 2 * pad - dil * (k - 1) - 1) // s + 1)
+    m1 = depthwise or filters == 1
+    steps = np.where(np.arange(oh * ow) % 7 < 3, 2, 16 if m1 else 128)  # blocks that change
+    blocks = (mlas_float.M1_FLAG if m1 else 0) + steps.astype(np.int64)
+    fblocks = np.zeros(shape[2], np.int64)
+    form = "depthwise" if depthwise else ("one filter" if filters == 1 else "tile")
+    assert mlas_float.fast_form(wt, blocks, fblocks, bias_first) == form
+    geometry = np.asarray([k, k, s, s, dil, dil, pad, pad], np.int64)
+    fast = np.empty((n, oh, ow, filters), np.int8), np.empty((n, oh, ow, filters), np.float32)
+    mlas_float.conv(codes, 0.0173, -7, wt, bias, bias_first, geometry, blocks, fblocks, 0.05, 3, *fast)
+    need = ((oh - 1) * s + (k - 1) * dil + 1, (ow - 1) * s + (k - 1) * dil + 1)
+    xp = np.zeros((n, c, max(need[0], pad + h), max(need[1], pad + w)), np.float32)
+    mlas_float._dequantize_padded(codes, np.float32(0.0173), np.int32(-7), pad, pad, xp)
+    loops = np.empty_like(fast[0]), np.empty_like(fast[1])
+    mlas_float._conv(
+        xp, wt, bias, bias_first, geometry, blocks, fblocks, np.float32(0.05), np.int32(3), *loops
+    )
+    assert np.array_equal(fast[1].view(np.int32), loops[1].view(np.int32))
+    assert np.array_equal(fast[0], loops[0])

@@ -27,6 +27,7 @@ import numpy as np
 from numba.core import types
 from numba.extending import intrinsic
 
+from . import mlas_tile
 from .jit import parallel_kernel
 
 STRIDE_N, STRIDE_K = 128, 128  # MLAS_SGEMM_STRIDEN, MLAS_SGEMM_STRIDEK
@@ -363,17 +364,72 @@ def _conv(xp, wt, bias, bias_first, geometry, blocks, filter_blocks, y_scale, y_
     return out
 
 
+def fast_form(wt, blocks, filter_blocks, bias_first=False) -> str | None:
+    """Which kernel of mlas_tile computes this Conv in MLAS's order: "tile" (one group, every filter
+    in the same K block per output position, fused multiply-adds), "one filter" (one group of one
+    filter: the M = 1 kernel's order), "depthwise" (one input channel and one filter per group, the
+    M = 1 kernel's order), else None (_conv's loops)."""
+    blocks = np.asarray(blocks)
+    if np.any(filter_blocks) or blocks.size == 0:
+        return None
+    groups, depth, filters = wt.shape
+    if groups == 1 and filters > 1 and bool(np.all((blocks > 0) & (blocks < M1_FLAG))):
+        return "tile"
+    if groups == 1 and filters == 1 and bool(np.all(blocks > M1_FLAG)):
+        return "one filter"
+    if groups > 1 and filters == 1 and not bias_first and bool(np.all(blocks > M1_FLAG)):
+        return "depthwise"
+    return None
+
+
+def packed_weights(wt, blocks, filter_blocks, bias_first=False):
+    """wt in the layout of its fast_form's kernel (tile: [K, F] padded to whole vectors; depthwise:
+    [K, C]; one filter: [K]), else None: conv()'s `packed`."""
+    form = fast_form(wt, blocks, filter_blocks, bias_first)
+    if form == "tile":
+        return mlas_tile.pack_weights(wt[0], mlas_tile.lanes_for(wt.shape[2]))
+    if form == "depthwise":
+        return np.ascontiguousarray(wt[:, :, 0].T)
+    if form == "one filter":
+        return np.ascontiguousarray(wt[0, :, 0])
+    return None
+
+
 def conv(
-    x, x_scale, x_zp, wt, bias, bias_first, geometry, blocks, filter_blocks, y_scale, y_zp, out, sums=None
-):
-    """See _conv; x int8 NHWC, geometry (kh, kw, stride h, w, dilation h, w, pad top, left)."""
+    x, x_scale, x_zp, wt, bias, bias_first, geometry, blocks, filter_blocks, y_scale, y_zp, out, sums=None,
+    packed=None,
+):  # fmt: skip
+    """See _conv; x int8 NHWC, geometry (kh, kw, stride h, w, dilation h, w, pad top, left); packed:
+    packed_weights(wt, blocks, filter_blocks), made here if not given."""
     geometry = np.asarray(geometry, np.int64)
     kh, kw, sh, sw, dh, dw, pt, pl = (int(v) for v in geometry)
     batch, height, width, channels = x.shape
     oh, ow = out.shape[1], out.shape[2]
     need_h = (oh - 1) * sh + (kh - 1) * dh + 1
     need_w = (ow - 1) * sw + (kw - 1) * dw + 1
-    xp = np.zeros((batch, channels, max(need_h, pt + height), max(need_w, pl + width)), np.float32)
+    hp, wp = max(need_h, pt + height), max(need_w, pl + width)
+    keep = np.empty((0, 0, 0, 0), np.float32) if sums is None else sums
+    form = fast_form(wt, blocks, filter_blocks, bias_first)
+    if form == "depthwise" and wt.shape[1] != kh * kw:
+        form = None  # a group of several input channels
+    if form is not None:
+        if packed is None:
+            packed = packed_weights(wt, blocks, filter_blocks, bias_first)
+        xp = np.zeros((batch, hp, wp, channels), np.float32)
+        mlas_tile.dequantize_nhwc(x, np.float32(x_scale), np.int32(x_zp), pt, pl, xp)
+        ys, yz, bias = np.float32(y_scale), np.int32(y_zp), np.asarray(bias, np.float32)
+        blocks = np.asarray(blocks, np.int64)
+        if form == "depthwise":
+            return mlas_tile.depthwise_m1(xp, packed, bias, geometry, blocks, ys, yz, out, keep)
+        koff = mlas_tile.tap_offsets(channels, kh, kw, dh, dw, wp)
+        if form == "one filter":
+            args = (xp, koff, packed, bias, bool(bias_first), geometry, blocks, ys, yz, out, keep)
+            return mlas_tile.one_filter_m1(*args)
+        kernel = mlas_tile.tiled_conv(mlas_tile.lanes_for(wt.shape[2]))
+        padded = np.zeros(packed.shape[1], np.float32)
+        padded[: bias.size] = bias
+        return kernel(xp, koff, packed, padded, bool(bias_first), geometry, blocks, ys, yz, out, keep)
+    xp = np.zeros((batch, channels, hp, wp), np.float32)
     _dequantize_padded(x, np.float32(x_scale), np.int32(x_zp), pt, pl, xp)
     return _conv(
         xp,
@@ -386,5 +442,5 @@ def conv(
         np.float32(y_scale),
         np.int32(y_zp),
         out,
-        np.empty((0, 0, 0, 0), np.float32) if sums is None else sums,
+        keep,
     )

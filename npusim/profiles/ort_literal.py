@@ -23,6 +23,7 @@ import numpy as np
 
 from ..errors import NpusimError
 from ..kernels import mlas_float
+from ..kernels.elementwise import pair_lookup
 from ..ops.base import Kernel
 from ..ops.pairwise import every_pair
 from ..quant import ONNXRUNTIME, activation_range
@@ -189,6 +190,7 @@ class FloatConv(Kernel):
         self.blocks, self.filter_blocks = mlas_float.conv_blocks(
             filters, groups, oh * ow, cg * kh * kw, pointwise, self.threads
         )
+        self.packed = mlas_float.packed_weights(self.wt, self.blocks, self.filter_blocks)
         zp = int(y.quant.zero_point[0])
         self.bounds = activation_range(
             o.get("fused_activation_function", "NONE"), float(y.quant.scale[0]), zp, ONNXRUNTIME
@@ -229,6 +231,7 @@ class FloatConv(Kernel):
             t.scale[0],
             int(t.zero_point[0]),
             out,
+            packed=self.packed,
         )
         lo, hi = self.bounds
         if lo > -128 or hi < 127:
@@ -357,10 +360,12 @@ class FloatBinary(Kernel):
             return (a / b).astype(_F32)
 
     def __call__(self, a, b):
-        if self.table is not None:
-            ia = np.asarray(a).astype(np.uint8).astype(np.int64)
-            ib = np.asarray(b).astype(np.uint8).astype(np.int64)
-            return self.table[(ia << 8) | ib]
+        if self.table is not None:  # the compiled lookup of every pair (ops/pairwise.py's)
+            a, b = np.asarray(a), np.asarray(b)
+            if a.shape != b.shape:
+                a, b = np.broadcast_arrays(a, b)
+            a, b = np.ascontiguousarray(a), np.ascontiguousarray(b)
+            return pair_lookup(self.table, a.view(np.uint8), b.view(np.uint8), np.empty(a.shape, np.int8))
         xa = self.consts[0] if self.consts[0] is not None else self._real(0, a)
         xb = self.consts[1] if self.consts[1] is not None else self._real(1, b)
         return _quantized_out(self, self._op(xa, xb))
