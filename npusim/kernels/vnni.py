@@ -65,6 +65,7 @@ ISA = Isa(
     multiply_add=vpdpbusd,
     store=store_bytes,
     dtype=np.int8,
+    pair_rows=True,
 )
 conv_vnni = conv_kernel(ISA)  # (xp, unsigned, packed, taps, c4, out_h, out_w, ...): see microkernel._conv
 
