@@ -1,4 +1,5 @@
-"""The VNNI micro-kernel's narrow tiles (microkernel._paired_stage and the paths chosen by width):
+"""The VNNI micro-kernel's narrow tiles (microkernel._paired_stage) and its unsigned copy of deep
+one-tap reductions (vnni.UNSIGNED_DEPTH):
 layers of at most 8 output channels run one output stage per two pixels. One-op CONV_2D and
 FULLY_CONNECTED models across output widths, pixel counts (odd, past a 12-pixel block, one pixel),
 strides, padding, per-channel scales and activations, held to TFLM (tflm), LiteRT (xnnpack) and
@@ -26,6 +27,8 @@ CASES = [
     ((1, 1), 24, 2, 1, 1, "SAME", "NONE"),
     ((9, 2), 20, 9, 1, 1, "SAME", "NONE"),  # 9 channels: one stage per pixel
     ((8, 8), 16, 16, 1, 1, "SAME", "RELU6"),
+    ((3, 3), 96, 24, 1, 1, "SAME", "NONE"),  # a deep one-tap reduction: the unsigned copy
+    ((2, 5), 68, 6, 1, 1, "SAME", "RELU6"),
 ]
 
 
@@ -59,12 +62,13 @@ def test_narrow_convolutions_are_exact(case, per_channel):
 
 
 @pytest.mark.parametrize("cout", [1, 5, 8, 13])
-def test_narrow_fully_connected_is_exact(cout):
+@pytest.mark.parametrize("depth", [40, 200])
+def test_narrow_fully_connected_is_exact(cout, depth):
     rng = np.random.default_rng(cout)
-    w = rng.integers(-127, 128, (cout, 40), dtype=np.int8)
+    w = rng.integers(-127, 128, (cout, depth), dtype=np.int8)
     m = O.fully_connected_model(
-        (1, 40), w, rng.integers(-500, 500, cout).astype(np.int32), 0.05, 2, 0.01, 0.2, -1
+        (1, depth), w, rng.integers(-500, 500, cout).astype(np.int32), 0.05, 2, 0.01, 0.2, -1
     )
     for n in (1, 13, 25):
-        x = rng.integers(-128, 128, (n, 40), dtype=np.int8)
+        x = rng.integers(-128, 128, (n, depth), dtype=np.int8)
         O.assert_same(O.run_tflm(m, x), O.run_npusim(m, x, backend="vnni"), f"fc {cout} n={n}")
