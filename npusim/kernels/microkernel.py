@@ -157,6 +157,7 @@ class Isa:
     pack: Callable | None = None  # pack(builder, y0, y1): the bytes of two int32 output vectors
     group_bytes: int = 4  # bytes of one group of a pixel's activations (2: a pair of int8)
     broadcast_unsigned: Callable | None = None  # broadcast of a copy already in the unsigned form
+    pair_rows: bool = False  # with one vector of at most lanes / 2 channels: two pixels per output stage
 
     @property
     def block(self) -> int:
@@ -280,6 +281,50 @@ def _tile(builder, isa: Isa, nr: int, broadcast, a, pixels: range):
                     dst = builder.gep(out, [builder.mul(a.out_stride, ir.Constant(_I64, r))])
                     isa.store(builder, isa.pack(builder, *ys), dst, a.width)
         return
+    if isa.pair_rows and nr == 1 and len(pixels) % 2 == 0:
+        half = builder.icmp_signed("<=", a.width, ir.Constant(_I64, isa.lanes // 2))
+        with builder.if_else(half) as (paired, whole):
+            with paired:
+                _paired_stage(builder, isa, accs, pixels, a, params, out)
+            with whole:
+                _vector_stages(builder, isa, nr, accs, pixels, a, params, out)
+        return
+    _vector_stages(builder, isa, nr, accs, pixels, a, params, out)
+
+
+def _paired_stage(builder, isa: Isa, accs, pixels: range, a, params, out):
+    """The output stage of a tile whose one vector per pixel holds at most lanes / 2 valid channels
+    (a width of 8 or fewer on VNNI): the lower halves of pixels r and r + 1 in one vector, so one
+    output stage serves two pixels (as XNNPACK amortises its rescale over a whole tile row). The
+    same lane-wise steps as one stage per pixel: the bits do not change."""
+    lanes = isa.lanes
+    h = lanes // 2
+
+    def indices(values):
+        return ir.Constant(ir.VectorType(_I32, len(values)), values)
+
+    pj = load_parameters(builder, params, a.params_stride, 0, lanes=lanes)
+    doubled = [builder.shuffle_vector(p, p, indices(list(range(h)) * 2)) for p in pj]
+    for kind in each_stage(builder, a.stage):
+        for r in pixels[::2]:
+            with builder.if_then(builder.icmp_signed("<", ir.Constant(_I64, r), a.rows)):
+                both = builder.shuffle_vector(
+                    builder.load(accs[r][0]),
+                    builder.load(accs[r + 1][0]),
+                    indices(list(range(h)) + list(range(lanes, lanes + h))),
+                )
+                y = vector_output_stage(builder, both, doubled, kind, a.zero_point, a.lo, a.hi)
+                dst = builder.gep(out, [builder.mul(a.out_stride, ir.Constant(_I64, r))])
+                isa.store(builder, builder.shuffle_vector(y, y, indices(list(range(h)))), dst, a.width)
+                with builder.if_then(builder.icmp_signed("<", ir.Constant(_I64, r + 1), a.rows)):
+                    dst = builder.gep(dst, [a.out_stride])
+                    isa.store(
+                        builder, builder.shuffle_vector(y, y, indices(list(range(h, lanes)))), dst, a.width
+                    )
+
+
+def _vector_stages(builder, isa: Isa, nr: int, accs, pixels: range, a, params, out):
+    """The output stage of a tile, one vector of isa.lanes channels of one pixel at a time."""
     for j in range(nr):
         pj = load_parameters(builder, params, a.params_stride, j, lanes=isa.lanes)
         for kind in each_stage(builder, a.stage):
