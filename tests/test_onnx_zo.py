@@ -147,6 +147,36 @@ def test_an_unwritable_head_is_refused_before_training(tmp_path):
     assert not (tmp_path / "run" / "metrics.csv").exists()
 
 
+def test_an_unwritable_head_is_refused_before_any_calibration(tmp_path):
+    """The refusal comes from the graph alone, before the interpreter runs a calibration image (on
+    a 192x192 landmarks model it came 7-23 s into the setup); without --new-head, a new class count
+    on a model whose appended head could not be written says so, not 'pass --new-head'."""
+    from onnx import helper
+
+    from zo.errors import ZoError
+    from zo.model import TrainableModel
+
+    m = oo.small_cnn_model(seed=3, size=8, classes=4)
+    del m.graph.node[-2:]  # end at the GlobalAveragePool: [1, 16, 1, 1]
+    del m.graph.output[:]
+    m.graph.output.append(helper.make_tensor_value_info("g", onnx.TensorProto.FLOAT, [1, 16, 1, 1]))
+    pixels = color_dataset(side=8)["x_train"][:16].astype(np.float32).transpose(0, 3, 1, 2) / 255.0
+    graph = npusim.load_model(oo.quantize(m, fmt="QDQ", calibration=[{"x": p[None]} for p in pixels]))
+
+    def calibration():
+        raise AssertionError("calibration images read before the head's checks")
+
+    with pytest.raises(ZoError, match="could not be written back to ONNX") as e:
+        TrainableModel(graph, num_classes=5, new_head=True, calibration=calibration)
+    assert "[1, 16, 1, 1]" in str(e.value) and "\n" not in str(e.value)
+    with pytest.raises(ZoError) as e:
+        TrainableModel(graph, num_classes=5, calibration=calibration)
+    message = str(e.value)
+    assert "not a FULLY_CONNECTED classifier for 5 classes" in message
+    assert "a head appended with --new-head could not be written back" in message
+    assert "pass --new-head" not in message
+
+
 def test_four_bit_weights_train_within_four_bits_and_are_written(tmp_path):
     """Weights the file stores as int4 train within [-7, 7] (zo/model.FOUR_BIT_BOUND), so that the
     trained codes always go back into their int4 initializer: a large step rate cannot make the

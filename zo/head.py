@@ -100,11 +100,12 @@ def _merge_bias_add(g: Graph, head: Op, b_quant: Quantization, num_classes: int)
     g.ops.remove(add)
 
 
-def no_head_error(graph: Graph, num_classes: int) -> ZoError:
+def no_head_error(graph: Graph, num_classes: int, append_refused: str | None = None) -> ZoError:
     """Why a new class count cannot be given to a model without a FULLY_CONNECTED head, and what to
     do: name the op the logits come from; a FULLY_CONNECTED then an ADD of a constant (ONNX's MatMul +
     Add, QLinearMatMul + QLinearAdd in a QOperator file) is a classifier whose head zo cannot replace
-    (appending a head would read its logits), so say how to get one it can."""
+    (appending a head would read its logits), so say how to get one it can; append_refused: why a
+    head appended with --new-head could not be written back (an ONNX graph), else None."""
     op = logits_op(graph)
     classes = graph.output().shape[-1]
     producer = graph.producer()
@@ -121,9 +122,14 @@ def no_head_error(graph: Graph, num_classes: int) -> ZoError:
                 f"and quantize it again, or train on data of its {classes} classes"
             )
     ends = f"op {op.index} ({op.kind})" if op is not None else "its input"
+    way = (
+        f", and a head appended with --new-head could not be written back into the file ({append_refused})"
+        if append_refused
+        else ": pass --new-head to append one"
+    )
     return ZoError(
         f"the model ends in {ends} with {classes} outputs, not a FULLY_CONNECTED classifier for "
-        f"{num_classes} classes: pass --new-head to append one"
+        f"{num_classes} classes{way}"
     )
 
 
