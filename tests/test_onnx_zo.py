@@ -147,6 +147,36 @@ def test_an_unwritable_head_is_refused_before_training(tmp_path):
     assert not (tmp_path / "run" / "metrics.csv").exists()
 
 
+def test_an_unwritable_head_is_refused_before_any_calibration(tmp_path):
+    """The refusal comes from the graph alone, before the interpreter runs a calibration image (on
+    a 192x192 landmarks model it came 7-23 s into the setup); without --new-head, a new class count
+    on a model whose appended head could not be written says so, not 'pass --new-head'."""
+    from onnx import helper
+
+    from zo.errors import ZoError
+    from zo.model import TrainableModel
+
+    m = oo.small_cnn_model(seed=3, size=8, classes=4)
+    del m.graph.node[-2:]  # end at the GlobalAveragePool: [1, 16, 1, 1]
+    del m.graph.output[:]
+    m.graph.output.append(helper.make_tensor_value_info("g", onnx.TensorProto.FLOAT, [1, 16, 1, 1]))
+    pixels = color_dataset(side=8)["x_train"][:16].astype(np.float32).transpose(0, 3, 1, 2) / 255.0
+    graph = npusim.load_model(oo.quantize(m, fmt="QDQ", calibration=[{"x": p[None]} for p in pixels]))
+
+    def calibration():
+        raise AssertionError("calibration images read before the head's checks")
+
+    with pytest.raises(ZoError, match="could not be written back to ONNX") as e:
+        TrainableModel(graph, num_classes=5, new_head=True, calibration=calibration)
+    assert "[1, 16, 1, 1]" in str(e.value) and "\n" not in str(e.value)
+    with pytest.raises(ZoError) as e:
+        TrainableModel(graph, num_classes=5, calibration=calibration)
+    message = str(e.value)
+    assert "not a FULLY_CONNECTED classifier for 5 classes" in message
+    assert "a head appended with --new-head could not be written back" in message
+    assert "pass --new-head" not in message
+
+
 def test_four_bit_weights_train_within_four_bits_and_are_written(tmp_path):
     """Weights the file stores as int4 train within [-7, 7] (zo/model.FOUR_BIT_BOUND), so that the
     trained codes always go back into their int4 initializer: a large step rate cannot make the
@@ -193,16 +223,13 @@ def test_new_class_count_written_into_a_qoperator_head(tmp_path, per_channel):
     assert y_ort.shape[-1] == 4 and np.array_equal(as_ort, y_ort)
 
 
-def test_a_matmul_add_head_names_itself_and_the_way_out(tmp_path):
-    """A QOperator classifier whose head is MatMul + Add (QLinearMatMul + QLinearAdd: FULLY_CONNECTED
-    then ADD of a constant at import) and a new class count: refused before the first step, in one
-    line that names the two ops and what works (one Gemm; the model's class count), not --new-head,
-    which would append a head on the old logits (and a QOperator graph could not take it back)."""
+def _matmul_add_classifier(fmt: str, per_channel: bool, classes: int = 3) -> bytes:
+    """small_cnn_model with its Gemm as MatMul + Add, quantized by ORT: QLinearMatMul + QLinearAdd in
+    QOperator (FULLY_CONNECTED without a bias then ADD of a constant at import), MatMul -> Q -> DQ ->
+    Add in QDQ."""
     from onnx import helper
 
-    from zo.errors import ZoError
-
-    m = oo.small_cnn_model(seed=3, size=8, classes=3)
+    m = oo.small_cnn_model(seed=3, size=8, classes=classes)
     wf = next(i for i in m.graph.initializer if i.name == "wf")
     wf.CopyFrom(numpy_helper.from_array(np.ascontiguousarray(numpy_helper.to_array(wf).T), "wf"))
     gemm = m.graph.node[-1]
@@ -212,15 +239,47 @@ def test_a_matmul_add_head_names_itself_and_the_way_out(tmp_path):
         [helper.make_node("MatMul", ["f", "wf"], ["mm"]), helper.make_node("Add", ["mm", "bf"], ["y"])]
     )
     pixels = color_dataset(side=8)["x_train"][:16].astype(np.float32).transpose(0, 3, 1, 2) / 255.0
-    q = oo.quantize(m, fmt="QOperator", per_channel=False, calibration=[{"x": p[None]} for p in pixels])
-    assert {"QLinearMatMul", "QLinearAdd"} <= {n.op_type for n in onnx.load_from_string(q).graph.node}
+    return oo.quantize(m, fmt=fmt, per_channel=per_channel, calibration=[{"x": p[None]} for p in pixels])
+
+
+@pytest.mark.parametrize(
+    "fmt,per_channel",
+    [("QOperator", False), ("QOperator", True), ("QDQ", True)],
+    ids=["qoperator-per-tensor", "qoperator-per-channel", "qdq"],
+)
+def test_a_fresh_head_is_written_over_a_matmul_add_head(tmp_path, fmt, per_channel):
+    """`zo train` of a classifier whose head is MatMul + Add (QLinearMatMul + QLinearAdd) on data of
+    a new class count (3 in the file, 4 in the data; issue 56: refused before the first step, and
+    before that 'trained codes do not fit' after the budget): the fresh head is one FULLY_CONNECTED
+    with a bias, written as one QGemm (QDQ: Gemm on DequantizeLinear'd weights and bias) in place of
+    the pair, which ORT runs as npusim's onnxruntime profile does, element for element."""
+    import subprocess
+    import sys
+
+    q = _matmul_add_classifier(fmt, per_channel)
+    before = [n.op_type for n in onnx.load_from_string(q).graph.node]
+    pair = ["QLinearMatMul", "QLinearAdd"] if fmt == "QOperator" else ["MatMul", "Add"]
+    assert all(k in before for k in pair)
     (tmp_path / "m.onnx").write_bytes(q)
     np.savez(tmp_path / "c.npz", **color_dataset(side=8))  # 4 classes
-    cfg = TrainConfig(model=str(tmp_path / "m.onnx"), data=str(tmp_path / "c.npz"), budget=200)
-    with pytest.raises(ZoError) as e:
-        Trainer(cfg, tmp_path / "run")
-    message = str(e.value)
-    assert "\n" not in message and "(FULLY_CONNECTED) then op" in message
-    assert "(ADD) of a constant bias" in message
-    assert "export the classifier as one Gemm" in message and "data of its 3 classes" in message
-    assert "--new-head" not in message and not (tmp_path / "run" / "metrics.csv").exists()
+    run = tmp_path / "run"
+    args = ["--model", str(tmp_path / "m.onnx"), "--data", str(tmp_path / "c.npz"), "--out", str(run)]
+    tiny = ["--budget", "120", "--trainable", "last:1", "--batch", "8", "--eval-every", "60"]
+    done = subprocess.run(
+        [sys.executable, "-m", "zo.cli", "train", *args, *tiny], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    written = (run / "model.onnx").read_bytes()
+    after = onnx.load_from_string(written)
+    onnx.checker.check_model(after)
+    kinds = [n.op_type for n in after.graph.node]
+    assert kinds.count("QGemm" if fmt == "QOperator" else "Gemm") == 1 and pair[0] not in kinds
+    assert kinds.count(pair[1]) == before.count(pair[1]) - 1  # the model's residual Add stays
+    x = np.random.default_rng(0).uniform(0, 1, (6, 3, 8, 8)).astype(np.float32)
+    from_file = npusim.load_model(written)
+    as_ort = npusim.Interpreter(from_file, profile="onnxruntime").run(x)
+    y_ort = np.concatenate(
+        [oo.session(written, optimize=False).run(None, {"x": x[i : i + 1]})[0] for i in range(6)]
+    )
+    assert y_ort.shape == (6, 4) and np.array_equal(as_ort, y_ort)
+    assert len(np.unique(y_ort)) > 1  # a trained head, not the zero one

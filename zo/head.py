@@ -48,17 +48,64 @@ def logits_op(graph: Graph) -> Op | None:
 
 
 def find_head(graph: Graph) -> Op | None:
-    """The FULLY_CONNECTED that produces the logits (logits_op), or None when the model ends
+    """The FULLY_CONNECTED that produces the logits (logits_op), or the bias-less one whose output
+    only an ADD of a constant bias reads (bias_add: ONNX's MatMul + Add); None when the model ends
     otherwise (an embedding, a detector)."""
     op = logits_op(graph)
+    if op is not None and op.kind == "ADD":
+        op = bias_add(graph, op)
     return op if op is not None and op.kind == "FULLY_CONNECTED" else None
 
 
-def no_head_error(graph: Graph, num_classes: int) -> ZoError:
+def bias_add(graph: Graph, add: Op) -> Op | None:
+    """The FULLY_CONNECTED without a bias whose logits `add` (an ADD of one constant, as wide as
+    the classes) is the bias of, read by nothing else: ONNX's MatMul + Add (QLinearMatMul +
+    QLinearAdd), one head in two ops; else None."""
+    inputs = [t for t in add.inputs if t >= 0]
+    consts = [t for t in inputs if graph.tensors[t].is_constant]
+    acts = [t for t in inputs if not graph.tensors[t].is_constant]
+    if len(inputs) != 2 or len(consts) != 1 or len(acts) != 1:
+        return None
+    fc = graph.producer().get(acts[0])
+    classes = graph.tensors[acts[0]].shape[-1:]
+    if (
+        fc is None
+        or fc.kind != "FULLY_CONNECTED"
+        or (len(fc.inputs) > 2 and fc.inputs[2] >= 0)
+        or fc.options.get("fused_activation_function", "NONE") != "NONE"
+        or int(np.prod(graph.tensors[consts[0]].shape)) != int(np.prod(classes))
+        or sum(acts[0] in op.inputs for op in graph.ops) != 1
+        or acts[0] in graph.outputs
+    ):
+        return None
+    return fc
+
+
+def _merge_bias_add(g: Graph, head: Op, b_quant: Quantization, num_classes: int):
+    """A bias-less head followed by its bias ADD (bias_add) becomes one FULLY_CONNECTED with a bias
+    that writes the ADD's output; the ADD leaves the graph (the ONNX writer writes the pair as one
+    QGemm or Gemm)."""
+    add = next(op for op in g.ops if head.outputs[0] in op.inputs)
+    g.tensors.append(
+        Tensor(
+            f"{g.tensors[head.inputs[1]].name}/zo_bias",
+            (num_classes,),
+            np.dtype(np.int32),
+            b_quant,
+            np.zeros(num_classes, dtype=np.int32),
+        )
+    )
+    head.inputs = [head.inputs[0], head.inputs[1], len(g.tensors) - 1]
+    head.outputs = [add.outputs[0]]
+    g.ops.remove(add)
+
+
+def no_head_error(graph: Graph, num_classes: int, append_refused: str | None = None) -> ZoError:
     """Why a new class count cannot be given to a model without a FULLY_CONNECTED head, and what to
     do: name the op the logits come from; a FULLY_CONNECTED then an ADD of a constant (ONNX's MatMul +
     Add, QLinearMatMul + QLinearAdd in a QOperator file) is a classifier whose head zo cannot replace
-    (appending a head would read its logits), so say how to get one it can."""
+    (appending a head would read its logits), so say how to get one it can; append_refused: why a
+    head appended with --new-head could not be written back (an ONNX graph), else None."""
     op = logits_op(graph)
     classes = graph.output().shape[-1]
     producer = graph.producer()
@@ -75,9 +122,14 @@ def no_head_error(graph: Graph, num_classes: int) -> ZoError:
                 f"and quantize it again, or train on data of its {classes} classes"
             )
     ends = f"op {op.index} ({op.kind})" if op is not None else "its input"
+    way = (
+        f", and a head appended with --new-head could not be written back into the file ({append_refused})"
+        if append_refused
+        else ": pass --new-head to append one"
+    )
     return ZoError(
         f"the model ends in {ends} with {classes} outputs, not a FULLY_CONNECTED classifier for "
-        f"{num_classes} classes: pass --new-head to append one"
+        f"{num_classes} classes{way}"
     )
 
 
@@ -136,6 +188,8 @@ def fresh_head(graph: Graph, num_classes: int, features: np.ndarray) -> Graph:
         depth = int(np.prod(x.shape[1:]))
         _append_head(g, x_index, num_classes, depth, w_quant, b_quant, logits_quant)
         return g
+    if logits_op(g) is not head:
+        _merge_bias_add(g, head, b_quant, num_classes)
     w = g.tensors[head.inputs[1]]
     old = w.shape[0]
     depth = w.shape[1]

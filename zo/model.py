@@ -67,13 +67,11 @@ class TrainableModel:
         if num_classes is not None and num_classes < 2:
             raise ZoError(f"{num_classes} class(es): a classifier needs at least 2 classes")
         try:
-            self.interp = Interpreter(graph, profile=profile)
-            head = find_head(graph)
             out_classes = graph.output().shape[-1]
-            if head is None and not new_head and num_classes is not None and num_classes != out_classes:
-                raise no_head_error(graph, num_classes)
-            fresh = new_head or (num_classes is not None and num_classes != out_classes)
+            fresh = check_head(graph, num_classes, new_head)
+            self.interp = Interpreter(graph, profile=profile)
             if fresh:
+                calibration = calibration() if callable(calibration) else calibration
                 features = self.features(calibration, feature_tensor(graph))
                 self.interp = Interpreter(
                     fresh_head(graph, num_classes or out_classes, features), profile=profile
@@ -89,14 +87,7 @@ class TrainableModel:
     def check_writable(self):
         """Write the model once before any training (an ONNX graph may hold what cannot go back into
         its file): a refusal after the whole budget would throw the run away."""
-        if getattr(self.graph.source, "format", None) != "onnx":
-            return
-        try:
-            write_model(self.graph)
-        except NpusimError as e:
-            raise ZoError(
-                f"the trained model could not be written back to ONNX, so nothing is trained: {e}"
-            ) from None
+        check_writable(self.graph)
 
     def requantize_head(self, w_scale: np.ndarray):
         """New per-class weight scales for the fresh head (and bias scales in_scale * w_scale), before
@@ -261,6 +252,49 @@ class TrainableModel:
         return np.concatenate(preds)
 
 
+def check_head(graph: Graph, num_classes: int | None, new_head: bool) -> bool:
+    """Whether the model gets a fresh head, checked on the graph alone, before the interpreter is
+    prepared or a calibration image is read: a new class count needs a head to replace (or
+    --new-head), and in an ONNX graph the fresh head must be writable into the file (its place and
+    shape decide that, not its values: a placeholder head is written once)."""
+    out_classes = graph.output().shape[-1]
+    other = num_classes is not None and num_classes != out_classes
+    if find_head(graph) is None and not new_head and other:
+        # --new-head would append one: say so only where the appended head could be written
+        raise no_head_error(graph, num_classes, _unwritable(_placeholder_head(graph, num_classes)))
+    fresh = new_head or other
+    if fresh:
+        check_writable(_placeholder_head(graph, num_classes or out_classes))
+    return fresh
+
+
+def _placeholder_head(graph: Graph, num_classes: int) -> Graph:
+    try:
+        depth = int(np.prod(graph.tensors[feature_tensor(graph)].shape[1:]))
+        return fresh_head(graph, num_classes, np.ones((1, depth)))
+    except NpusimError as e:
+        raise ZoError(str(e)) from None
+
+
+def _unwritable(graph: Graph) -> str | None:
+    """Why the ONNX graph cannot be written back into its file; None when it can (or is no ONNX)."""
+    if getattr(graph.source, "format", None) != "onnx":
+        return None
+    try:
+        write_model(graph)
+    except NpusimError as e:
+        return str(e)
+    return None
+
+
+def check_writable(graph: Graph):
+    """An ONNX graph written once (TrainableModel.check_writable): what cannot go back into its file
+    is a one-line error before any training."""
+    reason = _unwritable(graph)
+    if reason is not None:
+        raise ZoError(f"the trained model could not be written back to ONNX, so nothing is trained: {reason}")
+
+
 # -- a run's model, from its options (zo/config.py) ------------------------------------------
 def input_mapping(config: TrainConfig, graph) -> tuple[ImageInput, InputMapping]:
     image = ImageInput.of(graph)
@@ -341,7 +375,10 @@ def calibration_indices(n: int) -> np.ndarray:
 def build_model(config: TrainConfig, graph, data: Dataset) -> tuple[TrainableModel, ImageInput, InputMapping]:
     """The trainable model of a run, with its input mapping and, where asked for, a calibrated fresh head."""
     image, mapping = input_mapping(config, graph)
-    calibration = model_inputs(data.x_train[calibration_indices(len(data.y_train))], image, mapping)[0]
+
+    def calibration():  # read only once the head's checks have passed (TrainableModel)
+        return model_inputs(data.x_train[calibration_indices(len(data.y_train))], image, mapping)[0]
+
     model = TrainableModel(
         graph,
         config.trainable,

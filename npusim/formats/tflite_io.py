@@ -440,8 +440,7 @@ def write_model(graph: Graph) -> bytes:
         raise NpusimError("graph has no source model to write back")
     model = graph.source.unpack()  # afresh: the graph stays reusable and writable again
     sg = model.subgraphs[0]
-    for op_t, op in zip(sg.operators, graph.ops):
-        _sync_options(op_t, op)
+    _sync_ops(sg, graph)
     _append_new(model, sg, graph)
     users: dict[int, int] = {}
     for t in sg.tensors:
@@ -465,6 +464,23 @@ def write_model(graph: Graph) -> bytes:
     builder = flatbuffers.Builder(1024)
     builder.Finish(model.Pack(builder), file_identifier=b"TFL3")
     return bytes(builder.Output())
+
+
+def _sync_ops(sg, graph: Graph):
+    """The file's ops as the graph holds them (op.index: the position in the file): option edits, the
+    operands of an op a fresh head rewired (a bias ADD taken into its FULLY_CONNECTED, zo/head.py),
+    and the file's ops the graph dropped (that ADD) removed."""
+    kept = []
+    for op in graph.ops:
+        if op.index < len(sg.operators):
+            op_t = sg.operators[op.index]
+            _sync_options(op_t, op)
+            if list(np.asarray(op_t.inputs).tolist()) != op.inputs:
+                op_t.inputs = np.asarray(op.inputs, dtype=np.int32)
+            if list(np.asarray(op_t.outputs).tolist()) != op.outputs:
+                op_t.outputs = np.asarray(op.outputs, dtype=np.int32)
+            kept.append(op_t)
+    sg.operators[: len(sg.operators)] = kept
 
 
 def _append_new(model, sg, graph: Graph):

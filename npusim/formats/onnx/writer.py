@@ -39,10 +39,11 @@ def file_layout(kind: str, data: np.ndarray) -> np.ndarray:
 
 def write_onnx(graph) -> bytes:
     src = graph.source
-    appended = graph.ops[src.op_count :]
+    appended = [op for op in graph.ops if op.index >= src.op_count]
+    merged = _merged_head(graph)
     if (
         len(graph.tensors) < src.tensor_count
-        or len(graph.ops) < src.op_count
+        or len(graph.ops) - len(appended) + (merged is not None) != src.op_count
         or (appended and [op.kind for op in appended] != ["FULLY_CONNECTED"])
     ):
         raise NpusimError(
@@ -89,6 +90,8 @@ def write_onnx(graph) -> bytes:
                 f"initializer {where['init']!r}: trained codes do not fit {storage} {list(where['shape'])}"
             )
         init.CopyFrom(_codes_tensor(init.name, storage, codes))
+    if merged is not None:
+        _write_merged_head(graph, model, inits, merged)
     if requantized:
         _write_logits(graph, model, inits, requantized)
     if appended:
@@ -282,3 +285,93 @@ def _write_logits(graph, model, inits, requantized: set):
         if dims and dims[-1].HasField("dim_value"):
             dims[-1].dim_value = classes
     del model.graph.value_info[:]
+
+
+def _merged_head(graph):
+    """The fresh head that took in its bias ADD (zo/head.py bias_add: ONNX's MatMul + Add, or
+    QLinearMatMul + QLinearAdd): a FULLY_CONNECTED of the file whose bias the file does not hold;
+    None for none."""
+    src = graph.source
+    for op in graph.ops:
+        if (
+            op.kind == "FULLY_CONNECTED"
+            and op.index < src.op_count
+            and op.inputs[1] in src.weights
+            and len(op.inputs) > 2
+            and op.inputs[2] >= src.tensor_count
+        ):
+            return op
+    return None
+
+
+def _write_merged_head(graph, model, inits, head):
+    """The MatMul + Add pair of a merged fresh head (_merged_head) as one node that writes the Add's
+    output: QGemm (ORT's QOperator Gemm, com.microsoft) in place of QLinearMatMul + QLinearAdd, Gemm
+    on a DequantizeLinear'd int32 bias in place of MatMul -> Q -> DQ -> Add in a QDQ graph. Its
+    weights and their scales are already written (the MatMul's [K, N] initializer); the logits'
+    scale and zero point follow (_write_logits)."""
+    from onnx import helper
+
+    src, t = graph.source, graph.tensors
+    where = src.weights[head.inputs[1]]
+    params = _params_of(model, where["init"])
+    matmul = params[0] if params is not None else None
+    if matmul is not None and matmul.op_type == "DequantizeLinear":
+        matmul = next(
+            (n for n in model.graph.node if n.op_type == "MatMul" and matmul.output[0] in n.input), None
+        )
+    names = {n for n, (i, _) in src.values.items() if i == head.outputs[0]}
+    chain, add = _bias_add_chain(model, matmul, names)
+    if add is None or where["kind"] != "dense_kn":
+        raise NpusimError(
+            f"the fresh head on {where['init']!r}: expected the file's MatMul + Add (QLinearMatMul + "
+            "QLinearAdd) that it replaces, to write it as one Gemm"
+        )
+    bias = t[head.inputs[2]]
+    codes = _new_init(model, inits, f"{where['init']}_bias", np.asarray(bias.data, np.int32))
+    if matmul.op_type == "QLinearMatMul":
+        # A, B and their scales and zero points as the QLinearMatMul reads them (B's already the head's);
+        # y_scale, y_zero_point: _write_logits gives them the logits' quantization
+        inputs = [*matmul.input[:6], codes, *matmul.input[6:8]]
+        node = helper.make_node("QGemm", inputs, [add.output[0]], domain="com.microsoft", transB=0)
+    else:
+        scale = _new_init(model, inits, f"{where['init']}_bias_scale", bias.quant.scale.astype(np.float32))
+        zp = _new_init(model, inits, f"{where['init']}_bias_zero_point", np.zeros(bias.shape[0], np.int32))
+        dq = helper.make_node("DequantizeLinear", [codes, scale, zp], [f"{codes}/float"], axis=0)
+        node = helper.make_node("Gemm", [*matmul.input[:2], dq.output[0]], [add.output[0]])
+        model.graph.node.insert(list(model.graph.node).index(matmul), dq)
+    if not any(o.domain == "com.microsoft" for o in model.opset_import) and node.domain:
+        model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    model.graph.node.insert(list(model.graph.node).index(matmul), node)
+    # the old bias's DequantizeLinear (QDQ) goes too, when only the Add read it
+    fed = [n for n in model.graph.node if n.op_type == "DequantizeLinear" and n.output[0] in add.input]
+    for n in chain + [
+        n
+        for n in fed
+        if n not in chain and not any(n.output[0] in m.input for m in model.graph.node if m is not add)
+    ]:
+        model.graph.node.remove(n)
+
+
+def _bias_add_chain(model, matmul, names: set):
+    """(the nodes from the MatMul to its bias Add, the Add) when the Add writes one of names: the
+    QLinearAdd that reads a QLinearMatMul's output, or the Add that reads a MatMul's output through
+    QuantizeLinear -> DequantizeLinear; ([], None) otherwise."""
+    if matmul is None:
+        return [], None
+    readers = {}
+    for n in model.graph.node:
+        for i in n.input:
+            readers.setdefault(i, []).append(n)
+    chain, value = [matmul], matmul.output[0]
+    while True:
+        users = readers.get(value, [])
+        if len(users) != 1:
+            return [], None
+        n = users[0]
+        chain.append(n)
+        if n.op_type in ("QLinearAdd", "Add"):
+            return (chain, n) if n.output[0] in names else ([], None)
+        if n.op_type not in ("QuantizeLinear", "DequantizeLinear"):
+            return [], None
+        value = n.output[0]
