@@ -17,7 +17,8 @@ layer before the first step as the weights estimator's is (zo/blocks.py, d(eps) 
 
 Two rules measured on ResNet-8 `last:6` (docs/zo.md): u is also zero where an elementwise op that
 alone reads h (a residual ADD with a fused ReLU) sits at its clamp; and each layer's move is scaled
-by its signal fraction rho = |G|^2 / E|g|^2, from the two half-batches' independent estimates.
+by the square root of its signal fraction rho = |G|^2 / E|g|^2 (from the two half-batches' independent
+estimates): the best SGD step's rho, of which Adam's normalization already applies sqrt(rho).
 """
 
 from __future__ import annotations
@@ -176,8 +177,8 @@ class ActivityEstimator:
     def signal_fraction(self, layer) -> float:
         """rho = |G|^2 / E|g|^2 of the layer's estimate g (G its mean): E[a.c] = |G|^2 for the two
         halves' independent estimates. Under SGD the step that decreases the loss most along a noisy
-        estimate is rho times the exact gradient's (McCandlish et al. 2018), so rho scales the layer's
-        update beside the exact layers' (update_scale). 0 before the layer's first estimate."""
+        estimate is rho times the exact gradient's (McCandlish et al. 2018), so rho sets the layer's
+        update beside the exact layers' (move_scale). 0 before the layer's first estimate."""
         return min(1.0, max(0.0, layer.agreement) / layer.power) if layer.power > 0 else 0.0
 
     def state(self) -> np.ndarray:
@@ -189,8 +190,16 @@ class ActivityEstimator:
         for layer, (agreement, power) in zip(self.layers, state):
             layer.agreement, layer.power = float(agreement), float(power)
 
+    def move_scale(self, layer) -> float:
+        """The factor on the layer's Adam move: sqrt(rho). SGD's best step along a noisy estimate g is
+        rho times the step along its mean G (signal_fraction). Adam's move is g / sqrt(v), and its v is
+        the estimate's E g^2 = |G|^2 / rho per coordinate, not |G|^2: Adam already shrinks the move's
+        component along G by sqrt(rho) against the move it would make on G itself, so the rest of the
+        factor is rho / sqrt(rho) = sqrt(rho) (scaling by rho again would move the layer by rho^1.5)."""
+        return float(np.sqrt(self.signal_fraction(layer)))
+
     def update_scale(self) -> np.ndarray:
-        """Per coordinate of self.coords: its layer's signal fraction."""
+        """Per coordinate of self.coords: its layer's move_scale."""
         return np.concatenate(
-            [np.full(sum(c.size for c in layer.coords), self.signal_fraction(layer)) for layer in self.layers]
+            [np.full(sum(c.size for c in layer.coords), self.move_scale(layer)) for layer in self.layers]
         )
