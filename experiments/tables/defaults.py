@@ -3,15 +3,17 @@ back-propagation's gain over the head alone does the forward-only trainer reach?
 
     python -m experiments.tables.defaults [--shared DIR] [--budget 20000] [--seeds 0] [--workers 2]
 
-One row per (model, data set, trainable set). Each row trains exactly what
-`zo train --model M --data D --trainable T --new-head --budget B --seed S --out DIR` trains (every
-other option at its default: the head's exact gradient, the exact tail (zo/tail.py) and activity
-perturbation below it (zo/activity.py) on the head's Adam, q by `--q qscheduler` (for this trainer
-the rate rule, zo/config.py), `--keep best`), and beside it the back-propagation bound: the same
-layers from the same initialized start (the ridge-fitted fresh head, as the trainer starts), on the
-same training images (the held-out split of `--keep best` aside, zo/keep.py), trained in float with
-exact gradients (10 epochs of Adam, its own lr chosen on that split) and written back to int8 with
-the scales fixed; and that bound restricted: every tensor below the head frozen (the head alone).
+One row per (model, data set, trainable set). Each row trains exactly what `zo train --model M
+--data D --trainable T --new-head --budget B --seed S --out DIR` trains (every other option at its
+default: the head's exact gradient, the exact tail (zo/tail.py) and activity perturbation below it
+(zo/activity.py) on the head's Adam, q by `--q qscheduler` (for this trainer the rate rule,
+zo/config.py, which skips the estimated layers while they cannot pay for their cost), `--keep best`
+(the smoothed held-out curve's resolved peak, zo/keep.py)), and beside it the back-propagation
+bound: the same layers from the same initialized start (the ridge-fitted fresh head, as the trainer
+starts), on the same training images (the held-out split of `--keep best` aside, zo/keep.py),
+trained in float with exact gradients (10 epochs of Adam, its own lr chosen on that split) and
+written back to int8 with the scales fixed; and that bound restricted: every tensor below the head
+frozen (the head alone).
 The goal, as issue 53 words it: the trainer's gain over the head alone (same start, same training
 images) is at least half of back-propagation's, trainer - head alone >= (bound - head alone) / 2, in
 at least 8 of the 12 rows, and no row ends below its start (strictly: the count is reported). The head
@@ -221,9 +223,12 @@ def write_table(results: list[dict], path: Path, command: str, budget: int, seed
         "exact too; the trainable layers below the tail by activity perturbation (zo/activity.py), all "
         "on the head's Adam; q by `--q qscheduler` (for this trainer the rate rule); the model written "
         "chosen by `--keep best` (zo/keep.py): "
-        "the last one, unless the best on the held-out split (max(a tenth, min(1000, a quarter)) of the "
-        "training images, never trained on) leads it by 2 standard errors, or else the start where it "
-        "beats the last there. `last:1` is the head alone; "
+        "the last one, unless the peak of the held-out curve (on max(a tenth, min(1000, a quarter)) of the "
+        "training images, never trained on), smoothed over each evaluation and its neighbours, leads the "
+        "curve's end and the start by 2 standard errors after its selection bias (bootstrap), or else the "
+        "start where it beats the last there. The rate rule skips the estimated layers (q = 0, only "
+        "measuring them now and then) while a step with them, at their resolved signal, makes less "
+        "progress per unit of cost than the exact head and tail alone. `last:1` is the head alone; "
         "`last:3` adds two layers below it. bound: the same layers from the same start and training "
         "images, trained by back-propagation (float, 10 epochs of Adam at the lr of "
         f"{', '.join(map(str, BOUND_LRS))} best on the held-out split), written back to int8 with the "
