@@ -4,6 +4,7 @@ resume, and the generated table."""
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
@@ -41,12 +42,19 @@ def test_one_row_trains_records_and_resumes(tmp_path, capsys):
     assert row["bound_accuracy"] > 0.5 and row["zo_accuracy"] > 0.5
     # last:1 has nothing below the head: the bound restricted below it is the bound itself
     assert row["frozen_accuracy"] == row["bound_accuracy"] and row["restricted"] == defaults_table.RESTRICTED
-    gain = row["bound_accuracy"] - row["start_accuracy"]
-    assert row["fraction"] == pytest.approx(defaults_table.share(row))
-    if gain > 0:
-        assert row["fraction"] == pytest.approx((row["zo_accuracy"] - row["start_accuracy"]) / gain)
+    # the goal is issue 53's: the gain over the head alone, here the bound itself (no gain to share),
+    # so the row's goal is the trainer at or above it; below its start is marked strictly
+    assert math.isnan(row["fraction"]) and math.isnan(defaults_table.share(row))
+    assert defaults_table.goal_met(row) == (row["zo_accuracy"] >= row["frozen_accuracy"])
+    deeper = {**row, "frozen_accuracy": 0.6, "bound_accuracy": 0.8, "start_accuracy": 0.55}
+    assert defaults_table.share({**deeper, "zo_accuracy": 0.7}) == pytest.approx(0.5)
+    assert defaults_table.goal_met({**deeper, "zo_accuracy": 0.7})
+    assert not defaults_table.goal_met({**deeper, "zo_accuracy": 0.69})
+    assert defaults_table.below_start({**deeper, "zo_accuracy": 0.5499})
+    assert not defaults_table.below_start({**deeper, "zo_accuracy": 0.55})
     table = (tmp_path / "results" / "table.md").read_text()
     assert "| resnet8 | eurosat32_subset | `last:1` | 650 |" in table
+    assert "row(s) end below their start" in table and "head alone" in table
     # A finished row is read back, not trained again.
     (tmp_path / "runs" / "resnet8-eurosat32_subset-last1-seed0.json").write_text(
         json.dumps({**row, "zo_accuracy": 0.5})

@@ -17,7 +17,9 @@ layer before the first step as the weights estimator's is (zo/blocks.py, d(eps) 
 
 Two rules measured on ResNet-8 `last:6` (docs/zo.md): u is also zero where an elementwise op that
 alone reads h (a residual ADD with a fused ReLU) sits at its clamp; and each layer's move is scaled
-by its signal fraction rho = |G|^2 / E|g|^2, from the two half-batches' independent estimates.
+by the square root of its signal fraction rho = |G|^2 / E|g|^2 (each estimate paired with the running
+mean of the layer's earlier ones, signal_fraction): the best SGD step's rho, of which Adam's
+normalization already applies sqrt(rho).
 """
 
 from __future__ import annotations
@@ -30,7 +32,13 @@ from .loss import cross_entropy
 from .perturbation import second_moment
 from .tail import _clamp_mask, layer_steps
 
-SIGNAL_EMA = 0.9  # the signal fraction's averages, per layer step (about its last ten estimates)
+# The signal fraction's averages, per layer estimate: the running mean M of the layer's estimates and
+# the EMAs of g.M and |g|^2 (about the last 33 estimates, 100 steps of a three-layer round robin).
+# Measured on ResNet-8 `last:6` (docs/zo.md): rho is about 0.004 at q = 1, and the two half-batches'
+# product a.c spreads by about 0.4 |g|^2 an estimate, so at 0.9 (ten estimates, the rule before)
+# rho's standard error was about 0.1, and the move's factor was noise; g.M spreads about
+# sqrt((1 - b) / (1 + b)) times less.
+SIGNAL_EMA = 0.97
 
 
 ELEMENTWISE = ("ADD",)  # ops whose output element i moves only with element i of each input
@@ -64,8 +72,10 @@ class ActivityLayer:
         self.steps, self.coords = layer_steps(model, f, offsets)
         self.eps = 4
         self.correlation = float("nan")
-        # EMAs of a.c and |g|^2 (the halves' estimates a, c; g their mean): the signal fraction
-        self.agreement, self.power = 0.0, 0.0
+        # EMAs of g.M and |g|^2 (g an estimate, M the bias-corrected mean of the earlier ones),
+        # the count of estimates and M itself: the signal fraction (ActivityEstimator.signal_fraction)
+        self.agreement, self.power, self.count = 0.0, 0.0, 0
+        self.mean = np.zeros(sum(c.size for c in self.coords))
         kernels = model.suffix
         at = next(i for i, k in enumerate(kernels) if k.op is f.op)
         # The ops after this layer that depend on its output: all the perturbed passes run.
@@ -145,7 +155,7 @@ class ActivityEstimator:
 
     def gradient(self, values: dict, layer, q: int, step: int, labels: np.ndarray):
         """(the layer's gradient over layer.coords in the trainer's units, d [q, B]). Also updates the
-        layer's signal fraction from the two half-batches' independent estimates (signal_fraction)."""
+        layer's signal fraction with the estimate (observe)."""
         f = layer.f
         u = self.directions(step, layer, q, values)
         d = self.probe(values, layer, u, layer.eps, labels)
@@ -155,14 +165,21 @@ class ActivityEstimator:
         dy = g_codes / float(f.outputs[0].scale)
         t = f.inputs[0]
         x = float(t.scale) * (values[f.op.inputs[0]].astype(np.float64) - int(t.zero_point))
-        halves = [slice(0, b // 2), slice(b // 2, b)] if b >= 2 else [slice(0, b)]
-        parts = [self._local(f, layer, x[h], dy[h]) for h in halves]
-        g = sum(parts)
-        if len(parts) == 2:  # each half's sum, doubled, estimates the batch mean independently
-            a, c = 2 * parts[0], 2 * parts[1]
-            layer.agreement = SIGNAL_EMA * layer.agreement + (1 - SIGNAL_EMA) * float(a @ c)
-            layer.power = SIGNAL_EMA * layer.power + (1 - SIGNAL_EMA) * float(g @ g)
+        g = self._local(f, layer, x, dy)
+        self.observe(layer, g)
         return g, d
+
+    @staticmethod
+    def observe(layer, g: np.ndarray) -> None:
+        """The signal fraction's averages, with the estimate g: its directions (and, on another step,
+        its examples) are independent of the earlier estimates', so E[g.M] = G.E[M], |G|^2 where the
+        layer's gradient changes slowly over M's window; |g|^2 against it."""
+        if layer.count:
+            m = layer.mean / (1 - SIGNAL_EMA**layer.count)  # Adam's bias correction of a zero start
+            layer.agreement = SIGNAL_EMA * layer.agreement + (1 - SIGNAL_EMA) * float(g @ m)
+            layer.power = SIGNAL_EMA * layer.power + (1 - SIGNAL_EMA) * float(g @ g)
+        layer.mean = SIGNAL_EMA * layer.mean + (1 - SIGNAL_EMA) * g
+        layer.count += 1
 
     @staticmethod
     def _local(f, layer, x: np.ndarray, dy: np.ndarray) -> np.ndarray:
@@ -174,23 +191,42 @@ class ActivityEstimator:
         return np.concatenate(parts)
 
     def signal_fraction(self, layer) -> float:
-        """rho = |G|^2 / E|g|^2 of the layer's estimate g (G its mean): E[a.c] = |G|^2 for the two
-        halves' independent estimates. Under SGD the step that decreases the loss most along a noisy
-        estimate is rho times the exact gradient's (McCandlish et al. 2018), so rho scales the layer's
-        update beside the exact layers' (update_scale). 0 before the layer's first estimate."""
+        """rho = |G|^2 / E|g|^2 of the layer's estimate g (G its mean), from E[g.M] = |G|^2 (observe).
+        Not from two half-batches' estimates a, c (E[a.c] = |G|^2 too): each of a and c carries all of
+        the noise, so a.c spreads by about 0.4 |g|^2 where M's noise is a fraction of g's. Under SGD
+        the step that decreases the loss most along a noisy estimate is rho times the exact
+        gradient's (McCandlish et al. 2018), so rho sets the layer's update beside the exact layers'
+        (move_scale). 0 before the layer's second estimate."""
         return min(1.0, max(0.0, layer.agreement) / layer.power) if layer.power > 0 else 0.0
 
     def state(self) -> np.ndarray:
-        """[layers, 2]: each layer's signal-fraction averages (a checkpoint's)."""
-        return np.array([[layer.agreement, layer.power] for layer in self.layers], dtype=np.float64)
+        """Each layer's signal-fraction averages (agreement, power, count), then each layer's M (a
+        checkpoint's)."""
+        head = [[layer.agreement, layer.power, layer.count] for layer in self.layers]
+        return np.concatenate([np.ravel(head)] + [layer.mean for layer in self.layers]).astype(np.float64)
 
     def load(self, state) -> None:
-        state = np.asarray(state, dtype=np.float64).reshape(len(self.layers), 2)
-        for layer, (agreement, power) in zip(self.layers, state):
-            layer.agreement, layer.power = float(agreement), float(power)
+        state = np.asarray(state, dtype=np.float64).ravel()
+        n = len(self.layers)
+        if state.size == 2 * n:  # a checkpoint of the half-batch rule (averages of a.c): start anew
+            return
+        at = 3 * n
+        for k, layer in enumerate(self.layers):
+            agreement, power, count = state[3 * k : 3 * k + 3]
+            layer.agreement, layer.power, layer.count = float(agreement), float(power), int(count)
+            layer.mean = state[at : at + layer.mean.size].copy()
+            at += layer.mean.size
+
+    def move_scale(self, layer) -> float:
+        """The factor on the layer's Adam move: sqrt(rho). SGD's best step along a noisy estimate g is
+        rho times the step along its mean G (signal_fraction). Adam's move is g / sqrt(v), and its v is
+        the estimate's E g^2 = |G|^2 / rho per coordinate, not |G|^2: Adam already shrinks the move's
+        component along G by sqrt(rho) against the move it would make on G itself, so the rest of the
+        factor is rho / sqrt(rho) = sqrt(rho) (scaling by rho again would move the layer by rho^1.5)."""
+        return float(np.sqrt(self.signal_fraction(layer)))
 
     def update_scale(self) -> np.ndarray:
-        """Per coordinate of self.coords: its layer's signal fraction."""
+        """Per coordinate of self.coords: its layer's move_scale."""
         return np.concatenate(
-            [np.full(sum(c.size for c in layer.coords), self.signal_fraction(layer)) for layer in self.layers]
+            [np.full(sum(c.size for c in layer.coords), self.move_scale(layer)) for layer in self.layers]
         )

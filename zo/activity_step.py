@@ -10,7 +10,9 @@ charged by zo/step_budget.py) from its own directions, and the step's estimate i
 and B: E[A . B] = |g|^2 and E|A - B|^2 = v (1/q_a + 1/q_b) (schedulers.two_means_statistics).
 The same step moves the exact head and tail along their exact gradient g_exact, whose progress does
 not grow with q: the rule weighs it too, as E = |g_exact|^2 in the same units (loss per trainer unit
-of each coordinate, the mini-batch's gradient, as s is), docs/zo.md."""
+of each coordinate, the mini-batch's gradient, as s is), docs/zo.md. At q = 0 (the rule skips the
+estimated layers: a step with them would make less progress per unit of cost than the exact part
+alone) the step moves the exact part only."""
 
 from __future__ import annotations
 
@@ -29,6 +31,12 @@ class ActivityStep:
         """This step's activity layer's estimated gradient, zero over the other activity layers; exact:
         the step's exact gradient (head and tail), whose |g|^2 the rate rule weighs beside the estimate."""
         act = self.activity
+        for note in self.scheduler.__dict__.get("notes", [])[:]:  # the rate rule's skip, in one line each
+            self.report(note)
+            self.scheduler.notes.remove(note)
+        if q == 0:  # the rate rule skips the estimated layers this step (zo/schedulers.ProgressRate)
+            self.zero_differences = 0.0
+            return np.zeros(act.coords.size)
         layer = self.activity_layer_of_step(self.step)
         if self.measures_activity(q):
             qa = q // 2

@@ -262,7 +262,7 @@ def exact_tail_positions(interp, ops: list, head_pos: int | None) -> set:
 
 def step_parts(
     interp, trainable_tensor_indices, q: int, batch: int, cost: CostModel | None = None,
-    grad_dtype: str = "fp32", layer: int | None = None,
+    grad_dtype: str = "fp32", layer: int | None = None, estimated: bool = True,
 ) -> dict:  # fmt: skip
     """Device seconds of one step of the hybrid trainer with activity perturbation, part by part,
     averaged over the round robin of the layers below the exact tail (one of them is perturbed a step),
@@ -281,7 +281,9 @@ def step_parts(
     - `head_outer`: the head's (p - y)' x, classes x features multiply-adds per image, on the M55;
     - `write_back`: the step's updated values (head, tail, the perturbed layer) rounded, clamped, stored;
     - `loss`: a softmax per logit of every pass.
-    `fixed_s` (what a step pays whatever q is) + q x `per_direction_s` = `total_s`."""
+    `fixed_s` (what a step pays whatever q is) + q x `per_direction_s` = `total_s`. With estimated False:
+    a step that moves the exact head and tail only (the rate rule's skip, zo/schedulers.ProgressRate):
+    no layer below the tail is perturbed, gets a local gradient or is written back."""
     if q < 1 or batch < 1:
         raise ZoError(f"q and batch must be at least 1, got q={q}, batch={batch}")
     cost = cost or CostModel()
@@ -309,6 +311,8 @@ def step_parts(
         raise ZoError(f"op position {layer} is not a trainable layer below the exact tail")
 
     def mean(f):  # over the round robin of the perturbed layers (nothing when there is none)
+        if not estimated:
+            return 0.0
         if layer is not None:
             return f(layer)
         return sum(f(p) for p in perturbed) / len(perturbed) if perturbed else 0.0

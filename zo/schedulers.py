@@ -495,60 +495,131 @@ class ProgressRate(Scheduler):
     The trainer reports each step's per-direction statistics (observe_estimates: signal and noise
     from direction_statistics or two_means_statistics, summed over the steps where q >= 2, and the
     exact head's and tail's |g|^2 on the same steps) and the step's cost split into what it pays once
-    and what each direction adds (observe_costs: device seconds under --budget-ms, forward passes
-    under --budget). Every `window` measured steps q = best_q(sum signal, sum noise, fixed, per
-    direction, exact=sum exact). No tuned constant enters the rule: window only sets how many steps a
-    ratio of sums averages over. While q is 1 no spread can be measured, so every `every`-th step
-    then probes 2 directions (its estimate is used; it costs one direction more)."""
+    and what each direction adds, and for the hybrid trainer what a step of the exact part alone costs
+    (observe_costs: device seconds under --budget-ms, forward passes under --budget). Every `window`
+    measured steps q = best_q(resolved signal, sum noise, fixed, per direction, exact=sum exact).
+
+    The rule acts on what the measurements resolve: the signal it weighs is the lower confidence bound
+    of the window's summed signal, z standard errors of that sum below it (its standard error from
+    the spread of the window's own per-step signals). An estimate whose spread swamps it counts as no
+    signal, so it neither drives q up nor buys a step's cost.
+    Skip (q = 0): where a step with the estimated layers, at the best q and the resolved signal, makes
+    less progress per unit of cost than a step of the exact head and tail alone (E / C_exact), the
+    estimated layers are left out of the steps, and only measured: a whole round robin of them (one
+    layer a step) at q = 2 once every `interval` rounds, the interval doubling at each window that
+    decides to skip again, while the evidence keeps accumulating (a sequential test: undecided windows
+    are not thrown away). The hybrid trainer starts so, since nothing is resolved before its first
+    window. No tuned constant enters the rule: window only sets how many steps a ratio of sums
+    averages over, z = 2 the confidence of the bounds the trainer uses elsewhere (zo/keep.py). While q
+    is 1 no spread can be measured, so the measuring steps then probe 2 directions (their estimate is
+    used; it costs one direction more). `notes` holds one line for each change between estimating and
+    skipping, for the trainer to print."""
 
     name = "rate"
     wants_estimates = True
 
-    def __init__(self, q_max: int = 64, q_init: int = 2, window: int = 20, every: int = 10):
-        self.q, self.q_max, self.window, self.every = q_init, q_max, window, every
-        self.signal, self.noise, self.exact, self.measured = 0.0, 0.0, 0.0, 0
-        self.fixed, self.per_direction = 0.0, 1.0
+    def __init__(self, q_max: int = 64, q_init: int = 2, window: int = 20, every: int = 10, z: float = 2.0):
+        self.q, self.q_max, self.window, self.every, self.z = q_init, q_max, window, every, z
+        self.signal, self.signal_sq, self.noise, self.exact, self.measured = 0.0, 0.0, 0.0, 0.0, 0
+        self.fixed, self.per_direction, self.exact_only, self.layers = 0.0, 1.0, 0.0, 1
+        self.skipping: bool | None = None  # None until the costs say whether an exact part alone can step
+        self.interval = every  # rounds of the round robin between measuring rounds
         self.changes: list[tuple[int, int]] = []
+        self.notes: list[str] = []
 
     def next_q(self, progress):
-        if self.q == 1 and progress.step % self.every == self.every - 1:
+        if self.skipping:
+            return 2 if self.measures(progress.step) else 0
+        if self.q == 1 and self.measures(progress.step):
             return 2
         return self.q
 
     def measures(self, step: int) -> bool:
         """Whether an estimator that pays to measure (activity perturbation's second local gradient,
-        zo/activity_step.py) measures at this step: one in `every`, the steps where q = 1 takes 2."""
-        return step % self.every == self.every - 1
+        zo/activity_step.py) measures at this step: every step of one round robin of the `layers`
+        estimated layers in `interval` (`every` while estimating), the steps where q = 1 takes 2."""
+        period = self.interval if self.skipping else self.every
+        return (step // max(self.layers, 1)) % period == period - 1
 
-    def observe_costs(self, fixed: float, per_direction: float):
+    def observe_costs(self, fixed: float, per_direction: float, exact_only: float = 0.0, layers: int = 1):
+        """C_s and C_p; exact_only: what a step of the exact head and tail alone costs (0: none can
+        step alone, the rule never skips); layers: the estimated layers taking turns a step."""
         self.fixed, self.per_direction = float(fixed), float(per_direction)
+        self.exact_only, self.layers = float(exact_only), max(int(layers), 1)
+        if self.skipping is None and self.exact_only > 0 and layers > 0:
+            self.skipping = True
+            self.notes.append(
+                "the estimated layers below the exact tail are only measured (one round of them at "
+                f"q = 2 every {self.interval} rounds) until their signal is resolved above its noise"
+            )
+
+    def resolved_signal(self) -> float:
+        """The window's summed signal less z standard errors of that sum (from its per-step spread)."""
+        n = self.measured
+        if n < 2:
+            return -math.inf
+        variance = max(self.signal_sq - self.signal**2 / n, 0.0) / (n - 1)
+        return self.signal - self.z * math.sqrt(n * variance)
 
     def observe_estimates(self, progress: Progress, signal: float, noise: float, exact: float = 0.0):
         """One measured step: the estimated layers' signal and noise, and exact = |g|^2 of the layers
         the same step moves along their exact gradient, in the same units (0: none, or not commensurable)."""
         self.signal += signal
+        self.signal_sq += signal * signal
         self.noise += noise
         self.exact += exact
         self.measured += 1
-        if self.measured < self.window:
+        if self.measured % self.window:
             return
-        q = best_q(self.signal, self.noise, self.fixed, self.per_direction, self.q_max, exact=self.exact)
-        self.signal, self.noise, self.exact, self.measured = 0.0, 0.0, 0.0, 0
-        if q != self.q:
-            self.q = q
+        resolved = self.resolved_signal()
+        q = best_q(resolved, self.noise, self.fixed, self.per_direction, self.q_max, exact=self.exact)
+        with_layers = progress_rate(q, resolved, self.noise, self.fixed, self.per_direction, self.exact)
+        alone = self.exact / self.exact_only if self.exact_only > 0 else 0.0
+        if self.exact > 0 and with_layers < alone:
+            if self.skipping:
+                self.interval *= 2
+            else:
+                self.skipping, self.interval = True, self.every
+                self.changes.append((progress.step, 0))
+                self.notes.append(self.skip_note(progress.step, resolved, with_layers, alone))
+            return  # the evidence keeps accumulating while the layers are skipped
+        if self.skipping:
+            self.notes.append(
+                f"step {progress.step}: the estimated layers train again (q = {q}): their resolved signal "
+                f"makes a step with them worth its cost ({with_layers:.3g} against {alone:.3g} a unit alone)"
+            )
             self.changes.append((progress.step, q))
+        elif q != self.q:
+            self.changes.append((progress.step, q))
+        self.skipping, self.interval, self.q = False, self.every, q
+        self.signal, self.signal_sq, self.noise, self.exact, self.measured = 0.0, 0.0, 0.0, 0.0, 0
+
+    def skip_note(self, step: int, resolved: float, with_layers: float, alone: float) -> str:
+        signal = "no signal resolved above its noise" if resolved <= 0 else "too little signal"
+        return (
+            f"step {step}: the estimated layers are skipped ({signal} over {self.measured} measured "
+            f"steps): a step with them makes {with_layers:.3g} progress a unit of cost against the exact "
+            f"head and tail alone's {alone:.3g}; the budget goes to the exact part, and they are measured "
+            "ever more rarely"
+        )
 
     def state(self):
         return {
-            "q": self.q, "signal": self.signal, "noise": self.noise, "exact": self.exact,
-            "measured": self.measured, "fixed": self.fixed, "per_direction": self.per_direction,
-            "changes": self.changes,
+            "q": self.q, "signal": self.signal, "signal_sq": self.signal_sq, "noise": self.noise,
+            "exact": self.exact, "measured": self.measured, "fixed": self.fixed,
+            "per_direction": self.per_direction, "exact_only": self.exact_only, "layers": self.layers,
+            "skipping": self.skipping, "interval": self.interval, "changes": self.changes,
         }  # fmt: skip
 
     def load(self, state):
         self.q, self.measured = int(state["q"]), int(state["measured"])
         self.signal, self.noise = float(state["signal"]), float(state["noise"])
         self.exact = float(state.get("exact", 0.0))  # checkpoints from before the exact part was weighed
+        # checkpoints from before the resolved signal and the skip: no spread (the window restarts
+        # its bound), no skip decided yet
+        self.signal_sq = float(state.get("signal_sq", 0.0))
+        self.exact_only, self.layers = float(state.get("exact_only", 0.0)), int(state.get("layers", 1))
+        self.skipping, self.interval = state.get("skipping"), int(state.get("interval", self.every))
         self.fixed, self.per_direction = float(state["fixed"]), float(state["per_direction"])
         self.changes = [tuple(c) for c in state["changes"]]
 

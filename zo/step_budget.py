@@ -48,7 +48,8 @@ class StepBudget:
     @functools.cached_property
     def hybrid_parts(self) -> dict:
         """Per layer the step perturbs (its op, None without activity layers): (fixed seconds, seconds
-        per direction) of zo/cost.step_parts; and under None the round robin's mean."""
+        per direction) of zo/cost.step_parts; under None the round robin's mean; under "exact" a step
+        that perturbs no layer (q = 0: the rate rule's skip)."""
         interp, batch = self.model.interp, self.config.batch
         tensors = [p.tensor for p in self.model.params]
         position = {id(k.op): pos for pos, k in enumerate(interp.kernels)}
@@ -56,6 +57,7 @@ class StepBudget:
         parts = {}
         mean = step_parts(interp, tensors, 1, batch)
         parts[None] = (mean["fixed_s"], mean["per_direction_s"])
+        parts["exact"] = (step_parts(interp, tensors, 1, batch, estimated=False)["fixed_s"], 0.0)
         for layer in layers:
             try:
                 r = step_parts(interp, tensors, 1, batch, layer=position[id(layer.op)])
@@ -87,8 +89,9 @@ class StepBudget:
                 logits=self.config.batch * self.model.num_classes,
                 head_macs=self.config.batch * head.classes * head.features if head else 0,
             )  # fmt: skip
-        layer = self.activity_layer_of_step(self.step)
-        fixed, per_direction = self.hybrid_parts[None if layer is None else id(layer.op)]
+        layer = self.activity_layer_of_step(self.step) if q else None  # q = 0: the exact part alone
+        key = "exact" if not q and self.activity is not None else None if layer is None else id(layer.op)
+        fixed, per_direction = self.hybrid_parts[key]
         seconds = fixed + (q * per_direction if layer is not None else 0.0)
         if self.measures_activity(q):
             seconds += m55_mac_seconds(self.config.batch * layer.macs_per_image, "fp32")
@@ -102,16 +105,19 @@ class StepBudget:
             passes += zo_passes
         return seconds - passes * self.device_seconds_per_pass
 
-    def step_cost_split(self, batches: int) -> tuple[float, float]:
+    def step_cost_split(self, batches: int) -> tuple:
         """(what a step costs whatever q is, what each direction adds), in the budget's unit (forward
         passes; under --budget-ms, passes of equal device time): the q rule's C_s and C_p. The hybrid
         trainer's: the round robin's mean of step_parts (under --budget: the head's pass, and a
-        direction's two passes)."""
+        direction's two passes), then what a step of the exact head and tail alone costs and the
+        number of estimated layers taking turns (ProgressRate.observe_costs)."""
         if self.hybrid and not self.blocks:
+            layers = len(self.activity.layers) if self.activity is not None else 0
             if self.config.budget_ms is None:
-                return 1.0, 2.0
-            fixed, per_direction = self.hybrid_parts[None]
-            return fixed / self.device_seconds_per_pass, per_direction / self.device_seconds_per_pass
+                return 1.0, 2.0, 1.0, layers
+            unit = self.device_seconds_per_pass
+            (fixed, per_direction), (exact, _) = self.hybrid_parts[None], self.hybrid_parts["exact"]
+            return fixed / unit, per_direction / unit, exact / unit, layers
         one, two = self.step_overhead(1, batches), self.step_overhead(2, batches)
         per_direction = 2 * batches + self.charged(two - one)
         return (self.head is not None) + self.charged(2 * one - two), per_direction

@@ -521,7 +521,7 @@ class Trainer(StepBudget, RunFiles, KeepBest, ActivityStep, LocalStep):
                 g = np.concatenate([g, self.local_gradient(values, labels, estimate)])
             head_lr = learning_rate(HEAD_LR, HEAD_SCHEDULE, self.spent / self.total)
             move = self.head_optimizer.step(g, head_lr)
-            if self.activity is not None:  # the estimated layers' moves, by their signal fraction
+            if self.activity is not None:  # the estimated layers' moves, by sqrt(signal fraction)
                 move[move.size - self.activity.coords.size :] *= self.activity.update_scale()
             update[self.exact_coords] = move
             losses.append(loss)

@@ -1,19 +1,25 @@
-"""`zo train` with its defaults on models and data sets it was not tuned on: how much of the
-back-propagation bound's gain over their common start does the forward-only trainer reach?
+"""`zo train` with its defaults on models and data sets it was not tuned on: how much of
+back-propagation's gain over the head alone does the forward-only trainer reach?
 
     python -m experiments.tables.defaults [--shared DIR] [--budget 20000] [--seeds 0] [--workers 2]
 
-One row per (model, data set, trainable set). Each row trains exactly what
-`zo train --model M --data D --trainable T --new-head --budget B --seed S --out DIR` trains (every
-other option at its default: the head's exact gradient, the exact tail (zo/tail.py) and activity
-perturbation below it (zo/activity.py) on the head's Adam, q by `--q qscheduler` (for this trainer
-the rate rule, zo/config.py), `--keep best`), and beside it the back-propagation bound: the same
-layers from the same initialized start (the ridge-fitted fresh head, as the trainer starts), on the
-same training images (the held-out split of `--keep best` aside, zo/keep.py), trained in float with
-exact gradients (10 epochs of Adam, its own lr chosen on that split) and written back to int8 with
-the scales fixed; and that bound restricted: every tensor below the head frozen (the head alone).
-share = (trainer - start) / (bound - start); goal: share >= 0.5 and the trainer never more than 0.5
-points below its start.
+One row per (model, data set, trainable set). Each row trains exactly what `zo train --model M
+--data D --trainable T --new-head --budget B --seed S --out DIR` trains (every other option at its
+default: the head's exact gradient, the exact tail (zo/tail.py) and activity perturbation below it
+(zo/activity.py) on the head's Adam, q by `--q qscheduler` (for this trainer the rate rule,
+zo/config.py, which skips the estimated layers while they cannot pay for their cost), `--keep best`
+(the smoothed held-out curve's resolved peak, zo/keep.py)), and beside it the back-propagation
+bound: the same layers from the same initialized start (the ridge-fitted fresh head, as the trainer
+starts), on the same training images (the held-out split of `--keep best` aside, zo/keep.py),
+trained in float with exact gradients (10 epochs of Adam, its own lr chosen on that split) and
+written back to int8 with the scales fixed; and that bound restricted: every tensor below the head
+frozen (the head alone).
+The goal, as issue 53 words it: the trainer's gain over the head alone (same start, same training
+images) is at least half of back-propagation's, trainer - head alone >= (bound - head alone) / 2, in
+at least 8 of the 12 rows, and no row ends below its start (strictly: the count is reported). The head
+alone is the row's restricted bound (every tensor below the head frozen, trained by back-propagation
+as the bound is); on a `last:1` row it is the bound itself, so there the goal is the trainer at or
+above it. share = (trainer - head alone) / (bound - head alone) where back-propagation gains.
 A row is stored as JSON under --runs when done, so an interrupted table resumes where it stopped.
 """
 
@@ -35,8 +41,8 @@ from zo.backprop import BOUND_LRS, bound_with_own_lr
 from ..study.main import ONE_THREAD, one_thread_worker
 
 ROOT = Path(__file__).resolve().parents[2]
-GOAL = 0.5  # share of the bound's gain over the start that a row should reach
-WORST_LOSS = 0.005  # no row may end more than this below its start (0.5 points)
+GOAL = 0.5  # share of the bound's gain over the head alone that a row's trainer should reach
+ROWS_TO_MEET = 8  # of the 12 rows (issue 53)
 
 
 @dataclass(frozen=True)
@@ -171,16 +177,21 @@ def execute(row: Row, shared: str, runs: str, budget: int, seed: int) -> dict:
 
 
 def share(r: dict) -> float:
-    """The trainer's gain over its start as a share of the bound's (1.0 when the bound gains nothing
-    and the trainer loses nothing)."""
-    gain, bound_gain = r["zo_accuracy"] - r["start_accuracy"], r["bound_accuracy"] - r["start_accuracy"]
-    if bound_gain <= 0:  # nothing to gain by back-propagation either: no loss is the whole goal
-        return 1.0 if gain >= 0 else 0.0
-    return gain / bound_gain
+    """The trainer's gain over the head alone as a share of back-propagation's (nan where
+    back-propagation gains nothing over the head alone: goal_met then asks the trainer for at least
+    half of that gain, which is at most zero)."""
+    gain, bound_gain = r["zo_accuracy"] - r["frozen_accuracy"], r["bound_accuracy"] - r["frozen_accuracy"]
+    return gain / bound_gain if bound_gain > 0 else float("nan")
 
 
 def goal_met(r: dict) -> bool:
-    return r["fraction"] >= GOAL and r["zo_accuracy"] >= r["start_accuracy"] - WORST_LOSS
+    """trainer - head alone >= GOAL x (bound - head alone) (issue 53's row goal)."""
+    head = r["frozen_accuracy"]
+    return r["zo_accuracy"] - head >= GOAL * (r["bound_accuracy"] - head) - 1e-12  # (rounding of equal rates)
+
+
+def below_start(r: dict) -> bool:
+    return r["zo_accuracy"] < r["start_accuracy"]
 
 
 def row_minutes(rows: list[dict]) -> float:
@@ -188,11 +199,15 @@ def row_minutes(rows: list[dict]) -> float:
 
 
 def mean_fraction(rows: list[dict]) -> float:
-    return float(np.mean([r["fraction"] for r in rows]))
+    shares = [r["fraction"] for r in rows if np.isfinite(r["fraction"])]
+    return float(np.mean(shares)) if shares else float("nan")
 
 
 def write_table(results: list[dict], path: Path, command: str, budget: int, seeds: list[int]):
     import platform
+
+    for r in results:  # rows stored under an earlier goal: the share as defined now
+        r["fraction"] = share(r)
 
     lines = [
         "# `zo train` defaults across models, data sets and trainable sets",
@@ -208,39 +223,45 @@ def write_table(results: list[dict], path: Path, command: str, budget: int, seed
         "exact too; the trainable layers below the tail by activity perturbation (zo/activity.py), all "
         "on the head's Adam; q by `--q qscheduler` (for this trainer the rate rule); the model written "
         "chosen by `--keep best` (zo/keep.py): "
-        "the last one, unless the best on the held-out split (max(a tenth, min(1000, a quarter)) of the "
-        "training images, never trained on) leads it by 2 standard errors, or else the start where it "
-        "beats the last there. `last:1` is the head alone; "
+        "the last one, unless the peak of the held-out curve (on max(a tenth, min(1000, a quarter)) of the "
+        "training images, never trained on), smoothed over each evaluation and its neighbours, leads the "
+        "curve's end and the start by 2 standard errors after its selection bias (bootstrap), or else the "
+        "start where it beats the last there. The rate rule skips the estimated layers (q = 0, only "
+        "measuring them now and then) while a step with them, at their resolved signal, makes less "
+        "progress per unit of cost than the exact head and tail alone. `last:1` is the head alone; "
         "`last:3` adds two layers below it. bound: the same layers from the same start and training "
         "images, trained by back-propagation (float, 10 epochs of Adam at the lr of "
         f"{', '.join(map(str, BOUND_LRS))} best on the held-out split), written back to int8 with the "
-        "deployed scales. head alone: the bound with every trainable tensor below the head frozen. "
-        "share = (trainer - start) / (bound - start); "
-        f"goal: share >= {GOAL} and the trainer at most {100 * WORST_LOSS:.1f} points below the start. "
-        "pilot: the cell was among the single-seed pilots the defaults were chosen on (docs/zo.md).",
+        "deployed scales. head alone: the row's bound restricted to the head, every trainable tensor "
+        "below it frozen (the same start, images and back-propagation; on `last:1` the bound itself). "
+        "gain: over the head alone, in points. share = (trainer - head alone) / (bound - head alone) "
+        "where back-propagation gains over the head alone. goal (issue 53): the trainer's gain at least "
+        f"{GOAL} x back-propagation's, in at least {ROWS_TO_MEET} of 12 rows, and no row below its start "
+        "(strictly; `below start` marks one). pilot: the cell was among the single-seed pilots the "
+        "defaults were chosen on (docs/zo.md).",
         "",
         "| model | data | trainable | parameters | input mapping | pilot | start | trainer | bound "
-        "| head alone | share | goal |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| head alone | trainer gain | bound gain | share | goal | below start |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
+        gain, bound_gain = r["zo_accuracy"] - r["frozen_accuracy"], r["bound_accuracy"] - r["frozen_accuracy"]
         lines.append(
             f"| {r['model']} | {Path(r['data']).stem} | `{r['trainable']}` | {r['parameters']:,} "
             f"| {r['mapping']} | {'yes' if r['key'] in PILOTS else 'no'} | {100 * r['start_accuracy']:.1f} | "
             f"{100 * r['zo_accuracy']:.1f} | {100 * r['bound_accuracy']:.1f} | "
-            f"{100 * r['frozen_accuracy']:.1f} | {r['fraction']:.3f} | "
-            f"{'met' if goal_met(r) else 'missed'} |"
+            f"{100 * r['frozen_accuracy']:.1f} | {100 * gain:+.1f} | {100 * bound_gain:+.1f} | "
+            + (f"{r['fraction']:.2f}" if np.isfinite(r["fraction"]) else "-")
+            + f" | {'met' if goal_met(r) else 'missed'} | {'yes' if below_start(r) else 'no'} |"
         )
     met = [r for r in results if goal_met(r)]
-    held_out = [r for r in results if r["key"] not in PILOTS]
+    below = [r for r in results if below_start(r)]
+    whole = len(met) >= ROWS_TO_MEET * len(results) / 12 and not below
     lines += [
         "",
-        f"Goal met in {len(met)} of {len(results)} rows; mean share {mean_fraction(results):.2f}"
-        + (
-            f", {mean_fraction(held_out):.2f} on the {len(held_out)} rows outside the pilots."
-            if held_out
-            else "."
-        ),
+        f"Row goal met in {len(met)} of {len(results)} rows; {len(below)} row(s) end below their start; "
+        f"the table's goal is {'met' if whole else 'missed'}. Mean share {mean_fraction(results):.2f} over "
+        "the rows where back-propagation gains over the head alone.",
     ]
     warned = [r for r in results if r["warnings"]]
     if warned:
