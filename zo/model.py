@@ -89,7 +89,7 @@ class TrainableModel:
     def check_writable(self):
         """Write the model once before any training (an ONNX graph may hold what cannot go back into
         its file): a refusal after the whole budget would throw the run away."""
-        if getattr(self.graph.source, "format", None) != "onnx":
+        if self.graph.source.format != "onnx":
             return
         try:
             write_model(self.graph)
@@ -178,7 +178,7 @@ class TrainableModel:
         else:
             chosen, with_weights = chosen_layers(spec, mac, tensors)
         params = []
-        stored = getattr(self.graph.source, "weights", None) or {}
+        stored = self.graph.source.weights
         for op in chosen:
             if with_weights:
                 # a weight an ONNX file stores in 4 bits trains within them, so that it can be written back
