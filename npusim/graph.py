@@ -57,13 +57,40 @@ class Op:
 
 
 @dataclass
+class Source:
+    """What a reader keeps of the file beside the Graph (Graph.source), so that writing back changes
+    only what was edited and reports can name the file's own nodes. Each reader fills the fields of
+    its format; the others keep their empty defaults (a Graph built in code has format "")."""
+
+    format: str = ""  # "tflite" or "onnx": the reader that made the Graph, the writer that takes it
+    # The file itself: the .tflite bytes (a bytearray the Graph's quantization arrays view, unpacked
+    # afresh on each write) or the ONNX ModelProto.
+    model: object = None
+    # ONNX only, below.
+    # Graph tensor -> where its codes live in the file (formats/onnx/writer.py puts trained weights
+    # back there; its "storage" is the file's type of the codes).
+    weights: dict = field(default_factory=dict)
+    # ONNX value name -> (graph tensor, perm): where each activation of the file lives in the Graph
+    # (physical = logical.transpose(perm)), for per-layer comparisons against ORT.
+    values: dict = field(default_factory=dict)
+    storage: dict = field(default_factory=dict)  # tensor -> the file's storage type of a MAC filter
+    rebuilt: dict = field(default_factory=dict)  # tensor -> import-time data of MAC weights not the file's
+    # plan_only: {"node", "op", "reason", "index"} per node npusim cannot lower (formats/onnx/plan.py);
+    # index is the op standing in for it, None where it has none.
+    unlowered: list = field(default_factory=list)
+    origin: dict = field(default_factory=dict)  # op index -> (ONNX node, consts, layouts): Lowering.origin
+    normalized: set = field(default_factory=set)  # the ONNX values a BatchNormalization reads
+    op_count: int = 0  # ops and tensors the import made (the writer appends what came after)
+    tensor_count: int = 0
+
+
+@dataclass
 class Graph:
     tensors: list[Tensor]
     ops: list[Op]
     inputs: list[int]
     outputs: list[int]
-    # The file's own object tree, kept so that writing back changes only what was edited.
-    source: object = None
+    source: Source = field(default_factory=Source)  # what the reader kept of the file
     origin: str = "model"  # the file it was read from ("model" for bytes), for messages that name it
 
     def input(self, k: int = 0) -> Tensor:

@@ -43,7 +43,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from npusim import Interpreter, NpusimError, load_model, write_model
-from npusim.formats import tflite_io
+from npusim.formats import limits
 from npusim.npu import report as npu_report
 from npusim.testing import oracle as O
 
@@ -51,7 +51,7 @@ from shared_paths import SHARED
 from zo_fixtures import tiny_classifier
 
 INT32_MAX = 2**31 - 1
-# In-process campaigns lower npusim's allocation limit (tflite_io.MAX_TENSOR_BYTES) to this, so the
+# In-process campaigns lower npusim's allocation limit (limits.MAX_TENSOR_BYTES) to this, so the
 # refusal paths run on small absurd shapes too; a case's traced peak must stay within a few times it.
 FUZZ_LIMIT = 16 << 20
 CHECK_MEMORY_EVERY = 8
@@ -845,7 +845,7 @@ def run_case(data: bytes, n: int = 2) -> str:
         for k in range(len(graph.inputs)):
             t = graph.input(k)
             per_image = int(np.prod(t.shape[1:], dtype=np.float64)) * np.dtype(t.dtype).itemsize
-            if per_image > tflite_io.MAX_TENSOR_BYTES:
+            if per_image > limits.MAX_TENSOR_BYTES:
                 raise CaseFailure(
                     f"planner accepted an input of {per_image} bytes per image (shape {list(t.shape)}) "
                     f"beyond the allocation limit"
@@ -945,10 +945,10 @@ def memory_guard():
     """npusim's allocation limit lowered to FUZZ_LIMIT, and the address space capped 4 GiB above its
     current size: an allocation that slips past the limit fails the case with MemoryError instead of
     exhausting a shared machine."""
-    old_limit = tflite_io.MAX_TENSOR_BYTES
+    old_limit = limits.MAX_TENSOR_BYTES
     soft, hard = resource.getrlimit(resource.RLIMIT_AS)
     vm = _address_space()
-    tflite_io.MAX_TENSOR_BYTES = FUZZ_LIMIT
+    limits.MAX_TENSOR_BYTES = FUZZ_LIMIT
     if vm is not None:
         cap = vm + (4 << 30)
         if hard != resource.RLIM_INFINITY:
@@ -957,7 +957,7 @@ def memory_guard():
     try:
         yield
     finally:
-        tflite_io.MAX_TENSOR_BYTES = old_limit
+        limits.MAX_TENSOR_BYTES = old_limit
         if vm is not None:
             resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
 
@@ -1263,7 +1263,7 @@ def test_constants_sharing_a_buffer_count_against_the_limit(monkeypatch):
     data = b.build([x], [y])
     assert len(data) < 2 << 20
     load_model(data)  # 41 MiB of constants: within the 1 GiB limit
-    monkeypatch.setattr(tflite_io, "MAX_TENSOR_BYTES", 16 << 20)
+    monkeypatch.setattr(limits, "MAX_TENSOR_BYTES", 16 << 20)
     with pytest.raises(NpusimError, match="constant data exceeds the limit"):
         load_model(data)
 
@@ -1284,7 +1284,7 @@ def test_absurd_but_consistent_shapes_are_refused_before_allocation(monkeypatch)
     finally:
         tracemalloc.stop()
     interp = Interpreter(O.conv2d_model((1, 64, 64, 8), w[:8, :3, :3, :8], None, 0.05, 0, 0.01, 0.1, 0))
-    monkeypatch.setattr(tflite_io, "MAX_TENSOR_BYTES", interp.largest_allocation(8)[0])
+    monkeypatch.setattr(limits, "MAX_TENSOR_BYTES", interp.largest_allocation(8)[0])
     with pytest.raises(NpusimError, match="a batch of 200 needs .* run smaller batches"):
         interp.run(np.zeros((200, 64, 64, 8), np.int8))
     assert interp.run(np.zeros((8, 64, 64, 8), np.int8)).shape == (8, 64, 64, 8)

@@ -25,7 +25,7 @@ import npusim.app.cli
 import zo.cli
 import zo.trainer
 from npusim import Interpreter, NpusimError
-from npusim.formats import tflite_io
+from npusim.formats import limits
 from npusim.testing import oracle as O
 from zo.errors import ZoError
 from zo.trainer import TrainConfig, Trainer
@@ -134,7 +134,7 @@ def test_a_model_with_several_inputs_says_so(models):
 def test_a_batch_beyond_the_allocation_limit_is_refused_before_running(models, monkeypatch):
     interp = Interpreter(models["int8"])
     need, _ = interp.largest_allocation(100)
-    monkeypatch.setattr(tflite_io, "MAX_TENSOR_BYTES", need)
+    monkeypatch.setattr(limits, "MAX_TENSOR_BYTES", need)
     interp.run(good_input("int8", 100))
     with pytest.raises(NpusimError, match="a batch of 101 needs .* run smaller batches"):
         interp.run(good_input("int8", 101))

@@ -169,7 +169,7 @@ class TrainableModel:
         else:
             chosen, with_weights = chosen_layers(spec, mac, tensors)
         params = []
-        stored = getattr(self.graph.source, "weights", None) or {}
+        stored = self.graph.source.weights
         for op in chosen:
             if with_weights:
                 # a weight an ONNX file stores in 4 bits trains within them, so that it can be written back
@@ -278,7 +278,7 @@ def _placeholder_head(graph: Graph, num_classes: int) -> Graph:
 
 def _unwritable(graph: Graph) -> str | None:
     """Why the ONNX graph cannot be written back into its file; None when it can (or is no ONNX)."""
-    if getattr(graph.source, "format", None) != "onnx":
+    if graph.source.format != "onnx":
         return None
     try:
         write_model(graph)

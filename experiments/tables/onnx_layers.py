@@ -1,6 +1,6 @@
 """Layer by layer, npusim against ONNX Runtime's literal QDQ run (ORT_DISABLE_ALL) on an ONNX QDQ
 model: every QuantizeLinear output of the file is exposed as an ORT graph output and compared, in
-codes, with the Graph tensor the importer made of it (OnnxSource.values).
+codes, with the Graph tensor the importer made of it (Source.values).
 
     python -m experiments.tables.onnx_layers MODEL.onnx --shared ../shared --images 4 [--profile tflm]
         [--substitute 488,497] [--prefix 100,200,300]

@@ -676,7 +676,7 @@ def validate(int8_model, input_path, float_path, labels_path, profile, fmt, repo
     x = load_array(input_path, "--input")
     labels = load_array(labels_path, "--labels") if labels_path else None
     int8 = load_model(int8_model)
-    onnx_pair = getattr(int8.source, "format", None) == "onnx"  # a float ONNX is read by its reference
+    onnx_pair = int8.source.format == "onnx"  # a float ONNX is read by its reference
     reference = (float_path if onnx_pair else load_model(float_path)) if float_path else None
     result = v.validate(int8, x, reference, labels, profile, n6)
     for warning in result.warnings:

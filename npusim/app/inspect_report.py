@@ -48,7 +48,7 @@ def _edge_quantization(graph: Graph, t: int, is_input: bool) -> Quantization | N
 
 def io_details(graph: Graph) -> tuple[list, list]:
     """(inputs, outputs): per graph input and output {name, shape, dtype, scale, zero_point}."""
-    onnx = getattr(graph.source, "format", None) == "onnx"
+    onnx = graph.source.format == "onnx"
 
     def detail(t: int, is_input: bool) -> dict:
         tensor: Tensor = graph.tensors[t]
@@ -149,7 +149,7 @@ def unsupported(interp) -> list[dict]:
     """What npusim cannot run, {"index", "op"} per op; an ONNX model's nodes it cannot lower also
     name the node and give the one line `npusim run` stops at ({"index", "op", "node", "reason"}, op
     the ONNX type; index the op standing in for the node, null where there is none: formats/onnx/plan.py)."""
-    nodes = list(getattr(interp.graph.source, "unlowered", None) or [])
+    nodes = list(interp.graph.source.unlowered)
     stand_ins = {e["index"] for e in nodes}
     refusals = getattr(interp, "refusals", {})
     ops = [

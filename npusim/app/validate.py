@@ -285,7 +285,7 @@ def validate(
     one, against its own graph in float. profile "neural-art" (n6: its N6Options) also runs tflm,
     and each layer gives tflm's propagated error beside the N6's ("tflm_propagated")."""
     int8 = int8_model if isinstance(int8_model, Graph) else load_model(int8_model)
-    onnx = getattr(int8.source, "format", None) == "onnx"
+    onnx = int8.source.format == "onnx"
     if onnx and float_model is not None and not isinstance(float_model, Graph):
         return _validate_onnx_pair(int8, x, float_model, labels, profile, n6)
     if computes_in_float(int8):

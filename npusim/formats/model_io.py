@@ -60,7 +60,7 @@ def write_model(graph: Graph) -> bytes:
     """The graph, with its current constants, in the format it was read from (.tflite or .onnx bytes)."""
     from . import tflite_io
 
-    if getattr(graph.source, "format", None) == "onnx":
+    if graph.source.format == "onnx":
         from .onnx import write
 
         return write(graph)
@@ -68,4 +68,4 @@ def write_model(graph: Graph) -> bytes:
 
 
 def model_suffix(graph: Graph) -> str:
-    return ".onnx" if getattr(graph.source, "format", None) == "onnx" else ".tflite"
+    return ".onnx" if graph.source.format == "onnx" else ".tflite"

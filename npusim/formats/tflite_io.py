@@ -15,14 +15,9 @@ import numpy as np
 from ai_edge_litert import schema_py_generated as schema
 
 from ..errors import NpusimError, first_line
-from ..graph import Graph, Op, Quantization, Tensor
+from ..graph import Graph, Op, Quantization, Source, Tensor
+from . import limits
 
-# Refuse any single tensor larger than this before allocating it (hostile files declare absurd shapes).
-# The same limit bounds the constant data of a whole model and, in the interpreter, every activation
-# and kernel workspace at the batch size of a run.
-MAX_TENSOR_BYTES = 1 << 30
-# More axes than any TFLite kernel takes (TFLM's reference kernels stop at 5 or 6).
-MAX_RANK = 8
 # Tables in one file (tensors, operators, buffers, quantization and options tables, ...). A large
 # vision model has a few thousand; the cap bounds the time spent on a hostile file to seconds.
 MAX_TABLES = 100_000
@@ -225,7 +220,7 @@ def load_model(source) -> Graph:
     except Exception as e:  # flatbuffers raises whatever the damaged offsets lead to
         raise NpusimError(f"{where}: malformed flatbuffer, {_damage(e, len(data))}") from None
     try:
-        return _to_graph(model, where, _Source(buf, where))
+        return _to_graph(model, where, Source(format="tflite", model=buf))
     except NpusimError:
         raise
     except Exception as e:
@@ -246,25 +241,15 @@ def _damage(e: Exception, size: int) -> str:
     return f"file truncated or damaged ({first_line(e)})"
 
 
-class _Source:
-    """The file a Graph was read from. write_model unpacks it into the schema's object tree (ModelT)
-    afresh on each write; reading a model needs a fraction of that tree (_read)."""
-
-    format = "tflite"
-
-    def __init__(self, data: bytearray, where: str):
-        self.data, self.where = data, where  # the buffer the Graph's quantization arrays view
-
-    def unpack(self):
-        """The whole object tree. It reads fields that loading did not (the file's version, other
-        subgraphs, signatures...): a damaged one ends here, in NpusimError."""
-        try:
-            return schema.ModelT.InitFromPackedBuf(self.data, 0)
-        except Exception as e:  # flatbuffers raises whatever the damaged offsets lead to
-            detail = first_line(e)
-            raise NpusimError(
-                f"{self.where}: malformed flatbuffer, cannot write the model back ({detail})"
-            ) from None
+def _unpack(data: bytearray, where: str):
+    """The file's whole object tree (ModelT), unpacked afresh on each write; reading a model needs a
+    fraction of that tree (_read). It reads fields that loading did not (the file's version, other
+    subgraphs, signatures...): a damaged one ends here, in NpusimError."""
+    try:
+        return schema.ModelT.InitFromPackedBuf(data, 0)
+    except Exception as e:  # flatbuffers raises whatever the damaged offsets lead to
+        detail = first_line(e)
+        raise NpusimError(f"{where}: malformed flatbuffer, cannot write the model back ({detail})") from None
 
 
 def _vector(table, field: str):
@@ -334,7 +319,7 @@ def _read(buf: bytearray) -> SimpleNamespace:
     return SimpleNamespace(subgraphs=subgraphs, buffers=buffers, operatorCodes=codes)
 
 
-def _to_graph(model, where: str, source: _Source) -> Graph:
+def _to_graph(model, where: str, source: Source) -> Graph:
     if not model.subgraphs:
         raise NpusimError(f"{where}: model has no subgraph")
     sg = model.subgraphs[0]
@@ -349,19 +334,19 @@ def _to_graph(model, where: str, source: _Source) -> Graph:
             )
         dtype = np.dtype(_DTYPES[t.type])
         shape = tuple(int(d) for d in (t.shape if t.shape is not None else []))
-        if len(shape) > MAX_RANK:
+        if len(shape) > limits.MAX_RANK:
             raise NpusimError(
-                f"tensor {i} ({name!r}): {len(shape)} dimensions, at most {MAX_RANK} are supported"
+                f"tensor {i} ({name!r}): {len(shape)} dimensions, at most {limits.MAX_RANK} are supported"
             )
         if any(d < 0 for d in shape[1:]):
             raise NpusimError(f"tensor {i} ({name!r}): shape {list(shape)} has a negative dimension")
         if shape and shape[0] < 0:
             shape = (1,) + shape[1:]  # dynamic batch: the simulator supplies N itself
         size = int(np.prod(shape, dtype=np.float64)) * dtype.itemsize
-        if size > MAX_TENSOR_BYTES:
+        if size > limits.MAX_TENSOR_BYTES:
             raise NpusimError(
                 f"tensor {i} ({name!r}): shape {list(shape)} needs "
-                f"{size} bytes, more than the limit of {MAX_TENSOR_BYTES}"
+                f"{size} bytes, more than the limit of {limits.MAX_TENSOR_BYTES}"
             )
         data = None
         if t.buffer < 0 or t.buffer >= max(len(buffers), 1) and t.buffer != 0:
@@ -384,10 +369,10 @@ def _to_graph(model, where: str, source: _Source) -> Graph:
                 )
             # Tensors may share a buffer and each gets its own copy: bound the sum, not just each one.
             constant_bytes += size
-            if constant_bytes > MAX_TENSOR_BYTES:
+            if constant_bytes > limits.MAX_TENSOR_BYTES:
                 raise NpusimError(
                     f"{where}: constant data exceeds the limit of "
-                    f"{MAX_TENSOR_BYTES} bytes at tensor {i} ({name!r})"
+                    f"{limits.MAX_TENSOR_BYTES} bytes at tensor {i} ({name!r})"
                 )
             data = raw.view(dtype).reshape(shape).copy()
         tensors.append(Tensor(name=name, shape=shape, dtype=dtype, quant=_quantization(t, dtype), data=data))
@@ -436,9 +421,9 @@ def write_model(graph: Graph) -> bytes:
     The file's own object tree is reused, so quantization parameters, options, metadata and
     everything the simulator does not model are written back untouched.
     """
-    if graph.source is None:
+    if graph.source.model is None:
         raise NpusimError("graph has no source model to write back")
-    model = graph.source.unpack()  # afresh: the graph stays reusable and writable again
+    model = _unpack(graph.source.model, graph.origin)  # afresh: the graph stays reusable and writable again
     sg = model.subgraphs[0]
     _sync_ops(sg, graph)
     _append_new(model, sg, graph)

@@ -31,11 +31,9 @@ def tensor_bytes(t) -> int:
 
 def weight_storage(graph, t: int) -> str:
     """How the model file stores constant tensor t: an ONNX MAC filter's own type (int4, uint4, int8,
-    uint8; formats/onnx/importer.OnnxSource.storage), whether or not the graph's codes are the file's;
+    uint8; graph.Source.storage), whether or not the graph's codes are the file's;
     otherwise the graph's dtype."""
-    source = getattr(graph, "source", None)
-    storage = (getattr(source, "storage", None) or {}).get(t)
-    storage = storage or (getattr(source, "weights", None) or {}).get(t, {}).get("storage")
+    storage = graph.source.storage.get(t) or graph.source.weights.get(t, {}).get("storage")
     return storage or np.dtype(graph.tensors[t].dtype).name
 
 

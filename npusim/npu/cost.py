@@ -169,8 +169,8 @@ def imported_requantization(kernel) -> bool:
     op before it wrote (after a Sigmoid or Softmax, whose int8 kernels fix their output at 1/256, in
     front of a Concat, ...). The N6 compiler, given the QDQ graph, folds it into the layer that
     writes the tensor (the NPU's output stage requantizes): not a software epoch of the M55."""
-    graph = getattr(kernel, "graph", None)
-    if kernel.op.kind != "QUANTIZE" or getattr(getattr(graph, "source", None), "format", None) != "onnx":
+    graph = getattr(kernel, "graph", None)  # None for a kernel built without a graph (tests' stubs)
+    if kernel.op.kind != "QUANTIZE" or graph is None or graph.source.format != "onnx":
         return False
     x, y = kernel.inputs[0], kernel.outputs[0]
     return np.dtype(x.dtype) == np.int8 and np.dtype(y.dtype) == np.int8

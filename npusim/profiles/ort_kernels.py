@@ -44,7 +44,7 @@ class Plan:
     def __init__(self, graph: Graph):
         self.out_quant: dict[int, Quantization] = {}  # producer op index -> quantization it rounds to
         self.pass_through: set[int] = set()  # the QUANTIZE ops that then only pass codes on
-        if getattr(graph.source, "format", None) != "onnx":
+        if graph.source.format != "onnx":
             return
         producer, consumers = graph.producer(), graph.consumers()
         for op in graph.ops:

@@ -93,7 +93,7 @@ def dequantized(c) -> np.ndarray:
 def origin(op, graph):
     """(ONNX node, {input position: Const}, {input position: activation layout}) the op was lowered
     from, or None."""
-    return getattr(graph.source, "origin", {}).get(op.index)
+    return graph.source.origin.get(op.index)
 
 
 def applies(op, graph) -> bool:
@@ -122,10 +122,7 @@ def applies(op, graph) -> bool:
 
 def _normalized(graph) -> set:
     """The ONNX values a BatchNormalization reads (the import folds it into the Conv before it)."""
-    source = graph.source
-    if getattr(source, "_bn_inputs", None) is None:
-        source._bn_inputs = {n.input[0] for n in source.model.graph.node if n.op_type == "BatchNormalization"}
-    return source._bn_inputs
+    return graph.source.normalized
 
 
 def _attr(node, name, default):

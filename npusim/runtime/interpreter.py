@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import NpusimError
-from ..formats import tflite_io
+from ..formats import limits
 from ..formats.model_io import load_model
 from ..graph import Graph, computes_in_float, legacy_uint8
 from ..kernels import backend as _backend
@@ -225,7 +225,7 @@ class Interpreter:
         in its activations (about 3 ms per MB on a fresh page in the VM of docs/performance.md)."""
         self.graph = graph if isinstance(graph, Graph) else load_model(graph)
         resolved = self._resolve_profile(profile, backend)
-        if not (plan_only and getattr(self.graph.source, "unlowered", None)):
+        if not (plan_only and self.graph.source.unlowered):
             # (an ONNX plan whose unlowered nodes stand in with float outputs is no float model)
             check_int8(self.graph, self.profile, plan_only)
         # plan_only: {op index: why npusim does not run it} (a uint8 model's unproven ops, kernels' refusals)
@@ -337,10 +337,10 @@ class Interpreter:
         ]
         self._largest = {}  # {batch size: largest_allocation}
         need, what = self.largest_allocation(1)
-        if need > tflite_io.MAX_TENSOR_BYTES:
+        if need > limits.MAX_TENSOR_BYTES:
             raise NpusimError(
                 f"{what} needs {need} bytes for one image, more than the limit of "
-                f"{tflite_io.MAX_TENSOR_BYTES}"
+                f"{limits.MAX_TENSOR_BYTES}"
             )
         self._check_batch(batch)
 
@@ -368,10 +368,10 @@ class Interpreter:
         if isinstance(batch, bool) or not isinstance(batch, (int, np.integer)) or batch < 1:
             raise NpusimError(f"batch: expected a positive integer, got {batch!r}")
         need, what = self.largest_allocation(int(batch))
-        if need > tflite_io.MAX_TENSOR_BYTES:
+        if need > limits.MAX_TENSOR_BYTES:
             raise NpusimError(
                 f"batch {batch}: {what} needs {need} bytes, more than the limit of "
-                f"{tflite_io.MAX_TENSOR_BYTES}"
+                f"{limits.MAX_TENSOR_BYTES}"
             )
 
     def warm_up(self, batch: int | None = None) -> None:
@@ -457,10 +457,10 @@ class Interpreter:
                 f"declared batch {t.shape[0]} (it runs image by image: {self.batch.why})"
             )
         need, what = self.largest_allocation(x.shape[0])
-        if need > tflite_io.MAX_TENSOR_BYTES:
+        if need > limits.MAX_TENSOR_BYTES:
             raise NpusimError(
                 f"input {k} ({t.name!r}): a batch of {x.shape[0]} needs {need} bytes for {what}, "
-                f"more than the limit of {tflite_io.MAX_TENSOR_BYTES}; run smaller batches"
+                f"more than the limit of {limits.MAX_TENSOR_BYTES}; run smaller batches"
             )
         if x.dtype.kind == "f" and not np.all(np.isfinite(x)):
             raise NpusimError(f"input {k} ({t.name!r}): holds NaN or infinite values")

@@ -472,7 +472,7 @@ def literal_layer_codes(model_bytes: bytes, x: np.ndarray) -> dict:
 
 
 def graph_layer_codes(graph, layers: dict) -> dict:
-    """literal_layer_codes keyed by the Graph tensor the importer made of each (OnnxSource.values),
+    """literal_layer_codes keyed by the Graph tensor the importer made of each (Source.values),
     in the Graph's layout (NHWC where it moved the channels)."""
     out = {}
     for name, codes in layers.items():

@@ -18,8 +18,7 @@ import numpy as np
 
 from ...errors import NpusimError
 from ...graph import Graph, Op, Quantization, Tensor
-from .. import tflite_io
-from ..tflite_io import MAX_RANK
+from .. import limits
 from .reader import node_name, opset, tensor_array
 
 NHWC = (0, 2, 3, 1)
@@ -116,10 +115,10 @@ class Lowering:
     # -- graph building --------------------------------------------------------------------------
     def tensor(self, name, shape, dtype=np.int8, quant=None, data=None) -> int:
         size = int(np.prod(shape, dtype=np.float64)) * np.dtype(dtype).itemsize
-        if size > tflite_io.MAX_TENSOR_BYTES or any(int(d) < 0 for d in shape) or len(shape) > MAX_RANK:
+        if size > limits.MAX_TENSOR_BYTES or any(int(d) < 0 for d in shape) or len(shape) > limits.MAX_RANK:
             raise self.error(
                 f"tensor {name!r} of shape {list(shape)} is larger than the limit of "
-                f"{tflite_io.MAX_TENSOR_BYTES} bytes or malformed"
+                f"{limits.MAX_TENSOR_BYTES} bytes or malformed"
             )
         base, k = name or "t", 1
         while name in self.names or not name:

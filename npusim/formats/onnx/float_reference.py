@@ -5,7 +5,7 @@ of the onnx package npusim reads ONNX with): the ONNX semantics of every op in f
 lowering of npusim's in between. Its values are matched to the int8 graph's tensors by name, as a
 quantizer keeps them: ORT's quantize_static keeps each float op's output name (the QuantizeLinear
 after it reads that name) and its node name. A value matches the int8 tensor the importer made of
-the same name (OnnxSource.values), else of the output of the node with the same node name; what
+the same name (Source.values), else of the output of the node with the same node name; what
 matches neither is listed as unmatched. The graph outputs pair in order.
 """
 

@@ -12,34 +12,13 @@ from __future__ import annotations
 import numpy as np
 
 from ...errors import NpusimError
-from ...graph import Quantization
-from .. import tflite_io
+from ...graph import Quantization, Source
+from .. import limits
 from . import plan
 from .context import ELEM_TYPES, Const, Lowering, Value, identity, same_quant, to_graph
 from .reader import check_shape, execution_order, node_name, parse
 from .table import LOWERINGS
 from .validity import check_model
-
-
-class OnnxSource:
-    """Graph.source of an imported model: the file's ModelProto and, per weight tensor of the Graph,
-    where its codes live in the file (writer.py puts trained weights back there)."""
-
-    format = "onnx"
-
-    def __init__(self, model, weights: dict, op_count: int, tensor_count: int, values: dict | None = None):
-        self.model = model
-        self.weights = weights
-        # ONNX value name -> (graph tensor, perm): where each activation of the file lives in the
-        # Graph (physical = logical.transpose(perm)), for per-layer comparisons against ORT.
-        self.values = values or {}
-        self.storage: dict = {}  # tensor -> the file's storage type of a MAC filter (Lowering.storage)
-        self.rebuilt: dict = {}  # tensor -> data at import of MAC weights that are not the file's codes
-        # plan_only: {"node", "op", "reason", "index"} per node npusim cannot lower (plan.py); index is
-        # the op standing in for it, None where it has none
-        self.unlowered: list = []
-        self.origin: dict = {}  # op index -> (ONNX node, consts, layouts): Lowering.origin
-        self.op_count, self.tensor_count = op_count, tensor_count  # what the import made
 
 
 def load_onnx(data: bytes, where: str, plan_only: bool = False):
@@ -90,11 +69,19 @@ def _lower(model, order: list, where: str, plan_only: bool = False):
     ctx.node = None
     outputs = _graph_outputs(ctx, plan_only)
     values = {k: (v.tensor, v.perm) for k, v in ctx.env.items() if isinstance(v, Value)}
-    source = OnnxSource(model, ctx.weights, len(ctx.ops), len(ctx.tensors), values)
-    source.rebuilt = _rebuilt_weights(ctx)
-    source.storage = ctx.storage
-    source.unlowered = ctx.unlowered
-    source.origin = ctx.origin
+    source = Source(
+        format="onnx",
+        model=model,
+        weights=ctx.weights,
+        values=values,
+        storage=ctx.storage,
+        rebuilt=_rebuilt_weights(ctx),
+        unlowered=ctx.unlowered,
+        origin=ctx.origin,
+        normalized={n.input[0] for n in model.graph.node if n.op_type == "BatchNormalization" and n.input},
+        op_count=len(ctx.ops),
+        tensor_count=len(ctx.tensors),
+    )
     return to_graph(ctx, inputs, outputs, source)
 
 
@@ -432,7 +419,7 @@ def _fold(ctx: Lowering, node):
     op = node.op_type
     if op in ("Mul", "Add", "Sub", "Div"):
         size = int(np.prod(np.broadcast_shapes(a.shape, vals[1].shape), dtype=np.float64))
-        if size * 8 > tflite_io.MAX_TENSOR_BYTES:
+        if size * 8 > limits.MAX_TENSOR_BYTES:
             raise ctx.error(f"constant arithmetic would make {size} values, more than the limit")
         with np.errstate(all="ignore"):
             r = {"Mul": np.multiply, "Add": np.add, "Sub": np.subtract, "Div": np.divide}[op](a, vals[1])
@@ -455,4 +442,4 @@ def _fold(ctx: Lowering, node):
     ctx.env[node.output[0]] = Const(node.output[0], np.asarray(r))
 
 
-__all__ = ["OnnxSource", "load_onnx", "node_name", "Quantization"]
+__all__ = ["load_onnx", "node_name", "Quantization"]

@@ -13,8 +13,7 @@ import heapq
 import numpy as np
 
 from ...errors import NpusimError, first_line
-from .. import tflite_io
-from ..tflite_io import MAX_RANK
+from .. import limits
 
 # Nodes in one graph: a large detector has a few thousand; the cap bounds the time on a hostile file.
 MAX_NODES = 100_000
@@ -74,19 +73,19 @@ def tensor_array(proto, where: str) -> np.ndarray:
             f"{where}: initializer {proto.name!r} keeps its data in an external file, not supported"
         )
     dims = [int(d) for d in proto.dims]
-    if len(dims) <= MAX_RANK and all(d >= 0 for d in dims):
+    if len(dims) <= limits.MAX_RANK and all(d >= 0 for d in dims):
         from .validity import check_data_size
 
         check_data_size(proto, where)
-    if len(dims) > MAX_RANK or any(d < 0 for d in dims):
+    if len(dims) > limits.MAX_RANK or any(d < 0 for d in dims):
         raise NpusimError(
             f"{where}: initializer {proto.name!r} has shape {dims}, expected at most "
-            f"{MAX_RANK} non-negative axes"
+            f"{limits.MAX_RANK} non-negative axes"
         )
-    if int(np.prod(dims, dtype=np.float64)) * 8 > tflite_io.MAX_TENSOR_BYTES:
+    if int(np.prod(dims, dtype=np.float64)) * 8 > limits.MAX_TENSOR_BYTES:
         raise NpusimError(
             f"{where}: initializer {proto.name!r} of shape {dims} is larger than the limit of "
-            f"{tflite_io.MAX_TENSOR_BYTES} bytes"
+            f"{limits.MAX_TENSOR_BYTES} bytes"
         )
     try:
         array = numpy_helper.to_array(proto)
@@ -150,17 +149,19 @@ def execution_order(model, where: str) -> list:
 def check_shape(shape, name: str, where: str, itemsize: int = 4) -> tuple:
     """A declared activation shape: a dynamic leading axis is the batch (1 in the graph), any other
     unknown axis is refused, and the size is bounded before anything is allocated."""
-    if len(shape) > MAX_RANK:
-        raise NpusimError(f"{where}: value {name!r} has {len(shape)} axes, at most {MAX_RANK} are supported")
+    if len(shape) > limits.MAX_RANK:
+        raise NpusimError(
+            f"{where}: value {name!r} has {len(shape)} axes, at most {limits.MAX_RANK} are supported"
+        )
     shape = tuple(1 if (k == 0 and d <= 0) else d for k, d in enumerate(shape))
     if any(d < 0 for d in shape):
         raise NpusimError(
             f"{where}: value {name!r} has shape {list(shape)} with an unknown axis, expected static shapes"
         )
-    if int(np.prod(shape, dtype=np.float64)) * itemsize > tflite_io.MAX_TENSOR_BYTES:
+    if int(np.prod(shape, dtype=np.float64)) * itemsize > limits.MAX_TENSOR_BYTES:
         raise NpusimError(
             f"{where}: value {name!r} of shape {list(shape)} needs more than the limit "
-            f"of {tflite_io.MAX_TENSOR_BYTES} bytes"
+            f"of {limits.MAX_TENSOR_BYTES} bytes"
         )
     return shape
 
