@@ -44,6 +44,25 @@ SIGNAL_EMA = 0.97
 ELEMENTWISE = ("ADD",)  # ops whose output element i moves only with element i of each input
 
 
+def dependent_suffix(kernels, f, out: int) -> tuple[int, list]:
+    """Where the MAC op f sits in the suffix's kernels, and the kernels after it that depend on its
+    output `out`: all that a perturbed (or locally spread) pass of f's output must run."""
+    at = next(i for i, k in enumerate(kernels) if k.op is f.op)
+    dirty, after = {out}, []
+    for k in kernels[at + 1 :]:
+        if any(t in dirty for t in k.op.inputs):
+            after.append(k)
+            dirty.update(k.op.outputs)
+    return at, after
+
+
+def macs_per_image(f) -> int:
+    """The multiply-adds of f's weight gradient for one image: its output elements times the taps
+    (and input channels, but a depthwise filter's) each one sums."""
+    taps = f.inputs[1].shape[1:3] if f.op.kind == "DEPTHWISE_CONV_2D" else f.inputs[1].shape[1:]
+    return int(np.prod(f.outputs[0].shape[1:])) * int(np.prod(taps))
+
+
 def elementwise_clamps(model, kernels, out: int) -> list:
     """The FloatOps of the chain of same-shaped elementwise ops that alone read `out` (and then their
     output, and so on), which can clamp: where one of them sits at its clamp, the loss does not move
@@ -77,19 +96,11 @@ class ActivityLayer:
         self.agreement, self.power, self.count = 0.0, 0.0, 0
         self.mean = np.zeros(sum(c.size for c in self.coords))
         kernels = model.suffix
-        at = next(i for i, k in enumerate(kernels) if k.op is f.op)
-        # The ops after this layer that depend on its output: all the perturbed passes run.
-        dirty, self.after = {self.out}, []
-        for k in kernels[at + 1 :]:
-            if any(t in dirty for t in k.op.inputs):
-                self.after.append(k)
-                dirty.update(k.op.outputs)
+        at, self.after = dependent_suffix(kernels, f, self.out)
         self.masks = [f] + elementwise_clamps(model, kernels[at + 1 :], self.out)
         self.out_elements = int(np.prod(f.outputs[0].shape[1:]))
         self.op_weights = int(np.prod(f.inputs[1].shape))
-        self.macs_per_image = self.out_elements * int(
-            np.prod(f.inputs[1].shape[1:3] if f.op.kind == "DEPTHWISE_CONV_2D" else f.inputs[1].shape[1:])
-        )
+        self.macs_per_image = macs_per_image(f)
 
 
 class ActivityEstimator:

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .activity import elementwise_clamps
+from .activity import dependent_suffix, elementwise_clamps, macs_per_image
 from .head_init import fit_head, fit_temperature
 from .loss import cross_entropy
 from .tail import _clamp_mask, layer_steps
@@ -127,16 +127,8 @@ class LocalLayer:
         self.steps, self.coords = layer_steps(model, f, offsets)
         self.eps = 4
         self.out_elements = int(np.prod(f.outputs[0].shape[1:]))
-        self.macs_per_image = self.out_elements * int(
-            np.prod(f.inputs[1].shape[1:3] if f.op.kind == "DEPTHWISE_CONV_2D" else f.inputs[1].shape[1:])
-        )
-        kernels = model.suffix
-        at = next(i for i, k in enumerate(kernels) if k.op is f.op)
-        dirty, self.after = {self.out}, []
-        for k in kernels[at + 1 :]:
-            if any(t in dirty for t in k.op.inputs):
-                self.after.append(k)
-                dirty.update(k.op.outputs)
+        self.macs_per_image = macs_per_image(f)
+        _, self.after = dependent_suffix(model.suffix, f, self.out)
 
 
 class LocalEstimator:
