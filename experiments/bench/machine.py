@@ -21,7 +21,8 @@ def kernel_path() -> str:
     if "amx" in chosen:
         parts.append("AMX-INT8 tiles for CONV_2D with output rows of 16+ pixels (npusim/kernels/amx.py)")
     if "vnni" in chosen:
-        parts.append("AVX-512 VNNI for the other CONV_2D and FULLY_CONNECTED (npusim/kernels/vnni.py)")
+        rest = "the other CONV_2D" if "amx" in chosen else "CONV_2D"
+        parts.append(f"AVX-512 VNNI for {rest} and FULLY_CONNECTED (npusim/kernels/vnni.py)")
     elif "avx2" in chosen:
         why = "NPUSIM_VNNI=0" if host.has_vnni() else "no AVX-512 VNNI in the compile target"
         parts.append(f"AVX2 VPMADDWD on int16-widened operands (npusim/kernels/avx2.py; {why})")
