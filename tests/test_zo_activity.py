@@ -36,14 +36,19 @@ def test_activity_cosine_is_well_above_weight_spsa_on_resnet8(tmp_path):
     layers = {layer.name: layer for layer in t.activity.layers}
     # the two convs read only by the block's ADD (fused ReLU) are masked where that ReLU is at zero
     assert [len(layers[f"model/conv2d_{k}/Conv2D"].masks) for k in (4, 5, 6)] == [2, 2, 1]
-    act, spsa = cosines(t, range(6), q=4)
+    act, spsa = cosines(t, range(6), q=16)
     # Where a layer has more weights than output elements per example (Ren et al.'s condition), the
-    # activity estimate wins by far (measured 0.084 / 0.095 against 0.012 / 0.015 for conv2d_4 / 6);
-    # the 1x1 shortcut conv2d_5 (512 weights, 8,192 outputs) does not (0.065 against 0.091).
+    # activity estimate wins by far; the 1x1 shortcut conv2d_5 (512 weights, 8,192 outputs) does not.
+    # One step's cosine spreads by about 0.17 at q = 16 (measured over 40 steps), so six steps
+    # resolve a mean to about 0.07: measured 0.11-0.16 / 0.19-0.23 against SPSA's 0.041 / 0.027 for
+    # conv2d_4 / 6 (two direction samplers, zo/perturbation.py's table and rint(normal)), and the two
+    # layers pooled 4.5x SPSA or more. Asserted: each 2x, pooled 3x.
     wide = [n for n, layer in layers.items() if layer.op_weights > layer.out_elements]
     assert sorted(wide) == ["model/conv2d_4/Conv2D", "model/conv2d_6/Conv2D"]
     for name in wide:
-        assert act[name] > 0.05 and act[name] > 3 * spsa[name], (name, act[name], spsa[name])
+        assert act[name] > 0.05 and act[name] > 2 * spsa[name], (name, act[name], spsa[name])
+    pooled = (sum(act[n] for n in wide), sum(spsa[n] for n in wide))
+    assert pooled[0] > 3 * pooled[1], pooled
 
 
 def test_signal_fraction_is_checkpointed_and_a_resume_is_bit_for_bit(tmp_path):

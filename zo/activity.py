@@ -29,7 +29,7 @@ import numpy as np
 from .blocks import CALIBRATION_DIRECTIONS, calibration_sizes, choose_eps
 from .float_ops import FLOAT_OPS
 from .loss import cross_entropy
-from .perturbation import second_moment
+from .perturbation import rounded_gaussian, second_moment
 from .tail import _clamp_mask, layer_steps
 
 # The signal fraction's averages, per layer estimate: the running mean M of the layer's estimates and
@@ -122,11 +122,11 @@ class ActivityEstimator:
         an elementwise op that alone reads it (ActivityLayer.masks), sits at its clamp."""
         h = values[layer.out]
         rng = np.random.Generator(np.random.PCG64([self.seed, step, 0xAC71]))
-        u = np.clip(np.rint(rng.standard_normal((q,) + h.shape)), -127, 127)
+        u = rounded_gaussian(rng, (q,) + h.shape)
         for f in layer.masks:
             mask = _clamp_mask(f, values[f.op.outputs[0]])
             if mask is not None:
-                u = u * mask
+                u = u * mask.astype(np.int8)
         return u
 
     def per_example_losses(
@@ -144,8 +144,9 @@ class ActivityEstimator:
 
     def probe(self, values: dict, layer, u: np.ndarray, eps: int, labels: np.ndarray) -> np.ndarray:
         """d [q, B]: per-example central differences along u at eps LSB (2q passes, one call)."""
-        h = values[layer.out].astype(np.int64)
-        delta = (eps * u).astype(np.int64)
+        # int16 holds h +- eps * u: |h| <= 128, |u| <= 127 and eps at most 2 x the largest candidate
+        h = values[layer.out].astype(np.int16)
+        delta = np.int16(eps) * u.astype(np.int16)
         stacked = np.concatenate([np.clip(h + delta, -128, 127), np.clip(h - delta, -128, 127)])
         losses = self.per_example_losses(values, layer, stacked, labels)
         q = len(u)
