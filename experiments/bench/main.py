@@ -24,7 +24,7 @@ Exactness is checked on the timed inputs: npusim (tflm) against TFLM on the imag
 npusim (xnnpack profile) against LiteRT on the whole timed batch. Speed without exactness means
 nothing, so every row says whether its outputs were equal.
 Unless --quick or --no-breakdown, a breakdown section times the stages of Conv2D.__call__ and the
-time spent per op kind in each model.
+time spent per step of Interpreter.run in each model (the kernels run() folds away named).
 Unless --no-haswell, a fresh process compiled for Haswell (NUMBA_CPU_NAME=haswell, VNNI and AMX
 off: the avx2 path) times the conv and both models at their largest batch on the same inputs, checks
 its outputs against this process's, and measures the avx2 kernel paths, set beside this run's LiteRT
@@ -239,11 +239,11 @@ def bench_model(args, results: Results, log, name, fname, batches, tflm_images: 
     if args.quick or args.no_breakdown:
         return
     log(f"  per-op breakdown at batch {nb_}")
-    ops = op_breakdown(model, np.ascontiguousarray(x[:nb_]), reps=3)
+    ops, folded = op_breakdown(model, np.ascontiguousarray(x[:nb_]), reps=3)
     total = sum(t for _, _, t, _ in ops)
     total1 = sum(t1 for _, _, _, t1 in ops)
     results.breakdown += [
-        f"### {name} per op kind at batch {nb_} (median ms, one kernel at a time)",
+        f"### {name} per step of Interpreter.run at batch {nb_} (median ms)",
         "",
         "| op kind | count | ms | share | ms, 1 thread | share, 1 thread |",
         "|---|---|---|---|---|---|",
@@ -254,6 +254,9 @@ def bench_model(args, results: Results, log, name, fname, batches, tflm_images: 
     ]
     results.breakdown += [
         f"| total | {sum(c for _, c, _, _ in ops)} | {fmt_ms(total)} | | {fmt_ms(total1)} | |",
+        "",
+        f"Folded away by run() (no time of their own): {folded}; PADs into the convolution that "
+        "reads them, the other kernels into an elementwise chain's one lookup (runtime/chains.py).",
         "",
     ]
 

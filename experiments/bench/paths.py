@@ -1,5 +1,6 @@
 """Where npusim's time goes (experiments/bench/main.py): the stages of a CONV_2D call, timed with the
-engines' own functions (npusim/kernels/), each kernel path's rate, and the time per op kind."""
+engines' own functions (npusim/kernels/), each kernel path's rate, and the time per step of
+Interpreter.run."""
 
 from __future__ import annotations
 
@@ -224,31 +225,59 @@ def kernel_path_rates(batch: int, reps: int, log, only=None) -> list[str]:
     return lines
 
 
-def op_breakdown(model: bytes, x: np.ndarray, reps: int) -> list[tuple[str, int, float, float]]:
-    """Median time per op kind, running the plan one kernel at a time (Interpreter.evaluate), with the
-    default threads and with one Numba and one BLAS thread."""
-    default = _op_times(model, x, reps)
+def op_breakdown(model: bytes, x: np.ndarray, reps: int) -> tuple[list[tuple[str, int, float, float]], str]:
+    """Median time per step kind of Interpreter.run's own walk (PADs folded into the convolution
+    that reads them, elementwise chains run as one lookup: runtime/chains.py), with the default
+    threads and with one Numba and one BLAS thread; and a sentence naming the kernels run() folds
+    away (timed as a kernel of their own, they would count time no run spends)."""
+    default, folded = _op_times(model, x, reps)
     with single_thread():
-        one = _op_times(model, x, reps)
-    return [(kind, c, t, one[kind][1]) for kind, (c, t) in sorted(default.items(), key=lambda kv: -kv[1][1])]
+        one, _ = _op_times(model, x, reps)
+    rows = [(kind, c, t, one[kind][1]) for kind, (c, t) in sorted(default.items(), key=lambda kv: -kv[1][1])]
+    return rows, folded
 
 
-def _op_times(model: bytes, x: np.ndarray, reps: int) -> dict:
+def _step_kind(interp, kernel) -> str:
+    chain = interp._chains.get(kernel.op.outputs[0])
+    if chain is None:
+        return kernel.kind
+    return "+".join(k.kind for k in chain.kernels) + " (one lookup)"
+
+
+def _op_times(model: bytes, x: np.ndarray, reps: int) -> tuple[dict, str]:
     import npusim
+    from npusim.runtime import interpreter
 
     sim = npusim.Interpreter(model, profile="tflm")
     sim.run(x)
+    steps = [(k, _step_kind(sim, k)) for k, r in zip(sim.kernels, sim._run_reads) if r is not None]
+    kinds = {id(k): kind for k, kind in steps}
+    per: dict[str, float] = {}
+    walk_call = interpreter._RunWalk.call
+
+    def timed(self, position, kernel, args):
+        t0 = time.perf_counter()
+        y = walk_call(self, position, kernel, args)
+        kind = kinds.get(id(kernel), kernel.kind)
+        per[kind] = per.get(kind, 0.0) + time.perf_counter() - t0
+        return y
+
     totals: dict[str, list[float]] = {}
+    interpreter._RunWalk.call = timed
+    try:
+        for _ in range(reps):
+            per.clear()
+            sim.run(x)
+            for kind, t in per.items():
+                totals.setdefault(kind, []).append(t)
+    finally:
+        interpreter._RunWalk.call = walk_call
     counts: dict[str, int] = {}
-    for _ in range(reps):
-        values = {sim.graph.inputs[0]: sim.check_input(x)}
-        per = {}
-        for kern in sim.kernels:
-            t0 = time.perf_counter()
-            sim.evaluate(values, kernels=[kern])
-            per[kern.kind] = per.get(kern.kind, 0.0) + time.perf_counter() - t0
-        for kind, t in per.items():
-            totals.setdefault(kind, []).append(t)
-    for kern in sim.kernels:
-        counts[kern.kind] = counts.get(kern.kind, 0) + 1
-    return {kind: (counts[kind], statistics.median(ts)) for kind, ts in totals.items()}
+    for _, kind in steps:
+        counts[kind] = counts.get(kind, 0) + 1
+    gone: dict[str, int] = {}
+    for k, r in zip(sim.kernels, sim._run_reads):
+        if r is None:
+            gone[k.kind] = gone.get(k.kind, 0) + 1
+    folded = ", ".join(f"{c} {kind}" for kind, c in sorted(gone.items())) or "none"
+    return {kind: (counts[kind], statistics.median(ts)) for kind, ts in totals.items()}, folded
