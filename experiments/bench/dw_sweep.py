@@ -13,14 +13,14 @@ import time
 import numpy as np
 
 
-def main() -> None:
+def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--profile", default="tflm")
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--channels", default="64,96,128")
     p.add_argument("--kernels", default="1,3,5")
     p.add_argument("--reps", type=int, default=15)
-    args = p.parse_args()
+    args = p.parse_args(argv)
     try:
         channels = [int(v) for v in args.channels.split(",")]
         kernels = [int(v) for v in args.kernels.split(",")]
@@ -47,7 +47,10 @@ def main() -> None:
                 activation="RELU6",
             )
             x = rng.integers(-128, 128, (args.batch, 28, 28, c), dtype=np.int8)
-            sim = npusim.Interpreter(model, profile=args.profile)
+            try:
+                sim = npusim.Interpreter(model, profile=args.profile)
+            except npusim.NpusimError as e:  # a bad --profile, before any case is timed
+                p.error(f"--profile {args.profile}: {e}")
             sim.run(x)
             times = []
             for _ in range(args.reps):
