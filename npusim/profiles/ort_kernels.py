@@ -27,6 +27,7 @@ _F32 = np.float32
 # registry's ORT_MODEL kinds are AVERAGE_POOL_2D and MEAN (the classes below), the others ORT_FLOAT.
 KINDS = registry.kinds(onnxruntime=registry.ORT_OWN)
 
+
 class Plan:
     """The ops of an imported ONNX graph that round once where the Graph shows two roundings: the
     importer's record Graph.source.single_rounding (QUANTIZE op -> the op it requantizes), written
