@@ -80,6 +80,11 @@ class Source:
     unlowered: list = field(default_factory=list)
     origin: dict = field(default_factory=dict)  # op index -> (ONNX node, consts, layouts): Lowering.origin
     normalized: set = field(default_factory=set)  # the ONNX values a BatchNormalization reads
+    # QUANTIZE op index -> the op whose output it requantizes, where the importer wrote that QUANTIZE
+    # because TFLite's kernel fixes the op's output quantization (LOGISTIC, SOFTMAX, AVERAGE_POOL_2D,
+    # RESIZE_BILINEAR) while the ONNX node rounds once (formats/onnx/context.py Lowering.bind): the
+    # single roundings of --profile onnxruntime (profiles/ort_kernels.Plan).
+    single_rounding: dict = field(default_factory=dict)
     op_count: int = 0  # ops and tensors the import made (the writer appends what came after)
     tensor_count: int = 0
 

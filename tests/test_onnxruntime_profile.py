@@ -234,7 +234,13 @@ def test_single_rounding_only_on_onnx_graphs():
     codes = np.arange(-128, 128, dtype=np.int8).reshape(1, 256)
     two = npusim.Interpreter(graph, profile="onnxruntime").run(codes)
     once = T.unary_case(np.random.default_rng(0), "Sigmoid", "int8", fmt="QDQ")
-    assert Plan(npusim.load_model(once.onnx)).out_quant  # the imported Sigmoid is planned
+    imported = npusim.load_model(once.onnx)
+    assert Plan(imported).out_quant  # the imported Sigmoid is planned
+    # from the importer's record: the QUANTIZE it wrote after the LOGISTIC, and that LOGISTIC
+    ((q, p),) = imported.source.single_rounding.items()
+    assert imported.ops[q].kind == "QUANTIZE" and imported.ops[p].kind == "LOGISTIC"
+    assert imported.ops[q].inputs == imported.ops[p].outputs
+    assert not graph.source.single_rounding  # a .tflite records none
     # the .tflite pair: QLinearSigmoid's table to 1/256, then a second QuantizeLinear to 1/255
     from npusim.profiles import onnxruntime as ort
 

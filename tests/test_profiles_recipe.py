@@ -77,3 +77,18 @@ def test_every_table_entry_has_a_kernel_table():
         except NpusimError as e:
             assert "NeuralArtProfile" in str(e), name
     assert isinstance(npu.NeuralArtProfile().table(graph), Kernels)
+
+
+def test_zo_offers_the_profiles_the_table_says_it_trains_on(scratch_profile, monkeypatch):
+    """zo train --profile is the table's entries with Profile.zo: a new entry with zo=True is offered
+    by zo_profiles() without touching zo; the fixed entries are tflm, single and xnnpack."""
+    from npusim.profiles import zo_profiles
+    from zo.cli import main
+
+    (option,) = [p for p in main.commands["train"].params if p.name == "profile"]
+    assert list(option.type.choices) == zo_profiles() == ["tflm", "single", "xnnpack"]
+    assert "scratch" not in zo_profiles()  # the fixture's entry leaves zo at its default, False
+    entry = Profile(99, "scratch", kernels="scratch_profile_kernels:ConvSingle", zo=True)
+    monkeypatch.setitem(PROFILES, "scratch", entry)
+    assert zo_profiles()[-1] == "scratch"
+    assert pickle.loads(pickle.dumps(PROFILES["scratch"])).zo is True

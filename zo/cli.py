@@ -15,6 +15,7 @@ from click.core import ParameterSource
 from npusim.app import interrupt
 from npusim.app.cli_usage import OneLineGroup
 from npusim.errors import NpusimError
+from npusim.profiles import zo_profiles
 
 from .errors import ZoError
 
@@ -144,7 +145,11 @@ def main():
     "--checkpoint-every", type=int, default=100, show_default=True, help="Steps between checkpoints."
 )
 @click.option(
-    "--profile", type=click.Choice(["tflm", "xnnpack", "single"]), default="tflm", show_default=True
+    "--profile",
+    type=click.Choice(zo_profiles()),
+    default="tflm",
+    show_default=True,
+    help="The rounding profile the steps run under: the profiles table's entries zo trains on (Profile.zo).",
 )
 @click.option("--train-size", type=int, default=None, help="Use a stratified subset of the training images.")
 @click.option("--test-size", type=int, default=None, help="Use a stratified subset of the test images.")

@@ -30,6 +30,9 @@ profiles apart, so that a kernel branches on these fields, never on a profile's 
 - int16: the profile runs the 16x8 paths (int16 activations, int8 weights), as TFLM does.
 - uint8: the profile runs TFLite's legacy uint8 models (LiteRT does; TFLM has no uint8 kernels;
   npusim/runtime/uint8.py shifts such a graph to int8 for it).
+- zo: zo trains on the profile (`zo train --profile` offers it, zo_profiles()): its kernels run a
+  .tflite graph's prefix and suffix as they are, with no options of their own (onnxruntime's
+  single roundings belong to imported ONNX graphs, neural-art runs with its --n6-* options).
 
 Adding a profile is one entry in PROFILES, and, with kernels of its own, their module: a Kernels
 subclass named by the entry's `kernels` (docs/layout.md, "Adding a profile").
@@ -52,20 +55,20 @@ class Profile(int):
 
     FIELDS = (
         "stage", "integer_stage", "bounds", "xnnpack_delegate", "ort_qlinear", "kernels", "baseline",
-        "int16", "uint8",
+        "int16", "uint8", "zo",
     )  # fmt: skip
 
     def __new__(
         cls, pid: int, name: str, *, stage=DOUBLE_ROUNDING, integer_stage=DOUBLE_ROUNDING,
         bounds="round-away", xnnpack_delegate=False, ort_qlinear=False, kernels=BUILTIN,
-        baseline=None, int16=False, uint8=False,
+        baseline=None, int16=False, uint8=False, zo=False,
     ):  # fmt: skip
         # keyword-only fields: a misspelt one is a TypeError, never a silent default
         self = int.__new__(cls, pid)
         self.name = name
         self.stage, self.integer_stage, self.bounds = stage, integer_stage, bounds
         self.xnnpack_delegate, self.ort_qlinear, self.kernels = xnnpack_delegate, ort_qlinear, kernels
-        self.baseline, self.int16, self.uint8 = baseline, int16, uint8
+        self.baseline, self.int16, self.uint8, self.zo = baseline, int16, uint8, zo
         return self
 
     def fields(self) -> dict:
@@ -103,10 +106,10 @@ class Kernels:
 # The ids: what the kernels receive (a Profile is its id) and what the tests name profiles by.
 TFLM, SINGLE, XNNPACK, ONNXRUNTIME, NEURAL_ART = 0, 1, 2, 3, 4
 PROFILES = {
-    "tflm": Profile(TFLM, "tflm", int16=True),
-    "single": Profile(SINGLE, "single", stage=SINGLE_ROUNDING, integer_stage=SINGLE_ROUNDING),
+    "tflm": Profile(TFLM, "tflm", int16=True, zo=True),
+    "single": Profile(SINGLE, "single", stage=SINGLE_ROUNDING, integer_stage=SINGLE_ROUNDING, zo=True),
     "xnnpack": Profile(
-        XNNPACK, "xnnpack", stage=FP32, bounds="rint-float-zp", xnnpack_delegate=True, uint8=True
+        XNNPACK, "xnnpack", stage=FP32, bounds="rint-float-zp", xnnpack_delegate=True, uint8=True, zo=True
     ),
     "onnxruntime": Profile(
         ONNXRUNTIME,
@@ -125,6 +128,11 @@ PROFILES = {
     ),
 }
 BY_ID = {int(p): p for p in PROFILES.values()}
+
+
+def zo_profiles() -> list[str]:
+    """The names of the profiles zo trains on (Profile.zo), in table order: `zo train --profile`."""
+    return [name for name, profile in PROFILES.items() if profile.zo]
 
 
 def profile_of(profile) -> Profile:

@@ -27,40 +27,23 @@ _F32 = np.float32
 # registry's ORT_MODEL kinds are AVERAGE_POOL_2D and MEAN (the classes below), the others ORT_FLOAT.
 KINDS = registry.kinds(onnxruntime=registry.ORT_OWN)
 
-# TFLite's kernels fix the output quantization of these kinds (LOGISTIC and SOFTMAX at 1/256 and
-# -128, AVERAGE_POOL_2D and RESIZE_BILINEAR at their input's), so the ONNX importer follows them with
-# a QUANTIZE to the model's own scale: a second rounding that the ONNX graph, whose QuantizeLinear
-# rounds the float result once, does not have.
-FIXED_OUTPUT = frozenset({"LOGISTIC", "SOFTMAX", "AVERAGE_POOL_2D", "RESIZE_BILINEAR"})
-
 
 class Plan:
-    """The ops of an imported ONNX graph that round once where the Graph shows two roundings: a
-    FIXED_OUTPUT op whose output only a QUANTIZE int8 -> int8 reads. The op then quantizes straight
-    to that QUANTIZE's output quantization and the QUANTIZE passes its codes on (the intermediate
-    tensor holds codes of the final quantization, not of its own). A .tflite graph keeps both
-    roundings: they are the model's."""
+    """The ops of an imported ONNX graph that round once where the Graph shows two roundings: the
+    importer's record Graph.source.single_rounding (QUANTIZE op -> the op it requantizes), written
+    where TFLite's kernel fixes an op's output quantization (LOGISTIC and SOFTMAX at 1/256 and -128,
+    AVERAGE_POOL_2D and RESIZE_BILINEAR at their input's) and the ONNX node, whose QuantizeLinear rounds
+    the float result once, has no such QUANTIZE. The op then quantizes straight to that QUANTIZE's
+    output quantization and the QUANTIZE passes its codes on (the intermediate tensor holds codes of
+    the final quantization, not of its own). A .tflite graph records none: both roundings are the
+    model's."""
 
     def __init__(self, graph: Graph):
         self.out_quant: dict[int, Quantization] = {}  # producer op index -> quantization it rounds to
         self.pass_through: set[int] = set()  # the QUANTIZE ops that then only pass codes on
-        if graph.source.format != "onnx":
-            return
-        producer, consumers = graph.producer(), graph.consumers()
-        for op in graph.ops:
-            if op.kind != "QUANTIZE" or graph.tensors[op.inputs[0]].dtype != np.int8:
-                continue
-            t = op.inputs[0]
-            p = producer.get(t)
-            if (
-                p is None
-                or p.kind not in FIXED_OUTPUT
-                or t in graph.outputs
-                or len(consumers.get(t, [])) != 1
-            ):
-                continue
-            self.out_quant[p.index] = graph.tensors[op.outputs[0]].quant
-            self.pass_through.add(op.index)
+        for q, p in graph.source.single_rounding.items():
+            self.out_quant[p] = graph.tensors[graph.ops[q].outputs[0]].quant
+            self.pass_through.add(q)
 
 
 class FloatThenQuantize(Kernel):

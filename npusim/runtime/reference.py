@@ -4,6 +4,11 @@ On a float32 .tflite it is that model. On an int8 graph it is the graph's real-v
 dequantized weights, with no rounding and no int8 range: the reference TFLite's
 QuantizationDebugger compares a quantized model with. Every tensor is a float32 array of real
 values (index tensors such as SHAPE's output stay integers).
+
+A path or the file's bytes is read through the formats table (formats/model_io.load_model, by the
+content): a .tflite, or an int8 .onnx graph as its real-valued meaning. A float .onnx is refused in
+one line before any work (the ONNX importer lowers int8 graphs only); `npusim validate --float` runs
+such a float twin on onnx.reference instead (formats/onnx/float_reference.py).
 """
 
 from __future__ import annotations
@@ -11,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import NpusimError
-from ..formats.tflite_io import load_model
+from ..formats.model_io import load_model
 from ..graph import Graph
 from ..ops import KERNELS
 from ..ops.float_form import real_value

@@ -98,6 +98,7 @@ class Lowering:
         # activation layout}): ORT's literal
         # float arithmetic needs the node and its constants as the file wrote them (profiles/ort_literal.py)
         self.origin: dict = {}
+        self.single_rounding: dict = {}  # Source.single_rounding: QUANTIZE op -> the op it rounds
         self.unlowered: list = []  # plan_only: the nodes npusim cannot lower (plan.py)
         self.inferred: dict | None = None  # plan_only: ONNX shape inference, once
         self.consumers: dict = {}
@@ -311,13 +312,20 @@ class Lowering:
         self.emit("QUANTIZE", [t], [out])
         return out
 
-    def bind(self, node, k: int, t: int, perm, quant: Quantization | None = None):
+    def bind(self, node, k: int, t: int, perm, quant: Quantization | None = None, fixed: bool = False):
         """Output k of node is tensor t (layout perm), requantized to `quant` (default: that of its
-        QuantizeLinear) if its own differs; ops that keep their input's scale (pooling, movement) end so."""
+        QuantizeLinear) if its own differs; ops that keep their input's scale (pooling, movement) end so.
+        fixed: t's quantization is the TFLite kernel's (LOGISTIC's 1/256, an average's input scale), not
+        the file's, so a QUANTIZE here is a second rounding the ONNX node does not have: it is recorded
+        in Source.single_rounding (with the op that made t), for the profiles that round once."""
         if quant is None and self.q_consumer(node.output[k]) is not None:
             quant = self.out_quant(node, k)
         if quant is not None:
-            t = self.requantize(t, quant, node.output[k])
+            out = self.requantize(t, quant, node.output[k])
+            if fixed and out != t:
+                maker = next(op.index for op in reversed(self.ops[:-1]) if t in op.outputs)
+                self.single_rounding[self.ops[-1].index] = maker
+            t = out
         self.env[node.output[k]] = Value(t, tuple(perm))
 
     def new_output(self, node, k: int, phys_shape, quant: Quantization | None = None) -> int:

@@ -78,6 +78,7 @@ def _lower(model, order: list, where: str, plan_only: bool = False):
         rebuilt=_rebuilt_weights(ctx),
         unlowered=ctx.unlowered,
         origin=ctx.origin,
+        single_rounding=ctx.single_rounding,
         normalized={n.input[0] for n in model.graph.node if n.op_type == "BatchNormalization" and n.input},
         op_count=len(ctx.ops),
         tensor_count=len(ctx.tensors),

@@ -103,7 +103,7 @@ def lower_sigmoid(ctx: Lowering, node, out_quant: Quantization | None = None):
     x = ctx.activation(node, 0)
     out = ctx.tensor(node.output[0] + "_logistic", ctx.shape(x.tensor), np.int8, LOGISTIC_OUT)
     ctx.emit("LOGISTIC", [x.tensor], [out])
-    ctx.bind(node, 0, out, x.perm, out_quant)
+    ctx.bind(node, 0, out, x.perm, out_quant, fixed=True)
 
 
 def clamp(ctx: Lowering, node, lo, hi):

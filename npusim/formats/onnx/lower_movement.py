@@ -316,4 +316,4 @@ def lower_resize(ctx: Lowering, node):
     out = ctx.tensor(node.output[0], (n, shape[2], shape[3], c), np.int8, ctx.quant(t))
     size = ctx.constant(node.output[0] + "_size", [shape[2], shape[3]], np.int32)
     ctx.emit(kind, [t, size], [out], align_corners=align, half_pixel_centers=half)
-    ctx.bind(node, 0, out, (0, 2, 3, 1))
+    ctx.bind(node, 0, out, (0, 2, 3, 1), fixed=kind == "RESIZE_BILINEAR")

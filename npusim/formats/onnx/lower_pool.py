@@ -89,7 +89,7 @@ def pool(ctx: Lowering, node, kind: str, out_quant: Quantization | None = None):
         filter_width=int(k[1]),
         fused_activation_function="NONE",
     )
-    ctx.bind(node, 0, out, NHWC, out_quant)
+    ctx.bind(node, 0, out, NHWC, out_quant, fixed=kind == "AVERAGE_POOL_2D")
 
 
 def lower_maxpool(ctx, node):
@@ -154,7 +154,7 @@ def softmax(ctx: Lowering, node, out_quant: Quantization | None = None):
     t = ctx.physical(x, perm)
     out = ctx.tensor(node.output[0] + "_softmax", ctx.shape(t), np.int8, LOGISTIC_OUT)
     ctx.emit("SOFTMAX", [t], [out], beta=1.0)
-    ctx.bind(node, 0, out, perm, out_quant)
+    ctx.bind(node, 0, out, perm, out_quant, fixed=True)
 
 
 def lower_softmax(ctx, node):

@@ -38,6 +38,7 @@ class Mark:
         ctx.transposed = {k: v for k, v in ctx.transposed.items() if v < self.tensors}
         ctx.weights = {k: v for k, v in ctx.weights.items() if k < self.tensors}
         ctx.storage = {k: v for k, v in ctx.storage.items() if k < self.tensors}
+        ctx.single_rounding = {k: v for k, v in ctx.single_rounding.items() if k < self.ops}
 
 
 def _inferred(ctx: Lowering) -> dict:
