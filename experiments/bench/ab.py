@@ -13,6 +13,7 @@ LiteRT ratios, and whether the two sides' outputs are bit-identical and equal to
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import subprocess
@@ -76,8 +77,6 @@ def write_workloads(shared: Path, work: Path) -> None:
 
 
 def run_side(tree: Path, work: Path, side: str) -> list:
-    import json
-
     env = dict(os.environ, PYTHONPATH=str(tree))
     cases = json.dumps(CASES)
     out = subprocess.run(

@@ -30,22 +30,13 @@ def main(argv=None) -> None:
         p.error("--batch, --reps, --channels and --kernels must be positive")
 
     import npusim
-    from npusim.testing import oracle
+
+    from .workloads import depthwise_model
 
     rng = np.random.default_rng(1)
     for c in channels:
         for k in kernels:
-            model = oracle.depthwise_model(
-                (1, 28, 28, c),
-                rng.integers(-127, 128, (1, k, k, c), dtype=np.int8),
-                rng.integers(-5000, 5000, c).astype(np.int32),
-                0.05,
-                -10,
-                np.exp(rng.uniform(np.log(0.002), np.log(0.01), c)).astype(np.float32),
-                0.1,
-                -20,
-                activation="RELU6",
-            )
+            model = depthwise_model(rng, c, k)
             x = rng.integers(-128, 128, (args.batch, 28, 28, c), dtype=np.int8)
             try:
                 sim = npusim.Interpreter(model, profile=args.profile)

@@ -13,7 +13,7 @@ from npusim.testing import oracle
 
 from .machine import single_thread
 from .timing import equal, median_time
-from .workloads import conv_model
+from .workloads import conv_model, depthwise_model
 
 
 def conv_stages(model: bytes, x: np.ndarray, reps: int) -> list[tuple[str, float, float]]:
@@ -156,17 +156,7 @@ def path_models(seed: int = 1) -> list[tuple[str, bytes, tuple]]:
     relative to the conv's: a fully connected layer needs many rows to be worth threads)."""
     rng = np.random.default_rng(seed)
     c = 96
-    dw = oracle.depthwise_model(
-        (1, 28, 28, c),
-        rng.integers(-127, 128, (1, 3, 3, c), dtype=np.int8),
-        rng.integers(-5000, 5000, c).astype(np.int32),
-        0.05,
-        -10,
-        np.exp(rng.uniform(np.log(0.002), np.log(0.01), c)).astype(np.float32),
-        0.1,
-        -20,
-        activation="RELU6",
-    )
+    dw = depthwise_model(rng, c)
     k, units = 1024, 1000
     fc = oracle.fully_connected_model(
         (1, k),
@@ -250,7 +240,12 @@ def _op_times(model: bytes, x: np.ndarray, reps: int) -> tuple[dict, str]:
 
     sim = npusim.Interpreter(model, profile="tflm")
     sim.run(x)
-    steps = [(k, _step_kind(sim, k)) for k, r in zip(sim.kernels, sim._run_reads) if r is not None]
+    steps, gone = [], {}  # run()'s own steps with their kinds; the kernels it folds away, by kind
+    for k, r in zip(sim.kernels, sim._run_reads):
+        if r is None:
+            gone[k.kind] = gone.get(k.kind, 0) + 1
+        else:
+            steps.append((k, _step_kind(sim, k)))
     kinds = {id(k): kind for k, kind in steps}
     per: dict[str, float] = {}
     walk_call = interpreter._RunWalk.call
@@ -275,9 +270,5 @@ def _op_times(model: bytes, x: np.ndarray, reps: int) -> tuple[dict, str]:
     counts: dict[str, int] = {}
     for _, kind in steps:
         counts[kind] = counts.get(kind, 0) + 1
-    gone: dict[str, int] = {}
-    for k, r in zip(sim.kernels, sim._run_reads):
-        if r is None:
-            gone[k.kind] = gone.get(k.kind, 0) + 1
     folded = ", ".join(f"{c} {kind}" for kind, c in sorted(gone.items())) or "none"
     return {kind: (counts[kind], statistics.median(ts)) for kind, ts in totals.items()}, folded

@@ -52,6 +52,22 @@ def conv_model(seed: int = 0) -> bytes:
     )
 
 
+def depthwise_model(rng: np.random.Generator, c: int, k: int = 3) -> bytes:
+    """A MobileNet-style DEPTHWISE_CONV_2D 1x28x28xc, kxk, stride 1, SAME, per-channel int8 weights,
+    int32 bias, RELU6, its weights, bias and scales drawn from rng in that order."""
+    return oracle.depthwise_model(
+        (1, 28, 28, c),
+        rng.integers(-127, 128, (1, k, k, c), dtype=np.int8),
+        rng.integers(-5000, 5000, c).astype(np.int32),
+        0.05,
+        -10,
+        np.exp(rng.uniform(np.log(0.002), np.log(0.01), c)).astype(np.float32),
+        0.1,
+        -20,
+        activation="RELU6",
+    )
+
+
 # name -> (file under <shared>/data, how x_test reaches the model's input size)
 INPUT_DATA = {
     "resnet8": ("cifar10_subset.npz", "as is"),
